@@ -1,0 +1,3 @@
+"""tessera: fractional GPU sharing for Kubernetes and single machines."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,226 @@
+"""The domain: nodes with GPU devices, and what a workload asks for.
+
+Objects here are immutable and validated when built, so an invalid request cannot exist.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.units import format_bytes, format_gpus, portion_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    uuid: str
+    index: int
+    memory: int
+    """Bytes of device memory."""
+    model: str
+    """Short model name used in constraints, e.g. ``V100M16`` or ``H100-80GB``."""
+    product: str = ""
+    """Marketing name as NVML or GPU feature discovery reports it."""
+    mig_capable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.memory <= 0:
+            raise InvalidRequest(f"gpu[{self.index}].memory", "must be greater than 0 bytes", self.memory)
+        if self.index < 0:
+            raise InvalidRequest("gpu.index", "must be 0 or more", self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    gpus: tuple[GpuDevice, ...] = ()
+    cpu_milli: int = 0
+    memory: int = 0
+    """Bytes of host memory."""
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidRequest("node.name", "must not be empty")
+        if self.cpu_milli < 0 or self.memory < 0:
+            raise InvalidRequest(f"node {self.name}", "cpu and memory must be 0 or more")
+        if sorted(g.index for g in self.gpus) != list(range(len(self.gpus))):
+            raise InvalidRequest(f"node {self.name}.gpus", "indices must be 0..n-1, each once")
+
+
+class GpuKind(enum.StrEnum):
+    NONE = "none"
+    WHOLE = "whole"
+    PORTION = "portion"
+    MEMORY = "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """What a workload asks of GPUs, per pod.
+
+    ``devices`` is the number of distinct devices of one node: whole GPUs for ``WHOLE``, shared
+    devices for ``PORTION``/``MEMORY`` (each takes the same share). The request is guaranteed and
+    is what placement and quota use; the optional limit is a burst cap above it.
+    """
+
+    kind: GpuKind = GpuKind.NONE
+    devices: int = 0
+    portion: Decimal | None = None
+    portion_limit: Decimal | None = None
+    memory: int | None = None
+    memory_limit: int | None = None
+    models: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        _validate_gpu_request(self)
+
+    @classmethod
+    def none(cls) -> GpuRequest:
+        return cls()
+
+    @classmethod
+    def whole(cls, count: int, models: frozenset[str] = frozenset()) -> GpuRequest:
+        return cls(GpuKind.WHOLE, devices=count, models=models)
+
+    @classmethod
+    def fraction(
+        cls,
+        portion: Decimal | str | float,
+        devices: int = 1,
+        limit: Decimal | str | float | None = None,
+        models: frozenset[str] = frozenset(),
+    ) -> GpuRequest:
+        return cls(
+            GpuKind.PORTION,
+            devices=devices,
+            portion=Decimal(str(portion)),
+            portion_limit=None if limit is None else Decimal(str(limit)),
+            models=models,
+        )
+
+    @classmethod
+    def of_memory(
+        cls,
+        nbytes: int,
+        devices: int = 1,
+        limit: int | None = None,
+        models: frozenset[str] = frozenset(),
+    ) -> GpuRequest:
+        return cls(GpuKind.MEMORY, devices=devices, memory=nbytes, memory_limit=limit, models=models)
+
+    @property
+    def shared(self) -> bool:
+        return self.kind in (GpuKind.PORTION, GpuKind.MEMORY)
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+    def bytes_on(self, device_memory: int) -> int:
+        """Guaranteed bytes this request takes on one device of that size."""
+        if self.kind is GpuKind.WHOLE:
+            return device_memory
+        if self.kind is GpuKind.PORTION:
+            assert self.portion is not None
+            return portion_bytes(self.portion, device_memory)
+        if self.kind is GpuKind.MEMORY:
+            assert self.memory is not None
+            return self.memory
+        return 0
+
+    def limit_bytes_on(self, device_memory: int) -> int:
+        """Burst cap in bytes on one device: the limit if given, else the request."""
+        if self.kind is GpuKind.PORTION and self.portion_limit is not None:
+            return portion_bytes(self.portion_limit, device_memory)
+        if self.kind is GpuKind.MEMORY and self.memory_limit is not None:
+            return min(self.memory_limit, device_memory)
+        return self.bytes_on(device_memory)
+
+    def gpus_on(self, device_memory: int) -> float:
+        """GPUs this request counts as on devices of that size (quota and reporting)."""
+        if self.kind is GpuKind.WHOLE:
+            return float(self.devices)
+        if self.kind is GpuKind.PORTION:
+            assert self.portion is not None
+            return float(self.portion) * self.devices
+        if self.kind is GpuKind.MEMORY:
+            return self.bytes_on(device_memory) / device_memory * self.devices
+        return 0.0
+
+    def describe(self) -> str:
+        models = f" of model {'|'.join(sorted(self.models))}" if self.models else ""
+        if self.kind is GpuKind.WHOLE:
+            return f"{self.devices} whole GPU{'s' if self.devices != 1 else ''}{models}"
+        each = f" on each of {self.devices} GPUs" if self.devices > 1 else ""
+        if self.kind is GpuKind.PORTION:
+            assert self.portion is not None
+            return f"{format_gpus(float(self.portion))} GPU{each}{models}"
+        if self.kind is GpuKind.MEMORY:
+            assert self.memory is not None
+            return f"{format_bytes(self.memory)} of GPU memory{each}{models}"
+        return "no GPU"
+
+
+def _validate_gpu_request(r: GpuRequest) -> None:
+    if r.kind is GpuKind.NONE:
+        if r.devices or r.portion is not None or r.memory is not None:
+            raise InvalidRequest("gpu", "a request without GPUs must not name devices, portion or memory")
+        return
+    if r.devices < 1:
+        raise InvalidRequest("gpu_devices", "must be 1 or more", r.devices)
+    if r.portion is not None and r.memory is not None:
+        raise InvalidRequest("gpu_portion", "give a GPU portion or a GPU memory amount, not both")
+    if r.kind is GpuKind.WHOLE:
+        if r.portion is not None or r.memory is not None or r.portion_limit or r.memory_limit:
+            raise InvalidRequest("gpu", "whole GPUs take no portion, memory or limit")
+        return
+    if r.kind is GpuKind.PORTION:
+        if r.portion is None:
+            raise InvalidRequest("gpu_portion", "is required for a portion request")
+        rule = "must be a decimal GPU portion in (0, 1), such as 0.5"
+        if not 0 < r.portion < 1:
+            raise InvalidRequest("gpu_portion", rule, str(r.portion))
+        if r.portion_limit is not None:
+            if not 0 < r.portion_limit <= 1:
+                raise InvalidRequest("gpu_portion_limit", "must be a GPU portion in (0, 1]", str(r.portion_limit))
+            if r.portion_limit < r.portion:
+                raise InvalidRequest(
+                    "gpu_portion_limit",
+                    f"must be at least the request {r.portion}",
+                    str(r.portion_limit),
+                )
+        if r.memory_limit is not None:
+            raise InvalidRequest("gpu_memory_limit", "a portion request takes a portion limit")
+        return
+    if r.memory is None or r.memory <= 0:
+        raise InvalidRequest("gpu_memory", "must be greater than 0 bytes", r.memory)
+    if r.memory_limit is not None and r.memory_limit < r.memory:
+        raise InvalidRequest(
+            "gpu_memory_limit",
+            f"must be at least the request {format_bytes(r.memory)}",
+            format_bytes(r.memory_limit),
+        )
+    if r.portion_limit is not None:
+        raise InvalidRequest("gpu_portion_limit", "a memory request takes a memory limit")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRequest:
+    """Everything one pod (or local process) asks for."""
+
+    gpu: GpuRequest = GpuRequest()
+    cpu_milli: int = 0
+    memory: int = 0
+    """Bytes of host memory."""
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0:
+            raise InvalidRequest("cpu", "must be 0 or more", self.cpu_milli)
+        if self.memory < 0:
+            raise InvalidRequest("memory", "must be 0 or more", self.memory)
+
+    def describe(self) -> str:
+        return self.gpu.describe()

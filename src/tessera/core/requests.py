@@ -1,0 +1,159 @@
+"""Turning what users type (CLI flags, API fields, annotations) into a validated GpuRequest.
+
+Every front end calls these functions, so a rule is written once and every refusal names the
+field the user wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from decimal import Decimal
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuKind, GpuRequest, Node
+from tessera.core.units import (
+    GiB,
+    format_bytes,
+    parse_decimal,
+    parse_memory,
+    parse_portion,
+)
+
+_GPU_RULE = "must be a GPU portion in (0, 1) such as 0.5, or a whole number of GPUs such as 2"
+
+
+def parse_models(value: str | Iterable[str] | None, field: str = "gpu_model") -> frozenset[str]:
+    """``V100M16|V100M32`` (or a list) to a set of allowed GPU models; empty means any."""
+    if value is None:
+        return frozenset()
+    parts = value.split("|") if isinstance(value, str) else list(value)
+    models = frozenset(p.strip() for p in parts if p.strip())
+    if isinstance(value, str) and value.strip() and len(models) != len([p for p in parts]):
+        raise InvalidRequest(field, "must be model names separated by '|', with none empty", value)
+    return models
+
+
+def parse_gpu_request(
+    *,
+    gpu: object = None,
+    gpu_devices: object = None,
+    gpu_portion: object = None,
+    gpu_portion_limit: object = None,
+    gpu_memory: object = None,
+    gpu_memory_limit: object = None,
+    gpu_model: str | Iterable[str] | None = None,
+) -> GpuRequest:
+    """Build a GpuRequest from the fields of the CLI and REST API.
+
+    ``gpu`` is the short form (``-g 0.5`` or ``-g 2``); the others are the explicit forms of
+    Run:ai's v2 CLI and API. Each field is checked here, once, before anything is placed.
+    """
+    models = parse_models(gpu_model)
+    portion = None if gpu_portion is None else parse_portion(gpu_portion, "gpu_portion")
+    devices = None if gpu_devices is None else _parse_devices(gpu_devices)
+    if gpu is not None:
+        if gpu_portion is not None or gpu_memory is not None:
+            raise InvalidRequest("gpu", "give -g/gpu or gpu_portion/gpu_memory, not both")
+        number = parse_decimal(gpu, "gpu", _GPU_RULE)
+        if 0 < number < 1:
+            portion = parse_portion(gpu, "gpu")
+        elif number >= 1 and number == number.to_integral_value():
+            if devices is not None and devices != int(number):
+                raise InvalidRequest("gpu_devices", f"contradicts gpu={gpu}", gpu_devices)
+            if gpu_portion_limit is not None or gpu_memory_limit is not None:
+                raise InvalidRequest("gpu_portion_limit", "whole GPUs take no limit")
+            return GpuRequest.whole(int(number), models)
+        else:
+            raise InvalidRequest("gpu", _GPU_RULE, gpu)
+
+    memory = None if gpu_memory is None else parse_memory(gpu_memory, "gpu_memory")
+    if portion is not None and memory is not None:
+        raise InvalidRequest("gpu_memory", "give a GPU portion or a GPU memory amount, not both")
+    if portion is None and gpu_portion_limit is not None:
+        raise InvalidRequest("gpu_portion_limit", "needs a portion request (gpu_portion or -g 0.x)")
+    if memory is None and gpu_memory_limit is not None:
+        raise InvalidRequest("gpu_memory_limit", "needs a memory request (gpu_memory)")
+
+    if portion is not None:
+        limit = (
+            None
+            if gpu_portion_limit is None
+            else parse_portion(gpu_portion_limit, "gpu_portion_limit", allow_whole=True)
+        )
+        return _build(GpuKind.PORTION, devices or 1, models, portion=portion, portion_limit=limit)
+    if memory is not None:
+        mlimit = None if gpu_memory_limit is None else parse_memory(gpu_memory_limit, "gpu_memory_limit")
+        return _build(GpuKind.MEMORY, devices or 1, models, memory=memory, memory_limit=mlimit)
+    if devices is not None:
+        return GpuRequest.whole(devices, models)
+    if models:
+        raise InvalidRequest("gpu_model", "needs a GPU request to constrain")
+    return GpuRequest.none()
+
+
+def cgpu_request(total_gib: object, gpu_count: object = None) -> GpuRequest:
+    """Alibaba cGPU: ``aliyun.com/gpu-mem: N`` GiB over ``aliyun.com/gpu-count: M`` GPUs.
+
+    Each GPU gets N/M GiB, which must be a whole number of GiB, as cGPU requires.
+    """
+    from tessera.core.units import parse_aliyun_gpu_mem
+
+    total = parse_aliyun_gpu_mem(total_gib)
+    count = 1 if gpu_count is None else _parse_devices(gpu_count, "aliyun.com/gpu-count")
+    if (total // GiB) % count:
+        raise InvalidRequest(
+            "aliyun.com/gpu-mem",
+            f"must divide evenly over aliyun.com/gpu-count={count} GPUs (N/M whole GiB)",
+            total // GiB,
+        )
+    return GpuRequest.of_memory(total // count, devices=count)
+
+
+def _parse_devices(value: object, field: str = "gpu_devices") -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise InvalidRequest(field, "must be a whole number of devices, 1 or more", value)
+    return int(text)
+
+
+def _build(kind: GpuKind, devices: int, models: frozenset[str], **kw: object) -> GpuRequest:
+    return GpuRequest(kind, devices=devices, models=models, **kw)  # type: ignore[arg-type]
+
+
+def check_against_cluster(request: GpuRequest, nodes: Iterable[Node]) -> None:
+    """Refuse a request no node of this cluster could ever hold, even empty.
+
+    This is bad input, not a wait: more devices than any node has, more memory than any device
+    has, or a model the cluster does not have.
+    """
+    if request.kind is GpuKind.NONE:
+        return
+    nodes = list(nodes)
+    eligible = [[g for g in n.gpus if request.allows(g.model)] for n in nodes]
+    if request.models and not any(eligible):
+        have = sorted({g.model for n in nodes for g in n.gpus})
+        raise InvalidRequest(
+            "gpu_model",
+            f"no GPU of model {'|'.join(sorted(request.models))} in the cluster "
+            f"(models here: {', '.join(have) or 'none'})",
+        )
+    most = max((len(e) for e in eligible), default=0)
+    if request.devices > most:
+        raise InvalidRequest(
+            "gpu_devices",
+            f"asks for {request.devices} GPUs on one node; the largest node has {most}",
+            request.devices,
+        )
+    if request.kind is GpuKind.MEMORY:
+        assert request.memory is not None
+        largest = max((g.memory for e in eligible for g in e), default=0)
+        if request.memory > largest:
+            raise InvalidRequest(
+                "gpu_memory",
+                f"is larger than every GPU in the cluster (largest is {format_bytes(largest)})",
+                format_bytes(request.memory),
+            )
+
+
+def as_portion(value: Decimal | float | str) -> Decimal:
+    return parse_portion(value, "gpu_portion")

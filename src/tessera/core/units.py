@@ -1,0 +1,121 @@
+"""Units, parsed in one place.
+
+Memory follows Kubernetes quantities: ``5G`` is 5·10^9 bytes, ``5Gi`` is 5·2^30 bytes, a bare
+number is bytes. Two legacy spellings carry an implied unit: the Run:ai ``gpu-memory`` annotation
+is MiB and ``aliyun.com/gpu-mem`` is GiB. A GPU portion is a decimal share of one device's memory,
+so the same byte amount is a different portion of a 16 GB V100 than of an 80 GB H100.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+
+from tessera.core.errors import InvalidRequest
+
+MiB = 2**20
+GiB = 2**30
+
+_SUFFIX: dict[str, int] = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+_QUANTITY = re.compile(r"^([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_QUANTITY_RULE = (
+    "must be a Kubernetes quantity such as 5G (5·10^9 bytes), 5Gi (5·2^30 bytes), "
+    "2500M or 500000000"
+)
+
+
+def parse_memory(value: object, field: str) -> int:
+    """Bytes of a Kubernetes memory quantity; must be positive. Fractions of a byte round up."""
+    if isinstance(value, bool):
+        raise InvalidRequest(field, _QUANTITY_RULE, value)
+    if isinstance(value, int):
+        amount = Decimal(value)
+    else:
+        text = str(value).strip()
+        match = _QUANTITY.match(text)
+        if match is None:
+            raise InvalidRequest(field, _QUANTITY_RULE, value)
+        try:
+            amount = Decimal(match.group(1)) * _SUFFIX[match.group(2) or ""]
+        except InvalidOperation as exc:
+            raise InvalidRequest(field, _QUANTITY_RULE, value) from exc
+    nbytes = int(amount.to_integral_value(rounding=ROUND_CEILING))
+    if nbytes <= 0:
+        raise InvalidRequest(field, "must be greater than 0 bytes", value)
+    return nbytes
+
+
+def _positive_int(value: object, field: str, unit: str) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
+        raise InvalidRequest(field, f"must be a positive whole number of {unit}, with no suffix", value)
+    return int(text)
+
+
+def parse_runai_gpu_memory(value: object, field: str = "gpu-memory") -> int:
+    """Bytes of the Run:ai ``gpu-memory`` annotation, whose value is MiB."""
+    return _positive_int(value, field, "MiB") * MiB
+
+
+def parse_aliyun_gpu_mem(value: object, field: str = "aliyun.com/gpu-mem") -> int:
+    """Bytes of Alibaba cGPU's ``aliyun.com/gpu-mem`` resource, whose value is GiB."""
+    return _positive_int(value, field, "GiB") * GiB
+
+
+def parse_decimal(value: object, field: str, rule: str) -> Decimal:
+    if isinstance(value, bool):
+        raise InvalidRequest(field, rule, value)
+    try:
+        number = Decimal(str(value).strip())
+    except InvalidOperation as exc:
+        raise InvalidRequest(field, rule, value) from exc
+    if not number.is_finite():
+        raise InvalidRequest(field, rule, value)
+    return number
+
+
+def parse_portion(value: object, field: str, *, allow_whole: bool = False) -> Decimal:
+    """A share of one GPU: a decimal in (0, 1), or (0, 1] where ``allow_whole`` (burst limits)."""
+    upper = "1]" if allow_whole else "1)"
+    rule = f"must be a decimal GPU portion in (0, {upper}, such as 0.5"
+    portion = parse_decimal(value, field, rule)
+    too_big = portion > 1 if allow_whole else portion >= 1
+    if portion <= 0 or too_big:
+        raise InvalidRequest(field, rule, value)
+    if portion.as_tuple().exponent < -3:  # type: ignore[operator]
+        raise InvalidRequest(field, "must have at most 3 decimal places (a thousandth of a GPU)", value)
+    return portion
+
+
+def portion_bytes(portion: Decimal, device_memory: int) -> int:
+    """Bytes a portion takes on a device, rounded down so shares summing to 1 never overflow it."""
+    return int(portion * device_memory)
+
+
+def format_bytes(nbytes: int | float) -> str:
+    """Human size in the unit a user typed most often: decimal GB/MB (``5.0 GB``)."""
+    if abs(nbytes) >= 10**9:
+        return f"{nbytes / 10**9:.1f} GB"
+    if abs(nbytes) >= 10**6:
+        return f"{nbytes / 10**6:.0f} MB"
+    return f"{int(nbytes)} B"
+
+
+def format_gpus(gpus: float) -> str:
+    """GPU count as users read it: ``1``, ``0.5``, ``2.25``."""
+    text = f"{gpus:.2f}".rstrip("0").rstrip(".")
+    return text or "0"
