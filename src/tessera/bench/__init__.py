@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m tessera.bench.<name>``; the last line printed is one JSON object."""

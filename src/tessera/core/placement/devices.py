@@ -1,0 +1,73 @@
+"""Which devices of one node can take a request, and the device sets worth comparing."""
+
+from __future__ import annotations
+
+from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
+from tessera.core.state import NodeState, Placement
+
+
+def host_fits(ns: NodeState, request: ResourceRequest) -> bool:
+    return request.cpu_milli <= ns.free_cpu and request.memory <= ns.free_mem
+
+
+def fitting_devices(ns: NodeState, gpu: GpuRequest) -> list[int]:
+    """Devices that could take one share of this request now."""
+    if gpu.kind is GpuKind.WHOLE:
+        return [
+            i
+            for i, model in enumerate(ns.dev_models)
+            if ns.dev_tenants[i] == 0 and gpu.allows(model)
+        ]
+    return [
+        i
+        for i, model in enumerate(ns.dev_models)
+        if gpu.allows(model) and gpu.bytes_on(ns.dev_memory[i]) <= ns.dev_memory[i] - ns.dev_used[i]
+    ]
+
+
+def device_options(ns: NodeState, request: ResourceRequest) -> list[tuple[int, ...]]:
+    """Device sets a policy chooses between on this node; empty if the node cannot host it.
+
+    Whole GPUs: idle devices are interchangeable, so one set. One shared device: one candidate
+    per distinct (free, size, model) state. Several shared devices: the tightest and the
+    loosest set, which is where packing and spreading differ.
+    """
+    if not host_fits(ns, request):
+        return []
+    gpu = request.gpu
+    if gpu.kind is GpuKind.NONE:
+        return [()]
+    fit = fitting_devices(ns, gpu)
+    if len(fit) < gpu.devices:
+        return []
+    if gpu.kind is GpuKind.WHOLE:
+        return [tuple(fit[: gpu.devices])]
+    if gpu.devices == 1:
+        seen: dict[tuple[int, int, str], int] = {}
+        for i in fit:
+            seen.setdefault((ns.dev_memory[i] - ns.dev_used[i], ns.dev_memory[i], ns.dev_models[i]), i)
+        return [(i,) for i in sorted(seen.values())]
+    by_free = sorted(fit, key=lambda i: (ns.dev_memory[i] - ns.dev_used[i], i))
+    tight = tuple(sorted(by_free[: gpu.devices]))
+    loose = tuple(sorted(by_free[-gpu.devices :]))
+    return [tight] if tight == loose else [tight, loose]
+
+
+def make_placement(ns: NodeState, request: ResourceRequest, devices: tuple[int, ...]) -> Placement:
+    gpu = request.gpu
+    return Placement(
+        node=ns.name,
+        devices=devices,
+        request_bytes=tuple(gpu.bytes_on(ns.dev_memory[i]) for i in devices),
+        limit_bytes=tuple(gpu.limit_bytes_on(ns.dev_memory[i]) for i in devices),
+        exclusive=gpu.kind is GpuKind.WHOLE,
+        cpu_milli=request.cpu_milli,
+        memory=request.memory,
+    )
+
+
+def used_after(ns: NodeState, request: ResourceRequest, devices: tuple[int, ...]) -> list[int]:
+    used = list(ns.dev_used)
+    for i in devices:
+        used[i] += request.gpu.bytes_on(ns.dev_memory[i])
+    return used

@@ -1,0 +1,138 @@
+"""Fragmentation in the sense of FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23).
+
+A node's fragmentation, seen by a typical workload, is the expected free GPU capacity (in GPUs)
+that the workload's pods could not use, weighted by how often each pod shape occurs:
+
+* a pod that cannot run on the node at all (CPU, memory, model, or too few suitable GPUs)
+  sees every free GPU share on the node as fragmented;
+* a pod that can run sees as fragmented the free share of each GPU it could not use: a shared
+  pod cannot use a GPU with less free than it needs, a whole-GPU pod cannot use a partly used GPU.
+
+The FGD policy places a pod where it raises fragmentation least.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.state import NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    weight: float
+    cpu: int
+    mem: int
+    kind: GpuKind
+    count: int
+    request: ResourceRequest
+
+
+def default_workload() -> list[tuple[ResourceRequest, float]]:
+    """A plain mix used when the caller knows nothing of its workload."""
+    from decimal import Decimal
+
+    from tessera.core.model import GpuRequest
+
+    mix: list[tuple[ResourceRequest, float]] = [
+        (ResourceRequest(GpuRequest.fraction(Decimal(p))), w)
+        for p, w in (("0.25", 0.15), ("0.5", 0.2), ("0.75", 0.05))
+    ]
+    mix += [(ResourceRequest(GpuRequest.whole(n)), w) for n, w in ((1, 0.4), (2, 0.1), (4, 0.05), (8, 0.05))]
+    return mix
+
+
+class Fragmentation:
+    """Measures nodes against a typical workload; results are memoised per node state."""
+
+    def __init__(self, workload: Sequence[tuple[ResourceRequest, float]]) -> None:
+        total = sum(w for _, w in workload) or 1.0
+        self.shapes = [
+            _Shape(w / total, r.cpu_milli, r.memory, r.gpu.kind, r.gpu.devices, r)
+            for r, w in workload
+            if w > 0
+        ]
+        self._memo: dict[tuple[object, ...], float] = {}
+        self._needs: dict[int, list[tuple[int, bool]]] = {}
+
+    def of_node(self, ns: NodeState) -> float:
+        return self.measure(ns, ns.free_cpu, ns.free_mem, ns.dev_used)
+
+    def measure(self, ns: NodeState, free_cpu: int, free_mem: int, used: Sequence[int]) -> float:
+        key = (
+            ns.static_id,
+            free_cpu,
+            free_mem,
+            tuple(sorted(used)) if ns.homogeneous else tuple(used),
+        )
+        value = self._memo.get(key)
+        if value is None:
+            if len(self._memo) > 400_000:
+                self._memo.clear()
+            if ns.homogeneous:
+                value = self._homogeneous(ns, free_cpu, free_mem, used)
+            else:
+                value = self._general(ns, free_cpu, free_mem, used)
+            self._memo[key] = value
+        return value
+
+    def _needs_for(self, ns: NodeState) -> list[tuple[int, bool]]:
+        """Per shape: bytes needed on one of this node's devices, and whether the model is allowed."""
+        needs = self._needs.get(ns.static_id)
+        if needs is None:
+            mem, model = (ns.dev_memory[0], ns.dev_models[0]) if ns.dev_memory else (1, "")
+            needs = [(s.request.gpu.bytes_on(mem), s.request.gpu.allows(model)) for s in self.shapes]
+            self._needs[ns.static_id] = needs
+        return needs
+
+    def _homogeneous(self, ns: NodeState, free_cpu: int, free_mem: int, used: Sequence[int]) -> float:
+        if not ns.dev_memory:
+            return 0.0
+        size = ns.dev_memory[0]
+        frees = sorted(size - u for u in used)
+        prefix = [0]
+        for f in frees:
+            prefix.append(prefix[-1] + f)
+        total = prefix[-1]
+        n = len(frees)
+        idle = n - bisect_left(frees, size)
+        frag = 0.0
+        for shape, (need, allowed) in zip(self.shapes, self._needs_for(ns), strict=True):
+            if shape.cpu > free_cpu or shape.mem > free_mem:
+                frag += shape.weight * total
+            elif shape.kind is GpuKind.NONE:
+                continue
+            elif not allowed:
+                frag += shape.weight * total
+            elif shape.kind is GpuKind.WHOLE:
+                frag += shape.weight * (total if idle < shape.count else total - idle * size)
+            else:
+                cut = bisect_left(frees, need)
+                frag += shape.weight * (total if n - cut < shape.count else prefix[cut])
+        return frag / size
+
+    def _general(self, ns: NodeState, free_cpu: int, free_mem: int, used: Sequence[int]) -> float:
+        free = [(m - u) / m for m, u in zip(ns.dev_memory, used, strict=True)]
+        total = sum(free)
+        frag = 0.0
+        for shape in self.shapes:
+            gpu = shape.request.gpu
+            if shape.cpu > free_cpu or shape.mem > free_mem:
+                frag += shape.weight * total
+                continue
+            if shape.kind is GpuKind.NONE:
+                continue
+            usable = [
+                i
+                for i, m in enumerate(ns.dev_memory)
+                if gpu.allows(ns.dev_models[i])
+                and (used[i] == 0 if shape.kind is GpuKind.WHOLE else gpu.bytes_on(m) <= m - used[i])
+            ]
+            if len(usable) < shape.count:
+                frag += shape.weight * total
+            else:
+                frag += shape.weight * (total - sum(free[i] for i in usable))
+        return frag

@@ -1,0 +1,157 @@
+"""Placement policies: each scores one node for one request and picks its devices there.
+
+A policy returns ``(score, devices)`` for a node that can host the request (higher is better)
+or None. Scores depend only on the node's state, so the placer can memoise them per state.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Protocol
+
+from tessera.core.model import ResourceRequest
+from tessera.core.placement.devices import device_options, used_after
+from tessera.core.placement.fragmentation import Fragmentation, default_workload
+from tessera.core.state import NodeState
+
+Choice = tuple[float, tuple[int, ...]]
+
+
+class Policy(Protocol):
+    name: str
+    randomised: bool
+
+    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None: ...
+
+
+def _gpu_util(ns: NodeState, used: Sequence[int]) -> float:
+    total = sum(ns.dev_memory)
+    return sum(used) / total if total else 0.0
+
+
+def _host_util_after(ns: NodeState, request: ResourceRequest) -> float:
+    cpu = 1 - (ns.free_cpu - request.cpu_milli) / ns.node.cpu_milli if ns.node.cpu_milli else 0.0
+    mem = 1 - (ns.free_mem - request.memory) / ns.node.memory if ns.node.memory else 0.0
+    return (cpu + mem) / 2
+
+
+class BinPack:
+    """Fill the most used node first; on it, the most used GPU that fits (KAI's default)."""
+
+    name = "binpack"
+    randomised = False
+
+    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
+        options = device_options(ns, request)
+        if not options:
+            return None
+        devices = min(options, key=lambda d: (sum(ns.dev_free(i) for i in d), d))
+        util = _gpu_util(ns, used_after(ns, request, devices))
+        return util + 0.001 * _host_util_after(ns, request), devices
+
+
+class Spread:
+    """Fill the least used node first; on it, the least used GPU."""
+
+    name = "spread"
+    randomised = False
+
+    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
+        options = device_options(ns, request)
+        if not options:
+            return None
+        devices = max(options, key=lambda d: (sum(ns.dev_free(i) for i in d), [-i for i in d]))
+        util = _gpu_util(ns, used_after(ns, request, devices))
+        return -util - 0.001 * _host_util_after(ns, request), devices
+
+
+class BestFit:
+    """Leave the least free behind: fewest free GPUs after placement, then least CPU and memory.
+
+    Unlike binpack, which compares utilisation ratios, best-fit compares what is left in
+    absolute GPUs, so a half-full 2-GPU node beats a half-full 8-GPU node.
+    """
+
+    name = "best-fit"
+    randomised = False
+
+    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
+        options = device_options(ns, request)
+        if not options:
+            return None
+        devices = min(options, key=lambda d: (sum(ns.dev_free(i) for i in d), d))
+        used = used_after(ns, request, devices)
+        free_gpus = sum((m - u) / m for m, u in zip(ns.dev_memory, used, strict=True))
+        return -free_gpus - 0.5 * (1 - _host_util_after(ns, request)), devices
+
+
+class Random:
+    """Any node that fits, uniformly; any fitting device set on it. A baseline."""
+
+    name = "random"
+    randomised = True
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
+        options = device_options(ns, request)
+        if not options:
+            return None
+        return 0.0, self.rng.choice(options)
+
+
+class FragmentationGradient:
+    """FGD: place where the node's fragmentation (seen by the typical workload) grows least.
+
+    A small packing term (``pack`` × the node's GPU utilisation after placement) breaks the
+    many ties and near-ties between nodes in favour of fuller ones; on the Alibaba trace it adds
+    about half a point of allocated GPU over pure FGD (docs/benchmarks.md).
+    """
+
+    name = "fgd"
+    randomised = False
+    pack = 0.1
+
+    def __init__(self, workload: Sequence[tuple[ResourceRequest, float]] | None = None) -> None:
+        self.fragmentation = Fragmentation(workload or default_workload())
+
+    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
+        options = device_options(ns, request)
+        if not options:
+            return None
+        frag = self.fragmentation
+        before = frag.of_node(ns)
+        cpu, mem = ns.free_cpu - request.cpu_milli, ns.free_mem - request.memory
+        best: Choice | None = None
+        for devices in options:
+            used = used_after(ns, request, devices)
+            score = before - frag.measure(ns, cpu, mem, used) + self.pack * _gpu_util(ns, used)
+            if best is None or score > best[0]:
+                best = (score, devices)
+        return best
+
+
+POLICIES = ("fgd", "binpack", "spread", "best-fit", "random")
+DEFAULT_POLICY = "fgd"
+
+
+def make_policy(
+    name: str,
+    rng: random.Random,
+    workload: Sequence[tuple[ResourceRequest, float]] | None = None,
+) -> Policy:
+    from tessera.core.errors import InvalidRequest
+
+    if name == "fgd":
+        return FragmentationGradient(workload)
+    if name == "binpack":
+        return BinPack()
+    if name == "spread":
+        return Spread()
+    if name == "best-fit":
+        return BestFit()
+    if name == "random":
+        return Random(rng)
+    raise InvalidRequest("policy", f"must be one of {', '.join(POLICIES)}", name)

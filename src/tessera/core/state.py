@@ -1,0 +1,204 @@
+"""The mutable view of a cluster that placement and the cycle work on.
+
+``ClusterState`` holds what is free on every node and device and which allocation holds what.
+Changes can be simulated: ``checkpoint()`` marks a point, ``rollback()`` undoes everything after
+it, ``commit()`` keeps it. Observers (placement caches) subscribe to learn which nodes changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import Node
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one pod runs: a node, its device indices and what it holds on each."""
+
+    node: str
+    devices: tuple[int, ...] = ()
+    request_bytes: tuple[int, ...] = ()
+    """Guaranteed bytes on each device (the whole device for exclusive GPUs)."""
+    limit_bytes: tuple[int, ...] = ()
+    """Burst cap on each device; equal to the request when no limit was asked."""
+    exclusive: bool = False
+    """Whole GPUs: no other tenant may share these devices."""
+    cpu_milli: int = 0
+    memory: int = 0
+
+
+class NodeState:
+    """Free capacity of one node. Mutated only through ClusterState."""
+
+    __slots__ = (
+        "dev_memory",
+        "dev_models",
+        "dev_tenants",
+        "dev_used",
+        "free_cpu",
+        "free_mem",
+        "homogeneous",
+        "index",
+        "node",
+        "static_id",
+    )
+
+    def __init__(self, node: Node, index: int, static_id: int) -> None:
+        self.node = node
+        self.index = index
+        self.static_id = static_id
+        self.free_cpu = node.cpu_milli
+        self.free_mem = node.memory
+        gpus = sorted(node.gpus, key=lambda g: g.index)
+        self.dev_memory = [g.memory for g in gpus]
+        self.dev_models = [g.model for g in gpus]
+        self.dev_used = [0] * len(gpus)
+        self.dev_tenants = [0] * len(gpus)
+        self.homogeneous = len(set(zip(self.dev_memory, self.dev_models, strict=True))) <= 1
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def dev_free(self, i: int) -> int:
+        return self.dev_memory[i] - self.dev_used[i]
+
+    def signature(self) -> tuple[object, ...]:
+        """Everything placement decisions on this node depend on."""
+        return (self.static_id, self.free_cpu, self.free_mem, tuple(self.dev_used))
+
+    def gpus_total(self) -> int:
+        return len(self.dev_memory)
+
+    def gpus_allocated(self) -> float:
+        return sum(u / m for u, m in zip(self.dev_used, self.dev_memory, strict=True))
+
+
+class ClusterState:
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        self.nodes: list[NodeState] = []
+        self.by_name: dict[str, NodeState] = {}
+        self.allocations: dict[str, Placement] = {}
+        self._statics: dict[tuple[object, ...], int] = {}
+        self._undo: list[tuple[str, str, Placement]] = []
+        self._open = 0
+        self._listeners: list[set[int]] = []
+        for node in nodes:
+            self.add_node(node)
+
+    def add_node(self, node: Node) -> NodeState:
+        if node.name in self.by_name:
+            raise InvalidRequest("node.name", "must be unique in the cluster", node.name)
+        static = (
+            node.cpu_milli,
+            node.memory,
+            tuple((g.memory, g.model) for g in sorted(node.gpus, key=lambda g: g.index)),
+        )
+        static_id = self._statics.setdefault(static, len(self._statics))
+        ns = NodeState(node, len(self.nodes), static_id)
+        self.nodes.append(ns)
+        self.by_name[node.name] = ns
+        self._touch(ns.index)
+        return ns
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return iter(self.nodes)
+
+    def subscribe(self) -> set[int]:
+        """A set that receives the index of every node that changes from now on."""
+        dirty = set(range(len(self.nodes)))
+        self._listeners.append(dirty)
+        return dirty
+
+    def unsubscribe(self, dirty: set[int]) -> None:
+        self._listeners = [s for s in self._listeners if s is not dirty]
+
+    def _touch(self, index: int) -> None:
+        for dirty in self._listeners:
+            dirty.add(index)
+
+    # -- allocations --------------------------------------------------------------------------
+
+    def fits(self, placement: Placement) -> str | None:
+        """Why this placement cannot be applied now, or None if it can."""
+        ns = self.by_name.get(placement.node)
+        if ns is None:
+            return f"node {placement.node} is not in the cluster"
+        if placement.cpu_milli > ns.free_cpu or placement.memory > ns.free_mem:
+            return f"node {ns.name} lacks CPU or memory"
+        if len(set(placement.devices)) != len(placement.devices):
+            return "a device is named twice"
+        for i, want in zip(placement.devices, placement.request_bytes, strict=True):
+            if not 0 <= i < len(ns.dev_memory):
+                return f"node {ns.name} has no GPU {i}"
+            if placement.exclusive and ns.dev_tenants[i]:
+                return f"GPU {i} of node {ns.name} is shared"
+            if want > ns.dev_free(i):
+                return f"GPU {i} of node {ns.name} has too little memory free"
+        return None
+
+    def assign(self, alloc_id: str, placement: Placement) -> None:
+        if alloc_id in self.allocations:
+            raise InvalidRequest("allocation", "is already placed", alloc_id)
+        problem = self.fits(placement)
+        if problem is not None:
+            raise InvalidRequest(f"allocation {alloc_id}", problem)
+        self._apply(placement, +1)
+        self.allocations[alloc_id] = placement
+        if self._open:
+            self._undo.append(("assign", alloc_id, placement))
+
+    def release(self, alloc_id: str) -> Placement:
+        placement = self.allocations.pop(alloc_id)
+        self._apply(placement, -1)
+        if self._open:
+            self._undo.append(("release", alloc_id, placement))
+        return placement
+
+    def _apply(self, p: Placement, sign: int) -> None:
+        ns = self.by_name[p.node]
+        ns.free_cpu -= sign * p.cpu_milli
+        ns.free_mem -= sign * p.memory
+        for i, nbytes in zip(p.devices, p.request_bytes, strict=True):
+            ns.dev_used[i] += sign * nbytes
+            ns.dev_tenants[i] += sign
+        self._touch(ns.index)
+
+    # -- transactions -------------------------------------------------------------------------
+
+    def checkpoint(self) -> int:
+        self._open += 1
+        return len(self._undo)
+
+    def rollback(self, mark: int) -> None:
+        while len(self._undo) > mark:
+            op, alloc_id, placement = self._undo.pop()
+            if op == "assign":
+                del self.allocations[alloc_id]
+                self._apply(placement, -1)
+            else:
+                self.allocations[alloc_id] = placement
+                self._apply(placement, +1)
+        self._close()
+
+    def commit(self, mark: int) -> None:
+        """Keep the changes since ``mark``; an enclosing checkpoint can still undo them."""
+        self._close()
+
+    def _close(self) -> None:
+        if self._open <= 0:
+            raise RuntimeError("no open checkpoint")
+        self._open -= 1
+        if not self._open:
+            self._undo.clear()
+
+    # -- totals -------------------------------------------------------------------------------
+
+    def gpus_total(self) -> int:
+        return sum(ns.gpus_total() for ns in self.nodes)
+
+    def gpus_allocated(self) -> float:
+        return sum(ns.gpus_allocated() for ns in self.nodes)
