@@ -1,0 +1,1 @@
+"""The REST API, shaped like Run:ai's, in front of a backend (local now, Kubernetes later)."""

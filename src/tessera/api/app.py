@@ -1,0 +1,284 @@
+"""The REST API (FastAPI), shaped like Run:ai's: token, workloads, projects.
+
+Every route but ``/healthz``, ``POST /api/v1/token`` and the OpenAPI documents needs a bearer
+token. Errors are ``{code, message, details}``; a refused request changes nothing.
+"""
+
+
+import re
+import secrets
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tessera.api.backend import Backend, Conflict, NotFound, ProjectFields, WorkloadSubmission
+from tessera.api.models import (
+    CORE_TO_API,
+    ProjectCreate,
+    ProjectUpdate,
+    TokenRequest,
+    WorkloadCreate,
+)
+from tessera.core.errors import InvalidRequest
+
+KINDS = {"trainings": "Training", "workspaces": "Workspace", "inferences": "Inference"}
+Kind = Literal["trainings", "workspaces", "inferences"]
+FILTER = re.compile(r"^(\w+)(==|!=|=@)(.*)$")
+FILTER_KEYS = ("name", "type", "phase", "status", "projectName", "projectId", "nodeName",
+               "priorityClass")
+SORT_KEYS = ("name", "createdAt", "phase", "projectName", "type", "gpus")
+MAX_PAGE = 10_000
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.details = details
+
+
+def _error(status: int, message: str, details: Any = None) -> JSONResponse:
+    return JSONResponse(
+        {"code": status, "message": message, "details": details}, status_code=status
+    )
+
+
+def _api_field(field: str) -> str:
+    if field in CORE_TO_API:
+        return f"spec.compute.{CORE_TO_API[field]}"
+    return field
+
+
+def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    parts = []
+    details = []
+    for err in errors:
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path")]
+        ctx = err.get("ctx") or {}
+        if err.get("type") == "invalid_request" and "field" in ctx:
+            field = ".".join([*loc, ctx["field"]])
+            message = f"{field}: {ctx['rule']}{ctx.get('shown', '')}"
+        else:
+            field = ".".join(loc) or "body"
+            message = f"{field}: {err.get('msg', 'is invalid')}"
+        parts.append(message)
+        details.append({"field": field, "message": message})
+    return "; ".join(parts), details
+
+
+def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
+    app = FastAPI(
+        title=f"{title} API",
+        version="1",
+        description="Fractional GPU workloads, projects and quota (Run:ai-shaped REST API).",
+    )
+    bearer = HTTPBearer(auto_error=False)
+
+    def authorized(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> None:
+        if creds is None or creds.scheme.lower() != "bearer":
+            raise ApiError(401, "authentication required: send Authorization: Bearer <token>")
+        if not backend.token_valid(creds.credentials):
+            raise ApiError(401, "the token is invalid or has expired; run tessera login")
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.details)
+
+    @app.exception_handler(InvalidRequest)
+    async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
+        field = _api_field(exc.field)
+        shown = "" if exc.value is None else f" (got {exc.value!r})"
+        message = f"{field}: {exc.rule}{shown}"
+        return _error(422, message, [{"field": field, "message": message}])
+
+    @app.exception_handler(NotFound)
+    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(Conflict)
+    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
+        return _error(409, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, details = _validation_message(list(exc.errors()))
+        return _error(422, message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/api/v1/token", tags=["auth"])
+    def token(body: TokenRequest) -> dict[str, Any]:
+        if body.grantType not in ("client_credentials", "app_token"):
+            raise ApiError(422, "grantType: must be client_credentials")
+        if not backend.authenticate(body.clientId, body.clientSecret):
+            secrets.compare_digest("x", "y")
+            raise ApiError(401, "wrong clientId or clientSecret")
+        value, expires = backend.issue_token(body.clientId)
+        return {"accessToken": value, "expiresAt": int(expires)}
+
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorized)])
+
+    @api.get("/cluster", tags=["cluster"])
+    def cluster() -> dict[str, Any]:
+        """Nodes and GPUs, with what each device holds; ``simulated`` says if they are real."""
+        return backend.cluster()
+
+    # -- projects ----------------------------------------------------------------------------
+
+    @api.get("/org-unit/projects", tags=["projects"])
+    def list_projects() -> dict[str, Any]:
+        return {"projects": backend.projects()}
+
+    @api.post("/org-unit/projects", status_code=201, tags=["projects"])
+    def create_project(body: ProjectCreate) -> dict[str, Any]:
+        gpu = body.resources.gpu
+        return backend.create_project(
+            ProjectFields(body.name, gpu.deserved, gpu.limit, gpu.overQuotaWeight, body.priority)
+        )
+
+    @api.get("/org-unit/projects/{projectId}", tags=["projects"])
+    def get_project(projectId: str) -> dict[str, Any]:
+        return backend.project(projectId)
+
+    @api.put("/org-unit/projects/{projectId}", tags=["projects"])
+    def update_project(projectId: str, body: ProjectUpdate) -> dict[str, Any]:
+        gpu = body.resources.gpu
+        return backend.update_project(
+            projectId,
+            ProjectFields(projectId, gpu.deserved, gpu.limit, gpu.overQuotaWeight, body.priority),
+        )
+
+    @api.delete("/org-unit/projects/{projectId}", status_code=204, tags=["projects"])
+    def delete_project(projectId: str) -> Response:
+        backend.delete_project(projectId)
+        return Response(status_code=204)
+
+    # -- workloads ---------------------------------------------------------------------------
+
+    def _list(
+        kind: str | None,
+        filterBy: list[str] | None,
+        sortBy: str,
+        sortOrder: str,
+        offset: int,
+        limit: int,
+        search: str | None,
+    ) -> JSONResponse:
+        filters: list[tuple[str, str, str]] = []
+        for raw in filterBy or []:
+            for part in raw.split(","):
+                if not part:
+                    continue
+                m = FILTER.match(part)
+                if m is None or m.group(1) not in FILTER_KEYS:
+                    raise ApiError(
+                        422,
+                        f"filterBy: must be KEY==VALUE, KEY!=VALUE or KEY=@TEXT with KEY one of "
+                        f"{', '.join(FILTER_KEYS)} (got {part!r})",
+                    )
+                filters.append((m.group(1), m.group(2), m.group(3)))
+        if kind is not None:
+            filters.append(("type", "==", KINDS[kind]))
+        rows, total = backend.workloads(
+            filters, search, sortBy, sortOrder == "desc", offset, limit
+        )
+        nxt = offset + len(rows) if offset + len(rows) < total else None
+        return JSONResponse({"workloads": rows, "total": total, "next": nxt})
+
+    @api.get("/workloads", tags=["workloads"])
+    def list_workloads(
+        filterBy: Annotated[list[str] | None, Query(description="e.g. phase==Running")] = None,
+        sortBy: Annotated[Literal[SORT_KEYS], Query()] = "createdAt",  # type: ignore[valid-type]
+        sortOrder: Annotated[Literal["asc", "desc"], Query()] = "asc",
+        offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        search: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> JSONResponse:
+        return _list(None, filterBy, sortBy, sortOrder, offset, limit, search)
+
+    @api.get("/workloads/{kind}", tags=["workloads"])
+    def list_kind(
+        kind: Kind,
+        filterBy: Annotated[list[str] | None, Query()] = None,
+        sortBy: Annotated[Literal[SORT_KEYS], Query()] = "createdAt",  # type: ignore[valid-type]
+        sortOrder: Annotated[Literal["asc", "desc"], Query()] = "asc",
+        offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        search: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> JSONResponse:
+        return _list(kind, filterBy, sortBy, sortOrder, offset, limit, search)
+
+    @api.post("/workloads/{kind}", status_code=202, tags=["workloads"])
+    def create_workload(kind: Kind, body: WorkloadCreate) -> dict[str, Any]:
+        name = body.name
+        if body.useGivenNameAsPrefix:
+            name = f"{name[:57]}-{secrets.token_hex(2)}"
+        env = {e.name: e.value for e in body.spec.environmentVariables}
+        return backend.submit(
+            WorkloadSubmission(
+                name=name,
+                project=body.projectId or body.projectName or "",
+                type=KINDS[kind],
+                gpu=body.spec.compute.gpu,
+                command=body.spec.argv,
+                env=env,
+                image=body.spec.image,
+                working_dir=body.spec.workingDir,
+                priority_class=body.spec.priorityClass,
+                workers=body.spec.workers,
+                min_workers=body.spec.minWorkers,
+                spec=body.spec_doc(),
+            )
+        )
+
+    @api.get("/workloads/{kind}/{workloadId}", tags=["workloads"])
+    def get_workload(kind: Kind, workloadId: str) -> dict[str, Any]:
+        return backend.workload(workloadId, KINDS[kind])
+
+    @api.delete("/workloads/{kind}/{workloadId}", status_code=202, tags=["workloads"])
+    def delete_workload(kind: Kind, workloadId: str) -> dict[str, str]:
+        backend.delete_workload(workloadId, KINDS[kind])
+        return {"workloadId": workloadId, "status": "deleting"}
+
+    @api.post("/workloads/{kind}/{workloadId}/suspend", status_code=202, tags=["workloads"])
+    def suspend(kind: Kind, workloadId: str) -> dict[str, Any]:
+        return backend.suspend(workloadId, KINDS[kind])
+
+    @api.post("/workloads/{kind}/{workloadId}/resume", status_code=202, tags=["workloads"])
+    def resume(kind: Kind, workloadId: str) -> dict[str, Any]:
+        return backend.resume(workloadId, KINDS[kind])
+
+    @api.get("/workloads/{kind}/{workloadId}/pods", tags=["workloads"])
+    def pods(kind: Kind, workloadId: str) -> dict[str, Any]:
+        backend.workload(workloadId, KINDS[kind])
+        return {"pods": backend.pods(workloadId)}
+
+    @api.get("/workloads/{kind}/{workloadId}/logs", tags=["workloads"])
+    def logs(
+        kind: Kind,
+        workloadId: str,
+        pod: Annotated[int, Query(ge=0, le=63)] = 0,
+        offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    ) -> Response:
+        """The pod's output from byte ``offset``; ``X-Next-Offset`` says where to go on."""
+        backend.workload(workloadId, KINDS[kind])
+        data, nxt = backend.logs(workloadId, pod, offset)
+        return Response(
+            content=data, media_type="text/plain", headers={"X-Next-Offset": str(nxt)}
+        )
+
+    app.include_router(api)
+    return app

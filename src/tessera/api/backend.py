@@ -1,0 +1,92 @@
+"""What the API needs from a backend. Embedded mode implements it in ``tessera.local.control``.
+
+Payloads are JSON-ready dicts in the API's shape (camelCase), so a backend for Kubernetes can
+produce the same documents without sharing the local store's types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tessera.core.errors import TesseraError
+from tessera.core.model import GpuRequest
+
+
+class NotFound(TesseraError):
+    """No such object (404)."""
+
+
+class Conflict(TesseraError):
+    """The name is taken, or the object is in a state that forbids the change (409)."""
+
+
+@dataclass
+class WorkloadSubmission:
+    name: str
+    project: str
+    type: str
+    """``Training``, ``Workspace`` or ``Inference``."""
+    gpu: GpuRequest
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    image: str = ""
+    working_dir: str | None = None
+    priority_class: str | None = None
+    workers: int = 1
+    min_workers: int | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+    """The request body's ``spec`` as given, kept for display."""
+
+
+@dataclass
+class ProjectFields:
+    name: str
+    deserved: float = 0.0
+    limit: float | None = None
+    over_quota_weight: float = 1.0
+    priority: int = 50
+
+
+class Backend(Protocol):
+    def cluster(self) -> dict[str, Any]: ...
+
+    def authenticate(self, client_id: str, secret: str) -> bool: ...
+
+    def issue_token(self, client_id: str) -> tuple[str, float]: ...
+
+    def token_valid(self, token: str) -> bool: ...
+
+    def create_project(self, fields: ProjectFields) -> dict[str, Any]: ...
+
+    def projects(self) -> list[dict[str, Any]]: ...
+
+    def project(self, id_or_name: str) -> dict[str, Any]: ...
+
+    def update_project(self, id_or_name: str, fields: ProjectFields) -> dict[str, Any]: ...
+
+    def delete_project(self, id_or_name: str) -> None: ...
+
+    def submit(self, submission: WorkloadSubmission) -> dict[str, Any]: ...
+
+    def workloads(
+        self,
+        filters: list[tuple[str, str, str]],
+        search: str | None,
+        sort_by: str,
+        descending: bool,
+        offset: int,
+        limit: int,
+    ) -> tuple[list[dict[str, Any]], int]: ...
+
+    def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]: ...
+
+    def delete_workload(self, workload_id: str, kind: str | None = None) -> None: ...
+
+    def suspend(self, workload_id: str, kind: str | None = None) -> dict[str, Any]: ...
+
+    def resume(self, workload_id: str, kind: str | None = None) -> dict[str, Any]: ...
+
+    def logs(self, workload_id: str, pod: int, offset: int) -> tuple[bytes, int]: ...
+
+    def pods(self, workload_id: str) -> list[dict[str, Any]]: ...

@@ -1,0 +1,166 @@
+"""Request bodies of the REST API, validated by the core's rules.
+
+The GPU fields are turned into a ``GpuRequest`` by ``tessera.core.requests.parse_gpu_request`` inside
+the model's validator, so the API refuses exactly what the CLI and the scheduler refuse, with the
+API's own field names in the message.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic_core import PydanticCustomError
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuRequest
+from tessera.core.requests import parse_gpu_request
+
+CORE_TO_API = {
+    "gpu": "gpuDevicesRequest",
+    "gpu_devices": "gpuDevicesRequest",
+    "gpu_portion": "gpuPortionRequest",
+    "gpu_portion_limit": "gpuPortionLimit",
+    "gpu_memory": "gpuMemoryRequest",
+    "gpu_memory_limit": "gpuMemoryLimit",
+    "gpu_model": "gpuModel",
+}
+
+Number = float | int | str
+
+
+def invalid(field: str, rule: str, value: object = None) -> PydanticCustomError:
+    shown = "" if value is None else f" (got {value!r})"
+    return PydanticCustomError(
+        "invalid_request", "{field}: {rule}{shown}", {"field": field, "rule": rule, "shown": shown}
+    )
+
+
+class Compute(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpuDevicesRequest: int | None = Field(default=None, description="Whole GPUs, or devices to share")
+    gpuRequestType: Literal["portion", "memory"] | None = None
+    gpuPortionRequest: Number | None = Field(default=None, description="Share of one GPU, (0, 1)")
+    gpuPortionLimit: Number | None = Field(default=None, description="Burst cap, (0, 1]")
+    gpuMemoryRequest: str | int | None = Field(default=None, description="e.g. 5G, 4Gi, 2500M")
+    gpuMemoryLimit: str | int | None = None
+    gpuModel: str | None = Field(default=None, description="Allowed models, e.g. V100-16GB|A100-40GB")
+    cpuCoreRequest: float | None = None
+    cpuMemoryRequest: str | None = None
+
+    _gpu: GpuRequest = PrivateAttr(default_factory=GpuRequest.none)
+
+    @model_validator(mode="after")
+    def _parse(self) -> Compute:
+        kind = self.gpuRequestType
+        if kind == "portion" and self.gpuPortionRequest is None:
+            raise invalid("gpuPortionRequest", "is required when gpuRequestType is portion")
+        if kind == "memory" and self.gpuMemoryRequest is None:
+            raise invalid("gpuMemoryRequest", "is required when gpuRequestType is memory")
+        if kind == "portion" and self.gpuMemoryRequest is not None:
+            raise invalid("gpuMemoryRequest", "must be empty when gpuRequestType is portion")
+        if kind == "memory" and self.gpuPortionRequest is not None:
+            raise invalid("gpuPortionRequest", "must be empty when gpuRequestType is memory")
+        try:
+            self._gpu = parse_gpu_request(
+                gpu_devices=self.gpuDevicesRequest,
+                gpu_portion=self.gpuPortionRequest,
+                gpu_portion_limit=self.gpuPortionLimit,
+                gpu_memory=self.gpuMemoryRequest,
+                gpu_memory_limit=self.gpuMemoryLimit,
+                gpu_model=self.gpuModel,
+            )
+        except InvalidRequest as exc:
+            raise invalid(CORE_TO_API.get(exc.field, exc.field), exc.rule, exc.value) from None
+        return self
+
+    @property
+    def gpu(self) -> GpuRequest:
+        return self._gpu
+
+
+class EnvVar(BaseModel):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    value: str = ""
+
+
+class WorkloadSpec(BaseModel):
+    image: str = Field(default="", description="Kept for display; embedded mode runs commands")
+    command: str = Field(default="", description="Program to run (shell-quoted)")
+    args: str = Field(default="", description="Its arguments (shell-quoted)")
+    environmentVariables: list[EnvVar] = Field(default_factory=list)
+    workingDir: str | None = None
+    compute: Compute = Field(default_factory=Compute)
+    priorityClass: Literal["train", "build", "inference"] | None = None
+    workers: int = Field(default=1, ge=1, le=64, description="Pods, each with the compute request")
+    minWorkers: int | None = Field(default=None, ge=1, le=64, description="Gang minimum")
+
+    _argv: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _split(self) -> WorkloadSpec:
+        try:
+            argv = shlex.split(self.command)
+        except ValueError as exc:
+            raise invalid("command", f"must be shell-quoted correctly: {exc}") from None
+        try:
+            argv += shlex.split(self.args)
+        except ValueError as exc:
+            raise invalid("args", f"must be shell-quoted correctly: {exc}") from None
+        if not argv:
+            raise invalid("command", "is required: the command to run")
+        if self.minWorkers is not None and self.minWorkers > self.workers:
+            raise invalid("minWorkers", f"must be at most workers ({self.workers})", self.minWorkers)
+        self._argv = argv
+        return self
+
+    @property
+    def argv(self) -> list[str]:
+        return self._argv
+
+
+class WorkloadCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=63)
+    projectId: str | None = Field(default=None, description="Project id (or name)")
+    projectName: str | None = None
+    clusterId: str | None = None
+    useGivenNameAsPrefix: bool = False
+    spec: WorkloadSpec
+
+    @model_validator(mode="after")
+    def _project(self) -> WorkloadCreate:
+        if not (self.projectId or self.projectName):
+            raise invalid("projectId", "is required (or projectName)")
+        return self
+
+    def spec_doc(self) -> dict[str, Any]:
+        return self.spec.model_dump(exclude={"compute"}, exclude_none=True)
+
+
+class TokenRequest(BaseModel):
+    grantType: str = "client_credentials"
+    clientId: str = Field(min_length=1)
+    clientSecret: str = Field(min_length=1)
+
+
+class GpuQuota(BaseModel):
+    deserved: float = Field(default=0, ge=0, le=10_000)
+    limit: float | None = Field(default=None, ge=0, le=10_000)
+    overQuotaWeight: float = Field(default=1, ge=0, le=1000)
+
+
+class ProjectResources(BaseModel):
+    gpu: GpuQuota = Field(default_factory=GpuQuota)
+
+
+class ProjectCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=63)
+    resources: ProjectResources = Field(default_factory=ProjectResources)
+    priority: int = Field(default=50, ge=0, le=1000)
+
+
+class ProjectUpdate(BaseModel):
+    resources: ProjectResources = Field(default_factory=ProjectResources)
+    priority: int = Field(default=50, ge=0, le=1000)

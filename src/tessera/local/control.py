@@ -1,0 +1,830 @@
+"""The local control plane: store, runner and scheduler joined by one loop.
+
+Each cycle (every ``interval`` seconds, or at once when something is submitted or changed) it
+learns which pods ended, builds a ``Snapshot``, asks the scheduler for ``Decisions`` and applies
+them: start pods, stop evicted ones, record why the rest wait. Every change is written to the
+store before the API answers, so the loop can be killed at any moment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import secrets
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadSubmission
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
+from tessera.core.requests import check_against_cluster
+from tessera.core.state import Placement
+from tessera.core.units import format_gpus
+from tessera.local import isolation_hook
+from tessera.local.gpus import Machine
+from tessera.local.runner import Runner
+from tessera.local.scheduler import (
+    Decisions,
+    ProjectView,
+    QuotaScheduler,
+    Scheduler,
+    Snapshot,
+    WorkloadView,
+    estimate_gpus,
+)
+from tessera.local.store import Project, Store, Workload
+
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+PRIORITY_CLASSES: dict[str, tuple[int, bool]] = {
+    "train": (50, True),
+    "build": (100, False),
+    "inference": (125, False),
+}
+DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
+KINDS = {"trainings": "Training", "workspaces": "Workspace", "inferences": "Inference"}
+TOKEN_TTL = 30 * 24 * 3600.0
+ACTIVE = ("Pending", "Running", "Stopping", "Deleting")
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _request_dict(gpu: GpuRequest) -> dict[str, Any]:
+    return {
+        "kind": gpu.kind.value,
+        "devices": gpu.devices,
+        "portion": None if gpu.portion is None else str(gpu.portion),
+        "portionLimit": None if gpu.portion_limit is None else str(gpu.portion_limit),
+        "memory": gpu.memory,
+        "memoryLimit": gpu.memory_limit,
+        "models": sorted(gpu.models),
+    }
+
+
+def request_from_dict(d: dict[str, Any]) -> GpuRequest:
+    return GpuRequest(
+        GpuKind(d["kind"]),
+        devices=d["devices"],
+        portion=None if d["portion"] is None else Decimal(d["portion"]),
+        portion_limit=None if d["portionLimit"] is None else Decimal(d["portionLimit"]),
+        memory=d["memory"],
+        memory_limit=d["memoryLimit"],
+        models=frozenset(d["models"]),
+    )
+
+
+def _placement(pod: dict[str, Any]) -> Placement:
+    return Placement(
+        node=pod["node"],
+        devices=tuple(pod["devices"]),
+        request_bytes=tuple(pod["requestBytes"]),
+        limit_bytes=tuple(pod["limitBytes"]),
+        exclusive=pod["exclusive"],
+    )
+
+
+class LocalBackend:
+    """Implements ``tessera.api.backend.Backend`` on this machine."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        machine: Machine,
+        scheduler: Scheduler | None = None,
+        grace: float = 10.0,
+        interval: float = 0.25,
+    ) -> None:
+        self.data_dir = data_dir
+        self.machine = machine
+        self.scheduler: Scheduler = scheduler or QuotaScheduler()
+        self.grace = grace
+        self.interval = interval
+        self.store = Store(data_dir / "tessera.db")
+        self.runner = Runner(data_dir)
+        self.isolation = isolation_hook.load(data_dir)
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._active: dict[str, Workload] = {}
+        self._sim_bin = data_dir / "sim-bin"
+        self.cycles = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.machine.simulated:
+            self._write_sim_bin()
+        self._recover()
+        self._thread = threading.Thread(target=self._loop, name="tessera-control", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.store.close()
+
+    def stop_all_workloads(self) -> int:
+        """Stop every running pod (``tessera down --stop-workloads``); they become Stopped."""
+        with self._lock:
+            count = 0
+            for w in list(self._active.values()):
+                if w.phase in ("Running", "Pending"):
+                    self._begin_stop(w, "Stopped", "stopped by tessera down")
+                    count += 1
+        deadline = time.monotonic() + self.grace + 2
+        while time.monotonic() < deadline:
+            self.cycle()
+            with self._lock:
+                if not any(w.phase in ("Stopping", "Deleting") for w in self._active.values()):
+                    break
+            time.sleep(0.05)
+        return count
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.cycle()
+            except Exception as exc:
+                print(f"tessera: control cycle failed: {exc!r}", file=sys.stderr, flush=True)
+
+    def _write_sim_bin(self) -> None:
+        self._sim_bin.mkdir(parents=True, exist_ok=True)
+        shim = self._sim_bin / "nvidia-smi"
+        text = f'#!/bin/sh\nexec "{sys.executable}" -m tessera.local.smi "$@"\n'
+        if not shim.exists() or shim.read_text() != text:
+            shim.write_text(text)
+            shim.chmod(0o755)
+
+    def _recover(self) -> None:
+        """Re-attach pods that survived a server restart; fail those that did not."""
+        with self._lock:
+            for w in self.store.active_workloads():
+                self._active[w.id] = w
+                if w.phase == "Pending":
+                    continue
+                alive = [
+                    p for p in w.pods
+                    if p.get("pid") and p.get("phase") == "Running"
+                    and self.runner.adopt(p["pid"], p.get("startTicks", 0))
+                ]
+                if w.phase == "Running":
+                    if len(alive) == len([p for p in w.pods if p.get("phase") == "Running"]):
+                        self.store.add_event(
+                            w.id, "Reattached",
+                            f"server restarted; re-attached to {len(alive)} running pod(s)"
+                            f" (pid {', '.join(str(p['pid']) for p in alive)})",
+                        )
+                        continue
+                    self._check_pods(w, restarted=True)
+                else:
+                    for p in alive:
+                        self.runner.terminate(p["pid"], self.grace)
+
+    # -- the cycle -------------------------------------------------------------------------------
+
+    def cycle(self) -> Decisions:
+        with self._lock:
+            self.cycles += 1
+            self.runner.reap_kills()
+            for w in list(self._active.values()):
+                if w.phase == "Running":
+                    self._check_pods(w)
+                elif w.phase in ("Stopping", "Deleting"):
+                    self._finish_stop(w)
+            snapshot = self._snapshot()
+            decisions = self.scheduler.decide(snapshot) if snapshot.pending else Decisions()
+            self._apply(decisions)
+            return decisions
+
+    def _snapshot(self) -> Snapshot:
+        projects = {
+            p.name: ProjectView(p.name, p.deserved, p.limit, p.over_quota_weight, p.priority)
+            for p in self.store.projects()
+        }
+        running: list[WorkloadView] = []
+        pending: list[WorkloadView] = []
+        for w in self._active.values():
+            if w.phase == "Pending":
+                pending.append(self._view(w, ()))
+            elif w.phase in ("Running", "Stopping", "Deleting"):
+                placements = tuple(_placement(p) for p in w.pods if p.get("holds", True))
+                if placements:
+                    view = self._view(w, placements)
+                    if w.phase != "Running":
+                        view = dataclasses.replace(view, preemptible=False)
+                    running.append(view)
+        return Snapshot((self.machine.node,), projects, running, pending)
+
+    @staticmethod
+    def _view(w: Workload, placements: tuple[Placement, ...]) -> WorkloadView:
+        return WorkloadView(
+            id=w.id,
+            name=w.name,
+            project=w.project_name,
+            request=ResourceRequest(request_from_dict(w.request)),
+            workers=w.workers,
+            min_workers=w.min_workers,
+            preemptible=w.preemptible,
+            priority=w.priority,
+            seq=w.seq,
+            placements=placements,
+        )
+
+    def _apply(self, decisions: Decisions) -> None:
+        for ev in decisions.evictions:
+            w = self._active.get(ev.workload_id)
+            if w is not None and w.phase == "Running":
+                self._begin_stop(w, "Pending", ev.reason, kind="Preempted")
+        for b in decisions.bindings:
+            w = self._active.get(b.workload_id)
+            if w is not None and w.phase == "Pending":
+                self._start(w, b.placements, b.message)
+        for wid, reason in decisions.waiting.items():
+            w = self._active.get(wid)
+            if w is not None and w.phase == "Pending" and w.phase_message != reason:
+                w.phase_message = reason
+                self.store.save(w, ("Waiting", reason))
+
+    def _start(self, w: Workload, placements: Sequence[Placement], message: str) -> None:
+        node = self.machine.node
+        by_index = {g.index: g for g in node.gpus}
+        argv = list(w.spec.get("_argv") or [])
+        pods: list[dict[str, Any]] = []
+        try:
+            for i, p in enumerate(placements):
+                env = self._pod_env(w, i, p)
+                proc = self.runner.start(
+                    f"{w.id}-{i}", argv, {**os.environ, **env}, w.spec.get("workingDir")
+                )
+                pods.append({
+                    "index": i,
+                    "phase": "Running",
+                    "node": p.node,
+                    "devices": list(p.devices),
+                    "uuids": [by_index[d].uuid for d in p.devices],
+                    "requestBytes": list(p.request_bytes),
+                    "limitBytes": list(p.limit_bytes),
+                    "exclusive": p.exclusive,
+                    "pid": proc.pid,
+                    "startTicks": proc.start_ticks,
+                    "log": proc.log,
+                    "exitFile": proc.exit_file,
+                    "env": env,
+                    "exitCode": None,
+                    "holds": True,
+                })
+        except (OSError, InvalidRequest) as exc:
+            for pod in pods:
+                self.runner.terminate(pod["pid"], 0)
+            w.phase, w.phase_message, w.completed = "Failed", f"could not start: {exc}", time.time()
+            self._active.pop(w.id, None)
+            self.store.save(w, ("Failed", w.phase_message))
+            return
+        w.pods = pods
+        w.phase = "Running"
+        w.phase_message = message
+        w.started = time.time()
+        w.exit_code = None
+        w.node = ",".join(sorted({p.node for p in placements}))
+        w.devices = ",".join(str(d) for p in placements for d in p.devices)
+        w.gpus_allocated = sum(self._pod_gpus(pod) for pod in pods)
+        pids = ", ".join(str(p["pid"]) for p in pods)
+        self.store.save(w, ("Started", f"{message}; pid {pids}"))
+
+    def _pod_gpus(self, pod: dict[str, Any]) -> float:
+        if pod["exclusive"]:
+            return float(len(pod["devices"]))
+        mem = {g.index: g.memory for g in self.machine.node.gpus}
+        return sum(b / mem[d] for d, b in zip(pod["devices"], pod["requestBytes"], strict=True))
+
+    def _pod_env(self, w: Workload, index: int, p: Placement) -> dict[str, str]:
+        by_index = {g.index: g for g in self.machine.node.gpus}
+        gpus = [by_index[d] for d in p.devices]
+        env = {str(k): str(v) for k, v in (w.spec.get("_env") or {}).items()}
+        uuids = ",".join(g.uuid for g in gpus)
+        env.update({
+            "TESSERA_WORKLOAD_NAME": w.name,
+            "TESSERA_WORKLOAD_ID": w.id,
+            "TESSERA_PROJECT": w.project_name,
+            "TESSERA_POD_INDEX": str(index),
+            "TESSERA_WORKERS": str(w.workers),
+            "CUDA_VISIBLE_DEVICES": uuids if gpus else "",
+            "NVIDIA_VISIBLE_DEVICES": uuids if gpus else "none",
+        })
+        if gpus:
+            env.update({
+                "TESSERA_GPU_UUIDS": uuids,
+                "TESSERA_GPU_PRODUCTS": ",".join(g.product or g.model for g in gpus),
+                "TESSERA_GPU_DEVICE_MEMORY": ",".join(str(g.memory) for g in gpus),
+                "TESSERA_GPU_MEMORY_REQUEST": ",".join(str(b) for b in p.request_bytes),
+                "TESSERA_GPU_MEMORY_LIMIT": ",".join(str(b) for b in p.limit_bytes),
+                "TESSERA_GPU_EXCLUSIVE": "1" if p.exclusive else "0",
+            })
+        if self.machine.simulated:
+            env["TESSERA_SIMULATED"] = "1"
+            env["PATH"] = f"{self._sim_bin}{os.pathsep}{os.environ.get('PATH', '')}"
+        env["TESSERA_ISOLATION"] = "off"
+        if gpus and not p.exclusive:
+            env.update(self.isolation.env(f"{w.id}-{index}", [g.uuid for g in gpus], p))
+        return env
+
+    def _check_pods(self, w: Workload, restarted: bool = False) -> None:
+        changed = False
+        failed: tuple[int | None, str] | None = None
+        for pod in w.pods:
+            if pod.get("phase") != "Running":
+                continue
+            ended = self.runner.check(pod["pid"], pod.get("startTicks", 0), pod["exitFile"])
+            if ended is None:
+                continue
+            changed = True
+            pod["exitCode"] = ended.code
+            pod["holds"] = False
+            if ended.code == 0:
+                pod["phase"] = "Completed"
+            else:
+                pod["phase"] = "Failed"
+                reason = ended.reason
+                if ended.code is None and restarted:
+                    reason = "the process was gone when the server restarted and left no exit code"
+                if failed is None:
+                    failed = (ended.code, f"pod {pod['index']}: {reason}")
+        if not changed:
+            return
+        now = time.time()
+        if failed is not None:
+            for pod in w.pods:
+                if pod.get("phase") == "Running":
+                    self.runner.terminate(pod["pid"], self.grace)
+                    pod["phase"] = "Failed"
+                    pod["holds"] = False
+            w.phase, w.exit_code, w.completed = "Failed", failed[0], now
+            w.phase_message = failed[1]
+            w.gpus_allocated = 0.0
+            self._active.pop(w.id, None)
+            self.store.save(w, ("Failed", w.phase_message))
+            self._wake.set()
+        elif all(p.get("phase") == "Completed" for p in w.pods):
+            w.phase, w.exit_code, w.completed = "Completed", 0, now
+            w.phase_message = "all pods exited with code 0"
+            w.gpus_allocated = 0.0
+            self._active.pop(w.id, None)
+            self.store.save(w, ("Completed", w.phase_message))
+            self._wake.set()
+        else:
+            w.gpus_allocated = sum(self._pod_gpus(p) for p in w.pods if p.get("holds"))
+            self.store.save(w)
+
+    def _begin_stop(self, w: Workload, target: str, reason: str, kind: str = "Stopping") -> None:
+        """Send SIGTERM to every pod; ``_finish_stop`` completes once their groups are gone."""
+        w.spec["_after_stop"] = target
+        if target == "Deleted":
+            w.phase = "Deleting"
+        else:
+            w.phase = "Stopping"
+        w.phase_message = reason
+        for pod in w.pods:
+            if pod.get("phase") == "Running":
+                self.runner.terminate(pod["pid"], self.grace)
+        self.store.save(w, (kind, reason))
+        self._finish_stop(w)
+        self._wake.set()
+
+    def _finish_stop(self, w: Workload) -> None:
+        for pod in w.pods:
+            if pod.get("phase") != "Running":
+                continue
+            ended = self.runner.check(pod["pid"], pod.get("startTicks", 0), pod["exitFile"])
+            if ended is not None or not self.runner.group_alive(pod["pid"]):
+                pod["phase"] = "Stopped"
+                pod["holds"] = False
+                pod["exitCode"] = None if ended is None else ended.code
+        if any(p.get("phase") == "Running" for p in w.pods):
+            return
+        target = w.spec.pop("_after_stop", "Stopped")
+        if target == "Deleted":
+            self._active.pop(w.id, None)
+            self.store.delete_workload(w.id)
+            self._wake.set()
+            return
+        w.gpus_allocated = 0.0
+        w.node = ""
+        w.devices = ""
+        if target == "Pending":
+            w.phase = "Pending"
+            w.pods = []
+            self.store.save(w, ("Requeued", f"requeued after: {w.phase_message}"))
+        else:
+            w.phase = "Stopped"
+            w.completed = time.time()
+            self._active.pop(w.id, None)
+            self.store.save(w, ("Stopped", "all pods stopped"))
+        self._wake.set()
+
+    # -- auth ------------------------------------------------------------------------------------
+
+    def ensure_admin(self) -> dict[str, str]:
+        """The local admin client (created on first start), kept readable only by this user."""
+        path = self.data_dir / "credentials.json"
+        import json
+
+        if path.exists():
+            creds: dict[str, str] = json.loads(path.read_text())
+            if self.store.client_secret_hash(creds["clientId"]) == _hash(creds["clientSecret"]):
+                return creds
+        creds = {"clientId": "admin", "clientSecret": secrets.token_urlsafe(32)}
+        self.store.set_client(creds["clientId"], _hash(creds["clientSecret"]))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(creds, f)
+        return creds
+
+    def authenticate(self, client_id: str, secret: str) -> bool:
+        stored = self.store.client_secret_hash(client_id)
+        return stored is not None and secrets.compare_digest(stored, _hash(secret))
+
+    def issue_token(self, client_id: str) -> tuple[str, float]:
+        token = secrets.token_urlsafe(32)
+        expires = self.store.add_token(_hash(token), client_id, TOKEN_TTL)
+        return token, expires
+
+    def token_valid(self, token: str) -> bool:
+        return self.store.token_client(_hash(token)) is not None
+
+    # -- cluster ---------------------------------------------------------------------------------
+
+    def cluster(self) -> dict[str, Any]:
+        node = self.machine.node
+        used: dict[int, list[tuple[str, int, bool]]] = {g.index: [] for g in node.gpus}
+        with self._lock:
+            for w in self._active.values():
+                for pod in w.pods:
+                    if not pod.get("holds"):
+                        continue
+                    for d, b in zip(pod["devices"], pod["requestBytes"], strict=True):
+                        used[d].append((w.name, b, pod["exclusive"]))
+        gpus = []
+        for g in node.gpus:
+            tenants = used[g.index]
+            gpus.append({
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "product": g.product,
+                "memoryBytes": g.memory,
+                "allocatedBytes": sum(b for _, b, _ in tenants),
+                "workloads": [
+                    {"name": n, "bytes": b, "exclusive": e} for n, b, e in tenants
+                ],
+            })
+        return {
+            "simulated": self.machine.simulated,
+            "driver": self.machine.driver,
+            "scheduler": self.scheduler.name,
+            "isolation": self.isolation.describe(),
+            "nodes": [{"name": node.name, "gpus": gpus}],
+        }
+
+    # -- projects --------------------------------------------------------------------------------
+
+    def _project_dict(self, p: Project) -> dict[str, Any]:
+        allocated = 0.0
+        with self._lock:
+            for w in self._active.values():
+                if w.project_id == p.id:
+                    allocated += w.gpus_allocated
+        return {
+            "id": str(p.id),
+            "name": p.name,
+            "resources": {
+                "gpu": {
+                    "deserved": p.deserved,
+                    "limit": p.limit,
+                    "overQuotaWeight": p.over_quota_weight,
+                }
+            },
+            "priority": p.priority,
+            "status": {"allocated": {"gpu": round(allocated, 4)}},
+            "createdAt": _iso(p.created),
+        }
+
+    def _check_project(self, f: ProjectFields) -> None:
+        if not NAME.match(f.name) or len(f.name) > 63:
+            raise InvalidRequest(
+                "name", "must be lowercase letters, digits and '-', start and end alphanumeric, "
+                "at most 63 characters", f.name,
+            )
+        if f.deserved < 0:
+            raise InvalidRequest("resources.gpu.deserved", "must be 0 or more", f.deserved)
+        if f.limit is not None and f.limit < f.deserved:
+            raise InvalidRequest(
+                "resources.gpu.limit", f"must be at least deserved ({f.deserved:g})", f.limit
+            )
+        if f.over_quota_weight < 0:
+            raise InvalidRequest("resources.gpu.overQuotaWeight", "must be 0 or more")
+
+    def create_project(self, fields: ProjectFields) -> dict[str, Any]:
+        self._check_project(fields)
+        with self._lock:
+            if self.store.project(fields.name) is not None:
+                raise Conflict(f"project {fields.name} already exists")
+            p = self.store.create_project(
+                fields.name, fields.deserved, fields.limit, fields.over_quota_weight,
+                fields.priority,
+            )
+        self._wake.set()
+        return self._project_dict(p)
+
+    def projects(self) -> list[dict[str, Any]]:
+        return [self._project_dict(p) for p in self.store.projects()]
+
+    def _get_project(self, id_or_name: str) -> Project:
+        p = self.store.project(id_or_name)
+        if p is None:
+            raise NotFound(f"project {id_or_name} not found")
+        return p
+
+    def project(self, id_or_name: str) -> dict[str, Any]:
+        return self._project_dict(self._get_project(id_or_name))
+
+    def update_project(self, id_or_name: str, fields: ProjectFields) -> dict[str, Any]:
+        with self._lock:
+            p = self._get_project(id_or_name)
+            fields.name = p.name
+            self._check_project(fields)
+            p.deserved, p.limit = fields.deserved, fields.limit
+            p.over_quota_weight, p.priority = fields.over_quota_weight, fields.priority
+            self.store.update_project(p)
+        self._wake.set()
+        return self._project_dict(p)
+
+    def delete_project(self, id_or_name: str) -> None:
+        with self._lock:
+            p = self._get_project(id_or_name)
+            count = self.store.count_workloads(p.id)
+            if count:
+                raise Conflict(f"project {p.name} has {count} workload(s); delete them first")
+            self.store.delete_project(p.id)
+
+    # -- workloads -------------------------------------------------------------------------------
+
+    def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
+        if not NAME.match(s.name) or len(s.name) > 63:
+            raise InvalidRequest(
+                "name", "must be lowercase letters, digits and '-', start and end alphanumeric, "
+                "at most 63 characters", s.name,
+            )
+        if not s.command:
+            raise InvalidRequest("spec.command", "is required: the command to run")
+        if s.workers < 1:
+            raise InvalidRequest("spec.workers", "must be 1 or more", s.workers)
+        min_workers = s.workers if s.min_workers is None else s.min_workers
+        if not 1 <= min_workers <= s.workers:
+            raise InvalidRequest("spec.minWorkers", f"must be 1 to workers ({s.workers})", min_workers)
+        pclass = s.priority_class or DEFAULT_CLASS[s.type]
+        if pclass not in PRIORITY_CLASSES:
+            raise InvalidRequest(
+                "spec.priorityClass", f"must be one of {', '.join(PRIORITY_CLASSES)}", pclass
+            )
+        priority, preemptible = PRIORITY_CLASSES[pclass]
+        check_against_cluster(s.gpu, [self.machine.node])
+        with self._lock:
+            project = self.store.project(s.project)
+            if project is None:
+                raise InvalidRequest("projectId", "no project with this id or name", s.project)
+            estimate = estimate_gpus([self.machine.node], ResourceRequest(s.gpu), s.workers)
+            if project.limit is not None and estimate > project.limit + 1e-9:
+                raise InvalidRequest(
+                    "spec.compute",
+                    f"asks {format_gpus(estimate)} GPUs, more than project {project.name}'s "
+                    f"limit of {project.limit:g}",
+                )
+            if self.store.workload_by_name(project.id, s.name) is not None:
+                raise Conflict(f"a workload named {s.name} already exists in project {project.name}")
+            spec = {k: v for k, v in s.spec.items() if not k.startswith("_")}
+            spec["_argv"] = list(s.command)
+            spec["_env"] = dict(s.env)
+            if s.working_dir:
+                spec["workingDir"] = s.working_dir
+            now = time.time()
+            w = Workload(
+                seq=0,
+                id=str(uuid.uuid4()),
+                name=s.name,
+                project_id=project.id,
+                project_name=project.name,
+                type=s.type,
+                phase="Pending",
+                phase_message="waiting for the next scheduling cycle",
+                spec=spec,
+                request=_request_dict(s.gpu),
+                preemptible=preemptible,
+                priority_class=pclass,
+                priority=priority,
+                workers=s.workers,
+                min_workers=min_workers,
+                gpus_requested=estimate,
+                gpus_allocated=0.0,
+                node="",
+                devices="",
+                exit_code=None,
+                created=now,
+                started=None,
+                completed=None,
+            )
+            self.store.insert_workload(w, f"submitted to project {project.name}: {s.gpu.describe()}")
+            self._active[w.id] = w
+        self._wake.set()
+        return self.workload_dict(w)
+
+    def _get(self, workload_id: str, kind: str | None) -> Workload:
+        with self._lock:
+            w = self._active.get(workload_id) or self.store.workload(workload_id)
+        if w is None or (kind is not None and w.type != kind):
+            raise NotFound(f"workload {workload_id} not found")
+        return w
+
+    def workloads(
+        self,
+        filters: list[tuple[str, str, str]],
+        search: str | None,
+        sort_by: str,
+        descending: bool,
+        offset: int,
+        limit: int,
+    ) -> tuple[list[dict[str, Any]], int]:
+        rows, total = self.store.list_workloads(filters, search, sort_by, descending, offset, limit)
+        return [self.workload_dict(w, brief=True) for w in rows], total
+
+    def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
+        w = self._get(workload_id, kind)
+        out = self.workload_dict(w)
+        out["events"] = [
+            {"time": _iso(e.time), "kind": e.kind, "message": e.message}
+            for e in self.store.events(w.id)
+        ]
+        return out
+
+    def delete_workload(self, workload_id: str, kind: str | None = None) -> None:
+        with self._lock:
+            w = self._get(workload_id, kind)
+            active = self._active.get(w.id)
+            if active is None:
+                self.store.delete_workload(w.id)
+                return
+            if active.phase == "Pending":
+                self._active.pop(w.id, None)
+                self.store.delete_workload(w.id)
+                self._wake.set()
+                return
+            self._begin_stop(active, "Deleted", "deleted by user")
+
+    def suspend(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
+        with self._lock:
+            w = self._get(workload_id, kind)
+            active = self._active.get(w.id)
+            if active is None or active.phase in ("Stopping", "Deleting"):
+                raise Conflict(f"workload {w.name} is {w.phase}; only Pending or Running suspend")
+            if active.phase == "Pending":
+                active.phase, active.phase_message = "Stopped", "suspended by user"
+                self._active.pop(w.id, None)
+                self.store.save(active, ("Stopped", "suspended by user"))
+            else:
+                self._begin_stop(active, "Stopped", "suspended by user")
+            return self.workload_dict(active)
+
+    def resume(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
+        with self._lock:
+            w = self._get(workload_id, kind)
+            if w.phase != "Stopped":
+                raise Conflict(f"workload {w.name} is {w.phase}; only Stopped workloads resume")
+            w.phase, w.phase_message, w.pods = "Pending", "resumed by user", []
+            w.completed = None
+            w.exit_code = None
+            self._active[w.id] = w
+            self.store.save(w, ("Resumed", "resumed by user"))
+        self._wake.set()
+        return self.workload_dict(w)
+
+    def logs(self, workload_id: str, pod: int, offset: int) -> tuple[bytes, int]:
+        w = self._get(workload_id, None)
+        path, _ = self.runner.paths(f"{w.id}-{pod}")
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(offset, 0))
+                data = f.read(4 * 2**20)
+        except FileNotFoundError:
+            if pod >= w.workers or pod < 0:
+                raise NotFound(f"workload {w.name} has no pod {pod}") from None
+            return b"", offset
+        return data, max(offset, 0) + len(data)
+
+    def pods(self, workload_id: str) -> list[dict[str, Any]]:
+        w = self._get(workload_id, None)
+        return [self._pod_dict(p) for p in w.pods]
+
+    # -- documents -------------------------------------------------------------------------------
+
+    def _pod_dict(self, p: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "index": p["index"],
+            "phase": p.get("phase"),
+            "nodeName": p["node"],
+            "gpuDevices": [
+                {"index": d, "uuid": u, "requestBytes": r, "limitBytes": lim}
+                for d, u, r, lim in zip(
+                    p["devices"], p["uuids"], p["requestBytes"], p["limitBytes"], strict=True
+                )
+            ],
+            "exclusive": p["exclusive"],
+            "pid": p.get("pid"),
+            "exitCode": p.get("exitCode"),
+            "logPath": p.get("log"),
+            "env": p.get("env", {}),
+        }
+
+    def workload_dict(self, w: Workload, brief: bool = False) -> dict[str, Any]:
+        gpu = request_from_dict(w.request)
+        compute = _compute_doc(gpu)
+        out: dict[str, Any] = {
+            "workloadId": w.id,
+            "name": w.name,
+            "requestedName": w.name,
+            "type": w.type,
+            "projectId": str(w.project_id),
+            "projectName": w.project_name,
+            "phase": w.phase,
+            "phaseMessage": w.phase_message,
+            "createdAt": _iso(w.created),
+            "startedAt": _iso(w.started) if w.started else None,
+            "completedAt": _iso(w.completed) if w.completed else None,
+            "exitCode": w.exit_code,
+            "priorityClass": w.priority_class,
+            "preemptible": w.preemptible,
+            "nodeName": w.node or None,
+            "gpuDevices": w.devices,
+            "workers": w.workers,
+            "minWorkers": w.min_workers,
+            "runningPods": sum(1 for p in w.pods if p.get("phase") == "Running"),
+            "gpus": {
+                "requested": round(w.gpus_requested, 4),
+                "allocated": round(w.gpus_allocated, 4),
+                "request": gpu.describe(),
+            },
+            "simulated": self.machine.simulated,
+        }
+        if brief:
+            return out
+        spec = {k: v for k, v in w.spec.items() if not k.startswith("_")}
+        argv = w.spec.get("_argv") or []
+        spec["command"] = argv[0] if argv else ""
+        import shlex
+
+        spec["args"] = shlex.join(argv[1:])
+        spec["environmentVariables"] = [
+            {"name": k, "value": v} for k, v in (w.spec.get("_env") or {}).items()
+        ]
+        spec["compute"] = compute
+        out["spec"] = spec
+        out["pods"] = [self._pod_dict(p) for p in w.pods]
+        out["isolation"] = self.isolation.describe()
+        out["scheduler"] = self.scheduler.name
+        return out
+
+
+def _compute_doc(gpu: GpuRequest) -> dict[str, Any]:
+    doc: dict[str, Any] = {"gpuDevicesRequest": gpu.devices or None}
+    if gpu.kind is GpuKind.PORTION:
+        doc["gpuRequestType"] = "portion"
+        doc["gpuPortionRequest"] = float(gpu.portion) if gpu.portion is not None else None
+        doc["gpuPortionLimit"] = float(gpu.portion_limit) if gpu.portion_limit else None
+    elif gpu.kind is GpuKind.MEMORY:
+        doc["gpuRequestType"] = "memory"
+        doc["gpuMemoryRequest"] = f"{gpu.memory}"
+        doc["gpuMemoryLimit"] = None if gpu.memory_limit is None else f"{gpu.memory_limit}"
+    if gpu.models:
+        doc["gpuModel"] = "|".join(sorted(gpu.models))
+    return doc
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

@@ -1,0 +1,150 @@
+"""Running workloads as local process groups.
+
+Each pod is started as ``sh -c '"$@"; echo $? > EXIT'`` in a new session, so it is a process
+group of its own that outlives the server. The shell records the command's exit status in a file
+next to the log; that file, not the parent's ``wait``, is how an exit is learnt, so a server that
+restarts can still tell a crash (exit code in the file) from a process that vanished (no file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_SHIM = (
+    '"$@"; rc=$?; echo "$rc" > "$TESSERA_EXIT_FILE.tmp"; mv -f "$TESSERA_EXIT_FILE.tmp" '
+    '"$TESSERA_EXIT_FILE"; exit "$rc"'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Proc:
+    pid: int
+    start_ticks: int
+    log: str
+    exit_file: str
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    code: int | None
+    """The command's exit status; None when it vanished without recording one."""
+    reason: str
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+class Runner:
+    def __init__(self, data_dir: Path) -> None:
+        self.logs = data_dir / "logs"
+        self.run = data_dir / "run"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.run.mkdir(parents=True, exist_ok=True)
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._kills: dict[int, float] = {}
+
+    def paths(self, key: str) -> tuple[Path, Path]:
+        return self.logs / f"{key}.log", self.run / f"{key}.exit"
+
+    def start(self, key: str, argv: list[str], env: dict[str, str], cwd: str | None) -> Proc:
+        log, exit_file = self.paths(key)
+        exit_file.unlink(missing_ok=True)
+        full_env = dict(env)
+        full_env["TESSERA_EXIT_FILE"] = str(exit_file)
+        with open(log, "ab") as out:
+            out.write(f"--- tessera: started {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", _SHIM, "tessera-pod", *argv],
+                env=full_env,
+                cwd=cwd if cwd and os.path.isdir(cwd) else None,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._children[proc.pid] = proc
+        ticks = _start_ticks(proc.pid) or 0
+        return Proc(proc.pid, ticks, str(log), str(exit_file))
+
+    def alive(self, pid: int, start_ticks: int) -> bool:
+        child = self._children.get(pid)
+        if child is not None:
+            if child.poll() is None:
+                return True
+            del self._children[pid]
+            return False
+        ticks = _start_ticks(pid)
+        return ticks is not None and (start_ticks == 0 or ticks == start_ticks)
+
+    def check(self, pid: int, start_ticks: int, exit_file: str) -> Exited | None:
+        """None while the pod runs (or, being stopped, still has processes); how it ended once done."""
+        if self.alive(pid, start_ticks):
+            return None
+        if pid in self._kills:
+            if self.group_alive(pid):
+                return None
+            del self._kills[pid]
+        try:
+            text = Path(exit_file).read_text().strip()
+        except OSError:
+            text = ""
+        if text.lstrip("-").isdigit():
+            code = int(text)
+            if code == 0:
+                return Exited(0, "exited with code 0")
+            if code > 128:
+                with contextlib.suppress(ValueError):
+                    name = signal.Signals(code - 128).name
+                    return Exited(code, f"exited with code {code} (killed by {name})")
+            return Exited(code, f"exited with code {code}")
+        return Exited(None, "the process group ended without recording an exit code")
+
+    def adopt(self, pid: int, start_ticks: int) -> bool:
+        """Whether a pod started by an earlier server is still running (and can be watched)."""
+        return self.alive(pid, start_ticks)
+
+    def terminate(self, pid: int, grace: float) -> None:
+        """SIGTERM to the group now; ``reap_kills`` sends SIGKILL once ``grace`` has passed."""
+        if pid in self._kills:
+            return
+        self._kills[pid] = time.monotonic() + grace
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+
+    def reap_kills(self) -> None:
+        """SIGKILL what is left of a stopped group once its grace period is over."""
+        now = time.monotonic()
+        for pid, deadline in list(self._kills.items()):
+            if not self.group_alive(pid):
+                continue
+            if now >= deadline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
+    def group_alive(self, pid: int) -> bool:
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            self._children.pop(pid, None)
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

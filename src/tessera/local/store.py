@@ -1,0 +1,399 @@
+"""Durable state of embedded mode: one SQLite database in WAL mode.
+
+Every change is committed before the API answers, so a server killed at any moment restarts with
+every project and workload it acknowledged. One connection guarded by a lock serves the API's
+worker threads and the control loop; local scale (thousands of workloads) does not need more.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clients (client_id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL,
+    created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (token_hash TEXT PRIMARY KEY, client_id TEXT NOT NULL,
+    created REAL NOT NULL, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS projects (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    deserved REAL NOT NULL DEFAULT 0,
+    gpu_limit REAL,
+    over_quota_weight REAL NOT NULL DEFAULT 1,
+    priority INTEGER NOT NULL DEFAULT 50,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS workloads (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL,
+    project_id INTEGER NOT NULL,
+    project_name TEXT NOT NULL,
+    type TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    phase_message TEXT NOT NULL DEFAULT '',
+    spec TEXT NOT NULL,
+    request TEXT NOT NULL,
+    preemptible INTEGER NOT NULL,
+    priority_class TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    workers INTEGER NOT NULL DEFAULT 1,
+    min_workers INTEGER NOT NULL DEFAULT 1,
+    gpus_requested REAL NOT NULL DEFAULT 0,
+    gpus_allocated REAL NOT NULL DEFAULT 0,
+    node TEXT NOT NULL DEFAULT '',
+    devices TEXT NOT NULL DEFAULT '',
+    exit_code INTEGER,
+    created REAL NOT NULL,
+    started REAL,
+    completed REAL,
+    pods TEXT NOT NULL DEFAULT '[]',
+    UNIQUE (project_id, name)
+);
+CREATE INDEX IF NOT EXISTS workloads_phase ON workloads (phase);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    workload_id TEXT NOT NULL,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_workload ON events (workload_id);
+"""
+
+ACTIVE_PHASES = ("Pending", "Running", "Stopping", "Deleting")
+
+WORKLOAD_COLUMNS = (
+    "seq", "id", "name", "project_id", "project_name", "type", "phase", "phase_message", "spec",
+    "request", "preemptible", "priority_class", "priority", "workers", "min_workers",
+    "gpus_requested", "gpus_allocated", "node", "devices", "exit_code", "created", "started",
+    "completed", "pods",
+)
+SORTABLE = {
+    "name": "name",
+    "createdAt": "seq",
+    "phase": "phase",
+    "projectName": "project_name",
+    "type": "type",
+    "gpus": "gpus_requested",
+}
+FILTERABLE = {
+    "name": "name",
+    "type": "type",
+    "phase": "phase",
+    "status": "phase",
+    "projectName": "project_name",
+    "projectId": "project_id",
+    "nodeName": "node",
+    "priorityClass": "priority_class",
+}
+
+
+@dataclass
+class Project:
+    id: int
+    name: str
+    deserved: float
+    limit: float | None
+    over_quota_weight: float
+    priority: int
+    created: float
+
+
+@dataclass
+class Workload:
+    seq: int
+    id: str
+    name: str
+    project_id: int
+    project_name: str
+    type: str
+    phase: str
+    phase_message: str
+    spec: dict[str, Any]
+    request: dict[str, Any]
+    preemptible: bool
+    priority_class: str
+    priority: int
+    workers: int
+    min_workers: int
+    gpus_requested: float
+    gpus_allocated: float
+    node: str
+    devices: str
+    exit_code: int | None
+    created: float
+    started: float | None
+    completed: float | None
+    pods: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float
+    kind: str
+    message: str
+
+
+def _project(row: Sequence[Any]) -> Project:
+    return Project(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
+
+
+def _workload(row: Sequence[Any]) -> Workload:
+    values = dict(zip(WORKLOAD_COLUMNS, row, strict=True))
+    values["spec"] = json.loads(values["spec"])
+    values["request"] = json.loads(values["request"])
+    values["pods"] = json.loads(values["pods"])
+    values["preemptible"] = bool(values["preemptible"])
+    return Workload(**values)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """All statements inside commit together or not at all."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- meta, clients, tokens -------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        rows = self._query("SELECT value FROM meta WHERE key=?", (key,))
+        return rows[0][0] if rows else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def client_secret_hash(self, client_id: str) -> str | None:
+        rows = self._query("SELECT secret_hash FROM clients WHERE client_id=?", (client_id,))
+        return rows[0][0] if rows else None
+
+    def set_client(self, client_id: str, secret_hash: str) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO clients (client_id, secret_hash, created) VALUES (?, ?, ?)",
+                (client_id, secret_hash, time.time()),
+            )
+
+    def add_token(self, token_hash: str, client_id: str, ttl: float) -> float:
+        now = time.time()
+        with self.transaction() as db:
+            db.execute("DELETE FROM tokens WHERE expires < ?", (now,))
+            db.execute(
+                "INSERT INTO tokens (token_hash, client_id, created, expires) VALUES (?, ?, ?, ?)",
+                (token_hash, client_id, now, now + ttl),
+            )
+        return now + ttl
+
+    def token_client(self, token_hash: str) -> str | None:
+        rows = self._query(
+            "SELECT client_id FROM tokens WHERE token_hash=? AND expires >= ?",
+            (token_hash, time.time()),
+        )
+        return rows[0][0] if rows else None
+
+    # -- projects --------------------------------------------------------------------------------
+
+    def create_project(
+        self, name: str, deserved: float, limit: float | None, weight: float, priority: int
+    ) -> Project:
+        with self.transaction() as db:
+            cur = db.execute(
+                "INSERT INTO projects (name, deserved, gpu_limit, over_quota_weight, priority,"
+                " created) VALUES (?, ?, ?, ?, ?, ?)",
+                (name, deserved, limit, weight, priority, time.time()),
+            )
+            pid = cur.lastrowid
+        project = self.project(str(pid))
+        assert project is not None
+        return project
+
+    def projects(self) -> list[Project]:
+        return [_project(r) for r in self._query("SELECT * FROM projects ORDER BY id")]
+
+    def project(self, id_or_name: str) -> Project | None:
+        """A project by id (digits) or by name."""
+        if id_or_name.isdigit():
+            rows = self._query("SELECT * FROM projects WHERE id=?", (int(id_or_name),))
+            if rows:
+                return _project(rows[0])
+        rows = self._query("SELECT * FROM projects WHERE name=?", (id_or_name,))
+        return _project(rows[0]) if rows else None
+
+    def update_project(self, project: Project) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE projects SET deserved=?, gpu_limit=?, over_quota_weight=?, priority=?"
+                " WHERE id=?",
+                (project.deserved, project.limit, project.over_quota_weight, project.priority,
+                 project.id),
+            )
+
+    def delete_project(self, project_id: int) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM projects WHERE id=?", (project_id,))
+
+    def count_workloads(self, project_id: int) -> int:
+        rows = self._query("SELECT COUNT(*) FROM workloads WHERE project_id=?", (project_id,))
+        return int(rows[0][0])
+
+    # -- workloads -------------------------------------------------------------------------------
+
+    def insert_workload(self, w: Workload, event: str) -> Workload:
+        values = self._row_values(w)
+        del values["seq"]
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        with self.transaction() as db:
+            cur = db.execute(f"INSERT INTO workloads ({cols}) VALUES ({marks})", list(values.values()))
+            db.execute(
+                "INSERT INTO events (workload_id, time, kind, message) VALUES (?, ?, ?, ?)",
+                (w.id, time.time(), "Submitted", event),
+            )
+        w.seq = int(cur.lastrowid or 0)
+        return w
+
+    def insert_many(self, workloads: Sequence[Workload]) -> None:
+        """Bulk insert (benchmarks); no events."""
+        if not workloads:
+            return
+        cols = [c for c in WORKLOAD_COLUMNS if c != "seq"]
+        rows = []
+        for w in workloads:
+            values = self._row_values(w)
+            rows.append([values[c] for c in cols])
+        marks = ", ".join("?" for _ in cols)
+        with self.transaction() as db:
+            db.executemany(f"INSERT INTO workloads ({', '.join(cols)}) VALUES ({marks})", rows)
+
+    @staticmethod
+    def _row_values(w: Workload) -> dict[str, Any]:
+        values = {c: getattr(w, c) for c in WORKLOAD_COLUMNS}
+        values["spec"] = json.dumps(w.spec)
+        values["request"] = json.dumps(w.request)
+        values["pods"] = json.dumps(w.pods)
+        values["preemptible"] = int(w.preemptible)
+        return values
+
+    def save(self, w: Workload, event: tuple[str, str] | None = None) -> None:
+        """Write back every mutable field of ``w`` (and an event) in one transaction."""
+        values = self._row_values(w)
+        for fixed in ("seq", "id", "name", "project_id", "project_name", "type", "created"):
+            del values[fixed]
+        sets = ", ".join(f"{c}=?" for c in values)
+        with self.transaction() as db:
+            db.execute(f"UPDATE workloads SET {sets} WHERE id=?", [*values.values(), w.id])
+            if event is not None:
+                db.execute(
+                    "INSERT INTO events (workload_id, time, kind, message) VALUES (?, ?, ?, ?)",
+                    (w.id, time.time(), event[0], event[1]),
+                )
+
+    def add_event(self, workload_id: str, kind: str, message: str) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO events (workload_id, time, kind, message) VALUES (?, ?, ?, ?)",
+                (workload_id, time.time(), kind, message),
+            )
+
+    def events(self, workload_id: str) -> list[Event]:
+        rows = self._query(
+            "SELECT time, kind, message FROM events WHERE workload_id=? ORDER BY id", (workload_id,)
+        )
+        return [Event(*r) for r in rows]
+
+    def workload(self, workload_id: str) -> Workload | None:
+        rows = self._query(
+            f"SELECT {', '.join(WORKLOAD_COLUMNS)} FROM workloads WHERE id=?", (workload_id,)
+        )
+        return _workload(rows[0]) if rows else None
+
+    def workload_by_name(self, project_id: int, name: str) -> Workload | None:
+        rows = self._query(
+            f"SELECT {', '.join(WORKLOAD_COLUMNS)} FROM workloads WHERE project_id=? AND name=?",
+            (project_id, name),
+        )
+        return _workload(rows[0]) if rows else None
+
+    def active_workloads(self) -> list[Workload]:
+        marks = ", ".join("?" for _ in ACTIVE_PHASES)
+        rows = self._query(
+            f"SELECT {', '.join(WORKLOAD_COLUMNS)} FROM workloads WHERE phase IN ({marks})"
+            " ORDER BY seq",
+            ACTIVE_PHASES,
+        )
+        return [_workload(r) for r in rows]
+
+    def delete_workload(self, workload_id: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM workloads WHERE id=?", (workload_id,))
+            db.execute("DELETE FROM events WHERE workload_id=?", (workload_id,))
+
+    def list_workloads(
+        self,
+        filters: Sequence[tuple[str, str, str]] = (),
+        search: str | None = None,
+        sort_by: str = "createdAt",
+        descending: bool = False,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[list[Workload], int]:
+        """Workloads matching ``filters`` (column, op, value) with op ``==``, ``!=`` or ``=@``."""
+        where: list[str] = []
+        args: list[Any] = []
+        for key, op, value in filters:
+            col = FILTERABLE[key]
+            if op == "==":
+                where.append(f"{col} = ?")
+            elif op == "!=":
+                where.append(f"{col} != ?")
+            else:
+                where.append(f"instr(lower({col}), lower(?)) > 0")
+            args.append(value)
+        if search:
+            where.append("instr(lower(name), lower(?)) > 0")
+            args.append(search)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        order = SORTABLE[sort_by]
+        direction = "DESC" if descending else "ASC"
+        total = int(self._query(f"SELECT COUNT(*) FROM workloads{clause}", args)[0][0])
+        rows = self._query(
+            f"SELECT {', '.join(WORKLOAD_COLUMNS)} FROM workloads{clause}"
+            f" ORDER BY {order} {direction}, seq {direction} LIMIT ? OFFSET ?",
+            [*args, limit, offset],
+        )
+        return [_workload(r) for r in rows], total
