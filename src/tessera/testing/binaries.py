@@ -1,0 +1,410 @@
+"""Build the test cluster's binaries with the machine's Go, from the Go module proxy only.
+
+Every binary is pinned to one version and cached as ``<cache>/bin/<name>-<version>``, where
+``<cache>`` is ``$TESSERA_CACHE`` or ``~/.cache/tessera``. A cached binary is never rebuilt, so
+``ensure()`` is quick once everything is there.
+
+``go install pkg@version`` refuses modules whose go.mod has local ``replace`` directives, which is
+the case for ``k8s.io/kubernetes`` (its staging modules) and for etcd's server module. For those we
+generate a throw-away main module under ``<cache>/build/`` that requires the release and replaces
+each locally-replaced module with its published version (``k8s.io/api v0.Y.Z`` for Kubernetes
+``v1.Y.Z``), then ``go build`` the command from it. The list of replaced modules is read from the
+release's own go.mod, so it follows the release when the pin moves.
+
+Run ``python -m tessera.testing.binaries ensure`` to build what is missing and print the paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+KUBERNETES_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v3.22.0"
+
+LDFLAGS_STRIP = "-s -w"
+
+
+class BuildError(RuntimeError):
+    """A binary could not be built; the message carries the tail of the build log."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TESSERA_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "tessera"
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "bin"
+
+
+@dataclass(frozen=True)
+class Binary:
+    name: str
+    version: str
+    build: Callable[[Binary, Path], None]
+    """Writes the executable to the given path (a temporary name, renamed once complete)."""
+
+    @property
+    def path(self) -> Path:
+        return bin_dir() / f"{self.name}-{self.version}"
+
+    @property
+    def log_path(self) -> Path:
+        return cache_dir() / "logs" / f"build-{self.name}-{self.version}.log"
+
+
+def _go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError("the Go toolchain ('go') is not on PATH; install Go >= 1.26 and retry")
+    return go
+
+
+def _go_env(*, module_mode: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    flags = [f for f in env.get("GOFLAGS", "").split() if not f.startswith("-mod=")]
+    flags.append("-trimpath")
+    if module_mode:
+        flags.append("-mod=mod")
+    env["GOFLAGS"] = " ".join(flags)
+    env["CGO_ENABLED"] = "0"
+    env["GOTOOLCHAIN"] = "local"
+    env.setdefault("GOMAXPROCS", str(os.cpu_count() or 1))
+    return env
+
+
+def _run(args: list[str], *, cwd: Path, log: Path, env: dict[str, str]) -> str:
+    """Run a go command, appending its output to ``log``; return its stdout."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as fh:
+        fh.write(f"$ (cd {cwd} && {' '.join(args)})\n")
+        fh.flush()
+        proc = subprocess.run(
+            args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=fh, text=True, check=False
+        )
+        if proc.stdout and args[1:3] != ["mod", "download"]:
+            fh.write(proc.stdout)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise BuildError(
+            f"`{' '.join(args)}` failed with exit code {proc.returncode} (log: {log}):\n{tail}"
+        )
+    return proc.stdout
+
+
+def _download_go_mod(module: str, version: str, *, log: Path) -> str:
+    """The text of ``module@version``'s go.mod, fetched into the module cache."""
+    out = _run(
+        [_go(), "mod", "download", "-json", f"{module}@{version}"],
+        cwd=cache_dir(),
+        log=log,
+        env=_go_env(module_mode=False),
+    )
+    info = json.loads(out)
+    if "Error" in info:
+        raise BuildError(f"go mod download {module}@{version}: {info['Error']}")
+    return Path(info["GoMod"]).read_text()
+
+
+_REPLACE_LINE = re.compile(r"^\s*(?:replace\s+)?(\S+)(?:\s+v\S+)?\s*=>\s*(\.{1,2}/\S*)\s*$")
+
+
+def local_replaces(go_mod: str) -> dict[str, str]:
+    """Modules that ``go_mod`` replaces with a local directory: module path -> directory."""
+    found: dict[str, str] = {}
+    for line in go_mod.splitlines():
+        m = _REPLACE_LINE.match(line.split("//")[0])
+        if m:
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+def go_directive(go_mod: str) -> str:
+    m = re.search(r"^go\s+(\S+)\s*$", go_mod, re.MULTILINE)
+    if m is None:
+        raise BuildError("go.mod has no 'go' directive")
+    return m.group(1)
+
+
+def throwaway_go_mod(
+    *, require: str, version: str, go_version: str, replaces: dict[str, str]
+) -> str:
+    """A main module requiring ``require@version`` with each of ``replaces`` pinned."""
+    lines = [
+        "// Generated by tessera.testing.binaries; throw-away module, safe to delete.",
+        "module tessera.local/throwaway",
+        "",
+        f"go {go_version}",
+        "",
+        f"require {require} {version}",
+        "",
+        "replace (",
+    ]
+    lines += [f"\t{mod} => {mod} {ver}" for mod, ver in sorted(replaces.items())]
+    lines += [")", ""]
+    return "\n".join(lines)
+
+
+def kubernetes_staging_version(version: str) -> str:
+    """k8s.io/kubernetes v1.Y.Z publishes its staging modules as v0.Y.Z."""
+    m = re.fullmatch(r"v1\.(\d+)\.(\d+)", version)
+    if m is None:
+        raise BuildError(f"kubernetes version must look like v1.Y.Z, got {version!r}")
+    return f"v0.{m.group(1)}.{m.group(2)}"
+
+
+def kubernetes_module_dir(version: str) -> Path:
+    """Generate (idempotently) the throw-away module that builds Kubernetes ``version``."""
+    log = cache_dir() / "logs" / f"build-kubernetes-module-{version}.log"
+    go_mod = _download_go_mod("k8s.io/kubernetes", version, log=log)
+    staging = {
+        mod: kubernetes_staging_version(version)
+        for mod, target in local_replaces(go_mod).items()
+        if target.startswith("./staging/")
+    }
+    if not staging:
+        raise BuildError(f"k8s.io/kubernetes {version}: no staging modules found in its go.mod")
+    text = throwaway_go_mod(
+        require="k8s.io/kubernetes",
+        version=version,
+        go_version=go_directive(go_mod),
+        replaces=staging,
+    )
+    return _write_module(cache_dir() / "build" / f"kubernetes-{version}", text)
+
+
+def _write_module(workdir: Path, go_mod: str) -> Path:
+    """Write go.mod unless it is already this text; a changed go.mod starts a fresh go.sum."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "go.mod"
+    if not path.exists() or path.read_text() != go_mod:
+        path.write_text(go_mod)
+        (workdir / "go.sum").unlink(missing_ok=True)
+    return workdir
+
+
+def _kubernetes_ldflags(version: str, package_roots: list[str]) -> str:
+    """Version stamps as Kubernetes' own build sets them (hack/lib/version.sh)."""
+    m = re.fullmatch(r"v(\d+)\.(\d+)\.\d+", version)
+    assert m is not None
+    stamps = {
+        "gitVersion": version,
+        "gitMajor": m.group(1),
+        "gitMinor": m.group(2),
+        "gitTreeState": "clean",
+    }
+    parts = [LDFLAGS_STRIP]
+    for root in package_roots:
+        parts += [f"-X {root}.{key}={value}" for key, value in stamps.items()]
+    return " ".join(parts)
+
+
+def _build_kubernetes_command(command: str) -> Callable[[Binary, Path], None]:
+    def build(binary: Binary, out: Path) -> None:
+        workdir = kubernetes_module_dir(binary.version)
+        ldflags = _kubernetes_ldflags(
+            binary.version, ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"]
+        )
+        _run(
+            [_go(), "build", f"-ldflags={ldflags}", "-o", str(out),
+             f"k8s.io/kubernetes/cmd/{command}"],
+            cwd=workdir,
+            log=binary.log_path,
+            env=_go_env(module_mode=True),
+        )
+
+    return build
+
+
+def _build_etcd(binary: Binary, out: Path) -> None:
+    module = "go.etcd.io/etcd/server/v3"
+    go_mod = _download_go_mod(module, binary.version, log=binary.log_path)
+    siblings = {
+        mod: binary.version
+        for mod, target in local_replaces(go_mod).items()
+        if mod.startswith("go.etcd.io/etcd/") and "FORBIDDEN" not in target
+    }
+    text = throwaway_go_mod(
+        require=module, version=binary.version, go_version=go_directive(go_mod), replaces=siblings
+    )
+    workdir = _write_module(cache_dir() / "build" / f"etcd-{binary.version}", text)
+    _run(
+        [_go(), "build", f"-ldflags={LDFLAGS_STRIP}", "-o", str(out), module],
+        cwd=workdir,
+        log=binary.log_path,
+        env=_go_env(module_mode=True),
+    )
+
+
+def _go_install(package: str) -> Callable[[Binary, Path], None]:
+    def build(binary: Binary, out: Path) -> None:
+        gobin = out.parent / f".gobin-{binary.name}"
+        shutil.rmtree(gobin, ignore_errors=True)
+        env = _go_env(module_mode=False)
+        env["GOBIN"] = str(gobin)
+        _run(
+            [_go(), "install", f"-ldflags={LDFLAGS_STRIP}", f"{package}@{binary.version}"],
+            cwd=cache_dir(),
+            log=binary.log_path,
+            env=env,
+        )
+        built = gobin / package.rstrip("/").split("/")[-1]
+        os.replace(built, out)
+        shutil.rmtree(gobin, ignore_errors=True)
+
+    return build
+
+
+BINARIES: dict[str, Binary] = {
+    b.name: b
+    for b in [
+        Binary("etcd", ETCD_VERSION, _build_etcd),
+        Binary("kube-apiserver", KUBERNETES_VERSION, _build_kubernetes_command("kube-apiserver")),
+        Binary("kubectl", KUBERNETES_VERSION, _build_kubernetes_command("kubectl")),
+        Binary("kwok", KWOK_VERSION, _go_install("sigs.k8s.io/kwok/cmd/kwok")),
+        Binary("helm", HELM_VERSION, _go_install("helm.sh/helm/v3/cmd/helm")),
+    ]
+}
+CLUSTER_BINARIES = ("etcd", "kube-apiserver", "kubectl", "kwok")
+
+
+KWOK_STAGES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
+
+
+def kwok_stages_file() -> Path:
+    """kwok's own "fast" Stage definitions (nodes Ready with lease heartbeats, bound pods Running,
+    deleted pods removed), gathered once from the kwok release in the module cache.
+
+    The standalone ``kwok`` binary has no stages built in: kwokctl passes these same files."""
+    path = bin_dir() / f"kwok-{KWOK_VERSION}-stages.yaml"
+    if path.is_file():
+        return path
+    log = cache_dir() / "logs" / f"build-kwok-{KWOK_VERSION}.log"
+    out = _run(
+        [_go(), "mod", "download", "-json", f"sigs.k8s.io/kwok@{KWOK_VERSION}"],
+        cwd=cache_dir(),
+        log=log,
+        env=_go_env(module_mode=False),
+    )
+    source = Path(json.loads(out)["Dir"])
+    docs = [(source / rel).read_text().strip() for rel in KWOK_STAGES]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n---\n".join(docs) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    """One build at a time per cache (a setup hook and a test may race)."""
+    lock = cache_dir() / "build.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _is_built(binary: Binary) -> bool:
+    return binary.path.is_file() and os.access(binary.path, os.X_OK)
+
+
+def ensure(
+    names: list[str] | tuple[str, ...] | None = None,
+    *,
+    report: Callable[[str], None] | None = None,
+) -> dict[str, Path]:
+    """Build whichever of ``names`` (default: all) is not cached yet; return their paths."""
+    wanted = list(names) if names else list(BINARIES)
+    unknown = [n for n in wanted if n not in BINARIES]
+    if unknown:
+        raise BuildError(f"unknown binary {unknown[0]!r}; known: {', '.join(BINARIES)}")
+    binaries = [BINARIES[n] for n in wanted]
+    missing = [b for b in binaries if not _is_built(b)]
+    if missing:
+        with _build_lock():
+            _build_missing(missing, report)
+    if "kwok" in wanted:
+        kwok_stages_file()
+    return {b.name: b.path for b in binaries}
+
+
+def _build_missing(binaries: list[Binary], report: Callable[[str], None] | None) -> None:
+    for binary in binaries:
+        if _is_built(binary):
+            continue
+        if report:
+            report(f"building {binary.name} {binary.version} (log: {binary.log_path})")
+        binary.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = binary.path.with_name(binary.path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        start = time.monotonic()
+        binary.build(binary, tmp)
+        tmp.chmod(0o755)
+        os.replace(tmp, binary.path)
+        seconds = time.monotonic() - start
+        _record_build_time(binary, seconds)
+        if report:
+            report(f"built {binary.name} {binary.version} in {seconds:.0f} s")
+
+
+def _record_build_time(binary: Binary, seconds: float) -> None:
+    path = cache_dir() / "logs" / "build-times.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {
+        "name": binary.name,
+        "version": binary.version,
+        "seconds": round(seconds, 1),
+        "cpus": os.cpu_count(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with path.open("a") as fh:
+        fh.write(json.dumps(entry) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tessera.testing.binaries", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_ensure = sub.add_parser("ensure", help="build what is missing and print 'name path' lines")
+    p_ensure.add_argument("names", nargs="*", help=f"default: all of {', '.join(BINARIES)}")
+    sub.add_parser("versions", help="print the pinned versions")
+    args = parser.parse_args(argv)
+    if args.cmd == "versions":
+        for b in BINARIES.values():
+            print(f"{b.name} {b.version}")
+        return 0
+    try:
+        paths = ensure(args.names, report=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name, path in paths.items():
+        print(f"{name} {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

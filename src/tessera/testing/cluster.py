@@ -1,0 +1,619 @@
+"""A real Kubernetes control plane for tests and for trying tessera without GPUs.
+
+``TestCluster`` runs real ``etcd`` and ``kube-apiserver`` processes (built by
+``tessera.testing.binaries``) on free loopback ports, plus ``kwok`` playing the kubelets of
+simulated GPU nodes (``tessera.testing.gpu_nodes``). What is on:
+
+- the secure port only, serving certificate from a generated CA; admin access through a client
+  certificate in group ``system:masters``, written into a kubeconfig;
+- ``--authorization-mode=RBAC`` (so components can be run as their ServiceAccounts, see
+  ``service_account_kubeconfig``), a generated service-account signing key, TokenRequest;
+- admission webhooks (``MutatingAdmissionWebhook``, ``ValidatingAdmissionWebhook``, ...), with a
+  helper to issue webhook serving certificates signed by the cluster CA;
+
+
+
+Run ``python -m tessera.testing.cluster up --kubeconfig PATH`` for a cluster in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ctypes
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tessera.testing import binaries, pki
+from tessera.testing.gpu_nodes import (
+    KWOK_ANNOTATION,
+    KWOK_ANNOTATION_VALUE,
+    NodeShape,
+    node_manifest,
+)
+
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+SCHEDULER_MODULE = "tessera.kube.scheduler"
+
+
+class ClusterError(RuntimeError):
+    """The test cluster could not be started or used; the message names the component."""
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while choosing)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the process that started us dies (no orphans after kill -9)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    args: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str] | None = None) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            code = self.popen.returncode if self.popen else None
+            raise ClusterError(
+                f"{self.name} exited (code {code}); last lines of {self.log_path}:\n"
+                f"{self.log_tail()}"
+            )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+
+def _wait_for(
+    what: str,
+    check: Callable[[], bool],
+    *,
+    timeout: float,
+    processes: Sequence[ManagedProcess] = (),
+    interval: float = 0.1,
+) -> None:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        for proc in processes:
+            proc.check_alive()
+        try:
+            if check():
+                return
+        except Exception as exc:  # retried until the deadline; reported if it never succeeds
+            last_error = exc
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_error})" if last_error else ""
+            logs = "".join(f"\n--- {p.name}:\n{p.log_tail(15)}" for p in processes)
+            raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}{detail}{logs}")
+        time.sleep(interval)
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def kubeconfig_text(
+    server: str,
+    ca_cert: Path,
+    *,
+    user: str,
+    client_cert: Path | None = None,
+    client_key: Path | None = None,
+    token: str | None = None,
+    namespace: str = "default",
+) -> str:
+    """A self-contained kubeconfig (certificates embedded) for one user."""
+    creds: dict[str, str] = {}
+    if client_cert and client_key:
+        creds = {
+            "client-certificate-data": _b64(client_cert),
+            "client-key-data": _b64(client_key),
+        }
+    elif token:
+        creds = {"token": token}
+    else:
+        raise ValueError("kubeconfig needs a client certificate and key, or a token")
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "tessera-test",
+                "cluster": {"server": server, "certificate-authority-data": _b64(ca_cert)},
+            }
+        ],
+        "users": [{"name": user, "user": creds}],
+        "contexts": [
+            {
+                "name": user,
+                "context": {"cluster": "tessera-test", "user": user, "namespace": namespace},
+            }
+        ],
+        "current-context": user,
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+@dataclass
+class TestCluster:
+    """etcd + kube-apiserver + kwok on loopback. Use as a context manager, or start()/stop().
+
+    ``workdir`` (default: a new temporary directory) holds certificates, etcd's data and the
+    logs; it is removed by stop() unless ``keep_workdir`` (or ``$TESSERA_KEEP_CLUSTER_DIR``)."""
+
+    __test__ = False  # not a pytest test class
+
+    workdir: Path | None = None
+    keep_workdir: bool = False
+    startup_timeout: float = 90.0
+    apiserver_extra_args: list[str] = field(default_factory=list)
+    report: Callable[[str], None] | None = None
+
+    server: str = field(init=False, default="")
+    kubeconfig: Path = field(init=False, default=Path())
+    pki: pki.ClusterPKI | None = field(init=False, default=None)
+    paths: dict[str, Path] = field(init=False, default_factory=dict)
+    processes: list[ManagedProcess] = field(init=False, default_factory=list)
+    startup_seconds: dict[str, float] = field(init=False, default_factory=dict)
+    _owns_workdir: bool = field(init=False, default=False)
+    _ssl: ssl.SSLContext | None = field(init=False, default=None)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> TestCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _say(self, msg: str) -> None:
+        if self.report:
+            self.report(msg)
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        self.paths = binaries.ensure(binaries.CLUSTER_BINARIES, report=self.report)
+        stages = binaries.kwok_stages_file()
+        self.startup_seconds["binaries"] = time.monotonic() - t0
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
+            self._owns_workdir = True
+        else:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start(stages)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds["total"] = time.monotonic() - t0
+        self._say(f"control plane up in {self.startup_seconds['total']:.1f} s")
+
+    def _start(self, stages: Path) -> None:
+        assert self.workdir is not None
+        wd = self.workdir
+        t = time.monotonic()
+        self.pki = pki.generate(wd / "pki")
+        etcd_port, etcd_peer, api_port = free_ports(3)
+        self.server = f"https://127.0.0.1:{api_port}"
+
+        etcd = ManagedProcess(
+            "etcd",
+            [
+                str(self.paths["etcd"]),
+                "--name=tessera",
+                f"--data-dir={wd / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=tessera=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+            wd / "logs" / "etcd.log",
+        )
+        self.processes.append(etcd)
+        etcd.start()
+        _wait_for(
+            "etcd /health",
+            lambda: httpx.get(f"http://127.0.0.1:{etcd_port}/health", timeout=2).json()["health"]
+            == "true",
+            timeout=30,
+            processes=[etcd],
+        )
+        self.startup_seconds["etcd"] = time.monotonic() - t
+
+        t = time.monotonic()
+        p = self.pki
+        apiserver = ManagedProcess(
+            "kube-apiserver",
+            [
+                str(self.paths["kube-apiserver"]),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--cert-dir={wd / 'apiserver-certs'}",
+                f"--tls-cert-file={p.serving_cert}",
+                f"--tls-private-key-file={p.serving_key}",
+                f"--client-ca-file={p.ca_cert}",
+                "--authorization-mode=RBAC",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={p.sa_public_key}",
+                f"--service-account-signing-key-file={p.sa_private_key}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+                "--disable-admission-plugins=ServiceAccount",
+                "--allow-privileged=true",
+                "--max-requests-inflight=1000",
+                "--max-mutating-requests-inflight=500",
+                "--profiling=false",
+                "--v=0",
+                *self.apiserver_extra_args,
+            ],
+            wd / "logs" / "kube-apiserver.log",
+        )
+        self.processes.append(apiserver)
+        apiserver.start()
+        self._ssl = ssl.create_default_context(cafile=str(p.ca_cert))
+        self._ssl.load_cert_chain(str(p.admin_cert), str(p.admin_key))
+        _wait_for(
+            "kube-apiserver /readyz",
+            lambda: self._get("/readyz").status_code == 200,
+            timeout=self.startup_timeout,
+            processes=[etcd, apiserver],
+            interval=0.2,
+        )
+        _wait_for(
+            "namespace 'default'",
+            lambda: self._get("/api/v1/namespaces/default").status_code == 200,
+            timeout=30,
+            processes=[apiserver],
+        )
+        self.kubeconfig = wd / "admin.kubeconfig"
+        self.kubeconfig.write_text(
+            kubeconfig_text(
+                self.server, p.ca_cert, user="tessera-admin",
+                client_cert=p.admin_cert, client_key=p.admin_key,
+            )
+        )
+        self.kubeconfig.chmod(0o600)
+        self.startup_seconds["kube-apiserver"] = time.monotonic() - t
+
+        t = time.monotonic()
+        kwok = ManagedProcess(
+            "kwok",
+            [
+                str(self.paths["kwok"]),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={stages}",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
+                "--cidr=10.64.0.0/10",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40",
+            ],
+            wd / "logs" / "kwok.log",
+        )
+        self.processes.append(kwok)
+        kwok.start(env={**os.environ, "HOME": str(wd)})
+        time.sleep(0.2)
+        kwok.check_alive()
+        self.startup_seconds["kwok"] = time.monotonic() - t
+
+    def check_alive(self) -> None:
+        """Raise ClusterError if any of the cluster's processes has exited."""
+        for proc in self.processes:
+            proc.check_alive()
+
+    def stop(self) -> None:
+        """Stop kwok, the API server and etcd (in that order) and remove the workdir."""
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+        keep = self.keep_workdir or bool(os.environ.get("TESSERA_KEEP_CLUSTER_DIR"))
+        if self.workdir is not None and self._owns_workdir and not keep:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    # ---- access ----------------------------------------------------------------------------
+    def _get(self, path: str) -> httpx.Response:
+        assert self._ssl is not None
+        return httpx.get(self.server + path, verify=self._ssl, timeout=5)
+
+    @property
+    def kubectl_path(self) -> Path:
+        return binaries.ensure(["kubectl"])["kubectl"]
+
+    def kubectl(self, *args: str, check: bool = True, kubeconfig: Path | None = None
+                ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.kubectl_path), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            capture_output=True, text=True, check=check, timeout=60,
+        )
+
+    def client(self, kubeconfig: Path | None = None, **kwargs: Any) -> Any:
+        """A lightkube ``Client`` (admin unless another kubeconfig is given)."""
+        from lightkube import Client, KubeConfig
+
+        return Client(KubeConfig.from_file(str(kubeconfig or self.kubeconfig)), **kwargs)
+
+    def async_client(self, kubeconfig: Path | None = None, **kwargs: Any) -> Any:
+        """A lightkube ``AsyncClient`` (admin unless another kubeconfig is given)."""
+        from lightkube import AsyncClient, KubeConfig
+
+        return AsyncClient(KubeConfig.from_file(str(kubeconfig or self.kubeconfig)), **kwargs)
+
+    def service_account_kubeconfig(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        path: Path | None = None,
+        create: bool = True,
+        expiration_seconds: int = 3600,
+    ) -> Path:
+        """A kubeconfig authenticating as ServiceAccount ``namespace/name``.
+
+        Creates the namespace and ServiceAccount if missing (unless ``create=False``), then asks
+        the API server for a bound token (TokenRequest). Rights come only from RBAC bindings
+        for ``system:serviceaccount:<namespace>:<name>``."""
+        from lightkube import ApiError
+        from lightkube.models.authentication_v1 import TokenRequestSpec
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Namespace, ServiceAccount, ServiceAccountToken
+
+        admin = self.client()
+        if create:
+            for obj, ns in ((Namespace(metadata=ObjectMeta(name=namespace)), None),
+                            (ServiceAccount(metadata=ObjectMeta(name=name)), namespace)):
+                try:
+                    admin.create(obj, namespace=ns) if ns else admin.create(obj)
+                except ApiError as exc:
+                    if exc.status.code != 409:
+                        raise
+        token = admin.create(
+            ServiceAccountToken(
+                spec=TokenRequestSpec(audiences=[], expirationSeconds=expiration_seconds)
+            ),
+            name,
+            namespace=namespace,
+        )
+        assert token.status is not None and self.pki is not None and self.workdir is not None
+        path = path or self.workdir / f"sa-{namespace}-{name}.kubeconfig"
+        path.write_text(
+            kubeconfig_text(
+                self.server, self.pki.ca_cert, user=f"{namespace}-{name}",
+                token=token.status.token, namespace=namespace,
+            )
+        )
+        path.chmod(0o600)
+        return path
+
+    def service_account_client(self, namespace: str, name: str, **kwargs: Any) -> Any:
+        """A lightkube ``Client`` acting as ServiceAccount ``namespace/name``."""
+        return self.client(self.service_account_kubeconfig(namespace, name), **kwargs)
+
+    def issue_serving_cert(self, name: str, hosts: list[str] | None = None
+                           ) -> tuple[Path, Path, bytes]:
+        """(cert, key, caBundle) for a webhook server on loopback that the API server trusts."""
+        assert self.pki is not None and self.workdir is not None
+        cert, key = pki.issue_serving_cert(self.pki, self.workdir / "webhooks", name, hosts)
+        return cert, key, self.pki.ca_cert.read_bytes()
+
+    # ---- nodes -----------------------------------------------------------------------------
+    def create_gpu_nodes(
+        self,
+        count: int,
+        shape: NodeShape | None = None,
+        *,
+        prefix: str = "gpu-node-",
+        start_index: int = 0,
+        wait_ready: bool = True,
+        timeout: float = 60.0,
+    ) -> list[str]:
+        """Create ``count`` simulated GPU nodes (kwok makes them Ready); return their names."""
+        from lightkube import codecs
+        from lightkube.resources.core_v1 import Node
+
+        shape = shape or NodeShape()
+        client = self.client()
+        names = []
+        for i in range(start_index, start_index + count):
+            name = f"{prefix}{i}"
+            manifest = node_manifest(name, shape, index=i)
+            node = client.create(codecs.from_dict(manifest))
+            assert isinstance(node, Node)
+            if not (node.status and node.status.allocatable):
+                client.patch(Node, name, {"status": manifest["status"]}, subresource="status")
+            names.append(name)
+        if wait_ready:
+            self.wait_nodes_ready(names, timeout=timeout)
+        return names
+
+    def wait_nodes_ready(self, names: list[str], *, timeout: float = 60.0) -> None:
+        from lightkube.resources.core_v1 import Node
+
+        client = self.client()
+        pending = set(names)
+
+        def all_ready() -> bool:
+            for node in client.list(Node):
+                name = node.metadata.name if node.metadata else None
+                conditions = (node.status.conditions if node.status else None) or []
+                if name in pending and any(
+                    c.type == "Ready" and c.status == "True" for c in conditions
+                ):
+                    pending.discard(name)
+            return not pending
+
+        _wait_for(f"{len(names)} node(s) Ready", all_ready, timeout=timeout,
+                  processes=self.processes, interval=0.2)
+
+
+# ---- scheduler hook ----------------------------------------------------------------------------
+def start_scheduler(cluster: TestCluster) -> ManagedProcess | None:
+    """HOOK for tessera's scheduler (issue 6, part 2): start it against the cluster, if it exists.
+
+    Contract for the engineer writing ``tessera.kube``: provide a module ``tessera.kube.scheduler``
+    runnable as ``python -m tessera.kube.scheduler --kubeconfig PATH``, which runs until SIGTERM.
+    Until that module exists this returns None and the cluster runs without a scheduler."""
+    if importlib.util.find_spec("tessera.kube") is None:
+        return None
+    if importlib.util.find_spec(SCHEDULER_MODULE) is None:
+        return None
+    assert cluster.workdir is not None
+    proc = ManagedProcess(
+        "tessera-scheduler",
+        [sys.executable, "-m", SCHEDULER_MODULE, f"--kubeconfig={cluster.kubeconfig}"],
+        cluster.workdir / "logs" / "tessera-scheduler.log",
+    )
+    proc.start()
+    cluster.processes.append(proc)
+    return proc
+
+
+# ---- command line ------------------------------------------------------------------------------
+def _up(args: argparse.Namespace) -> int:
+    try:
+        shape = NodeShape(gpus=args.gpus_per_node, model=args.gpu_model)
+        if args.nodes < 0:
+            raise ValueError(f"--nodes must be >= 0, got {args.nodes}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    cluster = TestCluster(report=say, keep_workdir=args.keep_workdir)
+    t0 = time.monotonic()
+    try:
+        cluster.start()
+        nodes = cluster.create_gpu_nodes(args.nodes, shape, timeout=max(60.0, args.nodes * 0.5))
+        kubeconfig = Path(args.kubeconfig).expanduser().resolve()
+        kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cluster.kubeconfig, kubeconfig)
+        kubeconfig.chmod(0o600)
+        scheduler = start_scheduler(cluster)
+        say(f"api server: {cluster.server}")
+        say(f"workdir:    {cluster.workdir} (logs under logs/)")
+        say(f"nodes:      {len(nodes)} x {shape.gpus} {shape.model} (kwok)")
+        say("scheduler:  " + ("tessera-scheduler started" if scheduler else
+                              f"not started ({SCHEDULER_MODULE} does not exist yet)"))
+        say(f"started in {time.monotonic() - t0:.1f} s")
+        print(f"kubectl: {cluster.kubectl_path}")
+        print(f"kubeconfig: {kubeconfig}")
+        print("ready", flush=True)
+        while not stop.wait(1.0):
+            cluster.check_alive()
+    except (ClusterError, binaries.BuildError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+        say("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tessera.testing.cluster",
+        description="A real etcd + kube-apiserver + kwok cluster with simulated GPU nodes.",
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start a cluster and keep it running until interrupted")
+    up.add_argument("--kubeconfig", required=True, help="where to write the admin kubeconfig")
+    up.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
+    up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    up.add_argument("--gpu-model", default="H100-80GB", help="GPU model (default H100-80GB)")
+    up.add_argument("--keep-workdir", action="store_true",
+                    help="keep certificates, etcd data and logs after stopping")
+    args = parser.parse_args(argv)
+    return _up(args)
+
+
+@contextlib.contextmanager
+def running_cluster(**kwargs: Any) -> Iterator[TestCluster]:
+    """``with running_cluster() as c:`` — start, yield, always stop."""
+    cluster = TestCluster(**kwargs)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

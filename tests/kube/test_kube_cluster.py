@@ -1,0 +1,343 @@
+"""The test cluster itself: real API server, kwok nodes, RBAC, CRD validation, webhooks."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from lightkube import ApiError, Client
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import Container, ObjectReference, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod, PodBinding
+from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
+
+from tessera.testing import binaries
+from tessera.testing.cluster import TestCluster
+from tessera.testing.gpu_nodes import GPU_RESOURCE, GPU_UUIDS_ANNOTATION
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_api_server_reports_pinned_version(kube_cluster: TestCluster) -> None:
+    out = kube_cluster.kubectl("version", "-o", "json").stdout
+    versions = json.loads(out)
+    assert versions["serverVersion"]["gitVersion"] == binaries.KUBERNETES_VERSION
+    assert versions["clientVersion"]["gitVersion"] == binaries.KUBERNETES_VERSION
+
+
+def test_gpu_nodes_have_capacity_labels_and_uuids(
+    kube_cluster: TestCluster, kube_client: Client
+) -> None:
+    names = kube_cluster.gpu_nodes  # type: ignore[attr-defined]
+    assert len(names) == 2
+    all_uuids: set[str] = set()
+    for name in names:
+        node = kube_client.get(Node, name)
+        assert node.status is not None and node.metadata is not None
+        assert node.status.capacity is not None and node.status.allocatable is not None
+        assert node.status.capacity[GPU_RESOURCE] == "8"
+        assert node.status.allocatable[GPU_RESOURCE] == "8"
+        ready = [c for c in node.status.conditions or [] if c.type == "Ready"]
+        assert ready and ready[0].status == "True", "kwok did not make the node Ready"
+        labels = node.metadata.labels or {}
+        assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+        assert labels["nvidia.com/gpu.memory"] == "81559"
+        assert labels["nvidia.com/gpu.count"] == "8"
+        assert labels["nvidia.com/gpu.present"] == "true"
+        assert labels["nvidia.com/mig.capable"] == "true"
+        uuids = (node.metadata.annotations or {})[GPU_UUIDS_ANNOTATION].split(",")
+        assert len(uuids) == 8 and all(u.startswith("GPU-") for u in uuids)
+        all_uuids.update(uuids)
+    assert len(all_uuids) == 16, "GPU UUIDs must be unique across nodes"
+
+
+def _pod(name: str, gpus: int = 1) -> Pod:
+    return Pod(
+        metadata=ObjectMeta(name=name),
+        spec=PodSpec(
+            schedulerName="tessera-test-manual",
+            containers=[
+                Container(
+                    name="main",
+                    image="example.invalid/cuda:latest",
+                    resources=ResourceRequirements(
+                        requests={GPU_RESOURCE: str(gpus)}, limits={GPU_RESOURCE: str(gpus)}
+                    ),
+                )
+            ],
+        ),
+    )
+
+
+def test_pod_bound_through_binding_subresource_runs_and_deletes(
+    kube_cluster: TestCluster, kube_client: Client, kube_namespace: str
+) -> None:
+    node = kube_cluster.gpu_nodes[0]  # type: ignore[attr-defined]
+    kube_client.create(_pod("bound"), namespace=kube_namespace)
+    pod = kube_client.get(Pod, "bound", namespace=kube_namespace)
+    assert pod.status is not None and pod.status.phase == "Pending"
+    kube_client.create(
+        PodBinding(
+            metadata=ObjectMeta(name="bound", namespace=kube_namespace),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=node),
+        ),
+        "bound",
+        namespace=kube_namespace,
+    )
+
+    def running() -> bool:
+        p = kube_client.get(Pod, "bound", namespace=kube_namespace)
+        return p.status is not None and p.status.phase == "Running"
+
+    wait_until("the bound pod to be Running (kwok)", running)
+    pod = kube_client.get(Pod, "bound", namespace=kube_namespace)
+    assert pod.spec is not None and pod.spec.nodeName == node
+
+    # There is no kubelet: kwok's pod-delete stage finishes graceful deletion.
+    kube_client.delete(Pod, "bound", namespace=kube_namespace)
+
+    def gone() -> bool:
+        try:
+            kube_client.get(Pod, "bound", namespace=kube_namespace)
+        except ApiError as exc:
+            return exc.status.code == 404
+        return False
+
+    wait_until("the deleted pod to disappear", gone)
+
+
+def test_rbac_denies_service_account_without_rights(
+    kube_cluster: TestCluster, kube_client: Client, kube_namespace: str
+) -> None:
+    sa = kube_cluster.service_account_client(kube_namespace, "no-rights")
+    with pytest.raises(ApiError) as denied:
+        list(sa.list(Pod, namespace=kube_namespace))
+    assert denied.value.status.code == 403
+
+    kube_client.create(
+        Role(
+            metadata=ObjectMeta(name="pod-reader"),
+            rules=[PolicyRule(apiGroups=[""], resources=["pods"], verbs=["get", "list"])],
+        ),
+        namespace=kube_namespace,
+    )
+    kube_client.create(
+        RoleBinding(
+            metadata=ObjectMeta(name="no-rights-reads-pods"),
+            roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="Role", name="pod-reader"),
+            subjects=[Subject(kind="ServiceAccount", name="no-rights", namespace=kube_namespace)],
+        ),
+        namespace=kube_namespace,
+    )
+
+    def can_list() -> bool:
+        try:
+            list(sa.list(Pod, namespace=kube_namespace))
+        except ApiError as exc:
+            if exc.status.code == 403:
+                return False
+            raise
+        return True
+
+    wait_until("the RoleBinding to take effect", can_list, timeout=10)
+    with pytest.raises(ApiError) as still_denied:
+        list(sa.list(Node))
+    assert still_denied.value.status.code == 403
+    with pytest.raises(ApiError) as no_write:
+        sa.create(_pod("sneaky"), namespace=kube_namespace)
+    assert no_write.value.status.code == 403
+
+
+def test_crd_schema_is_enforced_by_api_server(kube_client: Client, kube_namespace: str) -> None:
+    group = "clustertest.tessera.io"
+    crd = CustomResourceDefinition.from_dict(  # type: ignore[attr-defined]
+        {
+            "metadata": {"name": f"widgets.{group}"},
+            "spec": {
+                "group": group,
+                "scope": "Namespaced",
+                "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {
+                            "openAPIV3Schema": {
+                                "type": "object",
+                                "properties": {
+                                    "spec": {
+                                        "type": "object",
+                                        "required": ["gpus"],
+                                        "properties": {
+                                            "gpus": {"type": "integer", "minimum": 1},
+                                        },
+                                    }
+                                },
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+    )
+    kube_client.create(crd)
+
+    def established() -> bool:
+        got = kube_client.get(CustomResourceDefinition, f"widgets.{group}")
+        conditions = (got.status.conditions if got.status else None) or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    wait_until("the CRD to be Established", established)
+    widget = create_namespaced_resource(group, "v1", "Widget", "widgets")
+
+    def create_ok() -> bool:
+        try:
+            kube_client.create(
+                widget(metadata=ObjectMeta(name="ok"), spec={"gpus": 2}), namespace=kube_namespace
+            )
+        except ApiError as exc:
+            if exc.status.code == 404:  # discovery of the new type may lag a moment
+                return False
+            raise
+        return True
+
+    wait_until("the Widget type to be served", create_ok, timeout=10)
+    with pytest.raises(ApiError) as invalid:
+        kube_client.create(
+            widget(metadata=ObjectMeta(name="bad"), spec={"gpus": 0}), namespace=kube_namespace
+        )
+    assert invalid.value.status.code == 422
+    assert "spec.gpus" in (invalid.value.status.message or "")
+    with pytest.raises(ApiError) as missing:
+        kube_client.create(widget(metadata=ObjectMeta(name="empty"), spec={}),
+                           namespace=kube_namespace)
+    assert missing.value.status.code == 422
+    kube_client.delete(CustomResourceDefinition, f"widgets.{group}")
+
+
+class _DenyLabelled(BaseHTTPRequestHandler):
+    """Validating webhook: rejects objects labelled tessera-test/deny=true."""
+
+    def do_POST(self) -> None:
+        review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        request = review["request"]
+        labels = (request.get("object") or {}).get("metadata", {}).get("labels") or {}
+        allowed = labels.get("tessera-test/deny") != "true"
+        response: dict[str, Any] = {"uid": request["uid"], "allowed": allowed}
+        if not allowed:
+            response["status"] = {"code": 403, "message": "denied by the test webhook"}
+        body = json.dumps(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def webhook_server(kube_cluster: TestCluster) -> Iterator[tuple[int, bytes]]:
+    cert, key, ca_bundle = kube_cluster.issue_serving_cert("test-webhook")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _DenyLabelled)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], ca_bundle
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_validating_webhook_is_called(
+    kube_client: Client, kube_namespace: str, webhook_server: tuple[int, bytes]
+) -> None:
+    import base64
+
+    from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
+
+    port, ca_bundle = webhook_server
+    name = f"deny-labelled-{kube_namespace}"
+    config = ValidatingWebhookConfiguration.from_dict(  # type: ignore[attr-defined]
+        {
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": "deny.clustertest.tessera.io",
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{port}/validate",
+                        "caBundle": base64.b64encode(ca_bundle).decode(),
+                    },
+                    "rules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["configmaps"],
+                        }
+                    ],
+                    "namespaceSelector": {"matchLabels": {"tessera-test": kube_namespace}},
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 5,
+                }
+            ],
+        }
+    )
+    kube_client.create(config)
+    try:
+        def denied() -> bool:
+            try:
+                kube_client.create(
+                    ConfigMap(metadata=ObjectMeta(
+                        name=f"deny-{time.monotonic_ns()}", labels={"tessera-test/deny": "true"}
+                    )),
+                    namespace=kube_namespace,
+                )
+            except ApiError as exc:
+                assert "denied by the test webhook" in (exc.status.message or "")
+                return True
+            return False
+
+        # The API server picks up new webhook configurations asynchronously.
+        wait_until("the webhook to deny a labelled ConfigMap", denied, timeout=15)
+        kube_client.create(ConfigMap(metadata=ObjectMeta(name="allowed")), namespace=kube_namespace)
+    finally:
+        kube_client.delete(ValidatingWebhookConfiguration, name)
+
+
+def test_stop_leaves_no_processes_or_files() -> None:
+    cluster = TestCluster()
+    cluster.start()
+    pids = [p.popen.pid for p in cluster.processes if p.popen is not None]
+    workdir = cluster.workdir
+    assert len(pids) == 3 and workdir is not None and workdir.is_dir()
+    cluster.stop()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not workdir.exists()
