@@ -314,7 +314,9 @@ class LocalBackend:
         if pod["exclusive"]:
             return float(len(pod["devices"]))
         mem = {g.index: g.memory for g in self.machine.node.gpus}
-        return sum(b / mem[d] for d, b in zip(pod["devices"], pod["requestBytes"], strict=True))
+        return float(
+            sum(b / mem[d] for d, b in zip(pod["devices"], pod["requestBytes"], strict=True))
+        )
 
     def _pod_env(self, w: Workload, index: int, p: Placement) -> dict[str, str]:
         by_index = {g.index: g for g in self.machine.node.gpus}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import uuid
@@ -95,10 +96,8 @@ def nvml_machine() -> Machine | None:
     except Exception:
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def short_model(product: str, memory: int) -> str:

@@ -138,6 +138,7 @@ class Runner:
                     os.killpg(pid, signal.SIGKILL)
 
     def group_alive(self, pid: int) -> bool:
+        """Whether any live (non-zombie) process is left in the process group ``pid``."""
         child = self._children.get(pid)
         if child is not None and child.poll() is not None:
             self._children.pop(pid, None)
@@ -147,4 +148,20 @@ class Runner:
             return False
         except PermissionError:
             return True
-        return True
+        return any(pgrp == pid and state != "Z" for pgrp, state in _groups())
+
+
+def _groups() -> list[tuple[int, str]]:
+    """(process group, state) of every process, from /proc."""
+    out: list[tuple[int, str]] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        out.append((int(fields[2]), fields[0]))
+    return out

@@ -115,9 +115,9 @@ class QuotaScheduler:
         owned: dict[str, float] = {}
         for w in snapshot.running:
             gpus = 0.0
-            for i, p in enumerate(w.placements):
-                state.assign(f"{w.id}/{i}", p)
-                gpus += placement_gpus(state, p)
+            for i, pl in enumerate(w.placements):
+                state.assign(f"{w.id}/{i}", pl)
+                gpus += placement_gpus(state, pl)
             owned[w.id] = gpus
             usage[w.project] = usage.get(w.project, 0.0) + gpus
         out = Decisions()

@@ -1,0 +1,695 @@
+"""``tessera``: the command line, modelled on Run:ai's CLI (v1 ``submit`` and v2 ``training submit``).
+
+Every command talks to the REST API; ``up`` and ``down`` also start and stop the local server.
+Errors are one line on stderr; exit 0 ok, 1 user error, 2 server unreachable.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+
+from tessera.cli import render
+from tessera.cli.client import (
+    Client,
+    CliError,
+    connect,
+    get_token,
+    load_config,
+    local_credentials,
+    save_config,
+)
+from tessera.core.errors import InvalidRequest
+from tessera.core.requests import parse_gpu_request
+from tessera.local.paths import DEFAULT_PORT, data_dir
+
+cli = typer.Typer(
+    name="tessera",
+    help="Fractional GPU sharing: submit, list and manage GPU workloads and projects.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+project_app = typer.Typer(help="Projects: GPU quota (deserved, limit, over-quota weight).",
+                          no_args_is_help=True)
+cli.add_typer(project_app, name="project")
+
+KIND_PATH = {"Training": "trainings", "Workspace": "workspaces", "Inference": "inferences"}
+FLAG_NAMES = {
+    "gpu": "-g/--gpu",
+    "gpu_devices": "--gpu-devices",
+    "gpu_portion": "--gpu-portion-request",
+    "gpu_portion_limit": "--gpu-portion-limit",
+    "gpu_memory": "--gpu-memory",
+    "gpu_memory_limit": "--gpu-memory-limit",
+    "gpu_model": "--gpu-model",
+}
+
+Output = Annotated[str, typer.Option("-o", "--output", help="table, json or yaml")]
+ProjectOpt = Annotated[str | None, typer.Option("-p", "--project", help="Project (default: set one with tessera project set)")]
+
+
+def _fmt(value: str) -> str:
+    if value not in render.FORMATS:
+        raise CliError(f"-o/--output: must be one of {', '.join(render.FORMATS)} (got {value!r})")
+    return value
+
+
+def _project(config: dict[str, Any], project: str | None) -> str:
+    name = project or os.environ.get("TESSERA_PROJECT") or config.get("project")
+    if not name:
+        raise CliError("no project: pass -p PROJECT or run tessera project set PROJECT")
+    return str(name)
+
+
+# -- up / down / login ---------------------------------------------------------------------------
+
+
+def _healthy(url: str, timeout: float = 0.5) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/healthz", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _login_local(url: str, directory: Path) -> None:
+    creds = local_credentials(directory)
+    if creds is None:
+        raise CliError(f"no credentials in {directory}; is the server using this data directory?")
+    token = get_token(url, creds["clientId"], creds["clientSecret"])
+    config = load_config()
+    config.update({"url": url, "token": token, "dataDir": str(directory)})
+    save_config(config)
+
+
+@cli.command()
+def up(
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1")] = DEFAULT_PORT,
+    data_dir_opt: Annotated[str | None, typer.Option("--data-dir", help="State directory")] = None,
+    simulate: Annotated[list[str] | None, typer.Option(help="Simulated GPUs, e.g. 1xV100-16GB or 2xH100-80GB")] = None,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Run in the background")] = False,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL")] = 10.0,
+    policy: Annotated[str, typer.Option(help="Placement policy: binpack, fgd, spread, best-fit")] = "binpack",
+) -> None:
+    """Start the control plane (REST API, scheduler, local runner) on this machine."""
+    directory = data_dir(data_dir_opt)
+    url = f"http://127.0.0.1:{port}"
+    from tessera.local.server import server_info
+
+    info = server_info(directory)
+    if info and _healthy(str(info.get("url"))):
+        _login_local(str(info["url"]), directory)
+        typer.echo(f"tessera is already up at {info['url']} (data {directory})")
+        return
+    if simulate:
+        from tessera.local.gpus import parse_simulate
+
+        try:
+            parse_simulate(simulate)
+        except InvalidRequest as exc:
+            raise CliError(f"--{exc}") from None
+    argv = [sys.executable, "-m", "tessera.local.server", "--port", str(port),
+            "--data-dir", str(directory), "--grace", str(grace), "--policy", policy]
+    for s in simulate or []:
+        argv += ["--simulate", s]
+    if not detach:
+        from tessera.local.server import main as serve
+
+        code = serve(argv[3:])
+        raise typer.Exit(code)
+    directory.mkdir(parents=True, exist_ok=True)
+    log = open(directory / "server.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (directory / "server.log").read_text(errors="replace").strip().splitlines()
+            raise CliError(f"the server exited: {tail[-1] if tail else proc.returncode}")
+        if _healthy(url, 0.2):
+            break
+        time.sleep(0.05)
+    else:
+        raise CliError(f"the server did not answer at {url} within 30 s; see {directory}/server.log")
+    _login_local(url, directory)
+    info = server_info(directory) or {}
+    kind = "SIMULATED" if info.get("simulated") else "real (NVML)"
+    gpus: list[dict[str, Any]] = info.get("gpus", [])  # type: ignore[assignment]
+    models = ", ".join(f"{g['index']}:{g['model']}" for g in gpus)
+    typer.echo(f"tessera is up at {url} (pid {proc.pid}); GPUs: {kind} {models}; data {directory}")
+
+
+@cli.command()
+def down(
+    data_dir_opt: Annotated[str | None, typer.Option("--data-dir")] = None,
+    stop_workloads: Annotated[bool, typer.Option("--stop-workloads", help="Also stop running workloads")] = False,
+) -> None:
+    """Stop the control plane. Running workloads keep running and are re-attached by the next up."""
+    from tessera.local.server import server_info
+
+    directory = data_dir(data_dir_opt or load_config().get("dataDir"))
+    info = server_info(directory)
+    if not info:
+        typer.echo(f"tessera is not running (no server in {directory})")
+        return
+    pid = int(info["pid"])  # type: ignore[call-overload]
+    if stop_workloads:
+        (directory / "stop-workloads").touch()
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        (directory / "server.json").unlink(missing_ok=True)
+        typer.echo("tessera was not running (removed a stale server.json)")
+        return
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise CliError(f"the server (pid {pid}) did not stop within 60 s")
+    note = "workloads stopped" if stop_workloads else "running workloads keep running"
+    typer.echo(f"tessera is down ({note})")
+
+
+@cli.command()
+def login(
+    url: Annotated[str | None, typer.Option(help="Server URL")] = None,
+    client_id: Annotated[str | None, typer.Option(help="Client id")] = None,
+    client_secret: Annotated[str | None, typer.Option(help="Client secret (prompted if missing)")] = None,
+    data_dir_opt: Annotated[str | None, typer.Option("--data-dir")] = None,
+) -> None:
+    """Get an API token; on the server's machine the local admin credentials are used."""
+    from tessera.cli.client import server_url
+
+    config = load_config()
+    directory = data_dir(data_dir_opt or config.get("dataDir"))
+    target = (url or server_url(config)).rstrip("/")
+    if client_id is None or client_secret is None:
+        creds = local_credentials(directory)
+        if creds is not None and client_id in (None, creds["clientId"]):
+            client_id, client_secret = creds["clientId"], creds["clientSecret"]
+        else:
+            client_id = client_id or typer.prompt("Client id")
+            client_secret = client_secret or typer.prompt("Client secret", hide_input=True)
+    token = get_token(target, client_id, client_secret)
+    config.update({"url": target, "token": token})
+    save_config(config)
+    typer.echo(f"logged in to {target} as {client_id}")
+
+
+# -- projects ------------------------------------------------------------------------------------
+
+
+def _project_body(deserved: float, limit: float | None, weight: float, priority: int) -> dict[str, Any]:
+    return {"resources": {"gpu": {"deserved": deserved, "limit": limit, "overQuotaWeight": weight}},
+            "priority": priority}
+
+
+@project_app.command("create")
+def project_create(
+    name: str,
+    deserved: Annotated[float, typer.Option("--deserved", "--gpu", help="Deserved (guaranteed) GPUs")] = 0.0,
+    limit: Annotated[float | None, typer.Option("--limit", help="Most GPUs the project may use")] = None,
+    weight: Annotated[float, typer.Option("--over-quota-weight", help="Share of idle GPUs")] = 1.0,
+    priority: Annotated[int, typer.Option(help="Project priority (higher first)")] = 50,
+) -> None:
+    """Create a project with a GPU quota."""
+    client, _ = connect()
+    body = {"name": name, **_project_body(deserved, limit, weight, priority)}
+    p = client.post("/api/v1/org-unit/projects", body)
+    typer.echo(f"project {p['name']} created (id {p['id']}, deserved {deserved:g} GPUs"
+               f"{'' if limit is None else f', limit {limit:g}'})")
+
+
+@project_app.command("update")
+def project_update(
+    name: str,
+    deserved: Annotated[float, typer.Option("--deserved", "--gpu")] = 0.0,
+    limit: Annotated[float | None, typer.Option("--limit")] = None,
+    weight: Annotated[float, typer.Option("--over-quota-weight")] = 1.0,
+    priority: Annotated[int, typer.Option()] = 50,
+) -> None:
+    """Change a project's quota."""
+    client, _ = connect()
+    client.put(f"/api/v1/org-unit/projects/{name}", _project_body(deserved, limit, weight, priority))
+    typer.echo(f"project {name} updated")
+
+
+@project_app.command("list")
+def project_list(output: Output = "table") -> None:
+    """Projects with their quota and what they use now."""
+    fmt = _fmt(output)
+    client, config = connect()
+    projects = client.get("/api/v1/org-unit/projects")["projects"]
+    simulated = client.get("/api/v1/cluster")["simulated"]
+    if fmt != "table":
+        render.dump({"projects": projects, "simulated": simulated}, fmt)
+        return
+    current = config.get("project")
+    rows = []
+    for p in projects:
+        gpu = p["resources"]["gpu"]
+        rows.append([
+            p["name"] + (" (current)" if p["name"] == current else ""),
+            f"{gpu['deserved']:g}",
+            "-" if gpu["limit"] is None else f"{gpu['limit']:g}",
+            f"{gpu['overQuotaWeight']:g}",
+            str(p["priority"]),
+            render.gpus(p["status"]["allocated"]["gpu"]),
+        ])
+    typer.echo(render.table(["PROJECT", "DESERVED GPUs", "LIMIT", "OVER-QUOTA WEIGHT", "PRIORITY",
+                             "ALLOCATED GPUs"], rows))
+    if simulated:
+        typer.echo("GPUs are SIMULATED (no NVIDIA driver on this machine)")
+
+
+@project_app.command("set")
+def project_set(name: str) -> None:
+    """Make NAME the default project of later commands."""
+    client, config = connect()
+    client.get(f"/api/v1/org-unit/projects/{name}")
+    config["project"] = name
+    save_config(config)
+    typer.echo(f"project {name} is now the default")
+
+
+@project_app.command("delete")
+def project_delete(name: str) -> None:
+    """Delete a project (it must have no workloads)."""
+    client, config = connect()
+    client.delete(f"/api/v1/org-unit/projects/{name}")
+    if config.get("project") == name:
+        config.pop("project")
+        save_config(config)
+    typer.echo(f"project {name} deleted")
+
+
+# -- submit --------------------------------------------------------------------------------------
+
+
+def _compute(
+    gpu: str | None, gpu_devices: str | None, gpu_memory: str | None, portion: str | None,
+    portion_limit: str | None, memory_request: str | None, memory_limit: str | None,
+    gpu_model: str | None,
+) -> dict[str, Any]:
+    """Validate the GPU flags with the core's rules (errors name the flag) and build ``compute``."""
+    if gpu_memory is not None and memory_request is not None:
+        raise CliError("--gpu-memory-request: give --gpu-memory or --gpu-memory-request, not both")
+    memory = memory_request if memory_request is not None else gpu_memory
+    try:
+        req = parse_gpu_request(
+            gpu=gpu, gpu_devices=gpu_devices, gpu_portion=portion, gpu_portion_limit=portion_limit,
+            gpu_memory=memory, gpu_memory_limit=memory_limit, gpu_model=gpu_model,
+        )
+    except InvalidRequest as exc:
+        flag = FLAG_NAMES.get(exc.field, exc.field)
+        if exc.field == "gpu_memory" and memory_request is not None:
+            flag = "--gpu-memory-request"
+        shown = "" if exc.value is None else f" (got {exc.value!r})"
+        raise CliError(f"{flag}: {exc.rule}{shown}") from None
+    compute: dict[str, Any] = {}
+    if req.kind.value == "whole":
+        compute["gpuDevicesRequest"] = req.devices
+    elif req.kind.value == "portion":
+        compute.update(gpuRequestType="portion", gpuDevicesRequest=req.devices,
+                       gpuPortionRequest=str(req.portion))
+        if req.portion_limit is not None:
+            compute["gpuPortionLimit"] = str(req.portion_limit)
+    elif req.kind.value == "memory":
+        compute.update(gpuRequestType="memory", gpuDevicesRequest=req.devices,
+                       gpuMemoryRequest=str(memory))
+        if memory_limit is not None:
+            compute["gpuMemoryLimit"] = str(memory_limit)
+    if gpu_model:
+        compute["gpuModel"] = gpu_model
+    return compute
+
+
+def _env(pairs: list[str] | None) -> list[dict[str, str]]:
+    out = []
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise CliError(f"-e/--environment: must be NAME=VALUE (got {pair!r})")
+        out.append({"name": name, "value": value})
+    return out
+
+
+def _submit(
+    kind: str | None, name: str, command: list[str] | None, project: str | None, gpu: str | None,
+    gpu_devices: str | None, gpu_memory: str | None, portion: str | None, portion_limit: str | None,
+    memory_request: str | None, memory_limit: str | None, gpu_model: str | None,
+    interactive: bool, priority: str | None, environment: list[str] | None, workers: int,
+    min_workers: int | None, image: str, working_dir: str | None, output: str,
+) -> None:
+    fmt = _fmt(output)
+    if not command:
+        raise CliError("COMMAND: give the command to run after --, e.g. -- python train.py")
+    if kind is None:
+        kind = "Workspace" if interactive else "Training"
+    compute = _compute(gpu, gpu_devices, gpu_memory, portion, portion_limit, memory_request,
+                       memory_limit, gpu_model)
+    client, config = connect()
+    spec: dict[str, Any] = {
+        "image": image,
+        "command": shlex.quote(command[0]),
+        "args": shlex.join(command[1:]),
+        "environmentVariables": _env(environment),
+        "compute": compute,
+        "workers": workers,
+        "workingDir": working_dir or os.getcwd(),
+    }
+    if min_workers is not None:
+        spec["minWorkers"] = min_workers
+    if priority is not None:
+        spec["priorityClass"] = priority
+    body = {"name": name, "projectId": _project(config, project), "spec": spec}
+    w = client.post(f"/api/v1/workloads/{KIND_PATH[kind]}", body)
+    if fmt != "table":
+        render.dump(w, fmt)
+        return
+    typer.echo(f"{w['type'].lower()} {w['name']} submitted to project {w['projectName']}: "
+               f"{w['gpus']['request']}")
+
+
+def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> None:
+    def submit(
+        name: Annotated[str, typer.Argument(help="Workload name")],
+        command: Annotated[list[str] | None, typer.Argument(help="Command after --")] = None,
+        project: ProjectOpt = None,
+        gpu: Annotated[str | None, typer.Option("-g", "--gpu", help="0.5 (a share) or 2 (whole GPUs)")] = None,
+        gpu_devices: Annotated[str | None, typer.Option("--gpu-devices", "--gpu-devices-request", help="Devices (with a share: each gets it)")] = None,
+        gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="GPU memory, e.g. 5G")] = None,
+        portion: Annotated[str | None, typer.Option("--gpu-portion-request", help="Guaranteed share (0-1)")] = None,
+        portion_limit: Annotated[str | None, typer.Option("--gpu-portion-limit", help="Burst share cap")] = None,
+        memory_request: Annotated[str | None, typer.Option("--gpu-memory-request", help="Guaranteed memory")] = None,
+        memory_limit: Annotated[str | None, typer.Option("--gpu-memory-limit", help="Burst memory cap")] = None,
+        gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="Allowed models, A|B")] = None,
+        interactive: Annotated[bool, typer.Option("--interactive", help="A workspace (build, not preemptible)")] = False,
+        priority: Annotated[str | None, typer.Option("--priority", help="train, build or inference")] = None,
+        environment: Annotated[list[str] | None, typer.Option("-e", "--environment", help="NAME=VALUE")] = None,
+        workers: Annotated[int, typer.Option("--workers", help="Pods, each with the GPU request")] = 1,
+        min_workers: Annotated[int | None, typer.Option("--min-workers", help="Gang minimum")] = None,
+        image: Annotated[str, typer.Option("-i", "--image", help="Recorded only: embedded mode runs commands")] = "",
+        working_dir: Annotated[str | None, typer.Option("--working-dir")] = None,
+        output: Output = "table",
+    ) -> None:
+        _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
+                portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
+                environment, workers, min_workers, image, working_dir, output)
+
+    submit.__doc__ = help_text
+    group.command("submit")(submit)
+
+
+_register_submit(cli, None, "Submit a workload (a training; --interactive makes a workspace).")
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def _find(client: Client, config: dict[str, Any], name: str, project: str | None,
+          kind: str | None = None) -> dict[str, Any]:
+    proj = _project(config, project)
+    filters = [f"name=={name}", f"projectName=={proj}"]
+    if kind:
+        filters.append(f"type=={kind}")
+    found = client.get("/api/v1/workloads", params={"filterBy": filters, "limit": 2})["workloads"]
+    if not found:
+        raise CliError(f"no workload {name} in project {proj}")
+    w: dict[str, Any] = found[0]
+    return w
+
+
+def _list(kind: str | None, project: str | None, all_projects: bool, status: str | None,
+          output: str) -> None:
+    fmt = _fmt(output)
+    client, config = connect()
+    filters = []
+    scope = "all projects"
+    if not all_projects:
+        proj = project or os.environ.get("TESSERA_PROJECT") or config.get("project")
+        if proj:
+            filters.append(f"projectName=={proj}")
+            scope = f"project {proj}"
+    if kind:
+        filters.append(f"type=={kind}")
+    if status:
+        filters.append(f"phase=={status}")
+    rows: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        page = client.get("/api/v1/workloads", params={
+            "filterBy": filters, "limit": 10000, "offset": offset})
+        rows.extend(page["workloads"])
+        if page["next"] is None:
+            break
+        offset = page["next"]
+    if fmt != "table":
+        render.dump({"workloads": rows, "total": len(rows)}, fmt)
+        return
+    now = time.time()
+    table = []
+    simulated = any(w["simulated"] for w in rows)
+    for w in rows:
+        g = w["gpus"]
+        table.append([
+            w["name"], w["phase"], render.age(w["createdAt"], now), w["nodeName"] or "-",
+            w["gpuDevices"] or "-", w["type"], w["projectName"], w["priorityClass"],
+            f"{g['allocated']:.2f} ({g['requested']:.2f})",
+            f"{w['runningPods']} ({w['workers'] - w['runningPods'] if w['phase'] == 'Pending' else 0})",
+        ])
+    out = [f"Showing workloads for {scope}"
+           + (" — GPUs are SIMULATED (no NVIDIA driver here)" if simulated else "")]
+    out.append(render.table(["NAME", "STATUS", "AGE", "NODE", "GPU", "TYPE", "PROJECT", "PRIORITY",
+                             "GPUs Allocated (Requested)", "PODs Running (Pending)"], table))
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def _describe(kind: str | None, name: str, project: str | None, output: str) -> None:
+    fmt = _fmt(output)
+    client, config = connect()
+    brief = _find(client, config, name, project, kind)
+    w = client.get(f"/api/v1/workloads/{KIND_PATH[brief['type']]}/{brief['workloadId']}")
+    if fmt != "table":
+        render.dump(w, fmt)
+        return
+    spec = w["spec"]
+    lines = [
+        f"Name:        {w['name']}  ({w['workloadId']})",
+        f"Project:     {w['projectName']}",
+        f"Type:        {w['type']}, priority {w['priorityClass']}, "
+        f"{'preemptible' if w['preemptible'] else 'not preemptible'}",
+        f"Status:      {w['phase']}" + (f" (exit code {w['exitCode']})" if w["exitCode"] is not None else ""),
+    ]
+    if w["phase"] == "Pending":
+        lines.append(f"Why pending: {w['phaseMessage']}")
+    elif w["phaseMessage"]:
+        lines.append(f"Message:     {w['phaseMessage']}")
+    lines += [
+        f"GPUs:        {'SIMULATED (no NVIDIA driver here)' if w['simulated'] else 'real (NVML)'}",
+        f"Request:     {w['gpus']['request']} x {w['workers']} pod(s) "
+        f"(= {w['gpus']['requested']:.2f} GPUs; allocated {w['gpus']['allocated']:.2f})",
+        f"Isolation:   {w['isolation']}",
+        f"Scheduler:   {w['scheduler']}",
+        f"Command:     {' '.join(x for x in (spec['command'], spec['args']) if x)}",
+        f"Created:     {w['createdAt']}   Started: {w['startedAt'] or '-'}   "
+        f"Completed: {w['completedAt'] or '-'}",
+    ]
+    for pod in w["pods"]:
+        lines.append(f"Pod {pod['index']}:       {pod['phase']} on {pod['nodeName']}, pid {pod['pid']}"
+                     + (f", exit code {pod['exitCode']}" if pod["exitCode"] is not None else ""))
+        for d in pod["gpuDevices"]:
+            share = "whole device" if pod["exclusive"] else (
+                f"request {render.size(d['requestBytes'])}, limit {render.size(d['limitBytes'])}")
+            lines.append(f"  GPU {d['index']} {d['uuid']}: {share}")
+        lines.append(f"  Log: {pod['logPath']}")
+    lines.append("Events:")
+    ev_rows = [[e["time"], e["kind"], e["message"]] for e in w["events"]]
+    lines += ["  " + line for line in render.table(["TIME", "EVENT", "MESSAGE"], ev_rows).splitlines()]
+    typer.echo("\n".join(lines))
+
+
+def _logs(kind: str | None, name: str, project: str | None, follow: bool, pod: int) -> None:
+    client, config = connect()
+    w = _find(client, config, name, project, kind)
+    base = f"/api/v1/workloads/{KIND_PATH[w['type']]}/{w['workloadId']}"
+    offset = 0
+    while True:
+        r = client.request("GET", f"{base}/logs", params={"pod": pod, "offset": offset})
+        if r.content:
+            sys.stdout.buffer.write(r.content)
+            sys.stdout.flush()
+        offset = int(r.headers.get("X-Next-Offset", offset))
+        if not follow:
+            return
+        if r.content:
+            continue
+        phase = client.get(base)["phase"]
+        if phase not in ("Pending", "Running", "Stopping"):
+            r = client.request("GET", f"{base}/logs", params={"pod": pod, "offset": offset})
+            sys.stdout.buffer.write(r.content)
+            return
+        time.sleep(0.5)
+
+
+def _exec(kind: str | None, name: str, command: list[str], project: str | None, pod: int) -> None:
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise CliError("COMMAND: give the command to run, e.g. tessera exec frac05 -- nvidia-smi")
+    client, config = connect()
+    w = _find(client, config, name, project, kind)
+    if w["phase"] != "Running":
+        raise CliError(f"workload {name} is {w['phase']}; exec needs it Running")
+    pods = client.get(f"/api/v1/workloads/{KIND_PATH[w['type']]}/{w['workloadId']}/pods")["pods"]
+    match = [p for p in pods if p["index"] == pod]
+    if not match:
+        raise CliError(f"--pod: workload {name} has no pod {pod}")
+    env = {**os.environ, **match[0]["env"]}
+    try:
+        code = subprocess.call(command, env=env)
+    except FileNotFoundError:
+        raise CliError(f"COMMAND: {command[0]} not found") from None
+    raise typer.Exit(code)
+
+
+def _action(kind: str | None, names: list[str], project: str | None, verb: str) -> None:
+    client, config = connect()
+    for name in names:
+        w = _find(client, config, name, project, kind)
+        path = f"/api/v1/workloads/{KIND_PATH[w['type']]}/{w['workloadId']}"
+        if verb == "delete":
+            client.delete(path)
+            typer.echo(f"workload {name} deleted")
+        else:
+            client.post(f"{path}/{verb}")
+            typer.echo(f"workload {name} {'suspended' if verb == 'suspend' else 'resumed'}")
+
+
+def _register_verbs(group: typer.Typer, kind: str | None) -> None:
+    label = (kind or "workload").lower()
+
+    @group.command("list")
+    def list_(
+        project: ProjectOpt = None,
+        all_projects: Annotated[bool, typer.Option("-A", "--all-projects")] = False,
+        status: Annotated[str | None, typer.Option("--status", "--state", help="e.g. Running")] = None,
+        output: Output = "table",
+    ) -> None:
+        """List workloads (columns like runai list)."""
+        _list(kind, project, all_projects, status, output)
+
+    @group.command("describe")
+    def describe(name: str, project: ProjectOpt = None, output: Output = "table") -> None:
+        """Placement, limits, isolation, events and why it is pending."""
+        _describe(kind, name, project, output)
+
+    @group.command("logs")
+    def logs(
+        name: str, project: ProjectOpt = None,
+        follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
+        pod: Annotated[int, typer.Option("--pod")] = 0,
+    ) -> None:
+        """Print the workload's output."""
+        _logs(kind, name, project, follow, pod)
+
+    @group.command("exec", context_settings={"allow_interspersed_args": False})
+    def exec_(
+        name: str,
+        command: Annotated[list[str] | None, typer.Argument()] = None,
+        project: ProjectOpt = None,
+        pod: Annotated[int, typer.Option("--pod")] = 0,
+    ) -> None:
+        """Run COMMAND in the workload's GPU environment (e.g. -- nvidia-smi)."""
+        _exec(kind, name, command or [], project, pod)
+
+    @group.command("delete")
+    def delete(names: list[str], project: ProjectOpt = None) -> None:
+        """Delete workloads (their processes are stopped)."""
+        _action(kind, names, project, "delete")
+
+    @group.command("suspend")
+    def suspend(names: list[str], project: ProjectOpt = None) -> None:
+        """Stop workloads, keeping them to resume later."""
+        _action(kind, names, project, "suspend")
+
+    @group.command("resume")
+    def resume(names: list[str], project: ProjectOpt = None) -> None:
+        """Queue suspended workloads again."""
+        _action(kind, names, project, "resume")
+
+    del label
+
+
+_register_verbs(cli, None)
+for _kind, _name in (("Training", "training"), ("Workspace", "workspace"), ("Inference", "inference")):
+    _group = typer.Typer(help=f"{_kind} workloads (Run:ai v2 CLI spelling).", no_args_is_help=True)
+    _register_submit(_group, _kind, f"Submit a {_kind.lower()}.")
+    _register_verbs(_group, _kind)
+    cli.add_typer(_group, name=_name)
+
+
+@cli.command()
+def top(output: Output = "table") -> None:
+    """GPU occupancy: each device's allocated share and who holds it."""
+    fmt = _fmt(output)
+    client, _ = connect()
+    c = client.get("/api/v1/cluster")
+    if fmt != "table":
+        render.dump(c, fmt)
+        return
+    kind = "SIMULATED GPUs (no NVIDIA driver here)" if c["simulated"] else f"driver {c['driver']}"
+    lines = [f"{kind}; isolation: {c['isolation']}"]
+    for node in c["nodes"]:
+        lines.append(f"node {node['name']}")
+        for g in node["gpus"]:
+            frac = g["allocatedBytes"] / g["memoryBytes"]
+            holders = ", ".join(
+                f"{h['name']} ({'whole' if h['exclusive'] else render.size(h['bytes'])})"
+                for h in g["workloads"]) or "idle"
+            lines.append(
+                f"  GPU {g['index']} {g['model']:<12} [{render.bar(frac)}] "
+                f"{render.size(g['allocatedBytes'])}/{render.size(g['memoryBytes'])} "
+                f"{frac:4.0%}  {holders}")
+    typer.echo("\n".join(lines))
+
+
+class _App:
+    """The console script: runs the Typer app and turns every failure into one line and a code."""
+
+    def __call__(self, args: list[str] | None = None) -> None:
+        try:
+            result = cli(args=args, standalone_mode=False, prog_name="tessera")
+        except CliError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(exc.code)
+        except click.exceptions.Abort:
+            print("error: aborted", file=sys.stderr)
+            sys.exit(1)
+        except click.exceptions.ClickException as exc:
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            sys.exit(130)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+app = _App()
+
+if __name__ == "__main__":
+    app()
