@@ -1,8 +1,50 @@
 #!/usr/bin/env bash
-# The main job (README): replay the Alibaba GPU-sharing trace with the default placement policy.
+# The main job (README): the Run:ai fractional-GPU walkthrough, run for real in embedded mode.
+# Brings the control plane up on this machine (simulated GPUs where there are none), creates
+# project team-a with 1 GPU, runs frac05 (0.5 GPU) and frac03 (0.3 GPU) side by side on one GPU,
+# execs into frac05 to show its share, asks for exact GPU memory (--gpu-memory 5G), and leaves
+# the service running.  `./dev run trace` runs the trace benchmark instead (scripts/trace.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA="${TESSERA_TRACE_DIR:-../shared/data/alibaba-gpu-v2023}"
-exec .venv/bin/python -m tessera.bench.trace \
-  --nodes "$DATA/openb_node_list_gpu_node.csv" \
-  --pods "$DATA/openb_pod_list_default.csv" "$@"
+if [ "${1:-}" = trace ]; then
+  shift
+  exec bash scripts/trace.sh "$@"
+fi
+T=.venv/bin/tessera
+PORT="${TESSERA_PORT:-8470}"
+say() { printf '\n\033[1m$ %s\033[0m\n' "$(printf '%q ' "$@")"; }
+run() { say "$*"; "$@"; }
+
+run $T up --detach --port "$PORT" "$@"
+if ! $T project list -o json | grep -q '"name": "team-a"'; then
+  run $T project create team-a --gpu 1
+fi
+run $T project set team-a
+for old in frac05 frac03 mem5g; do
+  $T delete "$old" >/dev/null 2>&1 || true
+done
+for old in frac05 frac03 mem5g; do
+  while $T describe "$old" >/dev/null 2>&1; do sleep 0.1; done
+done
+
+LOOP='import os, time; print(os.environ["TESSERA_WORKLOAD_NAME"], "on", os.environ["CUDA_VISIBLE_DEVICES"], flush=True); [time.sleep(1) for _ in iter(int, 1)]'
+run $T submit frac05 -g 0.5 --interactive -- python3 -c "$LOOP"
+run $T submit frac03 -g 0.3 --interactive -- python3 -c "$LOOP"
+run $T wait frac05 frac03 --for Running --timeout 30
+run $T list
+run $T exec frac05 -- nvidia-smi
+
+# Exact GPU memory: 5 GB does not fit next to 0.5 + 0.3 of a 16 GB V100, so it waits (and says why)
+# until frac03 is deleted.
+run $T submit mem5g --gpu-memory 5G -- python3 -c "$LOOP"
+sleep 1
+run $T list
+$T describe mem5g | grep -E "Status|Why pending" || true
+run $T delete frac03
+run $T wait mem5g --for Running --timeout 30
+run $T list
+run $T top
+
+URL=$(.venv/bin/python -c "from tessera.cli.client import load_config; print(load_config()['url'])")
+printf '\ntessera is running at %s (API docs: %s/docs).\n' "$URL" "$URL"
+printf 'Try: %s describe mem5g | %s logs frac05 | %s down --stop-workloads\n' "$T" "$T" "$T"

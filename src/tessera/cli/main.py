@@ -645,6 +645,31 @@ for _kind, _name in (("Training", "training"), ("Workspace", "workspace"), ("Inf
 
 
 @cli.command()
+def wait(
+    names: list[str],
+    project: ProjectOpt = None,
+    status: Annotated[str, typer.Option("--for", help="Status to wait for")] = "Running",
+    timeout: Annotated[float, typer.Option(help="Seconds")] = 60.0,
+) -> None:
+    """Wait until every named workload has STATUS (exit 1 on timeout or if one ends otherwise)."""
+    client, config = connect()
+    deadline = time.monotonic() + timeout
+    final = {"Completed", "Failed", "Stopped"}
+    for name in names:
+        while True:
+            w = _find(client, config, name, project)
+            if w["phase"] == status:
+                break
+            if w["phase"] in final and status not in final:
+                raise CliError(f"workload {name} is {w['phase']}: {w['phaseMessage']}")
+            if time.monotonic() > deadline:
+                raise CliError(f"workload {name} is still {w['phase']} after {timeout:g} s: "
+                               f"{w['phaseMessage']}")
+            time.sleep(0.1)
+    typer.echo(f"{', '.join(names)}: {status}")
+
+
+@cli.command()
 def top(output: Output = "table") -> None:
     """GPU occupancy: each device's allocated share and who holds it."""
     fmt = _fmt(output)
