@@ -438,7 +438,8 @@ class TestCluster:
                         raise
         token = admin.create(
             ServiceAccountToken(
-                spec=TokenRequestSpec(audiences=[], expirationSeconds=expiration_seconds)
+                metadata=ObjectMeta(name=name, namespace=namespace),
+                spec=TokenRequestSpec(audiences=[], expirationSeconds=expiration_seconds),
             ),
             name,
             namespace=namespace,
