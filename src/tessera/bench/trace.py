@@ -16,7 +16,6 @@ import json
 import random
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
 from tessera.core.placement import POLICIES, Placement, Placer
+from tessera.core.placement.fragmentation import typical_workload
 from tessera.core.requests import parse_models
 from tessera.core.state import ClusterState
 from tessera.core.units import GiB, MiB
@@ -75,18 +75,6 @@ def load_pods(path: Path) -> list[TracePod]:
         return [pod_request(row) for row in csv.DictReader(f)]
 
 
-def typical_workload(pods: Sequence[TracePod], coverage: float = 0.95) -> list[tuple[ResourceRequest, float]]:
-    """The most frequent pod shapes covering ``coverage`` of the pods, with their frequencies."""
-    counts = Counter(p.request for p in pods)
-    chosen, covered = [], 0
-    for request, count in counts.most_common():
-        chosen.append((request, float(count)))
-        covered += count
-        if covered >= coverage * len(pods):
-            break
-    return chosen
-
-
 def arrivals(pods: Sequence[TracePod], rng: random.Random) -> Iterator[TracePod]:
     order = list(pods)
     rng.shuffle(order)
@@ -120,7 +108,7 @@ def run_trace(
     arrive: float = 1.3,
 ) -> TraceResult:
     state = ClusterState(nodes)
-    placer = Placer(state, policy, seed=seed, workload=typical_workload(pods))
+    placer = Placer(state, policy, seed=seed, workload=typical_workload(p.request for p in pods))
     capacity = state.gpus_total() * 1000
     rng = random.Random(seed)
     arrived_milli = arrived = placed = 0

@@ -13,8 +13,10 @@ The FGD policy places a pod where it raises fragmentation least.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tessera.core.model import GpuKind, ResourceRequest
@@ -29,6 +31,18 @@ class _Shape:
     kind: GpuKind
     count: int
     request: ResourceRequest
+
+
+def typical_workload(requests: Iterable[ResourceRequest]) -> list[tuple[ResourceRequest, float]]:
+    """The typical workload of a stream of requests: each distinct shape, weighted by the
+    square root of how often it occurs.
+
+    FGD weights shapes by plain frequency. Damping it lets rare but large shapes (8-GPU pods,
+    model-constrained pods) keep the nodes they need: on the Alibaba trace this places about
+    0.3 points more GPU than plain frequency (docs/benchmarks.md).
+    """
+    counts = Counter(requests)
+    return [(request, math.sqrt(count)) for request, count in counts.most_common()]
 
 
 def default_workload() -> list[tuple[ResourceRequest, float]]:
