@@ -1,0 +1,189 @@
+"""The REST API against a real server: validation, conflicts, auth, listing, lifecycle."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import httpx
+
+from tessera.testing.embedded import EmbeddedServer, submit_body
+
+
+def _project(c: httpx.Client, name: str, deserved: float = 2, limit: float | None = None) -> None:
+    r = c.post("/api/v1/org-unit/projects", json={
+        "name": name, "resources": {"gpu": {"deserved": deserved, "limit": limit}}})
+    assert r.status_code == 201, r.text
+
+
+def _names(c: httpx.Client, project: str) -> list[str]:
+    r = c.get("/api/v1/workloads", params={"filterBy": f"projectName=={project}"})
+    return [w["name"] for w in r.json()["workloads"]]
+
+
+def test_submit_portion_runs_with_device_uuid(server: EmbeddedServer) -> None:
+    with server.http() as c:
+        _project(c, "p-run")
+        r = c.post("/api/v1/workloads/trainings", json=submit_body(
+            "half", "p-run", gpuRequestType="portion", gpuPortionRequest=0.5))
+        assert r.status_code == 202, r.text
+        w = server.wait_phase(c, "trainings", r.json()["workloadId"], "Running")
+        pods = c.get(f"/api/v1/workloads/trainings/{w['workloadId']}/pods").json()["pods"]
+        uuid = pods[0]["gpuDevices"][0]["uuid"]
+        assert pods[0]["env"]["CUDA_VISIBLE_DEVICES"] == uuid
+        assert pods[0]["env"]["NVIDIA_VISIBLE_DEVICES"] == uuid
+        assert pods[0]["gpuDevices"][0]["requestBytes"] == 8 * 2**30
+        assert w["simulated"] is True
+        assert w["gpus"]["allocated"] == 0.5
+
+
+def test_invalid_requests_are_422_naming_the_field_and_change_nothing(
+    server: EmbeddedServer,
+) -> None:
+    cases = [
+        ({"gpuPortionRequest": 1.5}, "spec.compute.gpuPortionRequest"),
+        ({"gpuPortionRequest": 0.5, "gpuPortionLimit": 0.2}, "spec.compute.gpuPortionLimit"),
+        ({"gpuMemoryRequest": "5X"}, "spec.compute.gpuMemoryRequest"),
+        ({"gpuMemoryRequest": "4G", "gpuMemoryLimit": "2G"}, "spec.compute.gpuMemoryLimit"),
+        ({"gpuMemoryRequest": "40G"}, "spec.compute.gpuMemoryRequest"),
+        ({"gpuDevicesRequest": 3}, "spec.compute.gpuDevicesRequest"),
+        ({"gpuDevicesRequest": 0}, "spec.compute.gpuDevicesRequest"),
+        ({"gpuRequestType": "portion"}, "spec.compute.gpuPortionRequest"),
+        ({"gpuPortionRequest": 0.5, "gpuMemoryRequest": "1G"}, "spec.compute.gpuMemoryRequest"),
+        ({"gpuModel": "H100-80GB", "gpuDevicesRequest": 1}, "spec.compute.gpuModel"),
+    ]
+    with server.http() as c:
+        _project(c, "p-bad")
+        for compute, field in cases:
+            r = c.post("/api/v1/workloads/trainings", json=submit_body("bad", "p-bad", **compute))
+            assert r.status_code == 422, (compute, r.text)
+            assert r.json()["message"].startswith(field), (compute, r.json()["message"])
+        r = c.post("/api/v1/workloads/trainings", json=submit_body("Bad_Name", "p-bad"))
+        assert r.status_code == 422 and r.json()["message"].startswith("name:")
+        r = c.post("/api/v1/workloads/trainings", json=submit_body("x", "no-such-project"))
+        assert r.status_code == 422 and r.json()["message"].startswith("projectId:")
+        body = submit_body("x", "p-bad")
+        body["spec"]["priorityClass"] = "urgent"
+        r = c.post("/api/v1/workloads/trainings", json=body)
+        assert r.status_code == 422 and r.json()["message"].startswith("spec.priorityClass")
+        assert _names(c, "p-bad") == []
+
+
+def test_duplicate_name_in_project_is_409(server: EmbeddedServer) -> None:
+    with server.http() as c:
+        _project(c, "p-dup")
+        _project(c, "p-dup2")
+        body = submit_body("same", "p-dup", gpuPortionRequest=0.1)
+        assert c.post("/api/v1/workloads/trainings", json=body).status_code == 202
+        r = c.post("/api/v1/workloads/workspaces", json=body)
+        assert r.status_code == 409 and "already exists" in r.json()["message"]
+        other = submit_body("same", "p-dup2", gpuPortionRequest=0.1)
+        assert c.post("/api/v1/workloads/trainings", json=other).status_code == 202
+        assert c.post("/api/v1/org-unit/projects", json={"name": "p-dup"}).status_code == 409
+
+
+def test_auth_401_and_nothing_changes(server: EmbeddedServer) -> None:
+    url = server.url
+    body = submit_body("sneaky", "p-auth", gpuPortionRequest=0.1)
+    with server.http() as c:
+        _project(c, "p-auth")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic abc"}):
+        assert httpx.post(f"{url}/api/v1/workloads/trainings", json=body,
+                          headers=headers).status_code == 401
+        assert httpx.get(f"{url}/api/v1/workloads", headers=headers).status_code == 401
+        assert httpx.post(f"{url}/api/v1/org-unit/projects", json={"name": "evil"},
+                          headers=headers).status_code == 401
+        assert httpx.delete(f"{url}/api/v1/org-unit/projects/p-auth",
+                            headers=headers).status_code == 401
+    r = httpx.post(f"{url}/api/v1/token", json={"clientId": "admin", "clientSecret": "nope"})
+    assert r.status_code == 401
+    assert httpx.get(f"{url}/healthz").status_code == 200
+    assert httpx.get(f"{url}/openapi.json").status_code == 200
+    with server.http() as c:
+        assert _names(c, "p-auth") == []
+        assert c.get("/api/v1/org-unit/projects/evil").status_code == 404
+        assert c.get("/api/v1/org-unit/projects/p-auth").status_code == 200
+    token = server.token()
+    db = sqlite3.connect(str(server.data / "tessera.db"))
+    stored = [row[0] for row in db.execute("SELECT token_hash FROM tokens")]
+    secrets_stored = [row[0] for row in db.execute("SELECT secret_hash FROM clients")]
+    db.close()
+    assert stored and token not in stored
+    assert server.credentials()["clientSecret"] not in secrets_stored
+
+
+def test_list_filter_sort_and_paging(server: EmbeddedServer) -> None:
+    with server.http() as c:
+        _project(c, "p-list", deserved=0, limit=None)
+        for name in ("c-one", "a-two", "b-three"):
+            body = submit_body(name, "p-list")
+            assert c.post("/api/v1/workloads/trainings", json=body).status_code == 202
+        r = c.get("/api/v1/workloads", params={
+            "filterBy": "projectName==p-list", "sortBy": "name", "limit": 2})
+        page = r.json()
+        assert [w["name"] for w in page["workloads"]] == ["a-two", "b-three"]
+        assert page["total"] == 3 and page["next"] == 2
+        r = c.get("/api/v1/workloads", params={
+            "filterBy": "projectName==p-list", "sortBy": "name", "offset": 2, "limit": 2})
+        assert [w["name"] for w in r.json()["workloads"]] == ["c-one"]
+        assert r.json()["next"] is None
+        r = c.get("/api/v1/workloads", params={
+            "filterBy": "projectName==p-list", "sortBy": "name", "sortOrder": "desc"})
+        assert [w["name"] for w in r.json()["workloads"]] == ["c-one", "b-three", "a-two"]
+        r = c.get("/api/v1/workloads", params={"filterBy": "projectName==p-list", "search": "thr"})
+        assert [w["name"] for w in r.json()["workloads"]] == ["b-three"]
+        r = c.get("/api/v1/workloads/workspaces", params={"filterBy": "projectName==p-list"})
+        assert r.json()["workloads"] == []
+        r = c.get("/api/v1/workloads", params={"filterBy": "colour==red"})
+        assert r.status_code == 422 and r.json()["message"].startswith("filterBy")
+        r = c.get("/api/v1/workloads", params={"limit": 0})
+        assert r.status_code == 422 and r.json()["message"].startswith("limit")
+
+
+def test_suspend_resume_delete_free_the_share(server: EmbeddedServer) -> None:
+    with server.http() as c:
+        _project(c, "p-life")
+        r = c.post("/api/v1/workloads/trainings", json=submit_body(
+            "life", "p-life", gpuMemoryRequest="3G"))
+        wid = r.json()["workloadId"]
+        server.wait_phase(c, "trainings", wid, "Running")
+        assert c.get(f"/api/v1/workloads/workspaces/{wid}").status_code == 404
+        assert c.post(f"/api/v1/workloads/trainings/{wid}/suspend").status_code == 202
+        w = server.wait_phase(c, "trainings", wid, "Stopped")
+        assert w["gpus"]["allocated"] == 0
+        assert c.post(f"/api/v1/workloads/trainings/{wid}/suspend").status_code == 409
+        assert c.post(f"/api/v1/workloads/trainings/{wid}/resume").status_code == 202
+        server.wait_phase(c, "trainings", wid, "Running")
+        assert c.delete(f"/api/v1/workloads/trainings/{wid}").status_code == 202
+        for _ in range(200):
+            if c.get(f"/api/v1/workloads/trainings/{wid}").status_code == 404:
+                break
+            import time
+
+            time.sleep(0.05)
+        assert c.get(f"/api/v1/workloads/trainings/{wid}").status_code == 404
+        held = [h["name"] for n in c.get("/api/v1/cluster").json()["nodes"] for g in n["gpus"]
+                for h in g["workloads"]]
+        assert "life" not in held
+
+
+def test_projects_crud(server: EmbeddedServer) -> None:
+    with server.http() as c:
+        r = c.post("/api/v1/org-unit/projects", json={
+            "name": "p-crud", "resources": {"gpu": {"deserved": 1, "limit": 2,
+                                                    "overQuotaWeight": 3}}, "priority": 70})
+        assert r.status_code == 201
+        pid = r.json()["id"]
+        assert c.get(f"/api/v1/org-unit/projects/{pid}").json()["name"] == "p-crud"
+        r = c.put("/api/v1/org-unit/projects/p-crud", json={
+            "resources": {"gpu": {"deserved": 2, "limit": 1}}})
+        assert r.status_code == 422 and r.json()["message"].startswith("resources.gpu.limit")
+        r = c.put("/api/v1/org-unit/projects/p-crud", json={"resources": {"gpu": {"deserved": 2}}})
+        assert r.json()["resources"]["gpu"]["deserved"] == 2
+        r = c.post("/api/v1/org-unit/projects", json={"name": "x", "resources": {
+            "gpu": {"deserved": -1}}})
+        assert r.status_code == 422 and "deserved" in r.json()["message"]
+        assert c.post("/api/v1/workloads/trainings", json=submit_body(
+            "w", "p-crud")).status_code == 202
+        assert c.delete("/api/v1/org-unit/projects/p-crud").status_code == 409
+        names = [p["name"] for p in c.get("/api/v1/org-unit/projects").json()["projects"]]
+        assert "p-crud" in names
