@@ -72,10 +72,13 @@ def free_ports(count: int) -> list[int]:
 
 
 def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the process that started us dies (no orphans after kill -9)."""
+    """In the child: get SIGKILL if the process that started us dies (no orphans after kill -9).
+
+    SIGKILL, not SIGTERM: everything is throw-away, and kube-apiserver's graceful shutdown can
+    wait a long time once etcd is gone."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -151,6 +154,21 @@ def _wait_for(
             logs = "".join(f"\n--- {p.name}:\n{p.log_tail(15)}" for p in processes)
             raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}{detail}{logs}")
         time.sleep(interval)
+
+
+WORKDIR_PREFIX = "tessera-cluster-"
+
+
+def _remove_stale_workdirs() -> None:
+    """Remove temporary cluster dirs left by a harness that was killed (its owner pid is gone)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            pid = int((path / "owner.pid").read_text())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (OSError, ValueError):
+            continue
 
 
 def _b64(path: Path) -> str:
@@ -241,7 +259,9 @@ class TestCluster:
         stages = binaries.kwok_stages_file()
         self.startup_seconds["binaries"] = time.monotonic() - t0
         if self.workdir is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
+            _remove_stale_workdirs()
+            self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+            (self.workdir / "owner.pid").write_text(str(os.getpid()))
             self._owns_workdir = True
         else:
             self.workdir.mkdir(parents=True, exist_ok=True)
