@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tessera.core.model import GpuKind, ResourceRequest
 from tessera.core.placement.devices import fitting_devices
-from tessera.core.state import ClusterState
+from tessera.core.state import ClusterState, NodeState
 from tessera.core.units import format_bytes
 
 
@@ -23,10 +23,8 @@ def explain_no_fit(state: ClusterState, request: ResourceRequest) -> str:
     if not gpu_ok:
         return _gpu_reason(state, request)
     if not any(ns in host_ok for ns in gpu_ok):
-        return (
-            f"{len(gpu_ok)} node(s) have the GPUs ({gpu.describe()}) but none also has "
-            f"{request.cpu_milli / 1000:g} CPU and {format_bytes(request.memory)} of memory free; "
-            + _host_reason(state, request, among=gpu_ok)
+        return f"{len(gpu_ok)} node(s) have the GPUs ({gpu.describe()}) but " + _host_reason(
+            state, request, among=gpu_ok
         )
     return f"no node fits {gpu.describe()}"
 
@@ -41,7 +39,7 @@ def _gpu_reason(state: ClusterState, request: ResourceRequest) -> str:
         for ns in state.nodes:
             idle = len(fitting_devices(ns, gpu))
             if idle > best:
-                best, where = idle, f" (node {ns.name})"
+                best, where = idle, f" ({ns.name})"
         return (
             f"no node has {gpu.devices} idle GPU{'s' if gpu.devices != 1 else ''}"
             f"{_models(request)}: the most idle on one node is {best}{where}"
@@ -63,11 +61,14 @@ def _gpu_reason(state: ClusterState, request: ResourceRequest) -> str:
     )
 
 
-def _host_reason(state: ClusterState, request: ResourceRequest, among: list | None = None) -> str:  # type: ignore[type-arg]
+def _host_reason(
+    state: ClusterState, request: ResourceRequest, among: list[NodeState] | None = None
+) -> str:
     pool = among if among is not None else state.nodes
     ns = max(pool, key=lambda n: (min(n.free_cpu - request.cpu_milli, 0), n.free_mem, -n.index))
+    who = "none of them has" if among is not None else "no node has"
     return (
-        f"no node with {request.cpu_milli / 1000:g} CPU and {format_bytes(request.memory)} "
+        f"{who} {request.cpu_milli / 1000:g} CPU and {format_bytes(request.memory)} "
         f"of memory free: the most is {ns.free_cpu / 1000:g} CPU and "
         f"{format_bytes(ns.free_mem)} on {ns.name}"
     )

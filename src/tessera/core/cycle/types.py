@@ -1,0 +1,138 @@
+"""The cycle's input (a snapshot, plain data) and output (a plan): the adapters' contract."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tessera.core.fairshare import Vector
+from tessera.core.model import Node
+from tessera.core.placement import DEFAULT_POLICY
+from tessera.core.projects import Project
+from tessera.core.state import Placement
+from tessera.core.workloads import Workload
+
+DEFAULT_ACTIONS = ("allocate", "consolidate", "reclaim", "preempt", "backfill")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one cycle looks at. ``now`` is seconds on the clock of ``Workload.started_at``."""
+
+    nodes: tuple[Node, ...]
+    projects: tuple[Project, ...]
+    workloads: tuple[Workload, ...]
+    now: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CycleConfig:
+    actions: tuple[str, ...] = DEFAULT_ACTIONS
+    """Run in this order; any subset of allocate, consolidate, reclaim, preempt, backfill."""
+    policy: str = DEFAULT_POLICY
+    """Placement policy (see ``tessera.core.placement``)."""
+    preempt_min_runtime: float = 0.0
+    """Seconds a workload runs before priority preemption or consolidation may touch it,
+    unless its project (or an ancestor) says otherwise."""
+    reclaim_min_runtime: float = 0.0
+    """Seconds a workload runs before reclaim may evict it, unless its project says otherwise."""
+    max_victim_nodes: int = 64
+    """Nodes examined per eviction or move decision (the search budget)."""
+    max_moves: int = 8
+    """Pods consolidation may move to make room for one pending workload."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodBinding:
+    pod: int
+    """Index into ``Workload.pods``."""
+    placement: Placement
+    """Node, device indices and bytes on each device (request and burst limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """Start these pods of a workload here.
+
+    ``after_evictions`` names the workloads evicted in this plan whose resources this binding
+    uses: an adapter starts the pods only once those are gone.
+    """
+
+    workload_id: str
+    project: str
+    action: str
+    pods: tuple[PodBinding, ...]
+    message: str
+    after_evictions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    workload_id: str
+    project: str
+    action: str
+    reason: str
+    gpus: float
+    """GPUs it gives back (quota units)."""
+    for_workload: str
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Consolidation: restart one pod of a running workload at ``target``."""
+
+    workload_id: str
+    pod: int
+    source: Placement
+    target: Placement
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why a pending workload (or the unplaced pods of a running one) still waits.
+
+    ``kind``: ``limit`` (project or an ancestor at its hard limit), ``quota`` (a
+    non-preemptible workload would go beyond deserved quota), ``fair-share`` (over its project's
+    fair share and no idle room), ``placement`` (no room, and no eviction or move could make
+    room within the rules), ``unschedulable`` (no node could ever hold it).
+    """
+
+    workload_id: str
+    project: str
+    kind: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectStatus:
+    """Per project, amounts as (GPUs, CPU millicores, memory bytes); inf where ungoverned."""
+
+    name: str
+    fair_share: Vector
+    requested: Vector
+    allocated_before: Vector
+    allocated_after: Vector
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The outcome of one cycle. Evictions and moves come before the bindings that need them."""
+
+    bindings: tuple[Binding, ...]
+    evictions: tuple[Eviction, ...]
+    moves: tuple[Move, ...]
+    waiting: tuple[Waiting, ...]
+    projects: Mapping[str, ProjectStatus]
+    timings: Mapping[str, float] = field(default_factory=dict, compare=False)
+    """Seconds per action; not part of plan equality."""
+
+    def binding(self, workload_id: str) -> Binding | None:
+        return next((b for b in self.bindings if b.workload_id == workload_id), None)
+
+    def waiting_for(self, workload_id: str) -> Waiting | None:
+        return next((w for w in self.waiting if w.workload_id == workload_id), None)
+
+    @property
+    def evicted(self) -> tuple[str, ...]:
+        return tuple(e.workload_id for e in self.evictions)
