@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -350,3 +351,50 @@ def test_stop_leaves_no_processes_or_files() -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not workdir.exists()
+
+
+def test_cli_up_serves_until_sigterm(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    kubeconfig = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tessera.testing.cluster", "up", f"--kubeconfig={kubeconfig}",
+         "--nodes=2", "--gpus-per-node=4", "--gpu-model=A100-40GB"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.strip() == "ready":
+                break
+        assert lines[-1:] == ["ready"], (lines, proc.stderr.read() if proc.stderr else "")
+        kubectl = next(x.split(": ", 1)[1] for x in lines if x.startswith("kubectl: "))
+        out = subprocess.run(
+            [kubectl, f"--kubeconfig={kubeconfig}", "get", "nodes", "-o",
+             "jsonpath={range .items[*]}{.metadata.labels.nvidia\\.com/gpu\\.product}"
+             " {.status.allocatable.nvidia\\.com/gpu}{'\\n'}{end}"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.split("\n")
+        assert [x for x in out if x] == ["NVIDIA-A100-SXM4-40GB 4"] * 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert err.rstrip().endswith("stopped")
+
+
+def test_cli_rejects_unknown_gpu_model(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tessera.testing.cluster", "up",
+         f"--kubeconfig={tmp_path / 'k'}", "--gpu-model=H100-81GB"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert done.returncode == 2
+    assert "--gpu-model: unknown model 'H100-81GB'" in done.stderr

@@ -230,6 +230,8 @@ class TestCluster:
     keep_workdir: bool = False
     startup_timeout: float = 90.0
     apiserver_extra_args: list[str] = field(default_factory=list)
+    binary_overrides: dict[str, Path] = field(default_factory=dict)
+    """Use these executables instead of the built ones (e.g. ``{"etcd": Path(...)}``)."""
     report: Callable[[str], None] | None = None
 
     server: str = field(init=False, default="")
@@ -255,7 +257,8 @@ class TestCluster:
 
     def start(self) -> None:
         t0 = time.monotonic()
-        self.paths = binaries.ensure(binaries.CLUSTER_BINARIES, report=self.report)
+        wanted = [n for n in binaries.CLUSTER_BINARIES if n not in self.binary_overrides]
+        self.paths = {**binaries.ensure(wanted, report=self.report), **self.binary_overrides}
         stages = binaries.kwok_stages_file()
         self.startup_seconds["binaries"] = time.monotonic() - t0
         if self.workdir is None:
