@@ -442,11 +442,12 @@ class Session:
         self,
         ws: WorkloadState,
         extra_ok: Callable[[Vector], bool] | None = None,
-    ) -> tuple[PodPlacements, ResourceRequest | None]:
+    ) -> tuple[PodPlacements, ResourceRequest | None, int]:
         """Place the workload's unplaced pods: the gang's ``required`` together or none, then as
         many elastic ones as fit and ``extra_ok`` allows. Assigns inside the caller's statement.
 
-        Returns the pods placed (empty if the gang did not fit) and the request that failed.
+        Returns the pods placed (empty if the gang did not fit), the first request that did not
+        fit, and how many pods fitted before the gang was given up.
         """
         required = ws.required()
         placed: PodPlacements = []
@@ -456,6 +457,8 @@ class Session:
         for i in ws.unplaced():
             request = ws.spec.pods[i]
             if request in failed:
+                if len(placed) < required:
+                    break
                 continue
             if len(placed) >= required and extra_ok is not None and not extra_ok(self.demand(request)):
                 continue
@@ -467,35 +470,52 @@ class Session:
                 continue
             self.assign_pod(ws, i, found)
             placed.append((i, found))
-        if len(placed) < required or (required == 0 and not placed):
+        if len(placed) < required or not placed:
             stmt.discard()
-            return [], first_fail
+            return [], first_fail, len(placed)
         stmt.commit()
-        return placed, first_fail
+        return placed, first_fail, len(placed)
 
-    def gang_reason(self, ws: WorkloadState, placed_count: int, request: ResourceRequest | None) -> str:
+    def gang_reason(self, ws: WorkloadState, fitted: int, request: ResourceRequest | None) -> str:
         """Why the gang did not fit, in the state as it is now (call after discarding)."""
         why = explain_no_fit(self.state, request) if request is not None else "no room"
         required = ws.required()
-        if required > 1 or len(ws.spec.pods) > 1:
-            missing = required - placed_count
-            return f"waiting for {missing} of {required} gang members to fit: {why}"
+        if required > 1:
+            return f"waiting for {required - fitted} of {required} gang members to fit: {why}"
         return why
 
-    def count_fitting(self, ws: WorkloadState) -> tuple[int, ResourceRequest | None]:
-        """How many of the gang's required pods fit together now (without keeping them)."""
-        stmt = Statement(self)
-        count = 0
-        fail: ResourceRequest | None = None
-        for i in ws.unplaced()[: ws.required()]:
-            found = self.placer.place(ws.spec.pods[i], explain=False)
-            if isinstance(found, NoFit):
-                fail = ws.spec.pods[i]
-                break
-            self.assign_pod(ws, i, found)
-            count += 1
-        stmt.discard()
-        return count, fail
+    def protected(self, ws: WorkloadState, kind: str) -> bool:
+        """Minimum runtime: a workload that started less than that long ago is not evicted."""
+        default = self.config.preempt_min_runtime if kind == "preempt" else self.config.reclaim_min_runtime
+        minimum = self.tree.min_runtime(ws.project, kind, default)
+        started = ws.spec.started_at
+        return minimum > 0 and started is not None and self.now - started < minimum
+
+    def within(self, chain: Sequence[str], caps: dict[str, Vector] | None) -> bool:
+        """Every project of ``chain`` is within its limit (and ``caps`` where given)."""
+        for name in chain:
+            a = self.alloc[name]
+            project = self.tree[name]
+            for r in self.tree.governed:
+                cap = project.quota(r).limit_amount
+                if caps is not None:
+                    cap = min(cap, caps[name][r])
+                if a[r] > cap + EPS:
+                    return False
+        return True
+
+    def where(self, placed: PodPlacements) -> str:
+        parts = []
+        for _, p in placed:
+            devs = ",".join(str(d) for d in p.devices)
+            parts.append(f"{p.node} GPU {devs}" if devs else p.node)
+        return "; ".join(dict.fromkeys(parts))
+
+    def over_quota_note(self, ws: WorkloadState) -> str:
+        deserved = self.tree[ws.project].gpu.deserved_amount
+        if self.alloc[ws.project][0] > deserved + EPS:
+            return f" (project {ws.project} is over its deserved quota: preemptible, may be reclaimed)"
+        return ""
 
     def _never_fits(self, ws: WorkloadState) -> str | None:
         for i in ws.unplaced()[: max(ws.required(), 1)]:

@@ -1,0 +1,45 @@
+"""The scheduling cycle: one snapshot in, one plan out.
+
+Adapters (embedded mode, Kubernetes) call ``run_cycle(snapshot, config) -> Plan``::
+
+    from tessera.core.cycle import CycleConfig, Snapshot, run_cycle
+    plan = run_cycle(Snapshot(nodes, projects, workloads, now), CycleConfig())
+
+then apply ``plan.evictions`` and ``plan.moves`` before starting ``plan.bindings`` (a binding's
+``after_evictions`` names the evictions it waits for), and show ``plan.waiting`` to users.
+Actions run in ``config.actions`` order; see docs/scheduling.md.
+"""
+
+from tessera.core.cycle.run import run_cycle
+from tessera.core.cycle.types import (
+    DEFAULT_ACTIONS,
+    Binding,
+    CycleConfig,
+    Eviction,
+    Move,
+    Plan,
+    PodBinding,
+    ProjectStatus,
+    Snapshot,
+    Waiting,
+)
+from tessera.core.projects import Project, Quota
+from tessera.core.workloads import PRIORITY_CLASSES, Workload
+
+__all__ = [
+    "DEFAULT_ACTIONS",
+    "PRIORITY_CLASSES",
+    "Binding",
+    "CycleConfig",
+    "Eviction",
+    "Move",
+    "Plan",
+    "PodBinding",
+    "Project",
+    "ProjectStatus",
+    "Quota",
+    "Snapshot",
+    "Waiting",
+    "Workload",
+    "run_cycle",
+]

@@ -1,0 +1,93 @@
+"""allocate and backfill: place pending workloads on free resources, without evicting anyone.
+
+``allocate`` takes workloads in fair order (the project furthest below its fair share first;
+within a project by priority, then age) and places each gang all-or-nothing, provided the
+project stays within its limits, non-preemptible workloads within deserved quota, and the
+project (and each ancestor) within its fair share. A workload that would exceed its fair share
+waits for ``backfill``, which runs last and lets it use whatever is still idle: idle GPUs are
+not left unused, but they go to those within their fair share first, and over-share work is
+what reclaim takes back later.
+"""
+
+from __future__ import annotations
+
+from tessera.core.cycle.session import Session, Statement, Wait, WorkloadState
+from tessera.core.fairshare import ZERO, Vector, vadd
+from tessera.core.model import ResourceRequest
+
+
+def gang_demand(session: Session, ws: WorkloadState) -> Vector:
+    """Quota the gang's required pods count as (one pod for elastic pods of a running one)."""
+    total = ZERO
+    for i in ws.unplaced()[: max(ws.required(), 1)]:
+        total = vadd(total, session.demand(ws.spec.pods[i]))
+    return total
+
+
+def shape(ws: WorkloadState) -> tuple[tuple[ResourceRequest, ...], int]:
+    return tuple(ws.spec.pods[i] for i in ws.unplaced()), ws.required()
+
+
+class Allocate:
+    name = "allocate"
+    over_fair_share = False
+
+    def candidates(self, session: Session) -> list[WorkloadState]:
+        return [
+            ws
+            for ws in session.pending
+            if ws.unplaced() and getattr(session.waits.get(ws.id), "kind", None) != "unschedulable"
+        ]
+
+    def execute(self, session: Session) -> None:
+        failed: dict[tuple[tuple[ResourceRequest, ...], int], str] = {}
+        fair = not self.over_fair_share
+        for ws in session.fair_order(self.candidates(session)):
+            if not ws.unplaced():
+                continue
+            previous = session.waits.get(ws.id)
+            why = session.quota_check(ws, gang_demand(session, ws), fair=fair)
+            if why is not None:
+                session.wait(ws, why)
+                continue
+            key = shape(ws)
+            if key in failed:
+                session.wait(ws, self._no_room(previous, failed[key]))
+                continue
+
+            def extra_ok(demand: Vector, ws: WorkloadState = ws) -> bool:
+                return session.quota_check(ws, demand, fair=fair) is None
+
+            stmt = Statement(session)
+            placed, fail, fitted = session.place_pods(ws, extra_ok)
+            if not placed:
+                stmt.discard()
+                reason = session.gang_reason(ws, fitted, fail)
+                failed[key] = reason
+                session.wait(ws, self._no_room(previous, reason))
+                continue
+            note = " beyond its fair share, on idle resources" if self.over_fair_share else ""
+            message = f"placed on {session.where(placed)}{note}{session.over_quota_note(ws)}"
+            session.record_binding(ws, placed, self.name, message)
+            stmt.commit()
+            if ws.unplaced():
+                session.wait(ws, Wait("placement", "no room for the remaining pods"))
+
+    def _no_room(self, previous: Wait | None, reason: str) -> Wait:
+        if self.over_fair_share and previous is not None and previous.kind == "fair-share":
+            return Wait("fair-share", f"{previous.reason}, and no idle room fits it: {reason}")
+        return Wait("placement", reason)
+
+
+class Backfill(Allocate):
+    """Workloads held back only by fair share may use what is still idle at the end."""
+
+    name = "backfill"
+    over_fair_share = True
+
+    def candidates(self, session: Session) -> list[WorkloadState]:
+        return [
+            ws
+            for ws in session.pending
+            if ws.unplaced() and getattr(session.waits.get(ws.id), "kind", None) == "fair-share"
+        ]

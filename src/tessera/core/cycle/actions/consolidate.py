@@ -1,0 +1,93 @@
+"""consolidate: move running fractional workloads so that a waiting one fits (defragmentation).
+
+For a waiting workload that its project's rules allow but that finds no room, pods of
+preemptible, fractional workloads (every pod a GPU portion or memory request) that have run
+their preemption minimum runtime are taken off the node where moving the fewest GPUs makes
+room; the waiting workload is placed; then every moved pod must be placed again elsewhere. If
+any moved pod cannot be re-placed, or more than ``max_moves`` pods would move, nothing happens.
+"""
+
+from __future__ import annotations
+
+from tessera.core.cycle.session import Session, Statement, WorkloadState
+from tessera.core.cycle.victims import NodeIndex, Tentative, cheapest_node
+from tessera.core.fairshare import Vector
+from tessera.core.model import ResourceRequest
+from tessera.core.placement import NoFit
+from tessera.core.state import Placement
+
+from .allocate import gang_demand, shape
+
+
+class Consolidate:
+    name = "consolidate"
+
+    def execute(self, session: Session) -> None:
+        waiting = [
+            ws
+            for ws in session.pending
+            if ws.unplaced() and ws.required() > 0 and getattr(session.waits.get(ws.id), "kind", "") == "placement"
+        ]
+        if not waiting or session.config.max_moves <= 0:
+            return
+        movable = [
+            v
+            for v in session.workloads.values()
+            if v.was_running
+            and v.preemptible
+            and not v.evicted
+            and v.id not in session.bindings
+            and all(r.gpu.shared for r in v.spec.pods)
+            and not session.protected(v, "preempt")
+        ]
+        if not movable:
+            return
+        movable.sort(key=lambda v: (v.vector()[0], v.id))
+        index = NodeIndex(movable)
+        failed: set[tuple[tuple[ResourceRequest, ...], int]] = set()
+        for ws in session.fair_order(waiting):
+            key = shape(ws)
+            if key in failed or not ws.unplaced():
+                continue
+            if session.quota_check(ws, gang_demand(session, ws)) is not None:
+                continue
+            if not self._try(session, ws, index):
+                failed.add(key)
+
+    def _try(self, session: Session, ws: WorkloadState, index: NodeIndex) -> bool:
+        def allow(v: WorkloadState, tentative: Tentative) -> bool:
+            return True
+
+        def extra_ok(d: Vector) -> bool:
+            return session.quota_check(ws, d) is None
+
+        stmt = Statement(session)
+        moved: list[tuple[WorkloadState, int, Placement]] = []
+        placed = None
+        for _ in range(4 * ws.required() + 4):
+            placed, fail, _fitted = session.place_pods(ws, extra_ok)
+            if placed or fail is None:
+                break
+            pairs = cheapest_node(session, fail, index, allow, pod_level=True)
+            if not pairs or len(moved) + len(pairs) > session.config.max_moves:
+                break
+            for v, i in pairs:  # type: ignore[misc]
+                moved.append((v, i, session.release_pod(v, i)))
+        if not placed:
+            stmt.discard()
+            return False
+        for v, i, _source in moved:
+            found = session.placer.place(v.spec.pods[i], explain=False)
+            if isinstance(found, NoFit):
+                stmt.discard()
+                return False
+            session.assign_pod(v, i, found)
+        for v, i, source in moved:
+            target = v.placements[i]
+            assert target is not None
+            if (target.node, target.devices) != (source.node, source.devices):
+                session.record_move(v, i, source, target, f"moved to make room for {ws.spec.label}")
+        message = f"placed on {session.where(placed)} after consolidating {len(moved)} pod(s)"
+        session.record_binding(ws, placed, "consolidate", message)
+        stmt.commit()
+        return True

@@ -1,0 +1,95 @@
+"""preempt: within one project, a waiting workload evicts running ones of lower priority.
+
+Victims are preemptible workloads of the same project with a strictly lower priority that have
+run at least their preemption minimum runtime; the lowest priority and most recently started
+go first. Victims are taken first until the project's rules allow the workload (its limit,
+deserved quota for a non-preemptible one, and fair share — which preemption may not grow a
+project beyond: the cap is the larger of its fair share and what it holds now), then until it
+fits. The outcome is kept only if the workload is placed; victims that turn out not to be
+needed are put back.
+"""
+
+from __future__ import annotations
+
+from tessera.core.cycle.session import Session, Statement, WorkloadState
+from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
+from tessera.core.fairshare import Vector
+
+from .allocate import gang_demand
+
+_TRIES = ("placement", "limit", "quota", "fair-share")
+
+
+class Preempt:
+    name = "preempt"
+
+    def execute(self, session: Session) -> None:
+        waiting = [
+            ws
+            for ws in session.pending
+            if ws.unplaced() and ws.required() > 0 and getattr(session.waits.get(ws.id), "kind", "") in _TRIES
+        ]
+        if not waiting:
+            return
+        by_project: dict[str, list[WorkloadState]] = {}
+        for v in session.workloads.values():
+            if v.was_running and v.preemptible and not session.protected(v, "preempt"):
+                by_project.setdefault(v.project, []).append(v)
+        for group in by_project.values():
+            group.sort(key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
+        for ws in session.fair_order(w for w in waiting if w.project in by_project):
+            if not ws.unplaced():
+                continue
+            victims = [
+                v
+                for v in by_project[ws.project]
+                if v.priority < ws.priority and not v.evicted and v.id not in session.bindings
+            ]
+            if victims:
+                self._try(session, ws, victims)
+
+    def _try(self, session: Session, ws: WorkloadState, victims: list[WorkloadState]) -> bool:
+        caps: dict[str, Vector] = {}
+        for name in ws.chain:
+            a, share = session.alloc[name], session.shares.share[name]
+            caps[name] = (max(a[0], share[0]), max(a[1], share[1]), max(a[2], share[2]))
+        demand = gang_demand(session, ws)
+
+        def evict(v: WorkloadState) -> None:
+            session.evict(
+                v,
+                "preempt",
+                f"preempted by {ws.spec.label} (priority {ws.priority} > {v.priority}) in project {ws.project}",
+                ws.id,
+            )
+
+        stmt = Statement(session)
+        evicted: list[WorkloadState] = []
+        queue = list(victims)
+        while session.quota_check(ws, demand, fair_caps=caps) is not None:
+            if not queue:
+                stmt.discard()
+                return False
+            v = queue.pop(0)
+            evict(v)
+            evicted.append(v)
+
+        def allow(v: WorkloadState, tentative: Tentative) -> bool:
+            return v.project == ws.project and v.priority < ws.priority
+
+        def extra_ok(d: Vector) -> bool:
+            return session.quota_check(ws, d, fair_caps=caps) is None
+
+        result = evict_until_fits(session, ws, NodeIndex(queue), allow, evict, extra_ok, 4 * ws.required() + 4)
+        if result is None:
+            stmt.discard()
+            return False
+        placed, more = result
+        kept = drop_needless(session, evicted + more, lambda: session.within(ws.chain, caps))
+        message = f"placed on {session.where(placed)} by preempting {', '.join(v.id for v in kept) or 'nobody'}"
+        session.record_binding(ws, placed, "preempt", message, [v.id for v in kept])
+        stmt.commit()
+        return True
+
+
+

@@ -1,0 +1,140 @@
+"""reclaim: a project below its fair share takes resources back from projects above theirs.
+
+For each waiting workload whose project (and ancestors) would stay within fair share, the
+victims are preemptible, running workloads of other projects, not protected by their minimum
+runtime. A victim may go only if, after it, its project and each ancestor below the common
+ancestor with the reclaimer stay at or above their fair share (KAI's MaintainFairShare).
+Victims are preferred from lower-priority projects, the most over their share first, then lower
+workload priority, then the most recently started. The outcome is kept only if the workload
+then fits, and if the GPUs evicted do not exceed the GPUs placed plus what the reclaiming
+project is still short of its fair share afterwards (so nothing is evicted that the reclaimer
+is not owed). Non-preemptible workloads are never victims.
+"""
+
+from __future__ import annotations
+
+from tessera.core.cycle.session import Session, Statement, Wait, WorkloadState
+from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
+from tessera.core.fairshare import EPS, Vector
+from tessera.core.model import ResourceRequest
+from tessera.core.units import format_gpus
+
+from .allocate import gang_demand, shape
+
+
+def over_share(session: Session, project: str) -> bool:
+    a = session.alloc[project]
+    share = session.shares.share[project]
+    return any(a[r] > share[r] + EPS for r in session.tree.governed)
+
+
+class Reclaim:
+    name = "reclaim"
+
+    def execute(self, session: Session) -> None:
+        waiting = [
+            ws
+            for ws in session.pending
+            if ws.unplaced() and ws.required() > 0 and getattr(session.waits.get(ws.id), "kind", "") == "placement"
+        ]
+        if not waiting:
+            return
+        tree = session.tree
+        victims = [
+            v
+            for v in session.workloads.values()
+            if v.was_running
+            and v.preemptible
+            and not v.evicted
+            and v.id not in session.bindings
+            and over_share(session, v.project)
+            and not session.protected(v, "reclaim")
+        ]
+        if not victims:
+            return
+
+        def preference(v: WorkloadState) -> tuple[object, ...]:
+            share = session.shares.gpu(v.project)
+            ratio = session.alloc[v.project][0] / share if share > EPS else float("inf")
+            return (tree[v.project].priority, -ratio, v.priority, -(v.spec.started_at or 0.0), v.id)
+
+        victims.sort(key=preference)
+        index = NodeIndex(victims)
+        failed: set[tuple[str, tuple[tuple[ResourceRequest, ...], int]]] = set()
+        for ws in session.fair_order(waiting):
+            key = (ws.project, shape(ws))
+            if key in failed or not ws.unplaced():
+                continue
+            if session.quota_check(ws, gang_demand(session, ws)) is not None:
+                continue
+            if not self._try(session, ws, index):
+                failed.add(key)
+
+    def _try(self, session: Session, ws: WorkloadState, index: NodeIndex) -> bool:
+        tree = session.tree
+        lca_cache: dict[str, tuple[str, ...]] = {}
+
+        def victim_side(v: WorkloadState) -> tuple[str, ...]:
+            side = lca_cache.get(v.project)
+            if side is None:
+                lca = tree.lowest_common_ancestor(v.project, ws.project)
+                chain = tree.chain(v.project)
+                side = chain if lca is None else chain[: chain.index(lca)]
+                lca_cache[v.project] = side
+            return side
+
+        def allow(v: WorkloadState, tentative: Tentative) -> bool:
+            if v.project == ws.project:
+                return False
+            vec = v.vector()
+            for name in victim_side(v):
+                a = session.alloc[name]
+                share = session.shares.share[name]
+                t = tentative.get(name, (0.0, 0.0, 0.0))
+                for r in tree.governed:
+                    if vec[r] > 0 and a[r] - t[r] - vec[r] < share[r] - EPS:
+                        return False
+            return True
+
+        def evict(v: WorkloadState) -> None:
+            share_v = session.shares.gpu(v.project)
+            session.evict(
+                v,
+                "reclaim",
+                f"reclaimed for {ws.spec.label}: project {ws.project} is below its fair share of "
+                f"{format_gpus(session.shares.gpu(ws.project))} GPUs, and project {v.project} "
+                f"stays at or above its own ({format_gpus(share_v)} GPUs)",
+                ws.id,
+            )
+
+        def extra_ok(demand: Vector) -> bool:
+            return session.quota_check(ws, demand) is None
+
+        stmt = Statement(session)
+        result = evict_until_fits(session, ws, index, allow, evict, extra_ok, max_rounds=4 * ws.required() + 4)
+        if result is None:
+            stmt.discard()
+            previous = session.waits.get(ws.id)
+            base = previous.reason if previous is not None else "no room"
+            session.wait(ws, Wait("placement", f"{base}; reclaim found no over-share workloads whose eviction makes room"))
+            return False
+        placed, evicted = result
+        kept = drop_needless(session, evicted, lambda: True)
+        evicted_gpus = sum(session.evictions[v.id].gpus for v in kept)
+        placed_gpus = sum(session.placement_vector(p)[0] for _, p in placed)
+        if evicted_gpus > placed_gpus + session.shortfall(ws.project) + EPS:
+            stmt.discard()
+            session.wait(
+                ws,
+                Wait(
+                    "placement",
+                    f"making room needs {format_gpus(evicted_gpus)} GPUs evicted to place "
+                    f"{format_gpus(placed_gpus)}, more than project {ws.project} is owed",
+                ),
+            )
+            return False
+        message = f"placed on {session.where(placed)} by reclaiming from {', '.join(v.id for v in kept) or 'nobody'}"
+        session.record_binding(ws, placed, "reclaim", message, [v.id for v in kept])
+        stmt.commit()
+        return True
+

@@ -1,0 +1,182 @@
+"""Choosing which running workloads to evict (or move) so that a pending one fits.
+
+The search is node-targeted: when a pod does not fit, look at the nodes that hold eligible
+victims (in the order the action prefers them) and, on each, take victims in that order until
+the pod would fit there, counting only what those victims free on that node. The node that
+needs the fewest GPUs freed wins (ties: the node whose victims come first). Evict those, try
+the whole workload again, repeat. Afterwards the caller puts back every victim whose pods still
+fit where they were, so the victims kept are only the ones that made room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from tessera.core.fairshare import EPS, Vector
+from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.state import NodeState, Placement
+
+from .session import PodPlacements, Session, Statement, WorkloadState
+
+Tentative = dict[str, list[float]]
+"""GPU/CPU/memory a search has tentatively taken from each project (and its ancestors)."""
+
+Allow = Callable[[WorkloadState, Tentative], bool]
+
+
+class NodeIndex:
+    """Eligible victims grouped by the nodes their pods run on, in preference order."""
+
+    def __init__(self, victims: Iterable[WorkloadState]) -> None:
+        self.by_node: dict[str, list[WorkloadState]] = {}
+        for v in victims:
+            for p in v.placements:
+                if p is None:
+                    continue
+                group = self.by_node.setdefault(p.node, [])
+                if not group or group[-1] is not v:
+                    group.append(v)
+
+
+def take(tentative: Tentative, v: WorkloadState) -> None:
+    vec = v.vector()
+    for name in v.chain:
+        t = tentative.setdefault(name, [0.0, 0.0, 0.0])
+        t[0] += vec[0]
+        t[1] += vec[1]
+        t[2] += vec[2]
+
+
+def _fits_after(
+    ns: NodeState, request: ResourceRequest, free: Sequence[int], tenants: Sequence[int], cpu: int, mem: int
+) -> bool:
+    if request.cpu_milli > cpu or request.memory > mem:
+        return False
+    gpu = request.gpu
+    if gpu.kind is GpuKind.NONE:
+        return True
+    count = 0
+    for i, model in enumerate(ns.dev_models):
+        if not gpu.allows(model):
+            continue
+        if gpu.kind is GpuKind.WHOLE:
+            ok = tenants[i] == 0
+        else:
+            ok = gpu.bytes_on(ns.dev_memory[i]) <= free[i]
+        if ok:
+            count += 1
+            if count >= gpu.devices:
+                return True
+    return False
+
+
+def cheapest_node(
+    session: Session,
+    request: ResourceRequest,
+    index: NodeIndex,
+    allow: Allow,
+    *,
+    pod_level: bool = False,
+) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
+    """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
+
+    With ``pod_level`` the result is (workload, pod) pairs on that node (for moves); otherwise
+    whole workloads, all of whose pods would go.
+    """
+    budget = session.config.max_victim_nodes
+    best: tuple[float, int, list[tuple[WorkloadState, int]]] | None = None
+    examined = 0
+    feasible = 0
+    gpu = request.gpu
+    for order, (node, group) in enumerate(index.by_node.items()):
+        live = [v for v in group if not v.evicted]
+        if not live:
+            continue
+        ns = session.state.by_name[node]
+        if gpu.kind is not GpuKind.NONE and not any(gpu.allows(m) for m in ns.dev_models):
+            continue
+        examined += 1
+        free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+        tenants = list(ns.dev_tenants)
+        cpu, mem = ns.free_cpu, ns.free_mem
+        tentative: Tentative = {}
+        chosen: list[tuple[WorkloadState, int]] = []
+        cost = 0.0
+        for v in live:
+            if not allow(v, tentative):
+                continue
+            take(tentative, v)
+            for i, p in enumerate(v.placements):
+                if p is None or p.node != node:
+                    continue
+                _free_on(p, free, tenants)
+                cpu += p.cpu_milli
+                mem += p.memory
+                chosen.append((v, i))
+                vec = v.pod_vectors[i]
+                cost += vec[0] if pod_level and vec is not None else 0.0
+            if not pod_level:
+                cost += v.vector()[0]
+            if _fits_after(ns, request, free, tenants, cpu, mem):
+                feasible += 1
+                if best is None or cost < best[0] - EPS:
+                    best = (cost, order, chosen)
+                break
+        if examined >= budget or feasible >= 4:
+            break
+    if best is None:
+        return None
+    if pod_level:
+        return best[2]
+    return list(dict.fromkeys(v for v, _ in best[2]))
+
+
+def _free_on(p: Placement, free: list[int], tenants: list[int]) -> None:
+    for d, b in zip(p.devices, p.request_bytes, strict=True):
+        free[d] += b
+        tenants[d] -= 1
+
+
+def evict_until_fits(
+    session: Session,
+    ws: WorkloadState,
+    index: NodeIndex,
+    allow: Allow,
+    evict: Callable[[WorkloadState], None],
+    extra_ok: Callable[[Vector], bool] | None,
+    max_rounds: int,
+) -> tuple[PodPlacements, list[WorkloadState]] | None:
+    """Evict (through ``evict``) until the workload's gang fits, then place it.
+
+    Runs inside the caller's statement; on None the caller discards it.
+    """
+    evicted: list[WorkloadState] = []
+    for _ in range(max_rounds):
+        placed, fail, _ = session.place_pods(ws, extra_ok)
+        if placed:
+            return placed, evicted
+        if fail is None:
+            return None
+        chosen = cheapest_node(session, fail, index, allow)
+        if not chosen:
+            return None
+        for v in chosen:
+            assert isinstance(v, WorkloadState)
+            evict(v)
+            evicted.append(v)
+    return None
+
+
+def drop_needless(session: Session, evicted: list[WorkloadState], ok: Callable[[], bool]) -> list[WorkloadState]:
+    """Put back victims (last chosen first) whose pods still fit where they were and for which
+    ``ok`` still holds afterwards; return the ones that stay evicted."""
+    kept: list[WorkloadState] = []
+    for v in reversed(evicted):
+        stmt = Statement(session)
+        if session.restore(v) and ok():
+            stmt.commit()
+            continue
+        stmt.discard()
+        kept.append(v)
+    kept.reverse()
+    return kept
