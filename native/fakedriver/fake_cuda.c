@@ -1,0 +1,699 @@
+/*
+ * A fake libcuda.so.1 for tests without a GPU. It simulates the devices described by
+ * FAKE_GPU_DEVICES (see fake_devices.c) with per-process physical accounting, contexts,
+ * streams, memory pools, VMM handles and cuGetProcAddress with versioned entry points.
+ *
+ * Test knobs (environment):
+ *   FAKE_GPU_DEVICES            devices, "NAME=SIZE;NAME=SIZE" (default one H100 80GB)
+ *   FAKE_GPU_USED_<i>           bytes of device i used by other processes (lowers free memory)
+ *   FAKE_GPU_CONTEXT_BYTES      physical bytes each context takes
+ *   FAKE_CUDA_HANG_ALLOC_SIZE   cuMemAlloc_v2 of exactly this size prints "fake-cuda: hang" to
+ *                               stderr and sleeps forever (to kill a process mid-allocation)
+ *   FAKE_CUDA_PROC_INTERNAL=1   cuGetProcAddress returns internal addresses that differ from
+ *                               the exported symbols (as a driver may)
+ *   FAKE_CUDA_DRIVER_VERSION    version reported and the highest accepted (default 12080)
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fake_devices.h"
+#include "tessera_cuda_types.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define CTX_MAGIC 0xC0C0C0C0u
+#define STREAM_MAGIC 0x5EEA5EEAu
+#define POOL_MAGIC 0x9001F00Du
+#define GRANULARITY (2ULL << 20)
+#define PITCH_ALIGN 512ULL
+
+struct CUctx_st {
+    unsigned magic;
+    int dev;
+    int primary;
+};
+struct CUstream_st {
+    unsigned magic;
+    CUcontext ctx;
+};
+struct CUmemPoolHandle_st {
+    unsigned magic;
+    int dev; /* -1: host pool */
+};
+
+typedef struct alloc_rec {
+    uint64_t key;
+    uint64_t size;
+    int dev; /* -1: not charged to a device */
+    struct alloc_rec *next;
+} alloc_rec;
+
+#define NBUCKETS 4096
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static alloc_rec *g_ptrs[NBUCKETS];
+static alloc_rec *g_handles[NBUCKETS];
+static uint64_t g_used[FAKE_MAX_DEVICES];
+static uint64_t g_counter;
+static int g_initialized;
+static struct CUctx_st g_primary[FAKE_MAX_DEVICES];
+static int g_primary_refs[FAKE_MAX_DEVICES];
+static struct CUmemPoolHandle_st g_default_pool[FAKE_MAX_DEVICES];
+static __thread CUcontext t_stack[16];
+static __thread int t_depth;
+
+static int driver_version(void) {
+    const char *v = getenv("FAKE_CUDA_DRIVER_VERSION");
+    return v ? atoi(v) : 12080;
+}
+
+static unsigned bucket(uint64_t key) { return (unsigned)((key * 0x9E3779B97F4A7C15ULL) >> 52) % NBUCKETS; }
+
+static void rec_put(alloc_rec **table, uint64_t key, uint64_t size, int dev) {
+    alloc_rec *r = malloc(sizeof *r);
+    r->key = key;
+    r->size = size;
+    r->dev = dev;
+    unsigned b = bucket(key);
+    r->next = table[b];
+    table[b] = r;
+}
+
+static alloc_rec *rec_take(alloc_rec **table, uint64_t key) {
+    unsigned b = bucket(key);
+    for (alloc_rec **p = &table[b]; *p; p = &(*p)->next) {
+        if ((*p)->key == key) {
+            alloc_rec *r = *p;
+            *p = r->next;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static uint64_t device_free(int dev) {
+    fake_device *d = fake_device_get(dev);
+    uint64_t busy = g_used[dev] + d->other_used;
+    return busy >= d->total ? 0 : d->total - busy;
+}
+
+static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
+
+static int valid_ctx(CUcontext c) { return c != NULL && c->magic == CTX_MAGIC; }
+
+/* Charges size bytes to dev (or to nothing when dev < 0) and returns a fresh address. */
+static CUresult charge(int dev, uint64_t size, unsigned long long *out, alloc_rec **table) {
+    pthread_mutex_lock(&g_mu);
+    if (dev >= 0) {
+        if (size > device_free(dev)) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        g_used[dev] += size;
+    }
+    uint64_t key = ((uint64_t)(dev + 2) << 52) | ((++g_counter) << 12);
+    rec_put(table, key, size, dev);
+    pthread_mutex_unlock(&g_mu);
+    *out = key;
+    return CUDA_SUCCESS;
+}
+
+static CUresult release(alloc_rec **table, uint64_t key) {
+    pthread_mutex_lock(&g_mu);
+    alloc_rec *r = rec_take(table, key);
+    if (r && r->dev >= 0) g_used[r->dev] -= r->size;
+    pthread_mutex_unlock(&g_mu);
+    if (!r) return CUDA_ERROR_INVALID_VALUE;
+    free(r);
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_charge(int dev, int sign) {
+    uint64_t bytes = fake_context_bytes();
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_mu);
+    if (sign > 0) {
+        if (bytes > device_free(dev)) rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else g_used[dev] += bytes;
+    } else {
+        g_used[dev] -= bytes;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+#define NEED_INIT() \
+    do { if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+#define NEED_CTX(var)                                        \
+    NEED_INIT();                                             \
+    CUcontext var = current();                               \
+    if (!valid_ctx(var)) return CUDA_ERROR_INVALID_CONTEXT
+
+static int valid_dev(CUdevice dev) { return dev >= 0 && dev < fake_devices_load(); }
+
+EXPORT CUresult cuInit(unsigned int flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (fake_devices_load() == 0) return CUDA_ERROR_NO_DEVICE;
+    g_initialized = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *version) {
+    if (!version) return CUDA_ERROR_INVALID_VALUE;
+    *version = driver_version();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count) {
+    NEED_INIT();
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = fake_devices_load();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    NEED_INIT();
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    NEED_INIT();
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "%s", fake_device_get(dev)->name);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    NEED_INIT();
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid->bytes, fake_device_get(dev)->uuid, 16);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    NEED_INIT();
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = fake_device_get(dev)->total;
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts ---- */
+
+static void push(CUcontext c) {
+    if (t_depth < 16) t_stack[t_depth++] = c;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    NEED_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (g_primary_refs[dev] == 0) {
+        CUresult rc = ctx_charge(dev, 1);
+        if (rc) return rc;
+        g_primary[dev].magic = CTX_MAGIC;
+        g_primary[dev].dev = dev;
+        g_primary[dev].primary = 1;
+    }
+    g_primary_refs[dev]++;
+    *pctx = &g_primary[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    NEED_INIT();
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (g_primary_refs[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (--g_primary_refs[dev] == 0) ctx_charge(dev, -1);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    NEED_INIT();
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (g_primary_refs[dev] > 0) ctx_charge(dev, -1);
+    g_primary_refs[dev] = 0;
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev) {
+    NEED_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = ctx_charge(dev, 1);
+    if (rc) return rc;
+    CUcontext c = calloc(1, sizeof *c);
+    c->magic = CTX_MAGIC;
+    c->dev = dev;
+    push(c);
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev) {
+    (void)params; (void)n; (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev) {
+    (void)params; (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    NEED_INIT();
+    if (!valid_ctx(ctx) || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
+    for (int i = 0; i < t_depth; i++)
+        if (t_stack[i] == ctx) t_stack[i] = NULL;
+    while (t_depth > 0 && t_stack[t_depth - 1] == NULL) t_depth--;
+    ctx_charge(ctx->dev, -1);
+    ctx->magic = 0;
+    free(ctx);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    NEED_INIT();
+    if (ctx == NULL) {
+        if (t_depth > 0) t_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth == 0) push(ctx);
+    else t_stack[t_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    NEED_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = current();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    NEED_INIT();
+    if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    push(ctx);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    NEED_INIT();
+    if (t_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext c = t_stack[--t_depth];
+    if (pctx) *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
+    NEED_CTX(c);
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    *dev = c->dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    NEED_CTX(c);
+    (void)c;
+    return CUDA_SUCCESS;
+}
+
+/* ---- memory ---- */
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    NEED_CTX(c);
+    if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    *free_bytes = device_free(c->dev);
+    pthread_mutex_unlock(&g_mu);
+    *total_bytes = fake_device_get(c->dev)->total;
+    return CUDA_SUCCESS;
+}
+
+static void maybe_hang(size_t size) {
+    const char *h = getenv("FAKE_CUDA_HANG_ALLOC_SIZE");
+    if (h && strtoull(h, NULL, 10) == size) {
+        fprintf(stderr, "fake-cuda: hang\n");
+        fflush(stderr);
+        for (;;) pause();
+    }
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+    NEED_CTX(c);
+    if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    maybe_hang(size);
+    return charge(c->dev, size, dptr, g_ptrs);
+}
+
+/* Not a driver API: allocates through a path the isolation library does not hook, to stand
+ * for memory it never saw (IPC imports, graphics interop, allocations made before preload). */
+EXPORT CUresult fakeCudaAllocUnhooked(CUdeviceptr *dptr, size_t size) {
+    NEED_CTX(c);
+    if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    return charge(c->dev, size, dptr, g_ptrs);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                   unsigned int elem) {
+    NEED_CTX(c);
+    if (!dptr || !pitch || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (elem != 4 && elem != 8 && elem != 16) return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (width + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    CUresult rc = charge(c->dev, (uint64_t)p * height, dptr, g_ptrs);
+    if (rc == CUDA_SUCCESS) *pitch = p;
+    return rc;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
+    NEED_CTX(c);
+    if (!dptr || size == 0 || (flags != 1 && flags != 2)) return CUDA_ERROR_INVALID_VALUE;
+    return charge(c->dev, size, dptr, g_ptrs);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
+    NEED_INIT();
+    if (ptr == 0) return CUDA_SUCCESS;
+    return release(g_ptrs, ptr);
+}
+
+static int stream_dev(CUstream s, int *dev) {
+    uintptr_t v = (uintptr_t)s;
+    if (v <= 2) {
+        CUcontext c = current();
+        if (!valid_ctx(c)) return 0;
+        *dev = c->dev;
+        return 1;
+    }
+    if (s->magic != STREAM_MAGIC) return 0;
+    *dev = s->ctx->dev;
+    return 1;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
+    NEED_INIT();
+    int dev;
+    if (!stream_dev(s, &dev)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    return charge(dev, size, dptr, g_ptrs);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
+    return cuMemAllocAsync(dptr, size, s);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+    NEED_INIT();
+    int dev;
+    if (!stream_dev(s, &dev)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!pool || pool->magic != POOL_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    return charge(pool->dev, size, dptr, g_ptrs);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                             CUstream s) {
+    return cuMemAllocFromPoolAsync(dptr, size, pool, s);
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
+    NEED_INIT();
+    int dev;
+    if (!stream_dev(s, &dev)) return CUDA_ERROR_INVALID_HANDLE;
+    return release(g_ptrs, ptr);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) { return cuMemFreeAsync(ptr, s); }
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    NEED_INIT();
+    if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
+    int dev = -1;
+    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (!valid_dev(props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        dev = props->location.id;
+    } else if (props->location.type != CU_MEM_LOCATION_TYPE_HOST) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUmemoryPool p = calloc(1, sizeof *p);
+    p->magic = POOL_MAGIC;
+    p->dev = dev;
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    NEED_INIT();
+    if (!pool || pool->magic != POOL_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    pool->magic = 0;
+    free(pool);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    NEED_INIT();
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    g_default_pool[dev].magic = POOL_MAGIC;
+    g_default_pool[dev].dev = dev;
+    *pool = &g_default_pool[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+    NEED_CTX(c);
+    (void)flags;
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    CUstream st = calloc(1, sizeof *st);
+    st->magic = STREAM_MAGIC;
+    st->ctx = c;
+    *s = st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    NEED_INIT();
+    if (!s || (uintptr_t)s <= 2 || s->magic != STREAM_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    s->magic = 0;
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx) {
+    NEED_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if ((uintptr_t)s <= 2) {
+        *pctx = current();
+        return valid_ctx(*pctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (s->magic != STREAM_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    *pctx = s->ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    (void)s;
+    NEED_INIT();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *gran, const CUmemAllocationProp *prop, int option) {
+    NEED_INIT();
+    (void)option;
+    if (!gran || !prop) return CUDA_ERROR_INVALID_VALUE;
+    *gran = GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags) {
+    NEED_INIT();
+    if (!handle || !prop || flags != 0 || size == 0 || size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    int dev = -1;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (!valid_dev(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        dev = prop->location.id;
+    } else if (prop->location.type != CU_MEM_LOCATION_TYPE_HOST &&
+               prop->location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return charge(dev, size, handle, g_handles);
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    NEED_INIT();
+    return release(g_handles, handle);
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    NEED_INIT();
+    (void)align; (void)addr; (void)flags;
+    if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    *ptr = (0x7ULL << 52) | ((++g_counter) << 20);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    NEED_INIT();
+    return (ptr && size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags) {
+    NEED_INIT();
+    (void)offset; (void)flags;
+    return (ptr && size && h) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    NEED_INIT();
+    return (ptr && size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
+    case CUDA_SUCCESS: *str = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *str = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *str = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *str = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *str = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *str = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    default: *str = "CUDA_ERROR_UNKNOWN"; return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress ---- */
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status);
+
+/* Internal entry points with addresses distinct from the exports (FAKE_CUDA_PROC_INTERNAL=1). */
+static CUresult internal_cuMemAlloc_v2(CUdeviceptr *d, size_t s) { return cuMemAlloc_v2(d, s); }
+static CUresult internal_cuMemFree_v2(CUdeviceptr p) { return cuMemFree_v2(p); }
+static CUresult internal_cuMemGetInfo_v2(size_t *f, size_t *t) { return cuMemGetInfo_v2(f, t); }
+static CUresult internal_cuDeviceTotalMem_v2(size_t *b, CUdevice d) { return cuDeviceTotalMem_v2(b, d); }
+static CUresult internal_cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t s, CUstream st) {
+    return cuMemAllocAsync_ptsz(d, s, st);
+}
+static CUresult internal_cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream st) { return cuMemFreeAsync_ptsz(p, st); }
+static CUresult internal_cuMemCreate(CUmemGenericAllocationHandle *h, size_t s, const CUmemAllocationProp *p,
+                                     unsigned long long f) {
+    return cuMemCreate(h, s, p, f);
+}
+static CUresult internal_cuMemRelease(CUmemGenericAllocationHandle h) { return cuMemRelease(h); }
+static CUresult internal_cuGetProcAddress_v2(const char *s, void **p, int v, cuuint64_t f,
+                                             CUdriverProcAddressQueryResult *st) {
+    return cuGetProcAddress_v2(s, p, v, f, st);
+}
+
+typedef struct {
+    const char *base;
+    int since;  /* CUDA version that introduced this ABI */
+    int ptsz;   /* per-thread default stream variant */
+    void *fn;
+    void *internal;
+} proc_entry;
+
+#define P(base, since, ptsz, fn, internal) {base, since, ptsz, (void *)(fn), (void *)(internal)}
+static const proc_entry g_procs[] = {
+    P("cuInit", 2000, 0, cuInit, NULL),
+    P("cuDriverGetVersion", 2020, 0, cuDriverGetVersion, NULL),
+    P("cuDeviceGetCount", 2000, 0, cuDeviceGetCount, NULL),
+    P("cuDeviceGet", 2000, 0, cuDeviceGet, NULL),
+    P("cuDeviceGetName", 2000, 0, cuDeviceGetName, NULL),
+    P("cuDeviceGetUuid", 9020, 0, cuDeviceGetUuid, NULL),
+    P("cuDeviceGetUuid", 11040, 0, cuDeviceGetUuid_v2, NULL),
+    P("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2, internal_cuDeviceTotalMem_v2),
+    P("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain, NULL),
+    P("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2, NULL),
+    P("cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2, NULL),
+    P("cuCtxCreate", 3020, 0, cuCtxCreate_v2, NULL),
+    P("cuCtxCreate", 11040, 0, cuCtxCreate_v3, NULL),
+    P("cuCtxCreate", 12050, 0, cuCtxCreate_v4, NULL),
+    P("cuCtxDestroy", 4000, 0, cuCtxDestroy_v2, NULL),
+    P("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent, NULL),
+    P("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent, NULL),
+    P("cuCtxPushCurrent", 4000, 0, cuCtxPushCurrent_v2, NULL),
+    P("cuCtxPopCurrent", 4000, 0, cuCtxPopCurrent_v2, NULL),
+    P("cuCtxGetDevice", 2000, 0, cuCtxGetDevice, NULL),
+    P("cuCtxSynchronize", 2000, 0, cuCtxSynchronize, NULL),
+    P("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2, internal_cuMemGetInfo_v2),
+    P("cuMemAlloc", 3020, 0, cuMemAlloc_v2, internal_cuMemAlloc_v2),
+    P("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2, NULL),
+    P("cuMemAllocManaged", 6000, 0, cuMemAllocManaged, NULL),
+    P("cuMemFree", 3020, 0, cuMemFree_v2, internal_cuMemFree_v2),
+    P("cuMemAllocAsync", 11020, 0, cuMemAllocAsync, NULL),
+    P("cuMemAllocAsync", 11020, 1, cuMemAllocAsync_ptsz, internal_cuMemAllocAsync_ptsz),
+    P("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync, NULL),
+    P("cuMemAllocFromPoolAsync", 11020, 1, cuMemAllocFromPoolAsync_ptsz, NULL),
+    P("cuMemFreeAsync", 11020, 0, cuMemFreeAsync, NULL),
+    P("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz, internal_cuMemFreeAsync_ptsz),
+    P("cuMemPoolCreate", 11020, 0, cuMemPoolCreate, NULL),
+    P("cuMemPoolDestroy", 11020, 0, cuMemPoolDestroy, NULL),
+    P("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool, NULL),
+    P("cuStreamCreate", 2000, 0, cuStreamCreate, NULL),
+    P("cuStreamDestroy", 4000, 0, cuStreamDestroy_v2, NULL),
+    P("cuStreamGetCtx", 9020, 0, cuStreamGetCtx, NULL),
+    P("cuStreamSynchronize", 2000, 0, cuStreamSynchronize, NULL),
+    P("cuMemGetAllocationGranularity", 10020, 0, cuMemGetAllocationGranularity, NULL),
+    P("cuMemCreate", 10020, 0, cuMemCreate, internal_cuMemCreate),
+    P("cuMemRelease", 10020, 0, cuMemRelease, internal_cuMemRelease),
+    P("cuMemAddressReserve", 10020, 0, cuMemAddressReserve, NULL),
+    P("cuMemAddressFree", 10020, 0, cuMemAddressFree, NULL),
+    P("cuMemMap", 10020, 0, cuMemMap, NULL),
+    P("cuMemUnmap", 10020, 0, cuMemUnmap, NULL),
+    P("cuGetErrorName", 6000, 0, cuGetErrorName, NULL),
+    P("cuGetProcAddress", 11030, 0, cuGetProcAddress, NULL),
+    P("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2, internal_cuGetProcAddress_v2),
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status) {
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    if (cudaVersion > driver_version()) return CUDA_ERROR_INVALID_VALUE;
+    int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    int internal = getenv("FAKE_CUDA_PROC_INTERNAL") && atoi(getenv("FAKE_CUDA_PROC_INTERNAL"));
+    const proc_entry *best = NULL;
+    int known = 0;
+    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
+        const proc_entry *e = &g_procs[i];
+        if (strcmp(e->base, symbol) != 0) continue;
+        known = 1;
+        if (e->since > cudaVersion) continue;
+        if (e->ptsz && !want_ptsz) continue;
+        if (best == NULL || e->since > best->since || (e->ptsz && !best->ptsz)) best = e;
+    }
+    *pfn = NULL;
+    if (best) {
+        *pfn = (internal && best->internal) ? best->internal : best->fn;
+        if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    } else if (status) {
+        *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    }
+    return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}

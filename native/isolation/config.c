@@ -1,0 +1,316 @@
+/*
+ * Configuration: a file named by TESSERA_GPU_CONFIG (or present at the default path), else the
+ * environment-only form (TESSERA_GPU_MEMORY_LIMIT, TESSERA_GPU_MEMORY_LIMIT_<i>), else nothing
+ * (pure pass-through). Any named configuration that cannot be read or parsed puts the library in
+ * TS_MODE_FAILED: every allocation is refused. docs/isolation.md describes the format.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "isolation.h"
+
+extern char **environ;
+
+static void fail(ts_config *cfg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(ts_config *cfg, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cfg->error, sizeof cfg->error, fmt, ap);
+    va_end(ap);
+    cfg->mode = TS_MODE_FAILED;
+}
+
+int ts_parse_quantity(const char *text, uint64_t *out) {
+    static const struct { const char *s; unsigned __int128 mult; } suffixes[] = {
+        {"Ki", (unsigned __int128)1 << 10}, {"Mi", (unsigned __int128)1 << 20},
+        {"Gi", (unsigned __int128)1 << 30}, {"Ti", (unsigned __int128)1 << 40},
+        {"Pi", (unsigned __int128)1 << 50}, {"Ei", (unsigned __int128)1 << 60},
+        {"k", 1000ULL}, {"M", 1000000ULL}, {"G", 1000000000ULL}, {"T", 1000000000000ULL},
+        {"P", 1000000000000000ULL}, {"E", 1000000000000000000ULL}, {"", 1},
+    };
+    const char *p = text;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p == '+') p++;
+    unsigned __int128 mant = 0;
+    int digits = 0, frac = 0, seen_dot = 0;
+    for (; *p; p++) {
+        if (isdigit((unsigned char)*p)) {
+            if (mant > ((unsigned __int128)1 << 100)) return 0;
+            mant = mant * 10 + (unsigned)(*p - '0');
+            digits++;
+            if (seen_dot) frac++;
+        } else if (*p == '.' && !seen_dot) {
+            seen_dot = 1;
+        } else {
+            break;
+        }
+    }
+    if (digits == 0) return 0;
+    int exp10 = 0;
+    if ((*p == 'e' || *p == 'E') && (isdigit((unsigned char)p[1]) || ((p[1] == '+' || p[1] == '-') && isdigit((unsigned char)p[2])))) {
+        char *end;
+        long e = strtol(p + 1, &end, 10);
+        if (e > 30 || e < -30) return 0;
+        exp10 = (int)e;
+        p = end;
+    }
+    const char *suffix_start = p;
+    const char *q = p + strlen(p);
+    while (q > suffix_start && isspace((unsigned char)q[-1])) q--;
+    size_t slen = (size_t)(q - suffix_start);
+    unsigned __int128 mult = 0;
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        if (strlen(suffixes[i].s) == slen && strncmp(suffixes[i].s, suffix_start, slen) == 0) {
+            mult = suffixes[i].mult;
+            break;
+        }
+    }
+    if (mult == 0) return 0;
+    unsigned __int128 value = mant * mult;
+    int shift = exp10 - frac;
+    for (; shift > 0; shift--) {
+        value *= 10;
+        if (value > UINT64_MAX) return 0;
+    }
+    unsigned __int128 div = 1;
+    for (; shift < 0; shift++) div *= 10;
+    value = (value + div - 1) / div; /* fractions of a byte round up */
+    if (value == 0 || value > UINT64_MAX) return 0;
+    *out = (uint64_t)value;
+    return 1;
+}
+
+static int parse_bytes(const char *text, uint64_t *out) {
+    if (*text == '\0') return 0;
+    for (const char *p = text; *p; p++)
+        if (!isdigit((unsigned char)*p)) return 0;
+    errno = 0;
+    unsigned long long v = strtoull(text, NULL, 10);
+    if (errno) return 0;
+    *out = v;
+    return 1;
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    return s;
+}
+
+static int parse_device_line(ts_config *cfg, char *rest, int lineno) {
+    if (cfg->n_entries >= TS_MAX_DEVICES) {
+        fail(cfg, "%s line %d: more than %d devices", cfg->source, lineno, TS_MAX_DEVICES);
+        return 0;
+    }
+    ts_entry e = {.index = -1};
+    int have_limit = 0, have_request = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(rest, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) {
+            fail(cfg, "%s line %d: '%s' must be key=value", cfg->source, lineno, tok);
+            return 0;
+        }
+        *eq = '\0';
+        const char *key = tok, *val = eq + 1;
+        uint64_t n;
+        if (strcmp(key, "index") == 0) {
+            if (!parse_bytes(val, &n) || n >= TS_MAX_DEVICES) {
+                fail(cfg, "%s line %d: index must be a whole number below %d (got '%s')", cfg->source,
+                     lineno, TS_MAX_DEVICES, val);
+                return 0;
+            }
+            e.index = (int)n;
+        } else if (strcmp(key, "uuid") == 0) {
+            if (strlen(val) == 0 || strlen(val) >= TS_UUID_LEN) {
+                fail(cfg, "%s line %d: uuid must be 1 to %d characters", cfg->source, lineno, TS_UUID_LEN - 1);
+                return 0;
+            }
+            snprintf(e.uuid, sizeof e.uuid, "%s", val);
+        } else if (strcmp(key, "request") == 0 || strcmp(key, "limit") == 0) {
+            if (!parse_bytes(val, &n)) {
+                fail(cfg, "%s line %d: %s must be a whole number of bytes (got '%s')", cfg->source,
+                     lineno, key, val);
+                return 0;
+            }
+            if (key[0] == 'r') { e.request = n; have_request = 1; }
+            else { e.limit = n; have_limit = 1; }
+        } else {
+            fail(cfg, "%s line %d: unknown device field '%s'", cfg->source, lineno, key);
+            return 0;
+        }
+    }
+    if (e.index < 0 && e.uuid[0] == '\0') {
+        fail(cfg, "%s line %d: a device needs index=, uuid= or both", cfg->source, lineno);
+        return 0;
+    }
+    if (!have_limit || e.limit == 0) {
+        fail(cfg, "%s line %d: a device needs limit= greater than 0 bytes", cfg->source, lineno);
+        return 0;
+    }
+    if (!have_request) e.request = e.limit;
+    if (e.request > e.limit) {
+        fail(cfg, "%s line %d: request (%llu) must not exceed limit (%llu)", cfg->source, lineno,
+             (unsigned long long)e.request, (unsigned long long)e.limit);
+        return 0;
+    }
+    for (int i = 0; i < cfg->n_entries; i++) {
+        const ts_entry *o = &cfg->entries[i];
+        if ((e.index >= 0 && o->index == e.index) || (e.uuid[0] && strcmp(o->uuid, e.uuid) == 0)) {
+            fail(cfg, "%s line %d: device listed twice (same index or uuid as an earlier line)",
+                 cfg->source, lineno);
+            return 0;
+        }
+    }
+    cfg->entries[cfg->n_entries++] = e;
+    return 1;
+}
+
+static void load_file(ts_config *cfg, const char *path) {
+    cfg->from_file = 1;
+    snprintf(cfg->source, sizeof cfg->source, "%s", path);
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        fail(cfg, "cannot read configuration %s: %s", path, strerror(errno));
+        return;
+    }
+    char line[TS_PATH_LEN + 64];
+    int lineno = 0, header = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        size_t len = strlen(line);
+        if (len == sizeof line - 1 && line[len - 1] != '\n') {
+            fail(cfg, "%s line %d: line too long", path, lineno);
+            break;
+        }
+        char *s = trim(line);
+        if (*s == '\0' || *s == '#') continue;
+        if (!header) {
+            if (strcmp(s, "tessera-gpu-isolation 1") != 0) {
+                fail(cfg, "%s line %d: the first line must be 'tessera-gpu-isolation 1'", path, lineno);
+                break;
+            }
+            header = 1;
+            continue;
+        }
+        char *sp = s;
+        while (*sp && !isspace((unsigned char)*sp)) sp++;
+        char *rest = *sp ? trim(sp + 1) : sp;
+        *sp = '\0';
+        if (strcmp(s, "device") == 0) {
+            if (!parse_device_line(cfg, rest, lineno)) break;
+        } else if (strcmp(s, "region") == 0) {
+            if (rest[0] != '/') {
+                fail(cfg, "%s line %d: region must be an absolute path", path, lineno);
+                break;
+            }
+            snprintf(cfg->region, sizeof cfg->region, "%s", rest);
+        } else if (strcmp(s, "context-overhead") == 0) {
+            if (!parse_bytes(rest, &cfg->context_overhead)) {
+                fail(cfg, "%s line %d: context-overhead must be a whole number of bytes", path, lineno);
+                break;
+            }
+        } else {
+            fail(cfg, "%s line %d: unknown key '%s'", path, lineno, s);
+            break;
+        }
+    }
+    if (cfg->mode != TS_MODE_FAILED && ferror(f))
+        fail(cfg, "cannot read configuration %s: read error", path);
+    fclose(f);
+    if (cfg->mode == TS_MODE_FAILED) return;
+    if (!header) fail(cfg, "%s: empty configuration (expected 'tessera-gpu-isolation 1')", path);
+    else if (cfg->n_entries == 0) fail(cfg, "%s: no device lines; a workload needs at least one device", path);
+    else cfg->mode = TS_MODE_LIMITED;
+}
+
+static void load_env(ts_config *cfg) {
+    snprintf(cfg->source, sizeof cfg->source, "environment");
+    const char *all = getenv("TESSERA_GPU_MEMORY_LIMIT");
+    if (all && *all) {
+        if (!ts_parse_quantity(all, &cfg->default_limit)) {
+            fail(cfg, "TESSERA_GPU_MEMORY_LIMIT='%s' must be a Kubernetes quantity greater than 0 "
+                      "such as 8G, 8Gi or 8000000000", all);
+            return;
+        }
+        cfg->has_default = 1;
+    }
+    static const char prefix[] = "TESSERA_GPU_MEMORY_LIMIT_";
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, prefix, sizeof prefix - 1) != 0) continue;
+        const char *suffix = *e + sizeof prefix - 1;
+        const char *eq = strchr(suffix, '=');
+        if (!eq) continue;
+        char idx[16];
+        size_t n = (size_t)(eq - suffix);
+        uint64_t index;
+        if (n == 0 || n >= sizeof idx) index = UINT64_MAX;
+        else {
+            memcpy(idx, suffix, n);
+            idx[n] = '\0';
+            if (!parse_bytes(idx, &index)) index = UINT64_MAX;
+        }
+        if (index >= TS_MAX_DEVICES) {
+            fail(cfg, "%.*s: the suffix must be a visible device index from 0 to %d", (int)(eq - *e), *e,
+                 TS_MAX_DEVICES - 1);
+            return;
+        }
+        ts_entry ent = {.index = (int)index};
+        if (eq[1] == '\0') continue;
+        if (!ts_parse_quantity(eq + 1, &ent.limit)) {
+            fail(cfg, "%.*s='%s' must be a Kubernetes quantity greater than 0 such as 8G or 8Gi",
+                 (int)(eq - *e), *e, eq + 1);
+            return;
+        }
+        ent.request = ent.limit;
+        cfg->entries[cfg->n_entries++] = ent;
+    }
+    const char *overhead = getenv("TESSERA_GPU_CONTEXT_OVERHEAD");
+    if (overhead && *overhead && strcmp(overhead, "0") != 0 &&
+        !ts_parse_quantity(overhead, &cfg->context_overhead)) {
+        fail(cfg, "TESSERA_GPU_CONTEXT_OVERHEAD='%s' must be a Kubernetes quantity such as 300Mi", overhead);
+        return;
+    }
+    const char *region = getenv("TESSERA_GPU_SHARED_REGION");
+    if (region && *region) {
+        if (region[0] != '/') {
+            fail(cfg, "TESSERA_GPU_SHARED_REGION='%s' must be an absolute path", region);
+            return;
+        }
+        snprintf(cfg->region, sizeof cfg->region, "%s", region);
+    }
+    cfg->mode = (cfg->has_default || cfg->n_entries > 0) ? TS_MODE_LIMITED : TS_MODE_PASSTHROUGH;
+}
+
+void ts_config_load(ts_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    const char *path = getenv("TESSERA_GPU_CONFIG");
+    if (path && *path) {
+        load_file(cfg, path);
+    } else if (access(TS_DEFAULT_CONFIG_PATH, F_OK) == 0) {
+        load_file(cfg, TS_DEFAULT_CONFIG_PATH);
+    } else {
+        load_env(cfg);
+    }
+}
+
+const ts_entry *ts_config_match(const ts_config *cfg, int index, const char *uuid) {
+    if (uuid && uuid[0]) {
+        for (int i = 0; i < cfg->n_entries; i++)
+            if (cfg->entries[i].uuid[0] && strcmp(cfg->entries[i].uuid, uuid) == 0) return &cfg->entries[i];
+    }
+    if (index < 0) return NULL;
+    for (int i = 0; i < cfg->n_entries; i++) {
+        const ts_entry *e = &cfg->entries[i];
+        /* An entry that names a UUID only matches that device; when ours is unknown, its index decides. */
+        if (e->index == index && (e->uuid[0] == '\0' || !uuid || !uuid[0])) return e;
+    }
+    return NULL;
+}

@@ -1,0 +1,530 @@
+/*
+ * CUDA driver hooks: charge every device allocation to the workload's shared total before the
+ * driver makes it, refuse what would exceed the limit, give it back when freed, and report the
+ * limit as the device's memory. Frees of pointers we did not charge go to the driver untouched.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <string.h>
+
+#include "state.h"
+
+#define BIND_OR_FAIL() \
+    do { if (ts_bind(TS_LIB_CUDA) != 0) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+#define REAL(name, type) ((type)ts_real.name)
+
+typedef CUresult (*ctx_get_device_fn)(CUdevice *);
+typedef CUresult (*ctx_get_current_fn)(CUcontext *);
+typedef CUresult (*ctx_push_fn)(CUcontext);
+typedef CUresult (*ctx_pop_fn)(CUcontext *);
+typedef CUresult (*stream_get_ctx_fn)(CUstream, CUcontext *);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+typedef CUresult (*managed_fn)(CUdeviceptr *, size_t, unsigned int);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*pool_create_fn)(CUmemoryPool *, const CUmemPoolProps *);
+typedef CUresult (*pool_destroy_fn)(CUmemoryPool);
+typedef CUresult (*mem_create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                                  unsigned long long);
+typedef CUresult (*mem_release_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*get_info_fn)(size_t *, size_t *);
+typedef CUresult (*total_mem_fn)(size_t *, CUdevice);
+typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+typedef CUresult (*dev_fn)(CUdevice);
+typedef CUresult (*ctx_create_v2_fn)(CUcontext *, unsigned int, CUdevice);
+typedef CUresult (*ctx_create_v3_fn)(CUcontext *, void *, int, unsigned int, CUdevice);
+typedef CUresult (*ctx_create_v4_fn)(CUcontext *, void *, unsigned int, CUdevice);
+typedef CUresult (*ctx_destroy_fn)(CUcontext);
+
+static CUresult current_ordinal(int *ord) {
+    if (!ts_real.cuCtxGetDevice) return CUDA_ERROR_NOT_INITIALIZED;
+    return REAL(cuCtxGetDevice, ctx_get_device_fn)(ord);
+}
+
+/* The device a stream's work runs on: the current one for the special streams, else the
+ * device of the stream's context. */
+static CUresult stream_ordinal(CUstream s, int *ord) {
+    if ((uintptr_t)s <= 2 || !ts_real.cuStreamGetCtx) return current_ordinal(ord);
+    CUcontext sc = NULL, cur = NULL;
+    CUresult rc = REAL(cuStreamGetCtx, stream_get_ctx_fn)(s, &sc);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (REAL(cuCtxGetCurrent, ctx_get_current_fn)(&cur) == CUDA_SUCCESS && cur == sc) return current_ordinal(ord);
+    rc = REAL(cuCtxPushCurrent_v2, ctx_push_fn)(sc);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = current_ordinal(ord);
+    REAL(cuCtxPopCurrent_v2, ctx_pop_fn)(NULL);
+    return rc;
+}
+
+/* Charges size bytes on an ordinal. *rdev is the region device charged, -1 if none is needed. */
+static CUresult reserve(int mode, int ordinal, uint64_t size, int *rdev, const char *what) {
+    *rdev = -1;
+    if (mode == TS_MODE_PASSTHROUGH) return CUDA_SUCCESS;
+    if (mode == TS_MODE_FAILED) {
+        ts_report_refusal(what);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ts_dev *d = ts_device(ordinal);
+    if (!d) return CUDA_ERROR_INVALID_DEVICE;
+    if (!d->limited) return CUDA_SUCCESS;
+    if (d->rdev < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    int r = ts_region_reserve(d->rdev, size, d->limit);
+    if (r == 1) {
+        *rdev = d->rdev;
+        return CUDA_SUCCESS;
+    }
+    if (r == 0)
+        TS_INFO("%s of %llu bytes on device %d refused: the workload's limit is %llu bytes", what,
+                (unsigned long long)size, ordinal, (unsigned long long)d->limit);
+    else
+        ts_log(TS_LOG_ERROR, "%s on device %d refused: the shared region is unusable", what, ordinal);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static void track(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind) {
+    if (rdev < 0) return;
+    pthread_mutex_lock(&ts_tab_mu);
+    int rc = ts_table_put(t, key, size, rdev, ordinal, kind);
+    pthread_mutex_unlock(&ts_tab_mu);
+    if (rc != 0) ts_log(TS_LOG_WARN, "cannot record allocation %#llx; it stays charged", (unsigned long long)key);
+}
+
+static int untrack(ts_table *t, uint64_t key, ts_record *out) {
+    pthread_mutex_lock(&ts_tab_mu);
+    int found = ts_table_take(t, key, out);
+    pthread_mutex_unlock(&ts_tab_mu);
+    return found;
+}
+
+static void retrack(ts_table *t, const ts_record *r) { track(t, r->key, r->size, r->rdev, r->ordinal, r->kind); }
+
+/* ---- synchronous allocations ---- */
+
+CUresult ts_hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+    BIND_OR_FAIL();
+    alloc_fn real = REAL(cuMemAlloc_v2, alloc_fn);
+    int mode = ts_mode();
+    if (mode == TS_MODE_PASSTHROUGH) return real(dptr, size);
+    int ord, rdev;
+    CUresult rc = current_ordinal(&ord);
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((rc = reserve(mode, ord, size, &rdev, "cuMemAlloc")) != CUDA_SUCCESS) return rc;
+    rc = real(dptr, size);
+    if (rc != CUDA_SUCCESS || !dptr) {
+        if (rdev >= 0) ts_region_release(rdev, size);
+        return rc;
+    }
+    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_SYNC);
+    return rc;
+}
+
+CUresult ts_hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
+    BIND_OR_FAIL();
+    managed_fn real = REAL(cuMemAllocManaged, managed_fn);
+    int mode = ts_mode();
+    if (mode == TS_MODE_PASSTHROUGH) return real(dptr, size, flags);
+    int ord, rdev;
+    CUresult rc = current_ordinal(&ord);
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((rc = reserve(mode, ord, size, &rdev, "cuMemAllocManaged")) != CUDA_SUCCESS) return rc;
+    rc = real(dptr, size, flags);
+    if (rc != CUDA_SUCCESS || !dptr) {
+        if (rdev >= 0) ts_region_release(rdev, size);
+        return rc;
+    }
+    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_SYNC);
+    return rc;
+}
+
+#define PITCH_GUESS 512ULL
+
+CUresult ts_hook_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                    unsigned int elem) {
+    BIND_OR_FAIL();
+    pitch_fn real = REAL(cuMemAllocPitch_v2, pitch_fn);
+    int mode = ts_mode();
+    if (mode == TS_MODE_PASSTHROUGH) return real(dptr, pitch, width, height, elem);
+    int ord, rdev;
+    CUresult rc = current_ordinal(&ord);
+    if (rc != CUDA_SUCCESS) return rc;
+    /* The pitch is only known afterwards: charge a rounded estimate, then settle the difference. */
+    uint64_t row = width > UINT64_MAX - PITCH_GUESS ? UINT64_MAX : (width + PITCH_GUESS - 1) / PITCH_GUESS * PITCH_GUESS;
+    uint64_t guess;
+    if (__builtin_mul_overflow(row, (uint64_t)height, &guess)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if ((rc = reserve(mode, ord, guess, &rdev, "cuMemAllocPitch")) != CUDA_SUCCESS) return rc;
+    rc = real(dptr, pitch, width, height, elem);
+    if (rc != CUDA_SUCCESS || !dptr || !pitch) {
+        if (rdev >= 0) ts_region_release(rdev, guess);
+        return rc;
+    }
+    if (rdev < 0) return rc;
+    uint64_t actual;
+    if (__builtin_mul_overflow((uint64_t)*pitch, (uint64_t)height, &actual)) actual = UINT64_MAX;
+    if (actual > guess) {
+        ts_dev *d = ts_device(ord);
+        if (ts_region_reserve(rdev, actual - guess, d->limit) != 1) {
+            REAL(cuMemFree_v2, free_fn)(*dptr);
+            ts_region_release(rdev, guess);
+            *dptr = 0;
+            TS_INFO("cuMemAllocPitch of %llu bytes refused: over the limit", (unsigned long long)actual);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else if (actual < guess) {
+        ts_region_release(rdev, guess - actual);
+    }
+    track(&ts_ptrs, *dptr, actual, rdev, ord, TS_KIND_SYNC);
+    return rc;
+}
+
+CUresult ts_hook_cuMemFree_v2(CUdeviceptr ptr) {
+    BIND_OR_FAIL();
+    free_fn real = REAL(cuMemFree_v2, free_fn);
+    ts_record r;
+    if (!untrack(&ts_ptrs, ptr, &r)) return real(ptr);
+    CUresult rc = real(ptr);
+    if (rc != CUDA_SUCCESS) retrack(&ts_ptrs, &r);
+    else ts_region_release(r.rdev, r.size);
+    return rc;
+}
+
+/* ---- stream-ordered allocations ---- */
+
+static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t size, CUstream s, const char *what) {
+    int mode = ts_mode();
+    if (mode == TS_MODE_PASSTHROUGH) return real(dptr, size, s);
+    int ord, rdev;
+    CUresult rc = stream_ordinal(s, &ord);
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((rc = reserve(mode, ord, size, &rdev, what)) != CUDA_SUCCESS) return rc;
+    rc = real(dptr, size, s);
+    if (rc != CUDA_SUCCESS || !dptr) {
+        if (rdev >= 0) ts_region_release(rdev, size);
+        return rc;
+    }
+    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_ASYNC);
+    return rc;
+}
+
+CUresult ts_hook_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
+    BIND_OR_FAIL();
+    return alloc_async(REAL(cuMemAllocAsync, alloc_async_fn), dptr, size, s, "cuMemAllocAsync");
+}
+
+CUresult ts_hook_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
+    BIND_OR_FAIL();
+    return alloc_async(REAL(cuMemAllocAsync_ptsz, alloc_async_fn), dptr, size, s, "cuMemAllocAsync");
+}
+
+#define HOST_POOL (-2)
+
+static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+    int mode = ts_mode();
+    if (mode == TS_MODE_PASSTHROUGH) return real(dptr, size, pool, s);
+    int ord = -1, rdev;
+    ts_record pr;
+    pthread_mutex_lock(&ts_tab_mu);
+    int known = ts_table_take(&ts_pools, (uint64_t)(uintptr_t)pool, &pr);
+    if (known) ts_table_put(&ts_pools, pr.key, pr.size, pr.rdev, pr.ordinal, pr.kind);
+    pthread_mutex_unlock(&ts_tab_mu);
+    if (known && pr.ordinal == HOST_POOL) return real(dptr, size, pool, s); /* host memory */
+    CUresult rc = CUDA_SUCCESS;
+    if (known) ord = pr.ordinal;
+    else if ((rc = stream_ordinal(s, &ord)) != CUDA_SUCCESS) return rc;
+    if ((rc = reserve(mode, ord, size, &rdev, "cuMemAllocFromPoolAsync")) != CUDA_SUCCESS) return rc;
+    rc = real(dptr, size, pool, s);
+    if (rc != CUDA_SUCCESS || !dptr) {
+        if (rdev >= 0) ts_region_release(rdev, size);
+        return rc;
+    }
+    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_ASYNC);
+    return rc;
+}
+
+CUresult ts_hook_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+    BIND_OR_FAIL();
+    return alloc_pool(REAL(cuMemAllocFromPoolAsync, alloc_pool_fn), dptr, size, pool, s);
+}
+
+CUresult ts_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+    BIND_OR_FAIL();
+    return alloc_pool(REAL(cuMemAllocFromPoolAsync_ptsz, alloc_pool_fn), dptr, size, pool, s);
+}
+
+static CUresult free_async(free_async_fn real, CUdeviceptr ptr, CUstream s) {
+    ts_record r;
+    if (!untrack(&ts_ptrs, ptr, &r)) return real(ptr, s);
+    CUresult rc = real(ptr, s);
+    if (rc != CUDA_SUCCESS) retrack(&ts_ptrs, &r);
+    else ts_region_release(r.rdev, r.size);
+    return rc;
+}
+
+CUresult ts_hook_cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
+    BIND_OR_FAIL();
+    return free_async(REAL(cuMemFreeAsync, free_async_fn), ptr, s);
+}
+
+CUresult ts_hook_cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) {
+    BIND_OR_FAIL();
+    return free_async(REAL(cuMemFreeAsync_ptsz, free_async_fn), ptr, s);
+}
+
+CUresult ts_hook_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    BIND_OR_FAIL();
+    CUresult rc = REAL(cuMemPoolCreate, pool_create_fn)(pool, props);
+    if (rc != CUDA_SUCCESS || !pool || !props || ts_mode() == TS_MODE_PASSTHROUGH) return rc;
+    int ord = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : HOST_POOL;
+    pthread_mutex_lock(&ts_tab_mu);
+    ts_table_put(&ts_pools, (uint64_t)(uintptr_t)*pool, 0, 0, ord, TS_KIND_OTHER);
+    pthread_mutex_unlock(&ts_tab_mu);
+    return rc;
+}
+
+CUresult ts_hook_cuMemPoolDestroy(CUmemoryPool pool) {
+    BIND_OR_FAIL();
+    ts_record r;
+    int known = untrack(&ts_pools, (uint64_t)(uintptr_t)pool, &r);
+    CUresult rc = REAL(cuMemPoolDestroy, pool_destroy_fn)(pool);
+    if (rc != CUDA_SUCCESS && known) {
+        pthread_mutex_lock(&ts_tab_mu);
+        ts_table_put(&ts_pools, r.key, r.size, r.rdev, r.ordinal, r.kind);
+        pthread_mutex_unlock(&ts_tab_mu);
+    }
+    return rc;
+}
+
+/* ---- virtual memory management ---- */
+
+CUresult ts_hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                             unsigned long long flags) {
+    BIND_OR_FAIL();
+    mem_create_fn real = REAL(cuMemCreate, mem_create_fn);
+    int mode = ts_mode();
+    if (mode == TS_MODE_PASSTHROUGH || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return real(handle, size, prop, flags);
+    /* The device comes from the properties, never from the calling thread's context. */
+    int ord = prop->location.id;
+    if (ord < 0 || ord >= TS_MAX_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
+    int rdev;
+    CUresult rc = reserve(mode, ord, size, &rdev, "cuMemCreate");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = real(handle, size, prop, flags);
+    if (rc != CUDA_SUCCESS || !handle) {
+        if (rdev >= 0) ts_region_release(rdev, size);
+        return rc;
+    }
+    track(&ts_handles, *handle, size, rdev, ord, TS_KIND_OTHER);
+    return rc;
+}
+
+CUresult ts_hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
+    BIND_OR_FAIL();
+    mem_release_fn real = REAL(cuMemRelease, mem_release_fn);
+    ts_record r;
+    if (!untrack(&ts_handles, handle, &r)) return real(handle);
+    CUresult rc = real(handle);
+    if (rc != CUDA_SUCCESS) retrack(&ts_handles, &r);
+    else ts_region_release(r.rdev, r.size);
+    return rc;
+}
+
+/* ---- what the program sees ---- */
+
+CUresult ts_hook_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    BIND_OR_FAIL();
+    CUresult rc = REAL(cuMemGetInfo_v2, get_info_fn)(free_bytes, total_bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    int mode = ts_mode();
+    if (mode == TS_MODE_PASSTHROUGH) return rc;
+    uint64_t limit = 0, used = 0;
+    int ord = -1;
+    ts_dev *d = NULL;
+    if (mode == TS_MODE_LIMITED && current_ordinal(&ord) == CUDA_SUCCESS) {
+        d = ts_device(ord);
+        if (d && !d->limited) return rc;
+    }
+    if (d) {
+        limit = d->limit;
+        used = d->rdev >= 0 ? ts_region_used(d->rdev) : UINT64_MAX;
+    }
+    uint64_t phys_total = limit;
+    if (total_bytes) phys_total = *total_bytes;
+    else if (ord >= 0 && ts_real.cuDeviceTotalMem_v2) {
+        size_t t;
+        if (REAL(cuDeviceTotalMem_v2, total_mem_fn)(&t, ord) == CUDA_SUCCESS) phys_total = t;
+    }
+    uint64_t total = limit < phys_total ? limit : phys_total;
+    uint64_t avail = used >= total ? 0 : total - used;
+    if (free_bytes && avail < *free_bytes) *free_bytes = avail;
+    if (total_bytes) *total_bytes = total;
+    return rc;
+}
+
+CUresult ts_hook_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    BIND_OR_FAIL();
+    CUresult rc = REAL(cuDeviceTotalMem_v2, total_mem_fn)(bytes, dev);
+    if (rc != CUDA_SUCCESS || !bytes) return rc;
+    int mode = ts_mode();
+    if (mode == TS_MODE_PASSTHROUGH) return rc;
+    if (mode == TS_MODE_FAILED) {
+        *bytes = 0;
+        return rc;
+    }
+    ts_dev *d = ts_device(dev);
+    if (d && d->limited && d->limit < *bytes) *bytes = d->limit;
+    return rc;
+}
+
+/* ---- contexts: each one is charged the configured overhead ---- */
+
+static int overhead_on(int mode) { return mode == TS_MODE_LIMITED && ts_cfg.context_overhead > 0; }
+
+CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    BIND_OR_FAIL();
+    retain_fn real = REAL(cuDevicePrimaryCtxRetain, retain_fn);
+    int mode = ts_mode();
+    if (!overhead_on(mode) || dev < 0 || dev >= TS_MAX_DEVICES) return real(pctx, dev);
+    ts_device(dev);
+    pthread_mutex_lock(&ts_tab_mu);
+    int rdev = -1;
+    CUresult rc = CUDA_SUCCESS;
+    if (ts_primary_refs[dev] == 0) rc = reserve(mode, dev, ts_cfg.context_overhead, &rdev, "primary context");
+    if (rc == CUDA_SUCCESS) {
+        rc = real(pctx, dev);
+        if (rc == CUDA_SUCCESS) ts_primary_refs[dev]++;
+        else if (rdev >= 0) ts_region_release(rdev, ts_cfg.context_overhead);
+    }
+    pthread_mutex_unlock(&ts_tab_mu);
+    return rc;
+}
+
+static void release_overhead(ts_dev *d) {
+    if (d && d->rdev >= 0) ts_region_release(d->rdev, ts_cfg.context_overhead);
+}
+
+CUresult ts_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    BIND_OR_FAIL();
+    dev_fn real = REAL(cuDevicePrimaryCtxRelease_v2, dev_fn);
+    if (!overhead_on(ts_mode()) || dev < 0 || dev >= TS_MAX_DEVICES) return real(dev);
+    ts_dev *d = ts_device(dev);
+    pthread_mutex_lock(&ts_tab_mu);
+    CUresult rc = real(dev);
+    if (rc == CUDA_SUCCESS && ts_primary_refs[dev] > 0 && --ts_primary_refs[dev] == 0) release_overhead(d);
+    pthread_mutex_unlock(&ts_tab_mu);
+    return rc;
+}
+
+/* A reset destroys the primary context and the allocations made in it. */
+CUresult ts_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    BIND_OR_FAIL();
+    dev_fn real = REAL(cuDevicePrimaryCtxReset_v2, dev_fn);
+    int mode = ts_mode();
+    if (mode != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return real(dev);
+    ts_dev *d = ts_device(dev);
+    uint64_t sums[TS_MAX_DEVICES] = {0};
+    pthread_mutex_lock(&ts_tab_mu);
+    CUresult rc = real(dev);
+    if (rc == CUDA_SUCCESS) {
+        if (ts_primary_refs[dev] > 0) release_overhead(d);
+        ts_primary_refs[dev] = 0;
+        /* With other contexts on the device we cannot tell whose allocations died: keep them
+         * charged (over-counting never lets a workload past its limit). */
+        if (ts_custom_ctxs[dev] == 0) ts_table_drop_ordinal(&ts_ptrs, dev, TS_KIND_SYNC, sums);
+    }
+    pthread_mutex_unlock(&ts_tab_mu);
+    for (int i = 0; i < TS_MAX_DEVICES; i++)
+        if (sums[i]) ts_region_release(i, sums[i]);
+    return rc;
+}
+
+static CUresult ctx_reserve(int dev, int *rdev) {
+    *rdev = -1;
+    int mode = ts_mode();
+    if (mode != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return CUDA_SUCCESS;
+    if (!overhead_on(mode)) return CUDA_SUCCESS;
+    return reserve(mode, dev, ts_cfg.context_overhead, rdev, "context creation");
+}
+
+static void ctx_created(CUresult rc, CUcontext *pctx, int dev, int rdev) {
+    if (rc != CUDA_SUCCESS || !pctx) {
+        if (rdev >= 0) ts_region_release(rdev, ts_cfg.context_overhead);
+        return;
+    }
+    if (ts_mode() != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return;
+    pthread_mutex_lock(&ts_tab_mu);
+    ts_table_put(&ts_ctxs, (uint64_t)(uintptr_t)*pctx, rdev >= 0 ? ts_cfg.context_overhead : 0, rdev, dev,
+                 TS_KIND_OTHER);
+    ts_custom_ctxs[dev]++;
+    pthread_mutex_unlock(&ts_tab_mu);
+}
+
+CUresult ts_hook_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    BIND_OR_FAIL();
+    int rdev;
+    CUresult rc = ctx_reserve(dev, &rdev);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = REAL(cuCtxCreate_v2, ctx_create_v2_fn)(pctx, flags, dev);
+    ctx_created(rc, pctx, dev, rdev);
+    return rc;
+}
+
+CUresult ts_hook_cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev) {
+    BIND_OR_FAIL();
+    int rdev;
+    CUresult rc = ctx_reserve(dev, &rdev);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = REAL(cuCtxCreate_v3, ctx_create_v3_fn)(pctx, params, n, flags, dev);
+    ctx_created(rc, pctx, dev, rdev);
+    return rc;
+}
+
+CUresult ts_hook_cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev) {
+    BIND_OR_FAIL();
+    int rdev;
+    CUresult rc = ctx_reserve(dev, &rdev);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = REAL(cuCtxCreate_v4, ctx_create_v4_fn)(pctx, params, flags, dev);
+    ctx_created(rc, pctx, dev, rdev);
+    return rc;
+}
+
+CUresult ts_hook_cuCtxDestroy_v2(CUcontext ctx) {
+    BIND_OR_FAIL();
+    ctx_destroy_fn real = REAL(cuCtxDestroy_v2, ctx_destroy_fn);
+    ts_record r;
+    if (!untrack(&ts_ctxs, (uint64_t)(uintptr_t)ctx, &r)) return real(ctx);
+    CUresult rc = real(ctx);
+    pthread_mutex_lock(&ts_tab_mu);
+    if (rc != CUDA_SUCCESS) ts_table_put(&ts_ctxs, r.key, r.size, r.rdev, r.ordinal, r.kind);
+    else if (ts_custom_ctxs[r.ordinal] > 0) ts_custom_ctxs[r.ordinal]--;
+    pthread_mutex_unlock(&ts_tab_mu);
+    if (rc == CUDA_SUCCESS && r.rdev >= 0 && r.size) ts_region_release(r.rdev, r.size);
+    return rc;
+}
+
+TS_ALIAS(cuMemAlloc_v2)
+TS_ALIAS(cuMemAllocPitch_v2)
+TS_ALIAS(cuMemAllocManaged)
+TS_ALIAS(cuMemFree_v2)
+TS_ALIAS(cuMemAllocAsync)
+TS_ALIAS(cuMemAllocAsync_ptsz)
+TS_ALIAS(cuMemAllocFromPoolAsync)
+TS_ALIAS(cuMemAllocFromPoolAsync_ptsz)
+TS_ALIAS(cuMemFreeAsync)
+TS_ALIAS(cuMemFreeAsync_ptsz)
+TS_ALIAS(cuMemPoolCreate)
+TS_ALIAS(cuMemPoolDestroy)
+TS_ALIAS(cuMemCreate)
+TS_ALIAS(cuMemRelease)
+TS_ALIAS(cuMemGetInfo_v2)
+TS_ALIAS(cuDeviceTotalMem_v2)
+TS_ALIAS(cuDevicePrimaryCtxRetain)
+TS_ALIAS(cuDevicePrimaryCtxRelease_v2)
+TS_ALIAS(cuDevicePrimaryCtxReset_v2)
+TS_ALIAS(cuCtxCreate_v2)
+TS_ALIAS(cuCtxCreate_v3)
+TS_ALIAS(cuCtxCreate_v4)
+TS_ALIAS(cuCtxDestroy_v2)

@@ -1,0 +1,87 @@
+/* Internal interfaces of libtessera-cuda.so (nothing here is exported). */
+#ifndef TESSERA_ISOLATION_H
+#define TESSERA_ISOLATION_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tessera_cuda_types.h"
+
+#define TS_MAX_DEVICES 32
+#define TS_UUID_LEN 64
+#define TS_PATH_LEN 4096
+
+/* ---- logging (log.c) ---- */
+enum { TS_LOG_OFF = -1, TS_LOG_ERROR = 0, TS_LOG_WARN = 1, TS_LOG_INFO = 2, TS_LOG_DEBUG = 3 };
+extern int ts_log_level;
+void ts_log_init(void);
+void ts_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define TS_DEBUG(...) do { if (ts_log_level >= TS_LOG_DEBUG) ts_log(TS_LOG_DEBUG, __VA_ARGS__); } while (0)
+#define TS_INFO(...) do { if (ts_log_level >= TS_LOG_INFO) ts_log(TS_LOG_INFO, __VA_ARGS__); } while (0)
+
+/* ---- configuration (config.c) ---- */
+enum { TS_MODE_PASSTHROUGH = 0, TS_MODE_LIMITED = 1, TS_MODE_FAILED = 2 };
+
+typedef struct {
+    int index;              /* visible CUDA index, -1 when the entry is keyed by UUID only */
+    char uuid[TS_UUID_LEN]; /* "" when keyed by index only */
+    uint64_t request;
+    uint64_t limit;
+} ts_entry;
+
+typedef struct {
+    int mode;
+    int from_file;
+    char source[TS_PATH_LEN]; /* file path, or "environment" */
+    char error[1024];         /* why mode is TS_MODE_FAILED */
+    int n_entries;
+    ts_entry entries[TS_MAX_DEVICES];
+    int has_default;          /* TESSERA_GPU_MEMORY_LIMIT: every device without its own entry */
+    uint64_t default_limit;
+    uint64_t context_overhead;
+    char region[TS_PATH_LEN]; /* "" = private to this process */
+} ts_config;
+
+#define TS_DEFAULT_CONFIG_PATH "/etc/tessera/gpu-isolation.conf"
+
+void ts_config_load(ts_config *cfg);
+/* Kubernetes quantity ("8G", "8Gi", "500M", "1e9", plain bytes) to bytes; 0 on error. */
+int ts_parse_quantity(const char *text, uint64_t *out);
+/* The entry that applies to a device, or NULL: by UUID first, then by index. */
+const ts_entry *ts_config_match(const ts_config *cfg, int index, const char *uuid);
+
+/* ---- shared region (region.c) ---- */
+int ts_region_attach(const char *path, char *err, size_t errlen); /* path "" = private */
+void ts_region_detach_after_fork(void);
+int ts_region_device(const char *key, uint64_t limit);            /* region device index or -1 */
+int ts_region_find_device(const char *key);                       /* without registering */
+/* 1 if reserved, 0 if it would exceed limit, -1 on region failure. */
+int ts_region_reserve(int rdev, uint64_t size, uint64_t limit);
+void ts_region_release(int rdev, uint64_t size);
+uint64_t ts_region_used(int rdev);                                 /* after reclaiming the dead */
+
+/* ---- process-local tables (table.c) ---- */
+typedef struct {
+    uint64_t key;
+    uint64_t size;
+    int32_t rdev;   /* region device index */
+    int32_t ordinal;
+    int32_t kind;   /* TS_KIND_* */
+    int32_t pad;
+} ts_record;
+
+enum { TS_KIND_SYNC = 0, TS_KIND_ASYNC = 1, TS_KIND_OTHER = 2 };
+
+typedef struct {
+    ts_record *slots;
+    size_t cap, count, tombstones;
+} ts_table;
+
+int ts_table_put(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind);
+int ts_table_take(ts_table *t, uint64_t key, ts_record *out);
+void ts_table_clear(ts_table *t);
+/* Removes every record of one CUDA ordinal and kind; adds their bytes per region device to sums. */
+void ts_table_drop_ordinal(ts_table *t, int ordinal, int kind, uint64_t sums[TS_MAX_DEVICES]);
+
+#endif

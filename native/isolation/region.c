@@ -1,0 +1,327 @@
+/*
+ * The shared region: one file per workload, mapped by every process of the workload, holding
+ * the per-device usage totals and one slot per process with what that process holds.
+ *
+ * Locking (survives a process killed at any instant):
+ *  - every update happens under a robust, process-shared pthread mutex stored in the file; if
+ *    its owner dies, the next locker gets EOWNERDEAD, reclaims dead slots and recomputes the
+ *    totals from the remaining slots, so a half-done update is never trusted;
+ *  - each process holds an open-file-description lock (F_OFD_SETLK) on the first byte of its
+ *    slot; the kernel drops it when the process dies, so "is the owner alive" is answered by
+ *    F_OFD_GETLK, immune to PID reuse and PID namespaces;
+ *  - creation and first initialisation of the file happen under flock().
+ * Layout (version 1, native endianness; docs/isolation.md, tessera/isolation/region.py):
+ *   0    magic "TSRGN\0\0\1", u32 version, u32 slots_offset, u32 max_devices, u32 max_slots,
+ *        u32 slot_size, u32 n_devices, u32 slot_hwm
+ *   64   robust pthread mutex (64 bytes reserved)
+ *   128  devices[32] { char key[64]; u64 limit; u64 used; }   (80 bytes each)
+ *   4096 slots[1024] { i32 pid; u32 in_use; u64 used[32]; }   (264 bytes each)
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "isolation.h"
+
+#define REGION_MAGIC "TSRGN\0\0\1"
+#define REGION_VERSION 1u
+#define REGION_DEVICES 32
+#define REGION_SLOTS 1024
+#define DEVICES_OFFSET 128
+#define SLOTS_OFFSET 4096
+
+typedef struct {
+    char key[64];
+    uint64_t limit;
+    uint64_t used;
+} region_device;
+
+typedef struct {
+    int32_t pid;
+    uint32_t in_use;
+    uint64_t used[REGION_DEVICES];
+} region_slot;
+
+typedef struct {
+    char magic[8];
+    uint32_t version;
+    uint32_t slots_offset;
+    uint32_t max_devices;
+    uint32_t max_slots;
+    uint32_t slot_size;
+    uint32_t n_devices;
+    uint32_t slot_hwm;
+    uint32_t mutex_size;
+    char pad0[64 - 40];
+    union {
+        pthread_mutex_t mutex;
+        char pad1[64];
+    } lock;
+    region_device devices[REGION_DEVICES];
+} region_header;
+
+_Static_assert(sizeof(region_device) == 80, "device layout");
+_Static_assert(sizeof(region_slot) == 264, "slot layout");
+_Static_assert(__builtin_offsetof(region_header, lock) == 64, "mutex offset");
+_Static_assert(__builtin_offsetof(region_header, devices) == DEVICES_OFFSET, "devices offset");
+_Static_assert(sizeof(region_header) <= SLOTS_OFFSET, "header size");
+
+#define REGION_SIZE ((size_t)SLOTS_OFFSET + (size_t)REGION_SLOTS * sizeof(region_slot))
+
+static region_header *g_hdr;
+static region_slot *g_slots;
+static int g_fd = -1;        /* -1: private (anonymous) region */
+static int g_my_slot = -1;
+static int g_fault_stall;    /* TESSERA_ISOLATION_FAULT=stall-in-lock (tests only) */
+
+static off_t slot_offset(int i) { return (off_t)SLOTS_OFFSET + (off_t)i * (off_t)sizeof(region_slot); }
+
+static int slot_alive(int i) {
+    if (i == g_my_slot) return 1;
+    if (g_fd < 0) return 1; /* private region: every slot is ours */
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = slot_offset(i), .l_len = 1};
+    if (fcntl(g_fd, F_OFD_GETLK, &fl) != 0) return 1; /* cannot tell: never reclaim on doubt */
+    return fl.l_type != F_UNLCK;
+}
+
+/* Reclaims the slots of dead processes; with recompute, rebuilds every total from the slots. */
+static void sweep(int recompute) {
+    uint32_t hwm = g_hdr->slot_hwm > REGION_SLOTS ? REGION_SLOTS : g_hdr->slot_hwm;
+    for (uint32_t i = 0; i < hwm; i++) {
+        region_slot *s = &g_slots[i];
+        if (!s->in_use || slot_alive((int)i)) continue;
+        TS_DEBUG("reclaiming slot %u of dead process %d", i, s->pid);
+        if (!recompute) {
+            for (int d = 0; d < REGION_DEVICES; d++) {
+                uint64_t u = s->used[d];
+                g_hdr->devices[d].used -= u < g_hdr->devices[d].used ? u : g_hdr->devices[d].used;
+            }
+        }
+        memset(s, 0, sizeof *s);
+    }
+    if (recompute) {
+        uint64_t sums[REGION_DEVICES] = {0};
+        for (uint32_t i = 0; i < hwm; i++)
+            if (g_slots[i].in_use)
+                for (int d = 0; d < REGION_DEVICES; d++) sums[d] += g_slots[i].used[d];
+        for (int d = 0; d < REGION_DEVICES; d++) g_hdr->devices[d].used = sums[d];
+    }
+}
+
+static int region_lock(void) {
+    int rc = pthread_mutex_lock(&g_hdr->lock.mutex);
+    if (rc == EOWNERDEAD) {
+        ts_log(TS_LOG_WARN, "a process died holding the shared region lock; recovering");
+        sweep(1);
+        pthread_mutex_consistent(&g_hdr->lock.mutex);
+        return 0;
+    }
+    if (rc != 0) {
+        ts_log(TS_LOG_ERROR, "cannot lock the shared region: %s", strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+static void region_unlock(void) { pthread_mutex_unlock(&g_hdr->lock.mutex); }
+
+static void init_header(region_header *h) {
+    memset(h, 0, SLOTS_OFFSET);
+    h->version = REGION_VERSION;
+    h->slots_offset = SLOTS_OFFSET;
+    h->max_devices = REGION_DEVICES;
+    h->max_slots = REGION_SLOTS;
+    h->slot_size = sizeof(region_slot);
+    h->mutex_size = sizeof(pthread_mutex_t);
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&h->lock.mutex, &a);
+    pthread_mutexattr_destroy(&a);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    memcpy(h->magic, REGION_MAGIC, 8);
+}
+
+static int check_header(const region_header *h, char *err, size_t errlen, const char *path) {
+    if (h->version != REGION_VERSION || h->slots_offset != SLOTS_OFFSET || h->max_devices != REGION_DEVICES ||
+        h->max_slots != REGION_SLOTS || h->slot_size != sizeof(region_slot) ||
+        h->mutex_size != sizeof(pthread_mutex_t)) {
+        snprintf(err, errlen, "shared region %s has an incompatible layout (version %u)", path, h->version);
+        return -1;
+    }
+    return 0;
+}
+
+int ts_region_attach(const char *path, char *err, size_t errlen) {
+    const char *fault = getenv("TESSERA_ISOLATION_FAULT");
+    g_fault_stall = fault && strcmp(fault, "stall-in-lock") == 0;
+    if (path[0] == '\0') {
+        void *m = mmap(NULL, REGION_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            snprintf(err, errlen, "cannot map a private usage region: %s", strerror(errno));
+            return -1;
+        }
+        g_hdr = m;
+        g_slots = (region_slot *)((char *)m + SLOTS_OFFSET);
+        g_fd = -1;
+        init_header(g_hdr);
+        return 0;
+    }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open shared region %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX) != 0) {
+        snprintf(err, errlen, "cannot lock shared region %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (st.st_size < (off_t)REGION_SIZE && ftruncate(fd, (off_t)REGION_SIZE) != 0)) {
+        snprintf(err, errlen, "cannot size shared region %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    void *m = mmap(NULL, REGION_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map shared region %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    region_header *h = m;
+    int rc = 0;
+    if (memcmp(h->magic, REGION_MAGIC, 8) != 0) {
+        int blank = 1;
+        for (size_t i = 0; i < 8 && blank; i++) blank = h->magic[i] == 0;
+        if (blank) init_header(h);
+        else {
+            snprintf(err, errlen, "%s is not a tessera shared region (unknown magic)", path);
+            rc = -1;
+        }
+    } else {
+        rc = check_header(h, err, errlen, path);
+    }
+    flock(fd, LOCK_UN);
+    if (rc != 0) {
+        munmap(m, REGION_SIZE);
+        close(fd);
+        return -1;
+    }
+    g_hdr = h;
+    g_slots = (region_slot *)((char *)m + SLOTS_OFFSET);
+    g_fd = fd;
+    return 0;
+}
+
+void ts_region_detach_after_fork(void) {
+    /* The child shares the parent's open file description, and with it the slot lock: drop the
+     * descriptor so the slot stays the parent's, and attach afresh when needed. */
+    if (g_hdr) munmap(g_hdr, REGION_SIZE);
+    if (g_fd >= 0) close(g_fd);
+    g_hdr = NULL;
+    g_slots = NULL;
+    g_fd = -1;
+    g_my_slot = -1;
+}
+
+static int take_slot_locked(void) {
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < REGION_SLOTS; i++) {
+            region_slot *s = &g_slots[i];
+            if (s->in_use) continue;
+            if (g_fd >= 0) {
+                struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = slot_offset(i), .l_len = 1};
+                if (fcntl(g_fd, F_OFD_SETLK, &fl) != 0) continue;
+            }
+            memset(s, 0, sizeof *s);
+            s->pid = (int32_t)getpid();
+            s->in_use = 1;
+            if ((uint32_t)i + 1 > g_hdr->slot_hwm) g_hdr->slot_hwm = (uint32_t)i + 1;
+            g_my_slot = i;
+            TS_DEBUG("took slot %d of the shared region", i);
+            return 0;
+        }
+        sweep(0);
+    }
+    ts_log(TS_LOG_ERROR, "the shared region has no free process slot (%d processes)", REGION_SLOTS);
+    return -1;
+}
+
+int ts_region_find_device(const char *key) {
+    if (!g_hdr) return -1;
+    uint32_t n = __atomic_load_n(&g_hdr->n_devices, __ATOMIC_ACQUIRE);
+    if (n > REGION_DEVICES) n = REGION_DEVICES;
+    for (uint32_t i = 0; i < n; i++)
+        if (strncmp(g_hdr->devices[i].key, key, sizeof g_hdr->devices[i].key) == 0) return (int)i;
+    return -1;
+}
+
+int ts_region_device(const char *key, uint64_t limit) {
+    if (!g_hdr || region_lock() != 0) return -1;
+    int idx = ts_region_find_device(key);
+    if (idx < 0 && g_hdr->n_devices < REGION_DEVICES) {
+        idx = (int)g_hdr->n_devices;
+        snprintf(g_hdr->devices[idx].key, sizeof g_hdr->devices[idx].key, "%s", key);
+        __atomic_store_n(&g_hdr->n_devices, g_hdr->n_devices + 1, __ATOMIC_RELEASE);
+    }
+    if (idx >= 0) g_hdr->devices[idx].limit = limit;
+    region_unlock();
+    if (idx < 0) ts_log(TS_LOG_ERROR, "the shared region has no room for device %s", key);
+    return idx;
+}
+
+int ts_region_reserve(int rdev, uint64_t size, uint64_t limit) {
+    if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES) return -1;
+    if (region_lock() != 0) return -1;
+    if (g_my_slot < 0 && take_slot_locked() != 0) {
+        region_unlock();
+        return -1;
+    }
+    region_device *d = &g_hdr->devices[rdev];
+    int ok = size <= limit && d->used <= limit - size;
+    if (!ok) {
+        sweep(0);
+        ok = size <= limit && d->used <= limit - size;
+    }
+    if (ok) {
+        g_slots[g_my_slot].used[rdev] += size;
+        if (g_fault_stall) {
+            ssize_t w = write(STDERR_FILENO, "tessera-fault: stalled in lock\n", 31);
+            (void)w;
+            for (;;) pause();
+        }
+        d->used += size;
+    }
+    region_unlock();
+    return ok;
+}
+
+void ts_region_release(int rdev, uint64_t size) {
+    if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES || g_my_slot < 0) return;
+    if (region_lock() != 0) return;
+    region_slot *s = &g_slots[g_my_slot];
+    uint64_t mine = size < s->used[rdev] ? size : s->used[rdev];
+    s->used[rdev] -= mine;
+    region_device *d = &g_hdr->devices[rdev];
+    d->used -= mine < d->used ? mine : d->used;
+    region_unlock();
+}
+
+uint64_t ts_region_used(int rdev) {
+    if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES) return 0;
+    if (region_lock() != 0) return UINT64_MAX;
+    sweep(0);
+    uint64_t used = g_hdr->devices[rdev].used;
+    region_unlock();
+    return used;
+}

@@ -1,0 +1,135 @@
+/* Process state: configuration, devices, tracked allocations, fork handling. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "state.h"
+
+ts_config ts_cfg;
+ts_dev ts_devs[TS_MAX_DEVICES];
+pthread_mutex_t ts_tab_mu = PTHREAD_MUTEX_INITIALIZER;
+ts_table ts_ptrs, ts_handles, ts_ctxs, ts_pools;
+int ts_primary_refs[TS_MAX_DEVICES];
+int ts_custom_ctxs[TS_MAX_DEVICES];
+
+static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_loaded;
+static int g_refusals;
+
+int ts_mode(void) {
+    if (__atomic_load_n(&g_loaded, __ATOMIC_ACQUIRE)) return ts_cfg.mode;
+    pthread_mutex_lock(&g_init_mu);
+    if (!g_loaded) {
+        ts_log_init();
+        ts_config_load(&ts_cfg);
+        if (ts_cfg.mode == TS_MODE_LIMITED) {
+            char err[sizeof ts_cfg.error];
+            if (ts_region_attach(ts_cfg.region, err, sizeof err) != 0) {
+                snprintf(ts_cfg.error, sizeof ts_cfg.error, "%s", err);
+                ts_cfg.mode = TS_MODE_FAILED;
+            }
+        }
+        if (ts_cfg.mode == TS_MODE_FAILED) {
+            ts_log(TS_LOG_ERROR, "%s; every GPU memory allocation will be refused (fail closed)", ts_cfg.error);
+        } else if (ts_cfg.mode == TS_MODE_LIMITED) {
+            TS_INFO("limits from %s, region %s, context overhead %llu bytes", ts_cfg.source,
+                    ts_cfg.region[0] ? ts_cfg.region : "(private)", (unsigned long long)ts_cfg.context_overhead);
+            if (ts_cfg.has_default) TS_INFO("every device: limit %llu bytes", (unsigned long long)ts_cfg.default_limit);
+            for (int i = 0; i < ts_cfg.n_entries; i++)
+                TS_INFO("device index=%d uuid=%s: request %llu, limit %llu bytes", ts_cfg.entries[i].index,
+                        ts_cfg.entries[i].uuid[0] ? ts_cfg.entries[i].uuid : "-",
+                        (unsigned long long)ts_cfg.entries[i].request, (unsigned long long)ts_cfg.entries[i].limit);
+        } else {
+            TS_DEBUG("no limit configured: pass-through");
+        }
+        __atomic_store_n(&g_loaded, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_init_mu);
+    return ts_cfg.mode;
+}
+
+void ts_report_refusal(const char *what) {
+    int n = __atomic_fetch_add(&g_refusals, 1, __ATOMIC_RELAXED);
+    int level = n == 0 ? TS_LOG_ERROR : TS_LOG_DEBUG;
+    if (level <= ts_log_level)
+        ts_log(level, "%s refused: %s (fail closed)", what, ts_cfg.error);
+}
+
+void ts_format_uuid(const unsigned char *u, char *out, size_t len) {
+    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+typedef CUresult (*uuid_fn)(CUuuid *, CUdevice);
+
+ts_dev *ts_device(int ordinal) {
+    if (ordinal < 0 || ordinal >= TS_MAX_DEVICES) return NULL;
+    ts_dev *d = &ts_devs[ordinal];
+    if (__atomic_load_n(&d->ready, __ATOMIC_ACQUIRE)) return d;
+    pthread_mutex_lock(&g_init_mu);
+    if (!d->ready) {
+        d->uuid[0] = '\0';
+        uuid_fn get = (uuid_fn)(ts_real.cuDeviceGetUuid_v2 ? ts_real.cuDeviceGetUuid_v2 : ts_real.cuDeviceGetUuid);
+        CUuuid u;
+        if (get && get(&u, ordinal) == CUDA_SUCCESS) ts_format_uuid((unsigned char *)u.bytes, d->uuid, sizeof d->uuid);
+        const ts_entry *e = ts_config_match(&ts_cfg, ordinal, d->uuid);
+        d->rdev = -1;
+        d->limited = 1;
+        if (e) {
+            d->limit = e->limit;
+        } else if (ts_cfg.from_file) {
+            d->limit = 0;
+            ts_log(TS_LOG_ERROR, "device %d (%s) is not in %s; allocations on it are refused", ordinal,
+                   d->uuid[0] ? d->uuid : "uuid unknown", ts_cfg.source);
+        } else if (ts_cfg.has_default) {
+            d->limit = ts_cfg.default_limit;
+        } else {
+            d->limited = 0;
+        }
+        if (d->limited) {
+            char key[TS_UUID_LEN];
+            if (d->uuid[0]) snprintf(key, sizeof key, "%s", d->uuid);
+            else snprintf(key, sizeof key, "index-%d", ordinal);
+            d->rdev = ts_region_device(key, d->limit);
+            if (d->rdev < 0) d->limit = 0;
+            TS_DEBUG("device %d (%s): limit %llu bytes, region entry %d", ordinal, key,
+                     (unsigned long long)d->limit, d->rdev);
+        } else {
+            TS_DEBUG("device %d (%s): no limit", ordinal, d->uuid[0] ? d->uuid : "uuid unknown");
+        }
+        __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_init_mu);
+    return d;
+}
+
+static void prepare(void) {
+    pthread_mutex_lock(&g_init_mu);
+    pthread_mutex_lock(&ts_tab_mu);
+}
+
+static void parent(void) {
+    pthread_mutex_unlock(&ts_tab_mu);
+    pthread_mutex_unlock(&g_init_mu);
+}
+
+static void child(void) {
+    pthread_mutex_init(&ts_tab_mu, NULL);
+    pthread_mutex_init(&g_init_mu, NULL);
+    ts_region_detach_after_fork();
+    ts_table_clear(&ts_ptrs);
+    ts_table_clear(&ts_handles);
+    ts_table_clear(&ts_ctxs);
+    ts_table_clear(&ts_pools);
+    memset(ts_devs, 0, sizeof ts_devs);
+    memset(ts_primary_refs, 0, sizeof ts_primary_refs);
+    memset(ts_custom_ctxs, 0, sizeof ts_custom_ctxs);
+    g_loaded = 0;
+    g_refusals = 0;
+}
+
+__attribute__((constructor)) static void ts_constructor(void) {
+    ts_log_init();
+    pthread_atfork(prepare, parent, child);
+}

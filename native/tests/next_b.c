@@ -1,0 +1,1 @@
+int tessera_probe(void) { return 2; }

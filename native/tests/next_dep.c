@@ -1,0 +1,1 @@
+int tessera_dep_symbol(void) { return 42; }
