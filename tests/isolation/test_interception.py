@@ -1,0 +1,97 @@
+"""How calls reach the hooks: dlsym, cuGetProcAddress (both versions), direct linking."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.isolation.conftest import GiB, H100_BYTES, clean_env, run
+
+LIMIT = {"TESSERA_GPU_MEMORY_LIMIT": "8Gi"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "version", "extra"),
+    [
+        ("dlsym", None, {}),
+        ("gpa", 12080, {}),
+        ("gpa", 12000, {}),
+        ("gpa1", 11040, {}),
+        ("linked", None, {}),
+        # the driver hands out addresses that differ from its exports: matched by name + version
+        ("gpa", 12080, {"FAKE_CUDA_PROC_INTERNAL": "1"}),
+    ],
+)
+def test_limit_enforced_on_every_lookup_path(native, probe, mode, version, extra):
+    p = probe(clean_env(native, extra={**LIMIT, **extra}), mode, version)
+    assert p("resolved")["missing"] == 0 or mode == "linked"
+    p.start()
+    assert p.info() == (8 * GiB, 8 * GiB)
+    a = p.alloc(5 * GiB)
+    assert p(f"alloc {4 * GiB}")["rc"] == 2  # CUDA_ERROR_OUT_OF_MEMORY
+    assert p(f"aalloc_ptsz {4 * GiB} ptds")["rc"] == 2
+    assert p(f"aalloc {4 * GiB} legacy")["rc"] == 2
+    assert p(f"free {a}")["rc"] == 0
+    p.alloc(8 * GiB)
+
+
+def test_without_the_library_the_fake_driver_allows_everything(native, probe):
+    p = probe(clean_env(native, preload=False, extra=LIMIT)).start()
+    p.alloc(40 * GiB)
+    assert p.info()[1] == H100_BYTES
+
+
+def test_no_limit_configured_is_pure_pass_through(native, probe):
+    p = probe(clean_env(native)).start()
+    assert p.info() == (H100_BYTES, H100_BYTES)
+    a = p.alloc(H100_BYTES)
+    assert p("alloc 1")["rc"] == 2  # the (fake) driver's own out-of-memory
+    assert p(f"free {a}")["rc"] == 0
+    assert p("total 0")["total"] == H100_BYTES
+    assert p.stderr() == ""
+
+
+def test_dlsym_keeps_rtld_next_and_rtld_default_relative_to_the_caller(native):
+    plain = run(native, "nextcheck", clean_env(native, preload=False))
+    hooked = run(native, "nextcheck", clean_env(native, extra=LIMIT))
+    assert plain.stdout.strip() == "next=2 local_default=42"
+    assert hooked.stdout.strip() == plain.stdout.strip()
+
+
+DLADDR = r"""
+import ctypes, ctypes.util, sys
+class Info(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+libc = ctypes.CDLL(None)
+cuda = ctypes.CDLL("libcuda.so.1")
+for name in sys.argv[1:]:
+    addr = ctypes.cast(getattr(cuda, name), ctypes.c_void_p)
+    info = Info()
+    libc.dladdr(addr, ctypes.byref(info))
+    print(name, info.fname.decode().rsplit("/", 1)[-1])
+"""
+
+
+def test_only_exact_hooked_names_are_interposed(native):
+    names = ["cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuGetProcAddress_v2",
+             "cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemMap", "cuDeviceGetCount",
+             "cuCtxGetDevice", "cuDevicePrimaryCtxRetain", "cuMemCreate"]
+    out = subprocess.run([sys.executable, "-c", DLADDR, *names], env=clean_env(native, extra=LIMIT),
+                         capture_output=True, text=True, check=True).stdout
+    owner = dict(line.split() for line in out.splitlines())
+    hooked = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuGetProcAddress_v2",
+              "cuDevicePrimaryCtxRetain", "cuMemCreate"}
+    for name in names:
+        expected = "libtessera-cuda.so" if name in hooked else "libcuda.so.1"
+        assert owner[name] == expected, (name, owner[name])
+
+
+def test_nested_cu_get_proc_address_returns_the_wrapper(native, probe):
+    # cuprobe "gpa" fetches cuGetProcAddress through cuGetProcAddress_v2 and resolves everything
+    # with the result: a limit that holds proves the nested lookup stayed hooked.
+    p = probe(clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": "1Gi"}), "gpa", 12080).start()
+    assert p(f"alloc {GiB + 1}")["rc"] == 2
+    assert p(f"create {2 * GiB} 0")["rc"] == 2

@@ -1,0 +1,203 @@
+"""Accounting and limits for every hooked allocation path, and what the program is told."""
+
+from __future__ import annotations
+
+from tests.isolation.conftest import GiB, H100_BYTES, V100X4, clean_env
+
+MiB = 2**20
+
+
+def limited(native, limit="8Gi", **extra):
+    return clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": limit, **extra})
+
+
+def test_limit_reached_exactly_and_exceeded_by_one_byte(native, probe):
+    p = probe(limited(native)).start()
+    a = p.alloc(8 * GiB)
+    assert p.info() == (0, 8 * GiB)
+    assert p("alloc 1")["rc"] == 2
+    assert p(f"free {a}")["rc"] == 0
+    assert p.info() == (8 * GiB, 8 * GiB)
+    p.alloc(3 * GiB)
+    p.alloc(5 * GiB)
+    assert p("alloc 1")["rc"] == 2
+
+
+def test_refusals_are_quiet_by_default_and_logged_on_request(native, probe):
+    quiet = probe(limited(native)).start()
+    assert quiet(f"alloc {9 * GiB}")["rc"] == 2
+    assert quiet.stderr() == ""
+    loud = probe(limited(native, TESSERA_ISOLATION_LOG="debug")).start()
+    assert loud(f"alloc {9 * GiB}")["rc"] == 2
+    assert "refused: the workload's limit is 8589934592 bytes" in loud.stderr()
+
+
+def test_memory_queries_report_the_limit_and_are_null_safe(native, probe):
+    p = probe(limited(native)).start()
+    p.alloc(3 * GiB)
+    assert p.info() == (5 * GiB, 8 * GiB)
+    assert p("total 0")["total"] == 8 * GiB
+    # NULL arguments: the driver's answer comes back, nothing is written, nothing crashes
+    for which in ("nullfree", "nulltotal", "nullboth"):
+        assert p(f"info {which}")["rc"] == 1
+    assert p("total 0 null")["rc"] == 1
+    assert p.info() == (5 * GiB, 8 * GiB)
+
+
+def test_free_never_exceeds_the_physically_free_memory(native, probe):
+    # another tenant holds all but 2 GiB of the device
+    p = probe(limited(native, FAKE_GPU_USED_0=str(H100_BYTES - 2 * GiB))).start()
+    assert p.info() == (2 * GiB, 8 * GiB)
+
+
+def test_limit_above_the_device_reports_the_device(native, probe):
+    p = probe(limited(native, limit="200Gi")).start()
+    assert p.info() == (H100_BYTES, H100_BYTES)
+    assert p("total 0")["total"] == H100_BYTES
+
+
+def test_usage_above_the_limit_clamps_free_to_zero(native, probe, tmp_path):
+    region = str(tmp_path / "region")
+    big = probe(limited(native, TESSERA_GPU_SHARED_REGION=region)).start()
+    big.alloc(6 * GiB)
+    # a process of the same workload with a smaller limit sees 6 GiB used of 4 GiB
+    small = probe(limited(native, limit="4Gi", TESSERA_GPU_SHARED_REGION=region)).start()
+    assert small.info() == (0, 4 * GiB)
+    assert small("alloc 1")["rc"] == 2
+
+
+def test_untracked_frees_go_to_the_driver_untouched(native, probe):
+    p = probe(limited(native)).start()
+    other = p(f"unhooked {GiB}")  # memory the library never saw
+    assert other["rc"] == 0
+    assert p.info() == (8 * GiB, 8 * GiB)
+    assert p(f"free {other['ptr']}")["rc"] == 0
+    assert p.info() == (8 * GiB, 8 * GiB)
+    assert p("free 0x1234000")["rc"] == 1  # the driver's own error for a bad pointer
+    a = p.alloc(GiB)
+    assert p(f"free {a}")["rc"] == 0
+    assert p(f"free {a}")["rc"] == 1  # double free: the driver answers
+    assert p.info() == (8 * GiB, 8 * GiB)
+
+
+def test_pitch_allocations_are_charged_by_the_pitch_the_driver_chose(native, probe):
+    p = probe(limited(native, limit="64Mi")).start()
+    r = p("pitch 1000 1000 4")
+    assert r["rc"] == 0 and r["pitch"] == 1024
+    assert p.info()[0] == 64 * MiB - 1024 * 1000
+    assert p("pitch 70000 1000 4")["rc"] == 2
+    assert p(f"free {r['ptr']}")["rc"] == 0
+    assert p.info()[0] == 64 * MiB
+
+
+def test_managed_memory_is_charged_to_the_current_device(native, probe):
+    p = probe(limited(native)).start()
+    r = p(f"managed {6 * GiB}")
+    assert r["rc"] == 0
+    assert p(f"managed {3 * GiB}")["rc"] == 2
+    assert p.info()[0] == 2 * GiB
+    assert p(f"free {r['ptr']}")["rc"] == 0
+    assert p.info()[0] == 8 * GiB
+
+
+def test_stream_ordered_allocation(native, probe):
+    p = probe(limited(native)).start()
+    s = p("stream")["stream"]
+    a = p(f"aalloc {3 * GiB} {s}")
+    b = p(f"aalloc_ptsz {3 * GiB} ptds")
+    assert a["rc"] == 0 and b["rc"] == 0
+    assert p(f"aalloc {3 * GiB} null")["rc"] == 2
+    pool = p("pool 0")["pool"]
+    c = p(f"palloc {GiB} {pool} {s}")
+    assert c["rc"] == 0
+    assert p(f"palloc_ptsz {2 * GiB} {pool} ptds")["rc"] == 2
+    default_pool = p("defpool 0")["pool"]
+    assert p(f"palloc {GiB} {default_pool} {s}")["rc"] == 0
+    host_pool = p("pool host")["pool"]
+    host = p(f"palloc {20 * GiB} {host_pool} {s}")  # host memory: not the GPU's
+    assert host["rc"] == 0
+    assert p.info()[0] == 0
+    assert p(f"afree {a['ptr']} {s}")["rc"] == 0
+    assert p(f"afree_ptsz {b['ptr']} ptds")["rc"] == 0
+    assert p(f"afree {c['ptr']} {s}")["rc"] == 0
+    assert p(f"afree {host['ptr']} {s}")["rc"] == 0
+    assert p.info()[0] == 7 * GiB
+    assert p(f"pooldestroy {pool}")["rc"] == 0
+
+
+def test_vmm_allocations_are_charged_to_the_device_in_their_properties(native, probe):
+    p = probe(clean_env(native, devices=V100X4, extra={"TESSERA_GPU_MEMORY_LIMIT": "2Gi"})).start(0)
+    h1 = p(f"create {GiB} 1")  # current context is device 0; the memory lives on device 1
+    assert h1["rc"] == 0
+    assert p(f"create {GiB + 2 * MiB} 1")["rc"] == 2
+    assert p.info() == (2 * GiB, 2 * GiB)  # device 0 untouched
+    assert p(f"create {2 * GiB} 0")["rc"] == 0
+    assert p.info() == (0, 2 * GiB)
+    assert p(f"create {4 * GiB} host")["rc"] == 0  # host memory is not charged
+    assert p(f"create_nullprop {GiB}")["rc"] == 1  # driver's own error, no crash
+    assert p(f"create {GiB} 17")["rc"] == 101  # device outside the workload
+    assert p(f"releaseh {h1['handle']}")["rc"] == 0
+    assert p("releaseh 0x999")["rc"] == 1  # unknown handle: the driver answers
+    p2 = p(f"create {2 * GiB} 1")
+    assert p2["rc"] == 0
+    assert p("ctx 1")["rc"] == 0
+    assert p.info() == (0, 2 * GiB)
+
+
+def test_context_overhead_is_charged_per_context(native, probe):
+    p = probe(limited(native, TESSERA_GPU_CONTEXT_OVERHEAD="1Gi")).start()
+    assert p.info() == (7 * GiB, 8 * GiB)
+    assert p("ctx 0")["rc"] == 0  # a second retain of the primary context costs nothing more
+    assert p.info()[0] == 7 * GiB
+    ctxs = [p(f"ctxcreate 0 {v}") for v in ("v2", "v3", "v4")]
+    assert all(c["rc"] == 0 for c in ctxs)
+    assert p.info()[0] == 4 * GiB
+    assert p(f"alloc {4 * GiB + 1}")["rc"] == 2
+    for c in ctxs:
+        assert p(f"ctxdestroy {c['ctx']}")["rc"] == 0
+    assert p("ctx 0")["rc"] == 0
+    assert p.info()[0] == 7 * GiB
+    for _ in range(3):
+        assert p("release 0")["rc"] == 0
+    # the primary context is gone: its overhead is released
+    again = p("ctxcreate 0 v2")
+    assert again["rc"] == 0
+    assert p.info()[0] == 7 * GiB
+
+
+def test_context_larger_than_the_limit_is_refused(native, probe):
+    p = probe(limited(native, limit="1Gi", TESSERA_GPU_CONTEXT_OVERHEAD="2Gi"))
+    assert p("init")["rc"] == 0
+    assert p("ctx 0")["rc"] == 2
+
+
+def test_primary_context_reset_releases_its_allocations(native, probe):
+    p = probe(limited(native)).start()
+    p.alloc(6 * GiB)
+    assert p("reset 0")["rc"] == 0
+    assert p("ctx 0")["rc"] == 0
+    assert p.info() == (8 * GiB, 8 * GiB)
+
+
+def test_four_devices_each_get_their_own_limit(native, probe):
+    env = clean_env(native, devices=V100X4, extra={"TESSERA_GPU_MEMORY_LIMIT": "2Gi",
+                                                    "TESSERA_GPU_MEMORY_LIMIT_3": "1Gi"})
+    p = probe(env)
+    assert p("init")["rc"] == 0
+    for dev in range(4):
+        assert p(f"ctx {dev}")["rc"] == 0
+        expected = GiB if dev == 3 else 2 * GiB
+        assert p.info() == (expected, expected)
+        assert p(f"total {dev}")["total"] == expected
+        p.alloc(expected)
+        assert p("alloc 1")["rc"] == 2
+    assert p("ctx 0")["rc"] == 0
+    assert p.info() == (0, 2 * GiB)
+
+
+def test_per_index_limit_alone_leaves_other_devices_unlimited(native, probe):
+    env = clean_env(native, devices=V100X4, extra={"TESSERA_GPU_MEMORY_LIMIT_1": "1Gi"})
+    p = probe(env).start(0)
+    assert p.info() == (16 * GiB, 16 * GiB)
+    assert p("ctx 1")["rc"] == 0
+    assert p.info() == (GiB, GiB)

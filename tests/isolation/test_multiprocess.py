@@ -1,0 +1,89 @@
+"""Several processes, one limit: the shared region, killed processes, and reclaim."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from tessera.isolation import read_region
+from tests.isolation.conftest import GiB, clean_env
+
+KEY = "GPU-66616b65-313c-4752-5d68-737e89949faa"  # the fake H100's UUID
+
+
+def shared(native, region, **extra):
+    return clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": "8Gi",
+                                    "TESSERA_GPU_SHARED_REGION": str(region), **extra})
+
+
+def test_two_processes_share_one_limit(native, probe, tmp_path):
+    region = tmp_path / "region"
+    a = probe(shared(native, region)).start()
+    b = probe(shared(native, region)).start()
+    pa = a.alloc(5 * GiB)
+    assert b(f"alloc {4 * GiB}")["rc"] == 2
+    b.alloc(3 * GiB)
+    assert a.info() == (0, 8 * GiB)
+    usage = read_region(region)[KEY]
+    assert usage.used_bytes == 8 * GiB
+    assert usage.limit_bytes == 8 * GiB
+    assert sorted(usage.processes.values()) == [3 * GiB, 5 * GiB]
+    assert a(f"free {pa}")["rc"] == 0
+    b.alloc(5 * GiB)
+    assert read_region(region)[KEY].used_bytes == 8 * GiB
+
+
+def test_process_killed_mid_allocation_is_reclaimed(native, probe, tmp_path):
+    region = tmp_path / "region"
+    hang = 3 * GiB
+    a = probe(shared(native, region, FAKE_CUDA_HANG_ALLOC_SIZE=str(hang))).start()
+    a.alloc(2 * GiB)
+    a.send(f"alloc {hang}")  # charged, then stuck inside the driver call
+    a.wait_stderr_line("fake-cuda: hang")
+    assert read_region(region)[KEY].used_bytes == 5 * GiB
+    os.kill(a.proc.pid, signal.SIGKILL)
+    a.proc.wait()
+    b = probe(shared(native, region)).start()
+    assert b.info() == (8 * GiB, 8 * GiB)
+    b.alloc(8 * GiB)
+    assert read_region(region)[KEY].processes == {b.proc.pid: 8 * GiB}
+
+
+def test_process_killed_while_holding_the_region_lock(native, probe, tmp_path):
+    region = tmp_path / "region"
+    a = probe(shared(native, region, TESSERA_ISOLATION_FAULT="stall-in-lock")).start()
+    a.send(f"alloc {GiB}")  # stops inside the lock, between two updates
+    a.wait_stderr_line("tessera-fault: stalled in lock")
+    os.kill(a.proc.pid, signal.SIGKILL)
+    a.proc.wait()
+    b = probe(shared(native, region, TESSERA_ISOLATION_LOG="warn")).start()
+    b.alloc(8 * GiB)  # the lock is recovered and the half-made charge is gone
+    assert b("alloc 1")["rc"] == 2
+    c = probe(shared(native, region)).start()
+    assert c.info() == (0, 8 * GiB)
+    assert "died holding the shared region lock" in b.stderr()
+
+
+def test_exited_process_is_reclaimed(native, probe, tmp_path):
+    region = tmp_path / "region"
+    a = probe(shared(native, region)).start()
+    a.alloc(6 * GiB)
+    a.close()
+    b = probe(shared(native, region)).start()
+    assert b.info() == (8 * GiB, 8 * GiB)
+
+
+def test_limits_are_per_device_in_the_region(native, probe, tmp_path):
+    region = tmp_path / "region"
+    devices = ";".join(["Tesla V100-SXM2-16GB=16Gi"] * 4)
+    env = clean_env(native, devices=devices, extra={"TESSERA_GPU_MEMORY_LIMIT": "2Gi",
+                                                      "TESSERA_GPU_SHARED_REGION": str(region)})
+    a = probe(env).start(0)
+    b = probe(env).start(1)
+    a.alloc(2 * GiB)
+    b.alloc(2 * GiB)  # another device: its own 2 GiB
+    assert a("ctx 1")["rc"] == 0
+    assert a("alloc 1")["rc"] == 2  # device 1 is full, held by b
+    usage = read_region(region)
+    assert len(usage) == 2
+    assert {u.used_bytes for u in usage.values()} == {2 * GiB}
