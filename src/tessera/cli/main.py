@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 
 from tessera.cli import render
@@ -608,7 +607,7 @@ def _register_verbs(group: typer.Typer, kind: str | None) -> None:
         """Print the workload's output."""
         _logs(kind, name, project, follow, pod)
 
-    @group.command("exec", context_settings={"allow_interspersed_args": False})
+    @group.command("exec")
     def exec_(
         name: str,
         command: Annotated[list[str] | None, typer.Argument()] = None,
@@ -703,14 +702,20 @@ class _App:
         except CliError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(exc.code)
-        except click.exceptions.Abort:
-            print("error: aborted", file=sys.stderr)
-            sys.exit(1)
-        except click.exceptions.ClickException as exc:
-            print(f"error: {exc.format_message()}", file=sys.stderr)
-            sys.exit(1)
         except KeyboardInterrupt:
             sys.exit(130)
+        except Exception as exc:
+            # Typer's (vendored) click raises usage errors and aborts here in non-standalone mode.
+            if hasattr(exc, "format_message"):
+                message = exc.format_message()
+                if not message:
+                    sys.exit(0)
+                print(f"error: {message}", file=sys.stderr)
+                sys.exit(1)
+            if type(exc).__name__ == "Abort":
+                print("error: aborted", file=sys.stderr)
+                sys.exit(1)
+            raise
         sys.exit(result if isinstance(result, int) else 0)
 
 

@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -101,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         access_log=False, lifespan="off",
     )
     server = uvicorn.Server(config)
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    # uvicorn re-raises SIGTERM/SIGINT once it has shut down; exit through ``finally`` then.
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
     try:
         server.run()
     finally:
