@@ -22,6 +22,23 @@ from tessera.core.units import format_gpus
 from .allocate import gang_demand, shape
 
 
+_TRIES = ("placement", "fair-share")
+
+
+def reclaimer_caps(session: Session, ws: WorkloadState) -> dict[str, Vector]:
+    """The reclaiming project must end within its fair share; its ancestors must end within
+    theirs or no higher than now (reclaim between siblings does not grow their parent)."""
+    caps: dict[str, Vector] = {}
+    for name in ws.chain:
+        share = session.shares.share[name]
+        if name == ws.project:
+            caps[name] = share
+        else:
+            a = session.alloc[name]
+            caps[name] = (max(a[0], share[0]), max(a[1], share[1]), max(a[2], share[2]))
+    return caps
+
+
 def over_share(session: Session, project: str) -> bool:
     a = session.alloc[project]
     share = session.shares.share[project]
@@ -35,7 +52,7 @@ class Reclaim:
         waiting = [
             ws
             for ws in session.pending
-            if ws.unplaced() and ws.required() > 0 and getattr(session.waits.get(ws.id), "kind", "") == "placement"
+            if ws.unplaced() and ws.required() > 0 and getattr(session.waits.get(ws.id), "kind", "") in _TRIES
         ]
         if not waiting:
             return
@@ -65,7 +82,7 @@ class Reclaim:
             key = (ws.project, shape(ws))
             if key in failed or not ws.unplaced():
                 continue
-            if session.quota_check(ws, gang_demand(session, ws)) is not None:
+            if session.quota_check(ws, gang_demand(session, ws), fair_caps=_leaf_only(session, ws)) is not None:
                 continue
             if not self._try(session, ws, index):
                 failed.add(key)
@@ -107,8 +124,10 @@ class Reclaim:
                 ws.id,
             )
 
+        caps = reclaimer_caps(session, ws)
+
         def extra_ok(demand: Vector) -> bool:
-            return session.quota_check(ws, demand) is None
+            return session.quota_check(ws, demand, fair_caps=caps) is None
 
         stmt = Statement(session)
         result = evict_until_fits(session, ws, index, allow, evict, extra_ok, max_rounds=4 * ws.required() + 4)
@@ -116,10 +135,14 @@ class Reclaim:
             stmt.discard()
             previous = session.waits.get(ws.id)
             base = previous.reason if previous is not None else "no room"
-            session.wait(ws, Wait("placement", f"{base}; reclaim found no over-share workloads whose eviction makes room"))
+            kind = previous.kind if previous is not None else "placement"
+            session.wait(ws, Wait(kind, f"{base}; reclaim found no over-share workloads whose eviction makes room"))
             return False
         placed, evicted = result
-        kept = drop_needless(session, evicted, lambda: True)
+        if not session.within(ws.chain, caps):
+            stmt.discard()
+            return False
+        kept = drop_needless(session, evicted, lambda: session.within(ws.chain, caps))
         evicted_gpus = sum(session.evictions[v.id].gpus for v in kept)
         placed_gpus = sum(session.placement_vector(p)[0] for _, p in placed)
         if evicted_gpus > placed_gpus + session.shortfall(ws.project) + EPS:
@@ -138,3 +161,7 @@ class Reclaim:
         stmt.commit()
         return True
 
+
+def _leaf_only(session: Session, ws: WorkloadState) -> dict[str, Vector]:
+    inf = float("inf")
+    return {name: session.shares.share[name] if name == ws.project else (inf, inf, inf) for name in ws.chain}
