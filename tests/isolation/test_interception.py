@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.isolation.conftest import GiB, H100_BYTES, clean_env, run
+from tests.isolation.conftest import H100_BYTES, GiB, clean_env, run
 
 LIMIT = {"TESSERA_GPU_MEMORY_LIMIT": "8Gi"}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.isolation.conftest import GiB, H100_BYTES, V100X4, clean_env
+from tests.isolation.conftest import H100_BYTES, V100X4, GiB, clean_env
 
 MiB = 2**20
 
