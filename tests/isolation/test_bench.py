@@ -1,0 +1,19 @@
+"""The benchmark runs and reports its numbers (its speed is recorded in docs, never asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from tessera.bench import isolation as bench
+
+
+def test_benchmark_prints_one_json_object_last(capsys):
+    assert bench.main(["--pairs", "2000", "--repeats", "1"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    result = json.loads(last)
+    assert result["benchmark"] == "isolation"
+    for key in ("baseline_ns_per_pair", "passthrough_ns_per_pair", "limited_ns_per_pair",
+                "shared_region_ns_per_pair"):
+        assert result[key] > 0
+    assert result["overhead_ns_per_pair"] == round(
+        result["shared_region_ns_per_pair"] - result["baseline_ns_per_pair"], 1)
