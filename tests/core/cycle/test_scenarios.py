@@ -283,7 +283,7 @@ def test_reclaim_picks_the_node_that_frees_least() -> None:
         ns,
         [project("team-a", 1), project("team-b", 0, weight=0), project("team-c", 0, weight=0)],
         [
-            # n1 holds two quarter-GPU workloads, n2 one half: a 0.5 needs only one of n1's.
+            # n1 is full with b1, b2 (0.25 each) and b3 (0.5); n2 with c1 (0.75) and c2 (0.25).
             workload(ns, "b1", "team-b", 0.25, on=["n1:0"], started=1),
             workload(ns, "b2", "team-b", 0.25, on=["n1:0"], started=2),
             workload(ns, "c1", "team-c", 0.75, on=["n2:0"], started=3),

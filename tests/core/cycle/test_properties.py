@@ -1,0 +1,231 @@
+"""Property tests: random clusters, project trees and workloads through whole cycles."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tessera.core.cycle import CycleConfig, Plan, Project, Quota, Snapshot, Workload, run_cycle
+from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
+from tessera.core.placement import NoFit, Placer
+from tessera.core.projects import ProjectTree
+from tessera.core.state import ClusterState, Placement
+from tessera.core.units import GiB
+from tessera.core.workloads import priority_class
+
+EPS = 1e-6
+CLASSES = ("train", "train", "build", "inference", "build-preemptible")
+
+
+def gpu_request(draw: st.DrawFn) -> ResourceRequest:
+    kind = draw(st.sampled_from(["whole", "whole", "portion", "portion", "multi", "memory", "dynamic"]))
+    if kind == "whole":
+        g = GpuRequest.whole(draw(st.integers(1, 2)))
+    elif kind == "portion":
+        g = GpuRequest.fraction(draw(st.sampled_from(["0.25", "0.5", "0.75", "0.3"])))
+    elif kind == "multi":
+        g = GpuRequest.fraction(Decimal("0.5"), devices=2)
+    elif kind == "memory":
+        g = GpuRequest.of_memory(draw(st.sampled_from([4, 8, 12])) * GiB)
+    else:
+        g = GpuRequest.fraction(Decimal("0.25"), limit=Decimal("1"))
+    return ResourceRequest(g, cpu_milli=draw(st.sampled_from([0, 1000, 4000])))
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> tuple[Snapshot, CycleConfig]:
+    node_list = []
+    for k in range(draw(st.integers(1, 3))):
+        size = draw(st.sampled_from([16, 32])) * GiB
+        gpus = tuple(GpuDevice(f"g{k}-{i}", i, size, "V100") for i in range(draw(st.integers(1, 4))))
+        node_list.append(Node(f"n{k}", gpus, cpu_milli=16_000, memory=64 * GiB))
+    count = draw(st.integers(1, 4))
+    nested = count >= 3 and draw(st.booleans())
+    projects = []
+    for i in range(count):
+        deserved = draw(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0]))
+        limit = draw(st.one_of(st.none(), st.sampled_from([0.0, 1.0, 3.0]).map(lambda x, d=deserved: d + x)))
+        projects.append(
+            Project(
+                f"p{i}",
+                Quota(deserved, limit, draw(st.sampled_from([0.0, 1.0, 2.0]))),
+                priority=draw(st.sampled_from([100, 200])),
+                parent="dept" if nested and i < 2 else None,
+            )
+        )
+    if nested:
+        projects.append(Project("dept", Quota(draw(st.sampled_from([0.0, 1.0, 2.0])))))
+    leaves = [p.name for p in projects if p.name != "dept"]
+    state = ClusterState(node_list)
+    placer = Placer(state, policy=draw(st.sampled_from(["binpack", "spread"])))
+    workloads: list[Workload] = []
+    for i in range(draw(st.integers(0, 14))):
+        req = gpu_request(draw)
+        pods = draw(st.integers(1, 2))
+        placements: list[Placement] = []
+        for j in range(pods):
+            found = placer.place(req, explain=False)
+            if isinstance(found, NoFit):
+                break
+            state.assign(f"r{i}#{j}", found)
+            placements.append(found)
+        if len(placements) < pods:
+            for j in range(len(placements)):
+                state.release(f"r{i}#{j}")
+            continue
+        workloads.append(
+            Workload(
+                f"r{i}",
+                draw(st.sampled_from(leaves)),
+                (req,) * pods,
+                priority_class=draw(st.sampled_from(CLASSES)),
+                started_at=float(draw(st.integers(0, 1000))),
+                placements=tuple(placements),
+            )
+        )
+    for i in range(draw(st.integers(0, 6))):
+        pods = draw(st.integers(1, 3))
+        workloads.append(
+            Workload(
+                f"q{i}",
+                draw(st.sampled_from(leaves)),
+                (gpu_request(draw),) * pods,
+                priority_class=draw(st.sampled_from(CLASSES)),
+                min_members=draw(st.integers(1, pods)),
+                created_at=float(draw(st.integers(0, 100))),
+            )
+        )
+    config = CycleConfig(
+        preempt_min_runtime=draw(st.sampled_from([0.0, 300.0])),
+        reclaim_min_runtime=draw(st.sampled_from([0.0, 300.0])),
+    )
+    return Snapshot(tuple(node_list), tuple(projects), tuple(workloads), now=1000.0), config
+
+
+def apply(snap: Snapshot, plan: Plan) -> ClusterState:
+    """The cluster after the plan; ``assign`` refuses any over-commitment."""
+    state = ClusterState(snap.nodes)
+    gone = set(plan.evicted)
+    moved = {(m.workload_id, m.pod): m.target for m in plan.moves}
+    for w in snap.workloads:
+        if w.id in gone:
+            continue
+        for i, p in enumerate(w.placements):
+            if p is not None:
+                state.assign(f"{w.id}#{i}", moved.get((w.id, i), p))
+    for b in plan.bindings:
+        for pb in b.pods:
+            state.assign(f"{b.workload_id}#{pb.pod}", pb.placement)
+    return state
+
+
+def gpus(state: ClusterState, p: Placement) -> float:
+    if p.exclusive:
+        return float(len(p.devices))
+    mem = state.by_name[p.node].dev_memory
+    return sum(b / mem[d] for d, b in zip(p.devices, p.request_bytes, strict=True))
+
+
+PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(snapshots())
+def test_cycle_invariants(case: tuple[Snapshot, CycleConfig]) -> None:
+    snap, config = case
+    plan = run_cycle(snap, config)
+    by_id = {w.id: w for w in snap.workloads}
+    tree = ProjectTree(snap.projects)
+
+    # No device over-committed, no shared whole GPU (ClusterState.assign refuses both).
+    final = apply(snap, plan)
+    for ns in final.nodes:
+        assert all(0 <= u <= m for u, m in zip(ns.dev_used, ns.dev_memory, strict=True))
+        assert ns.free_cpu >= 0 and ns.free_mem >= 0
+
+    # Determinism.
+    assert run_cycle(snap, config) == plan
+
+    # Fair shares never sum above what their parent divides.
+    capacity = float(sum(len(n.gpus) for n in snap.nodes))
+    for parent, kids in tree.children.items():
+        whole = capacity if parent is None else plan.projects[parent].fair_share[0]
+        assert sum(plan.projects[k].fair_share[0] for k in kids) <= whole + EPS
+
+    # Deserved quota is honoured when requested (top level, deserved not over-subscribed).
+    top = tree.children[None]
+    if sum(tree[p].gpu.deserved for p in top) <= capacity:
+        for p in top:
+            q = tree[p].gpu
+            asked = min(plan.projects[p].requested[0], q.limit_amount)
+            assert plan.projects[p].fair_share[0] >= min(q.deserved, asked) - EPS
+
+    # Every pending workload is bound (with its gang) or says why it waits.
+    waiting = {w.workload_id: w for w in plan.waiting}
+    for w in snap.workloads:
+        unplaced = [i for i in range(len(w.pods)) if not w.placements or w.placements[i] is None]
+        if not unplaced:
+            continue
+        b = plan.binding(w.id)
+        placed_before = len(w.pods) - len(unplaced)
+        if b is not None:
+            assert placed_before + len(b.pods) >= w.gang_min
+        if b is None or placed_before + len(b.pods) < len(w.pods):
+            assert w.id in waiting and waiting[w.id].reason
+
+    # Evictions: only preemptible, past their minimum runtime, and only for a workload placed.
+    bound_ids = {b.workload_id for b in plan.bindings}
+    for e in plan.evictions:
+        victim = by_id[e.workload_id]
+        assert victim.running and victim.is_preemptible
+        assert not priority_class(victim.priority_class).preemptible or victim.preemptible is not False
+        minimum = config.reclaim_min_runtime if e.action == "reclaim" else config.preempt_min_runtime
+        assert snap.now - (victim.started_at or 0) >= minimum
+        assert e.for_workload in bound_ids
+        if e.action == "preempt":
+            assert victim.project == by_id[e.for_workload].project
+            assert victim.priority_value < by_id[e.for_workload].priority_value
+        else:
+            assert victim.project != by_id[e.for_workload].project
+
+    # Reclaim evicts no more than it places plus what the reclaimer was owed.
+    for b in plan.bindings:
+        if b.action != "reclaim":
+            continue
+        placed = sum(gpus(final, pb.placement) for pb in b.pods)
+        taken = sum(e.gpus for e in plan.evictions if e.for_workload == b.workload_id)
+        status = plan.projects[b.project]
+        owed = max(0.0, status.fair_share[0] - status.allocated_before[0])
+        assert taken <= placed + owed + EPS
+
+    # Reclaim victims' projects stay at or above their fair share (when nothing else took more).
+    preempted = {by_id[e.workload_id].project for e in plan.evictions if e.action == "preempt"}
+    for e in plan.evictions:
+        if e.action == "reclaim" and e.project not in preempted and not plan.moves:
+            status = plan.projects[e.project]
+            assert status.allocated_after[0] >= status.fair_share[0] - EPS
+
+    # Limits and in-quota rules hold for what the plan adds.
+    usage: dict[str, float] = {p.name: 0.0 for p in snap.projects}
+    usage_np: dict[str, float] = dict(usage)
+    before_np: dict[str, float] = dict(usage)
+    for w in snap.workloads:
+        chain = tree.chain(w.project)
+        mine = [p for p in w.placements if p is not None] if w.id not in plan.evicted else []
+        b = plan.binding(w.id)
+        mine += [pb.placement for pb in b.pods] if b else []
+        amount = sum(gpus(final, p) for p in mine)
+        amount_before = sum(gpus(final, p) for p in w.placements if p is not None)
+        for name in chain:
+            usage[name] += amount
+            if not w.is_preemptible:
+                usage_np[name] += amount
+                before_np[name] += amount_before
+    for p in snap.projects:
+        before = plan.projects[p.name].allocated_before[0]
+        assert usage[p.name] <= max(p.gpu.limit_amount, before) + EPS
+        assert usage_np[p.name] <= max(p.gpu.deserved_amount, before_np[p.name]) + EPS
+        assert math.isclose(usage[p.name], plan.projects[p.name].allocated_after[0], abs_tol=1e-6) or plan.moves
