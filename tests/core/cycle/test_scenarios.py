@@ -8,7 +8,6 @@ from tessera.core.units import GiB
 
 from .scenario import bound, cycle, evicted, nodes, project, waiting, workload
 
-
 # -- the Run:ai walkthroughs (shared/seeds 000, 001) --------------------------------------------
 
 

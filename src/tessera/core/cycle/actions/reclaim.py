@@ -21,7 +21,6 @@ from tessera.core.units import format_gpus
 
 from .allocate import gang_demand, shape
 
-
 _TRIES = ("placement", "fair-share")
 
 
