@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tessera.testing.embedded import EmbeddedServer
 
 JSON_SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(allow_nan=False, width=32),
+    st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(allow_nan=False, allow_infinity=False, width=32),
     st.sampled_from(["0.5", "1", "2", "5G", "4Gi", "100M", "0", "-1", "abc", "", "1e3", "0.001",
                      "portion", "memory", "V100-16GB", "H100-80GB|V100-16GB"]),
 )

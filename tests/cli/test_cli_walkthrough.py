@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from tessera.testing.embedded import EmbeddedServer
 
 LOOP = "import time; [time.sleep(1) for _ in iter(int, 1)]"
+
+
+def _library_built() -> bool:
+    from tessera.isolation import LibraryNotBuilt, library_path
+
+    try:
+        library_path()
+    except LibraryNotBuilt:
+        return False
+    return True
 
 
 def _wait(server: EmbeddedServer, *names: str, status: str = "Running") -> None:
@@ -42,6 +53,15 @@ def test_runai_v1_walkthrough(server: EmbeddedServer) -> None:
     uuid = server.cli_json("describe", "frac05")["pods"][0]["gpuDevices"][0]["uuid"]
     assert f"CUDA_VISIBLE_DEVICES={uuid}" in env
     assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in env
+    pod_env = server.cli_json("describe", "frac05")["pods"][0]["env"]
+    if _library_built():
+        # Fail closed: a shared pod runs only with the preload and a config capping its share.
+        assert pod_env["TESSERA_ISOLATION"] == "on"
+        assert "libtessera-cuda.so" in pod_env["LD_PRELOAD"]
+        config = Path(pod_env["TESSERA_GPU_CONFIG"]).read_text()
+        assert f"uuid={uuid} request={8 * 2**30} limit={8 * 2**30}" in config
+    else:
+        assert pod_env["TESSERA_ISOLATION"] == "off"
 
     top = server.cli("top").stdout
     assert "SIMULATED" in top and "frac05" in top and "80%" in top
@@ -51,7 +71,7 @@ def test_runai_v1_walkthrough(server: EmbeddedServer) -> None:
     time.sleep(0.5)
     described = server.cli("describe", "mem5g").stdout
     assert "Why pending: no GPU with 5.0 GB free" in described
-    assert "isolation" in described.lower() and "off" in described
+    assert f"Isolation:   {'on' if _library_built() else 'off'} (" in described
     server.cli("delete", "frac03")
     _wait(server, "mem5g")
     d = server.cli_json("describe", "mem5g")

@@ -334,19 +334,21 @@ class LocalBackend:
         })
         if gpus:
             env.update({
-                "TESSERA_GPU_UUIDS": uuids,
-                "TESSERA_GPU_PRODUCTS": ",".join(g.product or g.model for g in gpus),
-                "TESSERA_GPU_DEVICE_MEMORY": ",".join(str(g.memory) for g in gpus),
-                "TESSERA_GPU_MEMORY_REQUEST": ",".join(str(b) for b in p.request_bytes),
-                "TESSERA_GPU_MEMORY_LIMIT": ",".join(str(b) for b in p.limit_bytes),
-                "TESSERA_GPU_EXCLUSIVE": "1" if p.exclusive else "0",
+                "TESSERA_SHARE_UUIDS": uuids,
+                "TESSERA_SHARE_PRODUCTS": ",".join(g.product or g.model for g in gpus),
+                "TESSERA_SHARE_DEVICE_BYTES": ",".join(str(g.memory) for g in gpus),
+                "TESSERA_SHARE_REQUEST_BYTES": ",".join(str(b) for b in p.request_bytes),
+                "TESSERA_SHARE_LIMIT_BYTES": ",".join(str(b) for b in p.limit_bytes),
+                "TESSERA_SHARE_EXCLUSIVE": "1" if p.exclusive else "0",
             })
         if self.machine.simulated:
             env["TESSERA_SIMULATED"] = "1"
             env["PATH"] = f"{self._sim_bin}{os.pathsep}{os.environ.get('PATH', '')}"
         env["TESSERA_ISOLATION"] = "off"
         if gpus and not p.exclusive:
-            env.update(self.isolation.env(f"{w.id}-{index}", [g.uuid for g in gpus], p))
+            env.update(
+                self.isolation.env(f"{w.id}-{index}", [g.uuid for g in gpus], p, {**os.environ, **env})
+            )
         return env
 
     def _check_pods(self, w: Workload, restarted: bool = False) -> None:

@@ -7,9 +7,8 @@ describe output says so. Once it is configured, a pod whose share cannot be capp
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from tessera.core.errors import InvalidRequest
 from tessera.core.state import Placement
@@ -18,48 +17,65 @@ from tessera.core.state import Placement
 class Isolation(Protocol):
     def describe(self) -> str: ...
 
-    def env(self, key: str, uuids: list[str], placement: Placement) -> dict[str, str]: ...
+    def env(
+        self, key: str, uuids: list[str], placement: Placement, base: dict[str, str]
+    ) -> dict[str, str]: ...
 
 
 class Off:
-    def describe(self) -> str:
-        return "off (the isolation library is not installed; shares are not enforced)"
+    def __init__(self, why: str) -> None:
+        self.why = why
 
-    def env(self, key: str, uuids: list[str], placement: Placement) -> dict[str, str]:
+    def describe(self) -> str:
+        return f"off ({self.why}; shares are not enforced)"
+
+    def env(
+        self, key: str, uuids: list[str], placement: Placement, base: dict[str, str]
+    ) -> dict[str, str]:
         return {}
 
 
 class Library:
-    """Adapts ``tessera.isolation``'s ``workload_env`` to the runner; refuses to run uncapped."""
+    """``libtessera-cuda.so`` preloaded with one config file per pod; refuses to run uncapped."""
 
-    def __init__(self, module: Any, data_dir: Path) -> None:
-        self.module = module
+    def __init__(self, data_dir: Path, library: Path) -> None:
         self.dir = data_dir / "isolation"
+        self.library = library
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def describe(self) -> str:
-        return "on (tessera.isolation caps each shared device at its limit)"
+        return f"on ({self.library.name} preloaded; caps each shared device at its limit)"
 
-    def env(self, key: str, uuids: list[str], placement: Placement) -> dict[str, str]:
+    def env(
+        self, key: str, uuids: list[str], placement: Placement, base: dict[str, str]
+    ) -> dict[str, str]:
+        from tessera.isolation import DeviceShare, process_environment, write_workload_files
+
         try:
-            env = self.module.workload_env(
-                config_dir=self.dir / key,
-                uuids=uuids,
-                limit_bytes=list(placement.limit_bytes),
-                request_bytes=list(placement.request_bytes),
-            )
+            shares = [
+                DeviceShare(index=i, uuid=uuid, limit_bytes=limit, request_bytes=request)
+                for i, (uuid, request, limit) in enumerate(
+                    zip(uuids, placement.request_bytes, placement.limit_bytes, strict=True)
+                )
+            ]
+            files = write_workload_files(self.dir / key, shares)
+            env = process_environment(files, library=self.library, base=base)
         except Exception as exc:
-            raise InvalidRequest("isolation", f"cannot cap this share, so it does not run: {exc}") from exc
-        result = {str(k): str(v) for k, v in dict(env).items()}
+            raise InvalidRequest(
+                "isolation", f"cannot cap this share, so it does not run: {exc}"
+            ) from exc
+        result = {str(k): str(v) for k, v in env.items()}
         result["TESSERA_ISOLATION"] = "on"
         return result
 
 
 def load(data_dir: Path) -> Isolation:
+    """The library when it is installed and built (``./dev setup``), else ``Off`` saying why."""
     try:
-        module = importlib.import_module("tessera.isolation")
+        from tessera.isolation import LibraryNotBuilt, library_path
     except ImportError:
-        return Off()
-    if not callable(getattr(module, "workload_env", None)):
-        return Off()
-    return Library(module, data_dir)
+        return Off("the isolation package is not installed")
+    try:
+        return Library(data_dir, library_path())
+    except LibraryNotBuilt:
+        return Off("libtessera-cuda.so is not built; run ./dev setup")

@@ -13,17 +13,12 @@ import sys
 MiB = 2**20
 
 
-def _split(name: str) -> list[str]:
-    value = os.environ.get(name, "")
-    return [v for v in value.split(",") if v]
-
-
 def render(env: dict[str, str]) -> str:
-    uuids = [v for v in env.get("TESSERA_GPU_UUIDS", "").split(",") if v]
-    products = env.get("TESSERA_GPU_PRODUCTS", "").split(",")
-    totals = env.get("TESSERA_GPU_DEVICE_MEMORY", "").split(",")
-    requests = env.get("TESSERA_GPU_MEMORY_REQUEST", "").split(",")
-    limits = env.get("TESSERA_GPU_MEMORY_LIMIT", "").split(",")
+    uuids = [v for v in env.get("TESSERA_SHARE_UUIDS", "").split(",") if v]
+    products = env.get("TESSERA_SHARE_PRODUCTS", "").split(",")
+    totals = env.get("TESSERA_SHARE_DEVICE_BYTES", "").split(",")
+    requests = env.get("TESSERA_SHARE_REQUEST_BYTES", "").split(",")
+    limits = env.get("TESSERA_SHARE_LIMIT_BYTES", "").split(",")
     width = 79
     rule = "+" + "-" * (width - 2) + "+"
     lines = [
