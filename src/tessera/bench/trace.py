@@ -56,6 +56,20 @@ def load_nodes(path: Path) -> list[Node]:
     return nodes
 
 
+def synthetic_nodes(count: int, gpus_per_node: int = 8) -> list[Node]:
+    """A uniform cluster of 80 GB H100 nodes (128 CPUs, 1 TiB) for speed runs at scale."""
+    size = 80 * 10**9
+    return [
+        Node(
+            f"node-{n:05d}",
+            tuple(GpuDevice(f"GPU-{n:05d}-{i}", i, size, "H100-80GB") for i in range(gpus_per_node)),
+            128_000,
+            1024 * GiB,
+        )
+        for n in range(count)
+    ]
+
+
 def pod_request(row: dict[str, str]) -> TracePod:
     num_gpu = int(row["num_gpu"])
     milli = int(row["gpu_milli"])
@@ -149,7 +163,9 @@ def run_trace(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera.bench.trace", description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=Path, required=True, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--nodes", type=Path, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
+    where.add_argument("--synthetic-nodes", type=int, metavar="N", help="N uniform 8×H100-80GB nodes instead of a CSV")
     parser.add_argument("--pods", type=Path, required=True, help="pod list CSV (the openb_pod_list_*.csv format)")
     parser.add_argument("--policy", default="fgd", choices=POLICIES)
     parser.add_argument("--seed", type=int, default=42)
@@ -159,9 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.arrive <= 0:
         parser.error("--arrive: must be greater than 0")
     for path in (args.nodes, args.pods):
-        if not path.is_file():
+        if path is not None and not path.is_file():
             parser.error(f"{path}: no such file")
-    result = run_trace(load_nodes(args.nodes), load_pods(args.pods), args.policy, args.seed, args.arrive)
+    if args.synthetic_nodes is not None and args.synthetic_nodes < 1:
+        parser.error("--synthetic-nodes: must be 1 or more")
+    nodes = load_nodes(args.nodes) if args.nodes else synthetic_nodes(args.synthetic_nodes)
+    result = run_trace(nodes, load_pods(args.pods), args.policy, args.seed, args.arrive)
     if not args.json:
         print(
             f"{result.policy} seed {result.seed}: {result.pods_placed}/{result.pods_arrived} pods placed on "

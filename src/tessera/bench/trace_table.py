@@ -1,0 +1,88 @@
+"""Every placement policy on every trace file, averaged over seeds, as a Markdown table.
+
+    python -m tessera.bench.trace_table --data ../shared/data/alibaba-gpu-v2023 --seeds 42-51
+
+Prints the table of allocated GPU % at the end (``--arrive``, default 130% arrived), the
+unallocated GPU % at 100% arrived (the FGD paper's metric), decisions per second, and, last, one
+JSON object with every mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from tessera.bench.trace import TraceResult, load_nodes, load_pods, run_trace
+from tessera.core.placement import POLICIES
+
+
+def _one(args: tuple[Path, Path, str, int, float]) -> tuple[str, str, TraceResult]:
+    nodes_csv, pods_csv, policy, seed, arrive = args
+    result = run_trace(load_nodes(nodes_csv), load_pods(pods_csv), policy, seed, arrive)
+    return pods_csv.stem.removeprefix("openb_pod_list_"), policy, result
+
+
+def parse_seeds(text: str) -> list[int]:
+    if "-" in text:
+        low, high = text.split("-", 1)
+        return list(range(int(low), int(high) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tessera.bench.trace_table")
+    parser.add_argument("--data", type=Path, required=True, help="folder with the openb_*.csv files")
+    parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
+    parser.add_argument("--arrive", type=float, default=1.3)
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--traces", default="", help="comma-separated trace names (default: all)")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    nodes_csv = args.data / "openb_node_list_gpu_node.csv"
+    traces = sorted(args.data.glob("openb_pod_list_*.csv"))
+    if args.traces:
+        wanted = set(args.traces.split(","))
+        traces = [t for t in traces if t.stem.removeprefix("openb_pod_list_") in wanted]
+    policies = args.policies.split(",")
+    jobs = [(nodes_csv, t, p, s, args.arrive) for t in traces for p in policies for s in parse_seeds(args.seeds)]
+    results: dict[tuple[str, str], list[TraceResult]] = {}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for trace, policy, result in pool.map(_one, jobs):
+            results.setdefault((trace, policy), []).append(result)
+
+    names = [t.stem.removeprefix("openb_pod_list_") for t in traces]
+    summary: dict[str, dict[str, dict[str, float]]] = {}
+    print(f"Allocated GPU % at {100 * args.arrive:.0f}% arrived (mean of seeds {args.seeds}); "
+          "in brackets: unallocated GPU % at 100% arrived\n")
+    print("| trace | " + " | ".join(policies) + " |")
+    print("|---|" + "---:|" * len(policies))
+    for name in names:
+        cells = []
+        for policy in policies:
+            rs = results[(name, policy)]
+            alloc = statistics.fmean(100 * r.allocation_ratio for r in rs)
+            unalloc = statistics.fmean(r.unallocated_gpu_percent_at_100 for r in rs)
+            speed = statistics.fmean(r.decisions_per_second for r in rs)
+            summary.setdefault(name, {})[policy] = {
+                "allocated_percent": round(alloc, 3),
+                "allocated_percent_stdev": round(statistics.pstdev(100 * r.allocation_ratio for r in rs), 3),
+                "unallocated_percent_at_100": round(unalloc, 3),
+                "decisions_per_second": round(speed, 1),
+            }
+            cells.append(f"{alloc:.2f} ({unalloc:.2f})")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\nDecisions per second (mean):\n")
+    print("| trace | " + " | ".join(policies) + " |")
+    print("|---|" + "---:|" * len(policies))
+    for name in names:
+        print(f"| {name} | " + " | ".join(f"{summary[name][p]['decisions_per_second']:.0f}" for p in policies) + " |")
+    print(json.dumps({"seeds": args.seeds, "arrive": args.arrive, "results": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
