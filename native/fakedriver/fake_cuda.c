@@ -48,6 +48,7 @@ typedef struct alloc_rec {
     uint64_t key;
     uint64_t size;
     int dev; /* -1: not charged to a device */
+    int refs;
     struct alloc_rec *next;
 } alloc_rec;
 
@@ -55,6 +56,7 @@ typedef struct alloc_rec {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static alloc_rec *g_ptrs[NBUCKETS];
 static alloc_rec *g_handles[NBUCKETS];
+static alloc_rec *g_maps[NBUCKETS]; /* mapped address -> handle */
 static uint64_t g_used[FAKE_MAX_DEVICES];
 static uint64_t g_counter;
 static int g_initialized;
@@ -76,6 +78,7 @@ static void rec_put(alloc_rec **table, uint64_t key, uint64_t size, int dev) {
     r->key = key;
     r->size = size;
     r->dev = dev;
+    r->refs = 1;
     unsigned b = bucket(key);
     r->next = table[b];
     table[b] = r;
@@ -92,6 +95,9 @@ static alloc_rec *rec_take(alloc_rec **table, uint64_t key) {
     }
     return NULL;
 }
+
+static alloc_rec *find(alloc_rec **table, uint64_t key);
+static void handle_unref(uint64_t handle);
 
 static uint64_t device_free(int dev) {
     fake_device *d = fake_device_get(dev);
@@ -537,7 +543,11 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     NEED_INIT();
-    return release(g_handles, handle);
+    pthread_mutex_lock(&g_mu);
+    int known = find(g_handles, handle) != NULL;
+    if (known) handle_unref(handle);
+    pthread_mutex_unlock(&g_mu);
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
@@ -556,16 +566,73 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     return (ptr && size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+static alloc_rec *find(alloc_rec **table, uint64_t key) {
+    alloc_rec *r = table[bucket(key)];
+    while (r && r->key != key) r = r->next;
+    return r;
+}
+
+/* Drops one reference of a VMM allocation (caller holds g_mu); frees it at zero. */
+static void handle_unref(uint64_t handle) {
+    alloc_rec *r = find(g_handles, handle);
+    if (!r || --r->refs > 0) return;
+    r = rec_take(g_handles, handle);
+    if (r->dev >= 0) g_used[r->dev] -= r->size;
+    free(r);
+}
+
+/* A mapping holds a reference: memory stays allocated until its handle is released and every
+ * mapping of it is unmapped. */
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                          unsigned long long flags) {
     NEED_INIT();
     (void)offset; (void)flags;
-    return (ptr && size && h) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!ptr || !size || !h) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    alloc_rec *hr = find(g_handles, h);
+    if (hr) {
+        hr->refs++;
+        rec_put(g_maps, ptr, h, -1);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return hr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* Unmaps the mappings that start in [ptr, ptr + size). */
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     NEED_INIT();
-    return (ptr && size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!ptr || !size) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (unsigned b = 0; b < NBUCKETS; b++) {
+        for (alloc_rec **p = &g_maps[b]; *p;) {
+            if ((*p)->key >= ptr && (*p)->key < ptr + size) {
+                alloc_rec *r = *p;
+                *p = r->next;
+                handle_unref(r->size);
+                free(r);
+            } else {
+                p = &(*p)->next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
+    NEED_INIT();
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    alloc_rec *found = NULL;
+    for (alloc_rec *r = g_maps[bucket((uint64_t)(uintptr_t)addr)]; r; r = r->next)
+        if (r->key == (uint64_t)(uintptr_t)addr) found = r;
+    if (found) {
+        *h = found->size;
+        alloc_rec *hr = find(g_handles, found->size);
+        if (hr) hr->refs++;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
@@ -663,6 +730,7 @@ static const proc_entry g_procs[] = {
     P("cuMemAddressFree", 10020, 0, cuMemAddressFree, NULL),
     P("cuMemMap", 10020, 0, cuMemMap, NULL),
     P("cuMemUnmap", 10020, 0, cuMemUnmap, NULL),
+    P("cuMemRetainAllocationHandle", 11000, 0, cuMemRetainAllocationHandle, NULL),
     P("cuGetErrorName", 6000, 0, cuGetErrorName, NULL),
     P("cuGetProcAddress", 11030, 0, cuGetProcAddress, NULL),
     P("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2, internal_cuGetProcAddress_v2),

@@ -296,7 +296,15 @@ CUresult ts_hook_cuMemPoolDestroy(CUmemoryPool pool) {
     return rc;
 }
 
-/* ---- virtual memory management ---- */
+/* ---- virtual memory management ----
+ * Physical memory from cuMemCreate lives until the handle and every mapping of it are gone
+ * (a common pattern maps, then releases the handle at once). The charge follows the same rule:
+ * each handle counts its references (creation, cuMemRetainAllocationHandle) plus its live
+ * mappings, and is given back when that count reaches zero. */
+
+typedef CUresult (*mem_map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*mem_unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*mem_retain_fn)(CUmemGenericAllocationHandle *, void *);
 
 CUresult ts_hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                              unsigned long long flags) {
@@ -316,18 +324,131 @@ CUresult ts_hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
     }
-    track(&ts_handles, *handle, size, rdev, ord, TS_KIND_OTHER);
+    if (rdev >= 0) {
+        ts_record r = {.key = *handle, .size = size, .rdev = rdev, .ordinal = ord, .kind = TS_KIND_OTHER, .refs = 1};
+        pthread_mutex_lock(&ts_tab_mu);
+        ts_table_put_record(&ts_handles, &r);
+        pthread_mutex_unlock(&ts_tab_mu);
+    }
     return rc;
+}
+
+/* Adds delta to a handle's count (caller holds ts_tab_mu); at zero the record moves to *gone. */
+static int handle_ref(uint64_t handle, int delta, ts_record *gone) {
+    ts_record *r = ts_table_find(&ts_handles, handle);
+    if (!r) return 0;
+    r->refs += delta;
+    if (r->refs <= 0) {
+        ts_record dropped;
+        ts_table_take(&ts_handles, handle, gone ? gone : &dropped);
+        return 2;
+    }
+    return 1;
+}
+
+static void handle_unref_undo(const ts_record *gone, int state) {
+    /* caller holds ts_tab_mu: put back what handle_ref(-1) changed */
+    if (state == 2) {
+        ts_record r = *gone;
+        r.refs = 1;
+        ts_table_put_record(&ts_handles, &r);
+    } else if (state == 1) {
+        handle_ref(gone->key, +1, NULL);
+    }
 }
 
 CUresult ts_hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
     BIND_OR_FAIL();
     mem_release_fn real = REAL(cuMemRelease, mem_release_fn);
-    ts_record r;
-    if (!untrack(&ts_handles, handle, &r)) return real(handle);
+    if (ts_mode() == TS_MODE_PASSTHROUGH) return real(handle);
+    ts_record gone = {.key = handle};
+    pthread_mutex_lock(&ts_tab_mu);
+    int state = handle_ref(handle, -1, &gone);
+    pthread_mutex_unlock(&ts_tab_mu);
     CUresult rc = real(handle);
-    if (rc != CUDA_SUCCESS) retrack(&ts_handles, &r);
-    else ts_region_release(r.rdev, r.size);
+    if (rc != CUDA_SUCCESS) {
+        pthread_mutex_lock(&ts_tab_mu);
+        handle_unref_undo(&gone, state);
+        pthread_mutex_unlock(&ts_tab_mu);
+    } else if (state == 2) {
+        ts_region_release(gone.rdev, gone.size);
+    }
+    return rc;
+}
+
+CUresult ts_hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    BIND_OR_FAIL();
+    CUresult rc = REAL(cuMemRetainAllocationHandle, mem_retain_fn)(handle, addr);
+    if (rc != CUDA_SUCCESS || !handle || ts_mode() == TS_MODE_PASSTHROUGH) return rc;
+    pthread_mutex_lock(&ts_tab_mu);
+    handle_ref(*handle, +1, NULL);
+    pthread_mutex_unlock(&ts_tab_mu);
+    return rc;
+}
+
+CUresult ts_hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                          unsigned long long flags) {
+    BIND_OR_FAIL();
+    CUresult rc = REAL(cuMemMap, mem_map_fn)(ptr, size, offset, handle, flags);
+    if (rc != CUDA_SUCCESS || ts_mode() == TS_MODE_PASSTHROUGH) return rc;
+    pthread_mutex_lock(&ts_tab_mu);
+    if (handle_ref(handle, +1, NULL)) {
+        ts_record m = {.key = ptr, .size = size, .rdev = -1, .ordinal = -1, .kind = TS_KIND_OTHER, .aux = handle};
+        if (ts_table_put_record(&ts_maps, &m) != 0) handle_ref(handle, -1, NULL);
+    }
+    pthread_mutex_unlock(&ts_tab_mu);
+    return rc;
+}
+
+#define UNMAP_BATCH 64
+
+CUresult ts_hook_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    BIND_OR_FAIL();
+    mem_unmap_fn real = REAL(cuMemUnmap, mem_unmap_fn);
+    if (ts_mode() == TS_MODE_PASSTHROUGH) return real(ptr, size);
+    uint64_t end = size > UINT64_MAX - ptr ? UINT64_MAX : ptr + size;
+    /* Take the mappings in the range before the driver call (so a concurrent map of the same
+     * address cannot be mistaken for one of them); put them back if the driver refuses. */
+    ts_record maps[UNMAP_BATCH];
+    ts_record gone[UNMAP_BATCH];
+    int states[UNMAP_BATCH];
+    int n = 0, more = 0;
+    pthread_mutex_lock(&ts_tab_mu);
+    uint64_t cur = ptr;
+    while (n < UNMAP_BATCH && cur < end && ts_table_take(&ts_maps, cur, &maps[n])) {
+        cur += maps[n].size ? maps[n].size : 1;
+        n++;
+    }
+    while (n < UNMAP_BATCH && ts_table_take_range(&ts_maps, ptr, end, &maps[n])) n++;
+    if (n == UNMAP_BATCH) more = 1;
+    for (int i = 0; i < n; i++) {
+        gone[i].key = maps[i].aux;
+        states[i] = handle_ref(maps[i].aux, -1, &gone[i]);
+    }
+    pthread_mutex_unlock(&ts_tab_mu);
+    CUresult rc = real(ptr, size);
+    pthread_mutex_lock(&ts_tab_mu);
+    if (rc != CUDA_SUCCESS) {
+        for (int i = n - 1; i >= 0; i--) {
+            handle_unref_undo(&gone[i], states[i]);
+            ts_table_put_record(&ts_maps, &maps[i]);
+        }
+        n = 0;
+    }
+    /* More than a batch of mappings in one unmap: the rest are already unmapped by the driver. */
+    while (rc == CUDA_SUCCESS && more) {
+        ts_record m, g = {0};
+        if (!ts_table_take_range(&ts_maps, ptr, end, &m)) break;
+        g.key = m.aux;
+        if (handle_ref(m.aux, -1, &g) == 2) {
+            pthread_mutex_unlock(&ts_tab_mu);
+            ts_region_release(g.rdev, g.size);
+            pthread_mutex_lock(&ts_tab_mu);
+        }
+    }
+    pthread_mutex_unlock(&ts_tab_mu);
+    for (int i = 0; i < n; i++)
+        if (states[i] == 2) ts_region_release(gone[i].rdev, gone[i].size);
     return rc;
 }
 
@@ -519,6 +640,9 @@ TS_ALIAS(cuMemPoolCreate)
 TS_ALIAS(cuMemPoolDestroy)
 TS_ALIAS(cuMemCreate)
 TS_ALIAS(cuMemRelease)
+TS_ALIAS(cuMemRetainAllocationHandle)
+TS_ALIAS(cuMemMap)
+TS_ALIAS(cuMemUnmap)
 TS_ALIAS(cuMemGetInfo_v2)
 TS_ALIAS(cuDeviceTotalMem_v2)
 TS_ALIAS(cuDevicePrimaryCtxRetain)

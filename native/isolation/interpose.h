@@ -15,6 +15,7 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync)                       \
     X(cuMemAllocFromPoolAsync_ptsz) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz)                    \
     X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemCreate) X(cuMemRelease)                       \
+    X(cuMemRetainAllocationHandle) X(cuMemMap) X(cuMemUnmap)                                    \
     X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2)                                                   \
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)   \
     X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2)
@@ -67,6 +68,9 @@ CUresult ts_hook_cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
 CUresult ts_hook_cuMemPoolDestroy(CUmemoryPool);
 CUresult ts_hook_cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
 CUresult ts_hook_cuMemRelease(CUmemGenericAllocationHandle);
+CUresult ts_hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
+CUresult ts_hook_cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult ts_hook_cuMemUnmap(CUdeviceptr, size_t);
 CUresult ts_hook_cuMemGetInfo_v2(size_t *, size_t *);
 CUresult ts_hook_cuDeviceTotalMem_v2(size_t *, CUdevice);
 CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);

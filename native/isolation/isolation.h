@@ -68,7 +68,8 @@ typedef struct {
     int32_t rdev;   /* region device index */
     int32_t ordinal;
     int32_t kind;   /* TS_KIND_* */
-    int32_t pad;
+    int32_t refs;   /* VMM handles: handle references + live mappings */
+    uint64_t aux;   /* VMM mappings: the handle mapped there */
 } ts_record;
 
 enum { TS_KIND_SYNC = 0, TS_KIND_ASYNC = 1, TS_KIND_OTHER = 2 };
@@ -80,6 +81,11 @@ typedef struct {
 
 int ts_table_put(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind);
 int ts_table_take(ts_table *t, uint64_t key, ts_record *out);
+int ts_table_put_record(ts_table *t, const ts_record *r);
+/* The record of key, valid until the table next changes; NULL if absent. */
+ts_record *ts_table_find(ts_table *t, uint64_t key);
+/* Removes the first record whose key lies in [lo, hi); returns 1 if one was removed. */
+int ts_table_take_range(ts_table *t, uint64_t lo, uint64_t hi, ts_record *out);
 void ts_table_clear(ts_table *t);
 /* Removes every record of one CUDA ordinal and kind; adds their bytes per region device to sums. */
 void ts_table_drop_ordinal(ts_table *t, int ordinal, int kind, uint64_t sums[TS_MAX_DEVICES]);

@@ -40,7 +40,7 @@ int ts_table_put(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal
     size_t reuse = (size_t)-1;
     while (t->slots[j].key != EMPTY) {
         if (t->slots[j].key == key) { /* the driver reused an address we still hold: replace */
-            t->slots[j] = (ts_record){key, size, rdev, ordinal, kind, 0};
+            t->slots[j] = (ts_record){key, size, rdev, ordinal, kind, 0, 0};
             return 0;
         }
         if (t->slots[j].key == TOMBSTONE && reuse == (size_t)-1) reuse = j;
@@ -50,7 +50,7 @@ int ts_table_put(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal
         j = reuse;
         t->tombstones--;
     }
-    t->slots[j] = (ts_record){key, size, rdev, ordinal, kind, 0};
+    t->slots[j] = (ts_record){key, size, rdev, ordinal, kind, 0, 0};
     t->count++;
     return 0;
 }
@@ -85,4 +85,35 @@ void ts_table_drop_ordinal(ts_table *t, int ordinal, int kind, uint64_t sums[TS_
         t->count--;
         t->tombstones++;
     }
+}
+
+int ts_table_put_record(ts_table *t, const ts_record *r) {
+    if (ts_table_put(t, r->key, r->size, r->rdev, r->ordinal, r->kind) != 0) return -1;
+    ts_record *in = ts_table_find(t, r->key);
+    in->refs = r->refs;
+    in->aux = r->aux;
+    return 0;
+}
+
+ts_record *ts_table_find(ts_table *t, uint64_t key) {
+    if (t->count == 0 || key == EMPTY || key == TOMBSTONE) return NULL;
+    size_t j = slot_of(key, t->cap);
+    while (t->slots[j].key != EMPTY) {
+        if (t->slots[j].key == key) return &t->slots[j];
+        j = (j + 1) & (t->cap - 1);
+    }
+    return NULL;
+}
+
+int ts_table_take_range(ts_table *t, uint64_t lo, uint64_t hi, ts_record *out) {
+    for (size_t i = 0; i < t->cap && t->count > 0; i++) {
+        ts_record *r = &t->slots[i];
+        if (r->key == EMPTY || r->key == TOMBSTONE || r->key < lo || r->key >= hi) continue;
+        *out = *r;
+        r->key = TOMBSTONE;
+        t->count--;
+        t->tombstones++;
+        return 1;
+    }
+    return 0;
 }

@@ -48,6 +48,10 @@ static CUresult (*p_defpool)(CUmemoryPool *, CUdevice);
 static CUresult (*p_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
 static CUresult (*p_releaseh)(CUmemGenericAllocationHandle);
 static CUresult (*p_info)(size_t *, size_t *);
+static CUresult (*p_vreserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+static CUresult (*p_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+static CUresult (*p_unmap)(CUdeviceptr, size_t);
+static CUresult (*p_retainh)(CUmemGenericAllocationHandle *, void *);
 static CUresult (*p_total)(size_t *, CUdevice);
 
 typedef struct {
@@ -85,6 +89,10 @@ static entry g_entries[] = {
     {(void **)&p_create, "cuMemCreate", "cuMemCreate", 0},
     {(void **)&p_releaseh, "cuMemRelease", "cuMemRelease", 0},
     {(void **)&p_info, "cuMemGetInfo", "cuMemGetInfo_v2", 0},
+    {(void **)&p_vreserve, "cuMemAddressReserve", "cuMemAddressReserve", 0},
+    {(void **)&p_map, "cuMemMap", "cuMemMap", 0},
+    {(void **)&p_unmap, "cuMemUnmap", "cuMemUnmap", 0},
+    {(void **)&p_retainh, "cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", 0},
     {(void **)&p_total, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", 0},
 };
 
@@ -118,6 +126,10 @@ DECL(CUresult, cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice))
 DECL(CUresult, cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))
 DECL(CUresult, cuMemRelease, (CUmemGenericAllocationHandle))
 DECL(CUresult, cuMemGetInfo_v2, (size_t *, size_t *))
+DECL(CUresult, cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))
+DECL(CUresult, cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))
+DECL(CUresult, cuMemUnmap, (CUdeviceptr, size_t))
+DECL(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *))
 DECL(CUresult, cuDeviceTotalMem_v2, (size_t *, CUdevice))
 
 static void resolve_all(void) {
@@ -130,6 +142,7 @@ static void resolve_all(void) {
     p_palloc = cuMemAllocFromPoolAsync; p_palloc_ptsz = cuMemAllocFromPoolAsync_ptsz; p_poolcreate = cuMemPoolCreate;
     p_pooldestroy = cuMemPoolDestroy; p_defpool = cuDeviceGetDefaultMemPool; p_create = cuMemCreate;
     p_releaseh = cuMemRelease; p_info = cuMemGetInfo_v2; p_total = cuDeviceTotalMem_v2;
+    p_vreserve = cuMemAddressReserve; p_map = cuMemMap; p_unmap = cuMemUnmap; p_retainh = cuMemRetainAllocationHandle;
 }
 #else
 static void resolve_all(const char *mode, int version) {
@@ -302,6 +315,18 @@ int main(int argc, char **argv) {
         } else if (strcmp(c, "create_nullprop") == 0) {
             CUmemGenericAllocationHandle hnd = 0;
             printf("rc=%d\n", p_create(&hnd, a1, NULL, 0));
+        } else if (strcmp(c, "vreserve") == 0) {
+            CUdeviceptr p = 0;
+            rc = p_vreserve(&p, a1, 0, 0, 0);
+            printf("rc=%d ptr=%#llx\n", rc, p);
+        } else if (strcmp(c, "map") == 0) {
+            printf("rc=%d\n", p_map(a1, strtoull(argv2[2], NULL, 0), 0, strtoull(argv2[3], NULL, 0), 0));
+        } else if (strcmp(c, "unmap") == 0) {
+            printf("rc=%d\n", p_unmap(a1, strtoull(argv2[2], NULL, 0)));
+        } else if (strcmp(c, "retainh") == 0) {
+            CUmemGenericAllocationHandle hnd = 0;
+            rc = p_retainh(&hnd, (void *)(uintptr_t)a1);
+            printf("rc=%d handle=%#llx\n", rc, hnd);
         } else if (strcmp(c, "releaseh") == 0) {
             printf("rc=%d\n", p_releaseh(a1));
         } else if (strcmp(c, "info") == 0) {

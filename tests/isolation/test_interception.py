@@ -77,13 +77,14 @@ for name in sys.argv[1:]:
 
 def test_only_exact_hooked_names_are_interposed(native):
     names = ["cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuGetProcAddress_v2",
-             "cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemMap", "cuDeviceGetCount",
+             "cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap",
+             "cuDeviceGetCount",
              "cuCtxGetDevice", "cuDevicePrimaryCtxRetain", "cuMemCreate"]
     out = subprocess.run([sys.executable, "-c", DLADDR, *names], env=clean_env(native, extra=LIMIT),
                          capture_output=True, text=True, check=True).stdout
     owner = dict(line.split() for line in out.splitlines())
     hooked = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuGetProcAddress_v2",
-              "cuDevicePrimaryCtxRetain", "cuMemCreate"}
+              "cuDevicePrimaryCtxRetain", "cuMemCreate", "cuMemMap"}
     for name in names:
         expected = "libtessera-cuda.so" if name in hooked else "libcuda.so.1"
         assert owner[name] == expected, (name, owner[name])

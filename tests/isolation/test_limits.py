@@ -201,3 +201,33 @@ def test_per_index_limit_alone_leaves_other_devices_unlimited(native, probe):
     assert p.info() == (16 * GiB, 16 * GiB)
     assert p("ctx 1")["rc"] == 0
     assert p.info() == (GiB, GiB)
+
+
+def test_vmm_charge_lives_until_the_handle_and_every_mapping_are_gone(native, probe):
+    # the pattern of allocators that map, then release the handle at once (memory stays alive)
+    p = probe(limited(native, limit="4Gi")).start()
+    h = p(f"create {2 * GiB} 0")["handle"]
+    va = p(f"vreserve {4 * GiB}")["ptr"]
+    assert p(f"map {va} {GiB} {h}")["rc"] == 0
+    assert p(f"map {va + GiB} {GiB} {h}")["rc"] == 0
+    assert p(f"releaseh {h}")["rc"] == 0
+    assert p.info()[0] == 2 * GiB  # still mapped: still charged
+    assert p(f"create {3 * GiB} 0")["rc"] == 2
+    again = p(f"retainh {va}")
+    assert again["rc"] == 0 and again["handle"] == h
+    assert p(f"unmap {va} {2 * GiB}")["rc"] == 0  # both mappings in one call
+    assert p.info()[0] == 2 * GiB  # the retained reference keeps it
+    assert p(f"releaseh {h}")["rc"] == 0
+    assert p.info()[0] == 4 * GiB
+    assert p(f"releaseh {h}")["rc"] == 1  # already gone: the driver's answer, no double credit
+    assert p.info()[0] == 4 * GiB
+
+
+def test_vmm_unmap_of_memory_the_library_never_saw(native, probe):
+    p = probe(limited(native, limit="4Gi")).start()
+    h = p(f"create {2 * GiB} host")["handle"]  # host memory: not charged, not tracked
+    va = p(f"vreserve {2 * GiB}")["ptr"]
+    assert p(f"map {va} {2 * GiB} {h}")["rc"] == 0
+    assert p(f"unmap {va} {2 * GiB}")["rc"] == 0
+    assert p(f"releaseh {h}")["rc"] == 0
+    assert p.info()[0] == 4 * GiB
