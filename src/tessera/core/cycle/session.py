@@ -17,13 +17,13 @@ from tessera.core.errors import InvalidRequest
 from tessera.core.fairshare import EPS, ZERO, FairShares, Vector, compute_fair_shares
 from tessera.core.model import GpuKind, GpuRequest, Node, ResourceRequest
 from tessera.core.placement import NoFit, Placer
-from tessera.core.placement.explain import explain_no_fit
 from tessera.core.projects import ProjectTree, Resource
 from tessera.core.requests import check_against_cluster
 from tessera.core.state import ClusterState, Placement
 from tessera.core.units import format_bytes, format_gpus
 from tessera.core.workloads import Workload
 
+from .explain import FitExplainer
 from .types import (
     Binding,
     CycleConfig,
@@ -50,6 +50,7 @@ class WorkloadState:
     """A workload during the cycle: where its pods are now and what happened to it."""
 
     __slots__ = (
+        "_vector",
         "bound",
         "chain",
         "evicted",
@@ -72,6 +73,7 @@ class WorkloadState:
         self.was_running = spec.running
         self.evicted = False
         self.bound: list[int] = []
+        self._vector: Vector | None = None
 
     @property
     def id(self) -> str:
@@ -92,10 +94,14 @@ class WorkloadState:
         return max(0, self.spec.gang_min - self.placed_count())
 
     def vector(self) -> Vector:
-        total = ZERO
-        for v in self.pod_vectors:
-            if v is not None:
-                total = (total[0] + v[0], total[1] + v[1], total[2] + v[2])
+        """Quota its placed pods count as now."""
+        total = self._vector
+        if total is None:
+            total = ZERO
+            for v in self.pod_vectors:
+                if v is not None:
+                    total = (total[0] + v[0], total[1] + v[1], total[2] + v[2])
+            self._vector = total
         return total
 
 
@@ -107,10 +113,15 @@ class _Bind:
     after: tuple[str, ...]
 
 
+FIT = "\x00fit\x00"
+"""Stands in a reason for why ``Wait.request`` does not fit, filled in from the final state."""
+
+
 @dataclass(frozen=True, slots=True)
 class Wait:
     kind: str
     reason: str
+    request: ResourceRequest | None = None
 
 
 class Statement:
@@ -228,6 +239,7 @@ class Session:
         return (gpus, float(p.cpu_milli), float(p.memory))
 
     def _account(self, ws: WorkloadState, pod: int, p: Placement | None, sign: int) -> None:
+        ws._vector = None
         if sign > 0:
             assert p is not None
             v = self.placement_vector(p)
@@ -477,8 +489,8 @@ class Session:
         return placed, first_fail, len(placed)
 
     def gang_reason(self, ws: WorkloadState, fitted: int, request: ResourceRequest | None) -> str:
-        """Why the gang did not fit, in the state as it is now (call after discarding)."""
-        why = explain_no_fit(self.state, request) if request is not None else "no room"
+        """Why the gang did not fit; the placement part is filled in at the end of the cycle."""
+        why = FIT if request is not None else "no room"
         required = ws.required()
         if required > 1:
             return f"waiting for {required - fitted} of {required} gang members to fit: {why}"
@@ -550,11 +562,15 @@ class Session:
         evictions = tuple(self.evictions.values())
         moves = tuple(self.moves.values())
         waiting = []
+        explainer = FitExplainer(self.state)
         for ws in self.pending:
             if not ws.unplaced():
                 continue
             wait = self.waits.get(ws.id) or Wait("placement", "not tried this cycle")
-            waiting.append(Waiting(ws.id, ws.project, wait.kind, _elastic_prefix(ws, wait.reason)))
+            reason = wait.reason
+            if wait.request is not None and FIT in reason:
+                reason = reason.replace(FIT, explainer.explain(wait.request))
+            waiting.append(Waiting(ws.id, ws.project, wait.kind, _elastic_prefix(ws, reason)))
         projects = {
             name: ProjectStatus(
                 name,

@@ -88,6 +88,8 @@ def cheapest_node(
     examined = 0
     feasible = 0
     gpu = request.gpu
+    # No node makes room by freeing fewer GPUs than the pod takes: stop at one that does.
+    floor = session.demand(request)[0] + EPS
     for order, (node, group) in enumerate(index.by_node.items()):
         live = [v for v in group if not v.evicted]
         if not live:
@@ -122,7 +124,7 @@ def cheapest_node(
                 if best is None or cost < best[0] - EPS:
                     best = (cost, order, chosen)
                 break
-        if examined >= budget or feasible >= 4:
+        if examined >= budget or feasible >= 4 or (best is not None and best[0] <= floor):
             break
     if best is None:
         return None

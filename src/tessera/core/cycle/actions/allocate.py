@@ -40,7 +40,7 @@ class Allocate:
         ]
 
     def execute(self, session: Session) -> None:
-        failed: dict[tuple[tuple[ResourceRequest, ...], int], str] = {}
+        failed: dict[tuple[tuple[ResourceRequest, ...], int], tuple[str, ResourceRequest | None]] = {}
         fair = not self.over_fair_share
         for ws in session.fair_order(self.candidates(session)):
             if not ws.unplaced():
@@ -52,7 +52,7 @@ class Allocate:
                 continue
             key = shape(ws)
             if key in failed:
-                session.wait(ws, self._no_room(previous, failed[key]))
+                session.wait(ws, self._no_room(previous, *failed[key]))
                 continue
 
             def extra_ok(demand: Vector, ws: WorkloadState = ws) -> bool:
@@ -63,8 +63,8 @@ class Allocate:
             if not placed:
                 stmt.discard()
                 reason = session.gang_reason(ws, fitted, fail)
-                failed[key] = reason
-                session.wait(ws, self._no_room(previous, reason))
+                failed[key] = (reason, fail)
+                session.wait(ws, self._no_room(previous, reason, fail))
                 continue
             note = " beyond its fair share, on idle resources" if self.over_fair_share else ""
             message = f"placed on {session.where(placed)}{note}{session.over_quota_note(ws)}"
@@ -73,10 +73,10 @@ class Allocate:
             if ws.unplaced():
                 session.wait(ws, Wait("placement", "no room for the remaining pods"))
 
-    def _no_room(self, previous: Wait | None, reason: str) -> Wait:
+    def _no_room(self, previous: Wait | None, reason: str, request: ResourceRequest | None) -> Wait:
         if self.over_fair_share and previous is not None and previous.kind == "fair-share":
-            return Wait("fair-share", f"{previous.reason}, and no idle room fits it: {reason}")
-        return Wait("placement", reason)
+            return Wait("fair-share", f"{previous.reason}, and no idle room fits it: {reason}", request)
+        return Wait("placement", reason, request)
 
 
 class Backfill(Allocate):

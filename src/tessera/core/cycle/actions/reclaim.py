@@ -99,16 +99,31 @@ class Reclaim:
                 lca_cache[v.project] = side
             return side
 
+        slack: dict[str, Vector] = {}
+        generation = [-1]
+        governed = tree.governed
+
+        def slack_of(name: str) -> Vector:
+            """How far above its fair share a victim-side project is now."""
+            if generation[0] != len(session.evictions):
+                slack.clear()
+                generation[0] = len(session.evictions)
+            found = slack.get(name)
+            if found is None:
+                a, share = session.alloc[name], session.shares.share[name]
+                found = (a[0] - share[0], a[1] - share[1], a[2] - share[2])
+                slack[name] = found
+            return found
+
         def allow(v: WorkloadState, tentative: Tentative) -> bool:
             if v.project == ws.project:
                 return False
             vec = v.vector()
             for name in victim_side(v):
-                a = session.alloc[name]
-                share = session.shares.share[name]
-                t = tentative.get(name, (0.0, 0.0, 0.0))
-                for r in tree.governed:
-                    if vec[r] > 0 and a[r] - t[r] - vec[r] < share[r] - EPS:
+                room = slack_of(name)
+                t = tentative.get(name)
+                for r in governed:
+                    if vec[r] > 0 and vec[r] + (t[r] if t else 0.0) > room[r] + EPS:
                         return False
             return True
 
@@ -135,7 +150,9 @@ class Reclaim:
             previous = session.waits.get(ws.id)
             base = previous.reason if previous is not None else "no room"
             kind = previous.kind if previous is not None else "placement"
-            session.wait(ws, Wait(kind, f"{base}; reclaim found no over-share workloads whose eviction makes room"))
+            request = previous.request if previous is not None else None
+            suffix = "; reclaim found no over-share workloads whose eviction makes room"
+            session.wait(ws, Wait(kind, base + suffix, request))
             return False
         placed, evicted = result
         if not session.within(ws.chain, caps):

@@ -1,0 +1,105 @@
+"""Why a request does not fit, for many requests against one cluster state.
+
+Same wording as ``tessera.core.placement.explain``, but one pass over the nodes per request
+(that module makes several, which is fine for one request and too slow for the hundreds of
+waiting workloads a cycle explains). Results are cached per request; make a new explainer when
+the state changes.
+"""
+
+from __future__ import annotations
+
+from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.state import ClusterState, NodeState
+from tessera.core.units import format_bytes
+
+
+class FitExplainer:
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self._cache: dict[ResourceRequest, str] = {}
+
+    def explain(self, request: ResourceRequest) -> str:
+        text = self._cache.get(request)
+        if text is None:
+            text = self._explain(request)
+            self._cache[request] = text
+        return text
+
+    def _explain(self, request: ResourceRequest) -> str:
+        nodes = self.state.nodes
+        if not nodes:
+            return "the cluster has no nodes"
+        gpu = request.gpu
+        if gpu.kind is GpuKind.NONE:
+            return _host_reason(nodes, request)
+        models = f" of model {'|'.join(sorted(gpu.models))}" if gpu.models else ""
+        any_model = False
+        gpu_ok: list[NodeState] = []
+        best_count, best_node = 0, ""
+        largest: tuple[int, int, int] | None = None  # free, -node index, -device
+        need_on_largest = 0
+        whole = gpu.kind is GpuKind.WHOLE
+        shapes: dict[tuple[int, str], tuple[bool, int]] = {}
+        devices = gpu.devices
+        for ns in nodes:
+            count = 0
+            used, tenants = ns.dev_used, ns.dev_tenants
+            for i, memory in enumerate(ns.dev_memory):
+                model = ns.dev_models[i]
+                shape = shapes.get((memory, model))
+                if shape is None:
+                    shape = (gpu.allows(model), gpu.bytes_on(memory))
+                    shapes[(memory, model)] = shape
+                allowed, need = shape
+                if not allowed:
+                    continue
+                any_model = True
+                if whole:
+                    if tenants[i] == 0:
+                        count += 1
+                    continue
+                free = memory - used[i]
+                if largest is None or free > largest[0]:
+                    largest, need_on_largest = (free, -ns.index, -i), need
+                if need <= free:
+                    count += 1
+            if count > best_count:
+                best_count, best_node = count, ns.name
+            if count >= devices:
+                gpu_ok.append(ns)
+        if not any_model:
+            return f"no node has a GPU of model {'|'.join(sorted(gpu.models))}"
+        if not gpu_ok:
+            if whole:
+                where = f" (node {best_node})" if best_count else ""
+                return (
+                    f"no node has {gpu.devices} idle GPU{'s' if gpu.devices != 1 else ''}{models}: "
+                    f"the most idle on one node is {best_count}{where}"
+                )
+            assert largest is not None
+            holder = nodes[-largest[1]]
+            where = f"largest free is {format_bytes(largest[0])} on {holder.name} GPU {-largest[2]}"
+            if gpu.devices == 1:
+                return f"no GPU{models} with {format_bytes(need_on_largest)} free: {where}"
+            at = f" ({best_node})" if best_node else ""
+            return (
+                f"no node has {gpu.devices} GPUs{models} with {format_bytes(need_on_largest)} free each: "
+                f"the most on one node is {best_count}{at}; {where}"
+            )
+        host_ok = [ns for ns in gpu_ok if request.cpu_milli <= ns.free_cpu and request.memory <= ns.free_mem]
+        if not host_ok:
+            return (
+                f"{len(gpu_ok)} node(s) have the GPUs ({gpu.describe()}) but none also has "
+                f"{request.cpu_milli / 1000:g} CPU and {format_bytes(request.memory)} of memory free; "
+                + _host_reason(gpu_ok, request)
+            )
+        return f"one pod ({gpu.describe()}) fits on only {len(host_ok)} node(s) now, too few for all of them"
+
+
+def _host_reason(pool: list[NodeState], request: ResourceRequest) -> str:
+    ns = max(pool, key=lambda n: (min(n.free_cpu - request.cpu_milli, 0), n.free_mem, -n.index))
+    return (
+        f"no node with {request.cpu_milli / 1000:g} CPU and {format_bytes(request.memory)} "
+        f"of memory free: the most is {ns.free_cpu / 1000:g} CPU and "
+        f"{format_bytes(ns.free_mem)} on {ns.name}"
+    )
