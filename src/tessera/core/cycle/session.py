@@ -444,6 +444,11 @@ class Session:
 
         self._undo.append(undo)
 
+    def on_undo(self, undo: Callable[[], None]) -> None:
+        """Run ``undo`` if the enclosing statement is discarded."""
+        if self._depth:
+            self._undo.append(undo)
+
     def wait(self, ws: WorkloadState, wait: Wait) -> None:
         """Outside statements only: the reason a workload still waits (the latest one wins)."""
         self.waits[ws.id] = wait

@@ -37,6 +37,23 @@ class NodeIndex:
                 if not group or group[-1] is not v:
                     group.append(v)
 
+        self.pruned: set[str] = set()
+
+    def prune(self, session: Session, node: str) -> None:
+        """Skip a node whose victims are all gone; a discarded statement brings it back."""
+        self.pruned.add(node)
+
+        def undo() -> None:
+            self.pruned.discard(node)
+
+        session.on_undo(undo)
+
+    def unprune(self, v: WorkloadState) -> None:
+        """A victim put back: its nodes have a victim again."""
+        for p in v.placements:
+            if p is not None:
+                self.pruned.discard(p.node)
+
 
 def take(tentative: Tentative, v: WorkloadState) -> None:
     vec = v.vector()
@@ -77,11 +94,14 @@ def cheapest_node(
     allow: Allow,
     *,
     pod_level: bool = False,
+    dead: Callable[[WorkloadState], bool] | None = None,
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
     With ``pod_level`` the result is (workload, pod) pairs on that node (for moves); otherwise
-    whole workloads, all of whose pods would go.
+    whole workloads, all of whose pods would go. ``dead`` says a victim can no longer be taken
+    by anyone for the rest of the action (unless the statement is discarded); nodes with only
+    such victims are pruned from the index.
     """
     budget = session.config.max_victim_nodes
     best: tuple[float, int, list[tuple[WorkloadState, int]]] | None = None
@@ -90,13 +110,24 @@ def cheapest_node(
     gpu = request.gpu
     # No node makes room by freeing fewer GPUs than the pod takes: stop at one that does.
     floor = session.demand(request)[0] + EPS
+    gone: list[str] = []
+    pruned = index.pruned
+    models_ok: dict[int, bool] = {}
+    nodes = session.state.by_name
     for order, (node, group) in enumerate(index.by_node.items()):
-        live = [v for v in group if not v.evicted]
+        if node in pruned:
+            continue
+        live = [v for v in group if not v.evicted and (dead is None or not dead(v))]
         if not live:
+            gone.append(node)
             continue
-        ns = session.state.by_name[node]
-        if gpu.kind is not GpuKind.NONE and not any(gpu.allows(m) for m in ns.dev_models):
-            continue
+        ns = nodes[node]
+        if gpu.kind is not GpuKind.NONE:
+            ok = models_ok.get(ns.static_id)
+            if ok is None:
+                ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
+            if not ok:
+                continue
         examined += 1
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
@@ -126,6 +157,8 @@ def cheapest_node(
                 break
         if examined >= budget or feasible >= 4 or (best is not None and best[0] <= floor):
             break
+    for node in gone:
+        index.prune(session, node)
     if best is None:
         return None
     if pod_level:
@@ -147,6 +180,7 @@ def evict_until_fits(
     evict: Callable[[WorkloadState], None],
     extra_ok: Callable[[Vector], bool] | None,
     max_rounds: int,
+    dead: Callable[[WorkloadState], bool] | None = None,
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 
@@ -159,7 +193,7 @@ def evict_until_fits(
             return placed, evicted
         if fail is None:
             return None
-        chosen = cheapest_node(session, fail, index, allow)
+        chosen = cheapest_node(session, fail, index, allow, dead=dead)
         if not chosen:
             return None
         for v in chosen:

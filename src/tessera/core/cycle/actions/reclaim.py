@@ -144,7 +144,18 @@ class Reclaim:
             return session.quota_check(ws, demand, fair_caps=caps) is None
 
         stmt = Statement(session)
-        result = evict_until_fits(session, ws, index, allow, evict, extra_ok, max_rounds=4 * ws.required() + 4)
+        def dead(v: WorkloadState) -> bool:
+            """Its own project could not give it up to anyone: reclaim only lowers that slack."""
+            room = slack_of(v.project)
+            vec = v.vector()
+            for r in governed:
+                if vec[r] > 0 and vec[r] > room[r] + EPS:
+                    return True
+            return False
+
+        result = evict_until_fits(
+            session, ws, index, allow, evict, extra_ok, max_rounds=4 * ws.required() + 4, dead=dead
+        )
         if result is None:
             stmt.discard()
             previous = session.waits.get(ws.id)
@@ -159,6 +170,8 @@ class Reclaim:
             stmt.discard()
             return False
         kept = drop_needless(session, evicted, lambda: session.within(ws.chain, caps))
+        for v in set(evicted) - set(kept):
+            index.unprune(v)
         evicted_gpus = sum(session.evictions[v.id].gpus for v in kept)
         placed_gpus = sum(session.placement_vector(p)[0] for _, p in placed)
         if evicted_gpus > placed_gpus + session.shortfall(ws.project) + EPS:
