@@ -12,6 +12,7 @@
  *   FAKE_CUDA_PROC_INTERNAL=1   cuGetProcAddress returns internal addresses that differ from
  *                               the exported symbols (as a driver may)
  *   FAKE_CUDA_DRIVER_VERSION    version reported and the highest accepted (default 12080)
+ * Built with -DFAKE_HIDE_PTSZ (fake-noptsz/), the _ptsz variants are not exported.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -24,6 +25,13 @@
 #include "tessera_cuda_types.h"
 
 #define EXPORT __attribute__((visibility("default")))
+/* FAKE_HIDE_PTSZ builds a driver that hands out the per-thread-stream variants through
+ * cuGetProcAddress only, without exporting them under their names. */
+#ifdef FAKE_HIDE_PTSZ
+#define PTSZ_EXPORT static
+#else
+#define PTSZ_EXPORT EXPORT
+#endif
 #define CTX_MAGIC 0xC0C0C0C0u
 #define STREAM_MAGIC 0x5EEA5EEAu
 #define POOL_MAGIC 0x9001F00Du
@@ -54,6 +62,7 @@ typedef struct alloc_rec {
 
 #define NBUCKETS 4096
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_ctx_mu = PTHREAD_MUTEX_INITIALIZER; /* primary contexts */
 static alloc_rec *g_ptrs[NBUCKETS];
 static alloc_rec *g_handles[NBUCKETS];
 static alloc_rec *g_maps[NBUCKETS]; /* mapped address -> handle */
@@ -223,14 +232,19 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     NEED_INIT();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_ctx_mu);
     if (g_primary_refs[dev] == 0) {
         CUresult rc = ctx_charge(dev, 1);
-        if (rc) return rc;
+        if (rc) {
+            pthread_mutex_unlock(&g_ctx_mu);
+            return rc;
+        }
         g_primary[dev].magic = CTX_MAGIC;
         g_primary[dev].dev = dev;
         g_primary[dev].primary = 1;
     }
     g_primary_refs[dev]++;
+    pthread_mutex_unlock(&g_ctx_mu);
     *pctx = &g_primary[dev];
     return CUDA_SUCCESS;
 }
@@ -238,16 +252,20 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     NEED_INIT();
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    if (g_primary_refs[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (--g_primary_refs[dev] == 0) ctx_charge(dev, -1);
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_ctx_mu);
+    int refs = g_primary_refs[dev];
+    if (refs > 0 && --g_primary_refs[dev] == 0) ctx_charge(dev, -1);
+    pthread_mutex_unlock(&g_ctx_mu);
+    return refs == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     NEED_INIT();
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_ctx_mu);
     if (g_primary_refs[dev] > 0) ctx_charge(dev, -1);
     g_primary_refs[dev] = 0;
+    pthread_mutex_unlock(&g_ctx_mu);
     return CUDA_SUCCESS;
 }
 
@@ -419,7 +437,7 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
     return charge(dev, size, dptr, g_ptrs);
 }
 
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
+PTSZ_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
     return cuMemAllocAsync(dptr, size, s);
 }
 
@@ -432,7 +450,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemory
     return charge(pool->dev, size, dptr, g_ptrs);
 }
 
-EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+PTSZ_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
                                              CUstream s) {
     return cuMemAllocFromPoolAsync(dptr, size, pool, s);
 }
@@ -444,7 +462,7 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
     return release(g_ptrs, ptr);
 }
 
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) { return cuMemFreeAsync(ptr, s); }
+PTSZ_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) { return cuMemFreeAsync(ptr, s); }
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     NEED_INIT();

@@ -183,7 +183,7 @@ CUresult ts_hook_cuMemFree_v2(CUdeviceptr ptr) {
     BIND_OR_FAIL();
     free_fn real = REAL(cuMemFree_v2, free_fn);
     ts_record r;
-    if (!untrack(&ts_ptrs, ptr, &r)) return real(ptr);
+    if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(&ts_ptrs, ptr, &r)) return real(ptr);
     CUresult rc = real(ptr);
     if (rc != CUDA_SUCCESS) retrack(&ts_ptrs, &r);
     else ts_region_release(r.rdev, r.size);
@@ -255,7 +255,7 @@ CUresult ts_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CU
 
 static CUresult free_async(free_async_fn real, CUdeviceptr ptr, CUstream s) {
     ts_record r;
-    if (!untrack(&ts_ptrs, ptr, &r)) return real(ptr, s);
+    if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(&ts_ptrs, ptr, &r)) return real(ptr, s);
     CUresult rc = real(ptr, s);
     if (rc != CUDA_SUCCESS) retrack(&ts_ptrs, &r);
     else ts_region_release(r.rdev, r.size);

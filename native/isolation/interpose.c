@@ -181,12 +181,23 @@ static void *substitute(const char *symbol, void *p, int cudaVersion, cuuint64_t
     }
     if (best) {
         const ts_hook *hk = hook_by_name(best->variant);
-        if (hk && *hk->real) {
+        if (hk) {
+            /* A driver that does not export this variant under its name: the address it gave
+             * is the real entry point of that ABI. */
+            void *expected = NULL;
+            __atomic_compare_exchange_n(hk->real, &expected, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
             TS_DEBUG("cuGetProcAddress(%s, %d, %llu): driver address differs from %s; intercepted by name",
                      symbol, cudaVersion, (unsigned long long)flags, best->variant);
             return hk->hook;
         }
     }
+    if (hook_by_name(symbol) == NULL)
+        for (size_t i = 0; i < sizeof g_variants / sizeof g_variants[0]; i++)
+            if (strcmp(g_variants[i].base, symbol) == 0) {
+                TS_DEBUG("cuGetProcAddress(%s, %d): an ABI older than the hooked ones; passed through", symbol,
+                         cudaVersion);
+                break;
+            }
     return p;
 }
 

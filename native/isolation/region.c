@@ -27,6 +27,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "isolation.h"
@@ -81,6 +82,22 @@ static region_slot *g_slots;
 static int g_fd = -1;        /* -1: private (anonymous) region */
 static int g_my_slot = -1;
 static int g_fault_stall;    /* TESSERA_ISOLATION_FAULT=stall-in-lock (tests only) */
+
+/* A refusal sweeps for dead processes at most this often per process: a workload pressing on its
+ * limit (an allocator retrying after OOM) must not pay a liveness check per slot every time. */
+#define SWEEP_INTERVAL_NS 20000000LL
+static long long g_last_sweep_ns;
+static int g_swept;
+
+static int sweep_due(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (g_swept && now - g_last_sweep_ns < SWEEP_INTERVAL_NS) return 0;
+    g_swept = 1;
+    g_last_sweep_ns = now;
+    return 1;
+}
 
 static off_t slot_offset(int i) { return (off_t)SLOTS_OFFSET + (off_t)i * (off_t)sizeof(region_slot); }
 
@@ -232,6 +249,7 @@ void ts_region_detach_after_fork(void) {
     g_slots = NULL;
     g_fd = -1;
     g_my_slot = -1;
+    g_swept = 0;
 }
 
 static int take_slot_locked(void) {
@@ -289,7 +307,7 @@ int ts_region_reserve(int rdev, uint64_t size, uint64_t limit) {
     }
     region_device *d = &g_hdr->devices[rdev];
     int ok = size <= limit && d->used <= limit - size;
-    if (!ok) {
+    if (!ok && sweep_due()) {
         sweep(0);
         ok = size <= limit && d->used <= limit - size;
     }

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,6 +178,38 @@ static void resolve_all(const char *mode, int version) {
 }
 #endif
 
+typedef struct {
+    int dev;
+    long iters;
+    size_t size;
+    long ok, refused, errors;
+} stress_arg;
+
+/* One thread: allocate and free in a loop, holding up to 4 blocks at a time. */
+static void *stress_thread(void *p) {
+    stress_arg *a = p;
+    CUcontext ctx;
+    if (p_retain(&ctx, a->dev) || p_setcur(ctx)) {
+        a->errors++;
+        return NULL;
+    }
+    CUdeviceptr held[4] = {0};
+    for (long i = 0; i < a->iters; i++) {
+        int k = (int)(i % 4);
+        if (held[k]) {
+            if (p_free(held[k])) a->errors++;
+            held[k] = 0;
+        }
+        CUresult rc = p_alloc(&held[k], a->size + (size_t)(i % 7));
+        if (rc == CUDA_SUCCESS) a->ok++;
+        else if (rc == CUDA_ERROR_OUT_OF_MEMORY) { a->refused++; held[k] = 0; }
+        else { a->errors++; held[k] = 0; }
+    }
+    for (int k = 0; k < 4; k++)
+        if (held[k] && p_free(held[k])) a->errors++;
+    return NULL;
+}
+
 #define MAXOBJ 256
 static void *g_objs[MAXOBJ];
 static int g_nobj;
@@ -340,6 +373,23 @@ int main(int argc, char **argv) {
             size_t t = 7;
             rc = p_total(n > 2 ? NULL : &t, (int)a1);
             printf("rc=%d total=%zu\n", rc, t);
+        } else if (strcmp(c, "stress") == 0) {
+            int nthreads = (int)a1;
+            stress_arg args[16] = {0};
+            pthread_t th[16];
+            if (nthreads < 1 || nthreads > 16) { printf("bad\n"); continue; }
+            for (int i = 0; i < nthreads; i++) {
+                args[i].dev = 0;
+                args[i].iters = strtol(argv2[2], NULL, 0);
+                args[i].size = strtoull(argv2[3], NULL, 0);
+                pthread_create(&th[i], NULL, stress_thread, &args[i]);
+            }
+            long ok = 0, refused = 0, errors = 0;
+            for (int i = 0; i < nthreads; i++) {
+                pthread_join(th[i], NULL);
+                ok += args[i].ok; refused += args[i].refused; errors += args[i].errors;
+            }
+            printf("ok=%ld refused=%ld errors=%ld\n", ok, refused, errors);
         } else if (strcmp(c, "sleep") == 0) {
             usleep((useconds_t)a1 * 1000);
             printf("ok\n");

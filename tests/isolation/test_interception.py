@@ -96,3 +96,16 @@ def test_nested_cu_get_proc_address_returns_the_wrapper(native, probe):
     p = probe(clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": "1Gi"}), "gpa", 12080).start()
     assert p(f"alloc {GiB + 1}")["rc"] == 2
     assert p(f"create {2 * GiB} 0")["rc"] == 2
+
+
+def test_variant_the_driver_does_not_export_is_still_hooked(native, probe):
+    # a driver that hands out cuMemAllocAsync_ptsz only through cuGetProcAddress
+    env = clean_env(native, extra=LIMIT)
+    env["LD_LIBRARY_PATH"] = f"{native.root / 'fake-noptsz'}:{native.fake_dir}"
+    p = probe(env, "gpa", 12080).start()
+    a = p(f"aalloc_ptsz {5 * GiB} ptds")
+    assert a["rc"] == 0
+    assert p(f"aalloc_ptsz {4 * GiB} ptds")["rc"] == 2
+    assert p.info()[0] == 3 * GiB
+    assert p(f"afree_ptsz {a['ptr']} ptds")["rc"] == 0
+    assert p.info()[0] == 8 * GiB

@@ -87,3 +87,24 @@ def test_limits_are_per_device_in_the_region(native, probe, tmp_path):
     usage = read_region(region)
     assert len(usage) == 2
     assert {u.used_bytes for u in usage.values()} == {2 * GiB}
+
+
+def test_concurrent_threads_and_processes_lose_no_update(native, probe, tmp_path):
+    region = tmp_path / "region"
+    env = clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": "2Gi",
+                                   "TESSERA_GPU_SHARED_REGION": str(region)})
+    a, b = probe(env), probe(env)
+    for p in (a, b):
+        assert p("init")["rc"] == 0
+    # 2 processes x 4 threads, each holding up to 4 blocks of ~256 MiB: far more than 2 GiB
+    for p in (a, b):
+        p.send(f"stress 4 20000 {256 * 2**20}")
+    outcomes = []
+    for p in (a, b):
+        line = p.proc.stdout.readline() if p.proc.stdout else ""
+        outcomes.append(dict((k, int(v)) for k, v in (t.split("=") for t in line.split())))
+    # no fairness is promised between processes: one may be refused throughout
+    assert all(o["errors"] == 0 for o in outcomes), outcomes
+    assert sum(o["ok"] for o in outcomes) > 0 and sum(o["refused"] for o in outcomes) > 0, outcomes
+    assert read_region(region)[KEY].used_bytes == 0
+    assert read_region(region)[KEY].processes == {}
