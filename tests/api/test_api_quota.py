@@ -34,32 +34,49 @@ def test_limit_and_deserved_quota(server: EmbeddedServer) -> None:
             if "limit" in w["phaseMessage"]:
                 break
         assert "project q-lim is at its limit" in w["phaseMessage"]
-        ws = _submit(c, "workspaces", submit_body("ws", "q-lim", gpuPortionRequest=0.2))
+        for wid in (first, second):
+            c.delete(f"/api/v1/workloads/trainings/{wid}")
+
+
+def test_non_preemptible_stays_in_deserved_quota(server: EmbeddedServer) -> None:
+    """A build (not preemptible) beyond deserved waits; a train of the same size runs over quota."""
+    with server.http() as c:
+        _project(c, "q-np", deserved=0.5)
+        ws = _submit(c, "workspaces", submit_body("ws", "q-np", gpuPortionRequest=0.75))
+        train = _submit(c, "trainings", submit_body("tr", "q-np", gpuPortionRequest=0.75))
+        server.wait_phase(c, "trainings", train, "Running")
+        w = c.get(f"/api/v1/workloads/workspaces/{ws}").json()
         for _ in range(100):
             w = c.get(f"/api/v1/workloads/workspaces/{ws}").json()
-            if "deserved" in w["phaseMessage"]:
+            if "quota" in w["phaseMessage"]:
                 break
         assert w["phase"] == "Pending"
-        assert "non-preemptible workloads must fit in project q-lim's deserved quota" in w[
-            "phaseMessage"]
-        for wid, kind in ((first, "trainings"), (second, "trainings"), (ws, "workspaces")):
-            c.delete(f"/api/v1/workloads/{kind}/{wid}")
+        assert "quota" in w["phaseMessage"] and "q-np" in w["phaseMessage"], w["phaseMessage"]
+        c.delete(f"/api/v1/workloads/workspaces/{ws}")
+        c.delete(f"/api/v1/workloads/trainings/{train}")
 
 
 def test_reclaim_over_quota_workload(server: EmbeddedServer) -> None:
-    """Project B (deserved 2) takes back GPUs that A (deserved 0) borrowed; A's train requeues."""
+    """Project B (deserved 2) takes back a GPU that A (deserved 0) borrowed; A's train requeues."""
     with server.http() as c:
         _project(c, "q-a", deserved=0)
         _project(c, "q-b", deserved=2)
-        borrowed = _submit(c, "trainings", submit_body("borrow", "q-a", gpuDevicesRequest=2))
-        server.wait_phase(c, "trainings", borrowed, "Running")
+        borrowed = [_submit(c, "trainings", submit_body(f"borrow{i}", "q-a", gpuDevicesRequest=1))
+                    for i in range(2)]
+        for wid in borrowed:
+            server.wait_phase(c, "trainings", wid, "Running")
         owner = _submit(c, "workspaces", submit_body("owner", "q-b", gpuDevicesRequest=1))
         server.wait_phase(c, "workspaces", owner, "Running")
-        w = server.wait_phase(c, "trainings", borrowed, "Pending")
-        kinds = [e["kind"] for e in w["events"]]
+        states = {}
+        for wid in borrowed:
+            states[wid] = c.get(f"/api/v1/workloads/trainings/{wid}").json()
+        requeued = [w for w in states.values() if w["phase"] == "Pending"]
+        assert len(requeued) == 1, [w["phase"] for w in states.values()]
+        kinds = [e["kind"] for e in requeued[0]["events"]]
         assert "Preempted" in kinds and "Requeued" in kinds
-        preempted = next(e for e in w["events"] if e["kind"] == "Preempted")
-        assert "reclaimed" in preempted["message"] and "q-b" in preempted["message"]
+        owner_doc = c.get(f"/api/v1/workloads/workspaces/{owner}").json()
+        assert owner_doc["nodeName"] and owner_doc["gpus"]["allocated"] == 1
         c.delete(f"/api/v1/workloads/workspaces/{owner}")
-        server.wait_phase(c, "trainings", borrowed, "Running")
-        c.delete(f"/api/v1/workloads/trainings/{borrowed}")
+        server.wait_phase(c, "trainings", requeued[0]["workloadId"], "Running")
+        for wid in borrowed:
+            c.delete(f"/api/v1/workloads/trainings/{wid}")

@@ -93,7 +93,9 @@ class WorkloadSpec(BaseModel):
     environmentVariables: list[EnvVar] = Field(default_factory=list)
     workingDir: str | None = None
     compute: Compute = Field(default_factory=Compute)
-    priorityClass: Literal["train", "build", "inference"] | None = None
+    priorityClass: (
+        Literal["train", "build-preemptible", "build", "interactive", "inference"] | None
+    ) = None
     workers: int = Field(default=1, ge=1, le=64, description="Pods, each with the compute request")
     minWorkers: int | None = Field(default=None, ge=1, le=64, description="Gang minimum")
 

@@ -28,13 +28,14 @@ from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
 from tessera.core.requests import check_against_cluster
 from tessera.core.state import Placement
 from tessera.core.units import format_gpus
+from tessera.core.workloads import PRIORITY_CLASSES as CORE_CLASSES
 from tessera.local import isolation_hook
 from tessera.local.gpus import Machine
 from tessera.local.runner import Runner
 from tessera.local.scheduler import (
+    CycleScheduler,
     Decisions,
     ProjectView,
-    QuotaScheduler,
     Scheduler,
     Snapshot,
     WorkloadView,
@@ -44,9 +45,7 @@ from tessera.local.store import Project, Store, Workload
 
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 PRIORITY_CLASSES: dict[str, tuple[int, bool]] = {
-    "train": (50, True),
-    "build": (100, False),
-    "inference": (125, False),
+    name: (pc.value, pc.preemptible) for name, pc in CORE_CLASSES.items()
 }
 DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
 KINDS = {"trainings": "Training", "workspaces": "Workspace", "inferences": "Inference"}
@@ -105,7 +104,7 @@ class LocalBackend:
     ) -> None:
         self.data_dir = data_dir
         self.machine = machine
-        self.scheduler: Scheduler = scheduler or QuotaScheduler()
+        self.scheduler: Scheduler = scheduler or CycleScheduler()
         self.grace = grace
         self.interval = interval
         self.store = Store(data_dir / "tessera.db")
@@ -116,6 +115,8 @@ class LocalBackend:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._active: dict[str, Workload] = {}
+        self._awaiting: dict[str, tuple[str, ...]] = {}
+        """Pending workloads held back until the workloads evicted for them have stopped."""
         self._sim_bin = data_dir / "sim-bin"
         self.cycles = 0
 
@@ -222,9 +223,13 @@ class LocalBackend:
         }
         running: list[WorkloadView] = []
         pending: list[WorkloadView] = []
+        for wid, victims in list(self._awaiting.items()):
+            if not any(v in self._active and self._active[v].phase != "Pending" for v in victims):
+                del self._awaiting[wid]
         for w in self._active.values():
             if w.phase == "Pending":
-                pending.append(self._view(w, ()))
+                if w.id not in self._awaiting:
+                    pending.append(self._view(w, ()))
             elif w.phase in ("Running", "Stopping", "Deleting"):
                 placements = tuple(_placement(p) for p in w.pods if p.get("holds", True))
                 if placements:
@@ -247,6 +252,9 @@ class LocalBackend:
             priority=w.priority,
             seq=w.seq,
             placements=placements,
+            priority_class=w.priority_class,
+            created_at=w.created,
+            started_at=w.started,
         )
 
     def _apply(self, decisions: Decisions) -> None:
@@ -254,6 +262,7 @@ class LocalBackend:
             w = self._active.get(ev.workload_id)
             if w is not None and w.phase == "Running":
                 self._begin_stop(w, "Pending", ev.reason, kind="Preempted")
+        self._awaiting.update(decisions.after_evictions)
         for b in decisions.bindings:
             w = self._active.get(b.workload_id)
             if w is not None and w.phase == "Pending":

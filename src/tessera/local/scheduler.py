@@ -2,10 +2,13 @@
 
 The control loop builds a ``Snapshot`` (nodes, projects, running and pending workloads) and asks
 a ``Scheduler`` for ``Decisions`` (bindings, evictions and why each other workload waits). It
-knows nothing else about the scheduler, so the projects/fair-share cycle of ``tessera.core``
-replaces ``QuotaScheduler`` behind the same two types.
+knows nothing else about the scheduler.
 
-``QuotaScheduler`` is the interim policy: pending workloads in order (project priority, workload
+``CycleScheduler`` (the default) is the projects/fair-share cycle of ``tessera.core.cycle``:
+allocate, reclaim, preempt and backfill, with fair share of over-quota GPUs by weight.
+Consolidation is left out because it moves running pods, which a local process cannot do.
+
+``QuotaScheduler`` (``--scheduler simple``) is the interim policy written before the cycle: pending workloads in order (project priority, workload
 priority, submission), placed by ``tessera.core.placement.Placer``; a project never exceeds its
 GPU limit; non-preemptible workloads (build, inference) must fit in the project's deserved
 quota; preemptible ones (train) may run over quota on idle GPUs; and a workload within its
@@ -49,6 +52,9 @@ class WorkloadView:
     seq: int = 0
     placements: tuple[Placement, ...] = ()
     """Where its pods run (running workloads only)."""
+    priority_class: str = "train"
+    created_at: float = 0.0
+    started_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,8 @@ class Decisions:
     evictions: list[Eviction] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)
     """Why each pending workload that was not bound still waits."""
+    after_evictions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Pending workloads that start once these evicted workloads have stopped."""
 
 
 class Scheduler(Protocol):
@@ -248,3 +256,71 @@ def _where(placements: Sequence[Placement]) -> str:
         devs = ",".join(str(d) for d in p.devices)
         parts.append(f"{p.node} GPU {devs}" if devs else p.node)
     return "; ".join(parts)
+
+
+class CycleScheduler:
+    """The core's projects/fair-share cycle behind the ``Scheduler`` interface."""
+
+    name = "tessera.core.cycle (fair share, reclaim, priority preemption)"
+
+    def __init__(self, policy: str = "binpack") -> None:
+        from tessera.core.cycle import CycleConfig
+
+        self.config = CycleConfig(
+            actions=("allocate", "reclaim", "preempt", "backfill"), policy=policy
+        )
+
+    def decide(self, snapshot: Snapshot) -> Decisions:
+        import time
+
+        from tessera.core.cycle import Project, Quota, run_cycle
+        from tessera.core.cycle import Snapshot as CycleSnapshot
+        from tessera.core.cycle import Workload as CycleWorkload
+
+        projects = tuple(
+            Project(p.name, gpu=Quota(p.deserved, p.limit, p.over_quota_weight), priority=p.priority)
+            for p in snapshot.projects.values()
+        )
+        now = time.time()
+        workloads: list[CycleWorkload] = []
+        for w, running in [(w, True) for w in snapshot.running] + [
+            (w, False) for w in snapshot.pending
+        ]:
+            placements: tuple[Placement | None, ...] = ()
+            if running:
+                placements = tuple(w.placements) + (None,) * (w.workers - len(w.placements))
+            workloads.append(
+                CycleWorkload(
+                    id=w.id,
+                    project=w.project,
+                    pods=(w.request,) * w.workers,
+                    priority_class=w.priority_class,
+                    min_members=w.min_workers,
+                    created_at=w.created_at,
+                    started_at=(w.started_at or now) if running else None,
+                    placements=placements,
+                    preemptible=w.preemptible,
+                    priority=w.priority,
+                    name=w.name,
+                )
+            )
+        plan = run_cycle(CycleSnapshot((*snapshot.nodes,), projects, tuple(workloads), now), self.config)
+        pending = {w.id for w in snapshot.pending}
+        out = Decisions()
+        for e in plan.evictions:
+            out.evictions.append(Eviction(e.workload_id, e.reason))
+        for b in plan.bindings:
+            if b.workload_id not in pending:
+                continue
+            if b.after_evictions:
+                out.waiting[b.workload_id] = (
+                    f"waiting for {', '.join(b.after_evictions)} to stop: {b.message}"
+                )
+                out.after_evictions[b.workload_id] = tuple(b.after_evictions)
+                continue
+            pods = sorted(b.pods, key=lambda pb: pb.pod)
+            out.bindings.append(Binding(b.workload_id, tuple(pb.placement for pb in pods), b.message))
+        for wait in plan.waiting:
+            if wait.workload_id in pending and wait.workload_id not in out.waiting:
+                out.waiting[wait.workload_id] = wait.reason
+        return out

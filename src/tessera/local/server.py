@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--policy", default="binpack")
+    parser.add_argument("--scheduler", choices=("cycle", "simple"), default="cycle")
     args = parser.parse_args(argv)
 
     import uvicorn
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from tessera.api.app import create_app
     from tessera.local.control import LocalBackend
     from tessera.local.gpus import discover
-    from tessera.local.scheduler import QuotaScheduler
+    from tessera.local.scheduler import CycleScheduler, QuotaScheduler, Scheduler
 
     directory = data_dir(args.data_dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -76,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         store.set_meta("simulate", json.dumps(simulate or ["1xV100-16GB"]))
     store.close()
 
+    scheduler: Scheduler = (
+        CycleScheduler(args.policy) if args.scheduler == "cycle" else QuotaScheduler(args.policy)
+    )
     backend = LocalBackend(
-        directory, machine, QuotaScheduler(args.policy), grace=args.grace, interval=args.interval
+        directory, machine, scheduler, grace=args.grace, interval=args.interval
     )
     backend.ensure_admin()
     backend.start()
