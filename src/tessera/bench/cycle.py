@@ -4,7 +4,7 @@ The default is 1,000 nodes × 8 GPUs (80 GiB each), 50 projects in 5 departments
 running and 2,000 pending workloads: GPU portions, memory requests, dynamic fractions, whole
 GPUs and gangs. Half the projects run over their deserved quota and the other half under it,
 and most pending work belongs to the latter, so reclaim, preemption and consolidation all have
-work to do. Running placements are made with the placer (binpack, then spread for a fifth of
+work to do. Running placements are made with the placer (binpack, and spread for a fifth of
 them so some fractions are scattered). Everything is seeded.
 
     python -m tessera.bench.cycle [--repeat 5] [--policy fgd] [--profile]
@@ -83,9 +83,9 @@ def fraction(rng: random.Random) -> ResourceRequest:
 
 def shape(rng: random.Random, pending: bool) -> tuple[ResourceRequest, int]:
     pick = rng.random()
-    if pick < 0.6:
+    if pick < 0.65:
         return fraction(rng), 1
-    if pick < 0.92:
+    if pick < 0.94:
         return ResourceRequest(GpuRequest.whole(1), 8000, 64 * GiB), 1
     if pending and pick > 0.98:
         return ResourceRequest(GpuRequest.whole(8), 64000, 512 * GiB), 2
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pending", type=int, default=2_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--policy", default="binpack")
+    parser.add_argument("--policy", default=CycleConfig().policy)
     parser.add_argument("--actions", default=",".join(CycleConfig().actions))
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one cycle")
     args = parser.parse_args(argv)

@@ -498,3 +498,37 @@ def test_two_cycles_on_the_same_snapshot_give_the_same_plan() -> None:
     assert cycle(ns, [project("team-a", 2), project("team-b", 1)], wl) == cycle(
         ns, [project("team-a", 2), project("team-b", 1)], wl
     )
+
+
+def test_running_elastic_gang_grows_when_room_appears() -> None:
+    ns = nodes(3, gpus=1)
+    plan = cycle(ns, [project("a", 3)], [workload(ns, "g", "a", 1, pods=3, min_members=2, on=["n1:0", "n2:0"])])
+    assert bound(plan) == {"g": ["n3:0"]}
+    assert plan.projects["a"].allocated_after[0] == pytest.approx(3)
+
+
+def test_cpu_quota_is_governed_where_given() -> None:
+    from tessera.core.cycle import Project, Quota, Workload
+    from tessera.core.model import GpuRequest, ResourceRequest
+
+    ns = nodes(1, gpus=4)
+    cpu_heavy = ResourceRequest(GpuRequest.whole(1), cpu_milli=6000)
+    projects = [Project("a", Quota(4), cpu=Quota(8000, limit=8000)), Project("b", Quota(0))]
+    plan = cycle(ns, projects, [Workload("w1", "a", (cpu_heavy,)), Workload("w2", "a", (cpu_heavy,), created_at=1)])
+    assert set(bound(plan)) == {"w1"}
+    w = plan.waiting_for("w2")
+    assert w is not None and w.reason.startswith("project a is at its limit of 8 CPU")
+
+
+def test_the_plan_reports_fair_shares_and_allocations() -> None:
+    ns = nodes(1, gpus=4)
+    plan = cycle(
+        ns,
+        [project("a", 1, weight=1), project("b", 1, weight=3)],
+        [workload(ns, "a1", "a", 1, pods=4), workload(ns, "b1", "b", 1, pods=4)],
+        actions=("allocate",),
+    )
+    # 1 + 1 deserved, the other 2 split 1:3.
+    assert plan.projects["a"].fair_share[0] == pytest.approx(1.5)
+    assert plan.projects["b"].fair_share[0] == pytest.approx(2.5)
+    assert plan.projects["a"].requested[0] == pytest.approx(4)

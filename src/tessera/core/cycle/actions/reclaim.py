@@ -148,10 +148,7 @@ class Reclaim:
             """Its own project could not give it up to anyone: reclaim only lowers that slack."""
             room = slack_of(v.project)
             vec = v.vector()
-            for r in governed:
-                if vec[r] > 0 and vec[r] > room[r] + EPS:
-                    return True
-            return False
+            return any(vec[r] > 0 and vec[r] > room[r] + EPS for r in governed)
 
         result = evict_until_fits(
             session, ws, index, allow, evict, extra_ok, max_rounds=4 * ws.required() + 4, dead=dead
