@@ -71,14 +71,19 @@ static void *open_driver(const char *soname) {
     return h;
 }
 
+static __thread int t_binding; /* this thread is inside ts_bind (a driver constructor may dlsym) */
+
 int ts_bind(int lib) {
     if (__atomic_load_n(&g_bound[lib], __ATOMIC_ACQUIRE)) return 0;
+    if (t_binding) return -1;
+    t_binding = 1;
     pthread_mutex_lock(&g_bind_mu);
     if (!g_bound[lib]) {
         const char *soname = lib == TS_LIB_CUDA ? "libcuda.so.1" : "libnvidia-ml.so.1";
         void *h = open_driver(soname);
         if (!h) {
             pthread_mutex_unlock(&g_bind_mu);
+            t_binding = 0;
             TS_DEBUG("cannot load %s: %s", soname, dlerror());
             return -1;
         }
@@ -96,6 +101,7 @@ int ts_bind(int lib) {
         __atomic_store_n(&g_bound[lib], 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_bind_mu);
+    t_binding = 0;
     return 0;
 }
 

@@ -147,7 +147,8 @@ static void resolve_all(void) {
 }
 #else
 static void resolve_all(const char *mode, int version) {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    const char *path = getenv("CUPROBE_LIBCUDA"); /* a driver loaded by path, e.g. CUDA compat */
+    void *h = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         printf("fatal dlopen %s\n", dlerror());
         exit(2);

@@ -109,3 +109,16 @@ def test_variant_the_driver_does_not_export_is_still_hooked(native, probe):
     assert p.info()[0] == 3 * GiB
     assert p(f"afree_ptsz {a['ptr']} ptds")["rc"] == 0
     assert p.info()[0] == 8 * GiB
+
+
+@pytest.mark.parametrize("mode", ["dlsym", "gpa"])
+def test_driver_loaded_by_path_is_the_one_hooked(native, probe, mode):
+    # the program loads one libcuda.so.1 by path (as with the CUDA forward-compat package) while
+    # the search path would find another: the library must use the one already loaded
+    env = clean_env(native, extra={**LIMIT, "CUPROBE_LIBCUDA": str(native.fake_dir / "libcuda.so.1")})
+    env["LD_LIBRARY_PATH"] = str(native.root / "fake-noptsz")
+    p = probe(env, mode, 12080).start()
+    a = p.alloc(5 * GiB)
+    assert p(f"alloc {4 * GiB}")["rc"] == 2
+    assert p(f"free {a}")["rc"] == 0
+    assert p.stderr() == ""
