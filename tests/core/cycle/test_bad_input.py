@@ -116,3 +116,11 @@ def test_a_request_no_node_can_hold_waits_as_unschedulable_instead_of_failing_th
     w = plan.waiting_for("big")
     assert w is not None and w.kind == "unschedulable" and "the largest node has 2" in w.reason
     assert plan.binding("ok") is not None
+
+
+def test_more_cpu_than_any_node_has_waits_as_unschedulable() -> None:
+    ns = nodes(1, gpus=1)
+    plan = cycle(ns, [project("a", 1)], [workload(ns, "w", "a", req=request(0.5, cpu=100_000))])
+    w = plan.waiting_for("w")
+    assert w is not None and w.kind == "unschedulable"
+    assert w.reason == "no node can ever hold it: it asks 100 CPU, the largest node has 64"

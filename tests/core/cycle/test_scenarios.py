@@ -125,9 +125,13 @@ def test_project_at_its_limit_waits_with_the_reason() -> None:
 
 def test_over_fair_share_waits_when_nothing_is_idle_and_uses_idle_gpus_otherwise() -> None:
     ns = nodes(2, gpus=1)
-    projects = [project("team-a", 2), project("team-b", 0)]
-    # team-a asks for a 2-GPU pod that no node holds, so team-b's fair share stays 0.
-    wl = [workload(ns, "a", "team-a", 2), workload(ns, "b", "team-b", 0.5)]
+    projects = [project("team-a", 2), project("team-b", 0), project("team-c", 1)]
+    # team-a's 2-GPU gang cannot fit next to team-c's inference, yet it holds team-b's share at 0.
+    wl = [
+        workload(ns, "c", "team-c", 1, cls="inference", on=["n2:0"]),
+        workload(ns, "a", "team-a", 1, pods=2),
+        workload(ns, "b", "team-b", 0.5),
+    ]
     plan = cycle(ns, projects, wl, actions=("allocate", "reclaim", "preempt"))
     w = plan.waiting_for("b")
     assert w is not None and w.kind == "fair-share"
@@ -135,7 +139,16 @@ def test_over_fair_share_waits_when_nothing_is_idle_and_uses_idle_gpus_otherwise
     plan = cycle(ns, projects, wl)
     assert bound(plan) == {"b": ["n1:0"]}
     assert plan.bindings[0].action == "backfill"
+    assert "beyond its fair share" in plan.bindings[0].message
+
+
+def test_what_can_never_run_takes_no_fair_share() -> None:
+    ns = nodes(2, gpus=1)
+    projects = [project("team-a", 2), project("team-b", 0)]
+    plan = cycle(ns, projects, [workload(ns, "a", "team-a", 2), workload(ns, "b", "team-b", 1)])
     assert plan.waiting_for("a").kind == "unschedulable"  # type: ignore[union-attr]
+    assert plan.projects["team-b"].fair_share[0] == pytest.approx(1)
+    assert plan.binding("b").action == "allocate"  # type: ignore[union-attr]
 
 
 def test_non_preemptible_runs_only_in_quota_preemptible_may_go_over() -> None:

@@ -194,19 +194,25 @@ class Session:
             float(sum(n.cpu_milli for n in self.nodes)),
             float(sum(n.memory for n in self.nodes)),
         )
+        self.pending: list[WorkloadState] = [ws for ws in self.workloads.values() if ws.unplaced()]
+        self._max_host = (
+            max((n.cpu_milli for n in self.nodes), default=0),
+            max((n.memory for n in self.nodes), default=0),
+        )
+        for ws in self.pending:
+            why = self._never_fits(ws)
+            if why is not None:
+                self.waits[ws.id] = Wait("unschedulable", why)
         requested: dict[str, Vector] = {p: _vec(v) for p, v in self.alloc.items()}
-        for ws in self.workloads.values():
+        for ws in self.pending:
+            if ws.id in self.waits:
+                continue  # what can never run does not take a share from those that can
             for i in ws.unplaced():
                 d = self.demand(ws.spec.pods[i])
                 r = requested[ws.project]
                 requested[ws.project] = (r[0] + d[0], r[1] + d[1], r[2] + d[2])
         self.shares: FairShares = compute_fair_shares(self.tree, capacity, requested)
         self.placer = Placer(self.state, policy=config.policy)
-        self.pending: list[WorkloadState] = [ws for ws in self.workloads.values() if ws.unplaced()]
-        for ws in self.pending:
-            why = self._never_fits(ws)
-            if why is not None:
-                self.waits[ws.id] = Wait("unschedulable", why)
 
     # -- quota ----------------------------------------------------------------------------------
 
@@ -535,8 +541,17 @@ class Session:
         return ""
 
     def _never_fits(self, ws: WorkloadState) -> str | None:
+        cpu, memory = self._max_host
         for i in ws.unplaced()[: max(ws.required(), 1)]:
-            gpu = ws.spec.pods[i].gpu
+            request = ws.spec.pods[i]
+            if request.cpu_milli > cpu:
+                return f"no node can ever hold it: it asks {request.cpu_milli / 1000:g} CPU, the largest node has {cpu / 1000:g}"
+            if request.memory > memory:
+                return (
+                    f"no node can ever hold it: it asks {format_bytes(request.memory)} of memory, "
+                    f"the largest node has {format_bytes(memory)}"
+                )
+            gpu = request.gpu
             if gpu not in self._never:
                 try:
                     check_against_cluster(gpu, self.nodes)

@@ -66,8 +66,10 @@ class Preempt:
         stmt = Statement(session)
         evicted: list[WorkloadState] = []
         queue = list(victims)
-        while session.quota_check(ws, demand, fair_caps=caps) is not None:
-            if not queue:
+        while (why := session.quota_check(ws, demand, fair_caps=caps)) is not None:
+            if not queue or why.kind == "quota":
+                # Deserved quota for non-preemptible work is held by non-preemptible work,
+                # which is never evicted: taking preemptible victims cannot help.
                 stmt.discard()
                 return False
             v = queue.pop(0)
