@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,10 +101,22 @@ def ensure_built(native_dir: Path = NATIVE_DIR, *, quiet: bool = True) -> Native
         (work / ".complete").write_text(key + "\n")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(work, final)
-        for old in root.iterdir():  # keep the cache from growing with every edit
-            if old.is_dir() and old.name != key and ".tmp-" not in old.name:
-                shutil.rmtree(old, ignore_errors=True)
+        _prune(root, keep=key)
     return NativeBuild(final)
+
+
+def _prune(root: Path, keep: str, max_age_s: float = 7 * 86400) -> None:
+    """Drops builds of other source versions unused for a week (another checkout may still be
+    using a recent one, so those stay)."""
+    now = time.time()
+    for old in root.iterdir():
+        if not old.is_dir() or old.name == keep:
+            continue
+        try:
+            if now - old.stat().st_mtime > max_age_s:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def install_library(build: NativeBuild, lib_dir: Path = PACKAGE_LIB_DIR) -> Path:
