@@ -10,6 +10,7 @@ the tests and the benchmark.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -80,6 +81,8 @@ def ensure_built(native_dir: Path = NATIVE_DIR, *, quiet: bool = True) -> Native
     root = cache_root()
     final = root / key
     if (final / ".complete").is_file():
+        with contextlib.suppress(OSError):
+            os.utime(final)  # in use: keeps it from being pruned
         return NativeBuild(final)
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
