@@ -36,8 +36,9 @@ class NodeIndex:
                 group = self.by_node.setdefault(p.node, [])
                 if not group or group[-1] is not v:
                     group.append(v)
-
         self.pruned: set[str] = set()
+        self.no_room: dict[ResourceRequest, set[str]] = {}
+        """Nodes where even every live victim would not make room for that request."""
 
     def prune(self, session: Session, node: str) -> None:
         """Skip a node whose victims are all gone; a discarded statement brings it back."""
@@ -48,11 +49,22 @@ class NodeIndex:
 
         session.on_undo(undo)
 
-    def unprune(self, v: WorkloadState) -> None:
-        """A victim put back: its nodes have a victim again."""
-        for p in v.placements:
+    def mark_no_room(self, session: Session, request: ResourceRequest, node: str) -> None:
+        nodes = self.no_room.setdefault(request, set())
+        nodes.add(node)
+
+        def undo() -> None:
+            nodes.discard(node)
+
+        session.on_undo(undo)
+
+    def unprune(self, v: WorkloadState, placements: Iterable[Placement | None] | None = None) -> None:
+        """A victim put back or evicted: its nodes must be looked at again."""
+        for p in v.placements if placements is None else placements:
             if p is not None:
                 self.pruned.discard(p.node)
+                for nodes in self.no_room.values():
+                    nodes.discard(p.node)
 
 
 def take(tentative: Tentative, v: WorkloadState) -> None:
@@ -112,10 +124,11 @@ def cheapest_node(
     floor = session.demand(request)[0] + EPS
     gone: list[str] = []
     pruned = index.pruned
+    no_room = index.no_room.get(request, set()) if dead is not None else set()
     models_ok: dict[int, bool] = {}
     nodes = session.state.by_name
     for order, (node, group) in enumerate(index.by_node.items()):
-        if node in pruned:
+        if node in pruned or node in no_room:
             continue
         live = [v for v in group if not v.evicted and (dead is None or not dead(v))]
         if not live:
@@ -155,6 +168,9 @@ def cheapest_node(
                 if best is None or cost < best[0] - EPS:
                     best = (cost, order, chosen)
                 break
+        else:
+            if dead is not None and not _fits_with_all(ns, request, live):
+                index.mark_no_room(session, request, node)
         if examined >= budget or feasible >= 4 or (best is not None and best[0] <= floor):
             break
     for node in gone:
@@ -164,6 +180,20 @@ def cheapest_node(
     if pod_level:
         return best[2]
     return list(dict.fromkeys(v for v, _ in best[2]))
+
+
+def _fits_with_all(ns: NodeState, request: ResourceRequest, live: Sequence[WorkloadState]) -> bool:
+    """Would the request fit if every live victim on the node went (no quota rules)?"""
+    free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+    tenants = list(ns.dev_tenants)
+    cpu, mem = ns.free_cpu, ns.free_mem
+    for v in live:
+        for p in v.placements:
+            if p is not None and p.node == ns.name:
+                _free_on(p, free, tenants)
+                cpu += p.cpu_milli
+                mem += p.memory
+    return _fits_after(ns, request, free, tenants, cpu, mem)
 
 
 def _free_on(p: Placement, free: list[int], tenants: list[int]) -> None:

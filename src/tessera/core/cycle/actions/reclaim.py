@@ -128,6 +128,7 @@ class Reclaim:
             return True
 
         def evict(v: WorkloadState) -> None:
+            index.unprune(v)
             share_v = session.shares.gpu(v.project)
             session.evict(
                 v,
