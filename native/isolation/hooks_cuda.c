@@ -12,6 +12,10 @@
 #define BIND_OR_FAIL() \
     do { if (ts_bind(TS_LIB_CUDA) != 0) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
 #define REAL(name, type) ((type)ts_real.name)
+/* A hook is only reachable for an entry point the driver has, but a program linked against a
+ * newer driver than the one installed could still call one: answer instead of jumping to NULL. */
+#define NEED_REAL(name) \
+    do { if (!ts_real.name) return CUDA_ERROR_NOT_FOUND; } while (0)
 
 typedef CUresult (*ctx_get_device_fn)(CUdevice *);
 typedef CUresult (*ctx_get_current_fn)(CUcontext *);
@@ -47,7 +51,9 @@ static CUresult current_ordinal(int *ord) {
 /* The device a stream's work runs on: the current one for the special streams, else the
  * device of the stream's context. */
 static CUresult stream_ordinal(CUstream s, int *ord) {
-    if ((uintptr_t)s <= 2 || !ts_real.cuStreamGetCtx) return current_ordinal(ord);
+    if ((uintptr_t)s <= 2 || !ts_real.cuStreamGetCtx || !ts_real.cuCtxGetCurrent || !ts_real.cuCtxPushCurrent_v2 ||
+        !ts_real.cuCtxPopCurrent_v2)
+        return current_ordinal(ord);
     CUcontext sc = NULL, cur = NULL;
     CUresult rc = REAL(cuStreamGetCtx, stream_get_ctx_fn)(s, &sc);
     if (rc != CUDA_SUCCESS) return rc;
@@ -105,6 +111,7 @@ static void retrack(ts_table *t, const ts_record *r) { track(t, r->key, r->size,
 
 CUresult ts_hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemAlloc_v2);
     alloc_fn real = REAL(cuMemAlloc_v2, alloc_fn);
     int mode = ts_mode();
     if (mode == TS_MODE_PASSTHROUGH) return real(dptr, size);
@@ -123,6 +130,7 @@ CUresult ts_hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
 
 CUresult ts_hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemAllocManaged);
     managed_fn real = REAL(cuMemAllocManaged, managed_fn);
     int mode = ts_mode();
     if (mode == TS_MODE_PASSTHROUGH) return real(dptr, size, flags);
@@ -144,6 +152,7 @@ CUresult ts_hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int 
 CUresult ts_hook_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                     unsigned int elem) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemAllocPitch_v2);
     pitch_fn real = REAL(cuMemAllocPitch_v2, pitch_fn);
     int mode = ts_mode();
     if (mode == TS_MODE_PASSTHROUGH) return real(dptr, pitch, width, height, elem);
@@ -181,6 +190,7 @@ CUresult ts_hook_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t wid
 
 CUresult ts_hook_cuMemFree_v2(CUdeviceptr ptr) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemFree_v2);
     free_fn real = REAL(cuMemFree_v2, free_fn);
     ts_record r;
     if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(&ts_ptrs, ptr, &r)) return real(ptr);
@@ -210,11 +220,13 @@ static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t size,
 
 CUresult ts_hook_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemAllocAsync);
     return alloc_async(REAL(cuMemAllocAsync, alloc_async_fn), dptr, size, s, "cuMemAllocAsync");
 }
 
 CUresult ts_hook_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemAllocAsync_ptsz);
     return alloc_async(REAL(cuMemAllocAsync_ptsz, alloc_async_fn), dptr, size, s, "cuMemAllocAsync");
 }
 
@@ -245,11 +257,13 @@ static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t size, C
 
 CUresult ts_hook_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemAllocFromPoolAsync);
     return alloc_pool(REAL(cuMemAllocFromPoolAsync, alloc_pool_fn), dptr, size, pool, s);
 }
 
 CUresult ts_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemAllocFromPoolAsync_ptsz);
     return alloc_pool(REAL(cuMemAllocFromPoolAsync_ptsz, alloc_pool_fn), dptr, size, pool, s);
 }
 
@@ -264,16 +278,19 @@ static CUresult free_async(free_async_fn real, CUdeviceptr ptr, CUstream s) {
 
 CUresult ts_hook_cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemFreeAsync);
     return free_async(REAL(cuMemFreeAsync, free_async_fn), ptr, s);
 }
 
 CUresult ts_hook_cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemFreeAsync_ptsz);
     return free_async(REAL(cuMemFreeAsync_ptsz, free_async_fn), ptr, s);
 }
 
 CUresult ts_hook_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemPoolCreate);
     CUresult rc = REAL(cuMemPoolCreate, pool_create_fn)(pool, props);
     if (rc != CUDA_SUCCESS || !pool || !props || ts_mode() == TS_MODE_PASSTHROUGH) return rc;
     int ord = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : HOST_POOL;
@@ -285,6 +302,7 @@ CUresult ts_hook_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props
 
 CUresult ts_hook_cuMemPoolDestroy(CUmemoryPool pool) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemPoolDestroy);
     ts_record r;
     int known = untrack(&ts_pools, (uint64_t)(uintptr_t)pool, &r);
     CUresult rc = REAL(cuMemPoolDestroy, pool_destroy_fn)(pool);
@@ -309,6 +327,7 @@ typedef CUresult (*mem_retain_fn)(CUmemGenericAllocationHandle *, void *);
 CUresult ts_hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                              unsigned long long flags) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemCreate);
     mem_create_fn real = REAL(cuMemCreate, mem_create_fn);
     int mode = ts_mode();
     if (mode == TS_MODE_PASSTHROUGH || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
@@ -359,6 +378,7 @@ static void handle_unref_undo(const ts_record *gone, int state) {
 
 CUresult ts_hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemRelease);
     mem_release_fn real = REAL(cuMemRelease, mem_release_fn);
     if (ts_mode() == TS_MODE_PASSTHROUGH) return real(handle);
     ts_record gone = {.key = handle};
@@ -378,6 +398,7 @@ CUresult ts_hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 CUresult ts_hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemRetainAllocationHandle);
     CUresult rc = REAL(cuMemRetainAllocationHandle, mem_retain_fn)(handle, addr);
     if (rc != CUDA_SUCCESS || !handle || ts_mode() == TS_MODE_PASSTHROUGH) return rc;
     pthread_mutex_lock(&ts_tab_mu);
@@ -389,6 +410,7 @@ CUresult ts_hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
 CUresult ts_hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                           unsigned long long flags) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemMap);
     CUresult rc = REAL(cuMemMap, mem_map_fn)(ptr, size, offset, handle, flags);
     if (rc != CUDA_SUCCESS || ts_mode() == TS_MODE_PASSTHROUGH) return rc;
     pthread_mutex_lock(&ts_tab_mu);
@@ -404,6 +426,7 @@ CUresult ts_hook_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
 
 CUresult ts_hook_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemUnmap);
     mem_unmap_fn real = REAL(cuMemUnmap, mem_unmap_fn);
     if (ts_mode() == TS_MODE_PASSTHROUGH) return real(ptr, size);
     uint64_t end = size > UINT64_MAX - ptr ? UINT64_MAX : ptr + size;
@@ -456,6 +479,7 @@ CUresult ts_hook_cuMemUnmap(CUdeviceptr ptr, size_t size) {
 
 CUresult ts_hook_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     BIND_OR_FAIL();
+    NEED_REAL(cuMemGetInfo_v2);
     CUresult rc = REAL(cuMemGetInfo_v2, get_info_fn)(free_bytes, total_bytes);
     if (rc != CUDA_SUCCESS) return rc;
     int mode = ts_mode();
@@ -486,6 +510,7 @@ CUresult ts_hook_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
 
 CUresult ts_hook_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     BIND_OR_FAIL();
+    NEED_REAL(cuDeviceTotalMem_v2);
     CUresult rc = REAL(cuDeviceTotalMem_v2, total_mem_fn)(bytes, dev);
     if (rc != CUDA_SUCCESS || !bytes) return rc;
     int mode = ts_mode();
@@ -505,6 +530,7 @@ static int overhead_on(int mode) { return mode == TS_MODE_LIMITED && ts_cfg.cont
 
 CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     BIND_OR_FAIL();
+    NEED_REAL(cuDevicePrimaryCtxRetain);
     retain_fn real = REAL(cuDevicePrimaryCtxRetain, retain_fn);
     int mode = ts_mode();
     if (!overhead_on(mode) || dev < 0 || dev >= TS_MAX_DEVICES) return real(pctx, dev);
@@ -528,6 +554,7 @@ static void release_overhead(ts_dev *d) {
 
 CUresult ts_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     BIND_OR_FAIL();
+    NEED_REAL(cuDevicePrimaryCtxRelease_v2);
     dev_fn real = REAL(cuDevicePrimaryCtxRelease_v2, dev_fn);
     if (!overhead_on(ts_mode()) || dev < 0 || dev >= TS_MAX_DEVICES) return real(dev);
     ts_dev *d = ts_device(dev);
@@ -541,6 +568,7 @@ CUresult ts_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 /* A reset destroys the primary context and the allocations made in it. */
 CUresult ts_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     BIND_OR_FAIL();
+    NEED_REAL(cuDevicePrimaryCtxReset_v2);
     dev_fn real = REAL(cuDevicePrimaryCtxReset_v2, dev_fn);
     int mode = ts_mode();
     if (mode != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return real(dev);
@@ -584,6 +612,7 @@ static void ctx_created(CUresult rc, CUcontext *pctx, int dev, int rdev) {
 
 CUresult ts_hook_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     BIND_OR_FAIL();
+    NEED_REAL(cuCtxCreate_v2);
     int rdev;
     CUresult rc = ctx_reserve(dev, &rdev);
     if (rc != CUDA_SUCCESS) return rc;
@@ -594,6 +623,7 @@ CUresult ts_hook_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice de
 
 CUresult ts_hook_cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev) {
     BIND_OR_FAIL();
+    NEED_REAL(cuCtxCreate_v3);
     int rdev;
     CUresult rc = ctx_reserve(dev, &rdev);
     if (rc != CUDA_SUCCESS) return rc;
@@ -604,6 +634,7 @@ CUresult ts_hook_cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned i
 
 CUresult ts_hook_cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev) {
     BIND_OR_FAIL();
+    NEED_REAL(cuCtxCreate_v4);
     int rdev;
     CUresult rc = ctx_reserve(dev, &rdev);
     if (rc != CUDA_SUCCESS) return rc;
@@ -614,6 +645,7 @@ CUresult ts_hook_cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flag
 
 CUresult ts_hook_cuCtxDestroy_v2(CUcontext ctx) {
     BIND_OR_FAIL();
+    NEED_REAL(cuCtxDestroy_v2);
     ctx_destroy_fn real = REAL(cuCtxDestroy_v2, ctx_destroy_fn);
     ts_record r;
     if (!untrack(&ts_ctxs, (uint64_t)(uintptr_t)ctx, &r)) return real(ctx);

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tessera_cuda_types.h"
@@ -391,6 +393,17 @@ int main(int argc, char **argv) {
                 ok += args[i].ok; refused += args[i].refused; errors += args[i].errors;
             }
             printf("ok=%ld refused=%ld errors=%ld\n", ok, refused, errors);
+        } else if (strcmp(c, "fork") == 0) {
+            /* fork SIZE MS: the child allocates SIZE (if > 0) and sleeps MS before exiting */
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                CUdeviceptr p = 0;
+                if (a1 > 0 && p_alloc(&p, a1) != CUDA_SUCCESS) _exit(3);
+                usleep((useconds_t)strtoul(argv2[2], NULL, 0) * 1000);
+                _exit(0);
+            }
+            printf("child=%d\n", (int)pid);
         } else if (strcmp(c, "sleep") == 0) {
             usleep((useconds_t)a1 * 1000);
             printf("ok\n");

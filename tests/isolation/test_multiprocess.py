@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from tessera.isolation import read_region
 from tests.isolation.conftest import GiB, clean_env
@@ -108,3 +109,22 @@ def test_concurrent_threads_and_processes_lose_no_update(native, probe, tmp_path
     assert sum(o["ok"] for o in outcomes) > 0 and sum(o["refused"] for o in outcomes) > 0, outcomes
     assert read_region(region)[KEY].used_bytes == 0
     assert read_region(region)[KEY].processes == {}
+
+
+def test_forked_child_has_its_own_slot_and_does_not_keep_the_parents_alive(native, probe, tmp_path):
+    region = tmp_path / "region"
+    parent = probe(shared(native, region)).start()
+    parent.alloc(3 * GiB)
+    child = parent(f"fork {GiB} 60000")["child"]
+    try:
+        deadline = time.monotonic() + 10
+        while child not in read_region(region)[KEY].processes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        usage = read_region(region)[KEY]
+        assert usage.processes == {parent.proc.pid: 3 * GiB, child: GiB}
+        os.kill(parent.proc.pid, signal.SIGKILL)  # the child lives on, holding the inherited fd
+        parent.proc.wait()
+        other = probe(shared(native, region)).start()
+        assert other.info() == (7 * GiB, 8 * GiB)  # the parent's 3 GiB is back, the child's is not
+    finally:
+        os.kill(child, signal.SIGKILL)
