@@ -109,7 +109,7 @@ static alloc_rec *find(alloc_rec **table, uint64_t key);
 static void handle_unref(uint64_t handle);
 
 static uint64_t device_free(int dev) {
-    fake_device *d = fake_device_get(dev);
+    fake_device *d = fake_cuda_device(dev);
     uint64_t busy = g_used[dev] + d->other_used;
     return busy >= d->total ? 0 : d->total - busy;
 }
@@ -166,11 +166,11 @@ static CUresult ctx_charge(int dev, int sign) {
     CUcontext var = current();                               \
     if (!valid_ctx(var)) return CUDA_ERROR_INVALID_CONTEXT
 
-static int valid_dev(CUdevice dev) { return dev >= 0 && dev < fake_devices_load(); }
+static int valid_dev(CUdevice dev) { return dev >= 0 && dev < fake_cuda_count(); }
 
 EXPORT CUresult cuInit(unsigned int flags) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    if (fake_devices_load() == 0) return CUDA_ERROR_NO_DEVICE;
+    if (fake_cuda_count() == 0) return CUDA_ERROR_NO_DEVICE;
     g_initialized = 1;
     return CUDA_SUCCESS;
 }
@@ -184,7 +184,7 @@ EXPORT CUresult cuDriverGetVersion(int *version) {
 EXPORT CUresult cuDeviceGetCount(int *count) {
     NEED_INIT();
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    *count = fake_devices_load();
+    *count = fake_cuda_count();
     return CUDA_SUCCESS;
 }
 
@@ -200,7 +200,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     NEED_INIT();
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, (size_t)len, "%s", fake_device_get(dev)->name);
+    snprintf(name, (size_t)len, "%s", fake_cuda_device(dev)->name);
     return CUDA_SUCCESS;
 }
 
@@ -208,7 +208,7 @@ EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
     NEED_INIT();
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    memcpy(uuid->bytes, fake_device_get(dev)->uuid, 16);
+    memcpy(uuid->bytes, fake_cuda_device(dev)->uuid, 16);
     return CUDA_SUCCESS;
 }
 
@@ -218,7 +218,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     NEED_INIT();
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = fake_device_get(dev)->total;
+    *bytes = fake_cuda_device(dev)->total;
     return CUDA_SUCCESS;
 }
 
@@ -365,7 +365,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     pthread_mutex_lock(&g_mu);
     *free_bytes = device_free(c->dev);
     pthread_mutex_unlock(&g_mu);
-    *total_bytes = fake_device_get(c->dev)->total;
+    *total_bytes = fake_cuda_device(c->dev)->total;
     return CUDA_SUCCESS;
 }
 

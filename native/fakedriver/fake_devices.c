@@ -10,6 +10,8 @@ static fake_device g_devices[FAKE_MAX_DEVICES];
 static int g_count;
 static uint64_t g_context_bytes;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_visible[FAKE_MAX_DEVICES];
+static int g_visible_count;
 
 static uint64_t parse_size(const char *text, int *ok) {
     char *end = NULL;
@@ -76,6 +78,29 @@ static void load(void) {
         add_device(item, total);
     }
     free(copy);
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd) {
+        for (int i = 0; i < g_count; i++) g_visible[i] = i;
+        g_visible_count = g_count;
+    } else {
+        char *list = strdup(cvd), *save2 = NULL;
+        for (char *t = strtok_r(list, ",", &save2); t && g_visible_count < FAKE_MAX_DEVICES;
+             t = strtok_r(NULL, ",", &save2)) {
+            while (isspace((unsigned char)*t)) t++;
+            int found = -1;
+            if (isdigit((unsigned char)*t)) {
+                char *end;
+                long v = strtol(t, &end, 10);
+                if (*end == '\0' && v >= 0 && v < g_count) found = (int)v;
+            } else if (strncmp(t, "GPU-", 4) == 0) {
+                for (int i = 0; i < g_count && found < 0; i++)
+                    if (strncmp(g_devices[i].uuid_str, t, strlen(t)) == 0) found = i;
+            }
+            if (found < 0) break;
+            g_visible[g_visible_count++] = found;
+        }
+        free(list);
+    }
     const char *ctx = getenv("FAKE_GPU_CONTEXT_BYTES");
     if (ctx) {
         int ok;
@@ -98,4 +123,15 @@ fake_device *fake_device_get(int index) {
 uint64_t fake_context_bytes(void) {
     fake_devices_load();
     return g_context_bytes;
+}
+
+int fake_cuda_count(void) {
+    fake_devices_load();
+    return g_visible_count;
+}
+
+fake_device *fake_cuda_device(int ordinal) {
+    fake_devices_load();
+    if (ordinal < 0 || ordinal >= g_visible_count) return NULL;
+    return &g_devices[g_visible[ordinal]];
 }

@@ -19,5 +19,10 @@ typedef struct {
 int fake_devices_load(void);
 fake_device *fake_device_get(int index);
 uint64_t fake_context_bytes(void);
+/* The CUDA view: devices listed by CUDA_VISIBLE_DEVICES (indexes or GPU-UUID prefixes, parsing
+ * stops at the first entry that matches nothing, as CUDA does), in that order; all when unset.
+ * NVML ignores CUDA_VISIBLE_DEVICES and sees every device. */
+int fake_cuda_count(void);
+fake_device *fake_cuda_device(int ordinal);
 
 #endif

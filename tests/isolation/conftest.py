@@ -151,3 +151,9 @@ def run(native: NativeBuild, program: str, env: Mapping[str, str], *args: str) -
 
 def region_of(tmp_path: Path) -> Path:
     return tmp_path / "region"
+
+
+def fake_uuids(native: NativeBuild, devices: str = V100X4) -> list[str]:
+    """The UUIDs the fake driver gives these devices, read through NVML (no library)."""
+    out = run(native, "smi", clean_env(native, preload=False, devices=devices)).stdout
+    return [line.split(", ")[2] for line in out.splitlines()]
