@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tessera.isolation import DeviceShare, process_environment, read_region, write_workload_files
-from tests.isolation.conftest import GiB, V100X4, clean_env, fake_uuids, run
+from tests.isolation.conftest import V100X4, GiB, clean_env, fake_uuids, run
 
 
 def test_usage_is_shared_per_physical_device_whatever_the_ordinal(native, probe, tmp_path):
