@@ -110,6 +110,12 @@ def apply(snap: Snapshot, plan: Plan) -> ClusterState:
     state = ClusterState(snap.nodes)
     gone = set(plan.evicted)
     moved = {(m.workload_id, m.pod): m.target for m in plan.moves}
+    by_id = {w.id: w for w in snap.workloads}
+    for m in plan.moves:
+        assert m.source == by_id[m.workload_id].placements[m.pod]
+        assert (m.source.node, m.source.devices) != (m.target.node, m.target.devices)
+        assert m.workload_id not in gone and by_id[m.workload_id].is_preemptible
+        assert all(r.gpu.shared for r in by_id[m.workload_id].pods)
     for w in snap.workloads:
         if w.id in gone:
             continue

@@ -177,6 +177,7 @@ class Session:
         self.bindings: dict[str, _Bind] = {}
         self.evictions: dict[str, Eviction] = {}
         self.moves: dict[tuple[str, int], Move] = {}
+        self.moved: set[str] = set()
         for spec in sorted(snapshot.workloads, key=lambda w: w.id):
             ws = WorkloadState(spec, self.tree.chain(spec.project))
             self.workloads[spec.id] = ws
@@ -442,11 +443,25 @@ class Session:
         self._undo.append(undo)
 
     def record_move(self, ws: WorkloadState, pod: int, source: Placement, target: Placement, reason: str) -> None:
+        """A pod moves; moved twice in one plan, it is one move from where it ran at snapshot."""
         key = (ws.id, pod)
-        self.moves[key] = Move(ws.id, pod, source, target, reason)
+        previous = self.moves.get(key)
+        if previous is not None:
+            source = previous.source
+        if (source.node, source.devices) == (target.node, target.devices):
+            self.moves.pop(key, None)
+        else:
+            self.moves[key] = Move(ws.id, pod, source, target, reason)
+        first = ws.id not in self.moved
+        self.moved.add(ws.id)
 
         def undo() -> None:
-            del self.moves[key]
+            if previous is None:
+                self.moves.pop(key, None)
+            else:
+                self.moves[key] = previous
+            if first:
+                self.moved.discard(ws.id)
 
         self._undo.append(undo)
 
@@ -506,6 +521,10 @@ class Session:
         if required > 1:
             return f"waiting for {required - fitted} of {required} gang members to fit: {why}"
         return why
+
+    def settled(self, ws: WorkloadState) -> bool:
+        """Already given a binding or a move in this plan: not to be evicted or moved again."""
+        return ws.id in self.bindings or ws.id in self.moved
 
     def protected(self, ws: WorkloadState, kind: str) -> bool:
         """Minimum runtime: a workload that started less than that long ago is not evicted."""

@@ -36,7 +36,7 @@ class Consolidate:
             if v.was_running
             and v.preemptible
             and not v.evicted
-            and v.id not in session.bindings
+            and not session.settled(v)
             and all(r.gpu.shared for r in v.spec.pods)
             and not session.protected(v, "preempt")
         ]
@@ -85,8 +85,7 @@ class Consolidate:
         for v, i, source in moved:
             target = v.placements[i]
             assert target is not None
-            if (target.node, target.devices) != (source.node, source.devices):
-                session.record_move(v, i, source, target, f"moved to make room for {ws.spec.label}")
+            session.record_move(v, i, source, target, f"moved to make room for {ws.spec.label}")
         message = f"placed on {session.where(placed)} after consolidating {len(moved)} pod(s)"
         session.record_binding(ws, placed, "consolidate", message)
         stmt.commit()

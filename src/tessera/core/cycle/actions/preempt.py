@@ -43,7 +43,7 @@ class Preempt:
             victims = [
                 v
                 for v in by_project[ws.project]
-                if v.priority < ws.priority and not v.evicted and v.id not in session.bindings
+                if v.priority < ws.priority and not v.evicted and not session.settled(v)
             ]
             if victims:
                 self._try(session, ws, victims)

@@ -62,7 +62,7 @@ class Reclaim:
             if v.was_running
             and v.preemptible
             and not v.evicted
-            and v.id not in session.bindings
+            and not session.settled(v)
             and over_share(session, v.project)
             and not session.protected(v, "reclaim")
         ]
