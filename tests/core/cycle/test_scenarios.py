@@ -545,3 +545,52 @@ def test_the_plan_reports_fair_shares_and_allocations() -> None:
     assert plan.projects["a"].fair_share[0] == pytest.approx(1.5)
     assert plan.projects["b"].fair_share[0] == pytest.approx(2.5)
     assert plan.projects["a"].requested[0] == pytest.approx(4)
+
+
+def test_cgpu_memory_over_four_devices_counts_its_share_of_each() -> None:
+    # shared/seeds 002: 8 GiB as 2 GiB on each of 4 GPUs of one node.
+    ns = nodes(1, gpus=4)
+    plan = cycle(ns, [project("a", 0.5)], [workload(ns, "c", "a", memory_gib=2, devices=4, cls="inference")])
+    assert bound(plan) == {"c": ["n1:0,1,2,3"]}
+    assert plan.bindings[0].pods[0].placement.request_bytes == (2 * GiB,) * 4
+    assert plan.projects["a"].allocated_after[0] == pytest.approx(0.5)
+
+
+def test_reclaim_takes_from_the_lower_priority_project_first() -> None:
+    ns = nodes(1, gpus=3)
+    plan = cycle(
+        ns,
+        [project("a", 1), project("low", 0, priority=50, weight=0), project("high", 0, priority=150, weight=0)],
+        [
+            workload(ns, "h", "high", 1, on=["n1:0"], started=5),
+            workload(ns, "l", "low", 1, on=["n1:1"], started=1),
+            workload(ns, "h2", "high", 1, on=["n1:2"], started=9),
+            workload(ns, "p", "a", 1),
+        ],
+    )
+    assert evicted(plan) == {"l"}
+
+
+def test_over_quota_idle_gpus_go_by_weight_then_back_by_reclaim_next_cycle() -> None:
+    # Cycle 1: team-b (weight 1) takes the idle GPUs. Cycle 2: team-a submits within its
+    # deserved quota and reclaims exactly what it needs; team-b stays at its fair share.
+    ns = nodes(1, gpus=4)
+    projects = [project("team-a", 2), project("team-b", 2)]
+    first = cycle(ns, projects, [workload(ns, f"b{i}", "team-b", 1, created=i) for i in range(4)])
+    assert len(first.bindings) == 4
+    running = [
+        workload(ns, b.workload_id, "team-b", 1, on=[f"{b.pods[0].placement.node}:{b.pods[0].placement.devices[0]}"],
+                 started=float(i))
+        for i, b in enumerate(first.bindings)
+    ]
+    second = cycle(ns, projects, [*running, workload(ns, "a1", "team-a", 1, pods=2)])
+    assert len(second.evictions) == 2 and second.binding("a1") is not None
+    assert second.projects["team-b"].allocated_after[0] == pytest.approx(2)
+    # Third cycle on the result: nothing more to do, nobody evicted back.
+    survivors = [w for w in running if w.id not in second.evicted]
+    a1 = second.binding("a1")
+    assert a1 is not None
+    placed = workload(ns, "a1", "team-a", 1, pods=2, on=[f"{p.placement.node}:{p.placement.devices[0]}" for p in a1.pods])
+    third = cycle(ns, projects, [*survivors, placed, *(workload(ns, e, "team-b", 1) for e in second.evicted)])
+    assert third.evictions == () and third.bindings == ()
+    assert {w.kind for w in third.waiting} == {"fair-share"}
