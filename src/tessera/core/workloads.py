@@ -105,7 +105,7 @@ class Workload:
 
     @property
     def running(self) -> bool:
-        return any(p is not None for p in self.placements)
+        return self.placements.count(None) < len(self.placements)
 
     @property
     def label(self) -> str:

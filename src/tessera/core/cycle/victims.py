@@ -27,7 +27,9 @@ Allow = Callable[[WorkloadState, Tentative], bool]
 class NodeIndex:
     """Eligible victims grouped by the nodes their pods run on, in preference order."""
 
-    def __init__(self, victims: Iterable[WorkloadState]) -> None:
+    def __init__(self, victims: Iterable[WorkloadState], like: NodeIndex | None = None) -> None:
+        """``like``: another index over the same victims (in another order) whose pruning
+        this one shares, since what is pruned does not depend on the order."""
         self.by_node: dict[str, list[WorkloadState]] = {}
         for v in victims:
             for p in v.placements:
@@ -36,8 +38,8 @@ class NodeIndex:
                 group = self.by_node.setdefault(p.node, [])
                 if not group or group[-1] is not v:
                     group.append(v)
-        self.pruned: set[str] = set()
-        self.no_room: dict[ResourceRequest, set[str]] = {}
+        self.pruned: set[str] = set() if like is None else like.pruned
+        self.no_room: dict[ResourceRequest, set[str]] = {} if like is None else like.no_room
         """Nodes where even every live victim would not make room for that request."""
 
     def prune(self, session: Session, node: str) -> None:
@@ -118,6 +120,7 @@ def cheapest_node(
     budget = session.config.max_victim_nodes
     best: tuple[float, int, list[tuple[WorkloadState, int]]] | None = None
     examined = 0
+    scanned = 0
     feasible = 0
     gpu = request.gpu
     # No node makes room by freeing fewer GPUs than the pod takes: stop at one that does.
@@ -130,6 +133,9 @@ def cheapest_node(
     for order, (node, group) in enumerate(index.by_node.items()):
         if node in pruned or node in no_room:
             continue
+        scanned += 1
+        if scanned > 4 * budget:
+            break
         live = [v for v in group if not v.evicted and (dead is None or not dead(v))]
         if not live:
             gone.append(node)
@@ -141,16 +147,19 @@ def cheapest_node(
                 ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
             if not ok:
                 continue
-        examined += 1
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
         cpu, mem = ns.free_cpu, ns.free_mem
         tentative: Tentative = {}
         chosen: list[tuple[WorkloadState, int]] = []
         cost = 0.0
+        counted = False
         for v in live:
             if not allow(v, tentative):
                 continue
+            if not counted:
+                examined += 1  # the budget counts nodes with a victim this search may take
+                counted = True
             take(tentative, v)
             for i, p in enumerate(v.placements):
                 if p is None or p.node != node:

@@ -69,13 +69,37 @@ class Reclaim:
         if not victims:
             return
 
-        def preference(v: WorkloadState) -> tuple[object, ...]:
+        ratio: dict[str, float] = {}
+        for v in victims:
             share = session.shares.gpu(v.project)
-            ratio = session.alloc[v.project][0] / share if share > EPS else float("inf")
-            return (tree[v.project].priority, -ratio, v.priority, -(v.spec.started_at or 0.0), v.id)
+            ratio[v.project] = session.alloc[v.project][0] / share if share > EPS else float("inf")
+        indexes: dict[tuple[str, ...], NodeIndex] = {}
 
-        victims.sort(key=preference)
-        index = NodeIndex(victims)
+        def index_for(ws: WorkloadState) -> NodeIndex:
+            """Victims in preference order for reclaimers under these ancestors: lower project
+            priority first; then the closest relatives (a sibling only has to stay at its own
+            fair share, a cousin's department too); then the most over its share, lower
+            workload priority, most recently started."""
+            ancestors = ws.chain[1:]
+            index = indexes.get(ancestors)
+            if index is None:
+                near = set(ancestors)
+
+                def preference(v: WorkloadState) -> tuple[object, ...]:
+                    closeness = sum(1 for name in v.chain if name in near)
+                    return (
+                        tree[v.project].priority,
+                        -closeness,
+                        -ratio[v.project],
+                        v.priority,
+                        -(v.spec.started_at or 0.0),
+                        v.id,
+                    )
+
+                like = next(iter(indexes.values()), None)
+                index = indexes[ancestors] = NodeIndex(sorted(victims, key=preference), like)
+            return index
+
         failed: set[tuple[str, tuple[tuple[ResourceRequest, ...], int]]] = set()
         for ws in session.fair_order(waiting):
             key = (ws.project, shape(ws))
@@ -83,7 +107,7 @@ class Reclaim:
                 continue
             if session.quota_check(ws, gang_demand(session, ws), fair_caps=_leaf_only(session, ws)) is not None:
                 continue
-            if not self._try(session, ws, index):
+            if not self._try(session, ws, index_for(ws)):
                 failed.add(key)
 
     def _try(self, session: Session, ws: WorkloadState, index: NodeIndex) -> bool:
