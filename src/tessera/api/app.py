@@ -32,6 +32,12 @@ FILTER_KEYS = ("name", "type", "phase", "status", "projectName", "projectId", "n
                "priorityClass")
 SORT_KEYS = ("name", "createdAt", "phase", "projectName", "type", "gpus")
 MAX_PAGE = 10_000
+BRIEF_KEYS = (
+    "workloadId", "name", "requestedName", "type", "projectId", "projectName", "phase",
+    "phaseMessage", "createdAt", "startedAt", "completedAt", "exitCode", "priorityClass",
+    "preemptible", "nodeName", "gpuDevices", "workers", "minWorkers", "runningPods", "gpus",
+    "simulated",
+)
 
 
 class ApiError(Exception):
@@ -176,7 +182,15 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         offset: int,
         limit: int,
         search: str | None,
-    ) -> JSONResponse:
+        fields: str | None = None,
+    ) -> Response:
+        wanted = None
+        if fields:
+            wanted = [f for f in fields.split(",") if f]
+            unknown = [f for f in wanted if f not in BRIEF_KEYS]
+            if unknown:
+                raise ApiError(422, f"fields: unknown field {unknown[0]!r}; fields are "
+                               f"{', '.join(BRIEF_KEYS)}")
         filters: list[tuple[str, str, str]] = []
         for raw in filterBy or []:
             for part in raw.split(","):
@@ -192,11 +206,13 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
                 filters.append((m.group(1), m.group(2), m.group(3)))
         if kind is not None:
             filters.append(("type", "==", KINDS[kind]))
-        rows, total = backend.workloads(
-            filters, search, sortBy, sortOrder == "desc", offset, limit
+        rows, total = backend.workloads_json(
+            filters, search, sortBy, sortOrder == "desc", offset, limit, wanted
         )
-        nxt = offset + len(rows) if offset + len(rows) < total else None
-        return JSONResponse({"workloads": rows, "total": total, "next": nxt})
+        count = min(limit, max(total - offset, 0))
+        nxt = offset + count if offset + count < total else None
+        body = f'{{"workloads":{rows},"total":{total},"next":{"null" if nxt is None else nxt}}}'
+        return Response(content=body, media_type="application/json")
 
     @api.get("/workloads", tags=["workloads"])
     def list_workloads(
@@ -206,8 +222,9 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         search: Annotated[str | None, Query(max_length=200)] = None,
-    ) -> JSONResponse:
-        return _list(None, filterBy, sortBy, sortOrder, offset, limit, search)
+        fields: Annotated[str | None, Query(max_length=500, description="Keys to return")] = None,
+    ) -> Response:
+        return _list(None, filterBy, sortBy, sortOrder, offset, limit, search, fields)
 
     @api.get("/workloads/{kind}", tags=["workloads"])
     def list_kind(
@@ -218,8 +235,9 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         search: Annotated[str | None, Query(max_length=200)] = None,
-    ) -> JSONResponse:
-        return _list(kind, filterBy, sortBy, sortOrder, offset, limit, search)
+        fields: Annotated[str | None, Query(max_length=500, description="Keys to return")] = None,
+    ) -> Response:
+        return _list(kind, filterBy, sortBy, sortOrder, offset, limit, search, fields)
 
     @api.post("/workloads/{kind}", status_code=202, tags=["workloads"])
     def create_workload(kind: Kind, body: WorkloadCreate) -> dict[str, Any]:

@@ -69,7 +69,7 @@ class Backend(Protocol):
 
     def submit(self, submission: WorkloadSubmission) -> dict[str, Any]: ...
 
-    def workloads(
+    def workloads_json(
         self,
         filters: list[tuple[str, str, str]],
         search: str | None,
@@ -77,7 +77,14 @@ class Backend(Protocol):
         descending: bool,
         offset: int,
         limit: int,
-    ) -> tuple[list[dict[str, Any]], int]: ...
+        fields: list[str] | None = None,
+    ) -> tuple[str, int]:
+        """One page of workloads as JSON array text (brief documents, or only ``fields``), and
+        the total matching.
+
+        Text rather than dicts so a backend can build large listings without Python objects.
+        """
+        ...
 
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]: ...
 

@@ -74,11 +74,9 @@ def _project(config: dict[str, Any], project: str | None) -> str:
 
 
 def _healthy(url: str, timeout: float = 0.5) -> bool:
-    import httpx
-
     try:
-        return httpx.get(f"{url}/healthz", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
+        return Client(url, None, timeout=timeout).request("GET", "/healthz").status_code == 200
+    except CliError:
         return False
 
 
@@ -434,6 +432,10 @@ def _find(client: Client, config: dict[str, Any], name: str, project: str | None
     return w
 
 
+TABLE_FIELDS = ("name,phase,createdAt,nodeName,gpuDevices,type,projectName,priorityClass,gpus,"
+                "workers,runningPods,simulated")
+
+
 def _list(kind: str | None, project: str | None, all_projects: bool, status: str | None,
           output: str) -> None:
     fmt = _fmt(output)
@@ -451,9 +453,11 @@ def _list(kind: str | None, project: str | None, all_projects: bool, status: str
         filters.append(f"phase=={status}")
     rows: list[dict[str, Any]] = []
     offset = 0
+    params: dict[str, Any] = {"filterBy": filters, "limit": 10000}
+    if fmt == "table":
+        params["fields"] = TABLE_FIELDS
     while True:
-        page = client.get("/api/v1/workloads", params={
-            "filterBy": filters, "limit": 10000, "offset": offset})
+        page = client.get("/api/v1/workloads", params={**params, "offset": offset})
         rows.extend(page["workloads"])
         if page["next"] is None:
             break
@@ -464,10 +468,11 @@ def _list(kind: str | None, project: str | None, all_projects: bool, status: str
     now = time.time()
     table = []
     simulated = any(w["simulated"] for w in rows)
+    ages = render.Ages(now)
     for w in rows:
         g = w["gpus"]
         table.append([
-            w["name"], w["phase"], render.age(w["createdAt"], now), w["nodeName"] or "-",
+            w["name"], w["phase"], ages(w["createdAt"]), w["nodeName"] or "-",
             w["gpuDevices"] or "-", w["type"], w["projectName"], w["priorityClass"],
             f"{g['allocated']:.2f} ({g['requested']:.2f})",
             f"{w['runningPods']} ({w['workers'] - w['runningPods'] if w['phase'] == 'Pending' else 0})",
@@ -533,7 +538,7 @@ def _logs(kind: str | None, name: str, project: str | None, follow: bool, pod: i
         if r.content:
             sys.stdout.buffer.write(r.content)
             sys.stdout.flush()
-        offset = int(r.headers.get("X-Next-Offset", offset))
+        offset = int(r.headers.get("x-next-offset", offset))
         if not follow:
             return
         if r.content:
@@ -636,11 +641,20 @@ def _register_verbs(group: typer.Typer, kind: str | None) -> None:
 
 
 _register_verbs(cli, None)
-for _kind, _name in (("Training", "training"), ("Workspace", "workspace"), ("Inference", "inference")):
-    _group = typer.Typer(help=f"{_kind} workloads (Run:ai v2 CLI spelling).", no_args_is_help=True)
-    _register_submit(_group, _kind, f"Submit a {_kind.lower()}.")
-    _register_verbs(_group, _kind)
-    cli.add_typer(_group, name=_name)
+KIND_GROUPS = (("Training", "training"), ("Workspace", "workspace"), ("Inference", "inference"))
+
+
+def _add_kind_groups(only: str | None) -> None:
+    """The per-type groups (``tessera training submit``), built only when asked for: Typer
+    builds every command on each run, and three groups of nine commands cost a CLI start-up."""
+    for kind, name in KIND_GROUPS:
+        if only is not None and only != name:
+            continue
+        group = typer.Typer(help=f"{kind} workloads (Run:ai v2 CLI spelling).",
+                            no_args_is_help=True)
+        _register_submit(group, kind, f"Submit a {kind.lower()}.")
+        _register_verbs(group, kind)
+        cli.add_typer(group, name=name)
 
 
 @cli.command()
@@ -693,10 +707,25 @@ def top(output: Output = "table") -> None:
     typer.echo("\n".join(lines))
 
 
+def _top_level_names() -> set[str]:
+    names = {"project"}
+    for c in cli.registered_commands:
+        callback = c.callback
+        names.add(c.name or (callback.__name__.replace("_", "-") if callback else ""))
+    return names
+
+
 class _App:
     """The console script: runs the Typer app and turns every failure into one line and a code."""
 
     def __call__(self, args: list[str] | None = None) -> None:
+        argv = sys.argv[1:] if args is None else args
+        first = next((a for a in argv if not a.startswith("-")), None)
+        names = {name for _, name in KIND_GROUPS}
+        if first in names:
+            _add_kind_groups(first)
+        elif first is None or first not in _top_level_names():
+            _add_kind_groups(None)
         try:
             result = cli(args=args, standalone_mode=False, prog_name="tessera")
         except CliError as exc:

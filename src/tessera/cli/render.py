@@ -22,17 +22,9 @@ def dump(data: Any, fmt: str) -> None:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for i, cell in enumerate(row):
-            if len(cell) > widths[i]:
-                widths[i] = len(cell)
-    last = len(headers) - 1
-    lines = []
-    for row in [headers, *rows]:
-        parts = [cell.ljust(widths[i]) if i < last else cell for i, cell in enumerate(row)]
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines)
+    widths = [max(map(len, column)) for column in zip(headers, *rows, strict=True)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+    return "\n".join(line.format(*row).rstrip() for row in [headers, *rows])
 
 
 def age(iso: str | None, now: float | None = None) -> str:
@@ -47,6 +39,32 @@ def age(iso: str | None, now: float | None = None) -> str:
     if seconds < 172800:
         return f"{seconds // 3600}h"
     return f"{seconds // 86400}d"
+
+
+class Ages:
+    """``age`` for many ``YYYY-MM-DDTHH:MM:SSZ`` stamps at once: each minute is parsed once."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.minutes: dict[str, float] = {}
+
+    def __call__(self, iso: str | None) -> str:
+        if not iso:
+            return "-"
+        if len(iso) != 20 or iso[-1] != "Z":
+            return age(iso, self.now)
+        minute = self.minutes.get(iso[:16])
+        if minute is None:
+            minute = datetime.fromisoformat(iso[:16] + ":00+00:00").timestamp()
+            self.minutes[iso[:16]] = minute
+        seconds = max(0, int(self.now - minute - int(iso[17:19])))
+        if seconds < 120:
+            return f"{seconds}s"
+        if seconds < 7200:
+            return f"{seconds // 60}m"
+        if seconds < 172800:
+            return f"{seconds // 3600}h"
+        return f"{seconds // 86400}d"
 
 
 def gpus(value: float) -> str:

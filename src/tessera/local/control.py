@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -458,8 +459,6 @@ class LocalBackend:
     def ensure_admin(self) -> dict[str, str]:
         """The local admin client (created on first start), kept readable only by this user."""
         path = self.data_dir / "credentials.json"
-        import json
-
         if path.exists():
             creds: dict[str, str] = json.loads(path.read_text())
             if self.store.client_secret_hash(creds["clientId"]) == _hash(creds["clientSecret"]):
@@ -663,6 +662,7 @@ class LocalBackend:
                 created=now,
                 started=None,
                 completed=None,
+                request_text=s.gpu.describe(),
             )
             self.store.insert_workload(w, f"submitted to project {project.name}: {s.gpu.describe()}")
             self._active[w.id] = w
@@ -676,7 +676,7 @@ class LocalBackend:
             raise NotFound(f"workload {workload_id} not found")
         return w
 
-    def workloads(
+    def workloads_json(
         self,
         filters: list[tuple[str, str, str]],
         search: str | None,
@@ -684,9 +684,11 @@ class LocalBackend:
         descending: bool,
         offset: int,
         limit: int,
-    ) -> tuple[list[dict[str, Any]], int]:
-        rows, total = self.store.list_workloads(filters, search, sort_by, descending, offset, limit)
-        return [self.workload_dict(w, brief=True) for w in rows], total
+        fields: list[str] | None = None,
+    ) -> tuple[str, int]:
+        return self.store.list_json(
+            filters, search, sort_by, descending, offset, limit, self.machine.simulated, fields
+        )
 
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
         w = self._get(workload_id, kind)

@@ -57,6 +57,8 @@ CREATE TABLE IF NOT EXISTS workloads (
     started REAL,
     completed REAL,
     pods TEXT NOT NULL DEFAULT '[]',
+    request_text TEXT NOT NULL DEFAULT '',
+    running_pods INTEGER NOT NULL DEFAULT 0,
     UNIQUE (project_id, name)
 );
 CREATE INDEX IF NOT EXISTS workloads_phase ON workloads (phase);
@@ -71,12 +73,45 @@ CREATE INDEX IF NOT EXISTS events_workload ON events (workload_id);
 """
 
 ACTIVE_PHASES = ("Pending", "Running", "Stopping", "Deleting")
+_ISO = "'%Y-%m-%dT%H:%M:%SZ'"
+BRIEF_FIELDS: dict[str, str] = {
+    "workloadId": "id",
+    "name": "name",
+    "requestedName": "name",
+    "type": "type",
+    "projectId": "CAST(project_id AS TEXT)",
+    "projectName": "project_name",
+    "phase": "phase",
+    "phaseMessage": "phase_message",
+    "createdAt": f"strftime({_ISO}, created, 'unixepoch')",
+    "startedAt": f"strftime({_ISO}, started, 'unixepoch')",
+    "completedAt": f"strftime({_ISO}, completed, 'unixepoch')",
+    "exitCode": "exit_code",
+    "priorityClass": "priority_class",
+    "preemptible": "json(CASE WHEN preemptible THEN 'true' ELSE 'false' END)",
+    "nodeName": "NULLIF(node, '')",
+    "gpuDevices": "devices",
+    "workers": "workers",
+    "minWorkers": "min_workers",
+    "runningPods": "running_pods",
+    "gpus": "json_object('requested', round(gpus_requested, 4), "
+    "'allocated', round(gpus_allocated, 4), 'request', request_text)",
+    "simulated": "json($SIMULATED)",
+}
+"""Keys of a workload in a listing and the SQL that computes each (SQLite builds the JSON)."""
+
+
+def _brief_json(fields: Sequence[str] | None, simulated: bool) -> str:
+    keys = list(BRIEF_FIELDS) if not fields else [k for k in BRIEF_FIELDS if k in fields]
+    parts = ", ".join(f"'{k}', {BRIEF_FIELDS[k]}" for k in keys)
+    return f"json_object({parts})".replace("$SIMULATED", "'true'" if simulated else "'false'")
+
 
 WORKLOAD_COLUMNS = (
     "seq", "id", "name", "project_id", "project_name", "type", "phase", "phase_message", "spec",
     "request", "preemptible", "priority_class", "priority", "workers", "min_workers",
     "gpus_requested", "gpus_allocated", "node", "devices", "exit_code", "created", "started",
-    "completed", "pods",
+    "completed", "pods", "request_text", "running_pods",
 )
 SORTABLE = {
     "name": "name",
@@ -135,6 +170,9 @@ class Workload:
     started: float | None
     completed: float | None
     pods: list[dict[str, Any]] = field(default_factory=list)
+    request_text: str = ""
+    """The request in words (kept so listings need not rebuild it)."""
+    running_pods: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,6 +205,11 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(workloads)")}
+        for column, decl in (("request_text", "TEXT NOT NULL DEFAULT ''"),
+                             ("running_pods", "INTEGER NOT NULL DEFAULT 0")):
+            if column not in have:
+                self._db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
 
     def close(self) -> None:
         with self._lock:
@@ -307,6 +350,7 @@ class Store:
         values["request"] = json.dumps(w.request)
         values["pods"] = json.dumps(w.pods)
         values["preemptible"] = int(w.preemptible)
+        values["running_pods"] = sum(1 for p in w.pods if p.get("phase") == "Running")
         return values
 
     def save(self, w: Workload, event: tuple[str, str] | None = None) -> None:
@@ -372,7 +416,40 @@ class Store:
         offset: int = 0,
         limit: int = 50,
     ) -> tuple[list[Workload], int]:
-        """Workloads matching ``filters`` (column, op, value) with op ``==``, ``!=`` or ``=@``."""
+        rows, total = self._list(WORKLOAD_COLUMNS, filters, search, sort_by, descending, offset,
+                                 limit)
+        return [_workload(r) for r in rows], total
+
+    def list_json(
+        self,
+        filters: Sequence[tuple[str, str, str]] = (),
+        search: str | None = None,
+        sort_by: str = "createdAt",
+        descending: bool = False,
+        offset: int = 0,
+        limit: int = 50,
+        simulated: bool = False,
+        fields: Sequence[str] | None = None,
+    ) -> tuple[str, int]:
+        """The listing as a JSON array, built by SQLite (json_object) so thousands of rows cost
+        milliseconds. Same documents as ``LocalBackend.workload_dict(brief=True)``."""
+        rows, total = self._list(
+            (_brief_json(fields, simulated),),
+            filters, search, sort_by, descending, offset, limit,
+        )
+        return "[" + ",".join(r[0] for r in rows) + "]", total
+
+    def _list(
+        self,
+        columns: Sequence[str],
+        filters: Sequence[tuple[str, str, str]] = (),
+        search: str | None = None,
+        sort_by: str = "createdAt",
+        descending: bool = False,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[list[Any], int]:
+        """Rows matching ``filters`` (column, op, value) with op ``==``, ``!=`` or ``=@``."""
         where: list[str] = []
         args: list[Any] = []
         for key, op, value in filters:
@@ -392,8 +469,8 @@ class Store:
         direction = "DESC" if descending else "ASC"
         total = int(self._query(f"SELECT COUNT(*) FROM workloads{clause}", args)[0][0])
         rows = self._query(
-            f"SELECT {', '.join(WORKLOAD_COLUMNS)} FROM workloads{clause}"
+            f"SELECT {', '.join(columns)} FROM workloads{clause}"
             f" ORDER BY {order} {direction}, seq {direction} LIMIT ? OFFSET ?",
             [*args, limit, offset],
         )
-        return [_workload(r) for r in rows], total
+        return rows, total
