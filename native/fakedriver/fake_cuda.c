@@ -259,6 +259,8 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     return refs == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     NEED_INIT();
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -268,6 +270,8 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     pthread_mutex_unlock(&g_ctx_mu);
     return CUDA_SUCCESS;
 }
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 static CUresult ctx_create(CUcontext *pctx, CUdevice dev) {
     NEED_INIT();
@@ -711,7 +715,9 @@ static const proc_entry g_procs[] = {
     P("cuDeviceGetUuid", 11040, 0, cuDeviceGetUuid_v2, NULL),
     P("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2, internal_cuDeviceTotalMem_v2),
     P("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain, NULL),
+    P("cuDevicePrimaryCtxRelease", 7000, 0, cuDevicePrimaryCtxRelease, NULL),
     P("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2, NULL),
+    P("cuDevicePrimaryCtxReset", 7000, 0, cuDevicePrimaryCtxReset, NULL),
     P("cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2, NULL),
     P("cuCtxCreate", 3020, 0, cuCtxCreate_v2, NULL),
     P("cuCtxCreate", 11040, 0, cuCtxCreate_v3, NULL),

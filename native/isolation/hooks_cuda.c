@@ -552,10 +552,7 @@ static void release_overhead(ts_dev *d) {
     if (d && d->rdev >= 0) ts_region_release(d->rdev, ts_cfg.context_overhead);
 }
 
-CUresult ts_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    BIND_OR_FAIL();
-    NEED_REAL(cuDevicePrimaryCtxRelease_v2);
-    dev_fn real = REAL(cuDevicePrimaryCtxRelease_v2, dev_fn);
+static CUresult primary_release(dev_fn real, CUdevice dev) {
     if (!overhead_on(ts_mode()) || dev < 0 || dev >= TS_MAX_DEVICES) return real(dev);
     ts_dev *d = ts_device(dev);
     pthread_mutex_lock(&ts_tab_mu);
@@ -565,11 +562,21 @@ CUresult ts_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     return rc;
 }
 
-/* A reset destroys the primary context and the allocations made in it. */
-CUresult ts_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+CUresult ts_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     BIND_OR_FAIL();
-    NEED_REAL(cuDevicePrimaryCtxReset_v2);
-    dev_fn real = REAL(cuDevicePrimaryCtxReset_v2, dev_fn);
+    NEED_REAL(cuDevicePrimaryCtxRelease_v2);
+    return primary_release(REAL(cuDevicePrimaryCtxRelease_v2, dev_fn), dev);
+}
+
+/* The pre-CUDA-11 name, same signature (older runtimes still call it). */
+CUresult ts_hook_cuDevicePrimaryCtxRelease(CUdevice dev) {
+    BIND_OR_FAIL();
+    NEED_REAL(cuDevicePrimaryCtxRelease);
+    return primary_release(REAL(cuDevicePrimaryCtxRelease, dev_fn), dev);
+}
+
+/* A reset destroys the primary context and the allocations made in it. */
+static CUresult primary_reset(dev_fn real, CUdevice dev) {
     int mode = ts_mode();
     if (mode != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return real(dev);
     ts_dev *d = ts_device(dev);
@@ -587,6 +594,18 @@ CUresult ts_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     for (int i = 0; i < TS_MAX_DEVICES; i++)
         if (sums[i]) ts_region_release(i, sums[i]);
     return rc;
+}
+
+CUresult ts_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    BIND_OR_FAIL();
+    NEED_REAL(cuDevicePrimaryCtxReset_v2);
+    return primary_reset(REAL(cuDevicePrimaryCtxReset_v2, dev_fn), dev);
+}
+
+CUresult ts_hook_cuDevicePrimaryCtxReset(CUdevice dev) {
+    BIND_OR_FAIL();
+    NEED_REAL(cuDevicePrimaryCtxReset);
+    return primary_reset(REAL(cuDevicePrimaryCtxReset, dev_fn), dev);
 }
 
 static CUresult ctx_reserve(int dev, int *rdev) {
@@ -680,6 +699,8 @@ TS_ALIAS(cuDeviceTotalMem_v2)
 TS_ALIAS(cuDevicePrimaryCtxRetain)
 TS_ALIAS(cuDevicePrimaryCtxRelease_v2)
 TS_ALIAS(cuDevicePrimaryCtxReset_v2)
+TS_ALIAS(cuDevicePrimaryCtxRelease)
+TS_ALIAS(cuDevicePrimaryCtxReset)
 TS_ALIAS(cuCtxCreate_v2)
 TS_ALIAS(cuCtxCreate_v3)
 TS_ALIAS(cuCtxCreate_v4)

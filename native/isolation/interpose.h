@@ -18,6 +18,7 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuMemRetainAllocationHandle) X(cuMemMap) X(cuMemUnmap)                                    \
     X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2)                                                   \
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)   \
+    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset)                                     \
     X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2)
 
 #define TS_NVML_HOOKS(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
@@ -76,6 +77,8 @@ CUresult ts_hook_cuDeviceTotalMem_v2(size_t *, CUdevice);
 CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult ts_hook_cuDevicePrimaryCtxRelease_v2(CUdevice);
 CUresult ts_hook_cuDevicePrimaryCtxReset_v2(CUdevice);
+CUresult ts_hook_cuDevicePrimaryCtxRelease(CUdevice);
+CUresult ts_hook_cuDevicePrimaryCtxReset(CUdevice);
 CUresult ts_hook_cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 CUresult ts_hook_cuCtxCreate_v3(CUcontext *, void *, int, unsigned int, CUdevice);
 CUresult ts_hook_cuCtxCreate_v4(CUcontext *, void *, unsigned int, CUdevice);

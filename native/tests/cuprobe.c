@@ -28,6 +28,8 @@ static CUresult (*p_cuDeviceGetCount)(int *);
 static CUresult (*p_retain)(CUcontext *, CUdevice);
 static CUresult (*p_release)(CUdevice);
 static CUresult (*p_reset)(CUdevice);
+static CUresult (*p_release1)(CUdevice);
+static CUresult (*p_reset1)(CUdevice);
 static CUresult (*p_setcur)(CUcontext);
 static CUresult (*p_ctx_v2)(CUcontext *, unsigned, CUdevice);
 static CUresult (*p_ctx_v3)(CUcontext *, void *, int, unsigned, CUdevice);
@@ -70,6 +72,8 @@ static entry g_entries[] = {
     {(void **)&p_retain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 0},
     {(void **)&p_release, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", 0},
     {(void **)&p_reset, "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", 0},
+    {(void **)&p_release1, NULL, "cuDevicePrimaryCtxRelease", 0},
+    {(void **)&p_reset1, NULL, "cuDevicePrimaryCtxReset", 0},
     {(void **)&p_setcur, "cuCtxSetCurrent", "cuCtxSetCurrent", 0},
     {(void **)&p_ctx_v2, NULL, "cuCtxCreate_v2", 0},
     {(void **)&p_ctx_v3, NULL, "cuCtxCreate_v3", 0},
@@ -106,6 +110,8 @@ DECL(CUresult, cuDeviceGetCount, (int *))
 DECL(CUresult, cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))
 DECL(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice))
 DECL(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice))
+DECL(CUresult, cuDevicePrimaryCtxRelease, (CUdevice))
+DECL(CUresult, cuDevicePrimaryCtxReset, (CUdevice))
 DECL(CUresult, cuCtxSetCurrent, (CUcontext))
 DECL(CUresult, cuCtxCreate_v2, (CUcontext *, unsigned, CUdevice))
 DECL(CUresult, cuCtxCreate_v3, (CUcontext *, void *, int, unsigned, CUdevice))
@@ -137,7 +143,8 @@ DECL(CUresult, cuDeviceTotalMem_v2, (size_t *, CUdevice))
 
 static void resolve_all(void) {
     p_cuInit = cuInit; p_cuDeviceGetCount = cuDeviceGetCount; p_retain = cuDevicePrimaryCtxRetain;
-    p_release = cuDevicePrimaryCtxRelease_v2; p_reset = cuDevicePrimaryCtxReset_v2; p_setcur = cuCtxSetCurrent;
+    p_release = cuDevicePrimaryCtxRelease_v2; p_reset = cuDevicePrimaryCtxReset_v2;
+    p_release1 = cuDevicePrimaryCtxRelease; p_reset1 = cuDevicePrimaryCtxReset; p_setcur = cuCtxSetCurrent;
     p_ctx_v2 = cuCtxCreate_v2; p_ctx_v3 = cuCtxCreate_v3; p_ctx_v4 = cuCtxCreate_v4; p_ctxdestroy = cuCtxDestroy_v2;
     p_alloc = cuMemAlloc_v2; p_pitch = cuMemAllocPitch_v2; p_managed = cuMemAllocManaged; p_free = cuMemFree_v2;
     p_unhooked = fakeCudaAllocUnhooked; p_stream = cuStreamCreate; p_aalloc = cuMemAllocAsync;
@@ -281,6 +288,10 @@ int main(int argc, char **argv) {
             printf("rc=%d\n", p_release((int)a1));
         } else if (strcmp(c, "reset") == 0) {
             printf("rc=%d\n", p_reset((int)a1));
+        } else if (strcmp(c, "release1") == 0) {
+            printf("rc=%d\n", p_release1((int)a1));
+        } else if (strcmp(c, "reset1") == 0) {
+            printf("rc=%d\n", p_reset1((int)a1));
         } else if (strcmp(c, "ctxcreate") == 0) {
             CUcontext ctx = NULL;
             const char *v = n > 2 ? argv2[2] : "v2";

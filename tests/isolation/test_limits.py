@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tessera.isolation import read_region
 from tests.isolation.conftest import H100_BYTES, V100X4, GiB, clean_env
 
 MiB = 2**20
@@ -231,3 +232,21 @@ def test_vmm_unmap_of_memory_the_library_never_saw(native, probe):
     assert p(f"unmap {va} {2 * GiB}")["rc"] == 0
     assert p(f"releaseh {h}")["rc"] == 0
     assert p.info()[0] == 4 * GiB
+
+
+def test_pre_cuda_11_primary_context_release_and_reset(native, probe, tmp_path):
+    region = tmp_path / "region"
+    p = probe(limited(native, TESSERA_GPU_CONTEXT_OVERHEAD="1Gi",
+                      TESSERA_GPU_SHARED_REGION=str(region))).start()
+
+    def used() -> int:
+        return next(iter(read_region(region).values())).used_bytes
+
+    assert used() == GiB
+    assert p("release1 0")["rc"] == 0  # the old (CUDA 10) name
+    assert used() == 0
+    assert p("ctx 0")["rc"] == 0
+    p.alloc(2 * GiB)
+    assert used() == 3 * GiB
+    assert p("reset1 0")["rc"] == 0
+    assert used() == 0
