@@ -32,12 +32,13 @@ MiB = 2**20
 
 TORCH_LIMIT_PROBE = textwrap.dedent("""
     import json, torch
+    OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
     free, total = torch.cuda.mem_get_info()
     held, chunk, oom, error = [], 256 * 2**20, False, None
     try:
         while len(held) * chunk < 4 * total:
             held.append(torch.empty(chunk, dtype=torch.uint8, device="cuda"))
-    except torch.OutOfMemoryError:
+    except OOM:
         oom = True
     except Exception as exc:  # anything but an OOM is a failure of the library
         error = repr(exc)
@@ -55,10 +56,11 @@ TORCH_HOLD = textwrap.dedent("""
 
 TORCH_TRY = textwrap.dedent("""
     import sys, torch
+    OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
     try:
         x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
         print("ok")
-    except torch.OutOfMemoryError:
+    except OOM:
         print("oom")
 """)
 
@@ -156,8 +158,11 @@ def check_two_processes(lib: Path, limit: int) -> dict[str, Any]:
             second_small = py(TORCH_TRY, env, str(int(limit * 0.2)))
             holder.stdin.write("\n")
             holder.stdin.flush()
-        finally:
             holder.wait(timeout=60)
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait()
     return {"first": first, "second_60pct": second_big, "second_20pct": second_small,
             "pass": first == "held" and second_big == "oom" and second_small == "ok"}
 
