@@ -17,6 +17,7 @@ from tessera.core.cycle.session import Session, Statement, Wait, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
 from tessera.core.fairshare import EPS, Vector
 from tessera.core.model import ResourceRequest
+from tessera.core.projects import Resource
 from tessera.core.units import format_gpus
 
 from .allocate import gang_demand, shape
@@ -124,25 +125,30 @@ class Reclaim:
             return side
 
         slack: dict[str, Vector] = {}
-        generation = [-1]
+        """How far above its fair share each victim-side project is; only evictions change it."""
         governed = tree.governed
+        gpu_only = governed == (Resource.GPU,)
 
         def slack_of(name: str) -> Vector:
-            """How far above its fair share a victim-side project is now."""
-            if generation[0] != len(session.evictions):
-                slack.clear()
-                generation[0] = len(session.evictions)
             found = slack.get(name)
             if found is None:
                 a, share = session.alloc[name], session.shares.share[name]
-                found = (a[0] - share[0], a[1] - share[1], a[2] - share[2])
-                slack[name] = found
+                found = slack[name] = (a[0] - share[0], a[1] - share[1], a[2] - share[2])
             return found
 
         def allow(v: WorkloadState, tentative: Tentative) -> bool:
             if v.project == ws.project:
                 return False
             vec = v.vector()
+            if gpu_only:
+                g = vec[0]
+                if g <= 0:
+                    return True
+                for name in victim_side(v):
+                    t = tentative.get(name)
+                    if g + (t[0] if t else 0.0) > slack_of(name)[0] + EPS:
+                        return False
+                return True
             for name in victim_side(v):
                 room = slack_of(name)
                 t = tentative.get(name)
@@ -151,8 +157,17 @@ class Reclaim:
                         return False
             return True
 
+        def dead(v: WorkloadState) -> bool:
+            """Its own project could not give it up to anyone: reclaim only lowers that slack."""
+            room = slack_of(v.project)
+            vec = v.vector()
+            if gpu_only:
+                return vec[0] > 0 and vec[0] > room[0] + EPS
+            return any(vec[r] > 0 and vec[r] > room[r] + EPS for r in governed)
+
         def evict(v: WorkloadState) -> None:
             index.unprune(v)
+            slack.clear()
             share_v = session.shares.gpu(v.project)
             session.evict(
                 v,
@@ -169,12 +184,6 @@ class Reclaim:
             return session.quota_check(ws, demand, fair_caps=caps) is None
 
         stmt = Statement(session)
-        def dead(v: WorkloadState) -> bool:
-            """Its own project could not give it up to anyone: reclaim only lowers that slack."""
-            room = slack_of(v.project)
-            vec = v.vector()
-            return any(vec[r] > 0 and vec[r] > room[r] + EPS for r in governed)
-
         result = evict_until_fits(
             session, ws, index, allow, evict, extra_ok, max_rounds=4 * ws.required() + 4, dead=dead
         )
