@@ -4,8 +4,9 @@ For each waiting workload whose project (and ancestors) would stay within fair s
 victims are preemptible, running workloads of other projects, not protected by their minimum
 runtime. A victim may go only if, after it, its project and each ancestor below the common
 ancestor with the reclaimer stay at or above their fair share (KAI's MaintainFairShare).
-Victims are preferred from lower-priority projects, the most over their share first, then lower
-workload priority, then the most recently started. The outcome is kept only if the workload
+Victims are preferred from lower-priority projects, then the closest relatives of the reclaimer
+in the tree, then the project most over its share, lower workload priority, most recently
+started. The outcome is kept only if the workload
 then fits, and if the GPUs evicted do not exceed the GPUs placed plus what the reclaiming
 project is still short of its fair share afterwards (so nothing is evicted that the reclaimer
 is not owed). Non-preemptible workloads are never victims.
