@@ -12,8 +12,14 @@ if [ "${1:-}" = trace ]; then
 fi
 T=.venv/bin/tessera
 PORT="${TESSERA_PORT:-8470}"
-say() { printf '\n\033[1m$ %s\033[0m\n' "$(printf '%q ' "$@")"; }
-run() { say "$*"; "$@"; }
+say() {
+  local out="" a
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_./:=,+-]+$ ]]; then out+="$a "; else out+="'${a//\'/\'\\\'\'}' "; fi
+  done
+  printf '\n\033[1m$ %s\033[0m\n' "$out"
+}
+run() { say "$@"; "$@"; }
 
 run $T up --detach --port "$PORT" "$@"
 if ! $T project list -o json | grep -q '"name": "team-a"'; then
