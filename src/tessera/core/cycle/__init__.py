@@ -7,10 +7,13 @@ Adapters (embedded mode, Kubernetes) call ``run_cycle(snapshot, config) -> Plan`
 
 then apply ``plan.evictions`` and ``plan.moves`` before starting ``plan.bindings`` (a binding's
 ``after_evictions`` names the evictions it waits for), and show ``plan.waiting`` to users.
-Actions run in ``config.actions`` order; see docs/scheduling.md.
+Actions run in ``config.actions`` order; see docs/scheduling.md. To refuse bad input at
+submission rather than at the next cycle: ``ProjectTree(projects)`` validates a project tree and
+``validate_workload(workload, tree)`` one workload, with the same errors ``run_cycle`` raises.
 """
 
 from tessera.core.cycle.run import run_cycle
+from tessera.core.cycle.session import validate_workload
 from tessera.core.cycle.types import (
     DEFAULT_ACTIONS,
     Binding,
@@ -23,7 +26,7 @@ from tessera.core.cycle.types import (
     Snapshot,
     Waiting,
 )
-from tessera.core.projects import Project, Quota
+from tessera.core.projects import Project, ProjectTree, Quota
 from tessera.core.workloads import PRIORITY_CLASSES, Workload
 
 __all__ = [
@@ -37,9 +40,11 @@ __all__ = [
     "PodBinding",
     "Project",
     "ProjectStatus",
+    "ProjectTree",
     "Quota",
     "Snapshot",
     "Waiting",
     "Workload",
     "run_cycle",
+    "validate_workload",
 ]

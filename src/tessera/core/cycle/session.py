@@ -645,18 +645,23 @@ def _pod_id(workload_id: str, pod: int) -> str:
     return f"{workload_id}#{pod}"
 
 
+def validate_workload(w: Workload, tree: ProjectTree) -> None:
+    """Refuse a workload the cycle would refuse (adapters call this at submission)."""
+    w.validate()
+    if w.project not in tree:
+        raise InvalidRequest(f"workloads.{w.id}.project", "names a project that does not exist", w.project)
+    if not tree.is_leaf(w.project):
+        raise InvalidRequest(
+            f"workloads.{w.id}.project",
+            "names a department (a project with child projects); only leaf projects hold workloads",
+            w.project,
+        )
+
+
 def _validate_workloads(workloads: Iterable[Workload], tree: ProjectTree) -> None:
     seen: set[str] = set()
     for w in workloads:
-        w.validate()
         if w.id in seen:
             raise InvalidRequest(f"workloads.{w.id}", "is given twice; workload ids must be unique")
         seen.add(w.id)
-        if w.project not in tree:
-            raise InvalidRequest(f"workloads.{w.id}.project", "names a project that does not exist", w.project)
-        if not tree.is_leaf(w.project):
-            raise InvalidRequest(
-                f"workloads.{w.id}.project",
-                "names a department (a project with child projects); only leaf projects hold workloads",
-                w.project,
-            )
+        validate_workload(w, tree)
