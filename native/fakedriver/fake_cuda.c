@@ -66,6 +66,7 @@ static pthread_mutex_t g_ctx_mu = PTHREAD_MUTEX_INITIALIZER; /* primary contexts
 static alloc_rec *g_ptrs[NBUCKETS];
 static alloc_rec *g_handles[NBUCKETS];
 static alloc_rec *g_maps[NBUCKETS]; /* mapped address -> handle */
+static alloc_rec *g_arrays[NBUCKETS]; /* live array handles */
 static uint64_t g_used[FAKE_MAX_DEVICES];
 static uint64_t g_counter;
 static int g_initialized;
@@ -657,6 +658,84 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, voi
     return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* ---- arrays: charged their raw size (the isolation library charges an estimate above it) ---- */
+
+struct CUarray_st {
+    unsigned magic;
+    int dev;
+    uint64_t size;
+};
+#define ARRAY_MAGIC 0xA11A7u
+
+static uint64_t fake_elem(int format, unsigned ch) {
+    uint64_t b = (format == 0x01 || format == 0x08) ? 1 : (format == 0x02 || format == 0x09 || format == 0x10) ? 2 : 4;
+    return b * (ch ? ch : 1);
+}
+
+static CUresult array_make(struct CUarray_st **out, size_t w, size_t h, size_t d, int format, unsigned ch,
+                           unsigned levels, int charged) {
+    NEED_CTX(c);
+    if (!out || w == 0 || ch == 0 || ch == 3 || ch > 4) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t total = 0;
+    for (unsigned l = 0; l < (levels ? levels : 1); l++) {
+        uint64_t lw = w >> l ? w >> l : 1, lh = h >> l ? h >> l : 1, ld = d >> l ? d >> l : 1;
+        total += lw * lh * ld * fake_elem(format, ch);
+    }
+    pthread_mutex_lock(&g_mu);
+    if (charged && total > device_free(c->dev)) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (charged) g_used[c->dev] += total;
+    pthread_mutex_unlock(&g_mu);
+    struct CUarray_st *a = calloc(1, sizeof *a);
+    a->magic = ARRAY_MAGIC;
+    a->dev = c->dev;
+    a->size = charged ? total : 0;
+    pthread_mutex_lock(&g_mu);
+    rec_put(g_arrays, (uint64_t)(uintptr_t)a, 0, -1);
+    pthread_mutex_unlock(&g_mu);
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+static CUresult array_free(struct CUarray_st *a) {
+    NEED_INIT();
+    pthread_mutex_lock(&g_mu);
+    alloc_rec *r = rec_take(g_arrays, (uint64_t)(uintptr_t)a);
+    if (!r) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    free(r);
+    g_used[a->dev] -= a->size;
+    pthread_mutex_unlock(&g_mu);
+    a->magic = 0;
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *h, const CUDA_ARRAY_DESCRIPTOR *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array_make((struct CUarray_st **)h, d->Width, d->Height, 1, d->Format, d->NumChannels, 1, 1);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *h, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    int sparse = (d->Flags & (TS_CUDA_ARRAY3D_SPARSE | TS_CUDA_ARRAY3D_DEFERRED_MAPPING)) != 0;
+    return array_make((struct CUarray_st **)h, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, 1, !sparse);
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    if (!d || levels == 0) return CUDA_ERROR_INVALID_VALUE;
+    int sparse = (d->Flags & (TS_CUDA_ARRAY3D_SPARSE | TS_CUDA_ARRAY3D_DEFERRED_MAPPING)) != 0;
+    return array_make((struct CUarray_st **)h, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, levels,
+                      !sparse);
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray h) { return array_free((struct CUarray_st *)h); }
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return array_free((struct CUarray_st *)h); }
+
 EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
     if (!str) return CUDA_ERROR_INVALID_VALUE;
     switch (error) {
@@ -756,6 +835,11 @@ static const proc_entry g_procs[] = {
     P("cuMemUnmap", 10020, 0, cuMemUnmap, NULL),
     P("cuMemRetainAllocationHandle", 11000, 0, cuMemRetainAllocationHandle, NULL),
     P("cuGetErrorName", 6000, 0, cuGetErrorName, NULL),
+    P("cuArrayCreate", 3020, 0, cuArrayCreate_v2, NULL),
+    P("cuArray3DCreate", 3020, 0, cuArray3DCreate_v2, NULL),
+    P("cuArrayDestroy", 2000, 0, cuArrayDestroy, NULL),
+    P("cuMipmappedArrayCreate", 5000, 0, cuMipmappedArrayCreate, NULL),
+    P("cuMipmappedArrayDestroy", 5000, 0, cuMipmappedArrayDestroy, NULL),
     P("cuGetProcAddress", 11030, 0, cuGetProcAddress, NULL),
     P("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2, internal_cuGetProcAddress_v2),
 };

@@ -170,6 +170,11 @@ static const ts_variant g_variants[] = {
     {"cuCtxCreate", "cuCtxCreate_v3", 11040, 0},
     {"cuCtxCreate", "cuCtxCreate_v4", 12050, 0},
     {"cuCtxDestroy", "cuCtxDestroy_v2", 4000, 0},
+    {"cuArrayCreate", "cuArrayCreate_v2", 3020, 0},
+    {"cuArray3DCreate", "cuArray3DCreate_v2", 3020, 0},
+    {"cuArrayDestroy", "cuArrayDestroy", 2000, 0},
+    {"cuMipmappedArrayCreate", "cuMipmappedArrayCreate", 5000, 0},
+    {"cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", 5000, 0},
     {"cuGetProcAddress", "cuGetProcAddress", 11030, 0},
     {"cuGetProcAddress", "cuGetProcAddress_v2", 12000, 0},
 };

@@ -19,7 +19,9 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2)                                                   \
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)   \
     X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset)                                     \
-    X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2)
+    X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2)                    \
+    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuMipmappedArrayCreate) X(cuArrayDestroy)      \
+    X(cuMipmappedArrayDestroy)
 
 #define TS_NVML_HOOKS(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 
@@ -83,6 +85,11 @@ CUresult ts_hook_cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 CUresult ts_hook_cuCtxCreate_v3(CUcontext *, void *, int, unsigned int, CUdevice);
 CUresult ts_hook_cuCtxCreate_v4(CUcontext *, void *, unsigned int, CUdevice);
 CUresult ts_hook_cuCtxDestroy_v2(CUcontext);
+CUresult ts_hook_cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult ts_hook_cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+CUresult ts_hook_cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+CUresult ts_hook_cuArrayDestroy(CUarray);
+CUresult ts_hook_cuMipmappedArrayDestroy(CUmipmappedArray);
 nvmlReturn_t ts_hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t ts_hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
 

@@ -9,7 +9,7 @@
 ts_config ts_cfg;
 ts_dev ts_devs[TS_MAX_DEVICES];
 pthread_mutex_t ts_tab_mu = PTHREAD_MUTEX_INITIALIZER;
-ts_table ts_ptrs, ts_handles, ts_maps, ts_ctxs, ts_pools;
+ts_table ts_ptrs, ts_handles, ts_maps, ts_ctxs, ts_pools, ts_arrays;
 int ts_primary_refs[TS_MAX_DEVICES];
 int ts_custom_ctxs[TS_MAX_DEVICES];
 
@@ -121,6 +121,7 @@ static void child(void) {
     ts_table_clear(&ts_ptrs);
     ts_table_clear(&ts_handles);
     ts_table_clear(&ts_maps);
+    ts_table_clear(&ts_arrays);
     ts_table_clear(&ts_ctxs);
     ts_table_clear(&ts_pools);
     memset(ts_devs, 0, sizeof ts_devs);

@@ -14,7 +14,7 @@ typedef struct {
 
 extern ts_config ts_cfg;
 extern pthread_mutex_t ts_tab_mu;
-extern ts_table ts_ptrs, ts_handles, ts_maps, ts_ctxs, ts_pools;
+extern ts_table ts_ptrs, ts_handles, ts_maps, ts_ctxs, ts_pools, ts_arrays;
 extern int ts_primary_refs[TS_MAX_DEVICES];
 extern int ts_custom_ctxs[TS_MAX_DEVICES];
 

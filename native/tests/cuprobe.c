@@ -58,6 +58,11 @@ static CUresult (*p_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHand
 static CUresult (*p_unmap)(CUdeviceptr, size_t);
 static CUresult (*p_retainh)(CUmemGenericAllocationHandle *, void *);
 static CUresult (*p_total)(size_t *, CUdevice);
+static CUresult (*p_array)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+static CUresult (*p_array3d)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+static CUresult (*p_mipmap)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+static CUresult (*p_arraydestroy)(CUarray);
+static CUresult (*p_mipdestroy)(CUmipmappedArray);
 
 typedef struct {
     void **slot;
@@ -101,6 +106,11 @@ static entry g_entries[] = {
     {(void **)&p_unmap, "cuMemUnmap", "cuMemUnmap", 0},
     {(void **)&p_retainh, "cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", 0},
     {(void **)&p_total, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", 0},
+    {(void **)&p_array, "cuArrayCreate", "cuArrayCreate_v2", 0},
+    {(void **)&p_array3d, "cuArray3DCreate", "cuArray3DCreate_v2", 0},
+    {(void **)&p_mipmap, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate", 0},
+    {(void **)&p_arraydestroy, "cuArrayDestroy", "cuArrayDestroy", 0},
+    {(void **)&p_mipdestroy, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", 0},
 };
 
 #ifdef LINKED
@@ -140,6 +150,11 @@ DECL(CUresult, cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHan
 DECL(CUresult, cuMemUnmap, (CUdeviceptr, size_t))
 DECL(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *))
 DECL(CUresult, cuDeviceTotalMem_v2, (size_t *, CUdevice))
+DECL(CUresult, cuArrayCreate_v2, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))
+DECL(CUresult, cuArray3DCreate_v2, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))
+DECL(CUresult, cuMipmappedArrayCreate, (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned))
+DECL(CUresult, cuArrayDestroy, (CUarray))
+DECL(CUresult, cuMipmappedArrayDestroy, (CUmipmappedArray))
 
 static void resolve_all(void) {
     p_cuInit = cuInit; p_cuDeviceGetCount = cuDeviceGetCount; p_retain = cuDevicePrimaryCtxRetain;
@@ -152,6 +167,8 @@ static void resolve_all(void) {
     p_palloc = cuMemAllocFromPoolAsync; p_palloc_ptsz = cuMemAllocFromPoolAsync_ptsz; p_poolcreate = cuMemPoolCreate;
     p_pooldestroy = cuMemPoolDestroy; p_defpool = cuDeviceGetDefaultMemPool; p_create = cuMemCreate;
     p_releaseh = cuMemRelease; p_info = cuMemGetInfo_v2; p_total = cuDeviceTotalMem_v2;
+    p_array = cuArrayCreate_v2; p_array3d = cuArray3DCreate_v2; p_mipmap = cuMipmappedArrayCreate;
+    p_arraydestroy = cuArrayDestroy; p_mipdestroy = cuMipmappedArrayDestroy;
     p_vreserve = cuMemAddressReserve; p_map = cuMemMap; p_unmap = cuMemUnmap; p_retainh = cuMemRetainAllocationHandle;
 }
 #else
@@ -362,6 +379,30 @@ int main(int argc, char **argv) {
         } else if (strcmp(c, "create_nullprop") == 0) {
             CUmemGenericAllocationHandle hnd = 0;
             printf("rc=%d\n", p_create(&hnd, a1, NULL, 0));
+        } else if (strcmp(c, "array") == 0) {
+            /* array W H FORMAT CHANNELS */
+            CUDA_ARRAY_DESCRIPTOR d = {a1, strtoull(argv2[2], NULL, 0), (int)strtol(argv2[3], NULL, 0),
+                                       (unsigned)strtoul(argv2[4], NULL, 0)};
+            CUarray h = NULL;
+            rc = p_array(&h, &d);
+            printf("rc=%d handle=%#llx\n", rc, (unsigned long long)(uintptr_t)h);
+        } else if (strcmp(c, "array3d") == 0 || strcmp(c, "mipmap") == 0) {
+            /* array3d W H D FORMAT CHANNELS FLAGS | mipmap W H D FORMAT CHANNELS LEVELS */
+            CUDA_ARRAY3D_DESCRIPTOR d = {a1, strtoull(argv2[2], NULL, 0), strtoull(argv2[3], NULL, 0),
+                                         (int)strtol(argv2[4], NULL, 0), (unsigned)strtoul(argv2[5], NULL, 0), 0};
+            unsigned last = (unsigned)strtoul(argv2[6], NULL, 0);
+            void *h = NULL;
+            if (c[0] == 'a') {
+                d.Flags = last;
+                rc = p_array3d((CUarray *)&h, &d);
+            } else {
+                rc = p_mipmap((CUmipmappedArray *)&h, &d, last);
+            }
+            printf("rc=%d handle=%#llx\n", rc, (unsigned long long)(uintptr_t)h);
+        } else if (strcmp(c, "arraydestroy") == 0) {
+            printf("rc=%d\n", p_arraydestroy((CUarray)(uintptr_t)a1));
+        } else if (strcmp(c, "mipdestroy") == 0) {
+            printf("rc=%d\n", p_mipdestroy((CUmipmappedArray)(uintptr_t)a1));
         } else if (strcmp(c, "vreserve") == 0) {
             CUdeviceptr p = 0;
             rc = p_vreserve(&p, a1, 0, 0, 0);

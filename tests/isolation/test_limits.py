@@ -250,3 +250,34 @@ def test_pre_cuda_11_primary_context_release_and_reset(native, probe, tmp_path):
     assert used() == 3 * GiB
     assert p("reset1 0")["rc"] == 0
     assert used() == 0
+
+
+def estimated_array_bytes(w, h, d, elem, levels=1):
+    """The library's documented estimate: per level, w*h*d*element rounded up to 64 KiB."""
+    total = 0
+    for level in range(levels):
+        size = max(1, w >> level) * max(1, h >> level) * max(1, d >> level) * elem
+        total += -(-size // (64 * 1024)) * 64 * 1024
+    return total
+
+
+def test_cuda_arrays_are_charged_an_estimate(native, probe):
+    p = probe(limited(native, limit="64Mi")).start()
+    a = p("array 4096 4096 0x01 1")  # 16 MiB of uint8
+    assert a["rc"] == 0
+    assert p.info()[0] == 48 * MiB
+    assert p("array3d 1024 1024 64 0x20 1 0")["rc"] == 2  # 256 MiB of float
+    sparse = p("array3d 1024 1024 64 0x20 1 0x40")  # sparse: no memory until mapped
+    assert sparse["rc"] == 0
+    assert p.info()[0] == 48 * MiB
+    mip = p("mipmap 1024 1024 0 0x20 4 11")  # 16 MiB at level 0, then a quarter per level
+    assert mip["rc"] == 0
+    assert p.info()[0] == 48 * MiB - estimated_array_bytes(1024, 1024, 1, 16, 11)
+    odd = p("array 1000 1000 0xb0 1")  # a format the library does not know: 16 bytes/element
+    assert odd["rc"] == 0
+    assert p(f"arraydestroy {odd['handle']}")["rc"] == 0
+    assert p(f"mipdestroy {mip['handle']}")["rc"] == 0
+    assert p(f"arraydestroy {a['handle']}")["rc"] == 0
+    assert p(f"arraydestroy {sparse['handle']}")["rc"] == 0
+    assert p.info()[0] == 64 * MiB
+    assert p("arraydestroy 0x1234")["rc"] == 400  # the driver's own answer
