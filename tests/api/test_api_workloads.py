@@ -187,3 +187,25 @@ def test_projects_crud(server: EmbeddedServer) -> None:
         assert c.delete("/api/v1/org-unit/projects/p-crud").status_code == 409
         names = [p["name"] for p in c.get("/api/v1/org-unit/projects").json()["projects"]]
         assert "p-crud" in names
+
+
+def test_memory_on_each_of_several_devices(server: EmbeddedServer) -> None:
+    """cGPU's shape (seed 002): a share of memory on each of several GPUs of one node."""
+    with server.http() as c:
+        _project(c, "p-multi")
+        r = c.post("/api/v1/workloads/trainings", json=submit_body(
+            "multi", "p-multi", gpuDevicesRequest=2, gpuMemoryRequest="2Gi"))
+        assert r.status_code == 202, r.text
+        w = server.wait_phase(c, "trainings", r.json()["workloadId"], "Running")
+        pod = w["pods"][0]
+        uuids = [d["uuid"] for d in pod["gpuDevices"]]
+        assert len(set(uuids)) == 2
+        assert [d["requestBytes"] for d in pod["gpuDevices"]] == [2 * 2**30, 2 * 2**30]
+        assert pod["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+        if pod["env"]["TESSERA_ISOLATION"] == "on":
+            from pathlib import Path
+
+            config = Path(pod["env"]["TESSERA_GPU_CONFIG"]).read_text()
+            for i, uuid in enumerate(uuids):
+                assert f"device index={i} uuid={uuid} request={2 * 2**30}" in config
+        c.delete(f"/api/v1/workloads/trainings/{w['workloadId']}")
