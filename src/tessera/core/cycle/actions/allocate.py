@@ -11,7 +11,7 @@ what reclaim takes back later.
 
 from __future__ import annotations
 
-from tessera.core.cycle.session import Session, Statement, Wait, WorkloadState
+from tessera.core.cycle.session import FIT, Session, Statement, Wait, WorkloadState
 from tessera.core.fairshare import ZERO, Vector, vadd
 from tessera.core.model import ResourceRequest
 
@@ -70,8 +70,11 @@ class Allocate:
             message = f"placed on {session.where(placed)}{note}{session.over_quota_note(ws)}"
             session.record_binding(ws, placed, self.name, message)
             stmt.commit()
-            if ws.unplaced():
-                session.wait(ws, Wait("placement", "no room for the remaining pods"))
+            rest = ws.unplaced()
+            if rest:
+                request = ws.spec.pods[rest[0]]
+                why = session.quota_check(ws, session.demand(request), fair=fair)
+                session.wait(ws, why or Wait("placement", FIT, request))
 
     def _no_room(self, previous: Wait | None, reason: str, request: ResourceRequest | None) -> Wait:
         if self.over_fair_share and previous is not None and previous.kind == "fair-share":
