@@ -31,7 +31,7 @@ static uint64_t element_bytes(int format, unsigned channels) {
 }
 
 /* Estimated bytes of an array; UINT64_MAX when the dimensions overflow. */
-uint64_t ts_array_bytes(size_t w, size_t h, size_t d, int format, unsigned channels, unsigned levels) {
+static uint64_t ts_array_bytes(size_t w, size_t h, size_t d, int format, unsigned channels, unsigned levels) {
     uint64_t elem = element_bytes(format, channels), total = 0;
     if (levels == 0) levels = 1;
     for (unsigned l = 0; l < levels && l < 64; l++) {
@@ -78,11 +78,6 @@ static void settle(CUresult rc, void *handle, uint64_t bytes, int rdev, int ord)
     ts_table_put(&ts_arrays, (uint64_t)(uintptr_t)handle, bytes, rdev, ord, TS_KIND_OTHER);
     pthread_mutex_unlock(&ts_tab_mu);
 }
-
-#define BIND_OR_FAIL() \
-    do { if (ts_bind(TS_LIB_CUDA) != 0) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
-#define NEED_REAL(name) \
-    do { if (!ts_real.name) return CUDA_ERROR_NOT_FOUND; } while (0)
 
 CUresult ts_hook_cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc) {
     BIND_OR_FAIL();

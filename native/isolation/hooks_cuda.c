@@ -9,13 +9,8 @@
 
 #include "state.h"
 
-#define BIND_OR_FAIL() \
-    do { if (ts_bind(TS_LIB_CUDA) != 0) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
 #define REAL(name, type) ((type)ts_real.name)
-/* A hook is only reachable for an entry point the driver has, but a program linked against a
- * newer driver than the one installed could still call one: answer instead of jumping to NULL. */
-#define NEED_REAL(name) \
-    do { if (!ts_real.name) return CUDA_ERROR_NOT_FOUND; } while (0)
+
 
 typedef CUresult (*ctx_get_device_fn)(CUdevice *);
 typedef CUresult (*ctx_get_current_fn)(CUcontext *);

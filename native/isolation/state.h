@@ -18,6 +18,13 @@ extern ts_table ts_ptrs, ts_handles, ts_maps, ts_ctxs, ts_pools, ts_arrays;
 extern int ts_primary_refs[TS_MAX_DEVICES];
 extern int ts_custom_ctxs[TS_MAX_DEVICES];
 
+#define BIND_OR_FAIL() \
+    do { if (ts_bind(TS_LIB_CUDA) != 0) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+/* A hook is only reachable for an entry point the driver has, but a program linked against a
+ * newer driver than the one installed could still call one: answer instead of jumping to NULL. */
+#define NEED_REAL(name) \
+    do { if (!ts_real.name) return CUDA_ERROR_NOT_FOUND; } while (0)
+
 /* Loads configuration and attaches the region on first use; returns TS_MODE_*. */
 int ts_mode(void);
 /* The state of a CUDA device ordinal (resolved on first use), or NULL when out of range. */
