@@ -3,7 +3,8 @@
  * dlsym, as nvidia-smi does, then prints one CSV line per device:
  *   index, name, uuid, memory.total [MiB], memory.used [MiB], memory.free [MiB]
  * (the columns of `nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,memory.free
- * --format=csv,noheader,nounits`). With --v2 it uses nvmlDeviceGetMemoryInfo_v2; --bytes prints bytes.
+ * --format=csv,noheader,nounits`). With --v2 it uses nvmlDeviceGetMemoryInfo_v2; --bytes prints bytes;
+ * --null passes NULL output pointers and prints the return codes.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -12,8 +13,9 @@
 #include "tessera_cuda_types.h"
 
 int main(int argc, char **argv) {
-    int v2 = 0, bytes = 0;
+    int v2 = 0, bytes = 0, null = 0;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--null") == 0) null = 1;
         if (strcmp(argv[i], "--v2") == 0) v2 = 1;
         if (strcmp(argv[i], "--bytes") == 0) bytes = 1;
     }
@@ -43,6 +45,10 @@ int main(int argc, char **argv) {
         uuid(d, id, sizeof id);
         unsigned long long total, used, freeb;
         nvmlReturn_t rc;
+        if (null) { /* NULL output pointers: the answer, not a crash */
+            printf("%u, null, %d, %d\n", i, mem1(d, NULL), mem2(d, NULL));
+            continue;
+        }
         if (v2) {
             nvmlMemory_v2_t m;
             memset(&m, 0, sizeof m);

@@ -42,6 +42,7 @@ def test_memory_queries_report_the_limit_and_are_null_safe(native, probe):
     for which in ("nullfree", "nulltotal", "nullboth"):
         assert p(f"info {which}")["rc"] == 1
     assert p("total 0 null")["rc"] == 1
+    assert p(f"alloc_nullptr {GiB}")["rc"] == 1  # refused by the driver: nothing stays charged
     assert p.info() == (5 * GiB, 8 * GiB)
 
 

@@ -89,3 +89,9 @@ def test_smi_is_quiet_by_default(native):
     done = run(native, "smi", clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": "8Gi"}))
     assert done.stderr == ""
     assert done.stdout.strip().endswith(f", {8 * GiB // MiB}, 0, {8 * GiB // MiB}")
+
+
+def test_nvml_null_output_pointers_return_the_drivers_answer(native):
+    done = run(native, "smi", clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": "8Gi"}), "--null")
+    assert done.returncode == 0
+    assert done.stdout.strip() == "0, null, 2, 2"  # NVML_ERROR_INVALID_ARGUMENT, no crash
