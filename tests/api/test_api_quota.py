@@ -80,3 +80,29 @@ def test_reclaim_over_quota_workload(server: EmbeddedServer) -> None:
         server.wait_phase(c, "trainings", requeued[0]["workloadId"], "Running")
         for wid in borrowed:
             c.delete(f"/api/v1/workloads/trainings/{wid}")
+
+
+def test_on_eviction_fail(server: EmbeddedServer) -> None:
+    with server.http() as c:
+        _project(c, "e-a", deserved=0)
+        _project(c, "e-b", deserved=2)
+        ids = []
+        for i in range(2):
+            body = submit_body(f"borrow{i}", "e-a", gpuDevicesRequest=1)
+            body["spec"]["onEviction"] = "fail"
+            ids.append(_submit(c, "trainings", body))
+        for wid in ids:
+            server.wait_phase(c, "trainings", wid, "Running")
+        owner = _submit(c, "workspaces", submit_body("owner", "e-b", gpuDevicesRequest=1))
+        server.wait_phase(c, "workspaces", owner, "Running")
+        docs = [c.get(f"/api/v1/workloads/trainings/{wid}").json() for wid in ids]
+        failed = [d for d in docs if d["phase"] == "Failed"]
+        assert len(failed) == 1, [d["phase"] for d in docs]
+        assert failed[0]["phaseMessage"].startswith("evicted (onEviction: fail)")
+        body = submit_body("bad", "e-a")
+        body["spec"]["onEviction"] = "retry"
+        r = c.post("/api/v1/workloads/trainings", json=body)
+        assert r.status_code == 422 and r.json()["message"].startswith("spec.onEviction")
+        c.delete(f"/api/v1/workloads/workspaces/{owner}")
+        for wid in ids:
+            c.delete(f"/api/v1/workloads/trainings/{wid}")

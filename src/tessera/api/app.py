@@ -211,7 +211,9 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         )
         count = min(limit, max(total - offset, 0))
         nxt = offset + count if offset + count < total else None
-        body = f'{{"workloads":{rows},"total":{total},"next":{"null" if nxt is None else nxt}}}'
+        simulated = "true" if backend.cluster()["simulated"] else "false"
+        body = (f'{{"workloads":{rows},"total":{total},'
+                f'"next":{"null" if nxt is None else nxt},"simulated":{simulated}}}')
         return Response(content=body, media_type="application/json")
 
     @api.get("/workloads", tags=["workloads"])

@@ -96,6 +96,9 @@ class WorkloadSpec(BaseModel):
     priorityClass: (
         Literal["train", "build-preemptible", "build", "interactive", "inference"] | None
     ) = None
+    onEviction: Literal["requeue", "fail"] = Field(
+        default="requeue", description="When reclaim or preemption evicts it: queue again or fail"
+    )
     workers: int = Field(default=1, ge=1, le=64, description="Pods, each with the compute request")
     minWorkers: int | None = Field(default=None, ge=1, le=64, description="Gang minimum")
 

@@ -352,6 +352,7 @@ def _submit(
     memory_request: str | None, memory_limit: str | None, gpu_model: str | None,
     interactive: bool, priority: str | None, environment: list[str] | None, workers: int,
     min_workers: int | None, image: str, working_dir: str | None, output: str,
+    on_eviction: str = "requeue",
 ) -> None:
     fmt = _fmt(output)
     if not command:
@@ -370,6 +371,9 @@ def _submit(
         "workers": workers,
         "workingDir": working_dir or os.getcwd(),
     }
+    if on_eviction not in ("requeue", "fail"):
+        raise CliError(f"--on-eviction: must be requeue or fail (got {on_eviction!r})")
+    spec["onEviction"] = on_eviction
     if min_workers is not None:
         spec["minWorkers"] = min_workers
     if priority is not None:
@@ -403,11 +407,12 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> No
         min_workers: Annotated[int | None, typer.Option("--min-workers", help="Gang minimum")] = None,
         image: Annotated[str, typer.Option("-i", "--image", help="Recorded only: embedded mode runs commands")] = "",
         working_dir: Annotated[str | None, typer.Option("--working-dir")] = None,
+        on_eviction: Annotated[str, typer.Option("--on-eviction", help="requeue or fail when evicted")] = "requeue",
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
                 portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
-                environment, workers, min_workers, image, working_dir, output)
+                environment, workers, min_workers, image, working_dir, output, on_eviction)
 
     submit.__doc__ = help_text
     group.command("submit")(submit)
@@ -452,6 +457,7 @@ def _list(kind: str | None, project: str | None, all_projects: bool, status: str
     if status:
         filters.append(f"phase=={status}")
     rows: list[dict[str, Any]] = []
+    simulated = False
     offset = 0
     params: dict[str, Any] = {"filterBy": filters, "limit": 10000}
     if fmt == "table":
@@ -459,15 +465,15 @@ def _list(kind: str | None, project: str | None, all_projects: bool, status: str
     while True:
         page = client.get("/api/v1/workloads", params={**params, "offset": offset})
         rows.extend(page["workloads"])
+        simulated = simulated or bool(page.get("simulated"))
         if page["next"] is None:
             break
         offset = page["next"]
     if fmt != "table":
-        render.dump({"workloads": rows, "total": len(rows)}, fmt)
+        render.dump({"workloads": rows, "total": len(rows), "simulated": simulated}, fmt)
         return
     now = time.time()
     table = []
-    simulated = any(w["simulated"] for w in rows)
     ages = render.Ages(now)
     for w in rows:
         g = w["gpus"]

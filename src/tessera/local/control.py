@@ -262,7 +262,8 @@ class LocalBackend:
         for ev in decisions.evictions:
             w = self._active.get(ev.workload_id)
             if w is not None and w.phase == "Running":
-                self._begin_stop(w, "Pending", ev.reason, kind="Preempted")
+                target = "Failed" if w.spec.get("onEviction") == "fail" else "Pending"
+                self._begin_stop(w, target, ev.reason, kind="Preempted")
         self._awaiting.update(decisions.after_evictions)
         for b in decisions.bindings:
             w = self._active.get(b.workload_id)
@@ -447,6 +448,12 @@ class LocalBackend:
             w.phase = "Pending"
             w.pods = []
             self.store.save(w, ("Requeued", f"requeued after: {w.phase_message}"))
+        elif target == "Failed":
+            w.phase = "Failed"
+            w.completed = time.time()
+            w.phase_message = f"evicted (onEviction: fail): {w.phase_message}"
+            self._active.pop(w.id, None)
+            self.store.save(w, ("Failed", w.phase_message))
         else:
             w.phase = "Stopped"
             w.completed = time.time()
