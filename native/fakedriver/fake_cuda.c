@@ -390,6 +390,9 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     return charge(c->dev, size, dptr, g_ptrs);
 }
 
+/* A future ABI of cuMemAlloc (CUDA "14.0" in this fake): the library must not take it for _v2. */
+EXPORT CUresult cuMemAlloc_v3(CUdeviceptr *dptr, size_t size) { return cuMemAlloc_v2(dptr, size); }
+
 /* Not a driver API: allocates through a path the isolation library does not hook, to stand
  * for memory it never saw (IPC imports, graphics interop, allocations made before preload). */
 EXPORT CUresult fakeCudaAllocUnhooked(CUdeviceptr *dptr, size_t size) {
@@ -810,6 +813,7 @@ static const proc_entry g_procs[] = {
     P("cuCtxSynchronize", 2000, 0, cuCtxSynchronize, NULL),
     P("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2, internal_cuMemGetInfo_v2),
     P("cuMemAlloc", 3020, 0, cuMemAlloc_v2, internal_cuMemAlloc_v2),
+    P("cuMemAlloc", 14000, 0, cuMemAlloc_v3, NULL),
     P("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2, NULL),
     P("cuMemAllocManaged", 6000, 0, cuMemAllocManaged, NULL),
     P("cuMemFree", 3020, 0, cuMemFree_v2, internal_cuMemFree_v2),

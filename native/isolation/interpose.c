@@ -184,6 +184,19 @@ static void *substitute(const char *symbol, void *p, int cudaVersion, cuuint64_t
         if (g_hooks[i].lib == TS_LIB_CUDA && *g_hooks[i].real == p) return g_hooks[i].hook;
     for (size_t i = 0; i < N_HOOKS; i++)
         if (g_hooks[i].hook == p) return p;
+    Dl_info info;
+    if (dladdr(p, &info) && info.dli_sname && info.dli_saddr == p) {
+        /* An exported function we did not resolve (a newer ABI of a hooked call, or another
+         * library's): calling a hook of a different ABI would be worse than not hooking it. */
+        for (size_t i = 0; i < sizeof g_variants / sizeof g_variants[0]; i++) {
+            if (strcmp(g_variants[i].base, symbol) != 0) continue;
+            ts_log(TS_LOG_ERROR, "cuGetProcAddress(%s, %d) gave %s, an ABI this library does not know: "
+                   "memory obtained through it is not limited (update tessera)", symbol, cudaVersion,
+                   info.dli_sname);
+            break;
+        }
+        return p;
+    }
     /* Not an exported address: decide by name, version and flags, as the driver does. */
     const ts_variant *best = NULL;
     int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;

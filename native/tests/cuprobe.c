@@ -285,6 +285,12 @@ int main(int argc, char **argv) {
         if (strcmp(c, "exit") == 0) {
             printf("bye\n");
             return 0;
+        } else if (strcmp(c, "owner_alloc") == 0) {
+            Dl_info info;
+            const char *name = dladdr((void *)p_alloc, &info) && info.dli_fname ? info.dli_fname : "?";
+            const char *slash = strrchr(name, '/');
+            printf("owner=%s\n", slash ? slash + 1 : name);
+            continue;
         } else if (strcmp(c, "resolved") == 0) {
             int missing = 0;
             for (size_t i = 0; i < sizeof g_entries / sizeof g_entries[0]; i++) missing += *g_entries[i].slot == NULL;

@@ -122,3 +122,13 @@ def test_driver_loaded_by_path_is_the_one_hooked(native, probe, mode):
     assert p(f"alloc {4 * GiB}")["rc"] == 2
     assert p(f"free {a}")["rc"] == 0
     assert p.stderr() == ""
+
+
+@pytest.mark.parametrize(("version", "owner"), [(12080, "libtessera-cuda.so"), (14000, "libcuda.so.1")])
+def test_an_abi_newer_than_the_library_is_never_given_an_older_hook(native, probe, version, owner):
+    # this fake driver has a cuMemAlloc_v3 for CUDA "14.0": the _v2 hook must not stand in for it
+    env = clean_env(native, extra={**LIMIT, "FAKE_CUDA_DRIVER_VERSION": "14000"})
+    p = probe(env, "gpa", version)
+    assert p.raw("owner_alloc") == f"owner={owner}"
+    warned = "an ABI this library does not know" in p.stderr()
+    assert warned == (version == 14000)  # said out loud, even with logging at its default
