@@ -76,8 +76,10 @@ def _go() -> str:
 
 def _go_env(*, module_mode: bool) -> dict[str, str]:
     env = dict(os.environ)
-    flags = [f for f in env.get("GOFLAGS", "").split() if not f.startswith("-mod=")]
-    flags.append("-trimpath")
+    flags = [
+        f for f in env.get("GOFLAGS", "").split() if not f.startswith(("-mod=", "-buildvcs"))
+    ]
+    flags += ["-trimpath", "-buildvcs=false"]
     if module_mode:
         flags.append("-mod=mod")
     env["GOFLAGS"] = " ".join(flags)
