@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 from tessera.isolation import read_region
-from tests.isolation.conftest import GiB, clean_env
+from tests.isolation.conftest import GiB, Probe, clean_env
 
 KEY = "GPU-66616b65-313c-4752-5d68-737e89949faa"  # the fake H100's UUID
 
@@ -128,3 +129,23 @@ def test_forked_child_has_its_own_slot_and_does_not_keep_the_parents_alive(nativ
         assert other.info() == (7 * GiB, 8 * GiB)  # the parent's 3 GiB is back, the child's is not
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_many_processes_starting_together(native, tmp_path):
+    region = tmp_path / "region"
+    env = shared(native, region)
+    script = f"init\nctx 0\nalloc {200 * 2**20}\ninfo\nexit\n"
+    procs = [subprocess.Popen([str(native.program("cuprobe")), "dlsym"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(32)]
+    outputs = [p.communicate(script, timeout=60) for p in procs]
+    for out, err in outputs:
+        lines = out.splitlines()
+        assert lines[2].startswith("rc=0 ptr="), (out, err)
+        assert err == ""
+    last = Probe(native, env).start()
+    try:
+        assert last.info() == (8 * GiB, 8 * GiB)  # every exited process reclaimed
+        assert read_region(region)[KEY].processes == {}
+    finally:
+        last.close()
