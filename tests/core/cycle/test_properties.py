@@ -207,12 +207,14 @@ def test_cycle_invariants(case: tuple[Snapshot, CycleConfig]) -> None:
         owed = max(0.0, status.fair_share[0] - status.allocated_before[0])
         assert taken <= placed + owed + EPS
 
-    # Reclaim victims' projects stay at or above their fair share (when nothing else took more).
+    # Reclaim victims' projects keep their fair share, or at least their deserved quota when the
+    # reclaimer only took back its own (when nothing else took more from them).
     preempted = {by_id[e.workload_id].project for e in plan.evictions if e.action == "preempt"}
     for e in plan.evictions:
         if e.action == "reclaim" and e.project not in preempted and not plan.moves:
             status = plan.projects[e.project]
-            assert status.allocated_after[0] >= status.fair_share[0] - EPS
+            keep = min(status.fair_share[0], tree[e.project].gpu.deserved_amount)
+            assert status.allocated_after[0] >= keep - EPS
 
     # Limits and in-quota rules hold for what the plan adds.
     usage: dict[str, float] = {p.name: 0.0 for p in snap.projects}
@@ -235,3 +237,41 @@ def test_cycle_invariants(case: tuple[Snapshot, CycleConfig]) -> None:
         assert usage[p.name] <= max(p.gpu.limit_amount, before) + EPS
         assert usage_np[p.name] <= max(p.gpu.deserved_amount, before_np[p.name]) + EPS
         assert math.isclose(usage[p.name], plan.projects[p.name].allocated_after[0], abs_tol=1e-6) or plan.moves
+
+
+@st.composite
+def whole_gpu_worlds(draw: st.DrawFn) -> Snapshot:
+    """One-GPU nodes, one-GPU preemptible workloads: no fragmentation, nothing protected."""
+    count = draw(st.integers(2, 8))
+    node_list = [Node(f"n{k}", (GpuDevice(f"g{k}", 0, 16 * GiB, "V100"),), 8000, 32 * GiB) for k in range(count)]
+    n_projects = draw(st.integers(2, 4))
+    deserved = [draw(st.integers(0, 3)) for _ in range(n_projects)]
+    while sum(deserved) > count:
+        deserved[deserved.index(max(deserved))] -= 1
+    projects = tuple(
+        Project(f"p{i}", Quota(float(d), None, draw(st.sampled_from([0.0, 1.0, 2.0]))), priority=draw(st.sampled_from([100, 200])))
+        for i, d in enumerate(deserved)
+    )
+    one = ResourceRequest(GpuRequest.whole(1))
+    workloads = []
+    free = list(range(count))
+    for i in range(draw(st.integers(0, count))):
+        node = free.pop(draw(st.integers(0, len(free) - 1)))
+        p = node_list[node]
+        placement = Placement(p.name, (0,), (16 * GiB,), (16 * GiB,), True)
+        workloads.append(Workload(f"r{i}", f"p{draw(st.integers(0, n_projects - 1))}", (one,), started_at=float(i), placements=(placement,)))
+    for i in range(draw(st.integers(0, 2 * count))):
+        workloads.append(Workload(f"q{i}", f"p{draw(st.integers(0, n_projects - 1))}", (one,), created_at=float(i)))
+    return Snapshot(tuple(node_list), projects, tuple(workloads), now=1000.0)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(whole_gpu_worlds())
+def test_deserved_quota_is_honoured_when_requested(snap: Snapshot) -> None:
+    """Without fragmentation or protected workloads, one cycle gives every project at least
+    min(deserved, what it asks), rounded down to whole GPUs."""
+    plan = run_cycle(snap, CycleConfig())
+    apply(snap, plan)
+    for p in snap.projects:
+        status = plan.projects[p.name]
+        assert status.allocated_after[0] >= math.floor(min(p.gpu.deserved, status.requested[0]) + EPS) - EPS, (p.name, status)

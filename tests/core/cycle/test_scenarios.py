@@ -594,3 +594,23 @@ def test_over_quota_idle_gpus_go_by_weight_then_back_by_reclaim_next_cycle() -> 
     third = cycle(ns, projects, [*survivors, placed, *(workload(ns, e, "team-b", 1) for e in second.evicted)])
     assert third.evictions == () and third.bindings == ()
     assert {w.kind for w in third.waiting} == {"fair-share"}
+
+
+def test_deserved_quota_is_reclaimed_even_when_fair_shares_are_fractional() -> None:
+    # Shares: a 1, b 0.5, c 0.5. Taking a whole GPU from b or c leaves it below its fair share
+    # (0 < 0.5), but a only takes back its deserved quota, and b and c deserve 0.
+    ns = nodes(2, gpus=1)
+    plan = cycle(
+        ns,
+        [project("a", 1), project("b", 0), project("c", 0)],
+        [
+            workload(ns, "b1", "b", 1, on=["n1:0"], started=1),
+            workload(ns, "c1", "c", 1, on=["n2:0"], started=2),
+            workload(ns, "b2", "b", 1),
+            workload(ns, "c2", "c", 1),
+            workload(ns, "a1", "a", 1),
+        ],
+    )
+    assert plan.projects["b"].fair_share[0] == pytest.approx(0.5)
+    assert bound(plan) == {"a1": ["n2:0"]} and evicted(plan) == {"c1"}
+    assert "stays at or above its deserved quota (0 GPUs)" in plan.evictions[0].reason

@@ -3,7 +3,9 @@
 For each waiting workload whose project (and ancestors) would stay within fair share, the
 victims are preemptible, running workloads of other projects, not protected by their minimum
 runtime. A victim may go only if, after it, its project and each ancestor below the common
-ancestor with the reclaimer stay at or above their fair share (KAI's MaintainFairShare).
+ancestor with the reclaimer stay at or above their fair share (KAI's MaintainFairShare), or,
+while the reclaimer's side stays within its deserved quota, at or above the smaller of fair
+share and deserved quota (KAI's GuaranteeDeservedQuota).
 Victims are preferred from lower-priority projects, then the closest relatives of the reclaimer
 in the tree, then the project most over its share, lower workload priority, most recently
 started. The outcome is kept only if the workload
@@ -40,10 +42,21 @@ def reclaimer_caps(session: Session, ws: WorkloadState) -> dict[str, Vector]:
     return caps
 
 
-def over_share(session: Session, project: str) -> bool:
+def floor_of(session: Session, name: str, guaranteed: bool) -> Vector:
+    """What a victim-side project must keep: its fair share, or, when the reclaimer only takes
+    back its deserved quota, the smaller of fair share and deserved quota."""
+    share = session.shares.share[name]
+    if not guaranteed:
+        return share
+    tree = session.tree
+    d = tuple(tree[name].quota(r).deserved_amount for r in (Resource.GPU, Resource.CPU, Resource.MEMORY))
+    return (min(share[0], d[0]), min(share[1], d[1]), min(share[2], d[2]))
+
+
+def over_floor(session: Session, project: str) -> bool:
     a = session.alloc[project]
-    share = session.shares.share[project]
-    return any(a[r] > share[r] + EPS for r in session.tree.governed)
+    floor = floor_of(session, project, guaranteed=True)
+    return any(a[r] > floor[r] + EPS for r in session.tree.governed)
 
 
 class Reclaim:
@@ -65,7 +78,7 @@ class Reclaim:
             and v.preemptible
             and not v.evicted
             and not session.settled(v)
-            and over_share(session, v.project)
+            and over_floor(session, v.project)
             and not session.protected(v, "reclaim")
         ]
         if not victims:
@@ -114,44 +127,54 @@ class Reclaim:
 
     def _try(self, session: Session, ws: WorkloadState, index: NodeIndex) -> bool:
         tree = session.tree
-        lca_cache: dict[str, tuple[str, ...]] = {}
-
-        def victim_side(v: WorkloadState) -> tuple[str, ...]:
-            side = lca_cache.get(v.project)
-            if side is None:
-                lca = tree.lowest_common_ancestor(v.project, ws.project)
-                chain = tree.chain(v.project)
-                side = chain if lca is None else chain[: chain.index(lca)]
-                lca_cache[v.project] = side
-            return side
-
-        slack: dict[str, Vector] = {}
-        """How far above its fair share each victim-side project is; only evictions change it."""
         governed = tree.governed
         gpu_only = governed == (Resource.GPU,)
+        demand = gang_demand(session, ws)
+        sides: dict[str, tuple[tuple[str, ...], bool]] = {}
 
-        def slack_of(name: str) -> Vector:
-            found = slack.get(name)
+        def victim_side(v: WorkloadState) -> tuple[tuple[str, ...], bool]:
+            """The victim's projects below the lowest common ancestor with the reclaimer, and
+            whether the reclaimer's own side stays within deserved quota (then victims need
+            only keep min(fair share, deserved), KAI's GuaranteeDeservedQuota)."""
+            found = sides.get(v.project)
             if found is None:
-                a, share = session.alloc[name], session.shares.share[name]
-                found = slack[name] = (a[0] - share[0], a[1] - share[1], a[2] - share[2])
+                lca = tree.lowest_common_ancestor(v.project, ws.project)
+                chain = tree.chain(v.project)
+                mine = ws.chain if lca is None else ws.chain[: ws.chain.index(lca)]
+                guaranteed = all(
+                    demand[r] <= 0 or session.alloc[name][r] + demand[r] <= tree[name].quota(r).deserved_amount + EPS
+                    for name in mine
+                    for r in governed
+                )
+                found = sides[v.project] = (chain if lca is None else chain[: chain.index(lca)], guaranteed)
+            return found
+
+        slack: dict[tuple[str, bool], Vector] = {}
+        """How far each victim-side project is above what it must keep; only evictions change it."""
+
+        def slack_of(name: str, guaranteed: bool) -> Vector:
+            found = slack.get((name, guaranteed))
+            if found is None:
+                a, floor = session.alloc[name], floor_of(session, name, guaranteed)
+                found = slack[(name, guaranteed)] = (a[0] - floor[0], a[1] - floor[1], a[2] - floor[2])
             return found
 
         def allow(v: WorkloadState, tentative: Tentative) -> bool:
             if v.project == ws.project:
                 return False
             vec = v.vector()
+            side, guaranteed = victim_side(v)
             if gpu_only:
                 g = vec[0]
                 if g <= 0:
                     return True
-                for name in victim_side(v):
+                for name in side:
                     t = tentative.get(name)
-                    if g + (t[0] if t else 0.0) > slack_of(name)[0] + EPS:
+                    if g + (t[0] if t else 0.0) > slack_of(name, guaranteed)[0] + EPS:
                         return False
                 return True
-            for name in victim_side(v):
-                room = slack_of(name)
+            for name in side:
+                room = slack_of(name, guaranteed)
                 t = tentative.get(name)
                 for r in governed:
                     if vec[r] > 0 and vec[r] + (t[r] if t else 0.0) > room[r] + EPS:
@@ -160,7 +183,7 @@ class Reclaim:
 
         def dead(v: WorkloadState) -> bool:
             """Its own project could not give it up to anyone: reclaim only lowers that slack."""
-            room = slack_of(v.project)
+            room = slack_of(v.project, True)
             vec = v.vector()
             if gpu_only:
                 return vec[0] > 0 and vec[0] > room[0] + EPS
@@ -170,12 +193,15 @@ class Reclaim:
             index.unprune(v)
             slack.clear()
             share_v = session.shares.gpu(v.project)
+            keeps = f"its fair share ({format_gpus(share_v)} GPUs)"
+            if session.alloc[v.project][0] - v.vector()[0] < share_v - EPS:
+                keeps = f"its deserved quota ({format_gpus(tree[v.project].gpu.deserved_amount)} GPUs)"
             session.evict(
                 v,
                 "reclaim",
                 f"reclaimed for {ws.spec.label}: project {ws.project} is below its fair share of "
                 f"{format_gpus(session.shares.gpu(ws.project))} GPUs, and project {v.project} "
-                f"stays at or above its own ({format_gpus(share_v)} GPUs)",
+                f"stays at or above {keeps}",
                 ws.id,
             )
 
