@@ -187,3 +187,23 @@ def test_path_command_fails_clearly_when_not_built(monkeypatch, tmp_path, capsys
     monkeypatch.setattr(library_module, "PACKAGE_LIB_DIR", tmp_path)
     assert cli.main(["--path"]) == 1
     assert "not built" in capsys.readouterr().err
+
+
+def test_run_command_applies_limits_to_the_program(native, tmp_path):
+    env = clean_env(native, preload=False, devices=V100X4)
+    script = "init\nctx 1\ninfo\nctx 0\ninfo\nexit\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "tessera.isolation", "--limit", "2Gi", "--device-limit", "1=1G",
+         "--region", str(tmp_path / "r"), "--", str(native.program("cuprobe")), "dlsym"],
+        input=script, env=env, capture_output=True, text=True, timeout=60, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[2] == f"rc=0 free={10**9} total={10**9}"
+    assert lines[4] == f"rc=0 free={2 * GiB} total={2 * GiB}"
+    assert (tmp_path / "r").stat().st_size > 0
+
+
+def test_run_command_rejects_a_bad_limit_before_running_anything(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tessera.isolation", "--limit", "8X", "--", "true"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "limit:" in done.stderr
