@@ -76,3 +76,35 @@ def test_sigkill_restart_keeps_records_and_reattaches(tmp_path: Path) -> None:
             assert held == ["survivor"]
     finally:
         s.cleanup()
+
+
+def test_restart_with_other_gpus_fails_workloads_on_missing_devices(tmp_path: Path) -> None:
+    s = EmbeddedServer(tmp_path, simulate=["1xV100-16GB"])
+    s.start()
+    try:
+        with s.http() as c:
+            c.post("/api/v1/org-unit/projects", json={"name": "g", "resources": {"gpu": {
+                "deserved": 1}}})
+            wid = c.post("/api/v1/workloads/trainings", json=submit_body(
+                "old-gpu", "g", gpuPortionRequest=0.5)).json()["workloadId"]
+            s.wait_phase(c, "trainings", wid, "Running")
+            pid = c.get(f"/api/v1/workloads/trainings/{wid}/pods").json()["pods"][0]["pid"]
+        s.kill()
+        s.start(simulate=["1xA100-40GB"])
+        with s.http() as c:
+            w = s.wait_phase(c, "trainings", wid, "Failed")
+            assert "no longer on this machine" in w["phaseMessage"]
+            again = c.post("/api/v1/workloads/trainings", json=submit_body(
+                "new-gpu", "g", gpuPortionRequest=0.5)).json()["workloadId"]
+            doc = s.wait_phase(c, "trainings", again, "Running")
+            assert doc["pods"][0]["gpuDevices"][0]["requestBytes"] == 20 * 2**30
+        from tessera.local.runner import Runner
+
+        watcher = Runner(tmp_path / "watch")
+        for _ in range(200):
+            if not watcher.group_alive(pid):
+                break
+            time.sleep(0.05)
+        assert not watcher.group_alive(pid), "the pod on the vanished GPU was not stopped"
+    finally:
+        s.cleanup()

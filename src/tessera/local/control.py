@@ -188,6 +188,19 @@ class LocalBackend:
                     if p.get("pid") and p.get("phase") == "Running"
                     and self.runner.adopt(p["pid"], p.get("startTicks", 0))
                 ]
+                here = {g.index: g.uuid for g in self.machine.node.gpus}
+                gone = [
+                    u for p in w.pods if p.get("holds")
+                    for d, u in zip(p["devices"], p["uuids"], strict=True) if here.get(d) != u
+                ]
+                if gone:
+                    for p in alive:
+                        self.runner.terminate(p["pid"], self.grace)
+                    self._begin_stop(
+                        w, "Failed", f"GPU {gone[0]} is no longer on this machine (the GPUs "
+                        "changed while the server was down)", kind="Failed",
+                    )
+                    continue
                 if w.phase == "Running":
                     if len(alive) == len([p for p in w.pods if p.get("phase") == "Running"]):
                         self.store.add_event(
@@ -224,6 +237,7 @@ class LocalBackend:
         }
         running: list[WorkloadView] = []
         pending: list[WorkloadView] = []
+        here = {g.index: g.uuid for g in self.machine.node.gpus}
         for wid, victims in list(self._awaiting.items()):
             if not any(v in self._active and self._active[v].phase != "Pending" for v in victims):
                 del self._awaiting[wid]
@@ -232,7 +246,11 @@ class LocalBackend:
                 if w.id not in self._awaiting:
                     pending.append(self._view(w, ()))
             elif w.phase in ("Running", "Stopping", "Deleting"):
-                placements = tuple(_placement(p) for p in w.pods if p.get("holds", True))
+                placements = tuple(
+                    _placement(p) for p in w.pods
+                    if p.get("holds", True)
+                    and all(here.get(d) == u for d, u in zip(p["devices"], p["uuids"], strict=True))
+                )
                 if placements:
                     view = self._view(w, placements)
                     if w.phase != "Running":
@@ -262,8 +280,12 @@ class LocalBackend:
         for ev in decisions.evictions:
             w = self._active.get(ev.workload_id)
             if w is not None and w.phase == "Running":
-                target = "Failed" if w.spec.get("onEviction") == "fail" else "Pending"
-                self._begin_stop(w, target, ev.reason, kind="Preempted")
+                if w.spec.get("onEviction") == "fail":
+                    self._begin_stop(
+                        w, "Failed", f"evicted (onEviction: fail): {ev.reason}", kind="Preempted"
+                    )
+                else:
+                    self._begin_stop(w, "Pending", ev.reason, kind="Preempted")
         self._awaiting.update(decisions.after_evictions)
         for b in decisions.bindings:
             w = self._active.get(b.workload_id)
@@ -451,7 +473,6 @@ class LocalBackend:
         elif target == "Failed":
             w.phase = "Failed"
             w.completed = time.time()
-            w.phase_message = f"evicted (onEviction: fail): {w.phase_message}"
             self._active.pop(w.id, None)
             self.store.save(w, ("Failed", w.phase_message))
         else:
