@@ -231,14 +231,13 @@ static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t size, C
     int mode = ts_mode();
     if (mode == TS_MODE_PASSTHROUGH) return real(dptr, size, pool, s);
     int ord = -1, rdev;
-    ts_record pr;
     pthread_mutex_lock(&ts_tab_mu);
-    int known = ts_table_take(&ts_pools, (uint64_t)(uintptr_t)pool, &pr);
-    if (known) ts_table_put(&ts_pools, pr.key, pr.size, pr.rdev, pr.ordinal, pr.kind);
+    const ts_record *pr = ts_table_find(&ts_pools, (uint64_t)(uintptr_t)pool);
+    int known = pr != NULL, pool_ord = pr ? pr->ordinal : -1;
     pthread_mutex_unlock(&ts_tab_mu);
-    if (known && pr.ordinal == HOST_POOL) return real(dptr, size, pool, s); /* host memory */
+    if (known && pool_ord == HOST_POOL) return real(dptr, size, pool, s); /* host memory */
     CUresult rc = CUDA_SUCCESS;
-    if (known) ord = pr.ordinal;
+    if (known) ord = pool_ord;
     else if ((rc = stream_ordinal(s, &ord)) != CUDA_SUCCESS) return rc;
     if ((rc = reserve(mode, ord, size, &rdev, "cuMemAllocFromPoolAsync")) != CUDA_SUCCESS) return rc;
     rc = real(dptr, size, pool, s);
