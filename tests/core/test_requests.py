@@ -65,8 +65,18 @@ def test_model_constraints() -> None:
     assert parse_models("V100M16|V100M32") == frozenset({"V100M16", "V100M32"})
     r = parse_gpu_request(gpu="1", gpu_model="V100M16|V100M32")
     assert r.allows("V100M32") and not r.allows("T4")
-    with pytest.raises(InvalidRequest, match="gpu_model"):
-        parse_models("V100M16||T4")
+    assert parse_models("V100M16|V100M32|V100M32") == frozenset({"V100M16", "V100M32"})
+    assert parse_models("") == frozenset()
+    for bad in ("V100M16||T4", "|T4", "T4|"):
+        with pytest.raises(InvalidRequest, match="gpu_model: must be model names"):
+            parse_models(bad)
+
+
+def test_errors_survive_pickling() -> None:
+    import pickle
+
+    err = pickle.loads(pickle.dumps(InvalidRequest("gpu", "must be positive", -1)))
+    assert (err.field, err.rule, err.value, str(err)) == ("gpu", "must be positive", -1, "gpu: must be positive (got -1)")
 
 
 def test_no_gpu() -> None:

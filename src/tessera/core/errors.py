@@ -20,3 +20,6 @@ class InvalidRequest(TesseraError, ValueError):
         self.value = value
         shown = "" if value is None else f" (got {value!r})"
         super().__init__(f"{field}: {rule}{shown}")
+
+    def __reduce__(self) -> tuple[type[InvalidRequest], tuple[str, str, object]]:
+        return (type(self), (self.field, self.rule, self.value))

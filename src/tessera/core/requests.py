@@ -26,11 +26,10 @@ def parse_models(value: str | Iterable[str] | None, field: str = "gpu_model") ->
     """``V100M16|V100M32`` (or a list) to a set of allowed GPU models; empty means any."""
     if value is None:
         return frozenset()
-    parts = value.split("|") if isinstance(value, str) else list(value)
-    models = frozenset(p.strip() for p in parts if p.strip())
-    if isinstance(value, str) and value.strip() and len(models) != len([p for p in parts]):
+    parts = [p.strip() for p in (value.split("|") if isinstance(value, str) else value)]
+    if any(not p for p in parts) and parts != [""]:
         raise InvalidRequest(field, "must be model names separated by '|', with none empty", value)
-    return models
+    return frozenset(p for p in parts if p)
 
 
 def parse_gpu_request(

@@ -170,6 +170,10 @@ class Session:
         self._depth = 0
         self.alloc: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in self.tree.order}
         self.alloc_np: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in self.tree.order}
+        self.deserved: dict[str, Vector] = {
+            name: (p.gpu.deserved_amount, p.quota(Resource.CPU).deserved_amount, p.quota(Resource.MEMORY).deserved_amount)
+            for name, p in self.tree.projects.items()
+        }
         self.workloads: dict[str, WorkloadState] = {}
         self._demand: dict[ResourceRequest, Vector] = {}
         self._never: dict[GpuRequest, str | None] = {}

@@ -136,10 +136,6 @@ def cheapest_node(
         scanned += 1
         if scanned > 4 * budget:
             break
-        live = [v for v in group if not v.evicted and (dead is None or not dead(v))]
-        if not live:
-            gone.append(node)
-            continue
         ns = nodes[node]
         if gpu.kind is not GpuKind.NONE:
             ok = models_ok.get(ns.static_id)
@@ -154,9 +150,15 @@ def cheapest_node(
         chosen: list[tuple[WorkloadState, int]] = []
         cost = 0.0
         counted = False
-        for v in live:
-            if not allow(v, tentative):
+        live: list[WorkloadState] = []
+        for v in group:
+            if v.evicted:
                 continue
+            if not allow(v, tentative):
+                if dead is None or not dead(v):
+                    live.append(v)
+                continue
+            live.append(v)
             if not counted:
                 examined += 1  # the budget counts nodes with a victim this search may take
                 counted = True
@@ -178,7 +180,9 @@ def cheapest_node(
                     best = (cost, order, chosen)
                 break
         else:
-            if dead is not None and not _fits_with_all(ns, request, live):
+            if not live:
+                gone.append(node)
+            elif dead is not None and not _fits_with_all(ns, request, live):
                 index.mark_no_room(session, request, node)
         if examined >= budget or feasible >= 4 or (best is not None and best[0] <= floor):
             break

@@ -48,8 +48,7 @@ def floor_of(session: Session, name: str, guaranteed: bool) -> Vector:
     share = session.shares.share[name]
     if not guaranteed:
         return share
-    tree = session.tree
-    d = tuple(tree[name].quota(r).deserved_amount for r in (Resource.GPU, Resource.CPU, Resource.MEMORY))
+    d = session.deserved[name]
     return (min(share[0], d[0]), min(share[1], d[1]), min(share[2], d[2]))
 
 
@@ -159,6 +158,11 @@ class Reclaim:
                 found = slack[(name, guaranteed)] = (a[0] - floor[0], a[1] - floor[1], a[2] - floor[2])
             return found
 
+        blocked: dict[str, bool] = {}
+        """GPU-only: projects none of whose GPU victims this reclaimer may take (until an eviction)."""
+        drained: dict[str, bool] = {}
+        """GPU-only: projects with no GPU left to give anyone."""
+
         def allow(v: WorkloadState, tentative: Tentative) -> bool:
             if v.project == ws.project:
                 return False
@@ -168,6 +172,11 @@ class Reclaim:
                 g = vec[0]
                 if g <= 0:
                     return True
+                stop = blocked.get(v.project)
+                if stop is None:
+                    stop = blocked[v.project] = any(slack_of(name, guaranteed)[0] <= EPS for name in side)
+                if stop:
+                    return False
                 for name in side:
                     t = tentative.get(name)
                     if g + (t[0] if t else 0.0) > slack_of(name, guaranteed)[0] + EPS:
@@ -183,15 +192,22 @@ class Reclaim:
 
         def dead(v: WorkloadState) -> bool:
             """Its own project could not give it up to anyone: reclaim only lowers that slack."""
-            room = slack_of(v.project, True)
             vec = v.vector()
             if gpu_only:
-                return vec[0] > 0 and vec[0] > room[0] + EPS
+                if vec[0] <= 0:
+                    return False
+                empty = drained.get(v.project)
+                if empty is None:
+                    empty = drained[v.project] = slack_of(v.project, True)[0] <= EPS
+                return empty or vec[0] > slack_of(v.project, True)[0] + EPS
+            room = slack_of(v.project, True)
             return any(vec[r] > 0 and vec[r] > room[r] + EPS for r in governed)
 
         def evict(v: WorkloadState) -> None:
             index.unprune(v)
             slack.clear()
+            blocked.clear()
+            drained.clear()
             share_v = session.shares.gpu(v.project)
             keeps = f"its fair share ({format_gpus(share_v)} GPUs)"
             if session.alloc[v.project][0] - v.vector()[0] < share_v - EPS:
