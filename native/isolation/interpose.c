@@ -71,6 +71,11 @@ static void *open_driver(const char *soname) {
     return h;
 }
 
+/* Around fork (state.c): a child must not inherit the bind mutex locked by another thread. */
+void ts_bind_lock(void) { pthread_mutex_lock(&g_bind_mu); }
+void ts_bind_unlock(void) { pthread_mutex_unlock(&g_bind_mu); }
+void ts_bind_reinit(void) { pthread_mutex_init(&g_bind_mu, NULL); }
+
 static __thread int t_binding; /* this thread is inside ts_bind (a driver constructor may dlsym) */
 
 int ts_bind(int lib) {

@@ -49,6 +49,9 @@ typedef struct {
 
 void *ts_real_dlsym(void *handle, const char *name);
 int ts_bind(int lib);
+void ts_bind_lock(void);
+void ts_bind_unlock(void);
+void ts_bind_reinit(void);
 
 /* Exports a hook under the driver's name (same translation unit as the definition). */
 #define TS_ALIAS(name) \

@@ -105,6 +105,7 @@ ts_dev *ts_device(int ordinal) {
 }
 
 static void prepare(void) {
+    ts_bind_lock();
     pthread_mutex_lock(&g_init_mu);
     pthread_mutex_lock(&ts_tab_mu);
 }
@@ -112,11 +113,13 @@ static void prepare(void) {
 static void parent(void) {
     pthread_mutex_unlock(&ts_tab_mu);
     pthread_mutex_unlock(&g_init_mu);
+    ts_bind_unlock();
 }
 
 static void child(void) {
     pthread_mutex_init(&ts_tab_mu, NULL);
     pthread_mutex_init(&g_init_mu, NULL);
+    ts_bind_reinit();
     ts_region_detach_after_fork();
     ts_table_clear(&ts_ptrs);
     ts_table_clear(&ts_handles);

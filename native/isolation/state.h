@@ -1,4 +1,4 @@
-/* Process state shared by the hooks (internal). Lock order: init mutex, ts_tab_mu, region. */
+/* Process state shared by the hooks (internal). Lock order: bind mutex, init mutex, ts_tab_mu, region. */
 #ifndef TESSERA_STATE_H
 #define TESSERA_STATE_H
 
