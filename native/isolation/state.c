@@ -1,5 +1,6 @@
 /* Process state: configuration, devices, tracked allocations, fork handling. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,6 +23,9 @@ int ts_mode(void) {
     pthread_mutex_lock(&g_init_mu);
     if (!g_loaded) {
         ts_log_init();
+        Dl_info self;
+        if (ts_log_level >= TS_LOG_DEBUG && dladdr((void *)ts_mode, &self) && self.dli_fname)
+            TS_DEBUG("loaded from %s", self.dli_fname); /* our own path: from dladdr, never assumed */
         ts_config_load(&ts_cfg);
         if (ts_cfg.mode == TS_MODE_LIMITED) {
             char err[sizeof ts_cfg.error];

@@ -282,3 +282,11 @@ def test_cuda_arrays_are_charged_an_estimate(native, probe):
     assert p(f"arraydestroy {sparse['handle']}")["rc"] == 0
     assert p.info()[0] == 64 * MiB
     assert p("arraydestroy 0x1234")["rc"] == 400  # the driver's own answer
+
+
+def test_debug_log_names_the_library_it_found_itself_at(native, probe):
+    p = probe(limited(native, TESSERA_ISOLATION_LOG="debug")).start()
+    p.alloc(GiB)
+    err = p.stderr()
+    assert f"loaded from {native.library}" in err
+    assert "limit 8589934592 bytes" in err
