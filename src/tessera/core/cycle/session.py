@@ -54,17 +54,21 @@ class WorkloadState:
         "bound",
         "chain",
         "evicted",
+        "id",
         "placements",
         "pod_vectors",
         "preemptible",
         "priority",
+        "project",
         "spec",
         "was_running",
     )
 
     def __init__(self, spec: Workload, chain: tuple[str, ...]) -> None:
         self.spec = spec
+        self.id = spec.id
         self.chain = chain
+        self.project = chain[0]
         self.preemptible = spec.is_preemptible
         self.priority = spec.priority_value
         n = len(spec.pods)
@@ -74,14 +78,6 @@ class WorkloadState:
         self.evicted = False
         self.bound: list[int] = []
         self._vector: Vector | None = None
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    @property
-    def project(self) -> str:
-        return self.chain[0]
 
     def unplaced(self) -> list[int]:
         return [i for i, p in enumerate(self.placements) if p is None]

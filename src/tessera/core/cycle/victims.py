@@ -150,15 +150,16 @@ def cheapest_node(
         chosen: list[tuple[WorkloadState, int]] = []
         cost = 0.0
         counted = False
-        live: list[WorkloadState] = []
+        live = False
+        others: list[WorkloadState] = []
         for v in group:
             if v.evicted:
                 continue
             if not allow(v, tentative):
                 if dead is None or not dead(v):
-                    live.append(v)
+                    others.append(v)
                 continue
-            live.append(v)
+            live = True
             if not counted:
                 examined += 1  # the budget counts nodes with a victim this search may take
                 counted = True
@@ -180,10 +181,18 @@ def cheapest_node(
                     best = (cost, order, chosen)
                 break
         else:
-            if not live:
+            if not live and not others:
                 gone.append(node)
-            elif dead is not None and not _fits_with_all(ns, request, live):
-                index.mark_no_room(session, request, node)
+            elif dead is not None:
+                # Would even every victim left here make room? (Quota rules aside.)
+                for v in others:
+                    for p in v.placements:
+                        if p is not None and p.node == node:
+                            _free_on(p, free, tenants)
+                            cpu += p.cpu_milli
+                            mem += p.memory
+                if not _fits_after(ns, request, free, tenants, cpu, mem):
+                    index.mark_no_room(session, request, node)
         if examined >= budget or feasible >= 4 or (best is not None and best[0] <= floor):
             break
     for node in gone:
@@ -193,20 +202,6 @@ def cheapest_node(
     if pod_level:
         return best[2]
     return list(dict.fromkeys(v for v, _ in best[2]))
-
-
-def _fits_with_all(ns: NodeState, request: ResourceRequest, live: Sequence[WorkloadState]) -> bool:
-    """Would the request fit if every live victim on the node went (no quota rules)?"""
-    free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
-    tenants = list(ns.dev_tenants)
-    cpu, mem = ns.free_cpu, ns.free_mem
-    for v in live:
-        for p in v.placements:
-            if p is not None and p.node == ns.name:
-                _free_on(p, free, tenants)
-                cpu += p.cpu_milli
-                mem += p.memory
-    return _fits_after(ns, request, free, tenants, cpu, mem)
 
 
 def _free_on(p: Placement, free: list[int], tenants: list[int]) -> None:
