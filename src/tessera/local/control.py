@@ -49,9 +49,7 @@ PRIORITY_CLASSES: dict[str, tuple[int, bool]] = {
     name: (pc.value, pc.preemptible) for name, pc in CORE_CLASSES.items()
 }
 DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
-KINDS = {"trainings": "Training", "workspaces": "Workspace", "inferences": "Inference"}
 TOKEN_TTL = 30 * 24 * 3600.0
-ACTIVE = ("Pending", "Running", "Stopping", "Deleting")
 
 
 def _hash(secret: str) -> str:

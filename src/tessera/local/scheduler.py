@@ -313,9 +313,9 @@ class CycleScheduler:
             if b.workload_id not in pending:
                 continue
             if b.after_evictions:
-                out.waiting[b.workload_id] = (
-                    f"waiting for {', '.join(b.after_evictions)} to stop: {b.message}"
-                )
+                names = {w.id: w.name for w in snapshot.running}
+                victims = ", ".join(names.get(v, v) for v in b.after_evictions)
+                out.waiting[b.workload_id] = f"waiting for {victims} to stop: {b.message}"
                 out.after_evictions[b.workload_id] = tuple(b.after_evictions)
                 continue
             pods = sorted(b.pods, key=lambda pb: pb.pod)
