@@ -224,7 +224,13 @@ class LocalBackend:
                 elif w.phase in ("Stopping", "Deleting"):
                     self._finish_stop(w)
             snapshot = self._snapshot()
-            decisions = self.scheduler.decide(snapshot) if snapshot.pending else Decisions()
+            decisions = Decisions()
+            if snapshot.pending:
+                try:
+                    decisions = self.scheduler.decide(snapshot)
+                except InvalidRequest as exc:
+                    reason = f"the scheduling cycle refused this machine's state: {exc}"
+                    decisions.waiting = {w.id: reason for w in snapshot.pending}
             self._apply(decisions)
             return decisions
 
