@@ -132,6 +132,8 @@ class Runner:
         now = time.monotonic()
         for pid, deadline in list(self._kills.items()):
             if not self.group_alive(pid):
+                if pid not in self._children:
+                    del self._kills[pid]
                 continue
             if now >= deadline:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
