@@ -133,6 +133,13 @@ def test_list_filter_sort_and_paging(server: EmbeddedServer) -> None:
         assert [w["name"] for w in r.json()["workloads"]] == ["b-three"]
         r = c.get("/api/v1/workloads/workspaces", params={"filterBy": "projectName==p-list"})
         assert r.json()["workloads"] == []
+        r = c.get("/api/v1/workloads", params={
+            "filterBy": "projectName==p-list", "sortBy": "name", "fields": "phase,name",
+            "shape": "rows"})
+        assert r.json()["columns"] == ["phase", "name"]
+        assert [row[1] for row in r.json()["rows"]] == ["a-two", "b-three", "c-one"]
+        r = c.get("/api/v1/workloads", params={"fields": "name,colour"})
+        assert r.status_code == 422 and r.json()["message"].startswith("fields")
         r = c.get("/api/v1/workloads", params={"filterBy": "colour==red"})
         assert r.status_code == 422 and r.json()["message"].startswith("filterBy")
         r = c.get("/api/v1/workloads", params={"limit": 0})

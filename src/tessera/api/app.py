@@ -5,6 +5,7 @@ token. Errors are ``{code, message, details}``; a refused request changes nothin
 """
 
 
+import json
 import re
 import secrets
 from typing import Annotated, Any, Literal
@@ -183,6 +184,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         limit: int,
         search: str | None,
         fields: str | None = None,
+        shape: str = "objects",
     ) -> Response:
         wanted = None
         if fields:
@@ -206,13 +208,17 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
                 filters.append((m.group(1), m.group(2), m.group(3)))
         if kind is not None:
             filters.append(("type", "==", KINDS[kind]))
+        as_rows = shape == "rows"
+        if as_rows and not wanted:
+            wanted = list(BRIEF_KEYS)
         rows, total = backend.workloads_json(
-            filters, search, sortBy, sortOrder == "desc", offset, limit, wanted
+            filters, search, sortBy, sortOrder == "desc", offset, limit, wanted, as_rows
         )
         count = min(limit, max(total - offset, 0))
         nxt = offset + count if offset + count < total else None
         simulated = "true" if backend.cluster()["simulated"] else "false"
-        body = (f'{{"workloads":{rows},"total":{total},'
+        key = f'"columns":{json.dumps(wanted)},"rows"' if as_rows else '"workloads"'
+        body = (f'{{{key}:{rows},"total":{total},'
                 f'"next":{"null" if nxt is None else nxt},"simulated":{simulated}}}')
         return Response(content=body, media_type="application/json")
 
@@ -225,8 +231,10 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         search: Annotated[str | None, Query(max_length=200)] = None,
         fields: Annotated[str | None, Query(max_length=500, description="Keys to return")] = None,
+        shape: Annotated[Literal["objects", "rows"], Query(
+            description="rows: {columns, rows} with one array per workload")] = "objects",
     ) -> Response:
-        return _list(None, filterBy, sortBy, sortOrder, offset, limit, search, fields)
+        return _list(None, filterBy, sortBy, sortOrder, offset, limit, search, fields, shape)
 
     @api.get("/workloads/{kind}", tags=["workloads"])
     def list_kind(
@@ -238,8 +246,10 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         search: Annotated[str | None, Query(max_length=200)] = None,
         fields: Annotated[str | None, Query(max_length=500, description="Keys to return")] = None,
+        shape: Annotated[Literal["objects", "rows"], Query(
+            description="rows: {columns, rows} with one array per workload")] = "objects",
     ) -> Response:
-        return _list(kind, filterBy, sortBy, sortOrder, offset, limit, search, fields)
+        return _list(kind, filterBy, sortBy, sortOrder, offset, limit, search, fields, shape)
 
     @api.post("/workloads/{kind}", status_code=202, tags=["workloads"])
     def create_workload(kind: Kind, body: WorkloadCreate) -> dict[str, Any]:

@@ -78,9 +78,10 @@ class Backend(Protocol):
         offset: int,
         limit: int,
         fields: list[str] | None = None,
+        rows: bool = False,
     ) -> tuple[str, int]:
-        """One page of workloads as JSON array text (brief documents, or only ``fields``), and
-        the total matching.
+        """One page of workloads as JSON array text (brief documents, or only ``fields``; with
+        ``rows``, each workload an array of ``fields`` in that order), and the total matching.
 
         Text rather than dicts so a backend can build large listings without Python objects.
         """

@@ -437,8 +437,7 @@ def _find(client: Client, config: dict[str, Any], name: str, project: str | None
     return w
 
 
-TABLE_FIELDS = ("name,phase,createdAt,nodeName,gpuDevices,type,projectName,priorityClass,gpus,"
-                "workers,runningPods,simulated")
+TABLE_FIELDS = "name,phase,createdAt,nodeName,gpuDevices,type,projectName,priorityClass,gpus,workers,runningPods"
 
 
 def _list(kind: str | None, project: str | None, all_projects: bool, status: str | None,
@@ -456,15 +455,15 @@ def _list(kind: str | None, project: str | None, all_projects: bool, status: str
         filters.append(f"type=={kind}")
     if status:
         filters.append(f"phase=={status}")
-    rows: list[dict[str, Any]] = []
+    rows: list[Any] = []
     simulated = False
     offset = 0
     params: dict[str, Any] = {"filterBy": filters, "limit": 10000}
     if fmt == "table":
-        params["fields"] = TABLE_FIELDS
+        params.update(fields=TABLE_FIELDS, shape="rows")
     while True:
         page = client.get("/api/v1/workloads", params={**params, "offset": offset})
-        rows.extend(page["workloads"])
+        rows.extend(page["rows"] if fmt == "table" else page["workloads"])
         simulated = simulated or bool(page.get("simulated"))
         if page["next"] is None:
             break
@@ -475,13 +474,11 @@ def _list(kind: str | None, project: str | None, all_projects: bool, status: str
     now = time.time()
     table = []
     ages = render.Ages(now)
-    for w in rows:
-        g = w["gpus"]
+    for name, phase, created, node, devices, kind_, proj, pclass, g, workers, running in rows:
         table.append([
-            w["name"], w["phase"], ages(w["createdAt"]), w["nodeName"] or "-",
-            w["gpuDevices"] or "-", w["type"], w["projectName"], w["priorityClass"],
+            name, phase, ages(created), node or "-", devices or "-", kind_, proj, pclass,
             f"{g['allocated']:.2f} ({g['requested']:.2f})",
-            f"{w['runningPods']} ({w['workers'] - w['runningPods'] if w['phase'] == 'Pending' else 0})",
+            f"{running} ({workers - running if phase == 'Pending' else 0})",
         ])
     out = [f"Showing workloads for {scope}"
            + (" — GPUs are SIMULATED (no NVIDIA driver here)" if simulated else "")]

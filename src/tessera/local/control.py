@@ -717,9 +717,11 @@ class LocalBackend:
         offset: int,
         limit: int,
         fields: list[str] | None = None,
+        rows: bool = False,
     ) -> tuple[str, int]:
         return self.store.list_json(
-            filters, search, sort_by, descending, offset, limit, self.machine.simulated, fields
+            filters, search, sort_by, descending, offset, limit, self.machine.simulated, fields,
+            rows,
         )
 
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:

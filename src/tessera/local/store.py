@@ -101,10 +101,15 @@ BRIEF_FIELDS: dict[str, str] = {
 """Keys of a workload in a listing and the SQL that computes each (SQLite builds the JSON)."""
 
 
-def _brief_json(fields: Sequence[str] | None, simulated: bool) -> str:
-    keys = list(BRIEF_FIELDS) if not fields else [k for k in BRIEF_FIELDS if k in fields]
-    parts = ", ".join(f"'{k}', {BRIEF_FIELDS[k]}" for k in keys)
-    return f"json_object({parts})".replace("$SIMULATED", "'true'" if simulated else "'false'")
+def _brief_json(fields: Sequence[str] | None, simulated: bool, rows: bool = False) -> str:
+    """SQL for one listed workload: an object, or (``rows``) an array in the order of ``fields``."""
+    if rows:
+        keys = list(fields or BRIEF_FIELDS)
+        expr = f"json_array({', '.join(BRIEF_FIELDS[k] for k in keys)})"
+    else:
+        keys = list(BRIEF_FIELDS) if not fields else [k for k in BRIEF_FIELDS if k in fields]
+        expr = f"json_object({', '.join(f'{chr(39)}{k}{chr(39)}, {BRIEF_FIELDS[k]}' for k in keys)})"
+    return expr.replace("$SIMULATED", "'true'" if simulated else "'false'")
 
 
 WORKLOAD_COLUMNS = (
@@ -430,11 +435,13 @@ class Store:
         limit: int = 50,
         simulated: bool = False,
         fields: Sequence[str] | None = None,
+        rows_shape: bool = False,
     ) -> tuple[str, int]:
         """The listing as a JSON array, built by SQLite (json_object) so thousands of rows cost
-        milliseconds. Same documents as ``LocalBackend.workload_dict(brief=True)``."""
+        milliseconds. Same documents as ``LocalBackend.workload_dict(brief=True)``; with
+        ``rows_shape`` each workload is an array of ``fields`` in that order."""
         rows, total = self._list(
-            (_brief_json(fields, simulated),),
+            (_brief_json(fields, simulated, rows_shape),),
             filters, search, sort_by, descending, offset, limit,
         )
         return "[" + ",".join(r[0] for r in rows) + "]", total
