@@ -1,0 +1,73 @@
+"""``python -m tessera.kube.admission`` / ``tessera-webhook``: serve the admission webhook."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from tessera.kube.admission.policy import WebhookConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    d = WebhookConfig()
+    p = argparse.ArgumentParser(prog="tessera-webhook", description=__doc__)
+    p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster service account)")
+    p.add_argument("--cert", required=True, help="TLS certificate (PEM)")
+    p.add_argument("--key", required=True, help="TLS private key (PEM)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8443, help="0 picks a free port")
+    p.add_argument("--scheduler-name", default=d.scheduler_name)
+    p.add_argument("--scheduler-user", default=d.scheduler_user,
+                   help="the scheduler's username; the only one that may change tessera's "
+                        "annotations on a pod")
+    p.add_argument("--library-host-dir", default=d.library_host_dir)
+    p.add_argument("--library-mount", default=d.library_mount)
+    p.add_argument("--preload-host-file", default=d.preload_host_file)
+    p.add_argument("--default-project", default=None,
+                   help="project for pods in namespaces no Project owns (default: refuse them)")
+    p.add_argument("--ready-file", help="write the bound port here once serving")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = WebhookConfig(
+        scheduler_name=args.scheduler_name, scheduler_user=args.scheduler_user,
+        library_host_dir=args.library_host_dir, library_mount=args.library_mount,
+        preload_host_file=args.preload_host_file, default_project=args.default_project or None,
+    )
+    return asyncio.run(_run(args, config))
+
+
+async def _run(args: argparse.Namespace, config: WebhookConfig) -> int:
+    from lightkube import AsyncClient, KubeConfig
+
+    from tessera.kube.admission.server import serve
+
+    kc = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else KubeConfig.from_env()
+    client = AsyncClient(kc)
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, main_task.cancel)
+
+    def ready(port: int) -> None:
+        if args.ready_file:
+            with open(args.ready_file, "w") as f:
+                f.write(str(port))
+
+    try:
+        await serve(host=args.host, port=args.port, certfile=args.cert, keyfile=args.key,
+                    config=config, client=client, ready=ready)
+    except asyncio.CancelledError:
+        return 0
+    finally:
+        await client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

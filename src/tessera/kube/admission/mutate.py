@@ -1,0 +1,153 @@
+"""The mutating webhook: a GPU pod in any spelling becomes a canonical, isolated tessera pod.
+
+A share pod gets ``schedulerName: tessera``, the canonical annotations, its project, the name of
+its per-pod ConfigMap (``tessera.io/gpu-configmap``, chosen here because a pod created with
+``generateName`` has no name yet when mutating webhooks run), and on the GPU container:
+
+- ``NVIDIA_VISIBLE_DEVICES`` and ``TESSERA_GPU_MEMORY_LIMIT`` from that ConfigMap
+  (``configMapKeyRef``, not optional: the container cannot start before the scheduler wrote it);
+- the isolation library from the node (hostPath the node agent fills), preloaded by a file
+  mounted over ``/etc/ld.so.preload``; an empty read-only ``/etc/tessera`` and a per-pod
+  ``/run/tessera`` for the shared accounting region.
+
+Every other container gets ``NVIDIA_VISIBLE_DEVICES=void`` (a CUDA image would otherwise see
+every GPU of the node through the NVIDIA runtime).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import secrets
+import string
+from collections.abc import Mapping
+from typing import Any
+
+from tessera.core.errors import InvalidRequest
+from tessera.kube import names
+from tessera.kube.admission import policy
+from tessera.kube.admission import spellings as sp
+from tessera.kube.admission.policy import ClusterView, WebhookConfig
+
+_ALPHABET = string.ascii_lowercase + string.digits
+_CM_SUFFIX_LEN = 8
+
+
+def configmap_name(pod: Mapping[str, Any]) -> str:
+    """``<pod name or generateName>-gpu-<random>``: unique, and not guessable in advance (so
+    nobody can create the ConfigMap before the scheduler does)."""
+    meta = pod.get("metadata") or {}
+    base = str(meta.get("name") or meta.get("generateName") or "pod")
+    base = re.sub(r"[^a-z0-9.-]", "-", base.lower()).strip("-.")[:200] or "pod"
+    suffix = "".join(secrets.choice(_ALPHABET) for _ in range(_CM_SUFFIX_LEN))
+    return f"{base}-gpu-{suffix}"
+
+
+def _set_env(container: dict[str, Any], entries: list[dict[str, Any]]) -> None:
+    names_ = {e["name"] for e in entries}
+    env = [e for e in container.get("env") or [] if e.get("name") not in names_]
+    container["env"] = env + entries
+
+
+def _share_container(container: dict[str, Any], cm: str, t: sp.Translation,
+                     config: WebhookConfig) -> None:
+    entries: list[dict[str, Any]] = [
+        {"name": key, "valueFrom": {"configMapKeyRef": {"name": cm, "key": key}}}
+        for key in (*policy.CONFIGMAP_KEYS, *t.configmap_env)
+    ]
+    entries.append({"name": policy.REGION_ENV, "value": f"{policy.REGION_DIR}/gpu-usage.region"})
+    entries += [{"name": k, "value": v} for k, v in t.static_env.items()]
+    _set_env(container, entries)
+    mounts = list(container.get("volumeMounts") or [])
+    mounts += [
+        {"name": policy.LIBRARY_VOLUME, "mountPath": config.library_mount, "readOnly": True},
+        {"name": policy.PRELOAD_VOLUME, "mountPath": policy.PRELOAD_PATH, "readOnly": True},
+        {"name": policy.STATE_VOLUME, "mountPath": policy.REGION_DIR, "subPath": "run"},
+        {"name": policy.STATE_VOLUME, "mountPath": policy.CONFIG_DIR, "subPath": "etc",
+         "readOnly": True},
+    ]
+    container["volumeMounts"] = mounts
+    for ref, key in t.drop_resources:
+        del ref  # the container is this one (one cGPU container per pod)
+        res = container.get("resources") or {}
+        for part in ("limits", "requests"):
+            if key in (res.get(part) or {}):
+                del res[part][key]
+                if not res[part]:
+                    del res[part]
+
+
+def _volumes(config: WebhookConfig) -> list[dict[str, Any]]:
+    return [
+        {"name": policy.LIBRARY_VOLUME,
+         "hostPath": {"path": config.library_host_dir, "type": "Directory"}},
+        {"name": policy.PRELOAD_VOLUME,
+         "hostPath": {"path": config.preload_host_file, "type": "File"}},
+        {"name": policy.STATE_VOLUME, "emptyDir": {}},
+    ]
+
+
+def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
+            config: WebhookConfig) -> dict[str, Any] | None:
+    """The pod as tessera stores it, or None when tessera leaves it alone (no GPU share and
+    not scheduled by tessera). Raises InvalidRequest naming the field it refuses."""
+    policy.check_user_fields(pod)
+    t = sp.translate(pod)
+    spec_in = pod.get("spec") or {}
+    scheduler = spec_in.get("schedulerName") or ""
+    if t.spelling == sp.NONE and scheduler != config.scheduler_name:
+        return None
+    if not view.synced():
+        raise InvalidRequest("tessera-webhook", "is starting (node and project caches not "
+                             "synced yet); retry in a few seconds")
+    if t.shared:
+        policy.check_privileged(pod)
+    policy.check_cluster(t.request, view, t.renamed)
+    if scheduler != config.scheduler_name and scheduler not in config.replaceable_schedulers:
+        raise InvalidRequest("spec.schedulerName", f"a GPU-share pod is scheduled by "
+                             f"{config.scheduler_name}, not another scheduler", scheduler)
+    project = policy.project_for(namespace, view, config)
+    given = ((pod.get("metadata") or {}).get("annotations") or {}).get(names.PROJECT)
+    if given is not None and given != project:
+        raise InvalidRequest(sp.annotation_field(names.PROJECT), f"is set from the namespace: "
+                             f"{namespace} belongs to project {project}", given)
+
+    out = copy.deepcopy(dict(pod))
+    meta = out.setdefault("metadata", {})
+    ann = meta.get("annotations") or {}
+    meta["annotations"] = ann
+    ann.update(t.annotations)
+    ann[names.PROJECT] = project
+    spec = out.setdefault("spec", {})
+    spec["schedulerName"] = config.scheduler_name
+    cm = configmap_name(pod) if t.shared else None
+    if cm is not None:
+        ann[names.CONFIGMAP] = cm
+        spec["volumes"] = list(spec.get("volumes") or []) + _volumes(config)
+    for kind in ("containers", "initContainers"):
+        for i, c in enumerate(spec.get(kind) or []):
+            if t.container is not None and (kind, i) == (t.container.kind, t.container.index):
+                assert cm is not None
+                _share_container(c, cm, t, config)
+                continue
+            has_whole = names.GPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})
+            present, _ = sp.env_value(c, policy.VISIBLE_DEVICES)
+            if not has_whole and not present:
+                _set_env(c, [{"name": policy.VISIBLE_DEVICES, "value": "void"}])
+    policy.check_final(out, namespace, view, config)
+    return out
+
+
+def json_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch (RFC 6902) replacing each changed metadata/spec field as a whole."""
+    ops: list[dict[str, Any]] = []
+    for section in ("metadata", "spec"):
+        old, new = before.get(section) or {}, after.get(section) or {}
+        for key, value in new.items():
+            if old.get(key) != value:
+                ops.append({"op": "add", "path": f"/{section}/{_escape(key)}", "value": value})
+    return ops
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")

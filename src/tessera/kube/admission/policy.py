@@ -1,0 +1,240 @@
+"""The webhook's settings and the rules it enforces on every GPU pod, as pure functions.
+
+Both webhooks call :func:`check_final` on the pod as it will be stored, so the mutating webhook
+never lets through a pod the validating one would refuse; spelling errors are refused by the
+mutating webhook (:mod:`.spellings`), before anything is translated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuKind, GpuRequest, Node
+from tessera.core.requests import check_against_cluster
+from tessera.kube import names
+from tessera.kube.admission import spellings as sp
+from tessera.kube.podspec import containers_of, gpu_request
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+NO_DEVICES = ("void", "none")
+LIMIT_ENV = "TESSERA_GPU_MEMORY_LIMIT"
+REGION_ENV = "TESSERA_GPU_SHARED_REGION"
+CONFIG_ENV = "TESSERA_GPU_CONFIG"
+CONFIGMAP_KEYS = (VISIBLE_DEVICES, LIMIT_ENV)
+"""Keys of the per-pod ConfigMap (written by the scheduler) that every share container reads."""
+RESERVED_ENV_PREFIX = "TESSERA_GPU_"
+
+PLACEMENT_ANNOTATIONS = (names.PLACEMENT, names.CONFIGMAP, names.GPU_UUID)
+"""Written only by tessera (the webhook picks the ConfigMap name, the scheduler the rest)."""
+REQUEST_ANNOTATIONS = (
+    *sp.CANONICAL_ANNOTATIONS, *sp.RUNAI_ANNOTATIONS, names.GPU_MODEL, names.PROJECT,
+)
+PROTECTED_LABELS = (sp.ALIYUN_GPU_COUNT,)
+
+# Volumes the webhook adds to a share pod.
+LIBRARY_VOLUME = "tessera-isolation"
+PRELOAD_VOLUME = "tessera-ld-so-preload"
+STATE_VOLUME = "tessera-gpu-state"
+PRELOAD_PATH = "/etc/ld.so.preload"
+REGION_DIR = "/run/tessera"
+CONFIG_DIR = "/etc/tessera"
+"""Mounted empty and read-only over the image's /etc/tessera: a default isolation config file
+shipped in an image would otherwise override the limits."""
+
+REPLACEABLE_SCHEDULERS = frozenset({"", "default-scheduler", "runai-scheduler", "kai-scheduler"})
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    scheduler_name: str = names.SCHEDULER_NAME
+    scheduler_user: str = (
+        f"system:serviceaccount:{names.SYSTEM_NAMESPACE}:{names.COMPONENT}"
+    )
+    """The scheduler's identity: the only user that may change tessera's annotations."""
+    library_host_dir: str = "/var/lib/tessera/isolation"
+    """hostPath the node agent fills with the isolation library (``libtessera-cuda.so``)."""
+    library_mount: str = "/usr/local/tessera"
+    preload_host_file: str = "/var/lib/tessera/isolation/ld.so.preload"
+    """hostPath file (written by the node agent) naming the library; mounted over
+    /etc/ld.so.preload."""
+    default_project: str | None = None
+    """Project for pods in a namespace no Project owns; None refuses them."""
+    replaceable_schedulers: frozenset[str] = REPLACEABLE_SCHEDULERS
+
+
+@dataclass
+class ClusterView:
+    """What the webhook knows of the cluster (from its informers)."""
+
+    nodes: Callable[[], Iterable[Node]]
+    project_of: Callable[[str], str | None]
+    """Namespace -> the Project owning it (Project.spec.namespace)."""
+    synced: Callable[[], bool] = field(default=lambda: True)
+
+
+def refuse(field_: str, rule: str, value: object = None) -> InvalidRequest:
+    return InvalidRequest(field_, rule, value)
+
+
+def containers_with_refs(pod: Mapping[str, Any]
+                         ) -> list[tuple[sp.ContainerRef, Mapping[str, Any]]]:
+    return sp._all_containers(pod.get("spec") or {})
+
+
+def check_user_fields(pod: Mapping[str, Any]) -> None:
+    """Rules on the pod as the user wrote it: tessera's placement annotations, device and
+    isolation env are tessera's to write."""
+    ann = ((pod.get("metadata") or {}).get("annotations") or {})
+    for key in PLACEMENT_ANNOTATIONS:
+        if key in ann:
+            raise refuse(sp.annotation_field(key),
+                         "is written by tessera only; users cannot pick devices or limits", ann[key])
+    for ref, c in containers_with_refs(pod):
+        for e in c.get("env") or []:
+            name = str(e.get("name", ""))
+            where = f"{ref.path}.env[{name}]"
+            if name == VISIBLE_DEVICES:
+                if e.get("valueFrom") is not None or str(e.get("value", "")) not in NO_DEVICES:
+                    raise refuse(where, "may only be void or none: tessera gives GPUs to "
+                                 "containers (a GPU share or nvidia.com/gpu limits)",
+                                 e.get("value", "valueFrom"))
+            elif name.startswith(RESERVED_ENV_PREFIX):
+                raise refuse(where, "is set by tessera (GPU isolation settings)", e.get("value"))
+
+
+def check_privileged(pod: Mapping[str, Any]) -> None:
+    for ref, c in containers_with_refs(pod):
+        if ((c.get("securityContext") or {}).get("privileged")) is True:
+            raise refuse(f"{ref.path}.securityContext.privileged",
+                         "must not be true in a pod with a GPU share: a privileged container "
+                         "sees every GPU and escapes isolation", True)
+
+
+def check_cluster(request: GpuRequest, view: ClusterView,
+                  rename: Callable[[InvalidRequest], InvalidRequest]) -> None:
+    try:
+        check_against_cluster(request, view.nodes())
+    except InvalidRequest as exc:
+        raise rename(exc) from None
+
+
+def project_for(namespace: str, view: ClusterView, config: WebhookConfig) -> str:
+    project = view.project_of(namespace) or config.default_project
+    if not project:
+        raise refuse("metadata.namespace",
+                     f"namespace {namespace} belongs to no tessera Project (no Project has "
+                     f"spec.namespace: {namespace}); ask an admin to create one", namespace)
+    return project
+
+
+def asks_for_gpu(pod: Mapping[str, Any], config: WebhookConfig) -> bool:
+    """Whether tessera handles this pod: any share spelling, or scheduled by tessera."""
+    return bool(sp.detect(pod)) or (pod.get("spec") or {}).get(
+        "schedulerName") == config.scheduler_name
+
+
+def _env_ref(entry: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if not entry:
+        return None
+    return ((entry.get("valueFrom") or {}).get("configMapKeyRef")) or None
+
+
+def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
+                config: WebhookConfig) -> GpuRequest:
+    """Invariants of a GPU pod as it will be stored (after mutation). Returns its request."""
+    meta = pod.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    spec = pod.get("spec") or {}
+    try:
+        request = gpu_request(ann, containers_of(spec))
+    except InvalidRequest as exc:
+        raise refuse(sp.annotation_field(exc.field) if exc.field.startswith("tessera.io/")
+                     else exc.field, exc.rule, exc.value) from None
+    shared = request.kind in (GpuKind.PORTION, GpuKind.MEMORY)
+    for ref, c in containers_with_refs(pod):
+        if sp.ALIYUN_GPU_MEM in ((c.get("resources") or {}).get("limits") or {}):
+            raise refuse(f"{ref.path}.resources.limits[{sp.ALIYUN_GPU_MEM}]",
+                         "is translated by tessera's mutating webhook and must not reach a node")
+    if sp.RUNAI in sp.detect(pod):
+        runai = sp._runai(pod)
+        for key, value in runai.annotations.items():
+            if ann.get(key) != value:
+                raise refuse(runai.sources.get(key, sp.annotation_field(key)),
+                             f"disagrees with {key}={ann.get(key)!r}: use one spelling per pod")
+    if spec.get("schedulerName") != config.scheduler_name:
+        raise refuse("spec.schedulerName", f"a GPU pod is scheduled by {config.scheduler_name}",
+                     spec.get("schedulerName"))
+    project = project_for(namespace, view, config)
+    if ann.get(names.PROJECT) != project:
+        raise refuse(sp.annotation_field(names.PROJECT),
+                     f"is set from the namespace: {namespace} belongs to project {project}",
+                     ann.get(names.PROJECT))
+    gpu_container = None
+    configmap = ann.get(names.CONFIGMAP)
+    if shared:
+        check_privileged(pod)
+        gpu_container = sp._pick_container(pod, ann.get(sp.GPU_CONTAINER),
+                                           sp.annotation_field(sp.GPU_CONTAINER))
+        if not configmap:
+            raise refuse(sp.annotation_field(names.CONFIGMAP),
+                         "is missing: a GPU share needs its ConfigMap (set by the mutating webhook)")
+    elif configmap is not None:
+        raise refuse(sp.annotation_field(names.CONFIGMAP), "is only for GPU-share pods", configmap)
+    for ref, c in containers_with_refs(pod):
+        env = {str(e.get("name")): e for e in c.get("env") or []}
+        where = f"{ref.path}.env[{VISIBLE_DEVICES}]"
+        if ref == gpu_container:
+            for key in CONFIGMAP_KEYS:
+                got = _env_ref(env.get(key))
+                if not got or got.get("name") != configmap or got.get("key") != key \
+                        or got.get("optional"):
+                    raise refuse(f"{ref.path}.env[{key}]",
+                                 f"must come from the pod's ConfigMap {configmap} (key {key})")
+            mounts = {m.get("mountPath"): m for m in c.get("volumeMounts") or []}
+            preload = mounts.get(PRELOAD_PATH)
+            if not preload or preload.get("name") != PRELOAD_VOLUME:
+                raise refuse(f"{ref.path}.volumeMounts[{PRELOAD_PATH}]",
+                             "must preload tessera's isolation library (no share without isolation)")
+            if CONFIG_ENV in env:
+                raise refuse(f"{ref.path}.env[{CONFIG_ENV}]", "is set by tessera only")
+            continue
+        entry = env.get(VISIBLE_DEVICES)
+        has_whole = names.GPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})
+        if has_whole and entry is None:
+            continue
+        if entry is None or entry.get("valueFrom") is not None \
+                or str(entry.get("value", "")) not in NO_DEVICES:
+            raise refuse(where, "must be void or none on a container without a GPU",
+                         None if entry is None else entry.get("value", "valueFrom"))
+        for name in env:
+            if name.startswith(RESERVED_ENV_PREFIX):
+                raise refuse(f"{ref.path}.env[{name}]", "is set by tessera only")
+    if request.kind is not GpuKind.NONE:
+        check_cluster(request, view, lambda e: refuse(
+            sp.annotation_field({"gpu_devices": names.GPU_DEVICES,
+                                 "gpu_memory": names.GPU_MEMORY,
+                                 "gpu_model": names.GPU_MODEL}.get(e.field, e.field)),
+            e.rule, e.value))
+    return request
+
+
+def check_update(old: Mapping[str, Any], new: Mapping[str, Any], user: str,
+                 config: WebhookConfig) -> None:
+    """After creation only the scheduler changes tessera's annotations or a pod's request."""
+    if user == config.scheduler_user:
+        return
+    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
+    old_ann, new_ann = old_meta.get("annotations") or {}, new_meta.get("annotations") or {}
+    for key in (*PLACEMENT_ANNOTATIONS, *REQUEST_ANNOTATIONS):
+        if old_ann.get(key) != new_ann.get(key):
+            raise refuse(sp.annotation_field(key),
+                         "cannot be changed after the pod is created (only tessera's scheduler "
+                         "writes it)", new_ann.get(key))
+    old_labels, new_labels = old_meta.get("labels") or {}, new_meta.get("labels") or {}
+    for key in PROTECTED_LABELS:
+        if old_labels.get(key) != new_labels.get(key):
+            raise refuse(sp.label_field(key), "cannot be changed after the pod is created",
+                         new_labels.get(key))

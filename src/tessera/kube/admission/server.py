@@ -1,0 +1,216 @@
+"""The HTTPS server: a small ASGI app (``/mutate``, ``/validate``, ``/healthz``, ``/readyz``)
+served by uvicorn with TLS, plus the informers that keep nodes and projects in memory."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import Node
+from tessera.kube.admission import mutate, policy
+from tessera.kube.admission.policy import ClusterView, WebhookConfig
+
+log = logging.getLogger("tessera.webhook")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _response(uid: str, *, allowed: bool, message: str = "",
+              patch: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    resp: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        resp["status"] = {"code": 400, "reason": "BadRequest", "message": message}
+    if patch:
+        resp["patchType"] = "JSONPatch"
+        resp["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
+
+
+def review_mutate(request: dict[str, Any], view: ClusterView,
+                  config: WebhookConfig) -> dict[str, Any]:
+    uid = request.get("uid", "")
+    if request.get("operation") != "CREATE" or request.get("kind", {}).get("kind") != "Pod":
+        return _response(uid, allowed=True)
+    pod = request.get("object") or {}
+    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
+    try:
+        out = mutate.mutated(pod, namespace, view, config)
+    except InvalidRequest as exc:
+        return _response(uid, allowed=False, message=str(exc))
+    if out is None:
+        return _response(uid, allowed=True)
+    return _response(uid, allowed=True, patch=mutate.json_patch(pod, out))
+
+
+def review_validate(request: dict[str, Any], view: ClusterView,
+                    config: WebhookConfig) -> dict[str, Any]:
+    uid = request.get("uid", "")
+    if request.get("kind", {}).get("kind") != "Pod":
+        return _response(uid, allowed=True)
+    pod = request.get("object") or {}
+    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
+    try:
+        if request.get("operation") == "UPDATE":
+            user = (request.get("userInfo") or {}).get("username", "")
+            policy.check_update(request.get("oldObject") or {}, pod, user, config)
+        elif request.get("operation") == "CREATE":
+            if not policy.asks_for_gpu(pod, config):
+                policy.check_user_fields(pod)
+            else:
+                if not view.synced():
+                    raise InvalidRequest("tessera-webhook", "is starting (caches not synced "
+                                         "yet); retry in a few seconds")
+                policy.check_final(pod, namespace, view, config)
+    except InvalidRequest as exc:
+        return _response(uid, allowed=False, message=str(exc))
+    return _response(uid, allowed=True)
+
+
+@dataclass
+class WebhookApp:
+    """ASGI app. ``view`` is read on every request; it is filled by the informers."""
+
+    view: ClusterView
+    config: WebhookConfig
+    latencies: list[float] = field(default_factory=list)
+    record_latency: bool = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if method == "GET" and path == "/healthz":
+            await self._send(send, 200, b"ok", "text/plain")
+            return
+        if method == "GET" and path == "/readyz":
+            ready = self.view.synced()
+            await self._send(send, 200 if ready else 503, b"ok" if ready else b"caches not synced",
+                             "text/plain")
+            return
+        if method != "POST" or path not in ("/mutate", "/validate"):
+            await self._send(send, 404, b"not found", "text/plain")
+            return
+        t0 = time.perf_counter()
+        body = bytearray()
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        try:
+            review = json.loads(body)
+            request = review["request"]
+        except (ValueError, KeyError, TypeError):
+            await self._send(send, 400, b"expected an AdmissionReview v1", "text/plain")
+            return
+        handler = review_mutate if path == "/mutate" else review_validate
+        try:
+            out = handler(request, self.view, self.config)
+        except Exception:  # a bug must refuse (fail closed), never admit unchecked
+            log.exception("admission review failed")
+            out = _response(request.get("uid", ""), allowed=False,
+                            message="tessera-webhook: internal error (see the webhook's log)")
+        if not out["response"]["allowed"]:
+            log.info("%s %s/%s refused: %s", path, request.get("namespace"),
+                     (request.get("object") or {}).get("metadata", {}).get("name")
+                     or request.get("name"), out["response"]["status"]["message"])
+        await self._send(send, 200, json.dumps(out).encode(), "application/json")
+        if self.record_latency:
+            self.latencies.append(time.perf_counter() - t0)
+
+    @staticmethod
+    async def _send(send: Send, status: int, body: bytes, ctype: str) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype.encode()),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class InformerView:
+    """A ClusterView over the scheduler's informers for Nodes and Projects."""
+
+    def __init__(self, client: Any) -> None:
+        from lightkube.resources.core_v1 import Node as NodeResource
+
+        from tessera.kube.informer import Informer
+        from tessera.kube.objects import ProjectResource, node_info, project_info
+
+        def noop(*_: object) -> None:
+            return None
+
+        def by_name(obj: Any) -> str:
+            return str(obj.metadata.name)
+
+        self.nodes_informer: Any = Informer(client, NodeResource, by_name, node_info, noop,
+                                            name="nodes")
+        self.projects_informer: Any = Informer(client, ProjectResource, by_name, project_info,
+                                               noop, name="projects")
+        self._namespaces: dict[str, str] = {}
+        self._nodes: list[Node] = []
+        self._version = (-1, -1)
+
+    def tasks(self) -> list[Awaitable[None]]:
+        return [self.nodes_informer.run(), self.projects_informer.run()]
+
+    def synced(self) -> bool:
+        return bool(self.nodes_informer.synced.is_set() and self.projects_informer.synced.is_set())
+
+    def nodes(self) -> Iterable[Node]:
+        return [n.node for n in self.nodes_informer.items.values() if n.node is not None]
+
+    def project_of(self, namespace: str) -> str | None:
+        for p in self.projects_informer.items.values():
+            if p.namespace == namespace:
+                return str(p.name)
+        return None
+
+    def as_view(self) -> ClusterView:
+        return ClusterView(nodes=self.nodes, project_of=self.project_of, synced=self.synced)
+
+
+async def serve(*, host: str, port: int, certfile: str, keyfile: str, config: WebhookConfig,
+                client: Any, ready: Callable[[int], None] | None = None) -> None:
+    """Run the informers and the HTTPS server until cancelled."""
+    import uvicorn
+
+    informers = InformerView(client)
+    app = WebhookApp(informers.as_view(), config)
+    uv = uvicorn.Config(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile,
+                        log_level="warning", access_log=False, lifespan="on",
+                        timeout_keep_alive=60)
+    server = uvicorn.Server(uv)
+    tasks = [asyncio.ensure_future(t) for t in informers.tasks()]
+    try:
+        serving = asyncio.ensure_future(server.serve())
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.02)
+        if serving.done():
+            serving.result()
+        bound = port
+        for s in server.servers:
+            for sock in s.sockets:
+                bound = sock.getsockname()[1]
+        log.info("tessera-webhook listening on https://%s:%d", host, bound)
+        if ready:
+            ready(bound)
+        await serving
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -1,0 +1,268 @@
+"""Writing decisions to the API server: reservation pods, per-pod ConfigMaps, bindings,
+evictions, Events, pod conditions and Project status.
+
+Every write goes through ``with_backoff`` (409, 429, 5xx and connection errors are retried) and
+a semaphore that bounds how many requests are in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from lightkube import ApiError, AsyncClient, codecs
+from lightkube.models.core_v1 import (
+    Container,
+    ObjectReference,
+    PodSpec,
+    ResourceRequirements,
+    Toleration,
+)
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.core_v1 import ConfigMap, Pod, PodBinding
+from lightkube.types import PatchType
+
+from tessera.core.state import Placement
+from tessera.kube import names
+from tessera.kube.objects import PodInfo, ProjectResource, placement_to_json
+from tessera.kube.retry import status_code, with_backoff
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def dns_name(base: str, limit: int = 253) -> str:
+    """``base`` if it is a short enough name, else a prefix plus a hash (stable)."""
+    if len(base) <= limit:
+        return base
+    digest = hashlib.sha256(base.encode()).hexdigest()[:10]
+    return f"{base[: limit - 11].rstrip('-.')}-{digest}"
+
+
+def reservation_name(node: str, device: int) -> str:
+    return dns_name(f"tessera-gpu-{node}-{device}")
+
+
+def configmap_name(pod: str) -> str:
+    return dns_name(f"{pod}-tessera-gpu")
+
+
+class Writer:
+    def __init__(self, client: AsyncClient, *, concurrency: int = 32,
+                 system_namespace: str = names.SYSTEM_NAMESPACE,
+                 reservation_image: str = "registry.k8s.io/pause:3.10") -> None:
+        self.client = client
+        self.sem = asyncio.Semaphore(concurrency)
+        self.system_namespace = system_namespace
+        self.reservation_image = reservation_image
+        self.calls = 0
+
+    async def _call(self, what: str, op: Any, **kw: Any) -> Any:
+        async def once() -> Any:
+            async with self.sem:
+                self.calls += 1
+                return await op()
+
+        return await with_backoff(what, once, **kw)
+
+    # ---- reservation pods ----------------------------------------------------------------
+    async def create_reservation(self, node: str, device: int) -> None:
+        name = reservation_name(node, device)
+        pod = Pod(
+            metadata=ObjectMeta(
+                name=name,
+                namespace=self.system_namespace,
+                labels={
+                    names.RESERVATION_LABEL: "true",
+                    names.RESERVATION_DEVICE: str(device),
+                    names.MANAGED_BY: "tessera",
+                },
+                annotations={names.RESERVATION_NODE: node},
+            ),
+            spec=PodSpec(
+                nodeName=node,
+                schedulerName=names.SCHEDULER_NAME,
+                automountServiceAccountToken=False,
+                terminationGracePeriodSeconds=0,
+                tolerations=[Toleration(operator="Exists")],
+                containers=[Container(
+                    name="reserve",
+                    image=self.reservation_image,
+                    resources=ResourceRequirements(
+                        requests={names.GPU_RESOURCE: "1", "cpu": "1m", "memory": "4Mi"},
+                        limits={names.GPU_RESOURCE: "1"},
+                    ),
+                )],
+            ),
+        )
+
+        async def op() -> None:
+            try:
+                await self.client.create(pod)
+            except ApiError as exc:
+                if exc.status.code != 409:  # already there: another attempt or a former life
+                    raise
+
+        await self._call(f"create reservation {name}", op)
+
+    async def delete_reservation(self, res: PodInfo, reason: str) -> None:
+        log.info("deleting reservation pod %s: %s", res.name, reason)
+        await self.delete_pod(res.namespace, res.name)
+
+    # ---- per-pod ConfigMap -----------------------------------------------------------------
+    def configmap_data(self, placement: Placement, uuids: list[str], device_memory: list[int]
+                       ) -> dict[str, str]:
+        portions = [f"{r / m:.4f}".rstrip("0").rstrip(".") for r, m in
+                    zip(placement.request_bytes, device_memory, strict=True)]
+        return {
+            "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
+            "TESSERA_GPU_UUIDS": ",".join(uuids),
+            "TESSERA_GPU_DEVICE_INDICES": ",".join(str(d) for d in placement.devices),
+            "TESSERA_GPU_MEMORY_REQUEST": ",".join(str(b) for b in placement.request_bytes),
+            "TESSERA_GPU_MEMORY_LIMIT": ",".join(str(b) for b in placement.limit_bytes),
+            "TESSERA_GPU_PORTION": ",".join(portions),
+            "TESSERA_ISOLATION": "on",
+            "TESSERA_NODE": placement.node,
+        }
+
+    async def write_configmap(self, pod: PodInfo, data: dict[str, str]) -> str:
+        name = configmap_name(pod.name)
+        labels = {names.MANAGED_BY: "tessera"}
+        if len(pod.name) <= 63:
+            labels[names.CONFIGMAP_POD] = pod.name
+        meta = ObjectMeta(
+            name=name, namespace=pod.namespace, labels=labels,
+            annotations={names.CONFIGMAP_POD: pod.name},
+            ownerReferences=[OwnerReference(apiVersion="v1", kind="Pod", name=pod.name,
+                                            uid=pod.uid)],
+        )
+
+        async def op() -> None:
+            try:
+                await self.client.create(ConfigMap(metadata=meta, data=data))
+                return
+            except ApiError as exc:
+                if exc.status.code != 409:
+                    raise
+            # A ConfigMap of that name exists (left from a former attempt, or anyone's):
+            # take it over with our data, guarded by its resourceVersion (409 -> retry).
+            current = await self.client.get(ConfigMap, name, namespace=pod.namespace)
+            assert current.metadata is not None
+            meta.resourceVersion = current.metadata.resourceVersion
+            await self.client.replace(ConfigMap(metadata=meta, data=data))
+
+        await self._call(f"configmap {pod.namespace}/{name}", op)
+        return name
+
+    async def delete_configmap(self, namespace: str, name: str) -> None:
+        async def op() -> None:
+            try:
+                await self.client.delete(ConfigMap, name, namespace=namespace)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+
+        await self._call(f"delete configmap {namespace}/{name}", op)
+
+    # ---- binding -----------------------------------------------------------------------------
+    async def bind(self, pod: PodInfo, placement: Placement, annotations: dict[str, str]) -> None:
+        """POST pods/<name>/binding; the Binding's annotations are written onto the pod in the
+        same request, so node and recorded placement appear together."""
+        annotations = {**annotations, names.PLACEMENT: placement_to_json(placement)}
+        binding = PodBinding(
+            metadata=ObjectMeta(name=pod.name, namespace=pod.namespace, annotations=annotations,
+                                uid=pod.uid or None),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=placement.node),
+        )
+
+        async def op() -> None:
+            # lightkube 1.0.1 decodes the reply (a Status) as a Binding and fails: the binding
+            # itself succeeded when the API server answered 201.
+            with contextlib.suppress(msgspec.ValidationError):
+                await self.client.create(binding, pod.name, namespace=pod.namespace)
+
+        def retry(exc: BaseException) -> bool:
+            # 409 on a binding means "already bound": retrying cannot help.
+            code = status_code(exc)
+            return code in (429, 500, 502, 503, 504) or (
+                code is None and not isinstance(exc, msgspec.ValidationError))
+
+        await self._call(f"bind {pod.namespace}/{pod.name}", op, retry_on=retry)
+
+    # ---- evictions, events, conditions -------------------------------------------------------
+    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        async def op() -> None:
+            try:
+                await self.client.delete(Pod, name, namespace=namespace, grace_period=0)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+
+        await self._call(f"delete pod {namespace}/{name}", op)
+
+    async def event(self, pod: PodInfo, reason: str, message: str, type_: str = "Normal") -> None:
+        now = _now()
+        obj = codecs.from_dict({
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod.name[:200]}.", "namespace": pod.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name,
+                               "namespace": pod.namespace, "uid": pod.uid},
+            "reason": reason,
+            "message": message[:1000],
+            "type": type_,
+            "source": {"component": names.COMPONENT},
+            "reportingComponent": names.COMPONENT,
+            "reportingInstance": names.COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        })
+
+        async def op() -> None:
+            await self.client.create(obj)
+
+        try:
+            await self._call(f"event {reason} on {pod.namespace}/{pod.name}", op, attempts=3)
+        except Exception as exc:  # an Event is best effort: never block a decision on it
+            log.warning("could not post event %s on %s/%s: %r", reason, pod.namespace, pod.name, exc)
+
+    async def evict(self, pod: PodInfo, reason: str, message: str) -> None:
+        await self.event(pod, reason, message, "Warning")
+        await self.delete_pod(pod.namespace, pod.name)
+
+    async def set_unschedulable(self, pod: PodInfo, message: str) -> None:
+        patch = {"status": {"conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": message, "lastTransitionTime": _now(),
+        }]}}
+
+        async def op() -> None:
+            try:
+                await self.client.patch(Pod.Status, pod.name, patch, namespace=pod.namespace,
+                                        patch_type=PatchType.STRATEGIC)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+
+        await self._call(f"condition on {pod.namespace}/{pod.name}", op)
+        await self.event(pod, "FailedScheduling", message, "Warning")
+
+    async def project_status(self, name: str, status: dict[str, Any]) -> None:
+        async def op() -> None:
+            try:
+                await self.client.patch(ProjectResource.Status, name, {"status": status},
+                                        patch_type=PatchType.MERGE)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+
+        await self._call(f"status of project {name}", op)

@@ -1,0 +1,111 @@
+"""List-then-watch caches: the scheduler reads the cluster from memory, never by polling."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from lightkube import ApiError, AsyncClient
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Informer(Generic[T]):
+    """Keeps ``items`` (key -> parsed object) in step with the API server.
+
+    ``parse`` turns a lightkube object into what is stored; ``on_change(key, old, new)`` is
+    called for every change (``new`` None on delete). A failed or expired watch relists, and a
+    relist reports deletions that happened while the watch was down."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        resource: Any,
+        key: Callable[[Any], Any],
+        parse: Callable[[Any], T],
+        on_change: Callable[[Any, T | None, T | None], None],
+        *,
+        namespace: str | None = None,
+        labels: dict[str, Any] | None = None,
+        fields: dict[str, Any] | None = None,
+        name: str = "",
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.key = key
+        self.parse = parse
+        self.on_change = on_change
+        self.namespace = namespace
+        self.labels = labels
+        self.fields = fields
+        self.name = name or getattr(resource, "__name__", "?")
+        self.items: dict[Any, T] = {}
+        self.synced = asyncio.Event()
+
+    def _apply(self, kind: str, obj: Any) -> None:
+        k = self.key(obj)
+        old = self.items.get(k)
+        if kind == "DELETED":
+            if k in self.items:
+                del self.items[k]
+                self.on_change(k, old, None)
+            return
+        new = self.parse(obj)
+        self.items[k] = new
+        self.on_change(k, old, new)
+
+    async def _list(self) -> str:
+        kw: dict[str, Any] = {"labels": self.labels, "fields": self.fields}
+        if self.namespace is not None:
+            kw["namespace"] = self.namespace
+        elif _namespaced(self.resource):
+            kw["namespace"] = "*"
+        it = self.client.list(self.resource, chunk_size=2000, **kw)
+        seen: dict[Any, T] = {}
+        async for obj in it:
+            seen[self.key(obj)] = self.parse(obj)
+        rv = it.resourceVersion
+        for k in [k for k in self.items if k not in seen]:
+            gone = self.items.pop(k)
+            self.on_change(k, gone, None)
+        for k, v in seen.items():
+            old = self.items.get(k)
+            self.items[k] = v
+            self.on_change(k, old, v)
+        return rv
+
+    async def run(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                rv = await self._list()
+                self.synced.set()
+                kw: dict[str, Any] = {"labels": self.labels, "fields": self.fields,
+                                      "resource_version": rv}
+                if self.namespace is not None:
+                    kw["namespace"] = self.namespace
+                elif _namespaced(self.resource):
+                    kw["namespace"] = "*"
+                async for kind, obj in self.client.watch(self.resource, **kw):
+                    self._apply(kind, obj)
+                    delay = 0.2
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                if exc.status.code != 410:
+                    log.warning("watch %s failed: %s; relisting in %.1fs", self.name, exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+            except Exception as exc:
+                log.warning("watch %s failed: %r; relisting in %.1fs", self.name, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def _namespaced(resource: Any) -> bool:
+    from lightkube.core.resource import NamespacedResource
+
+    return isinstance(resource, type) and issubclass(resource, NamespacedResource)

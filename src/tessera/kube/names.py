@@ -1,0 +1,38 @@
+"""Names tessera uses on Kubernetes objects: API group, annotations, labels."""
+
+from __future__ import annotations
+
+GROUP = "tessera.io"
+VERSION = "v1alpha1"
+SCHEDULER_NAME = "tessera"
+SYSTEM_NAMESPACE = "tessera-system"
+COMPONENT = "tessera-scheduler"
+LEASE_NAME = "tessera-scheduler"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# What users (or the admission webhook) write on a pod.
+GPU_PORTION = "tessera.io/gpu-portion"
+GPU_MEMORY = "tessera.io/gpu-memory"
+GPU_DEVICES = "tessera.io/gpu-devices"
+GPU_PORTION_LIMIT = "tessera.io/gpu-portion-limit"
+GPU_MEMORY_LIMIT = "tessera.io/gpu-memory-limit"
+GPU_MODEL = "tessera.io/gpu-model"
+POD_GROUP = "tessera.io/pod-group"
+PRIORITY_CLASS = "tessera.io/priority-class"
+PROJECT = "tessera.io/project"
+
+# What the scheduler writes on a pod when it binds it (the source of truth on restart).
+PLACEMENT = "tessera.io/placement"
+CONFIGMAP = "tessera.io/gpu-configmap"
+
+# Reservation pods (one per shared physical GPU) and per-pod ConfigMaps.
+RESERVATION_LABEL = "tessera.io/gpu-reservation"
+RESERVATION_NODE = "tessera.io/node"
+RESERVATION_DEVICE = "tessera.io/device"
+GPU_UUID = "tessera.io/gpu-uuid"
+"""Annotation on a reservation pod: the UUID of the GPU it holds (written by the node agent,
+or by the simulated status writer on kwok nodes)."""
+NODE_GPU_UUIDS = "tessera.io/gpu-uuids"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+CONFIGMAP_POD = "tessera.io/pod"

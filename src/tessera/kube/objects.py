@@ -1,0 +1,297 @@
+"""Kubernetes objects turned into the plain data the scheduler keeps: parsed once per event."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuDevice, Node, ResourceRequest
+from tessera.core.projects import Project, Quota
+from tessera.core.state import Placement
+from tessera.core.units import MiB, parse_memory
+from tessera.core.workloads import PRIORITY_CLASSES
+from tessera.kube import names
+from tessera.kube.podspec import ContainerResources, parse_cpu_milli, pod_request
+
+ProjectResource = create_global_resource(names.GROUP, names.VERSION, "Project", "projects")
+PodGroupResource = create_namespaced_resource(names.GROUP, names.VERSION, "PodGroup", "podgroups")
+
+PodKey = tuple[str, str]
+DeviceKey = tuple[str, int]
+
+
+def timestamp(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    text = str(value)
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(slots=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    phase: str
+    deleting: bool
+    created: float
+    started: float | None
+    annotations: dict[str, str]
+    labels: dict[str, str]
+    spec_priority_class: str | None
+    request: ResourceRequest | None = None
+    error: str | None = None
+    placement: Placement | None = None
+    placement_error: str | None = None
+    scheduled_message: str | None = None
+    """Message of an existing PodScheduled=False condition (so we do not write it again)."""
+    reservation: DeviceKey | None = None
+    gpu_uuid: str | None = None
+
+    @property
+    def key(self) -> PodKey:
+        return (self.namespace, self.name)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def group(self) -> str | None:
+        return self.annotations.get(names.POD_GROUP) or self.labels.get(names.POD_GROUP)
+
+
+def _containers(items: Any) -> list[ContainerResources]:
+    out = []
+    for c in items or []:
+        res = c.resources
+        out.append(ContainerResources(
+            c.name,
+            dict((res.requests if res else None) or {}),
+            dict((res.limits if res else None) or {}),
+        ))
+    return out
+
+
+def placement_to_json(p: Placement) -> str:
+    return json.dumps({
+        "node": p.node, "devices": list(p.devices), "request": list(p.request_bytes),
+        "limit": list(p.limit_bytes), "exclusive": p.exclusive, "cpu": p.cpu_milli,
+        "memory": p.memory,
+    }, separators=(",", ":"))
+
+
+def placement_from_json(text: str) -> Placement:
+    d = json.loads(text)
+    return Placement(
+        node=str(d["node"]), devices=tuple(int(x) for x in d["devices"]),
+        request_bytes=tuple(int(x) for x in d["request"]),
+        limit_bytes=tuple(int(x) for x in d["limit"]), exclusive=bool(d["exclusive"]),
+        cpu_milli=int(d.get("cpu", 0)), memory=int(d.get("memory", 0)),
+    )
+
+
+def pod_info(pod: Any) -> PodInfo:
+    meta = pod.metadata
+    spec = pod.spec
+    status = pod.status
+    annotations = dict(meta.annotations or {})
+    labels = dict(meta.labels or {})
+    message = None
+    for c in (status.conditions if status else None) or []:
+        if c.type == "PodScheduled" and c.status == "False":
+            message = c.message
+    info = PodInfo(
+        namespace=meta.namespace,
+        name=meta.name,
+        uid=meta.uid or "",
+        node=spec.nodeName if spec else None,
+        phase=(status.phase if status else None) or "Pending",
+        deleting=meta.deletionTimestamp is not None,
+        created=timestamp(meta.creationTimestamp) or 0.0,
+        started=timestamp(status.startTime) if status else None,
+        annotations=annotations,
+        labels=labels,
+        spec_priority_class=spec.priorityClassName if spec else None,
+        scheduled_message=message,
+    )
+    if labels.get(names.RESERVATION_LABEL) == "true":
+        try:
+            node = info.node or annotations[names.RESERVATION_NODE]
+            info.reservation = (node, int(labels[names.RESERVATION_DEVICE]))
+        except (KeyError, ValueError):
+            info.error = "reservation pod without node/device labels"
+        info.gpu_uuid = annotations.get(names.GPU_UUID)
+        return info
+    try:
+        info.request = pod_request(
+            annotations, _containers(spec.containers), _containers(spec.initContainers)
+        )
+    except InvalidRequest as exc:
+        info.error = str(exc)
+    raw = annotations.get(names.PLACEMENT)
+    if raw and info.node:
+        try:
+            info.placement = placement_from_json(raw)
+            if info.placement.node != info.node:
+                info.placement_error = f"{names.PLACEMENT} names node {info.placement.node}, pod is on {info.node}"
+                info.placement = None
+        except (ValueError, KeyError, TypeError) as exc:
+            info.placement_error = f"{names.PLACEMENT} is not readable: {exc}"
+    elif info.node and info.request is not None and info.request.gpu.devices == 0:
+        info.placement = Placement(info.node, cpu_milli=info.request.cpu_milli,
+                                   memory=info.request.memory)
+    elif info.node:
+        info.placement_error = f"bound to {info.node} without {names.PLACEMENT}"
+    return info
+
+
+def priority_class_of(pod: PodInfo, group_class: str | None) -> str:
+    for candidate in (group_class, pod.annotations.get(names.PRIORITY_CLASS), pod.spec_priority_class):
+        if candidate:
+            return candidate
+    return "train"
+
+
+def known_priority_class(name: str) -> bool:
+    return name in PRIORITY_CLASSES
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    name: str
+    node: Node | None
+    error: str | None = None
+    uuids: tuple[str, ...] = ()
+    unschedulable: bool = False
+
+
+_MODELS_BY_PRODUCT: dict[str, str] = {}
+
+
+def _model_of(product: str) -> str:
+    if not _MODELS_BY_PRODUCT:
+        from tessera.testing.gpu_nodes import GPU_MODELS
+
+        _MODELS_BY_PRODUCT.update({m.product: m.key for m in GPU_MODELS.values()})
+    return _MODELS_BY_PRODUCT.get(product, product or "unknown")
+
+
+def node_info(obj: Any) -> NodeInfo:
+    meta = obj.metadata
+    name = meta.name
+    labels = dict(meta.labels or {})
+    annotations = dict(meta.annotations or {})
+    alloc = dict((obj.status.allocatable if obj.status else None) or {})
+    uuids = tuple(u for u in annotations.get(names.NODE_GPU_UUIDS, "").split(",") if u)
+    unschedulable = bool(obj.spec and obj.spec.unschedulable)
+    try:
+        count = int(str(alloc.get(names.GPU_RESOURCE, "0")))
+        gpus: tuple[GpuDevice, ...] = ()
+        if count:
+            mem_label = labels.get("nvidia.com/gpu.memory")
+            if not mem_label or not mem_label.isdigit():
+                return NodeInfo(name, None, "label nvidia.com/gpu.memory (MiB per GPU) is missing",
+                                uuids, unschedulable)
+            product = labels.get("nvidia.com/gpu.product", "")
+            model = _model_of(product)
+            gpus = tuple(
+                GpuDevice(uuid=uuids[i] if i < len(uuids) else f"{name}/gpu{i}", index=i,
+                          memory=int(mem_label) * MiB, model=model, product=product)
+                for i in range(count)
+            )
+        cpu = parse_cpu_milli(alloc.get("cpu", "0"), "node.allocatable.cpu")
+        mem_text = str(alloc.get("memory", "0"))
+        memory = 0 if mem_text == "0" else parse_memory(mem_text, "node.allocatable.memory")
+        return NodeInfo(name, Node(name, gpus, cpu, memory, labels), None, uuids, unschedulable)
+    except (InvalidRequest, ValueError) as exc:
+        return NodeInfo(name, None, str(exc), uuids, unschedulable)
+
+
+def _quota(d: Any, field: str) -> Quota:
+    if not isinstance(d, dict):
+        raise InvalidRequest(field, "must be an object with deserved, limit, overQuotaWeight")
+    limit = d.get("limit")
+    return Quota(
+        deserved=float(d.get("deserved", 0)),
+        limit=None if limit is None else float(limit),
+        over_quota_weight=float(d.get("overQuotaWeight", 1)),
+    )
+
+
+@dataclass(slots=True)
+class ProjectInfo:
+    name: str
+    project: Project | None
+    namespace: str | None
+    error: str | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def project_info(obj: Any) -> ProjectInfo:
+    name = obj.metadata.name
+    spec = obj.get("spec") or {}
+    res = spec.get("resources") or {}
+    try:
+        cpu = res.get("cpu")
+        mem = res.get("memory")
+        cpu_q = None if cpu is None else _quota(cpu, f"projects.{name}.cpu")
+        if cpu_q is not None:
+            cpu_q = Quota(
+                deserved=cpu_q.deserved if cpu_q.deserved == -1 else cpu_q.deserved * 1000,
+                limit=None if cpu_q.limit is None else cpu_q.limit * 1000,
+                over_quota_weight=cpu_q.over_quota_weight,
+            )
+        project = Project(
+            name=name,
+            gpu=_quota(res.get("gpu", {"deserved": 0}), f"projects.{name}.gpu"),
+            cpu=cpu_q,
+            memory=None if mem is None else _quota(mem, f"projects.{name}.memory"),
+            priority=int(spec.get("priority", 100)),
+            parent=spec.get("parent") or None,
+            reclaim_min_runtime=spec.get("reclaimMinRuntimeSeconds"),
+            preempt_min_runtime=spec.get("preemptMinRuntimeSeconds"),
+        )
+        return ProjectInfo(name, project, spec.get("namespace"), None, dict(obj.get("status") or {}))
+    except (InvalidRequest, ValueError, TypeError) as exc:
+        return ProjectInfo(name, None, spec.get("namespace"), str(exc))
+
+
+@dataclass(slots=True)
+class PodGroupInfo:
+    namespace: str
+    name: str
+    min_member: int
+    project: str | None
+    priority_class: str | None
+
+
+def pod_group_info(obj: Any) -> PodGroupInfo:
+    spec = obj.get("spec") or {}
+    return PodGroupInfo(
+        obj.metadata.namespace, obj.metadata.name, int(spec.get("minMember", 1)),
+        spec.get("project") or None, spec.get("priorityClassName") or None,
+    )
+
+
+def amounts(vector: Any) -> dict[str, float]:
+    """A core Vector (GPUs, CPU millicores, bytes) as the CRD's status amounts."""
+    gpu, cpu, mem = (float(x) for x in vector)
+    out = {"gpu": round(gpu, 4)}
+    if math.isfinite(cpu):
+        out["cpu"] = round(cpu / 1000, 3)
+    if math.isfinite(mem):
+        out["memory"] = float(int(mem))
+    return out

@@ -1,0 +1,178 @@
+"""What a pod asks for, read from its spec and annotations. The scheduler and the admission
+webhook both call this module, so a rule is written once and every refusal names the
+annotation or field the user wrote.
+
+GPU spellings (after the webhook has translated Run:ai / cGPU ones):
+
+- ``nvidia.com/gpu: N`` in container limits: N whole GPUs;
+- ``tessera.io/gpu-portion: "0.5"`` (optionally ``tessera.io/gpu-portion-limit``): a share of
+  each device's memory;
+- ``tessera.io/gpu-memory: "5G"`` (Kubernetes quantity; optionally ``tessera.io/gpu-memory-limit``);
+- ``tessera.io/gpu-devices: "2"``: the same share on that many devices of one node;
+- ``tessera.io/gpu-model: "H100-80GB|A100-80GB"``: allowed models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from typing import Any
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
+from tessera.core.requests import parse_gpu_request
+from tessera.core.units import parse_memory
+from tessera.kube import names
+
+_FIELD_TO_ANNOTATION = {
+    "gpu_portion": names.GPU_PORTION,
+    "gpu_memory": names.GPU_MEMORY,
+    "gpu_devices": names.GPU_DEVICES,
+    "gpu_portion_limit": names.GPU_PORTION_LIMIT,
+    "gpu_memory_limit": names.GPU_MEMORY_LIMIT,
+    "gpu_model": names.GPU_MODEL,
+    "gpu": names.GPU_PORTION,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerResources:
+    name: str
+    requests: Mapping[str, str]
+    limits: Mapping[str, str]
+
+
+def parse_cpu_milli(value: object, field: str) -> int:
+    """Millicores of a Kubernetes CPU quantity (``500m``, ``2``, ``0.5``); rounds up."""
+    text = str(value).strip()
+    try:
+        amount = Decimal(text[:-1]) / 1000 if text.endswith("m") else Decimal(text)
+    except InvalidOperation:
+        raise InvalidRequest(field, "must be a CPU quantity such as 500m or 2", value) from None
+    if not amount.is_finite() or amount < 0:
+        raise InvalidRequest(field, "must be a CPU quantity such as 500m or 2", value)
+    return int((amount * 1000).to_integral_value(rounding=ROUND_CEILING))
+
+
+def _memory(value: object, field: str) -> int:
+    if str(value).strip() in ("0", "0.0"):
+        return 0
+    return parse_memory(value, field)
+
+
+def _container_amounts(c: ContainerResources, kind: str) -> tuple[int, int]:
+    src = c.requests if c.requests else c.limits
+    cpu = mem = 0
+    if "cpu" in src:
+        cpu = parse_cpu_milli(src["cpu"], f"containers[{c.name}].resources.{kind}.cpu")
+    elif "cpu" in c.limits:
+        cpu = parse_cpu_milli(c.limits["cpu"], f"containers[{c.name}].resources.limits.cpu")
+    if "memory" in src:
+        mem = _memory(src["memory"], f"containers[{c.name}].resources.{kind}.memory")
+    elif "memory" in c.limits:
+        mem = _memory(c.limits["memory"], f"containers[{c.name}].resources.limits.memory")
+    return cpu, mem
+
+
+def whole_gpus(containers: Sequence[ContainerResources]) -> int:
+    total = 0
+    for c in containers:
+        raw = c.limits.get(names.GPU_RESOURCE, c.requests.get(names.GPU_RESOURCE))
+        if raw is None:
+            continue
+        field = f"containers[{c.name}].resources.limits.{names.GPU_RESOURCE}"
+        text = str(raw).strip()
+        if not text.isdigit():
+            raise InvalidRequest(field, "must be a whole number of GPUs", raw)
+        req = c.requests.get(names.GPU_RESOURCE)
+        if req is not None and str(req).strip() != text:
+            raise InvalidRequest(field, "requests and limits of nvidia.com/gpu must be equal", req)
+        total += int(text)
+    return total
+
+
+def gpu_request(
+    annotations: Mapping[str, str], containers: Sequence[ContainerResources]
+) -> GpuRequest:
+    """The GPU request of a pod; raises InvalidRequest naming the annotation or field."""
+    whole = whole_gpus(containers)
+    given = {k: annotations[v] for k, v in _FIELD_TO_ANNOTATION.items()
+             if k != "gpu" and v in annotations}
+    fractional = any(k in given for k in ("gpu_portion", "gpu_memory"))
+    if whole and fractional:
+        key = names.GPU_PORTION if "gpu_portion" in given else names.GPU_MEMORY
+        raise InvalidRequest(
+            key, f"give {names.GPU_RESOURCE} limits (whole GPUs) or {key} (a share), not both"
+        )
+    if not fractional:
+        for k in ("gpu_devices", "gpu_portion_limit", "gpu_memory_limit"):
+            if k in given:
+                raise InvalidRequest(
+                    _FIELD_TO_ANNOTATION[k],
+                    f"needs {names.GPU_PORTION} or {names.GPU_MEMORY}; whole GPUs are asked "
+                    f"with {names.GPU_RESOURCE} limits",
+                    given[k],
+                )
+        if whole:
+            models = given.get("gpu_model")
+            try:
+                return parse_gpu_request(gpu_devices=whole, gpu_model=models)
+            except InvalidRequest as exc:
+                raise _renamed(exc) from None
+        if "gpu_model" in given:
+            raise InvalidRequest(names.GPU_MODEL, "needs a GPU request to constrain")
+        return GpuRequest.none()
+    try:
+        return parse_gpu_request(**given)
+    except InvalidRequest as exc:
+        raise _renamed(exc) from None
+
+
+def _renamed(exc: InvalidRequest) -> InvalidRequest:
+    return InvalidRequest(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.rule, exc.value)
+
+
+def pod_request(
+    annotations: Mapping[str, str],
+    containers: Sequence[ContainerResources],
+    init_containers: Sequence[ContainerResources] = (),
+) -> ResourceRequest:
+    """GPU, CPU and memory of one pod: containers summed, the largest init container if more."""
+    gpu = gpu_request(annotations, containers)
+    cpu = mem = 0
+    for c in containers:
+        a, b = _container_amounts(c, "requests")
+        cpu += a
+        mem += b
+    for c in init_containers:
+        a, b = _container_amounts(c, "requests")
+        cpu = max(cpu, a)
+        mem = max(mem, b)
+    return ResourceRequest(gpu=gpu, cpu_milli=cpu, memory=mem)
+
+
+def containers_of(spec: Mapping[str, Any], key: str = "containers") -> list[ContainerResources]:
+    """ContainerResources from a pod spec given as a plain dict (admission review, YAML)."""
+    out = []
+    for c in spec.get(key) or []:
+        res = c.get("resources") or {}
+        out.append(ContainerResources(
+            c.get("name", "?"),
+            {k: str(v) for k, v in (res.get("requests") or {}).items()},
+            {k: str(v) for k, v in (res.get("limits") or {}).items()},
+        ))
+    return out
+
+
+def pod_request_from_dict(pod: Mapping[str, Any]) -> ResourceRequest:
+    """``pod_request`` for a pod as a plain dict (what an admission webhook receives)."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    return pod_request(
+        meta.get("annotations") or {}, containers_of(spec), containers_of(spec, "initContainers")
+    )
+
+
+def is_shared(request: ResourceRequest) -> bool:
+    return request.gpu.kind in (GpuKind.PORTION, GpuKind.MEMORY)

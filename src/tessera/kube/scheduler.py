@@ -1,0 +1,484 @@
+"""tessera's Kubernetes scheduler: watch, snapshot, run the core cycle, apply the plan.
+
+    python -m tessera.kube.scheduler --kubeconfig PATH      (console script: tessera-scheduler)
+
+State lives in the API server, never only here: a pod's placement is written onto it (the
+``tessera.io/placement`` annotation, in the same request as the binding), a shared GPU is held
+by a reservation pod whose name is derived from (node, device) so it can never be created twice,
+and everything else is rebuilt from watches after a restart. What this process keeps in memory
+is only what it has decided and not yet seen come back (``assumed``), so the next cycle does
+not give the same room away twice. See docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod
+
+from tessera.core.cycle import CycleConfig, Plan, run_cycle
+from tessera.core.errors import InvalidRequest
+from tessera.core.state import Placement
+from tessera.kube import names
+from tessera.kube.binder import Writer
+from tessera.kube.informer import Informer
+from tessera.kube.leader import LeaderElector, LostLeadership
+from tessera.kube.objects import (
+    DeviceKey,
+    NodeInfo,
+    PodGroupInfo,
+    PodGroupResource,
+    PodInfo,
+    PodKey,
+    ProjectInfo,
+    ProjectResource,
+    amounts,
+    node_info,
+    pod_group_info,
+    pod_info,
+    project_info,
+)
+from tessera.kube.snapshot import Context, build_snapshot
+
+log = logging.getLogger("tessera.kube")
+
+ACTIONS = ("allocate", "reclaim", "preempt", "backfill")
+"""Consolidation is left out: it moves running pods, which a Kubernetes pod cannot do."""
+
+
+@dataclass(frozen=True)
+class Options:
+    system_namespace: str = names.SYSTEM_NAMESPACE
+    concurrency: int = 32
+    debounce: float = 0.05
+    period: float = 5.0
+    uuid_timeout: float = 120.0
+    reservation_image: str = "registry.k8s.io/pause:3.10"
+    policy: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigMapInfo:
+    namespace: str
+    name: str
+    pod: str | None
+
+
+def _cm_info(obj: Any) -> ConfigMapInfo:
+    meta = obj.metadata
+    return ConfigMapInfo(meta.namespace, meta.name, (meta.annotations or {}).get(names.CONFIGMAP_POD))
+
+
+class KubeScheduler:
+    def __init__(self, client: AsyncClient, options: Options | None = None) -> None:
+        self.client = client
+        self.opts = options or Options()
+        self.writer = Writer(client, concurrency=self.opts.concurrency,
+                             system_namespace=self.opts.system_namespace,
+                             reservation_image=self.opts.reservation_image)
+        self.wake = asyncio.Event()
+        self.assumed: dict[PodKey, Placement] = {}
+        self.evicting: set[PodKey] = set()
+        self.tasks: dict[PodKey, asyncio.Task[None]] = {}
+        self.background: set[asyncio.Task[Any]] = set()
+        self.reservations: dict[DeviceKey, PodInfo] = {}
+        self.res_locks: dict[DeviceKey, asyncio.Lock] = {}
+        self.uuid_waiters: dict[DeviceKey, list[asyncio.Future[str]]] = {}
+        self.written_waits: dict[PodKey, str] = {}
+        self.written_status: dict[str, dict[str, Any]] = {}
+        self.cycles = 0
+        self.last_cycle_seconds = 0.0
+        self.bound = 0
+        self.nodes: Informer[NodeInfo] = Informer(
+            client, Node, lambda o: o.metadata.name, node_info, self._on_node, name="nodes")
+        self.pods: Informer[PodInfo] = Informer(
+            client, Pod, lambda o: (o.metadata.namespace, o.metadata.name), pod_info,
+            self._on_pod, fields={"spec.schedulerName": names.SCHEDULER_NAME}, name="pods")
+        self.projects: Informer[ProjectInfo] = Informer(
+            client, ProjectResource, lambda o: o.metadata.name, project_info, self._on_other,
+            name="projects")
+        self.pod_groups: Informer[PodGroupInfo] = Informer(
+            client, PodGroupResource, lambda o: (o.metadata.namespace, o.metadata.name),
+            pod_group_info, self._on_other, name="podgroups")
+        self.configmaps: Informer[ConfigMapInfo] = Informer(
+            client, ConfigMap, lambda o: (o.metadata.namespace, o.metadata.name), _cm_info,
+            lambda *a: None, labels={names.MANAGED_BY: "tessera"}, name="configmaps")
+        self.informers: list[Informer[Any]] = [self.nodes, self.pods, self.projects, self.pod_groups, self.configmaps]
+
+    # ---- cache events --------------------------------------------------------------------
+    def _on_node(self, key: Any, old: NodeInfo | None, new: NodeInfo | None) -> None:
+        if old is None or new is None or old.node != new.node:
+            self.wake.set()
+
+    def _on_other(self, key: Any, old: Any, new: Any) -> None:
+        self.wake.set()
+
+    def _on_pod(self, key: PodKey, old: PodInfo | None, new: PodInfo | None) -> None:
+        info = new or old
+        assert info is not None
+        if info.reservation is not None:
+            rk = info.reservation
+            if new is None:
+                if self.reservations.get(rk) is old:
+                    del self.reservations[rk]
+                self.wake.set()
+            else:
+                self.reservations[rk] = new
+                if new.gpu_uuid:
+                    for fut in self.uuid_waiters.pop(rk, []):
+                        if not fut.done():
+                            fut.set_result(new.gpu_uuid)
+            return
+        if new is None:
+            self.assumed.pop(key, None)
+            self.evicting.discard(key)
+            self.written_waits.pop(key, None)
+            self.wake.set()
+            return
+        if new.node and key in self.assumed:
+            del self.assumed[key]
+        if (old is None or old.node != new.node or old.deleting != new.deleting
+                or old.finished != new.finished or old.annotations != new.annotations):
+            self.wake.set()
+
+    # ---- the loop ------------------------------------------------------------------------------
+    async def ensure_system_namespace(self) -> None:
+        try:
+            await self.client.get(Namespace, self.opts.system_namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+            with contextlib.suppress(ApiError):
+                await self.client.create(
+                    Namespace(metadata=ObjectMeta(name=self.opts.system_namespace)))
+
+    async def run(self) -> None:
+        await self.ensure_system_namespace()
+        watchers = [asyncio.create_task(i.run(), name=f"watch-{i.name}") for i in self.informers]
+        try:
+            await asyncio.gather(*(i.synced.wait() for i in self.informers))
+            log.info("caches synced: %d nodes, %d pods, %d projects", len(self.nodes.items),
+                     len(self.pods.items), len(self.projects.items))
+            await self.cleanup()
+            last_gc = time.monotonic()
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.opts.period)
+                await asyncio.sleep(self.opts.debounce)
+                self.wake.clear()
+                await self.cycle()
+                if time.monotonic() - last_gc > 2.0:
+                    await self.cleanup()
+                    last_gc = time.monotonic()
+        finally:
+            for t in watchers:
+                t.cancel()
+            for t in list(self.tasks.values()) + list(self.background):
+                t.cancel()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def cycle(self) -> Plan | None:
+        t0 = time.perf_counter()
+        snapshot, ctx = build_snapshot(
+            self.nodes.items, self.pods.items, self.projects.items, self.pod_groups.items,
+            self.assumed, self.evicting, time.time())
+        actions = ACTIONS if not self.evicting else ("allocate", "backfill")
+        config = CycleConfig(actions=actions) if self.opts.policy is None else \
+            CycleConfig(actions=actions, policy=self.opts.policy)
+        try:
+            plan = await asyncio.to_thread(run_cycle, snapshot, config)
+        except InvalidRequest as exc:
+            log.error("cycle refused the snapshot: %s", exc)
+            return None
+        self.cycles += 1
+        self.apply(plan, ctx)
+        self.last_cycle_seconds = time.perf_counter() - t0
+        if plan.bindings or plan.evictions:
+            log.info("cycle %d: %d workloads, %d bindings, %d evictions, %d waiting in %.3fs "
+                     "(core %.3fs)", self.cycles, len(snapshot.workloads), len(plan.bindings),
+                     len(plan.evictions), len(plan.waiting), self.last_cycle_seconds,
+                     plan.timings.get("total", 0.0))
+        return plan
+
+    # ---- applying a plan -----------------------------------------------------------------
+    def apply(self, plan: Plan, ctx: Context) -> None:
+        pods = self.pods.items
+        for e in plan.evictions:
+            for key in ctx.pods_of.get(e.workload_id, []):
+                pod = pods.get(key)
+                if pod is None or key in self.evicting:
+                    continue
+                if not pod.node and key not in self.assumed:
+                    continue
+                task = self.tasks.pop(key, None)
+                if task is not None:
+                    task.cancel()
+                self.assumed.pop(key, None)
+                self.evicting.add(key)
+                reason = {"reclaim": "Reclaimed", "preempt": "Preempted"}.get(e.action, "Evicted")
+                self._spawn(self.writer.evict(pod, reason, e.reason))
+        for b in plan.bindings:
+            keys = ctx.pods_of[b.workload_id]
+            victims = [k for wid in b.after_evictions for k in ctx.pods_of.get(wid, [])]
+            for pb in b.pods:
+                key = keys[pb.pod]
+                pod = pods.get(key)
+                if pod is None or pod.node or key in self.assumed:
+                    continue
+                self.assumed[key] = pb.placement
+                self.written_waits.pop(key, None)
+                task = asyncio.create_task(self._bind(key, pb.placement, victims))
+                self.tasks[key] = task
+        waits = dict(ctx.waits)
+        for w in plan.waiting:
+            for key in ctx.pods_of.get(w.workload_id, []):
+                pod = pods.get(key)
+                if pod is not None and not pod.node and key not in self.assumed:
+                    waits[key] = w.reason
+        for key, message in waits.items():
+            pod = pods.get(key)
+            if pod is None or self.written_waits.get(key) == message:
+                continue
+            self.written_waits[key] = message
+            if pod.scheduled_message != message:
+                self._spawn(self.writer.set_unschedulable(pod, message))
+        for pod in ctx.orphans + ctx.conflicts:
+            if pod.key in self.evicting:
+                continue
+            self.evicting.add(pod.key)
+            why = (f"node {pod.node} was deleted while the pod was bound to it"
+                   if pod in ctx.orphans else "its recorded GPU placement collides with another pod")
+            self._spawn(self.writer.evict(pod, "NodeLost" if pod in ctx.orphans else "Conflict", why))
+        self._project_status(plan)
+
+    def _project_status(self, plan: Plan) -> None:
+        for name, ps in plan.projects.items():
+            if name not in self.projects.items:
+                continue
+            status = {
+                "allocated": amounts(ps.allocated_after),
+                "requested": amounts(ps.requested),
+                "fairShare": amounts(ps.fair_share),
+            }
+            if self.written_status.get(name) == status:
+                continue
+            self.written_status[name] = status
+            self._spawn(self.writer.project_status(name, status))
+
+    async def _wait_gone(self, keys: list[PodKey], timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while any(k in self.pods.items for k in keys):
+            if time.monotonic() > deadline:
+                raise TimeoutError("evicted pods did not go away")
+            await asyncio.sleep(0.05)
+
+    async def _bind(self, key: PodKey, placement: Placement, victims: list[PodKey]) -> None:
+        try:
+            if victims:
+                await self._wait_gone(victims)
+            pod = self.pods.items.get(key)
+            if pod is None or pod.node:
+                self.assumed.pop(key, None)
+                return
+            annotations: dict[str, str] = {}
+            if placement.devices and not placement.exclusive:
+                uuids = [await self.reserve(placement.node, d) for d in placement.devices]
+                ni = self.nodes.items.get(placement.node)
+                if ni is None or ni.node is None:
+                    raise RuntimeError(f"node {placement.node} went away")
+                memory = [ni.node.gpus[d].memory for d in placement.devices]
+                data = self.writer.configmap_data(placement, uuids, memory)
+                pod = self.pods.items.get(key)
+                if pod is None or pod.node:
+                    self.assumed.pop(key, None)
+                    return
+                annotations[names.CONFIGMAP] = await self.writer.write_configmap(pod, data)
+                annotations[names.NODE_GPU_UUIDS] = ",".join(uuids)
+            await self.writer.bind(pod, placement, annotations)
+            self.bound += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if self.assumed.get(key) is placement:
+                del self.assumed[key]
+            log.warning("binding %s/%s to %s failed: %r", key[0], key[1], placement.node, exc)
+            pod = self.pods.items.get(key)
+            if pod is not None and not (isinstance(exc, ApiError) and exc.status.code == 404):
+                self._spawn(self.writer.event(pod, "FailedBinding",
+                                              f"binding to {placement.node} failed: {exc}",
+                                              "Warning"))
+            self.wake.set()
+        finally:
+            if self.tasks.get(key) is asyncio.current_task():
+                del self.tasks[key]
+
+    async def reserve(self, node: str, device: int) -> str:
+        """The UUID of the GPU held for shared device ``device`` of ``node``, creating its
+        reservation pod if there is none (its name is fixed, so never twice)."""
+        rk = (node, device)
+        lock = self.res_locks.setdefault(rk, asyncio.Lock())
+        async with lock:
+            deadline = time.monotonic() + self.opts.uuid_timeout
+            while True:
+                res = self.reservations.get(rk)
+                if res is not None and res.deleting:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"reservation pod {res.name} is still terminating")
+                    await asyncio.sleep(0.05)
+                    continue
+                if res is not None and res.gpu_uuid:
+                    return res.gpu_uuid
+                if res is None:
+                    await self.writer.create_reservation(node, device)
+                break
+            fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            self.uuid_waiters.setdefault(rk, []).append(fut)
+            res = self.reservations.get(rk)
+            if res is not None and res.gpu_uuid:
+                return res.gpu_uuid
+            try:
+                return await asyncio.wait_for(fut, max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                raise TimeoutError(
+                    f"the GPU UUID of reservation pod for {node} device {device} was not "
+                    f"reported within {self.opts.uuid_timeout:.0f}s") from None
+
+    # ---- cleaning up half-done work ----------------------------------------------------------
+    def _tenants(self) -> set[DeviceKey]:
+        used: set[DeviceKey] = set()
+        for pod in self.pods.items.values():
+            if pod.reservation is not None or pod.finished:
+                continue
+            pl = pod.placement if pod.node else self.assumed.get(pod.key)
+            if pl is not None and not pl.exclusive:
+                used.update((pl.node, d) for d in pl.devices)
+        for _key, pl in self.assumed.items():
+            if not pl.exclusive:
+                used.update((pl.node, d) for d in pl.devices)
+        return used
+
+    async def cleanup(self) -> None:
+        """Delete reservation pods with no tenants, ConfigMaps whose pod is gone or unbound (and
+        not being bound), and shared pods whose reservation pod vanished."""
+        used = self._tenants()
+        for rk, res in list(self.reservations.items()):
+            if res.deleting or rk in used or self.res_locks.get(rk, asyncio.Lock()).locked():
+                continue
+            res.deleting = True
+            self._spawn(self.writer.delete_reservation(res, "no tenants left"))
+        for (ns, name), cm in list(self.configmaps.items.items()):
+            if cm.pod is None:
+                continue
+            pod = self.pods.items.get((ns, cm.pod))
+            if pod is None or (not pod.node and (ns, cm.pod) not in self.assumed
+                               and (ns, cm.pod) not in self.tasks):
+                self.configmaps.items.pop((ns, name), None)
+                self._spawn(self.writer.delete_configmap(ns, name))
+        for pod in list(self.pods.items.values()):
+            if (pod.reservation is not None or not pod.node or pod.placement is None
+                    or pod.placement.exclusive or pod.finished or pod.key in self.evicting):
+                continue
+            missing = [d for d in pod.placement.devices
+                       if (pod.node, d) not in self.reservations
+                       and not self.res_locks.get((pod.node, d), asyncio.Lock()).locked()]
+            if missing and pod.node in self.nodes.items:
+                self.evicting.add(pod.key)
+                self._spawn(self.writer.evict(
+                    pod, "GPUReservationLost",
+                    f"the reservation pod holding its GPU on {pod.node} (device {missing[0]}) "
+                    "disappeared, so the GPU may be given to another pod"))
+
+
+# ---- process --------------------------------------------------------------------------------
+async def _main(args: argparse.Namespace) -> int:
+    config = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else None
+    client = AsyncClient(config, field_manager=names.COMPONENT, timeout=None)
+    opts = Options(system_namespace=args.system_namespace, concurrency=args.concurrency,
+                   reservation_image=args.reservation_image, policy=args.policy)
+    identity = args.identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    elector = None
+    if args.leader_elect:
+        elector = LeaderElector(client, args.system_namespace, args.lease_name, identity,
+                                lease_duration=args.lease_duration,
+                                renew_deadline=args.lease_duration * 2 / 3,
+                                retry_period=max(0.2, args.lease_duration / 7.5))
+        sched0 = KubeScheduler(client, opts)
+        await sched0.ensure_system_namespace()
+        acquire = asyncio.create_task(elector.acquire())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({acquire, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            acquire.cancel()
+            return 0
+        print(f"leader: {identity}", flush=True)
+    sched = KubeScheduler(client, opts)
+    runner = asyncio.create_task(sched.run())
+    waits: set[asyncio.Task[Any]] = {runner, asyncio.create_task(stop.wait())}
+    keeper = asyncio.create_task(elector.keep()) if elector else None
+    if keeper:
+        waits.add(keeper)
+    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    runner.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await runner
+    code = 0
+    if keeper is not None:
+        if keeper in done:
+            exc = keeper.exception()
+            log.error("%s; stopping", exc)
+            code = 1 if isinstance(exc, LostLeadership) else 2
+        else:
+            keeper.cancel()
+            await elector.release()  # type: ignore[union-attr]
+    if runner in done and not runner.cancelled() and runner.exception() is not None:
+        log.error("scheduler failed: %r", runner.exception())
+        code = 2
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tessera-scheduler",
+                                     description="tessera's GPU-sharing Kubernetes scheduler")
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                        help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    parser.add_argument("--system-namespace", default=names.SYSTEM_NAMESPACE,
+                        help="namespace of reservation pods and the leader Lease")
+    parser.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--lease-name", default=names.LEASE_NAME)
+    parser.add_argument("--lease-duration", type=float, default=15.0, help="seconds")
+    parser.add_argument("--identity", default="", help="leader election identity")
+    parser.add_argument("--concurrency", type=int, default=32, help="API writes in flight")
+    parser.add_argument("--reservation-image", default="registry.k8s.io/pause:3.10")
+    parser.add_argument("--policy", default=None, help="placement policy (default: core's)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""From the caches to the core's Snapshot: pods grouped into workloads, projects, nodes.
+
+Pure: reads what the informers hold and what this scheduler has assumed (placements decided
+but not yet seen bound), returns the snapshot plus what the adapter needs to apply the plan
+(which pod is index i of which workload) and why each left-out pod cannot be considered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tessera.core.cycle import ProjectTree, Snapshot, Workload, validate_workload
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import Node, ResourceRequest
+from tessera.core.projects import Project
+from tessera.core.state import ClusterState, Placement
+from tessera.core.workloads import PRIORITY_CLASSES
+from tessera.kube import names
+from tessera.kube.objects import (
+    NodeInfo,
+    PodGroupInfo,
+    PodInfo,
+    PodKey,
+    ProjectInfo,
+    priority_class_of,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Context:
+    """What the adapter needs besides the plan."""
+
+    pods_of: dict[str, list[PodKey]] = field(default_factory=dict)
+    """Workload id -> pod keys, in the order of ``Workload.pods``."""
+    waits: dict[PodKey, str] = field(default_factory=dict)
+    """Pending pods left out of the snapshot, and why (shown on the pod)."""
+    orphans: list[PodInfo] = field(default_factory=list)
+    """Pods bound to a node that no longer exists."""
+    conflicts: list[PodInfo] = field(default_factory=list)
+    """Bound pods whose recorded placement collides with another (never expected)."""
+    project_errors: dict[str, str] = field(default_factory=dict)
+    tree: ProjectTree | None = None
+
+
+def _tree(projects: Mapping[str, ProjectInfo], ctx: Context) -> ProjectTree:
+    good: dict[str, Project] = {}
+    for name, pi in projects.items():
+        if pi.project is None:
+            ctx.project_errors[name] = pi.error or "invalid"
+        else:
+            good[name] = pi.project
+    for _ in range(len(good) + 1):
+        try:
+            return ProjectTree(good.values())
+        except InvalidRequest as exc:
+            bad = next((n for n in good if exc.field.startswith(f"projects.{n}.")
+                        or exc.field == f"projects.{n}"), None)
+            if bad is None:
+                bad = next(iter(good))
+            ctx.project_errors[bad] = str(exc)
+            del good[bad]
+    return ProjectTree(())
+
+
+def build_snapshot(
+    nodes: Mapping[str, NodeInfo],
+    pods: Mapping[PodKey, PodInfo],
+    projects: Mapping[str, ProjectInfo],
+    pod_groups: Mapping[PodKey, PodGroupInfo],
+    assumed: Mapping[PodKey, Placement],
+    evicting: set[PodKey],
+    now: float,
+) -> tuple[Snapshot, Context]:
+    ctx = Context()
+    core_nodes: list[Node] = [ni.node for ni in nodes.values() if ni.node is not None]
+    node_names = {n.name for n in core_nodes}
+    tree = _tree(projects, ctx)
+    ctx.tree = tree
+    owner: dict[str, str] = {}
+    for name, pi in projects.items():
+        if pi.namespace and name in tree and tree.is_leaf(name):
+            owner.setdefault(pi.namespace, name)
+
+    groups: dict[tuple[str, str, str], list[PodInfo]] = {}
+    for pod in pods.values():
+        if pod.reservation is not None or pod.finished or pod.key in evicting:
+            continue
+        if pod.node and pod.node not in node_names:
+            if pod.node not in nodes:
+                ctx.orphans.append(pod)
+            continue
+        if pod.node and pod.placement is None:
+            log.warning("pod %s/%s: %s; left out of the snapshot", pod.namespace, pod.name,
+                        pod.placement_error)
+            continue
+        if pod.request is None:
+            if not pod.node:
+                ctx.waits[pod.key] = f"invalid GPU request: {pod.error}"
+            continue
+        g = pod.group
+        gkey = ("g", pod.namespace, g) if g else ("p", pod.namespace, pod.name)
+        groups.setdefault(gkey, []).append(pod)
+
+    state = ClusterState(core_nodes)
+    workloads: list[Workload] = []
+    for (kind, ns, gname), members in groups.items():
+        members.sort(key=lambda p: p.name)
+        pending = [p for p in members if not p.node and p.key not in assumed]
+
+        def wait_all(message: str, members: list[PodInfo] = pending) -> None:
+            for p in members:
+                ctx.waits[p.key] = message
+
+        pg = pod_groups.get((ns, gname)) if kind == "g" else None
+        if kind == "g" and pg is None:
+            wait_all(f"PodGroup {ns}/{gname} ({names.POD_GROUP}) does not exist")
+            continue
+        project = (pg.project if pg else None) or members[0].labels.get(names.PROJECT) or owner.get(ns)
+        if project is None:
+            wait_all(f"namespace {ns} belongs to no tessera Project "
+                     f"(create a Project with spec.namespace: {ns})")
+            continue
+        if project in ctx.project_errors:
+            wait_all(f"project {project} is invalid: {ctx.project_errors[project]}")
+            continue
+        pclass = priority_class_of(members[0], pg.priority_class if pg else None)
+        if pclass not in PRIORITY_CLASSES:
+            wait_all(f"priority class {pclass!r} is not one of {', '.join(PRIORITY_CLASSES)}")
+            continue
+        placements: list[Placement | None] = []
+        requests: list[ResourceRequest] = []
+        keys: list[PodKey] = []
+        started: float | None = None
+        terminating = False
+        for p in members:
+            pl = p.placement if p.node else assumed.get(p.key)
+            if pl is not None:
+                try:
+                    state.assign(f"{p.namespace}/{p.name}", pl)
+                except InvalidRequest as exc:
+                    if p.node:
+                        log.error("pod %s/%s: recorded placement conflicts: %s", ns, p.name, exc)
+                        ctx.conflicts.append(p)
+                    continue
+                s = p.started or now
+                started = s if started is None else min(started, s)
+            assert p.request is not None
+            requests.append(p.request)
+            placements.append(pl)
+            keys.append(p.key)
+            terminating = terminating or p.deleting
+        if not keys:
+            continue
+        min_members = None
+        if pg is not None:
+            if pg.min_member > len(keys):
+                if any(pl is not None for pl in placements):
+                    min_members = len(keys)
+                else:
+                    wait_all(f"gang {gname} needs {pg.min_member} pods (PodGroup minMember); "
+                             f"{len(keys)} exist")
+                    continue
+            else:
+                min_members = pg.min_member
+        wid = f"{ns}/{gname}" if kind == "g" else f"{ns}/pod/{gname}"
+        w = Workload(
+            id=wid,
+            project=project,
+            pods=tuple(requests),
+            priority_class=pclass,
+            min_members=min_members,
+            created_at=min(p.created for p in members),
+            started_at=started,
+            placements=tuple(placements),
+            preemptible=False if terminating else None,
+            name=gname,
+        )
+        try:
+            validate_workload(w, tree)
+        except InvalidRequest as exc:
+            wait_all(str(exc))
+            for k, pl in zip(keys, placements, strict=True):
+                if pl is not None:
+                    state.release(f"{k[0]}/{k[1]}")
+            continue
+        ctx.pods_of[wid] = keys
+        workloads.append(w)
+    snapshot = Snapshot(tuple(core_nodes), tuple(tree.projects.values()), tuple(workloads), now)
+    return snapshot, ctx
