@@ -127,11 +127,13 @@ def cheapest_node(
     floor = session.demand(request)[0] + EPS
     gone: list[str] = []
     pruned = index.pruned
-    no_room = index.no_room.get(request, set()) if dead is not None else set()
+    skip: list[set[str]] = []
+    if dead is not None:
+        skip = [nodes for shape, nodes in index.no_room.items() if nodes and _at_least(request, shape)]
     models_ok: dict[int, bool] = {}
     nodes = session.state.by_name
     for order, (node, group) in enumerate(index.by_node.items()):
-        if node in pruned or node in no_room:
+        if node in pruned or any(node in nodes for nodes in skip):
             continue
         scanned += 1
         if scanned > 4 * budget:
@@ -202,6 +204,25 @@ def cheapest_node(
     if pod_level:
         return best[2]
     return list(dict.fromkeys(v for v, _ in best[2]))
+
+
+def _at_least(big: ResourceRequest, small: ResourceRequest) -> bool:
+    """``big`` needs at least what ``small`` does on any node, so where ``small`` cannot get
+    room, ``big`` cannot either."""
+    if big is small or big == small:
+        return True
+    a, b = big.gpu, small.gpu
+    if a.kind is not b.kind or a.models != b.models or a.devices < b.devices:
+        return False
+    if big.cpu_milli < small.cpu_milli or big.memory < small.memory:
+        return False
+    if a.kind is GpuKind.PORTION:
+        assert a.portion is not None and b.portion is not None
+        return a.portion >= b.portion
+    if a.kind is GpuKind.MEMORY:
+        assert a.memory is not None and b.memory is not None
+        return a.memory >= b.memory
+    return True
 
 
 def _free_on(p: Placement, free: list[int], tenants: list[int]) -> None:
