@@ -216,3 +216,30 @@ def test_memory_on_each_of_several_devices(server: EmbeddedServer) -> None:
             for i, uuid in enumerate(uuids):
                 assert f"device index={i} uuid={uuid} request={2 * 2**30}" in config
         c.delete(f"/api/v1/workloads/trainings/{w['workloadId']}")
+
+
+def test_workers_gang_each_pod_with_its_own_share_and_log(server: EmbeddedServer) -> None:
+    with server.http() as c:
+        _project(c, "p-gang")
+        body = submit_body("gang", "p-gang", command="sh",
+                           args="-c 'echo pod $TESSERA_POD_INDEX of $TESSERA_WORKERS; sleep 600'",
+                           gpuPortionRequest=0.25)
+        body["spec"]["workers"] = 2
+        r = c.post("/api/v1/workloads/trainings", json=body)
+        assert r.status_code == 202, r.text
+        w = server.wait_phase(c, "trainings", r.json()["workloadId"], "Running")
+        assert w["runningPods"] == 2 and w["gpus"]["allocated"] == 0.5
+        assert [p["env"]["TESSERA_POD_INDEX"] for p in w["pods"]] == ["0", "1"]
+        assert len({p["pid"] for p in w["pods"]}) == 2
+        base = f"/api/v1/workloads/trainings/{w['workloadId']}"
+        for pod in (0, 1):
+            for _ in range(100):
+                text = c.get(f"{base}/logs", params={"pod": pod}).text
+                if "pod" in text.split("\n", 1)[-1]:
+                    break
+                import time
+
+                time.sleep(0.05)
+            assert f"pod {pod} of 2" in text
+        assert c.get(f"{base}/logs", params={"pod": 5}).status_code == 404
+        c.delete(base)
