@@ -99,7 +99,9 @@ def build(
     running: int = 10_000,
     pending: int = 2_000,
     seed: int = 7,
+    spread: float = 0.2,
 ) -> Snapshot:
+    """``spread``: share of running workloads placed with the spread policy (fragmenting)."""
     rng = random.Random(seed)
     node_list = make_nodes(nodes, gpus)
     project_list = make_projects(projects, 5, float(nodes * gpus), rng)
@@ -112,7 +114,7 @@ def build(
     while len(workloads) < running and attempts < running * 3:
         attempts += 1
         request, pods = shape(rng, pending=False)
-        placer = placers[1] if rng.random() < 0.2 else placers[0]
+        placer = placers[1] if rng.random() < spread else placers[0]
         placed: list[Placement] = []
         wid = f"run-{len(workloads):05d}"
         for j in range(pods):
@@ -164,12 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--policy", default=CycleConfig().policy)
+    parser.add_argument(
+        "--spread", type=float, default=0.2, help="share of running workloads placed by spread (fragmentation)"
+    )
     parser.add_argument("--actions", default=",".join(CycleConfig().actions))
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one cycle")
     args = parser.parse_args(argv)
 
     t0 = time.perf_counter()
-    snap = build(args.nodes, args.gpus, args.projects, args.running, args.pending, args.seed)
+    snap = build(args.nodes, args.gpus, args.projects, args.running, args.pending, args.seed, args.spread)
     built = time.perf_counter() - t0
     running = sum(1 for w in snap.workloads if w.running)
     used = sum(
