@@ -131,7 +131,6 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         if body.grantType not in ("client_credentials", "app_token"):
             raise ApiError(422, "grantType: must be client_credentials")
         if not backend.authenticate(body.clientId, body.clientSecret):
-            secrets.compare_digest("x", "y")
             raise ApiError(401, "wrong clientId or clientSecret")
         value, expires = backend.issue_token(body.clientId)
         return {"accessToken": value, "expiresAt": int(expires)}
