@@ -36,37 +36,51 @@ def _host_util_after(ns: NodeState, request: ResourceRequest) -> float:
     return (cpu + mem) / 2
 
 
-class BinPack:
+def _free_after(ns: NodeState, devices: tuple[int, ...]) -> int:
+    return sum(ns.dev_free(i) for i in devices)
+
+
+class _ByDevices:
+    """Policies that pick the tightest (or loosest) device set, then score the node."""
+
+    tightest = True
+
+    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
+        options = device_options(ns, request)
+        if not options:
+            return None
+        if self.tightest:
+            devices = min(options, key=lambda d: (_free_after(ns, d), d))
+        else:
+            devices = max(options, key=lambda d: (_free_after(ns, d), [-i for i in d]))
+        return self.node_score(ns, request, used_after(ns, request, devices)), devices
+
+    def node_score(self, ns: NodeState, request: ResourceRequest, used: list[int]) -> float:
+        raise NotImplementedError
+
+
+class BinPack(_ByDevices):
     """Fill the most used node first; on it, the most used GPU that fits (KAI's default)."""
 
     name = "binpack"
     randomised = False
 
-    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
-        options = device_options(ns, request)
-        if not options:
-            return None
-        devices = min(options, key=lambda d: (sum(ns.dev_free(i) for i in d), d))
-        util = _gpu_util(ns, used_after(ns, request, devices))
-        return util + 0.001 * _host_util_after(ns, request), devices
+    def node_score(self, ns: NodeState, request: ResourceRequest, used: list[int]) -> float:
+        return _gpu_util(ns, used) + 0.001 * _host_util_after(ns, request)
 
 
-class Spread:
+class Spread(_ByDevices):
     """Fill the least used node first; on it, the least used GPU."""
 
     name = "spread"
     randomised = False
+    tightest = False
 
-    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
-        options = device_options(ns, request)
-        if not options:
-            return None
-        devices = max(options, key=lambda d: (sum(ns.dev_free(i) for i in d), [-i for i in d]))
-        util = _gpu_util(ns, used_after(ns, request, devices))
-        return -util - 0.001 * _host_util_after(ns, request), devices
+    def node_score(self, ns: NodeState, request: ResourceRequest, used: list[int]) -> float:
+        return -_gpu_util(ns, used) - 0.001 * _host_util_after(ns, request)
 
 
-class BestFit:
+class BestFit(_ByDevices):
     """Leave the least free behind: fewest free GPUs after placement, then least CPU and memory.
 
     Unlike binpack, which compares utilisation ratios, best-fit compares what is left in
@@ -76,14 +90,9 @@ class BestFit:
     name = "best-fit"
     randomised = False
 
-    def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
-        options = device_options(ns, request)
-        if not options:
-            return None
-        devices = min(options, key=lambda d: (sum(ns.dev_free(i) for i in d), d))
-        used = used_after(ns, request, devices)
+    def node_score(self, ns: NodeState, request: ResourceRequest, used: list[int]) -> float:
         free_gpus = sum((m - u) / m for m, u in zip(ns.dev_memory, used, strict=True))
-        return -free_gpus - 0.5 * (1 - _host_util_after(ns, request)), devices
+        return -free_gpus - 0.5 * (1 - _host_util_after(ns, request))
 
 
 class Random:
