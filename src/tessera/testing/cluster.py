@@ -551,6 +551,19 @@ def start_scheduler(cluster: TestCluster) -> ManagedProcess | None:
     if importlib.util.find_spec(SCHEDULER_MODULE) is None:
         return None
     assert cluster.workdir is not None
+    crds = Path(__file__).resolve().parents[3] / "deploy" / "crds"
+    if crds.is_dir():  # a source checkout; an installed package gets its CRDs from the chart
+        cluster.kubectl("apply", "-f", str(crds))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                        "crd/projects.tessera.io", "crd/podgroups.tessera.io")
+    # kwok nodes have no device plugin or node agent: this plays them for reservation pods.
+    writer = ManagedProcess(
+        "gpu-status-writer",
+        [sys.executable, "-m", "tessera.testing.gpu_status", f"--kubeconfig={cluster.kubeconfig}"],
+        cluster.workdir / "logs" / "gpu-status-writer.log",
+    )
+    writer.start()
+    cluster.processes.append(writer)
     proc = ManagedProcess(
         "tessera-scheduler",
         [sys.executable, "-m", SCHEDULER_MODULE, f"--kubeconfig={cluster.kubeconfig}"],
