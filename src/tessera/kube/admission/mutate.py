@@ -1,8 +1,9 @@
 """The mutating webhook: a GPU pod in any spelling becomes a canonical, isolated tessera pod.
 
-A share pod gets ``schedulerName: tessera``, the canonical annotations, its project, the name of
-its per-pod ConfigMap (``tessera.io/gpu-configmap``, chosen here because a pod created with
-``generateName`` has no name yet when mutating webhooks run), and on the GPU container:
+A share pod gets ``schedulerName: tessera``, the canonical annotations, its project, and on the
+GPU container (the ConfigMap is ``<pod>-tessera-gpu``, named as the scheduler names it; a pod
+created with ``generateName`` gets its name here, since mutating webhooks run before the API
+server would generate it):
 
 - ``NVIDIA_VISIBLE_DEVICES`` and ``TESSERA_GPU_MEMORY_LIMIT`` from that ConfigMap
   (``configMapKeyRef``, not optional: the container cannot start before the scheduler wrote it);
@@ -17,9 +18,7 @@ every GPU of the node through the NVIDIA runtime).
 from __future__ import annotations
 
 import copy
-import re
 import secrets
-import string
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,19 +27,23 @@ from tessera.kube import names
 from tessera.kube.admission import policy
 from tessera.kube.admission import spellings as sp
 from tessera.kube.admission.policy import ClusterView, WebhookConfig
+from tessera.kube.binder import configmap_name
 
-_ALPHABET = string.ascii_lowercase + string.digits
-_CM_SUFFIX_LEN = 8
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+"""The alphabet and length the API server uses for generateName (apiserver's names.go)."""
+_GENERATE_SUFFIX = 5
+_MAX_GENERATED_BASE = 63 - _GENERATE_SUFFIX
 
 
-def configmap_name(pod: Mapping[str, Any]) -> str:
-    """``<pod name or generateName>-gpu-<random>``: unique, and not guessable in advance (so
-    nobody can create the ConfigMap before the scheduler does)."""
-    meta = pod.get("metadata") or {}
-    base = str(meta.get("name") or meta.get("generateName") or "pod")
-    base = re.sub(r"[^a-z0-9.-]", "-", base.lower()).strip("-.")[:200] or "pod"
-    suffix = "".join(secrets.choice(_ALPHABET) for _ in range(_CM_SUFFIX_LEN))
-    return f"{base}-gpu-{suffix}"
+def generated_name(generate_name: str) -> str:
+    """A name from ``generateName`` the way the API server makes one."""
+    base = generate_name[:_MAX_GENERATED_BASE]
+    return base + "".join(secrets.choice(_GENERATE_ALPHABET) for _ in range(_GENERATE_SUFFIX))
+
+
+def pod_configmap(pod: Mapping[str, Any]) -> str:
+    """The per-pod ConfigMap the scheduler writes (:func:`tessera.kube.binder.configmap_name`)."""
+    return configmap_name(str((pod.get("metadata") or {}).get("name") or ""))
 
 
 def _set_env(container: dict[str, Any], entries: list[dict[str, Any]]) -> None:
@@ -53,8 +56,12 @@ def _share_container(container: dict[str, Any], cm: str, t: sp.Translation,
                      config: WebhookConfig) -> None:
     entries: list[dict[str, Any]] = [
         {"name": key, "valueFrom": {"configMapKeyRef": {"name": cm, "key": key}}}
-        for key in (*policy.CONFIGMAP_KEYS, *t.configmap_env)
+        for key in policy.CONFIGMAP_KEYS
     ]
+    # Informational (cGPU's ALIYUN_COM_GPU_MEM_DEV): optional, unlike the keys isolation needs.
+    entries += [{"name": key, "valueFrom": {"configMapKeyRef": {"name": cm, "key": key,
+                                                               "optional": True}}}
+                for key in t.configmap_env]
     entries.append({"name": policy.REGION_ENV, "value": f"{policy.REGION_DIR}/gpu-usage.region"})
     entries += [{"name": k, "value": v} for k, v in t.static_env.items()]
     _set_env(container, entries)
@@ -120,9 +127,12 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
     ann[names.PROJECT] = project
     spec = out.setdefault("spec", {})
     spec["schedulerName"] = config.scheduler_name
-    cm = configmap_name(pod) if t.shared else None
+    if not meta.get("name") and meta.get("generateName"):
+        # Mutating webhooks run before the API server generates the name, and the ConfigMap's
+        # name (read through configMapKeyRef, fixed at creation) follows the pod's name.
+        meta["name"] = generated_name(str(meta["generateName"]))
+    cm = pod_configmap(out) if t.shared else None
     if cm is not None:
-        ann[names.CONFIGMAP] = cm
         spec["volumes"] = list(spec.get("volumes") or []) + _volumes(config)
     for kind in ("containers", "initContainers"):
         for i, c in enumerate(spec.get(kind) or []):

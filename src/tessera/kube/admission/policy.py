@@ -16,6 +16,7 @@ from tessera.core.model import GpuKind, GpuRequest, Node
 from tessera.core.requests import check_against_cluster
 from tessera.kube import names
 from tessera.kube.admission import spellings as sp
+from tessera.kube.binder import configmap_name
 from tessera.kube.podspec import containers_of, gpu_request
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -28,7 +29,7 @@ CONFIGMAP_KEYS = (VISIBLE_DEVICES, LIMIT_ENV)
 RESERVED_ENV_PREFIX = "TESSERA_GPU_"
 
 PLACEMENT_ANNOTATIONS = (names.PLACEMENT, names.CONFIGMAP, names.GPU_UUID)
-"""Written only by tessera (the webhook picks the ConfigMap name, the scheduler the rest)."""
+"""Written only by tessera's scheduler."""
 REQUEST_ANNOTATIONS = (
     *sp.CANONICAL_ANNOTATIONS, *sp.RUNAI_ANNOTATIONS, names.GPU_MODEL, names.PROJECT,
 )
@@ -173,16 +174,11 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
                      f"is set from the namespace: {namespace} belongs to project {project}",
                      ann.get(names.PROJECT))
     gpu_container = None
-    configmap = ann.get(names.CONFIGMAP)
+    configmap = configmap_name(str(meta.get("name") or ""))
     if shared:
         check_privileged(pod)
         gpu_container = sp._pick_container(pod, ann.get(sp.GPU_CONTAINER),
                                            sp.annotation_field(sp.GPU_CONTAINER))
-        if not configmap:
-            raise refuse(sp.annotation_field(names.CONFIGMAP),
-                         "is missing: a GPU share needs its ConfigMap (set by the mutating webhook)")
-    elif configmap is not None:
-        raise refuse(sp.annotation_field(names.CONFIGMAP), "is only for GPU-share pods", configmap)
     for ref, c in containers_with_refs(pod):
         env = {str(e.get("name")): e for e in c.get("env") or []}
         where = f"{ref.path}.env[{VISIBLE_DEVICES}]"
@@ -238,3 +234,25 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], user: str,
         if old_labels.get(key) != new_labels.get(key):
             raise refuse(sp.label_field(key), "cannot be changed after the pod is created",
                          new_labels.get(key))
+
+
+CONFIGMAP_SUFFIX = "-tessera-gpu"
+
+
+def is_tessera_configmap(obj: Mapping[str, Any] | None) -> bool:
+    meta = (obj or {}).get("metadata") or {}
+    return str(meta.get("name", "")).endswith(CONFIGMAP_SUFFIX) or (
+        (meta.get("labels") or {}).get(names.MANAGED_BY) == "tessera")
+
+
+def check_configmap(request: Mapping[str, Any], config: WebhookConfig) -> None:
+    """A per-pod ConfigMap holds the pod's devices and limits: only the scheduler writes one
+    (nobody may create it first, or edit it after)."""
+    user = (request.get("userInfo") or {}).get("username", "")
+    if user == config.scheduler_user:
+        return
+    obj, old = request.get("object"), request.get("oldObject")
+    if is_tessera_configmap(obj) or is_tessera_configmap(old):
+        name = ((obj or old or {}).get("metadata") or {}).get("name")
+        raise refuse("metadata.name", f"ConfigMap {name} (a GPU pod's devices and limits) is "
+                     "written by tessera's scheduler only", name)

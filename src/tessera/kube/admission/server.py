@@ -54,7 +54,14 @@ def review_mutate(request: dict[str, Any], view: ClusterView,
 def review_validate(request: dict[str, Any], view: ClusterView,
                     config: WebhookConfig) -> dict[str, Any]:
     uid = request.get("uid", "")
-    if request.get("kind", {}).get("kind") != "Pod":
+    kind = request.get("kind", {}).get("kind")
+    if kind == "ConfigMap":
+        try:
+            policy.check_configmap(request, config)
+        except InvalidRequest as exc:
+            return _response(uid, allowed=False, message=str(exc))
+        return _response(uid, allowed=True)
+    if kind != "Pod":
         return _response(uid, allowed=True)
     pod = request.get("object") or {}
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")

@@ -1,0 +1,466 @@
+"""The admission webhook on the real API server: a real ``tessera-webhook`` process on loopback
+(certificate from the harness CA), registered with the chart's own webhook configurations, and
+running as the chart's ServiceAccount with only the chart's RBAC rules."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import ApiError, Client, codecs
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
+
+from tessera.kube import names
+from tessera.kube.admission import local
+from tessera.kube.objects import ProjectResource
+from tessera.testing.cluster import TestCluster
+
+SYSTEM_NS = "tessera-system"
+
+# The cGPU seed (shared/seeds/002), step 1, verbatim.
+BINPACK_1 = """\
+apiVersion: apps/v1
+kind: StatefulSet
+
+metadata:
+  name: binpack-1
+  labels:
+    app: binpack-1
+
+spec:
+  # Set the number of pod replicas to 1. This makes it easier for you to check GPU memory allocation.
+  replicas: 1
+  serviceName: "binpack-1"
+  podManagementPolicy: "Parallel"
+  selector: # define how the deployment finds the pods it manages
+    matchLabels:
+      app: binpack-1
+
+  template: # define the pods specifications
+    metadata:
+      labels:
+        app: binpack-1
+        # Declare 4 GPUs for the pod and specify that each GPU allocates 2 GiB of memory.
+        aliyun.com/gpu-count: "4"
+    spec:
+      containers:
+      - name: binpack-1
+        image: registry.cn-shanghai.aliyuncs.com/tensorflow-samples/tensorflow-gpu-mem:10.0-runtime-centos7
+        resources:
+          limits:
+            # The pod requests 8 GiB of GPU memory in total.
+            aliyun.com/gpu-mem: 8
+"""
+
+
+def runai_pod(name: str, annotations: dict[str, str], **container: Any) -> dict[str, Any]:
+    """A pod as Run:ai's CLI v1 submits it (``runai submit NAME -i IMAGE -g 0.5``): the share
+    as an annotation, Run:ai's scheduler name, the project label."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"project": "team-a", "release": name},
+                     "annotations": annotations},
+        "spec": {
+            "schedulerName": "runai-scheduler",
+            "restartPolicy": "Never",
+            "containers": [{"name": name, "image": "runai.jfrog.io/demo/quickstart", **container}],
+        },
+    }
+
+
+def plain_pod(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}], **spec}}
+
+
+@pytest.fixture(scope="module")
+def webhook(kube_cluster: TestCluster) -> Iterator[local.LocalWebhook]:
+    """The webhook as ServiceAccount tessera-system/tessera-webhook with the chart's RBAC, and
+    the scheduler's RBAC (so tests can act as the scheduler)."""
+    crds = [d for d in local.helm_template(include_crds=True)
+            if d["kind"] == "CustomResourceDefinition"]
+    local.apply(kube_cluster, crds)
+    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                         "crd/projects.tessera.io")
+    rbac = [d for d in local.helm_template() if d["kind"] in (
+        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    kube_cluster.service_account_kubeconfig(SYSTEM_NS, "tessera-scheduler")
+    kubeconfig = kube_cluster.service_account_kubeconfig(SYSTEM_NS, "tessera-webhook")
+    local.apply(kube_cluster, rbac)
+    hook = local.start_webhook(kube_cluster, kubeconfig=kubeconfig)
+    try:
+        local.register(kube_cluster, hook)
+        yield hook
+    finally:
+        local.unregister(kube_cluster)
+        hook.stop()
+
+
+_seq = iter(range(10**6))
+
+
+def create_project_namespace(client: Client, base: str) -> tuple[str, str]:
+    ns = f"{base}-{next(_seq)}"
+    client.create(Namespace(metadata=ObjectMeta(name=ns)))
+    project = f"{ns}-proj"
+    client.create(ProjectResource(metadata=ObjectMeta(name=project), spec={
+        "namespace": ns, "resources": {"gpu": {"deserved": 4}}}))
+    return ns, project
+
+
+def wait_webhook_sees_project(client: Client, ns: str) -> None:
+    """The webhook learns Projects through a watch: wait until a dry-run is no longer refused
+    for want of a project."""
+    probe = codecs.from_dict(runai_pod("probe", {"gpu-fraction": "0.5"}))
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            client.create(probe, namespace=ns, dry_run=True)
+            return
+        except ApiError as exc:
+            if "belongs to no tessera Project" not in str(exc.status.message) \
+                    or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def team(webhook: local.LocalWebhook, kube_client: Client) -> tuple[str, str]:
+    """A namespace owned by a Project (Run:ai's runai-team-a / team-a)."""
+    ns, project = create_project_namespace(kube_client, "runai-team-a")
+    wait_webhook_sees_project(kube_client, ns)
+    return ns, project
+
+
+def create(client: Client, manifest: dict[str, Any], ns: str) -> Any:
+    return client.create(codecs.from_dict(copy.deepcopy(manifest)), namespace=ns)
+
+
+def refused(client: Client, manifest: dict[str, Any], ns: str) -> str:
+    with pytest.raises(ApiError) as info:
+        create(client, manifest, ns)
+    return str(info.value.status.message)
+
+
+def env_of(container: Any) -> dict[str, Any]:
+    return {e.name: e for e in container.env or []}
+
+
+def assert_share_wiring(pod: Pod, container: str, project: str) -> None:
+    assert pod.spec is not None and pod.metadata is not None
+    assert pod.spec.schedulerName == "tessera"
+    assert (pod.metadata.annotations or {})[names.PROJECT] == project
+    cm = f"{pod.metadata.name}-tessera-gpu"
+    for c in [*pod.spec.containers, *(pod.spec.initContainers or [])]:
+        env = env_of(c)
+        if c.name == container:
+            for key in ("NVIDIA_VISIBLE_DEVICES", "TESSERA_GPU_MEMORY_LIMIT"):
+                ref = env[key].valueFrom.configMapKeyRef
+                assert (ref.name, ref.key, ref.optional) == (cm, key, None)
+            mounts = {m.mountPath: m for m in c.volumeMounts or []}
+            assert mounts["/etc/ld.so.preload"].name == "tessera-ld-so-preload"
+            assert mounts["/usr/local/tessera"].readOnly is True
+            assert mounts["/etc/tessera"].readOnly is True
+        else:
+            assert env["NVIDIA_VISIBLE_DEVICES"].value == "void"
+    volumes = {v.name: v for v in pod.spec.volumes or []}
+    assert volumes["tessera-isolation"].hostPath.path == "/var/lib/tessera/isolation"
+    assert volumes["tessera-isolation"].hostPath.type == "Directory"
+    assert volumes["tessera-ld-so-preload"].hostPath.path == "/var/lib/tessera/isolation/ld.so.preload"
+    assert volumes["tessera-ld-so-preload"].hostPath.type == "File"
+
+
+# ---- the seeds ---------------------------------------------------------------------------------
+def test_runai_quickstart_pods_are_translated(kube_client: Client, team: tuple[str, str]) -> None:
+    ns, project = team
+    frac05 = runai_pod("frac05", {"gpu-fraction": "0.5"})
+    frac05_2 = runai_pod("frac05-2", {"gpu-fraction": "0.5"})
+    mem5g = runai_pod("mem5g", {"gpu-memory": "5000"})
+    for manifest in (frac05, frac05_2, mem5g):
+        create(kube_client, manifest, ns)
+    for name in ("frac05", "frac05-2"):
+        pod = kube_client.get(Pod, name, namespace=ns)
+        ann = pod.metadata.annotations
+        assert ann["gpu-fraction"] == "0.5" and ann[names.GPU_PORTION] == "0.5"
+        assert names.GPU_MEMORY not in ann
+        assert_share_wiring(pod, name, project)
+    pod = kube_client.get(Pod, "mem5g", namespace=ns)
+    assert pod.metadata.annotations[names.GPU_MEMORY] == "5000Mi"
+    assert_share_wiring(pod, "mem5g", project)
+
+
+def test_runai_dynamic_fraction_and_container_name(kube_client: Client,
+                                                   team: tuple[str, str]) -> None:
+    ns, project = team
+    manifest = runai_pod("dyn", {"gpu-fraction": "0.25", "gpu-fraction-container-name": "gpu",
+                                 "gpu-fraction-num-devices": "2"})
+    manifest["spec"]["containers"] = [
+        {"name": "sidecar", "image": "busybox"},
+        {"name": "gpu", "image": "x", "env": [{"name": "RUNAI_GPU_MEMORY_LIMIT", "value": "0.8"}]},
+    ]
+    manifest["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
+    create(kube_client, manifest, ns)
+    pod = kube_client.get(Pod, "dyn", namespace=ns)
+    ann = pod.metadata.annotations
+    assert (ann[names.GPU_PORTION], ann[names.GPU_PORTION_LIMIT], ann[names.GPU_DEVICES]) == (
+        "0.25", "0.8", "2")
+    assert_share_wiring(pod, "gpu", project)
+
+    mem = runai_pod("dynmem", {"gpu-memory": "4000"},
+                    env=[{"name": "RUNAI_GPU_MEMORY_LIMIT", "value": "8G"}])
+    create(kube_client, mem, ns)
+    ann = kube_client.get(Pod, "dynmem", namespace=ns).metadata.annotations
+    assert (ann[names.GPU_MEMORY], ann[names.GPU_MEMORY_LIMIT]) == ("4000Mi", "8000000000")
+
+
+def test_cgpu_binpack_statefulset_pod(kube_cluster: TestCluster, kube_client: Client,
+                                      team: tuple[str, str]) -> None:
+    """The seed's StatefulSet applied verbatim. There is no kube-controller-manager in the test
+    cluster, so its pod is created here from the StatefulSet's template as the StatefulSet
+    controller would (name <set>-<ordinal>, the set's pod labels, an owner reference, hostname
+    and subdomain); the webhook sees the same object it would see from the controller."""
+    ns, project = team
+    path = kube_cluster.workdir / "binpack-1.yaml"  # type: ignore[operator]
+    path.write_text(BINPACK_1)
+    kube_cluster.kubectl("apply", "-n", ns, "-f", str(path))
+    sts = kube_client.get(StatefulSet, "binpack-1", namespace=ns)
+    template = sts.spec.template.to_dict()
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            **template.get("metadata", {}),
+            "name": "binpack-1-0",
+            "labels": {**template["metadata"]["labels"],
+                       "statefulset.kubernetes.io/pod-name": "binpack-1-0",
+                       "apps.kubernetes.io/pod-index": "0"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                 "name": "binpack-1", "uid": sts.metadata.uid,
+                                 "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": {**template["spec"], "hostname": "binpack-1-0", "subdomain": "binpack-1"},
+    }
+    create(kube_client, pod, ns)
+    got = kube_client.get(Pod, "binpack-1-0", namespace=ns)
+    ann = got.metadata.annotations
+    assert (ann[names.GPU_MEMORY], ann[names.GPU_DEVICES]) == ("2Gi", "4")
+    assert got.metadata.labels["aliyun.com/gpu-count"] == "4"
+    container = got.spec.containers[0]
+    assert "aliyun.com/gpu-mem" not in ((container.resources.limits or {}) if container.resources
+                                        else {}), "no node advertises aliyun.com/gpu-mem"
+    env = env_of(container)
+    assert env["ALIYUN_COM_GPU_MEM_CONTAINER"].value == "2"
+    dev = env["ALIYUN_COM_GPU_MEM_DEV"].valueFrom.configMapKeyRef
+    assert (dev.name, dev.key, dev.optional) == ("binpack-1-0-tessera-gpu", "ALIYUN_COM_GPU_MEM_DEV", True)
+    assert_share_wiring(got, "binpack-1", project)
+
+
+def test_generate_name_pod_gets_its_name_and_configmap(kube_client: Client,
+                                                       team: tuple[str, str]) -> None:
+    """Mutating webhooks run before the API server generates a name; the webhook names the pod
+    so that the ConfigMap reference matches the name the scheduler will use."""
+    ns, project = team
+    manifest = runai_pod("x", {"gpu-fraction": "0.3"})
+    del manifest["metadata"]["name"]
+    manifest["metadata"]["generateName"] = "frac03-"
+    pod = create(kube_client, manifest, ns)
+    assert pod.metadata.name.startswith("frac03-") and len(pod.metadata.name) == len("frac03-") + 5
+    assert_share_wiring(kube_client.get(Pod, pod.metadata.name, namespace=ns), "x", project)
+
+
+def test_canonical_whole_gpu_and_cpu_pods(kube_client: Client, team: tuple[str, str]) -> None:
+    ns, project = team
+    whole = plain_pod("whole", schedulerName="tessera", containers=[
+        {"name": "gpu", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+        {"name": "side", "image": "busybox"}])
+    create(kube_client, whole, ns)
+    pod = kube_client.get(Pod, "whole", namespace=ns)
+    assert pod.metadata.annotations[names.PROJECT] == project
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(pod.spec.containers[0])
+    assert env_of(pod.spec.containers[1])["NVIDIA_VISIBLE_DEVICES"].value == "void"
+    assert not pod.spec.volumes or all(v.hostPath is None for v in pod.spec.volumes)
+
+    canonical = plain_pod("canon")
+    canonical["metadata"]["annotations"] = {names.GPU_MEMORY: "10Gi", names.GPU_MEMORY_LIMIT: "20Gi"}
+    create(kube_client, canonical, ns)
+    pod = kube_client.get(Pod, "canon", namespace=ns)
+    assert pod.metadata.annotations[names.GPU_MEMORY_LIMIT] == "20Gi"
+    assert_share_wiring(pod, "main", project)
+
+
+def test_pods_without_gpu_are_not_touched(kube_client: Client, team: tuple[str, str]) -> None:
+    ns, _ = team
+    create(kube_client, plain_pod("cpu-only"), ns)
+    pod = kube_client.get(Pod, "cpu-only", namespace=ns)
+    assert pod.spec.schedulerName == "default-scheduler"
+    assert not pod.spec.containers[0].env and not pod.metadata.annotations
+    # NVIDIA_VISIBLE_DEVICES=void is allowed on any pod
+    void = plain_pod("void", containers=[{"name": "main", "image": "busybox", "env": [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]}])
+    create(kube_client, void, ns)
+
+
+# ---- refusals ------------------------------------------------------------------------------------
+def _runai(ann: dict[str, str], **container: Any) -> dict[str, Any]:
+    return runai_pod("bad", ann, **container)
+
+
+def _cgpu(count: str | None, mem: Any) -> dict[str, Any]:
+    pod = plain_pod("bad", containers=[{"name": "main", "image": "x", "resources": {
+        "limits": {"aliyun.com/gpu-mem": mem}} if mem is not None else {}}])
+    if count is not None:
+        pod["metadata"]["labels"] = {"aliyun.com/gpu-count": count}
+    return pod
+
+
+def _canon(ann: dict[str, str], **container: Any) -> dict[str, Any]:
+    pod = plain_pod("bad", containers=[{"name": "main", "image": "x", **container}])
+    pod["metadata"]["annotations"] = ann
+    return pod
+
+
+INVALID = {
+    "fraction-too-big": (_runai({"gpu-fraction": "1.5"}),
+                         "metadata.annotations[gpu-fraction]: must be a decimal GPU portion in (0, 1)"),
+    "fraction-not-a-number": (_runai({"gpu-fraction": "half"}),
+                              "metadata.annotations[gpu-fraction]: must be a decimal GPU portion"),
+    "runai-memory-with-suffix": (_runai({"gpu-memory": "5G"}),
+                                 "metadata.annotations[gpu-memory]: must be a positive whole number of MiB"),
+    "fraction-and-memory": (_runai({"gpu-fraction": "0.5", "gpu-memory": "5000"}),
+                            "metadata.annotations[gpu-memory]: give gpu-fraction or gpu-memory, not both"),
+    "fraction-limit-below-request": (_runai({"gpu-fraction": "0.5", "gpu-fraction-limit": "0.3"}),
+                                     "metadata.annotations[gpu-fraction-limit]: must be at least the request 0.5"),
+    "memory-limit-below-request": (_runai({"gpu-memory": "5000", "gpu-memory-limit": "4000"}),
+                                   "metadata.annotations[gpu-memory-limit]: must be at least the request"),
+    "env-limit-below-request": (
+        _runai({"gpu-memory": "5000"}, env=[{"name": "RUNAI_GPU_MEMORY_LIMIT", "value": "4G"}]),
+        "env[RUNAI_GPU_MEMORY_LIMIT]: must be at least the request"),
+    "fraction-limit-without-fraction": (_runai({"gpu-memory": "5000", "gpu-fraction-limit": "0.8"}),
+                                        "metadata.annotations[gpu-fraction-limit]: needs a gpu-fraction request"),
+    "num-devices-alone": (_runai({"gpu-fraction-num-devices": "2"}),
+                          "needs a gpu-fraction or gpu-memory annotation"),
+    "more-devices-than-any-node": (_runai({"gpu-fraction": "0.5", "gpu-fraction-num-devices": "16"}),
+                                   "metadata.annotations[gpu-fraction-num-devices]: asks for 16 GPUs on one node; the largest node has 8"),
+    "container-name-unknown": (_runai({"gpu-fraction": "0.5", "gpu-fraction-container-name": "nope"}),
+                               "metadata.annotations[gpu-fraction-container-name]: names no container"),
+    "cgpu-not-divisible": (_cgpu("3", 8),
+                           "spec.containers[main].resources.limits[aliyun.com/gpu-mem]: must divide evenly over aliyun.com/gpu-count=3"),
+    "cgpu-count-not-a-number": (_cgpu("four", 8), "metadata.labels[aliyun.com/gpu-count]: must be a whole number"),
+    "cgpu-label-without-memory": (_cgpu("4", None), "metadata.labels[aliyun.com/gpu-count]: needs aliyun.com/gpu-mem"),
+    "cgpu-more-gpus-than-any-node": (_cgpu("16", 32), "metadata.labels[aliyun.com/gpu-count]: asks for 16 GPUs on one node"),
+    "cgpu-more-memory-than-any-gpu": (_cgpu("1", 100),
+                                      "spec.containers[main].resources.limits[aliyun.com/gpu-mem]: is larger than every GPU in the cluster"),
+    "tessera-portion-zero": (_canon({names.GPU_PORTION: "0"}),
+                             "metadata.annotations[tessera.io/gpu-portion]: must be a decimal GPU portion"),
+    "tessera-portion-and-memory": (_canon({names.GPU_PORTION: "0.5", names.GPU_MEMORY: "5G"}),
+                                   "metadata.annotations[tessera.io/gpu-memory]: give a GPU portion or a GPU memory amount, not both"),
+    "tessera-memory-limit-below": (_canon({names.GPU_MEMORY: "10G", names.GPU_MEMORY_LIMIT: "5G"}),
+                                   "metadata.annotations[tessera.io/gpu-memory-limit]: must be at least the request"),
+    "visible-devices-by-hand": (
+        plain_pod("bad", containers=[{"name": "main", "image": "x", "env": [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]),
+        "spec.containers[main].env[NVIDIA_VISIBLE_DEVICES]: may only be void or none"),
+    "visible-devices-by-hand-in-share": (
+        _runai({"gpu-fraction": "0.5"}, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-1234"}]),
+        "env[NVIDIA_VISIBLE_DEVICES]: may only be void or none"),
+    "isolation-env-by-hand": (
+        _runai({"gpu-fraction": "0.5"}, env=[{"name": "TESSERA_GPU_MEMORY_LIMIT", "value": "80G"}]),
+        "env[TESSERA_GPU_MEMORY_LIMIT]: is set by tessera"),
+    "placement-by-hand": (_runai({"gpu-fraction": "0.5", names.PLACEMENT: '{"node":"n","devices":[0]}'}),
+                          "metadata.annotations[tessera.io/placement]: is written by tessera only"),
+    "placement-by-hand-without-share": (_canon({names.PLACEMENT: "{}"}),
+                                        "metadata.annotations[tessera.io/placement]: is written by tessera only"),
+    "privileged-share": (_runai({"gpu-fraction": "0.5"}, securityContext={"privileged": True}),
+                         "securityContext.privileged: must not be true in a pod with a GPU share"),
+    "mix-runai-and-tessera": (_runai({"gpu-fraction": "0.5", names.GPU_PORTION: "0.5"}),
+                              "mixes GPU spellings"),
+    "mix-runai-and-cgpu": (
+        _runai({"gpu-fraction": "0.5"}, resources={"limits": {"aliyun.com/gpu-mem": 8}}),
+        "mixes GPU spellings: Alibaba cGPU"),
+    "mix-fraction-and-whole-gpus": (
+        _runai({"gpu-fraction": "0.5"}, resources={"limits": {"nvidia.com/gpu": 1}}),
+        "metadata.annotations[gpu-fraction]: give nvidia.com/gpu limits (whole GPUs)"),
+    "other-scheduler": (
+        {**_runai({"gpu-fraction": "0.5"}), "spec": {**_runai({})["spec"], "schedulerName": "volcano"}},
+        "spec.schedulerName: a GPU-share pod is scheduled by tessera"),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_request_is_refused_with_its_field(kube_client: Client, team: tuple[str, str],
+                                                   case: str) -> None:
+    manifest, expected = INVALID[case]
+    message = refused(kube_client, manifest, team[0])
+    assert expected in message, message
+    assert "denied the request" in message
+
+
+def test_project_comes_from_the_namespace(kube_client: Client, team: tuple[str, str]) -> None:
+    ns, project = team
+    manifest = _runai({"gpu-fraction": "0.5", names.PROJECT: "someone-else"})
+    message = refused(kube_client, manifest, ns)
+    assert f"metadata.annotations[tessera.io/project]: is set from the namespace: {ns} belongs " \
+           f"to project {project}" in message
+    lonely = f"no-project-{next(_seq)}"
+    kube_client.create(Namespace(metadata=ObjectMeta(name=lonely)))
+    message = refused(kube_client, _runai({"gpu-fraction": "0.5"}), lonely)
+    assert f"metadata.namespace: namespace {lonely} belongs to no tessera Project" in message
+    create(kube_client, plain_pod("cpu"), lonely)  # pods without GPUs need no project
+
+
+# ---- after creation: only the scheduler changes tessera's annotations --------------------------
+def test_users_cannot_change_requests_or_placement(kube_cluster: TestCluster, kube_client: Client,
+                                                   team: tuple[str, str]) -> None:
+    ns, _ = team
+    create(kube_client, runai_pod("upd", {"gpu-fraction": "0.5"}), ns)
+    for key, value in ((names.GPU_PORTION, "0.9"), (names.PLACEMENT, '{"node":"x"}'),
+                       ("gpu-fraction", "0.9")):
+        with pytest.raises(ApiError) as info:
+            kube_client.patch(Pod, "upd", {"metadata": {"annotations": {key: value}}}, namespace=ns)
+        assert f"metadata.annotations[{key}]: cannot be changed after the pod is created" in \
+            str(info.value.status.message)
+    kube_client.patch(Pod, "upd", {"metadata": {"labels": {"team": "vision"}}}, namespace=ns)
+    scheduler = kube_cluster.service_account_client(SYSTEM_NS, "tessera-scheduler")
+    scheduler.patch(Pod, "upd", {"metadata": {"annotations": {names.PLACEMENT: '{"node":"n"}'}}},
+                    namespace=ns)
+    pod = kube_client.get(Pod, "upd", namespace=ns)
+    assert pod.metadata.annotations[names.PLACEMENT] == '{"node":"n"}'
+
+
+def test_only_the_scheduler_writes_per_pod_configmaps(kube_cluster: TestCluster,
+                                                      kube_client: Client,
+                                                      team: tuple[str, str]) -> None:
+    ns, _ = team
+    forged = ConfigMap(metadata=ObjectMeta(name="victim-tessera-gpu"),
+                       data={"NVIDIA_VISIBLE_DEVICES": "all"})
+    with pytest.raises(ApiError) as info:
+        kube_client.create(forged, namespace=ns)
+    assert "is written by tessera's scheduler only" in str(info.value.status.message)
+    scheduler = kube_cluster.service_account_client(SYSTEM_NS, "tessera-scheduler")
+    labels = {names.MANAGED_BY: "tessera"}
+    scheduler.create(ConfigMap(metadata=ObjectMeta(name="real-tessera-gpu", labels=labels),
+                               data={"NVIDIA_VISIBLE_DEVICES": "GPU-1"}), namespace=ns)
+    with pytest.raises(ApiError) as info:
+        kube_client.patch(ConfigMap, "real-tessera-gpu",
+                          {"data": {"NVIDIA_VISIBLE_DEVICES": "all"}}, namespace=ns)
+    assert "is written by tessera's scheduler only" in str(info.value.status.message)
+    kube_client.create(ConfigMap(metadata=ObjectMeta(name="ordinary"), data={"a": "b"}),
+                       namespace=ns)
+
+
+def test_webhook_manifests_match_the_rendered_chart(webhook: local.LocalWebhook,
+                                                    kube_client: Client) -> None:
+    """What the tests registered is the chart's configuration, only pointed at loopback."""
+    docs = local.webhook_configurations(webhook.url, webhook.ca_bundle)
+    in_cluster = [d for d in local.helm_template() if d["kind"] in local.WEBHOOK_KINDS]
+    for mine, chart in zip(docs, in_cluster, strict=True):
+        for a, b in zip(mine["webhooks"], chart["webhooks"], strict=True):
+            a, b = dict(a), dict(b)
+            assert "url" in a.pop("clientConfig") and "service" in b.pop("clientConfig")
+            assert a == b
+    assert yaml.safe_dump(docs)  # serialisable
