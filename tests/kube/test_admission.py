@@ -4,17 +4,20 @@ running as the chart's ServiceAccount with only the chart's RBAC rules."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 from lightkube import ApiError, Client, codecs
+from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, PodBinding
 
 from tessera.kube import names
 from tessera.kube.admission import local
@@ -131,11 +134,22 @@ def wait_webhook_sees_project(client: Client, ns: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def team(webhook: local.LocalWebhook, kube_client: Client) -> tuple[str, str]:
-    """A namespace owned by a Project (Run:ai's runai-team-a / team-a)."""
+def team(webhook: local.LocalWebhook, kube_client: Client) -> Iterator[tuple[str, str]]:
+    """A namespace owned by a Project (Run:ai's runai-team-a / team-a). Its pods are deleted
+    afterwards: a scheduler started by a later test would otherwise place them."""
     ns, project = create_project_namespace(kube_client, "runai-team-a")
     wait_webhook_sees_project(kube_client, ns)
-    return ns, project
+    yield ns, project
+    delete_pods(kube_client, ns)
+
+
+def delete_pods(client: Client, ns: str) -> None:
+    for pod in client.list(Pod, namespace=ns):
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, pod.metadata.name, namespace=ns, grace_period=0)
+    deadline = time.monotonic() + 30
+    while list(client.list(Pod, namespace=ns)) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def create(client: Client, manifest: dict[str, Any], ns: str) -> Any:
@@ -425,11 +439,22 @@ def test_users_cannot_change_requests_or_placement(kube_cluster: TestCluster, ku
         assert f"metadata.annotations[{key}]: cannot be changed after the pod is created" in \
             str(info.value.status.message)
     kube_client.patch(Pod, "upd", {"metadata": {"labels": {"team": "vision"}}}, namespace=ns)
+    # The scheduler writes the placement with the binding (pods/binding copies the Binding's
+    # annotations onto the pod), as its ServiceAccount with the chart's rules.
     scheduler = kube_cluster.service_account_client(SYSTEM_NS, "tessera-scheduler")
-    scheduler.patch(Pod, "upd", {"metadata": {"annotations": {names.PLACEMENT: '{"node":"n"}'}}},
-                    namespace=ns)
+    node = kube_cluster.gpu_nodes[0]  # type: ignore[attr-defined]
+    with contextlib.suppress(msgspec.ValidationError):  # lightkube cannot decode the Status reply
+        scheduler.create(PodBinding(
+            metadata=ObjectMeta(name="upd", namespace=ns,
+                                annotations={names.PLACEMENT: '{"node":"n"}'}),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=node)), "upd", namespace=ns)
     pod = kube_client.get(Pod, "upd", namespace=ns)
     assert pod.metadata.annotations[names.PLACEMENT] == '{"node":"n"}'
+    assert pod.spec.nodeName == node
+    with pytest.raises(ApiError) as info:
+        kube_client.patch(Pod, "upd", {"metadata": {"annotations": {names.PLACEMENT: "{}"}}},
+                          namespace=ns)
+    assert "cannot be changed after the pod is created" in str(info.value.status.message)
 
 
 def test_only_the_scheduler_writes_per_pod_configmaps(kube_cluster: TestCluster,

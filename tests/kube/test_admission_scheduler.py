@@ -1,0 +1,158 @@
+"""Seeds end to end: webhook and scheduler both running as the chart's ServiceAccounts with only
+the chart's RBAC. A Run:ai quickstart pod and the cGPU binpack-1 pod are admitted, translated,
+scheduled and bound, and the per-pod ConfigMap the scheduler writes holds every key the
+webhook wired into the containers."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+
+from tessera.isolation.config import manual_environment
+from tessera.kube import names
+from tessera.kube.admission import local
+from tessera.testing.cluster import TestCluster
+from tests.kube.test_admission import (
+    SYSTEM_NS,
+    _cgpu,
+    create,
+    create_project_namespace,
+    delete_pods,
+    runai_pod,
+    wait_webhook_sees_project,
+)
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def stack(kube_cluster: TestCluster, kube_client: Client) -> Iterator[TestCluster]:
+    docs = local.helm_template(include_crds=True)
+    local.apply(kube_cluster, [d for d in docs if d["kind"] == "CustomResourceDefinition"])
+    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                         "crd/projects.tessera.io", "crd/podgroups.tessera.io")
+    sched_kc = kube_cluster.service_account_kubeconfig(SYSTEM_NS, "tessera-scheduler")
+    hook_kc = kube_cluster.service_account_kubeconfig(SYSTEM_NS, "tessera-webhook")
+    local.apply(kube_cluster, [d for d in docs if d["kind"] in (
+        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")])
+    assert kube_cluster.workdir is not None
+    logs = kube_cluster.workdir / "logs"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(name: str, args: list[str]) -> None:
+        with (logs / f"{name}.log").open("ab") as log:
+            procs.append(subprocess.Popen([sys.executable, *args], stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+
+    hook = local.start_webhook(kube_cluster, name="e2e-webhook", kubeconfig=hook_kc)
+    spawn("e2e-gpu-status", ["-m", "tessera.testing.gpu_status",
+                             f"--kubeconfig={kube_cluster.kubeconfig}"])
+    spawn("e2e-scheduler", ["-m", "tessera.kube.scheduler", f"--kubeconfig={sched_kc}",
+                            "--lease-name=tessera-scheduler-admission-e2e",
+                            "--lease-duration=3", "--identity=e2e"])
+    try:
+        local.register(kube_cluster, hook)
+        yield kube_cluster
+    finally:
+        local.unregister(kube_cluster)
+        hook.stop()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+            if p.poll() is None:
+                p.kill()
+
+
+def bound(client: Client, ns: str, name: str) -> Pod:
+    def check() -> Pod | None:
+        pod = client.get(Pod, name, namespace=ns)
+        return pod if pod.spec.nodeName else None
+    pod: Pod = wait_until(f"{ns}/{name} bound", check)
+    return pod
+
+
+def configmap_refs(pod: Pod) -> list[tuple[str, str, bool]]:
+    out = []
+    for c in [*pod.spec.containers, *(pod.spec.initContainers or [])]:
+        for e in c.env or []:
+            ref = e.valueFrom.configMapKeyRef if e.valueFrom else None
+            if ref is not None:
+                out.append((ref.name, ref.key, bool(ref.optional)))
+    return out
+
+
+def check_configmap(client: Client, ns: str, pod: Pod) -> dict[str, str]:
+    refs = configmap_refs(pod)
+    assert refs, "the webhook wired no ConfigMap"
+    (cm_name,) = {name for name, _, _ in refs}
+    data = client.get(ConfigMap, cm_name, namespace=ns).data or {}
+    missing = [key for _, key, optional in refs if not optional and key not in data]
+    assert not missing, f"ConfigMap {cm_name} lacks {missing} (has {sorted(data)})"
+    return data
+
+
+def node_uuids(client: Client, node: str) -> list[str]:
+    return client.get(Node, node).metadata.annotations[names.NODE_GPU_UUIDS].split(",")
+
+
+def test_runai_quickstart_frac05_pair_runs_on_one_gpu(stack: TestCluster,
+                                                      kube_client: Client) -> None:
+    ns, _ = create_project_namespace(kube_client, "e2e-team-a")
+    wait_webhook_sees_project(kube_client, ns)
+    try:
+        for name in ("frac05", "frac05-2"):
+            create(kube_client, runai_pod(name, {"gpu-fraction": "0.5"}), ns)
+        pods = [bound(kube_client, ns, n) for n in ("frac05", "frac05-2")]
+        datas = [check_configmap(kube_client, ns, p) for p in pods]
+        assert pods[0].spec.nodeName == pods[1].spec.nodeName
+        assert datas[0]["NVIDIA_VISIBLE_DEVICES"] == datas[1]["NVIDIA_VISIBLE_DEVICES"]
+        assert datas[0]["NVIDIA_VISIBLE_DEVICES"] in node_uuids(kube_client, pods[0].spec.nodeName)
+        for data in datas:
+            limit = data["TESSERA_GPU_MEMORY_LIMIT"]
+            assert int(limit) == int(0.5 * 81559 * 2**20)
+            # the value the container gets is one the isolation library accepts
+            assert manual_environment(limit, library=Path("/lib/x.so"))["TESSERA_GPU_MEMORY_LIMIT"]
+    finally:
+        cleanup(kube_client, ns)
+
+
+def test_cgpu_binpack_pod_gets_four_gpus_of_one_node(stack: TestCluster,
+                                                     kube_client: Client) -> None:
+    ns, _ = create_project_namespace(kube_client, "e2e-cgpu")
+    wait_webhook_sees_project(kube_client, ns)
+    try:
+        manifest = _cgpu("4", 8)
+        manifest["metadata"]["name"] = "binpack-1-0"
+        manifest["spec"]["containers"][0]["name"] = "binpack-1"
+        create(kube_client, manifest, ns)
+        pod = bound(kube_client, ns, "binpack-1-0")
+        data = check_configmap(kube_client, ns, pod)
+        visible = data["NVIDIA_VISIBLE_DEVICES"].split(",")
+        assert len(set(visible)) == 4
+        assert set(visible) <= set(node_uuids(kube_client, pod.spec.nodeName))
+    finally:
+        cleanup(kube_client, ns)
+
+
+def cleanup(client: Client, ns: str) -> None:
+    delete_pods(client, ns)
