@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from tessera.kube.podspec import ContainerResources, parse_cpu_milli, pod_reques
 
 ProjectResource = create_global_resource(names.GROUP, names.VERSION, "Project", "projects")
 PodGroupResource = create_namespaced_resource(names.GROUP, names.VERSION, "PodGroup", "podgroups")
+
+_versions = itertools.count(1)
 
 PodKey = tuple[str, str]
 DeviceKey = tuple[str, int]
@@ -59,6 +62,8 @@ class PodInfo:
     """Message of an existing PodScheduled=False condition (so we do not write it again)."""
     reservation: DeviceKey | None = None
     gpu_uuid: str | None = None
+    version: int = field(default_factory=lambda: next(_versions))
+    """Changes with every event, so cached derivations know when to recompute."""
 
     @property
     def key(self) -> PodKey:

@@ -51,7 +51,7 @@ from tessera.kube.objects import (
     pod_info,
     project_info,
 )
-from tessera.kube.snapshot import Context, build_snapshot
+from tessera.kube.snapshot import Context, SnapshotBuilder, find_conflicts
 
 log = logging.getLogger("tessera.kube")
 
@@ -100,6 +100,8 @@ class KubeScheduler:
         self.written_waits: dict[PodKey, str] = {}
         self.written_status: dict[str, dict[str, Any]] = {}
         self.cycles = 0
+        self.snapshots = SnapshotBuilder()
+        self.conflicts: list[PodInfo] = []
         self.last_cycle_seconds = 0.0
         self.bound = 0
         self.nodes: Informer[NodeInfo] = Informer(
@@ -148,8 +150,9 @@ class KubeScheduler:
             self.written_waits.pop(key, None)
             self.wake.set()
             return
-        if new.node and key in self.assumed:
+        if new.node and key in self.assumed and (old is None or not old.node):
             del self.assumed[key]
+            return
         if (old is None or old.node != new.node or old.deleting != new.deleting
                 or old.finished != new.finished or old.annotations != new.annotations):
             self.wake.set()
@@ -177,7 +180,8 @@ class KubeScheduler:
             while True:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), self.opts.period)
-                await asyncio.sleep(self.opts.debounce)
+                # Let events gather: the busier the cycles, the more each one should take in.
+                await asyncio.sleep(max(self.opts.debounce, min(1.0, self.last_cycle_seconds)))
                 self.wake.clear()
                 await self.cycle()
                 if time.monotonic() - last_gc > 2.0:
@@ -196,7 +200,7 @@ class KubeScheduler:
 
     async def cycle(self) -> Plan | None:
         t0 = time.perf_counter()
-        snapshot, ctx = build_snapshot(
+        snapshot, ctx = self.snapshots.build(
             self.nodes.items, self.pods.items, self.projects.items, self.pod_groups.items,
             self.assumed, self.evicting, time.time())
         actions = ACTIONS if not self.evicting else ("allocate", "backfill")
@@ -206,6 +210,8 @@ class KubeScheduler:
             plan = await asyncio.to_thread(run_cycle, snapshot, config)
         except InvalidRequest as exc:
             log.error("cycle refused the snapshot: %s", exc)
+            ctx.conflicts = find_conflicts(snapshot, ctx, self.pods.items)
+            self._evict_lost(ctx)
             return None
         self.cycles += 1
         self.apply(plan, ctx)
@@ -259,14 +265,18 @@ class KubeScheduler:
             self.written_waits[key] = message
             if pod.scheduled_message != message:
                 self._spawn(self.writer.set_unschedulable(pod, message))
+        self._evict_lost(ctx)
+        self._project_status(plan)
+
+    def _evict_lost(self, ctx: Context) -> None:
         for pod in ctx.orphans + ctx.conflicts:
             if pod.key in self.evicting:
                 continue
             self.evicting.add(pod.key)
-            why = (f"node {pod.node} was deleted while the pod was bound to it"
-                   if pod in ctx.orphans else "its recorded GPU placement collides with another pod")
-            self._spawn(self.writer.evict(pod, "NodeLost" if pod in ctx.orphans else "Conflict", why))
-        self._project_status(plan)
+            lost = pod in ctx.orphans
+            why = (f"node {pod.node} was deleted while the pod was bound to it" if lost
+                   else "its recorded GPU placement collides with another pod")
+            self._spawn(self.writer.evict(pod, "NodeLost" if lost else "Conflict", why))
 
     def _project_status(self, plan: Plan) -> None:
         for name, ps in plan.projects.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tessera.core.cycle import ProjectTree, Snapshot, Workload, validate_workload
 from tessera.core.errors import InvalidRequest
@@ -66,128 +67,171 @@ def _tree(projects: Mapping[str, ProjectInfo], ctx: Context) -> ProjectTree:
     return ProjectTree(())
 
 
-def build_snapshot(
-    nodes: Mapping[str, NodeInfo],
-    pods: Mapping[PodKey, PodInfo],
-    projects: Mapping[str, ProjectInfo],
-    pod_groups: Mapping[PodKey, PodGroupInfo],
+class SnapshotBuilder:
+    """Builds snapshots, reusing the Workload of a group whose pods, assumptions, PodGroup and
+    projects are unchanged since the last cycle (most of them, in a busy cluster), so a cycle
+    costs what changed rather than what exists."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, str, str], tuple[tuple[Any, ...], Workload | None,
+                                                     list[PodKey], dict[PodKey, str]]] = {}
+        self._projects_sig: tuple[Any, ...] | None = None
+
+    def build(
+        self,
+        nodes: Mapping[str, NodeInfo],
+        pods: Mapping[PodKey, PodInfo],
+        projects: Mapping[str, ProjectInfo],
+        pod_groups: Mapping[PodKey, PodGroupInfo],
+        assumed: Mapping[PodKey, Placement],
+        evicting: set[PodKey],
+        now: float,
+    ) -> tuple[Snapshot, Context]:
+        ctx = Context()
+        core_nodes: list[Node] = [ni.node for ni in nodes.values() if ni.node is not None]
+        node_names = {n.name for n in core_nodes}
+        projects_sig = tuple((n, id(pi)) for n, pi in sorted(projects.items()))
+        if projects_sig != self._projects_sig:
+            self._memo.clear()
+            self._projects_sig = projects_sig
+        tree = _tree(projects, ctx)
+        ctx.tree = tree
+        owner: dict[str, str] = {}
+        for name, pi in projects.items():
+            if pi.namespace and name in tree and tree.is_leaf(name):
+                owner.setdefault(pi.namespace, name)
+
+        groups: dict[tuple[str, str, str], list[PodInfo]] = {}
+        for pod in pods.values():
+            if pod.reservation is not None or pod.finished or pod.key in evicting:
+                continue
+            if pod.node and pod.node not in node_names:
+                if pod.node not in nodes:
+                    ctx.orphans.append(pod)
+                continue
+            if pod.node and pod.placement is None:
+                log.warning("pod %s/%s: %s; left out of the snapshot", pod.namespace, pod.name,
+                            pod.placement_error)
+                continue
+            if pod.request is None:
+                if not pod.node:
+                    ctx.waits[pod.key] = f"invalid GPU request: {pod.error}"
+                continue
+            g = pod.group
+            gkey = ("g", pod.namespace, g) if g else ("p", pod.namespace, pod.name)
+            groups.setdefault(gkey, []).append(pod)
+
+        workloads: list[Workload] = []
+        memo: dict[tuple[str, str, str], tuple[tuple[Any, ...], Workload | None,
+                                               list[PodKey], dict[PodKey, str]]] = {}
+        for gkey, members in groups.items():
+            pg = pod_groups.get((gkey[1], gkey[2])) if gkey[0] == "g" else None
+            sig = (id(pg), owner.get(gkey[1]),
+                   tuple((p.version, id(assumed.get(p.key))) for p in members))
+            cached = self._memo.get(gkey)
+            if cached is None or cached[0] != sig:
+                members.sort(key=lambda p: p.name)
+                w, keys, waits = _workload(gkey, members, pg, owner, assumed, ctx, tree, now)
+                cached = (sig, w, keys, waits)
+            memo[gkey] = cached
+            _, w, keys, waits = cached
+            ctx.waits.update(waits)
+            if w is not None:
+                ctx.pods_of[w.id] = keys
+                workloads.append(w)
+        self._memo = memo
+        snapshot = Snapshot(tuple(core_nodes), tuple(tree.projects.values()), tuple(workloads), now)
+        return snapshot, ctx
+
+
+def _workload(
+    gkey: tuple[str, str, str],
+    members: list[PodInfo],
+    pg: PodGroupInfo | None,
+    owner: Mapping[str, str],
     assumed: Mapping[PodKey, Placement],
-    evicting: set[PodKey],
+    ctx: Context,
+    tree: ProjectTree,
     now: float,
-) -> tuple[Snapshot, Context]:
-    ctx = Context()
-    core_nodes: list[Node] = [ni.node for ni in nodes.values() if ni.node is not None]
-    node_names = {n.name for n in core_nodes}
-    tree = _tree(projects, ctx)
-    ctx.tree = tree
-    owner: dict[str, str] = {}
-    for name, pi in projects.items():
-        if pi.namespace and name in tree and tree.is_leaf(name):
-            owner.setdefault(pi.namespace, name)
+) -> tuple[Workload | None, list[PodKey], dict[PodKey, str]]:
+    kind, ns, gname = gkey
+    pending = [p for p in members if not p.node and p.key not in assumed]
+    waits: dict[PodKey, str] = {}
 
-    groups: dict[tuple[str, str, str], list[PodInfo]] = {}
-    for pod in pods.values():
-        if pod.reservation is not None or pod.finished or pod.key in evicting:
-            continue
-        if pod.node and pod.node not in node_names:
-            if pod.node not in nodes:
-                ctx.orphans.append(pod)
-            continue
-        if pod.node and pod.placement is None:
-            log.warning("pod %s/%s: %s; left out of the snapshot", pod.namespace, pod.name,
-                        pod.placement_error)
-            continue
-        if pod.request is None:
-            if not pod.node:
-                ctx.waits[pod.key] = f"invalid GPU request: {pod.error}"
-            continue
-        g = pod.group
-        gkey = ("g", pod.namespace, g) if g else ("p", pod.namespace, pod.name)
-        groups.setdefault(gkey, []).append(pod)
+    def wait_all(message: str) -> tuple[None, list[PodKey], dict[PodKey, str]]:
+        for p in pending:
+            waits[p.key] = message
+        return None, [], waits
 
-    state = ClusterState(core_nodes)
-    workloads: list[Workload] = []
-    for (kind, ns, gname), members in groups.items():
-        members.sort(key=lambda p: p.name)
-        pending = [p for p in members if not p.node and p.key not in assumed]
+    if kind == "g" and pg is None:
+        return wait_all(f"PodGroup {ns}/{gname} ({names.POD_GROUP}) does not exist")
+    project = (pg.project if pg else None) or members[0].labels.get(names.PROJECT) or owner.get(ns)
+    if project is None:
+        return wait_all(f"namespace {ns} belongs to no tessera Project "
+                        f"(create a Project with spec.namespace: {ns})")
+    if project in ctx.project_errors:
+        return wait_all(f"project {project} is invalid: {ctx.project_errors[project]}")
+    pclass = priority_class_of(members[0], pg.priority_class if pg else None)
+    if pclass not in PRIORITY_CLASSES:
+        return wait_all(f"priority class {pclass!r} is not one of {', '.join(PRIORITY_CLASSES)}")
+    placements: list[Placement | None] = []
+    requests: list[ResourceRequest] = []
+    keys: list[PodKey] = []
+    started: float | None = None
+    terminating = False
+    for p in members:
+        pl = p.placement if p.node else assumed.get(p.key)
+        if pl is not None:
+            s = p.started or now
+            started = s if started is None else min(started, s)
+        assert p.request is not None
+        requests.append(p.request)
+        placements.append(pl)
+        keys.append(p.key)
+        terminating = terminating or p.deleting
+    min_members = None
+    if pg is not None:
+        if pg.min_member > len(keys):
+            if all(pl is None for pl in placements):
+                return wait_all(f"gang {gname} needs {pg.min_member} pods (PodGroup minMember); "
+                                f"{len(keys)} exist")
+            min_members = len(keys)
+        else:
+            min_members = pg.min_member
+    wid = f"{ns}/{gname}" if kind == "g" else f"{ns}/pod/{gname}"
+    w = Workload(
+        id=wid,
+        project=project,
+        pods=tuple(requests),
+        priority_class=pclass,
+        min_members=min_members,
+        created_at=min(p.created for p in members),
+        started_at=started,
+        placements=tuple(placements),
+        preemptible=False if terminating else None,
+        name=gname,
+    )
+    try:
+        validate_workload(w, tree)
+    except InvalidRequest as exc:
+        return wait_all(str(exc))
+    return w, keys, waits
 
-        def wait_all(message: str, members: list[PodInfo] = pending) -> None:
-            for p in members:
-                ctx.waits[p.key] = message
 
-        pg = pod_groups.get((ns, gname)) if kind == "g" else None
-        if kind == "g" and pg is None:
-            wait_all(f"PodGroup {ns}/{gname} ({names.POD_GROUP}) does not exist")
-            continue
-        project = (pg.project if pg else None) or members[0].labels.get(names.PROJECT) or owner.get(ns)
-        if project is None:
-            wait_all(f"namespace {ns} belongs to no tessera Project "
-                     f"(create a Project with spec.namespace: {ns})")
-            continue
-        if project in ctx.project_errors:
-            wait_all(f"project {project} is invalid: {ctx.project_errors[project]}")
-            continue
-        pclass = priority_class_of(members[0], pg.priority_class if pg else None)
-        if pclass not in PRIORITY_CLASSES:
-            wait_all(f"priority class {pclass!r} is not one of {', '.join(PRIORITY_CLASSES)}")
-            continue
-        placements: list[Placement | None] = []
-        requests: list[ResourceRequest] = []
-        keys: list[PodKey] = []
-        started: float | None = None
-        terminating = False
-        for p in members:
-            pl = p.placement if p.node else assumed.get(p.key)
-            if pl is not None:
-                try:
-                    state.assign(f"{p.namespace}/{p.name}", pl)
-                except InvalidRequest as exc:
-                    if p.node:
-                        log.error("pod %s/%s: recorded placement conflicts: %s", ns, p.name, exc)
-                        ctx.conflicts.append(p)
-                    continue
-                s = p.started or now
-                started = s if started is None else min(started, s)
-            assert p.request is not None
-            requests.append(p.request)
-            placements.append(pl)
-            keys.append(p.key)
-            terminating = terminating or p.deleting
-        if not keys:
-            continue
-        min_members = None
-        if pg is not None:
-            if pg.min_member > len(keys):
-                if any(pl is not None for pl in placements):
-                    min_members = len(keys)
-                else:
-                    wait_all(f"gang {gname} needs {pg.min_member} pods (PodGroup minMember); "
-                             f"{len(keys)} exist")
-                    continue
-            else:
-                min_members = pg.min_member
-        wid = f"{ns}/{gname}" if kind == "g" else f"{ns}/pod/{gname}"
-        w = Workload(
-            id=wid,
-            project=project,
-            pods=tuple(requests),
-            priority_class=pclass,
-            min_members=min_members,
-            created_at=min(p.created for p in members),
-            started_at=started,
-            placements=tuple(placements),
-            preemptible=False if terminating else None,
-            name=gname,
-        )
-        try:
-            validate_workload(w, tree)
-        except InvalidRequest as exc:
-            wait_all(str(exc))
-            for k, pl in zip(keys, placements, strict=True):
-                if pl is not None:
-                    state.release(f"{k[0]}/{k[1]}")
-            continue
-        ctx.pods_of[wid] = keys
-        workloads.append(w)
-    snapshot = Snapshot(tuple(core_nodes), tuple(tree.projects.values()), tuple(workloads), now)
-    return snapshot, ctx
+def find_conflicts(snapshot: Snapshot, ctx: Context, pods: Mapping[PodKey, PodInfo]) -> list[PodInfo]:
+    """Bound pods whose recorded placements do not fit together (the core refuses such a
+    snapshot as a whole). Never expected; looked for only when the core refused one."""
+    state = ClusterState(snapshot.nodes)
+    bad: list[PodInfo] = []
+    for w in snapshot.workloads:
+        for key, pl in zip(ctx.pods_of[w.id], w.placements or (), strict=False):
+            if pl is None:
+                continue
+            try:
+                state.assign(f"{key[0]}/{key[1]}", pl)
+            except InvalidRequest as exc:
+                pod = pods.get(key)
+                if pod is not None and pod.node:
+                    log.error("pod %s/%s: recorded placement conflicts: %s", key[0], key[1], exc)
+                    bad.append(pod)
+    return bad

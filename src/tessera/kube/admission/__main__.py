@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--default-project", default=None,
                    help="project for pods in namespaces no Project owns (default: refuse them)")
     p.add_argument("--ready-file", help="write the bound port here once serving")
+    p.add_argument("--record-latencies", metavar="PATH",
+                   help="benchmarks: on exit, write each review's handling time (JSON seconds)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
@@ -61,7 +63,8 @@ async def _run(args: argparse.Namespace, config: WebhookConfig) -> int:
 
     try:
         await serve(host=args.host, port=args.port, certfile=args.cert, keyfile=args.key,
-                    config=config, client=client, ready=ready)
+                    config=config, client=client, ready=ready,
+                    record_latencies=args.record_latencies)
     except asyncio.CancelledError:
         return 0
     finally:

@@ -88,7 +88,7 @@ class WebhookApp:
 
     view: ClusterView
     config: WebhookConfig
-    latencies: list[float] = field(default_factory=list)
+    latencies: list[tuple[str, float]] = field(default_factory=list)
     record_latency: bool = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -140,7 +140,7 @@ class WebhookApp:
                      or request.get("name"), out["response"]["status"]["message"])
         await self._send(send, 200, json.dumps(out).encode(), "application/json")
         if self.record_latency:
-            self.latencies.append(time.perf_counter() - t0)
+            self.latencies.append((path, time.perf_counter() - t0))
 
     @staticmethod
     async def _send(send: Send, status: int, body: bytes, ctype: str) -> None:
@@ -193,12 +193,13 @@ class InformerView:
 
 
 async def serve(*, host: str, port: int, certfile: str, keyfile: str, config: WebhookConfig,
-                client: Any, ready: Callable[[int], None] | None = None) -> None:
-    """Run the informers and the HTTPS server until cancelled."""
+                client: Any, ready: Callable[[int], None] | None = None,
+                record_latencies: str | None = None) -> None:
+    """Run the informers and the HTTPS server until cancelled or told to stop (SIGTERM)."""
     import uvicorn
 
     informers = InformerView(client)
-    app = WebhookApp(informers.as_view(), config)
+    app = WebhookApp(informers.as_view(), config, record_latency=bool(record_latencies))
     uv = uvicorn.Config(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile,
                         log_level="warning", access_log=False, lifespan="on",
                         timeout_keep_alive=60)
@@ -221,3 +222,6 @@ async def serve(*, host: str, port: int, certfile: str, keyfile: str, config: We
     finally:
         for t in tasks:
             t.cancel()
+        if record_latencies:
+            with open(record_latencies, "w") as f:
+                json.dump(app.latencies, f)

@@ -1,0 +1,230 @@
+"""tessera-scheduler at scale on the test cluster (real etcd + kube-apiserver + kwok).
+
+    python -m tessera.bench.kube [--nodes 500] [--gpus-per-node 8] [--whole 4000] [--half 4000]
+                                 [--profile PATH]
+
+500 kwok nodes × 8 H100 = 4,000 GPUs, so 4,000 one-GPU pods fill the cluster and 4,000 half-GPU
+pods (2,000 GPUs) cannot run beside them. The benchmark therefore runs in phases on one cluster:
+
+1. submit ``--whole`` one-GPU pods (project ``bulk``, deserved 0, preemptible ``train``) and time
+   from the first create until every one is bound (the watch sees ``spec.nodeName``);
+2. with those running (the cluster full), a pod of project ``starved`` (deserved 1 GPU) asks for
+   one GPU: time until it is bound (the scheduler evicts one ``bulk`` pod and binds it);
+3. delete the bulk pods (not timed), then submit ``--half`` half-GPU pods and time until all are
+   bound (reservation pods, UUIDs from the simulated status writer, ConfigMaps, bindings).
+
+Pods are submitted by 32 concurrent creates. The scheduler and the simulated GPU status writer
+run as their own processes, as in a cluster. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Pod
+
+from tessera.kube import names
+from tessera.kube.objects import ProjectResource
+from tessera.testing.cluster import TestCluster
+from tessera.testing.gpu_nodes import NodeShape
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _pod(ns: str, name: str, whole: bool) -> Pod:
+    return Pod(
+        metadata=ObjectMeta(name=name, namespace=ns,
+                            annotations=None if whole else {names.GPU_PORTION: "0.5"}),
+        spec=PodSpec(schedulerName=names.SCHEDULER_NAME, containers=[Container(
+            name="main", image="example.invalid/train:1",
+            resources=ResourceRequirements(limits={names.GPU_RESOURCE: "1"}) if whole else None,
+        )]),
+    )
+
+
+async def _submit(client: AsyncClient, pods: list[Pod], concurrency: int = 32) -> float:
+    queue: asyncio.Queue[Pod] = asyncio.Queue()
+    for p in pods:
+        queue.put_nowait(p)
+
+    async def worker() -> None:
+        while not queue.empty():
+            p = queue.get_nowait()
+            for attempt in range(5):
+                try:
+                    await client.create(p)
+                    break
+                except ApiError as exc:
+                    if exc.status.code == 409 or attempt == 4:
+                        raise
+                    await asyncio.sleep(0.2)
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.monotonic() - t0
+
+
+async def _wait_bound(client: AsyncClient, ns: str, want: int, timeout: float) -> float:
+    """Watch namespace ``ns`` until ``want`` pods have a node; return monotonic time then."""
+    bound: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        it = client.list(Pod, namespace=ns)
+        async for p in it:
+            if p.spec and p.spec.nodeName and p.metadata and p.metadata.name:
+                bound.add(p.metadata.name)
+        if len(bound) >= want:
+            return time.monotonic()
+        try:
+            async with asyncio.timeout(max(1.0, deadline - time.monotonic())):
+                async for kind, p in client.watch(Pod, namespace=ns,
+                                                  resource_version=it.resourceVersion):
+                    assert p.metadata is not None and p.metadata.name is not None
+                    if kind != "DELETED" and p.spec and p.spec.nodeName:
+                        bound.add(p.metadata.name)
+                        if len(bound) >= want:
+                            return time.monotonic()
+        except TimeoutError:
+            raise TimeoutError(f"{len(bound)} of {want} pods bound in {ns} after {timeout:.0f}s") from None
+        except ApiError:
+            continue
+
+
+async def _phase(client: AsyncClient, ns: str, count: int, whole: bool, prefix: str,
+                 timeout: float) -> dict[str, float]:
+    pods = [_pod(ns, f"{prefix}-{i:05d}", whole) for i in range(count)]
+    t0 = time.monotonic()
+    waiter = asyncio.create_task(_wait_bound(client, ns, count, timeout))
+    submit = await _submit(client, pods)
+    done = await waiter
+    return {"submit_seconds": round(submit, 2), "seconds_to_all_bound": round(done - t0, 2)}
+
+
+async def _delete_all(client: AsyncClient, ns: str) -> None:
+    await client.deletecollection(Pod, namespace=ns, grace_period=0)
+    while True:
+        left = [p async for p in client.list(Pod, namespace=ns)]
+        if not left:
+            return
+        await asyncio.sleep(0.5)
+
+
+async def _run(cluster: TestCluster, args: argparse.Namespace) -> dict[str, Any]:
+    client = AsyncClient(KubeConfig.from_file(str(cluster.kubeconfig)), timeout=httpx2.Timeout(300.0))
+    for ns in ("bulk", "starved"):
+        await client.create(Namespace(metadata=ObjectMeta(name=ns)))
+    await client.create(ProjectResource(metadata=ObjectMeta(name="bulk"), spec={
+        "namespace": "bulk", "resources": {"gpu": {"deserved": 0}}}))
+    await client.create(ProjectResource(metadata=ObjectMeta(name="starved"), spec={
+        "namespace": "starved", "resources": {"gpu": {"deserved": 1}}}))
+    result: dict[str, Any] = {}
+    timeout = args.timeout
+    if args.whole:
+        print(f"phase 1: {args.whole} one-GPU pods", file=sys.stderr, flush=True)
+        result["whole"] = await _phase(client, "bulk", args.whole, True, "whole", timeout)
+        print(f"  {result['whole']}", file=sys.stderr, flush=True)
+        print("phase 2: reclaim one GPU for project starved", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        waiter = asyncio.create_task(_wait_bound(client, "starved", 1, timeout))
+        await client.create(_pod("starved", "claim", True))
+        result["reclaim_seconds"] = round(await waiter - t0, 2)
+        print(f"  reclaim {result['reclaim_seconds']} s", file=sys.stderr, flush=True)
+        running = len([p async for p in client.list(Pod, namespace="bulk")
+                       if p.spec and p.spec.nodeName])
+        result["running_during_reclaim"] = running
+        t0 = time.monotonic()
+        await _delete_all(client, "bulk")
+        await client.delete(Pod, "claim", namespace="starved", grace_period=0)
+        result["delete_seconds"] = round(time.monotonic() - t0, 2)
+    if args.half:
+        print(f"phase 3: {args.half} half-GPU pods", file=sys.stderr, flush=True)
+        result["half"] = await _phase(client, "bulk", args.half, False, "half", timeout)
+        print(f"  {result['half']}", file=sys.stderr, flush=True)
+        res = [p async for p in client.list(Pod, namespace=names.SYSTEM_NAMESPACE,
+                                            labels={names.RESERVATION_LABEL: "true"})]
+        result["reservation_pods"] = len(res)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tessera.bench.kube")
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--whole", type=int, default=4000, help="one-GPU pods")
+    parser.add_argument("--half", type=int, default=4000, help="half-GPU pods")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--concurrency", type=int, default=32, help="scheduler's API writes")
+    parser.add_argument("--profile", default=None, help="cProfile the scheduler into PATH")
+    args = parser.parse_args(argv)
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    cluster = TestCluster(report=say)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        cluster.start()
+        t0 = time.monotonic()
+        cluster.create_gpu_nodes(args.nodes, NodeShape(gpus=args.gpus_per_node),
+                                 timeout=max(60.0, args.nodes * 0.5))
+        say(f"{args.nodes} nodes ready in {time.monotonic() - t0:.1f} s")
+        cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds"))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                        "crd/projects.tessera.io", "crd/podgroups.tessera.io")
+        assert cluster.workdir is not None
+        logs = cluster.workdir / "logs"
+        sched = [sys.executable]
+        if args.profile:
+            sched += ["-m", "cProfile", "-o", args.profile]
+        sched += ["-m", "tessera.kube.scheduler", f"--kubeconfig={cluster.kubeconfig}",
+                  f"--concurrency={args.concurrency}"]
+        for name, cmd in (
+            ("gpu-status", [sys.executable, "-m", "tessera.testing.gpu_status",
+                            f"--kubeconfig={cluster.kubeconfig}"]),
+            ("scheduler", sched),
+        ):
+            log = (logs / f"bench-{name}.log").open("ab")
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL))
+        time.sleep(1.0)
+        result = asyncio.run(_run(cluster, args))
+        say(f"scheduler log: {logs / 'bench-scheduler.log'}")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        cluster.stop()
+    whole = result.get("whole", {}).get("seconds_to_all_bound", 0.0)
+    half = result.get("half", {}).get("seconds_to_all_bound", 0.0)
+    pods = (args.whole if "whole" in result else 0) + (args.half if "half" in result else 0)
+    total = whole + half
+    out = {
+        "nodes": args.nodes,
+        "gpus": args.nodes * args.gpus_per_node,
+        "pods": pods,
+        "seconds_to_all_bound": round(total, 2),
+        "pods_per_second": round(pods / total, 1) if total else None,
+        "reclaim_seconds": result.get("reclaim_seconds"),
+        **{k: v for k, v in result.items() if k != "reclaim_seconds"},
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
