@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -166,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--concurrency", type=int, default=32, help="scheduler's API writes")
     parser.add_argument("--profile", default=None, help="cProfile the scheduler into PATH")
+    parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=True,
+                        help="scheduler talks HTTP/2 to the API server (its default)")
+    parser.add_argument("--logs", default=None, help="copy the scheduler's log to this file")
     args = parser.parse_args(argv)
 
     def say(msg: str) -> None:
@@ -188,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             sched += ["-m", "cProfile", "-o", args.profile]
         sched += ["-m", "tessera.kube.scheduler", f"--kubeconfig={cluster.kubeconfig}",
-                  f"--concurrency={args.concurrency}"]
+                  f"--concurrency={args.concurrency}",
+                  "--http2" if args.http2 else "--no-http2"]
         for name, cmd in (
             ("gpu-status", [sys.executable, "-m", "tessera.testing.gpu_status",
                             f"--kubeconfig={cluster.kubeconfig}"]),
@@ -199,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
                                           stdin=subprocess.DEVNULL))
         time.sleep(1.0)
         result = asyncio.run(_run(cluster, args))
-        say(f"scheduler log: {logs / 'bench-scheduler.log'}")
+        if args.logs:
+            for p in procs:
+                p.terminate()
+                p.wait(30)
+            shutil.copyfile(logs / "bench-scheduler.log", args.logs)
+            say(f"scheduler log: {args.logs}")
     finally:
         for p in procs:
             p.terminate()
@@ -215,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     total = whole + half
     out = {
         "nodes": args.nodes,
+        "http2": args.http2,
         "gpus": args.nodes * args.gpus_per_node,
         "pods": pods,
         "seconds_to_all_bound": round(total, 2),

@@ -32,6 +32,7 @@ class Informer(Generic[T]):
         labels: dict[str, Any] | None = None,
         fields: dict[str, Any] | None = None,
         name: str = "",
+        same: Callable[[T, T], bool] | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -42,6 +43,8 @@ class Informer(Generic[T]):
         self.labels = labels
         self.fields = fields
         self.name = name or getattr(resource, "__name__", "?")
+        self.same = same
+        """``same(old, new)``: the change does not matter; keep ``old`` and report nothing."""
         self.items: dict[Any, T] = {}
         self.synced = asyncio.Event()
 
@@ -54,6 +57,8 @@ class Informer(Generic[T]):
                 self.on_change(k, old, None)
             return
         new = self.parse(obj)
+        if old is not None and self.same is not None and self.same(old, new):
+            return
         self.items[k] = new
         self.on_change(k, old, new)
 

@@ -78,6 +78,15 @@ class PodInfo:
         return self.annotations.get(names.POD_GROUP) or self.labels.get(names.POD_GROUP)
 
 
+def same_for_scheduling(old: PodInfo, new: PodInfo) -> bool:
+    """A status-only change (kwok or a kubelet reporting Running, IPs, start time) that no
+    decision depends on."""
+    return (old.node == new.node and old.deleting == new.deleting
+            and old.finished == new.finished and old.annotations == new.annotations
+            and old.labels == new.labels and old.scheduled_message == new.scheduled_message
+            and old.uid == new.uid and old.request == new.request and old.error == new.error)
+
+
 def _containers(items: Any) -> list[ContainerResources]:
     out = []
     for c in items or []:

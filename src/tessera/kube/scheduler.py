@@ -50,6 +50,7 @@ from tessera.kube.objects import (
     pod_group_info,
     pod_info,
     project_info,
+    same_for_scheduling,
 )
 from tessera.kube.snapshot import Context, SnapshotBuilder, find_conflicts
 
@@ -108,7 +109,8 @@ class KubeScheduler:
             client, Node, lambda o: o.metadata.name, node_info, self._on_node, name="nodes")
         self.pods: Informer[PodInfo] = Informer(
             client, Pod, lambda o: (o.metadata.namespace, o.metadata.name), pod_info,
-            self._on_pod, fields={"spec.schedulerName": names.SCHEDULER_NAME}, name="pods")
+            self._on_pod, fields={"spec.schedulerName": names.SCHEDULER_NAME}, name="pods",
+            same=same_for_scheduling)
         self.projects: Informer[ProjectInfo] = Informer(
             client, ProjectResource, lambda o: o.metadata.name, project_info, self._on_other,
             name="projects")
@@ -419,7 +421,7 @@ class KubeScheduler:
 # ---- process --------------------------------------------------------------------------------
 async def _main(args: argparse.Namespace) -> int:
     config = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else None
-    client = AsyncClient(config, field_manager=names.COMPONENT, timeout=None)
+    client = AsyncClient(config, field_manager=names.COMPONENT, timeout=None, http2=args.http2)
     opts = Options(system_namespace=args.system_namespace, concurrency=args.concurrency,
                    reservation_image=args.reservation_image, policy=args.policy)
     identity = args.identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -481,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="API writes in flight")
     parser.add_argument("--reservation-image", default="registry.k8s.io/pause:3.10")
     parser.add_argument("--policy", default=None, help="placement policy (default: core's)")
+    parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=True,
+                        help="one multiplexed HTTP/2 connection to the API server")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

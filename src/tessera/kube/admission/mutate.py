@@ -17,7 +17,6 @@ every GPU of the node through the NVIDIA runtime).
 
 from __future__ import annotations
 
-import copy
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -44,6 +43,15 @@ def generated_name(generate_name: str) -> str:
 def pod_configmap(pod: Mapping[str, Any]) -> str:
     """The per-pod ConfigMap the scheduler writes (:func:`tessera.kube.binder.configmap_name`)."""
     return configmap_name(str((pod.get("metadata") or {}).get("name") or ""))
+
+
+def _copy(value: Any) -> Any:
+    """Deep copy of decoded JSON (dicts, lists, scalars): several times faster than deepcopy."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
 
 
 def _set_env(container: dict[str, Any], entries: list[dict[str, Any]]) -> None:
@@ -119,7 +127,7 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
         raise InvalidRequest(sp.annotation_field(names.PROJECT), f"is set from the namespace: "
                              f"{namespace} belongs to project {project}", given)
 
-    out = copy.deepcopy(dict(pod))
+    out: dict[str, Any] = _copy(dict(pod))
     meta = out.setdefault("metadata", {})
     ann = meta.get("annotations") or {}
     meta["annotations"] = ann

@@ -151,7 +151,11 @@ class WebhookApp:
 
 
 class InformerView:
-    """A ClusterView over the scheduler's informers for Nodes and Projects."""
+    """A ClusterView over the scheduler's informers for Nodes and Projects.
+
+    What a review needs is derived once per change, not per review: the namespace -> project
+    map, and one node of each distinct GPU shape (a request that fits no node fits none of its
+    twins either, so ``check_against_cluster`` over 500 identical nodes needs only one)."""
 
     def __init__(self, client: Any) -> None:
         from lightkube.resources.core_v1 import Node as NodeResource
@@ -159,19 +163,21 @@ class InformerView:
         from tessera.kube.informer import Informer
         from tessera.kube.objects import ProjectResource, node_info, project_info
 
-        def noop(*_: object) -> None:
-            return None
-
         def by_name(obj: Any) -> str:
             return str(obj.metadata.name)
 
-        self.nodes_informer: Any = Informer(client, NodeResource, by_name, node_info, noop,
-                                            name="nodes")
+        self.nodes_informer: Any = Informer(client, NodeResource, by_name, node_info,
+                                            self._nodes_changed, name="nodes")
         self.projects_informer: Any = Informer(client, ProjectResource, by_name, project_info,
-                                               noop, name="projects")
-        self._namespaces: dict[str, str] = {}
-        self._nodes: list[Node] = []
-        self._version = (-1, -1)
+                                               self._projects_changed, name="projects")
+        self._namespaces: dict[str, str] | None = None
+        self._shapes: list[Node] | None = None
+
+    def _nodes_changed(self, *_: object) -> None:
+        self._shapes = None
+
+    def _projects_changed(self, *_: object) -> None:
+        self._namespaces = None
 
     def tasks(self) -> list[Awaitable[None]]:
         return [self.nodes_informer.run(), self.projects_informer.run()]
@@ -180,16 +186,28 @@ class InformerView:
         return bool(self.nodes_informer.synced.is_set() and self.projects_informer.synced.is_set())
 
     def nodes(self) -> Iterable[Node]:
-        return [n.node for n in self.nodes_informer.items.values() if n.node is not None]
+        if self._shapes is None:
+            self._shapes = distinct_shapes(
+                n.node for n in self.nodes_informer.items.values() if n.node is not None)
+        return self._shapes
 
     def project_of(self, namespace: str) -> str | None:
-        for p in self.projects_informer.items.values():
-            if p.namespace == namespace:
-                return str(p.name)
-        return None
+        if self._namespaces is None:
+            self._namespaces = {p.namespace: str(p.name)
+                                for p in self.projects_informer.items.values() if p.namespace}
+        return self._namespaces.get(namespace)
 
     def as_view(self) -> ClusterView:
         return ClusterView(nodes=self.nodes, project_of=self.project_of, synced=self.synced)
+
+
+def distinct_shapes(nodes: Iterable[Node]) -> list[Node]:
+    """One node per distinct multiset of (GPU model, memory)."""
+    seen: dict[tuple[tuple[str, int], ...], Node] = {}
+    for node in nodes:
+        shape = tuple(sorted((g.model, g.memory) for g in node.gpus))
+        seen.setdefault(shape, node)
+    return list(seen.values())
 
 
 async def serve(*, host: str, port: int, certfile: str, keyfile: str, config: WebhookConfig,
