@@ -489,3 +489,44 @@ def test_webhook_manifests_match_the_rendered_chart(webhook: local.LocalWebhook,
             assert "url" in a.pop("clientConfig") and "service" in b.pop("clientConfig")
             assert a == b
     assert yaml.safe_dump(docs)  # serialisable
+
+
+def test_node_changes_reach_the_webhook(kube_cluster: TestCluster, kube_client: Client,
+                                        team: tuple[str, str]) -> None:
+    """The webhook's node view follows the cluster: a model no node has is refused, then
+    admitted once such a node joins, then refused again when it leaves."""
+    ns, _ = team
+    from lightkube.resources.core_v1 import Node
+
+    from tessera.testing.gpu_nodes import NodeShape
+
+    manifest = _runai({"gpu-fraction": "0.5", names.GPU_MODEL: "L4-24GB"})
+    assert "no GPU of model L4-24GB in the cluster" in refused(kube_client, manifest, ns)
+    (node,) = kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="L4-24GB"),
+                                            prefix="l4-node-")
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                create(kube_client, {**manifest, "metadata": {**manifest["metadata"],
+                                                              "name": "on-l4"}}, ns)
+                break
+            except ApiError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        kube_client.delete(Node, node)
+    deadline = time.monotonic() + 15
+    while "no GPU of model L4-24GB" not in _try(kube_client, manifest, ns):
+        assert time.monotonic() < deadline, "the webhook did not see the node go"
+        time.sleep(0.05)
+
+
+def _try(client: Client, manifest: dict[str, Any], ns: str) -> str:
+    try:
+        create(client, manifest, ns)
+    except ApiError as exc:
+        return str(exc.status.message)
+    client.delete(Pod, manifest["metadata"]["name"], namespace=ns, grace_period=0)
+    return ""
