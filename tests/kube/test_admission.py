@@ -530,3 +530,28 @@ def _try(client: Client, manifest: dict[str, Any], ns: str) -> str:
         return str(exc.status.message)
     client.delete(Pod, manifest["metadata"]["name"], namespace=ns, grace_period=0)
     return ""
+
+
+def test_debug_containers_of_a_gpu_pod_get_no_gpu(kube_client: Client,
+                                                   team: tuple[str, str]) -> None:
+    """``kubectl debug`` adds an ephemeral container through pods/ephemeralcontainers: on a GPU
+    pod it gets NVIDIA_VISIBLE_DEVICES=void, and asking for devices or privileges is refused."""
+    from lightkube.resources.core_v1 import PodEphemeralcontainers
+
+    ns, _ = team
+    create(kube_client, runai_pod("dbg", {"gpu-fraction": "0.5"}), ns)
+
+    def add(container: dict[str, Any]) -> None:
+        pod = kube_client.get(Pod, "dbg", namespace=ns).to_dict()
+        ephemeral = [*pod["spec"].get("ephemeralContainers", []), container]
+        kube_client.patch(PodEphemeralcontainers, "dbg",
+                          {"spec": {"ephemeralContainers": ephemeral}}, namespace=ns)
+
+    add({"name": "debugger", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04"})
+    (got,) = kube_client.get(Pod, "dbg", namespace=ns).spec.ephemeralContainers
+    assert env_of(got)["NVIDIA_VISIBLE_DEVICES"].value == "void"
+    with pytest.raises(ApiError) as info:
+        add({"name": "sneaky", "image": "cuda", "env": [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]})
+    assert "spec.ephemeralContainers[sneaky].env[NVIDIA_VISIBLE_DEVICES]: must be void or none" \
+        in str(info.value.status.message)

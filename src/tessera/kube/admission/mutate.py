@@ -169,3 +169,16 @@ def json_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict
 
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+def ephemeral_void(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``kubectl debug`` on a GPU pod: ephemeral containers get ``NVIDIA_VISIBLE_DEVICES=void``
+    (a debug image built on CUDA would otherwise see every GPU of the node)."""
+    containers = (pod.get("spec") or {}).get("ephemeralContainers") or []
+    if all(sp.env_value(c, policy.VISIBLE_DEVICES)[0] for c in containers):
+        return None
+    out: dict[str, Any] = _copy(dict(pod))
+    for c in out["spec"]["ephemeralContainers"]:
+        if not sp.env_value(c, policy.VISIBLE_DEVICES)[0]:
+            _set_env(c, [{"name": policy.VISIBLE_DEVICES, "value": "void"}])
+    return out

@@ -256,3 +256,21 @@ def check_configmap(request: Mapping[str, Any], config: WebhookConfig) -> None:
         name = ((obj or old or {}).get("metadata") or {}).get("name")
         raise refuse("metadata.name", f"ConfigMap {name} (a GPU pod's devices and limits) is "
                      "written by tessera's scheduler only", name)
+
+
+def check_ephemeral(pod: Mapping[str, Any]) -> None:
+    """Ephemeral (debug) containers of a GPU pod get no GPU and no isolation settings."""
+    for c in (pod.get("spec") or {}).get("ephemeralContainers") or []:
+        path = f"spec.ephemeralContainers[{c.get('name')}]"
+        if ((c.get("securityContext") or {}).get("privileged")) is True:
+            raise refuse(f"{path}.securityContext.privileged",
+                         "must not be true in a GPU pod (it would see every GPU)", True)
+        env = {str(e.get("name")): e for e in c.get("env") or []}
+        entry = env.get(VISIBLE_DEVICES)
+        if entry is None or entry.get("valueFrom") is not None \
+                or str(entry.get("value", "")) not in NO_DEVICES:
+            raise refuse(f"{path}.env[{VISIBLE_DEVICES}]", "must be void or none: a debug "
+                         "container gets no GPU", None if entry is None else entry.get("value"))
+        for name in env:
+            if name.startswith(RESERVED_ENV_PREFIX):
+                raise refuse(f"{path}.env[{name}]", "is set by tessera only")

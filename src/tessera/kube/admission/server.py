@@ -19,6 +19,7 @@ from tessera.kube.admission.policy import ClusterView, WebhookConfig
 
 log = logging.getLogger("tessera.webhook")
 
+EPHEMERAL = "ephemeralcontainers"
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -38,9 +39,14 @@ def _response(uid: str, *, allowed: bool, message: str = "",
 def review_mutate(request: dict[str, Any], view: ClusterView,
                   config: WebhookConfig) -> dict[str, Any]:
     uid = request.get("uid", "")
-    if request.get("operation") != "CREATE" or request.get("kind", {}).get("kind") != "Pod":
+    if request.get("kind", {}).get("kind") != "Pod":
         return _response(uid, allowed=True)
     pod = request.get("object") or {}
+    if request.get("subResource") == EPHEMERAL and request.get("operation") == "UPDATE":
+        out = mutate.ephemeral_void(pod)
+        return _response(uid, allowed=True, patch=mutate.json_patch(pod, out) if out else None)
+    if request.get("operation") != "CREATE" or request.get("subResource"):
+        return _response(uid, allowed=True)
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
     try:
         out = mutate.mutated(pod, namespace, view, config)
@@ -66,7 +72,11 @@ def review_validate(request: dict[str, Any], view: ClusterView,
     pod = request.get("object") or {}
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
     try:
-        if request.get("operation") == "UPDATE":
+        if request.get("subResource") == EPHEMERAL:
+            policy.check_ephemeral(pod)
+        elif request.get("subResource"):
+            pass
+        elif request.get("operation") == "UPDATE":
             user = (request.get("userInfo") or {}).get("username", "")
             policy.check_update(request.get("oldObject") or {}, pod, user, config)
         elif request.get("operation") == "CREATE":
