@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +173,36 @@ def test_webhook_with_a_rule_missing_never_becomes_ready(kube_cluster: TestClust
     assert kube_cluster.workdir is not None
     log = (kube_cluster.workdir / "logs" / "crippled-webhook.log").read_text()
     assert "projects" in log and "forbidden" in log.lower()
+
+
+def test_values_are_checked_by_the_chart_schema() -> None:
+    from tessera.core.placement import POLICIES
+
+    schema = json.loads((local.CHART / "values.schema.json").read_text())
+    assert tuple(schema["properties"]["policy"]["properties"]["placement"]["enum"]) == POLICIES
+    out = subprocess.run([str(local.helm()), "template", "t", str(local.CHART),
+                          "--kube-version", local.KUBE_VERSION, "--set", "policy.placement=best"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "/policy/placement" in out.stderr, out.stderr
+
+
+def _args(docs: dict[tuple[str, str], dict[str, Any]], name: str) -> list[str]:
+    spec = docs[("Deployment", name)]["spec"]["template"]["spec"]
+    return list(spec["containers"][0]["args"])
+
+
+def test_components_accept_the_arguments_the_chart_gives_them(tmp_path: Path) -> None:
+    """The Deployments' args parse: the webhook's with its own parser, the scheduler's by running
+    it (it must get past argument parsing and fail only at the missing kubeconfig)."""
+    from tessera.kube.admission.__main__ import parser
+
+    docs = kinds(local.helm_template("webhook.defaultProject=shared"))
+    args = parser().parse_args(_args(docs, "tessera-webhook"))
+    assert (args.cert, args.default_project) == ("/tls/tls.crt", "shared")
+    assert args.scheduler_user == f"system:serviceaccount:{NS}:tessera-scheduler"
+    out = subprocess.run([sys.executable, "-m", "tessera.kube.scheduler",
+                          *_args(docs, "tessera-scheduler"),
+                          f"--kubeconfig={tmp_path / 'missing.kubeconfig'}"],
+                         capture_output=True, text=True, timeout=60)
+    assert "unrecognized arguments" not in out.stderr and out.returncode != 2, out.stderr
+    assert "missing.kubeconfig" in out.stderr

@@ -11,7 +11,7 @@ import sys
 from tessera.kube.admission.policy import WebhookConfig
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     d = WebhookConfig()
     p = argparse.ArgumentParser(prog="tessera-webhook", description=__doc__)
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster service account)")
@@ -32,7 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record-latencies", metavar="PATH",
                    help="benchmarks: on exit, write each review's handling time (JSON seconds)")
     p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = WebhookConfig(
