@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--concurrency", type=int, default=32, help="scheduler's API writes")
     parser.add_argument("--profile", default=None, help="cProfile the scheduler into PATH")
-    parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=True,
-                        help="scheduler talks HTTP/2 to the API server (its default)")
+    parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=False,
+                        help="scheduler's lightkube client talks HTTP/2")
     parser.add_argument("--logs", default=None, help="copy the scheduler's log to this file")
     args = parser.parse_args(argv)
 

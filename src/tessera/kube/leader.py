@@ -123,7 +123,8 @@ class LeaderElector:
         while True:
             await asyncio.sleep(self.retry_period)
             try:
-                ok = await asyncio.wait_for(self.try_acquire_or_renew(), self.retry_period * 2)
+                ok = await asyncio.wait_for(self.try_acquire_or_renew(),
+                                            max(self.retry_period * 2, self.renew_deadline / 2))
             except Exception as exc:
                 log.warning("lease renewal failed: %r", exc)
                 ok = False

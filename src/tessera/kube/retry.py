@@ -18,8 +18,12 @@ TRANSIENT_CODES = frozenset({409, 429, 500, 502, 503, 504})
 
 
 def status_code(exc: BaseException) -> int | None:
+    from tessera.kube.rawapi import KubeHTTPError
+
     if isinstance(exc, ApiError):
         return int(exc.status.code or 0)
+    if isinstance(exc, KubeHTTPError):
+        return exc.code
     return None
 
 
@@ -27,7 +31,8 @@ def is_transient(exc: BaseException) -> bool:
     code = status_code(exc)
     if code is not None:
         return code in TRANSIENT_CODES
-    return isinstance(exc, httpx2.TransportError | httpx2.TimeoutException | OSError)
+    return isinstance(exc, httpx2.TransportError | httpx2.TimeoutException | OSError
+                      | asyncio.IncompleteReadError)
 
 
 async def with_backoff(

@@ -52,6 +52,7 @@ from tessera.kube.objects import (
     project_info,
     same_for_scheduling,
 )
+from tessera.kube.rawapi import RawApi
 from tessera.kube.snapshot import Context, SnapshotBuilder, find_conflicts
 
 log = logging.getLogger("tessera.kube")
@@ -84,12 +85,13 @@ def _cm_info(obj: Any) -> ConfigMapInfo:
 
 
 class KubeScheduler:
-    def __init__(self, client: AsyncClient, options: Options | None = None) -> None:
+    def __init__(self, client: AsyncClient, options: Options | None = None,
+                 raw: RawApi | None = None) -> None:
         self.client = client
         self.opts = options or Options()
         self.writer = Writer(client, concurrency=self.opts.concurrency,
                              system_namespace=self.opts.system_namespace,
-                             reservation_image=self.opts.reservation_image)
+                             reservation_image=self.opts.reservation_image, raw=raw)
         self.wake = asyncio.Event()
         self.assumed: dict[PodKey, Placement] = {}
         self.evicting: set[PodKey] = set()
@@ -189,6 +191,11 @@ class KubeScheduler:
                 if time.monotonic() - last_gc > 2.0:
                     await self.cleanup()
                     last_gc = time.monotonic()
+                    if self.tasks:
+                        log.info("in flight: %d bindings (%d waiting for a GPU UUID), %d bound "
+                                 "so far, %d API writes", len(self.tasks),
+                                 sum(len(v) for v in self.uuid_waiters.values()), self.bound,
+                                 self.writer.calls)
         finally:
             for t in watchers:
                 t.cancel()
@@ -266,7 +273,7 @@ class KubeScheduler:
                 continue
             self.written_waits[key] = message
             if pod.scheduled_message != message:
-                self._spawn(self.writer.set_unschedulable(pod, message))
+                self._spawn(self._write_unschedulable(pod, message))
         self._evict_lost(ctx)
         self._project_status(plan)
 
@@ -280,6 +287,14 @@ class KubeScheduler:
                    else "its recorded GPU placement collides with another pod")
             self._spawn(self.writer.evict(pod, "NodeLost" if lost else "Conflict", why))
 
+    async def _write_unschedulable(self, pod: PodInfo, message: str) -> None:
+        try:
+            await self.writer.set_unschedulable(pod, message)
+        except Exception as exc:
+            log.warning("condition on %s/%s: %r", pod.namespace, pod.name, exc)
+            if self.written_waits.get(pod.key) == message:
+                del self.written_waits[pod.key]
+
     def _project_status(self, plan: Plan) -> None:
         for name, ps in plan.projects.items():
             if name not in self.projects.items:
@@ -292,7 +307,16 @@ class KubeScheduler:
             if self.written_status.get(name) == status:
                 continue
             self.written_status[name] = status
-            self._spawn(self.writer.project_status(name, status))
+            self._spawn(self._write_project_status(name, status))
+
+    async def _write_project_status(self, name: str, status: dict[str, Any]) -> None:
+        try:
+            await self.writer.project_status(name, status)
+        except Exception as exc:
+            log.warning("status of project %s: %r", name, exc)
+            if self.written_status.get(name) is status:
+                del self.written_status[name]
+            self.wake.set()
 
     async def _wait_gone(self, keys: list[PodKey], timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -431,7 +455,9 @@ async def _main(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     elector = None
     if args.leader_elect:
-        elector = LeaderElector(client, args.system_namespace, args.lease_name, identity,
+        # Its own connection: renewals must not queue behind the scheduler's traffic.
+        lease_client = AsyncClient(config, field_manager=names.COMPONENT)
+        elector = LeaderElector(lease_client, args.system_namespace, args.lease_name, identity,
                                 lease_duration=args.lease_duration,
                                 renew_deadline=args.lease_duration * 2 / 3,
                                 retry_period=max(0.2, args.lease_duration / 7.5))
@@ -444,7 +470,8 @@ async def _main(args: argparse.Namespace) -> int:
             acquire.cancel()
             return 0
         print(f"leader: {identity}", flush=True)
-    sched = KubeScheduler(client, opts)
+    raw = RawApi(client.config, connections=min(opts.concurrency, 32)) if args.raw_http else None
+    sched = KubeScheduler(client, opts, raw)
     runner = asyncio.create_task(sched.run())
     waits: set[asyncio.Task[Any]] = {runner, asyncio.create_task(stop.wait())}
     keeper = asyncio.create_task(elector.keep()) if elector else None
@@ -483,8 +510,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="API writes in flight")
     parser.add_argument("--reservation-image", default="registry.k8s.io/pause:3.10")
     parser.add_argument("--policy", default=None, help="placement policy (default: core's)")
-    parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=True,
+    parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=False,
                         help="one multiplexed HTTP/2 connection to the API server")
+    parser.add_argument("--raw-http", action=argparse.BooleanOptionalAction, default=True,
+                        help="lean HTTP/1.1 client for bindings, ConfigMaps and reservation pods")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
