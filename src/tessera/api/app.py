@@ -16,9 +16,17 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tessera.api.backend import Backend, Conflict, NotFound, ProjectFields, WorkloadSubmission
+from tessera.api.backend import (
+    Backend,
+    Conflict,
+    NotFound,
+    ProjectFields,
+    Upstream,
+    WorkloadSubmission,
+)
 from tessera.api.models import (
     CORE_TO_API,
+    ExecRequest,
     ProjectCreate,
     ProjectUpdate,
     TokenRequest,
@@ -112,6 +120,10 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
     @app.exception_handler(Conflict)
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return _error(409, str(exc))
+
+    @app.exception_handler(Upstream)
+    async def _upstream(_: Request, exc: Upstream) -> JSONResponse:
+        return _error(502, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -308,6 +320,12 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         return Response(
             content=data, media_type="text/plain", headers={"X-Next-Offset": str(nxt)}
         )
+
+    @api.post("/workloads/{kind}/{workloadId}/exec", tags=["workloads"])
+    def exec_(kind: Kind, workloadId: str, body: ExecRequest) -> dict[str, Any]:
+        """Run a command in one pod's environment (non-interactive; output returned at the end)."""
+        backend.workload(workloadId, KINDS[kind])
+        return backend.exec_command(workloadId, body.pod, body.command, body.timeoutSeconds)
 
     app.include_router(api)
     return app

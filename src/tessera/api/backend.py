@@ -1,4 +1,5 @@
-"""What the API needs from a backend. Embedded mode implements it in ``tessera.local.control``.
+"""What the API needs from a backend. Embedded mode implements it in ``tessera.local.control``,
+Kubernetes in ``tessera.kube.api_backend``.
 
 Payloads are JSON-ready dicts in the API's shape (camelCase), so a backend for Kubernetes can
 produce the same documents without sharing the local store's types.
@@ -19,6 +20,10 @@ class NotFound(TesseraError):
 
 class Conflict(TesseraError):
     """The name is taken, or the object is in a state that forbids the change (409)."""
+
+
+class Upstream(TesseraError):
+    """What the backend relies on failed: the API server, or a node's kubelet behind it (502)."""
 
 
 @dataclass
@@ -98,3 +103,8 @@ class Backend(Protocol):
     def logs(self, workload_id: str, pod: int, offset: int) -> tuple[bytes, int]: ...
 
     def pods(self, workload_id: str) -> list[dict[str, Any]]: ...
+
+    def exec_command(self, workload_id: str, pod: int, command: list[str],
+                     timeout: float) -> dict[str, Any]:
+        """Run ``command`` in the pod's environment: ``{exitCode, stdout, stderr}``."""
+        ...

@@ -144,6 +144,14 @@ class WorkloadCreate(BaseModel):
         return self.spec.model_dump(exclude={"compute"}, exclude_none=True)
 
 
+class ExecRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] = Field(min_length=1, max_length=1000, description="argv, not a shell line")
+    pod: int = Field(default=0, ge=0, le=63)
+    timeoutSeconds: float = Field(default=60, gt=0, le=3600)
+
+
 class TokenRequest(BaseModel):
     grantType: str = "client_credentials"
     clientId: str = Field(min_length=1)

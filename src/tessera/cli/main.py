@@ -80,13 +80,13 @@ def _healthy(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def _login_local(url: str, directory: Path) -> None:
+def _login_local(url: str, directory: Path, backend: str = "embedded") -> None:
     creds = local_credentials(directory)
     if creds is None:
         raise CliError(f"no credentials in {directory}; is the server using this data directory?")
     token = get_token(url, creds["clientId"], creds["clientSecret"])
     config = load_config()
-    config.update({"url": url, "token": token, "dataDir": str(directory)})
+    config.update({"url": url, "token": token, "dataDir": str(directory), "backend": backend})
     save_config(config)
 
 
@@ -98,16 +98,47 @@ def up(
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Run in the background")] = False,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL")] = 10.0,
     policy: Annotated[str, typer.Option(help="Placement policy: binpack, fgd, spread, best-fit")] = "binpack",
+    kubernetes: Annotated[bool, typer.Option("--kubernetes", help="Serve the API for a Kubernetes cluster (tessera-scheduler places the pods) instead of running workloads here")] = False,
+    kubeconfig: Annotated[str | None, typer.Option("--kubeconfig", help="With --kubernetes: kubeconfig (default $KUBECONFIG, ~/.kube/config or in-cluster)")] = None,
+    context: Annotated[str | None, typer.Option("--context", help="With --kubernetes: kubeconfig context")] = None,
+    image: Annotated[str | None, typer.Option("--image", help="With --kubernetes: default container image of workloads")] = None,
 ) -> None:
-    """Start the control plane (REST API, scheduler, local runner) on this machine."""
-    directory = data_dir(data_dir_opt)
+    """Start the control plane (REST API, scheduler, local runner) on this machine, or with
+    --kubernetes the REST API for a cluster."""
+    if not kubernetes and (kubeconfig or context or image):
+        raise CliError("--kubeconfig: needs --kubernetes (so do --context and --image)")
+    if kubernetes and simulate:
+        raise CliError("--simulate: embedded mode only; a cluster has its own (or kwok) nodes")
+    if kubernetes:
+        from tessera.kube.api_server import kube_data_dir
+
+        directory = kube_data_dir(data_dir_opt)
+    else:
+        directory = data_dir(data_dir_opt)
+    backend = "kubernetes" if kubernetes else "embedded"
     url = f"http://127.0.0.1:{port}"
     from tessera.local.server import server_info
 
     info = server_info(directory)
     if info and _healthy(str(info.get("url"))):
-        _login_local(str(info["url"]), directory)
+        _login_local(str(info["url"]), directory, backend)
         typer.echo(f"tessera is already up at {info['url']} (data {directory})")
+        return
+    if kubernetes:
+        kargv = ["--port", str(port), "--data-dir", str(directory)]
+        if kubeconfig:
+            kargv += ["--kubeconfig", str(Path(kubeconfig).expanduser().resolve())]
+        if context:
+            kargv += ["--context", context]
+        if image:
+            kargv += ["--image", image]
+        if not detach:
+            from tessera.kube.api_server import main as serve_kube
+
+            raise typer.Exit(serve_kube(kargv))
+        _spawn([sys.executable, "-m", "tessera.kube.api_server", *kargv], directory, url)
+        _login_local(url, directory, backend)
+        typer.echo(f"tessera is up at {url} (Kubernetes backend; data {directory})")
         return
     if simulate:
         from tessera.local.gpus import parse_simulate
@@ -125,6 +156,17 @@ def up(
 
         code = serve(argv[3:])
         raise typer.Exit(code)
+    proc = _spawn(argv, directory, url)
+    _login_local(url, directory)
+    info = server_info(directory) or {}
+    kind = "SIMULATED" if info.get("simulated") else "real (NVML)"
+    gpus: list[dict[str, Any]] = info.get("gpus", [])  # type: ignore[assignment]
+    models = ", ".join(f"{g['index']}:{g['model']}" for g in gpus)
+    typer.echo(f"tessera is up at {url} (pid {proc.pid}); GPUs: {kind} {models}; data {directory}")
+
+
+def _spawn(argv: list[str], directory: Path, url: str) -> subprocess.Popen[bytes]:
+    """Start a detached server and wait until it answers."""
     directory.mkdir(parents=True, exist_ok=True)
     log = open(directory / "server.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -135,16 +177,9 @@ def up(
             tail = (directory / "server.log").read_text(errors="replace").strip().splitlines()
             raise CliError(f"the server exited: {tail[-1] if tail else proc.returncode}")
         if _healthy(url, 0.2):
-            break
+            return proc
         time.sleep(0.05)
-    else:
-        raise CliError(f"the server did not answer at {url} within 30 s; see {directory}/server.log")
-    _login_local(url, directory)
-    info = server_info(directory) or {}
-    kind = "SIMULATED" if info.get("simulated") else "real (NVML)"
-    gpus: list[dict[str, Any]] = info.get("gpus", [])  # type: ignore[assignment]
-    models = ", ".join(f"{g['index']}:{g['model']}" for g in gpus)
-    typer.echo(f"tessera is up at {url} (pid {proc.pid}); GPUs: {kind} {models}; data {directory}")
+    raise CliError(f"the server did not answer at {url} within 30 s; see {directory}/server.log")
 
 
 @cli.command()
@@ -369,8 +404,11 @@ def _submit(
         "environmentVariables": _env(environment),
         "compute": compute,
         "workers": workers,
-        "workingDir": working_dir or os.getcwd(),
     }
+    if working_dir:
+        spec["workingDir"] = working_dir
+    elif config.get("backend") != "kubernetes":
+        spec["workingDir"] = os.getcwd()  # embedded mode runs the command here
     if on_eviction not in ("requeue", "fail"):
         raise CliError(f"--on-eviction: must be requeue or fail (got {on_eviction!r})")
     spec["onEviction"] = on_eviction
@@ -518,13 +556,17 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         f"Completed: {w['completedAt'] or '-'}",
     ]
     for pod in w["pods"]:
-        lines.append(f"Pod {pod['index']}:       {pod['phase']} on {pod['nodeName']}, pid {pod['pid']}"
+        where = (f"{pod['namespace']}/{pod['name']} " if pod.get("name") else "") + (
+            f"on {pod['nodeName']}" if pod["nodeName"] else "not bound")
+        lines.append(f"Pod {pod['index']}:       {pod['phase']} {where}"
+                     + (f", pid {pod['pid']}" if pod.get("pid") else "")
                      + (f", exit code {pod['exitCode']}" if pod["exitCode"] is not None else ""))
         for d in pod["gpuDevices"]:
             share = "whole device" if pod["exclusive"] else (
                 f"request {render.size(d['requestBytes'])}, limit {render.size(d['limitBytes'])}")
             lines.append(f"  GPU {d['index']} {d['uuid']}: {share}")
-        lines.append(f"  Log: {pod['logPath']}")
+        if pod.get("logPath"):
+            lines.append(f"  Log: {pod['logPath']}")
     lines.append("Events:")
     ev_rows = [[e["time"], e["kind"], e["message"]] for e in w["events"]]
     lines += ["  " + line for line in render.table(["TIME", "EVENT", "MESSAGE"], ev_rows).splitlines()]
@@ -567,6 +609,13 @@ def _exec(kind: str | None, name: str, command: list[str], project: str | None, 
     match = [p for p in pods if p["index"] == pod]
     if not match:
         raise CliError(f"--pod: workload {name} has no pod {pod}")
+    if "env" not in match[0]:
+        # The pod runs elsewhere (Kubernetes): the server runs COMMAND in it (pods/exec).
+        r = client.post(f"/api/v1/workloads/{KIND_PATH[w['type']]}/{w['workloadId']}/exec",
+                        {"pod": pod, "command": command})
+        sys.stdout.write(r["stdout"])
+        sys.stderr.write(r["stderr"])
+        raise typer.Exit(int(r["exitCode"]))
     env = {**os.environ, **match[0]["env"]}
     try:
         code = subprocess.call(command, env=env)

@@ -541,6 +541,7 @@ class LocalBackend:
                 ],
             })
         return {
+            "backend": "embedded",
             "simulated": self.machine.simulated,
             "driver": self.machine.driver,
             "scheduler": self.scheduler.name,
@@ -790,6 +791,29 @@ class LocalBackend:
     def pods(self, workload_id: str) -> list[dict[str, Any]]:
         w = self._get(workload_id, None)
         return [self._pod_dict(p) for p in w.pods]
+
+    def exec_command(self, workload_id: str, pod: int, command: list[str],
+                     timeout: float) -> dict[str, Any]:
+        """COMMAND with the pod's environment, on this machine (the API's exec; the CLI on the
+        server's machine runs it itself, attached to the terminal)."""
+        import subprocess
+
+        w = self._get(workload_id, None)
+        if w.phase != "Running":
+            raise Conflict(f"workload {w.name} is {w.phase}; exec needs it Running")
+        match = [p for p in w.pods if p["index"] == pod]
+        if not match:
+            raise NotFound(f"workload {w.name} has no pod {pod}")
+        try:
+            done = subprocess.run(command, env={**os.environ, **match[0].get("env", {})},
+                                  capture_output=True, timeout=timeout,
+                                  cwd=w.spec.get("workingDir") or None)
+        except FileNotFoundError:
+            raise InvalidRequest("command", "not found", command[0]) from None
+        except subprocess.TimeoutExpired:
+            raise Conflict(f"the command did not finish within {timeout:g} s") from None
+        return {"exitCode": done.returncode, "stdout": done.stdout.decode(errors="replace"),
+                "stderr": done.stderr.decode(errors="replace")}
 
     # -- documents -------------------------------------------------------------------------------
 

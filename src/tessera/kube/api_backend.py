@@ -1,0 +1,690 @@
+"""``tessera.api.backend.Backend`` on a Kubernetes cluster: the REST API (and so the CLI) drive
+Projects, PodGroups and pods through the API server; ``tessera-scheduler`` places them.
+
+Reads go to the API server on every request (no cache), so a listing always shows what a
+submit or delete just did. A small reconcile loop (``reconcile``) plays the workload
+controller: it creates the pods a workload is missing (after an eviction by reclaim or
+preemption, or a resume) unless the workload is suspended or asked to fail when evicted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, Client, codecs
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
+from lightkube.types import PatchType
+
+from tessera.api.backend import Conflict, NotFound, ProjectFields, Upstream, WorkloadSubmission
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.model import Node as CoreNode
+from tessera.core.requests import check_against_cluster
+from tessera.core.units import format_gpus
+from tessera.core.workloads import PRIORITY_CLASSES
+from tessera.kube import names
+from tessera.kube import workload_docs as wd
+from tessera.kube.objects import PodGroupResource, ProjectResource, node_info
+from tessera.kube.podspec import pod_request_from_dict
+
+log = logging.getLogger(__name__)
+
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+NAME_RULE = ("must be lowercase letters, digits and '-', start and end alphanumeric, "
+             "at most 63 characters")
+DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
+TOKEN_TTL = 30 * 24 * 3600.0
+CREATED_BY = "tessera.io/created-by"
+SORTABLE = {"name": "name", "createdAt": "createdAt", "phase": "phase",
+            "projectName": "projectName", "type": "type", "gpus": "_gpus"}
+FILTER_KEY = {"status": "phase"}
+SIMULATED_LABEL = "tessera.io/simulated"
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _status(exc: ApiError) -> int:
+    return int(getattr(exc.status, "code", 0) or 0)
+
+
+def _message(exc: ApiError) -> str:
+    return str(getattr(exc.status, "message", None) or exc)
+
+
+class KubeBackend:
+    """Implements ``tessera.api.backend.Backend`` against a Kubernetes API server."""
+
+    def __init__(self, client: Client, data_dir: Path, image: str = wd.DEFAULT_IMAGE) -> None:
+        from tessera.local.store import Store
+
+        self.client: Any = client
+        """Typed loosely: lightkube's models make every field Optional."""
+        self.data_dir = data_dir
+        self.image = image
+        self.auth = Store(data_dir / "tessera.db")
+        """Only API clients and token hashes live here; workloads live in the cluster."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, interval: float = 1.0) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(interval,),
+                                        name="tessera-kube-reconcile", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.auth.close()
+
+    def _loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.reconcile()
+            except Exception as exc:
+                log.warning("reconcile failed: %r", exc)
+
+    # -- auth ------------------------------------------------------------------------------------
+
+    def ensure_admin(self) -> dict[str, str]:
+        path = self.data_dir / "credentials.json"
+        if path.exists():
+            creds: dict[str, str] = json.loads(path.read_text())
+            if self.auth.client_secret_hash(creds["clientId"]) == _hash(creds["clientSecret"]):
+                return creds
+        creds = {"clientId": "admin", "clientSecret": secrets.token_urlsafe(32)}
+        self.auth.set_client(creds["clientId"], _hash(creds["clientSecret"]))
+        import os
+
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(creds, f)
+        return creds
+
+    def authenticate(self, client_id: str, secret: str) -> bool:
+        stored = self.auth.client_secret_hash(client_id)
+        return stored is not None and secrets.compare_digest(stored, _hash(secret))
+
+    def issue_token(self, client_id: str) -> tuple[str, float]:
+        token = secrets.token_urlsafe(32)
+        return token, self.auth.add_token(_hash(token), client_id, TOKEN_TTL)
+
+    def token_valid(self, token: str) -> bool:
+        return self.auth.token_client(_hash(token)) is not None
+
+    # -- reading the cluster ---------------------------------------------------------------------
+
+    def _nodes(self) -> tuple[dict[str, CoreNode], dict[str, tuple[str, ...]], bool, str | None]:
+        nodes: dict[str, CoreNode] = {}
+        uuids: dict[str, tuple[str, ...]] = {}
+        simulated = False
+        driver = None
+        for obj in self.client.list(Node):
+            info = node_info(obj)
+            if info.node is None or not info.node.gpus:
+                continue
+            nodes[info.name] = info.node
+            uuids[info.name] = info.uuids
+            labels = obj.metadata.labels or {}
+            simulated = simulated or labels.get(SIMULATED_LABEL) == "true"
+            major = labels.get("nvidia.com/cuda.driver.major")
+            if major and driver is None:
+                driver = ".".join(labels.get(f"nvidia.com/cuda.driver.{k}", "0")
+                                  for k in ("major", "minor", "rev"))
+        return nodes, uuids, simulated, driver
+
+    def cluster(self) -> dict[str, Any]:
+        nodes, uuids, simulated, driver = self._nodes()
+        tenants: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for pod in self.client.list(Pod, namespace="*",
+                                    fields={"spec.schedulerName": names.SCHEDULER_NAME}):
+            doc = wd.pod_doc(pod, nodes, uuids)
+            if doc["phase"] in ("Succeeded", "Failed") or not doc["gpuDevices"]:
+                continue
+            holder = (pod.metadata.labels or {}).get(wd.WORKLOAD) or pod.metadata.name
+            for d in doc["gpuDevices"]:
+                tenants.setdefault((doc["nodeName"], d["index"]), []).append({
+                    "name": holder, "pod": f"{pod.metadata.namespace}/{pod.metadata.name}",
+                    "bytes": d["requestBytes"], "exclusive": doc["exclusive"]})
+        out_nodes = []
+        for name in sorted(nodes):
+            gpus = []
+            for g in nodes[name].gpus:
+                held = tenants.get((name, g.index), [])
+                allocated = sum(g.memory if h["exclusive"] else h["bytes"] for h in held)
+                gpus.append({"index": g.index, "uuid": g.uuid, "model": g.model,
+                             "product": g.product, "memoryBytes": g.memory,
+                             "allocatedBytes": allocated, "workloads": held})
+            out_nodes.append({"name": name, "gpus": gpus})
+        return {
+            "backend": "kubernetes",
+            "simulated": simulated,
+            "driver": driver,
+            "scheduler": f"{names.COMPONENT} (schedulerName: {names.SCHEDULER_NAME})",
+            "isolation": self._isolation(),
+            "nodes": out_nodes,
+        }
+
+    @staticmethod
+    def _isolation() -> str:
+        return ("per node: the admission webhook preloads the isolation library and the node "
+                "agent enforces each pod's ConfigMap limits")
+
+    # -- projects --------------------------------------------------------------------------------
+
+    def _project_dict(self, obj: Any) -> dict[str, Any]:
+        spec = obj.get("spec") or {}
+        gpu = (spec.get("resources") or {}).get("gpu") or {}
+        status = obj.get("status") or {}
+        created = wd.created_at(obj)
+        return {
+            "id": obj.metadata.uid or obj.metadata.name,
+            "name": obj.metadata.name,
+            "namespace": spec.get("namespace"),
+            "resources": {"gpu": {"deserved": float(gpu.get("deserved", 0)),
+                                  "limit": None if gpu.get("limit") is None else float(gpu["limit"]),
+                                  "overQuotaWeight": float(gpu.get("overQuotaWeight", 1))}},
+            "priority": int(spec.get("priority", 100)),
+            "status": {"allocated": {"gpu": float((status.get("allocated") or {}).get("gpu", 0))}},
+            "createdAt": wd.iso(created),
+        }
+
+    @staticmethod
+    def _check_project(f: ProjectFields) -> None:
+        if not NAME.match(f.name) or len(f.name) > 63:
+            raise InvalidRequest("name", NAME_RULE, f.name)
+        if f.deserved < 0:
+            raise InvalidRequest("resources.gpu.deserved", "must be 0 or more", f.deserved)
+        if f.limit is not None and f.limit < f.deserved:
+            raise InvalidRequest(
+                "resources.gpu.limit", f"must be at least deserved ({f.deserved:g})", f.limit)
+        if f.over_quota_weight < 0:
+            raise InvalidRequest("resources.gpu.overQuotaWeight", "must be 0 or more")
+
+    @staticmethod
+    def _project_spec(f: ProjectFields, namespace: str) -> dict[str, Any]:
+        gpu: dict[str, Any] = {"deserved": f.deserved, "overQuotaWeight": f.over_quota_weight}
+        if f.limit is not None:
+            gpu["limit"] = f.limit
+        return {"namespace": namespace, "priority": f.priority, "resources": {"gpu": gpu}}
+
+    def create_project(self, fields: ProjectFields) -> dict[str, Any]:
+        self._check_project(fields)
+        with self._lock:
+            for obj in self.client.list(ProjectResource):
+                if obj.metadata.name == fields.name:
+                    raise Conflict(f"project {fields.name} already exists")
+                if (obj.get("spec") or {}).get("namespace") == fields.name:
+                    raise Conflict(f"namespace {fields.name} already belongs to project "
+                                   f"{obj.metadata.name}")
+            created_ns = False
+            try:
+                self.client.create(Namespace(metadata=ObjectMeta(
+                    name=fields.name, labels={names.PROJECT: fields.name},
+                    annotations={CREATED_BY: wd.MANAGER})))
+                created_ns = True
+            except ApiError as exc:
+                if _status(exc) != 409:
+                    raise Upstream(f"namespace {fields.name}: {_message(exc)}") from None
+            try:
+                obj = self.client.create(ProjectResource(
+                    metadata=ObjectMeta(name=fields.name),
+                    spec=self._project_spec(fields, fields.name)))
+            except ApiError as exc:
+                if created_ns:
+                    with contextlib.suppress(ApiError):
+                        self.client.delete(Namespace, fields.name)
+                if _status(exc) == 409:
+                    raise Conflict(f"project {fields.name} already exists") from None
+                if _status(exc) == 422:
+                    raise InvalidRequest("resources.gpu", _message(exc)) from None
+                raise Upstream(f"project {fields.name}: {_message(exc)}") from None
+        return self._project_dict(obj)
+
+    def projects(self) -> list[dict[str, Any]]:
+        objs = sorted(self.client.list(ProjectResource), key=wd.created_at)
+        return [self._project_dict(o) for o in objs]
+
+    def _get_project(self, id_or_name: str) -> Any:
+        if NAME.match(id_or_name):
+            try:
+                return self.client.get(ProjectResource, id_or_name)
+            except ApiError as exc:
+                if _status(exc) != 404:
+                    raise Upstream(_message(exc)) from None
+        for obj in self.client.list(ProjectResource):
+            if obj.metadata.uid == id_or_name:
+                return obj
+        raise NotFound(f"project {id_or_name} not found")
+
+    def project(self, id_or_name: str) -> dict[str, Any]:
+        return self._project_dict(self._get_project(id_or_name))
+
+    def update_project(self, id_or_name: str, fields: ProjectFields) -> dict[str, Any]:
+        obj = self._get_project(id_or_name)
+        fields.name = obj.metadata.name
+        self._check_project(fields)
+        spec = self._project_spec(fields, (obj.get("spec") or {}).get("namespace") or fields.name)
+        patch = {"spec": {**spec, "resources": {**((obj.get("spec") or {}).get("resources") or {}),
+                                                 "gpu": spec["resources"]["gpu"]}}}
+        if fields.limit is None:
+            patch["spec"]["resources"]["gpu"]["limit"] = None
+        try:
+            new = self.client.patch(ProjectResource, fields.name, patch, patch_type=PatchType.MERGE)
+        except ApiError as exc:
+            raise InvalidRequest("resources.gpu", _message(exc)) from None
+        return self._project_dict(new)
+
+    def delete_project(self, id_or_name: str) -> None:
+        obj = self._get_project(id_or_name)
+        namespace = (obj.get("spec") or {}).get("namespace")
+        if namespace:
+            count = len(list(self.client.list(PodGroupResource, namespace=namespace,
+                                              labels={names.MANAGED_BY: wd.MANAGER})))
+            count += len([p for p in self.client.list(
+                Pod, namespace=namespace, fields={"spec.schedulerName": names.SCHEDULER_NAME})
+                if not (p.metadata.labels or {}).get(wd.WORKLOAD)])
+            if count:
+                raise Conflict(f"project {obj.metadata.name} has {count} workload(s); "
+                               "delete them first")
+        self.client.delete(ProjectResource, obj.metadata.name)
+        if namespace:
+            with contextlib.suppress(ApiError):
+                ns = self.client.get(Namespace, namespace)
+                if (ns.metadata.annotations or {}).get(CREATED_BY) == wd.MANAGER:
+                    self.client.delete(Namespace, namespace)
+
+    # -- submit ----------------------------------------------------------------------------------
+
+    def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
+        if not NAME.match(s.name) or len(s.name) > 63:
+            raise InvalidRequest("name", NAME_RULE, s.name)
+        if not s.command:
+            raise InvalidRequest("spec.command", "is required: the command to run")
+        if s.workers < 1:
+            raise InvalidRequest("spec.workers", "must be 1 or more", s.workers)
+        min_workers = s.workers if s.min_workers is None else s.min_workers
+        if not 1 <= min_workers <= s.workers:
+            raise InvalidRequest("spec.minWorkers", f"must be 1 to workers ({s.workers})",
+                                 min_workers)
+        pclass = s.priority_class or DEFAULT_CLASS[s.type]
+        if pclass not in PRIORITY_CLASSES:
+            raise InvalidRequest("spec.priorityClass",
+                                 f"must be one of {', '.join(PRIORITY_CLASSES)}", pclass)
+        nodes, _, _, _ = self._nodes()
+        check_against_cluster(s.gpu, nodes.values())
+        try:
+            project = self._get_project(s.project)
+        except NotFound:
+            raise InvalidRequest("projectId", "no project with this id or name", s.project) from None
+        pdoc = self._project_dict(project)
+        namespace = pdoc["namespace"]
+        if not namespace:
+            raise InvalidRequest("projectId", "the project has no spec.namespace (a department "
+                                 "cannot run workloads)", s.project)
+        limit = pdoc["resources"]["gpu"]["limit"]
+        estimate = _estimate(nodes.values(), ResourceRequest(s.gpu), s.workers)
+        if limit is not None and estimate > limit + 1e-9:
+            raise InvalidRequest(
+                "spec.compute", f"asks {format_gpus(estimate)} GPUs, more than project "
+                f"{pdoc['name']}'s limit of {limit:g}")
+        rec = wd.Record(
+            id=str(uuid.uuid4()), name=s.name, namespace=namespace, project=pdoc["name"],
+            type=s.type, argv=list(s.command), env=dict(s.env), image=s.image or self.image,
+            working_dir=s.working_dir if s.spec.get("workingDir") and s.working_dir else None,
+            priority_class=pclass, preemptible=PRIORITY_CLASSES[pclass].preemptible,
+            workers=s.workers, min_workers=min_workers, request=wd.request_dict(s.gpu),
+            on_eviction=str(s.spec.get("onEviction", "requeue")),
+            spec={k: v for k, v in s.spec.items() if k not in ("workingDir",)},
+        )
+        # The pods must read back as the same request (the scheduler's parser is the judge).
+        probe = wd.build_pod(rec, 0, None).to_dict()
+        if pod_request_from_dict(probe).gpu != s.gpu:
+            raise InvalidRequest("spec.compute", "cannot be written as tessera.io annotations")
+        group = PodGroupResource(
+            metadata=ObjectMeta(
+                name=s.name, namespace=namespace,
+                labels={names.MANAGED_BY: wd.MANAGER, wd.WORKLOAD_ID: rec.id,
+                        wd.WORKLOAD_TYPE: s.type},
+                annotations={wd.RECORD: rec.to_json()},
+            ),
+            spec={"minMember": min_workers, "project": pdoc["name"], "priorityClassName": pclass},
+        )
+        try:
+            created = self.client.create(group)
+        except ApiError as exc:
+            if _status(exc) == 409:
+                raise Conflict(f"a workload named {s.name} already exists in project "
+                               f"{pdoc['name']}") from None
+            raise Upstream(f"PodGroup {namespace}/{s.name}: {_message(exc)}") from None
+        try:
+            self._create_pods(rec, created.metadata.uid, range(s.workers))
+        except Exception:
+            self._delete_all(namespace, s.name, rec.id)
+            raise
+        self._event(created, "Submitted", f"submitted to project {pdoc['name']}: "
+                    f"{s.gpu.describe()} x {s.workers} pod(s)")
+        return self._workload_doc(created, self._pods_of(namespace, rec.id), nodes, {}, brief=False)
+
+    def _create_pods(self, rec: wd.Record, owner_uid: str | None, indices: Iterable[int]) -> int:
+        made = 0
+        for i in indices:
+            try:
+                self.client.create(wd.build_pod(rec, i, owner_uid))
+                made += 1
+            except ApiError as exc:
+                if _status(exc) == 409:
+                    continue
+                raise Upstream(f"pod {rec.namespace}/{rec.name}-{i}: {_message(exc)}") from None
+        return made
+
+    def _delete_all(self, namespace: str, name: str, wid: str) -> None:
+        with contextlib.suppress(ApiError):
+            self.client.delete(PodGroupResource, name, namespace=namespace)
+        for pod in self.client.list(Pod, namespace=namespace, labels={wd.WORKLOAD_ID: wid}):
+            with contextlib.suppress(ApiError):
+                self.client.delete(Pod, pod.metadata.name, namespace=namespace)
+
+    def _event(self, group: Any, reason: str, message: str, type_: str = "Normal") -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        meta = group.metadata
+        obj = codecs.from_dict({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.name[:200]}.", "namespace": meta.namespace},
+            "involvedObject": {"apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": "PodGroup",
+                               "name": meta.name, "namespace": meta.namespace, "uid": meta.uid},
+            "reason": reason, "message": message[:1000], "type": type_,
+            "source": {"component": wd.MANAGER}, "reportingComponent": wd.MANAGER,
+            "reportingInstance": wd.MANAGER, "firstTimestamp": now, "lastTimestamp": now,
+            "count": 1,
+        })
+        try:
+            self.client.create(obj)
+        except ApiError as exc:  # best effort, as Events are
+            log.warning("event %s on %s/%s: %s", reason, meta.namespace, meta.name, exc)
+
+    # -- workloads -------------------------------------------------------------------------------
+
+    def _groups(self, namespace: str = "*") -> list[Any]:
+        return list(self.client.list(PodGroupResource, namespace=namespace,
+                                     labels={names.MANAGED_BY: wd.MANAGER}))
+
+    def _pods_of(self, namespace: str, wid: str) -> list[Any]:
+        return list(self.client.list(Pod, namespace=namespace, labels={wd.WORKLOAD_ID: wid}))
+
+    def _find(self, workload_id: str, kind: str | None) -> tuple[Any, wd.Record]:
+        found = list(self.client.list(PodGroupResource, namespace="*",
+                                      labels={wd.WORKLOAD_ID: workload_id}))
+        if found:
+            rec = wd.Record.from_json(found[0].metadata.annotations[wd.RECORD])
+            if kind is None or rec.type == kind:
+                return found[0], rec
+        raise NotFound(f"workload {workload_id} not found")
+
+    def _workload_doc(self, group: Any, pods: Sequence[Any], nodes: dict[str, CoreNode],
+                      uuids: dict[str, tuple[str, ...]], brief: bool,
+                      simulated: bool = False) -> dict[str, Any]:
+        rec = wd.Record.from_json(group.metadata.annotations[wd.RECORD])
+        pod_docs = sorted((wd.pod_doc(p, nodes, uuids) for p in pods), key=lambda d: d["index"])
+        phase, message, code = wd.phase_of(rec, group, pod_docs)
+        bound = [d for d in pod_docs if d["nodeName"]]
+        starts = [wd.created_at(p) for p in pods if p.spec and p.spec.nodeName]
+        gpu = rec.gpu
+        out: dict[str, Any] = {
+            "workloadId": rec.id,
+            "name": rec.name,
+            "requestedName": rec.name,
+            "type": rec.type,
+            "projectId": rec.project,
+            "projectName": rec.project,
+            "phase": phase,
+            "phaseMessage": message,
+            "createdAt": wd.iso(wd.created_at(group)),
+            "startedAt": wd.iso(min(starts)) if starts and phase != "Pending" else None,
+            "completedAt": None,
+            "exitCode": code,
+            "priorityClass": rec.priority_class,
+            "preemptible": rec.preemptible,
+            "nodeName": ",".join(sorted({d["nodeName"] for d in bound})) or None,
+            "gpuDevices": ",".join(str(x["index"]) for d in bound for x in d["gpuDevices"]),
+            "workers": rec.workers,
+            "minWorkers": rec.min_workers,
+            "runningPods": sum(1 for d in pod_docs if d["phase"] == "Running"),
+            "gpus": {
+                "requested": round(_estimate(nodes.values(), ResourceRequest(gpu), rec.workers)
+                                   if nodes else 0.0, 4),
+                "allocated": round(sum(wd.pod_gpus(d, nodes) for d in bound), 4),
+                "request": gpu.describe(),
+            },
+            "simulated": simulated,
+            "namespace": rec.namespace,
+        }
+        if brief:
+            return out
+        out["spec"] = wd.spec_doc(rec)
+        out["pods"] = pod_docs
+        out["events"] = self._events(rec.namespace, {rec.name, *(d["name"] for d in pod_docs)})
+        out["isolation"] = self._isolation()
+        out["scheduler"] = f"{names.COMPONENT} (schedulerName: {names.SCHEDULER_NAME})"
+        return out
+
+    def _events(self, namespace: str, objects: set[str]) -> list[dict[str, Any]]:
+        out = []
+        for ev in self.client.list(Event, namespace=namespace):
+            involved = ev.involvedObject
+            if involved is None or involved.name not in objects:
+                continue
+            when: Any = ev.lastTimestamp or ev.eventTime or ev.firstTimestamp or (
+                ev.metadata.creationTimestamp if ev.metadata else None)
+            stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ") if hasattr(when, "strftime") else str(when)
+            who = "" if involved.kind == "PodGroup" else f"pod {involved.name}: "
+            out.append({"time": stamp, "kind": ev.reason or "", "message": who + (ev.message or "")})
+        out.sort(key=lambda e: e["time"])
+        return out
+
+    def workloads_json(
+        self,
+        filters: list[tuple[str, str, str]],
+        search: str | None,
+        sort_by: str,
+        descending: bool,
+        offset: int,
+        limit: int,
+        fields: list[str] | None = None,
+        rows: bool = False,
+    ) -> tuple[str, int]:
+        nodes, uuids, simulated, _ = self._nodes()
+        pods_by: dict[str, list[Any]] = {}
+        for pod in self.client.list(Pod, namespace="*", labels={names.MANAGED_BY: wd.MANAGER}):
+            wid = (pod.metadata.labels or {}).get(wd.WORKLOAD_ID)
+            if wid:
+                pods_by.setdefault(wid, []).append(pod)
+        docs = []
+        for g in self._groups():
+            wid = (g.metadata.labels or {}).get(wd.WORKLOAD_ID, "")
+            try:
+                doc = self._workload_doc(g, pods_by.get(wid, []), nodes, uuids, brief=True,
+                                         simulated=simulated)
+            except (KeyError, ValueError, TypeError) as exc:
+                log.warning("PodGroup %s/%s has no readable record: %r",
+                            g.metadata.namespace, g.metadata.name, exc)
+                continue
+            doc["_gpus"] = doc["gpus"]["requested"]
+            docs.append(doc)
+        for key, op, value in filters:
+            k = FILTER_KEY.get(key, key)
+            if op == "==":
+                docs = [d for d in docs if str(d.get(k) or "") == value]
+            elif op == "!=":
+                docs = [d for d in docs if str(d.get(k) or "") != value]
+            else:
+                docs = [d for d in docs if value.lower() in str(d.get(k) or "").lower()]
+        if search:
+            docs = [d for d in docs if search.lower() in d["name"].lower()]
+        skey = SORTABLE[sort_by]
+        docs.sort(key=lambda d: (d[skey] is None, d[skey] or 0, d["createdAt"]), reverse=descending)
+        total = len(docs)
+        page = docs[offset: offset + limit]
+        for d in page:
+            d.pop("_gpus", None)
+        if rows:
+            keys = list(fields or [])
+            return json.dumps([[d.get(k) for k in keys] for d in page]), total
+        if fields:
+            page = [{k: d.get(k) for k in fields} for d in page]
+        else:
+            for d in page:
+                d.pop("namespace", None)
+        return json.dumps(page), total
+
+    def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
+        group, rec = self._find(workload_id, kind)
+        nodes, uuids, simulated, _ = self._nodes()
+        return self._workload_doc(group, self._pods_of(rec.namespace, rec.id), nodes, uuids,
+                                  brief=False, simulated=simulated)
+
+    def delete_workload(self, workload_id: str, kind: str | None = None) -> None:
+        _, rec = self._find(workload_id, kind)
+        self._delete_all(rec.namespace, rec.name, rec.id)
+
+    def suspend(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
+        group, rec = self._find(workload_id, kind)
+        doc = self.workload(workload_id, kind)
+        if doc["phase"] not in ("Pending", "Running"):
+            raise Conflict(f"workload {rec.name} is {doc['phase']}; only Pending or Running "
+                           "suspend")
+        self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
+            wd.SUSPENDED: "true"}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
+        for pod in self._pods_of(rec.namespace, rec.id):
+            with contextlib.suppress(ApiError):
+                self.client.delete(Pod, pod.metadata.name, namespace=rec.namespace)
+        self._event(group, "Suspended", "suspended by user; its pods are deleted")
+        return self.workload(workload_id, kind)
+
+    def resume(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
+        group, rec = self._find(workload_id, kind)
+        doc = self.workload(workload_id, kind)
+        if doc["phase"] != "Stopped":
+            raise Conflict(f"workload {rec.name} is {doc['phase']}; only Stopped workloads resume")
+        self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
+            wd.SUSPENDED: None}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
+        self._create_pods(rec, group.metadata.uid, range(rec.workers))
+        self._event(group, "Resumed", "resumed by user; its pods are created again")
+        return self.workload(workload_id, kind)
+
+    # -- controller ------------------------------------------------------------------------------
+
+    def reconcile(self) -> int:
+        """Create the pods workloads are missing (evicted ones requeue); returns how many."""
+        pods_by: dict[str, list[Any]] = {}
+        for pod in self.client.list(Pod, namespace="*", labels={names.MANAGED_BY: wd.MANAGER}):
+            wid = (pod.metadata.labels or {}).get(wd.WORKLOAD_ID)
+            if wid:
+                pods_by.setdefault(wid, []).append(pod)
+        made = 0
+        for g in self._groups():
+            ann = g.metadata.annotations or {}
+            if g.metadata.deletionTimestamp is not None or ann.get(wd.SUSPENDED) == "true" \
+                    or ann.get(wd.FAILED) or wd.RECORD not in ann:
+                continue
+            rec = wd.Record.from_json(ann[wd.RECORD])
+            pods = pods_by.get(rec.id, [])
+            if any((p.status.phase if p.status else None) in ("Succeeded", "Failed")
+                   for p in pods):
+                continue
+            have = {int((p.metadata.labels or {}).get(wd.POD_INDEX, -1)) for p in pods}
+            missing = [i for i in range(rec.workers) if i not in have]
+            if not missing or time.time() - wd.created_at(g) < 2.0:
+                continue
+            if rec.on_eviction == "fail":
+                reason = f"{len(missing)} pod(s) were evicted or deleted (onEviction: fail)"
+                self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
+                    wd.FAILED: reason}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
+                for p in pods:
+                    with contextlib.suppress(ApiError):
+                        self.client.delete(Pod, p.metadata.name, namespace=rec.namespace)
+                self._event(g, "Failed", reason, "Warning")
+                continue
+            n = self._create_pods(rec, g.metadata.uid, missing)
+            if n:
+                made += n
+                self._event(g, "Requeued", f"{n} missing pod(s) created again")
+        return made
+
+    # -- pods: logs and exec ---------------------------------------------------------------------
+
+    def _pod(self, workload_id: str, index: int) -> tuple[wd.Record, Any]:
+        _, rec = self._find(workload_id, None)
+        for pod in self._pods_of(rec.namespace, rec.id):
+            if int((pod.metadata.labels or {}).get(wd.POD_INDEX, -1)) == index:
+                return rec, pod
+        raise NotFound(f"workload {rec.name} has no pod {index} now")
+
+    def logs(self, workload_id: str, pod: int, offset: int) -> tuple[bytes, int]:
+        rec, obj = self._pod(workload_id, pod)
+        try:
+            text = "".join(self.client.log(obj.metadata.name, namespace=rec.namespace,
+                                           container=wd.CONTAINER))
+        except ApiError as exc:
+            raise Upstream(self._kubelet_error("logs", obj, _message(exc))) from None
+        data = text.encode()
+        return data[offset:], max(offset, len(data))
+
+    def _kubelet_error(self, what: str, pod: Any, message: str) -> str:
+        name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        node = pod.spec.nodeName if pod.spec else None
+        hint = ""
+        if node:
+            with contextlib.suppress(ApiError):
+                n = self.client.get(Node, node)
+                ann = n.metadata.annotations or {}
+                if ann.get("kwok.x-k8s.io/node") == "fake" or \
+                        (n.metadata.labels or {}).get(SIMULATED_LABEL) == "true":
+                    hint = (f"; node {node} is simulated (kwok): no container runs there, so "
+                            f"there is nothing to {'read' if what == 'logs' else 'run in'}")
+        return (f"{what} of pod {name}: the API server could not reach the node's kubelet "
+                f"({message}){hint}")
+
+    def pods(self, workload_id: str) -> list[dict[str, Any]]:
+        _, rec = self._find(workload_id, None)
+        nodes, uuids, _, _ = self._nodes()
+        return sorted((wd.pod_doc(p, nodes, uuids) for p in self._pods_of(rec.namespace, rec.id)),
+                      key=lambda d: d["index"])
+
+    def exec_command(self, workload_id: str, pod: int, command: list[str],
+                     timeout: float) -> dict[str, Any]:
+        from tessera.kube.pod_exec import ExecError, pod_exec
+
+        rec, obj = self._pod(workload_id, pod)
+        if not (obj.spec and obj.spec.nodeName):
+            raise Conflict(f"pod {rec.namespace}/{obj.metadata.name} is not bound to a node yet")
+        try:
+            return pod_exec(self.client, rec.namespace, obj.metadata.name, wd.CONTAINER, command,
+                            timeout)
+        except ExecError as exc:
+            raise Upstream(self._kubelet_error("exec", obj, str(exc))) from None
+
+
+def _estimate(nodes: Iterable[CoreNode], request: ResourceRequest, workers: int) -> float:
+    gpu = request.gpu
+    if gpu.kind is GpuKind.NONE:
+        return 0.0
+    sizes = [g.memory for n in nodes for g in n.gpus if gpu.allows(g.model)]
+    return gpu.gpus_on(max(sizes, default=1)) * workers

@@ -1,0 +1,282 @@
+"""The CLI walkthroughs against the Kubernetes backend: the real ``tessera`` CLI talks to the real
+REST API server (``python -m tessera.kube.api_server``), which drives the real API server;
+tessera-scheduler (started by the harness hook) places the pods on kwok GPU nodes.
+
+The walkthrough is the embedded one (tests/cli/test_cli_walkthrough.py) on a private node of a
+model no other test uses (1 x A100-80GB, asked for with --gpu-model), so that "same GPU" and
+"waits for room" do not depend on what other tests left on the shared nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import ApiError, Client
+from lightkube.resources.core_v1 import Namespace, Node, Pod
+
+from tessera.kube import names
+from tessera.kube.objects import PodGroupResource, ProjectResource
+from tessera.testing.cluster import ManagedProcess, TestCluster, start_scheduler
+from tessera.testing.gpu_nodes import NodeShape
+from tessera.testing.kube_api import KubeApiServer
+
+LOOP = "import time; [time.sleep(1) for _ in iter(int, 1)]"
+MODEL = "A100-80GB"
+A100_BYTES = 81920 * 2**20
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def server(kube_cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[KubeApiServer]:
+    before = list(kube_cluster.processes)
+    scheduler = start_scheduler(kube_cluster)
+    assert scheduler is not None, "tessera.kube.scheduler is missing"
+    started: list[ManagedProcess] = [p for p in kube_cluster.processes if p not in before]
+    kube_cluster.create_gpu_nodes(1, NodeShape(gpus=1, model=MODEL), prefix="cli-a100-")
+    s = KubeApiServer(tmp_path_factory.mktemp("kube-cli"), kube_cluster.kubeconfig)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.cleanup()
+        # The hook's processes would otherwise outlive this module and hold the leader Lease.
+        for p in reversed(started):
+            p.stop()
+            kube_cluster.processes.remove(p)
+
+
+def _wait(server: KubeApiServer, *names_: str, status: str = "Running", project: str = "") -> None:
+    extra = ["-p", project] if project else []
+    server.cli("wait", *names_, *extra, "--for", status, "--timeout", "30")
+
+
+def test_walkthrough_on_kubernetes(server: KubeApiServer, kube_client: Client) -> None:
+    """runai project set team-a; submit frac05 -g 0.5 and frac03 -g 0.3; same GPU; top; a 20G
+    job waits (why pending) until frac03 is deleted."""
+    server.cli("login")
+    server.cli("project", "create", "cli-team-a", "--gpu", "1")
+    server.cli("project", "set", "cli-team-a")
+    project = kube_client.get(ProjectResource, "cli-team-a")
+    assert project["spec"]["namespace"] == "cli-team-a"
+    assert project["spec"]["resources"]["gpu"]["deserved"] == 1
+    kube_client.get(Namespace, "cli-team-a")
+    model = ["--gpu-model", MODEL]
+    server.cli("submit", "frac05", "-g", "0.5", "--interactive", *model, "--",
+               "python3", "-c", LOOP)
+    server.cli("submit", "frac03", "-g", "0.3", "--interactive", *model, "--",
+               "python3", "-c", LOOP)
+    _wait(server, "frac05", "frac03")
+
+    pod = kube_client.get(Pod, "frac05-0", namespace="cli-team-a")
+    assert pod.spec is not None and pod.metadata is not None
+    ann = pod.metadata.annotations or {}
+    assert pod.spec.schedulerName == "tessera"
+    assert ann[names.GPU_PORTION] == "0.5" and ann[names.GPU_MODEL] == MODEL
+    assert ann[names.POD_GROUP] == "frac05" and ann[names.PRIORITY_CLASS] == "build"
+    assert pod.spec.containers[0].command == ["python3", "-c", LOOP]
+    assert pod.spec.containers[0].image == "busybox:1.36"
+
+    table = server.cli("list").stdout
+    assert "SIMULATED" in table.splitlines()[0]
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:]}
+    assert rows["frac05"][1] == "Running" and rows["frac03"][1] == "Running"
+    assert "0.50 (0.50)" in table and "0.30 (0.30)" in table
+    listed = {w["name"]: w for w in server.cli_json("list")["workloads"]}
+    assert listed["frac05"]["nodeName"] == listed["frac03"]["nodeName"]
+    assert listed["frac05"]["nodeName"].startswith("cli-a100-")
+    assert listed["frac05"]["gpuDevices"] == listed["frac03"]["gpuDevices"] == "0"
+
+    d = server.cli_json("describe", "frac05")
+    node = kube_client.get(Node, listed["frac05"]["nodeName"])
+    assert node.metadata is not None and node.metadata.annotations is not None
+    uuid = node.metadata.annotations[names.NODE_GPU_UUIDS].split(",")[0]
+    dev = d["pods"][0]["gpuDevices"][0]
+    assert dev["uuid"] == uuid and dev["requestBytes"] == A100_BYTES // 2
+    assert d["pods"][0]["configMap"] == "frac05-0-tessera-gpu"
+    assert d["type"] == "Workspace" and d["preemptible"] is False
+    described = server.cli("describe", "frac05").stdout
+    assert "cli-team-a/frac05-0 on cli-a100-" in described and "Submitted" in described
+
+    top = server.cli("top").stdout
+    assert "frac05" in top and "frac03" in top and "80%" in top
+
+    server.cli("submit", "mem20g", "--gpu-memory", "20G", *model, "--", "python3", "-c", LOOP)
+    try:
+        described = wait_until("why pending", lambda: (
+            out if "with 20.0 GB free" in (out := server.cli("describe", "mem20g").stdout) else None))
+    except AssertionError:
+        raise AssertionError(server.cli("describe", "mem20g").stdout) from None
+    assert "Status:      Pending" in described and "Why pending: " in described
+    server.cli("delete", "frac03")
+    _wait(server, "mem20g")
+    d = server.cli_json("describe", "mem20g")
+    assert d["pods"][0]["gpuDevices"][0]["requestBytes"] == 20 * 10**9
+    server.cli("delete", "frac05", "mem20g")
+    wait_until("pods gone", lambda: not list(kube_client.list(Pod, namespace="cli-team-a")))
+    assert server.cli_json("list")["total"] == 0
+
+
+def test_logs_and_exec_say_why_on_kwok(server: KubeApiServer) -> None:
+    """kwok nodes run no containers: the API server cannot reach a kubelet for pods/log or
+    pods/exec; the CLI says so in one line and exits 1."""
+    server.cli("project", "create", "cli-io", "--gpu", "1")
+    server.cli("submit", "io", "-p", "cli-io", "-g", "0.1", "--gpu-model", MODEL, "--", "true")
+    _wait(server, "io", project="cli-io")
+    for args in (["logs", "io", "-p", "cli-io"], ["exec", "io", "-p", "cli-io", "--", "env"]):
+        r = server.cli(*args, check=False)
+        assert r.returncode == 1, (args, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+        assert "could not reach the node's kubelet" in lines[0]
+        assert "is simulated (kwok): no container runs there" in lines[0]
+    with server.http() as http:
+        wid = server.cli_json("describe", "io", "-p", "cli-io")["workloadId"]
+        r = http.post(f"/api/v1/workloads/trainings/{wid}/exec", json={"command": ["env"]})
+        assert r.status_code == 502 and "10250" in r.json()["message"]
+        r = http.post(f"/api/v1/workloads/trainings/{wid}/exec", json={"command": []})
+        assert r.status_code == 422 and r.json()["message"].startswith("command:")
+    server.cli("delete", "io", "-p", "cli-io")
+
+
+def test_gang_suspend_resume_and_requeue(server: KubeApiServer, kube_client: Client) -> None:
+    server.cli("project", "create", "cli-gang", "--gpu", "1")
+    p = ["-p", "cli-gang"]
+    server.cli("training", "submit", "ddp", *p, "--workers", "3", "--min-workers", "2",
+               "--gpu-portion-request", "0.1", "--gpu-portion-limit", "0.3", "--gpu-model",
+               MODEL, "-e", "FOO=bar", "-i", "example.invalid/trainer:1", "--", "sleep", "600")
+    _wait(server, "ddp", project="cli-gang")
+    group = kube_client.get(PodGroupResource, "ddp", namespace="cli-gang")
+    assert group["spec"] == {"minMember": 2, "project": "cli-gang", "priorityClassName": "train"}
+    pods = {q.metadata.name: q for q in kube_client.list(Pod, namespace="cli-gang")
+            if q.metadata is not None}
+    assert sorted(pods) == ["ddp-0", "ddp-1", "ddp-2"]
+    for q in pods.values():
+        assert q.metadata is not None and q.spec is not None
+        assert (q.metadata.annotations or {})[names.POD_GROUP] == "ddp"
+        assert (q.metadata.annotations or {})[names.GPU_PORTION_LIMIT] == "0.3"
+        env = {e.name: e.value for e in q.spec.containers[0].env or []}
+        assert env["FOO"] == "bar" and env["TESSERA_WORKERS"] == "3"
+        assert q.spec.containers[0].image == "example.invalid/trainer:1"
+    d = server.cli_json("training", "describe", "ddp", *p)
+    assert d["runningPods"] == 3 and d["minWorkers"] == 2
+    assert d["pods"][1]["gpuDevices"][0]["limitBytes"] == int(A100_BYTES * 0.3)
+
+    # An evicted (deleted) pod is created again by the API's reconcile loop.
+    kube_client.delete(Pod, "ddp-1", namespace="cli-gang")
+    wait_until("ddp-1 requeued", lambda: any(
+        e["kind"] == "Requeued" for e in server.cli_json("describe", "ddp", *p)["events"]))
+    _wait(server, "ddp", project="cli-gang")
+
+    server.cli("training", "suspend", "ddp", *p)
+    _wait(server, "ddp", status="Stopped", project="cli-gang")
+    assert not list(kube_client.list(Pod, namespace="cli-gang"))
+    kube_client.get(PodGroupResource, "ddp", namespace="cli-gang")  # the record is kept
+    r = server.cli("training", "suspend", "ddp", *p, check=False)
+    assert r.returncode == 1 and "only Pending or Running suspend" in r.stderr
+    server.cli("training", "resume", "ddp", *p)
+    _wait(server, "ddp", project="cli-gang")
+    assert len(list(kube_client.list(Pod, namespace="cli-gang"))) == 3
+    kinds = [e["kind"] for e in server.cli_json("describe", "ddp", *p)["events"]]
+    assert "Suspended" in kinds and "Resumed" in kinds
+    server.cli("delete", "ddp", *p)
+    with pytest.raises(ApiError):
+        kube_client.get(PodGroupResource, "ddp", namespace="cli-gang")
+    wait_until("pods gone", lambda: not list(kube_client.list(Pod, namespace="cli-gang")))
+
+
+def test_bad_input_same_messages(server: KubeApiServer) -> None:
+    """The refusals of embedded mode, with the same one-line messages and exit code 1."""
+    server.cli("project", "create", "cli-bad", "--gpu", "1", "--limit", "2")
+    cases = [
+        (["submit", "x", "-p", "cli-bad", "-g", "1.5", "--", "true"], "-g/--gpu:"),
+        (["submit", "x", "-p", "cli-bad", "--gpu-portion-request", "0.5", "--gpu-portion-limit",
+          "0.2", "--", "true"], "--gpu-portion-limit:"),
+        (["submit", "x", "-p", "cli-bad", "--gpu-memory", "5X", "--", "true"], "--gpu-memory:"),
+        (["submit", "x", "-p", "cli-bad", "--gpu-memory", "200G", "--", "true"],
+         "spec.compute.gpuMemoryRequest: is larger than every GPU in the cluster"),
+        (["submit", "x", "-p", "cli-bad", "-g", "0.5", "--gpu-model", "V100-16GB", "--", "true"],
+         "spec.compute.gpuModel: no GPU of model V100-16GB in the cluster"),
+        (["submit", "x", "-p", "cli-bad", "-g", "3", "--", "true"],
+         "spec.compute: asks 3 GPUs, more than project cli-bad's limit of 2"),
+        (["submit", "x", "-p", "cli-bad", "-g", "0.5"], "COMMAND:"),
+        (["submit", "x", "-p", "nope", "-g", "0.5", "--", "true"], "projectId:"),
+        (["submit", "X_bad", "-p", "cli-bad", "--", "true"], "name:"),
+        (["describe", "ghost", "-p", "cli-bad"], "no workload ghost"),
+        (["project", "create", "cli-bad"], "project cli-bad already exists"),
+        (["project", "create", "Bad_Name"], "name: must be lowercase letters"),
+    ]
+    for args, needle in cases:
+        r = server.cli(*args, check=False)
+        assert r.returncode == 1, (args, r.returncode, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (
+            args, r.stderr)
+    assert server.cli_json("list", "-p", "cli-bad")["total"] == 0
+    with server.http() as http:
+        r = http.post("/api/v1/workloads/trainings", json={
+            "name": "x", "projectId": "cli-bad",
+            "spec": {"command": "true", "compute": {"gpuPortionRequest": 1.5}}})
+        assert r.status_code == 422
+        assert r.json()["message"].startswith("spec.compute.gpuPortionRequest:")
+    server.cli("submit", "dup", "-p", "cli-bad", "-g", "0.1", "--gpu-model", MODEL, "--",
+               "sleep", "600")
+    r = server.cli("submit", "dup", "-p", "cli-bad", "-g", "0.1", "--", "true", check=False)
+    assert r.returncode == 1 and "a workload named dup already exists in project cli-bad" in r.stderr
+    r = server.cli("project", "delete", "cli-bad", check=False)
+    assert r.returncode == 1 and "has 1 workload(s)" in r.stderr
+    server.cli("delete", "dup", "-p", "cli-bad")
+
+
+def test_projects_are_project_objects(server: KubeApiServer, kube_client: Client) -> None:
+    server.cli("project", "create", "cli-proj", "--gpu", "2", "--limit", "4",
+               "--over-quota-weight", "3", "--priority", "70")
+    listed = {p["name"]: p for p in server.cli_json("project", "list")["projects"]}
+    gpu = listed["cli-proj"]["resources"]["gpu"]
+    assert gpu == {"deserved": 2.0, "limit": 4.0, "overQuotaWeight": 3.0}
+    assert listed["cli-proj"]["priority"] == 70
+    server.cli("project", "update", "cli-proj", "--gpu", "1")
+    obj = kube_client.get(ProjectResource, "cli-proj")
+    assert obj["spec"]["resources"]["gpu"] == {"deserved": 1, "overQuotaWeight": 1}
+    server.cli("project", "delete", "cli-proj")
+    with pytest.raises(ApiError):
+        kube_client.get(ProjectResource, "cli-proj")
+    ns = kube_client.get(Namespace, "cli-proj")  # no namespace controller here: Terminating
+    assert ns.metadata is not None and ns.metadata.deletionTimestamp is not None
+    assert "cli-proj" not in json.dumps(server.cli_json("project", "list"))
+
+
+def test_up_kubernetes_via_cli(server: KubeApiServer, kube_cluster: TestCluster,
+                               tmp_path: Path) -> None:
+    """``tessera up --kubernetes --kubeconfig`` starts the API server for the cluster, logs the CLI
+    in, and ``tessera down`` stops it."""
+    from tessera.testing.embedded import EmbeddedServer, free_port
+
+    other = EmbeddedServer(tmp_path, port=free_port())
+    port = str(other.port)
+    r = other.cli("up", "--kubernetes", "--kubeconfig", str(kube_cluster.kubeconfig),
+                  "--port", port, "--detach", "--data-dir", str(tmp_path / "kdata"))
+    try:
+        assert "Kubernetes backend" in r.stdout
+        config = json.loads(other.config.read_text())
+        assert config["backend"] == "kubernetes" and config["url"].endswith(port)
+        assert "cli-a100-" in other.cli("top").stdout
+        r = other.cli("up", "--kubeconfig", "x", check=False)
+        assert r.returncode == 1 and "needs --kubernetes" in r.stderr
+    finally:
+        other.cli("down", "--data-dir", str(tmp_path / "kdata"))
