@@ -25,6 +25,7 @@ from tessera.testing.cluster import ManagedProcess, TestCluster, start_scheduler
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.kube_api import KubeApiServer
 
+ROOT = Path(__file__).resolve().parents[2]
 LOOP = "import time; [time.sleep(1) for _ in iter(int, 1)]"
 MODEL = "A100-80GB"
 A100_BYTES = 81920 * 2**20
@@ -49,7 +50,10 @@ def server(kube_cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory
     assert scheduler is not None, "tessera.kube.scheduler is missing"
     started: list[ManagedProcess] = [p for p in kube_cluster.processes if p not in before]
     kube_cluster.create_gpu_nodes(1, NodeShape(gpus=1, model=MODEL), prefix="cli-a100-")
-    s = KubeApiServer(tmp_path_factory.mktemp("kube-cli"), kube_cluster.kubeconfig)
+    # The API server runs as its ServiceAccount with exactly deploy/api-rbac.yaml's rules.
+    kube_cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "api-rbac.yaml"))
+    kubeconfig = kube_cluster.service_account_kubeconfig(names.SYSTEM_NAMESPACE, "tessera-api")
+    s = KubeApiServer(tmp_path_factory.mktemp("kube-cli"), kubeconfig)
     s.start()
     try:
         yield s

@@ -643,12 +643,14 @@ class KubeBackend:
             text = "".join(self.client.log(obj.metadata.name, namespace=rec.namespace,
                                            container=wd.CONTAINER))
         except ApiError as exc:
-            raise Upstream(self._kubelet_error("logs", obj, _message(exc))) from None
+            raise Upstream(self._kubelet_error("logs", obj, _message(exc), _status(exc))) from None
         data = text.encode()
         return data[offset:], max(offset, len(data))
 
-    def _kubelet_error(self, what: str, pod: Any, message: str) -> str:
+    def _kubelet_error(self, what: str, pod: Any, message: str, status: int | None) -> str:
         name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        if status is not None and status < 500:
+            return f"{what} of pod {name}: the API server refused: {message}"
         node = pod.spec.nodeName if pod.spec else None
         hint = ""
         if node:
@@ -679,7 +681,7 @@ class KubeBackend:
             return pod_exec(self.client, rec.namespace, obj.metadata.name, wd.CONTAINER, command,
                             timeout)
         except ExecError as exc:
-            raise Upstream(self._kubelet_error("exec", obj, str(exc))) from None
+            raise Upstream(self._kubelet_error("exec", obj, str(exc), exc.status)) from None
 
 
 def _estimate(nodes: Iterable[CoreNode], request: ResourceRequest, workers: int) -> float:
