@@ -85,12 +85,13 @@ class RawApi:
             limit=2**22)
         return _Conn(reader, writer)
 
-    async def request(self, method: str, path: str, body: Any = None) -> Any:
+    async def request(self, method: str, path: str, body: Any = None,
+                      content_type: str = "application/json") -> Any:
         """Send one request; return the decoded JSON reply, or raise KubeHTTPError."""
         payload = b"" if body is None else _encode(body)
         head = (f"{method} {self.base}{path} HTTP/1.1\r\nHost: {self.netloc}\r\n"
                 f"User-Agent: tessera-scheduler\r\nAccept: application/json\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
                 f"{self._auth()}\r\n").encode()
         conn = await self.pool.get()
         try:

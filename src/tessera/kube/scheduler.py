@@ -115,7 +115,8 @@ class KubeScheduler:
             same=same_for_scheduling)
         self.projects: Informer[ProjectInfo] = Informer(
             client, ProjectResource, lambda o: o.metadata.name, project_info, self._on_other,
-            name="projects")
+            name="projects", same=lambda a, b: (a.project, a.namespace, a.error)
+            == (b.project, b.namespace, b.error))
         self.pod_groups: Informer[PodGroupInfo] = Informer(
             client, PodGroupResource, lambda o: (o.metadata.namespace, o.metadata.name),
             pod_group_info, self._on_other, name="podgroups")

@@ -19,9 +19,10 @@ import logging
 import signal
 import sys
 
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
+from tessera.kube.rawapi import KubeHTTPError, RawApi
 from tessera.testing.gpu_nodes import GPU_UUIDS_ANNOTATION, SIMULATED_LABEL
 
 RESERVATION_LABEL = "tessera.io/gpu-reservation"
@@ -33,6 +34,7 @@ log = logging.getLogger("tessera.testing.gpu_status")
 class GpuStatusWriter:
     def __init__(self, client: AsyncClient, namespace: str = "tessera-system") -> None:
         self.client = client
+        self.raw = RawApi(client.config, connections=16)
         self.namespace = namespace
         self.node_uuids: dict[str, list[str]] = {}
         self.held: dict[str, dict[str, str]] = {}
@@ -98,20 +100,22 @@ class GpuStatusWriter:
                 continue
             held[name] = free[0]
             try:
-                await self.client.patch(Pod, name, {"metadata": {"annotations": {GPU_UUID: free[0]}}},
-                                        namespace=self.namespace)
+                await self.raw.request(
+                    "PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{name}",
+                    {"metadata": {"annotations": {GPU_UUID: free[0]}}},
+                    content_type="application/merge-patch+json")
                 self.pending[node].discard(name)
                 self.written += 1
-            except ApiError as exc:
+            except KubeHTTPError as exc:
                 held.pop(name, None)
-                if exc.status.code != 404:
+                if exc.code != 404:
                     log.warning("annotating %s: %s", name, exc)
                     await asyncio.sleep(0.2)
                     self.queue.put_nowait((node, name))
 
     async def run(self) -> None:
-        tasks = [asyncio.create_task(c) for c in (self._nodes(), self._pods(), self._writer(),
-                                                  self._writer(), self._writer(), self._writer())]
+        tasks = [asyncio.create_task(c) for c in
+                 (self._nodes(), self._pods(), *(self._writer() for _ in range(16)))]
         try:
             await asyncio.gather(*tasks)
         finally:
