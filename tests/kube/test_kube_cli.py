@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.types import PatchType
 
 from tessera.kube import names
 from tessera.kube.objects import PodGroupResource, ProjectResource
@@ -284,3 +285,32 @@ def test_up_kubernetes_via_cli(server: KubeApiServer, kube_cluster: TestCluster,
         assert r.returncode == 1 and "needs --kubernetes" in r.stderr
     finally:
         other.cli("down", "--data-dir", str(tmp_path / "kdata"))
+
+
+def test_exit_code_and_on_eviction_fail(server: KubeApiServer, kube_client: Client) -> None:
+    """A pod that failed gives the workload its exit code (kwok runs nothing, so the test writes
+    the status a kubelet would); a workload submitted with --on-eviction fail is Failed, not
+    requeued, when its pod is evicted (deleted)."""
+    server.cli("project", "create", "cli-end", "--gpu", "1")
+    p = ["-p", "cli-end"]
+    server.cli("submit", "crash", *p, "-g", "0.1", "--gpu-model", MODEL, "--", "false")
+    server.cli("submit", "strict", *p, "-g", "0.1", "--gpu-model", MODEL, "--on-eviction",
+               "fail", "--", "sleep", "600")
+    _wait(server, "crash", "strict", project="cli-end")
+    kube_client.patch(Pod.Status, "crash-0", {"status": {"phase": "Failed", "containerStatuses": [{
+        "name": "main", "image": "busybox:1.36", "imageID": "", "ready": False,
+        "restartCount": 0, "state": {"terminated": {"exitCode": 7, "reason": "Error"}}}]}},
+        namespace="cli-end", patch_type=PatchType.MERGE)
+    server.cli("wait", "crash", *p, "--for", "Failed", "--timeout", "30")
+    d = server.cli_json("describe", "crash", *p)
+    assert d["exitCode"] == 7 and d["phaseMessage"] == "pod 0 failed with exit code 7"
+    assert "Status:      Failed (exit code 7)" in server.cli("describe", "crash", *p).stdout
+
+    kube_client.delete(Pod, "strict-0", namespace="cli-end")
+    server.cli("wait", "strict", *p, "--for", "Failed", "--timeout", "30")
+    d = server.cli_json("describe", "strict", *p)
+    assert "onEviction: fail" in d["phaseMessage"] and d["pods"] == []
+    time.sleep(1.0)  # a few reconcile rounds: neither is created again
+    assert [q.metadata.name for q in kube_client.list(Pod, namespace="cli-end")
+            if q.metadata is not None] == ["crash-0"]
+    server.cli("delete", "crash", "strict", *p)
