@@ -446,3 +446,37 @@ def test_crd_manifests_are_valid_yaml() -> None:
         doc = yaml.safe_load(f.read_text())
         assert doc["spec"]["group"] == names.GROUP
         codecs.from_dict(doc)
+
+
+def test_half_done_work_of_a_former_life_is_cleaned_up(
+    env: SchedulerEnv, kube_client: Client, kube_namespace: str
+) -> None:
+    """A reservation pod with no tenant and a ConfigMap whose pod is not bound (what a
+    scheduler killed between those writes and the binding leaves) are deleted."""
+    ns = kube_namespace  # no Project owns it: its pod stays pending
+    node = "gpu-node-1"
+    kube_client.create(Pod(
+        metadata=ObjectMeta(
+            name=f"tessera-gpu-{node}-7", namespace=names.SYSTEM_NAMESPACE,
+            labels={names.RESERVATION_LABEL: "true", names.RESERVATION_DEVICE: "7",
+                    names.MANAGED_BY: "tessera"},
+            annotations={names.RESERVATION_NODE: node}),
+        spec=PodSpec(nodeName=node, schedulerName=names.SCHEDULER_NAME, containers=[Container(
+            name="reserve", image="registry.k8s.io/pause:3.10",
+            resources=ResourceRequirements(limits={names.GPU_RESOURCE: "1"}))]),
+    ))
+    make_pod(kube_client, ns, "stuck", {names.GPU_PORTION: "0.5"})
+    kube_client.create(ConfigMap(
+        metadata=ObjectMeta(name="stuck-tessera-gpu", namespace=ns,
+                            labels={names.MANAGED_BY: "tessera"},
+                            annotations={names.CONFIGMAP_POD: "stuck"}),
+        data={"NVIDIA_VISIBLE_DEVICES": "GPU-left-over"}))
+    wait_until("orphan reservation pod deleted", lambda: not [
+        r for r in reservations(kube_client, node)
+        if r.metadata and r.metadata.name == f"tessera-gpu-{node}-7"])
+    wait_until("ConfigMap of the unbound pod deleted", lambda: not [
+        c for c in kube_client.list(ConfigMap, namespace=ns)
+        if c.metadata and c.metadata.name == "stuck-tessera-gpu"])
+    msg = wait_until("explanation", lambda: scheduled_false(kube_client, ns, "stuck"))
+    assert f"namespace {ns} belongs to no tessera Project" in msg
+    kube_client.delete(Pod, "stuck", namespace=ns, grace_period=0)
