@@ -314,3 +314,39 @@ def test_exit_code_and_on_eviction_fail(server: KubeApiServer, kube_client: Clie
     assert [q.metadata.name for q in kube_client.list(Pod, namespace="cli-end")
             if q.metadata is not None] == ["crash-0"]
     server.cli("delete", "crash", "strict", *p)
+
+
+def test_manifest_pods_are_listed(server: KubeApiServer, kube_client: Client) -> None:
+    """Pods applied with kubectl (tessera.io annotations, schedulerName tessera) show in list
+    and describe; tessera deletes a bare pod but not a controller's, and does not suspend them."""
+    from lightkube.models.core_v1 import Container, PodSpec
+    from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+
+    server.cli("project", "create", "cli-yaml", "--gpu", "1")
+
+    def pod(name: str, owner: bool = False) -> Pod:
+        refs = [OwnerReference(apiVersion="apps/v1", kind="StatefulSet", name="binpack-1",
+                               uid="0c4f6a52-0000-4000-8000-000000000001", controller=True)]
+        return Pod(metadata=ObjectMeta(name=name, namespace="cli-yaml", annotations={
+            names.GPU_PORTION: "0.25", names.GPU_MODEL: MODEL},
+            ownerReferences=refs if owner else None),
+            spec=PodSpec(schedulerName="tessera", containers=[Container(
+                name="main", image="example.invalid/cuda:12", command=["sleep", "inf"])]))
+
+    kube_client.create(pod("raw"))
+    kube_client.create(pod("binpack-1-0", owner=True))
+    server.cli("wait", "raw", "binpack-1-0", "-p", "cli-yaml", "--timeout", "30")
+    listed = {w["name"]: w for w in server.cli_json("list", "-p", "cli-yaml")["workloads"]}
+    assert set(listed) == {"raw", "binpack-1-0"}
+    assert listed["raw"]["gpus"]["allocated"] == 0.25
+    d = server.cli_json("describe", "raw", "-p", "cli-yaml")
+    assert d["source"] == "manifest" and d["spec"]["command"] == "sleep"
+    assert d["pods"][0]["gpuDevices"][0]["requestBytes"] == A100_BYTES // 4
+    r = server.cli("suspend", "raw", "-p", "cli-yaml", check=False)
+    assert r.returncode == 1 and "applied as Kubernetes objects" in r.stderr
+    r = server.cli("delete", "binpack-1-0", "-p", "cli-yaml", check=False)
+    assert r.returncode == 1 and "belong to StatefulSet/binpack-1" in r.stderr
+    server.cli("delete", "raw", "-p", "cli-yaml")
+    wait_until("raw gone", lambda: [w["name"] for w in server.cli_json(
+        "list", "-p", "cli-yaml")["workloads"]] == ["binpack-1-0"])
+    kube_client.delete(Pod, "binpack-1-0", namespace="cli-yaml")

@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +29,14 @@ from lightkube.types import PatchType
 
 from tessera.api.backend import Conflict, NotFound, ProjectFields, Upstream, WorkloadSubmission
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
 from tessera.core.model import Node as CoreNode
 from tessera.core.requests import check_against_cluster
 from tessera.core.units import format_gpus
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
 from tessera.kube import workload_docs as wd
-from tessera.kube.objects import PodGroupResource, ProjectResource, node_info
+from tessera.kube.objects import PodGroupResource, ProjectResource, node_info, pod_info
 from tessera.kube.podspec import pod_request_from_dict
 
 log = logging.getLogger(__name__)
@@ -300,7 +300,8 @@ class KubeBackend:
                                               labels={names.MANAGED_BY: wd.MANAGER})))
             count += len([p for p in self.client.list(
                 Pod, namespace=namespace, fields={"spec.schedulerName": names.SCHEDULER_NAME})
-                if not (p.metadata.labels or {}).get(wd.WORKLOAD)])
+                if not (p.metadata.labels or {}).get(wd.WORKLOAD)
+                and (p.metadata.labels or {}).get(names.RESERVATION_LABEL) != "true"])
             if count:
                 raise Conflict(f"project {obj.metadata.name} has {count} workload(s); "
                                "delete them first")
@@ -381,7 +382,8 @@ class KubeBackend:
             raise
         self._event(created, "Submitted", f"submitted to project {pdoc['name']}: "
                     f"{s.gpu.describe()} x {s.workers} pod(s)")
-        return self._workload_doc(created, self._pods_of(namespace, rec.id), nodes, {}, brief=False)
+        return self._workload_doc(self._managed(created, self._pods_of(namespace, rec.id)),
+                                  nodes, {}, brief=False)
 
     def _create_pods(self, rec: wd.Record, owner_uid: str | None, indices: Iterable[int]) -> int:
         made = 0
@@ -429,23 +431,80 @@ class KubeBackend:
     def _pods_of(self, namespace: str, wid: str) -> list[Any]:
         return list(self.client.list(Pod, namespace=namespace, labels={wd.WORKLOAD_ID: wid}))
 
-    def _find(self, workload_id: str, kind: str | None) -> tuple[Any, wd.Record]:
+    def _managed(self, group: Any, pods: list[Any]) -> wd.Entry:
+        meta = group.metadata
+        return wd.Entry(wd.Record.from_json(meta.annotations[wd.RECORD]),
+                        dict(meta.annotations or {}), meta.deletionTimestamp is not None,
+                        wd.created_at(group), pods, True, group=group)
+
+    def _entries(self) -> list[wd.Entry]:
+        """Every workload: PodGroups the API made with their pods, then the other pods with
+        ``schedulerName: tessera`` (manifests), grouped as the scheduler groups them."""
+        groups = list(self.client.list(PodGroupResource, namespace="*"))
+        pods = list(self.client.list(Pod, namespace="*",
+                                     fields={"spec.schedulerName": names.SCHEDULER_NAME}))
+        owners = {(p.get("spec") or {}).get("namespace"): p.metadata.name
+                  for p in self.client.list(ProjectResource)}
+        by_wid: dict[str, list[Any]] = {}
+        foreign: dict[tuple[str, str, str], list[Any]] = {}
+        for pod in pods:
+            labels = pod.metadata.labels or {}
+            if labels.get(names.RESERVATION_LABEL) == "true":
+                continue
+            wid = labels.get(wd.WORKLOAD_ID)
+            if wid:
+                by_wid.setdefault(wid, []).append(pod)
+                continue
+            group = (pod.metadata.annotations or {}).get(names.POD_GROUP) or labels.get(
+                names.POD_GROUP)
+            key = ("g", pod.metadata.namespace, group) if group else (
+                "p", pod.metadata.namespace, pod.metadata.name)
+            foreign.setdefault(key, []).append(pod)
+        entries = []
+        min_member: dict[tuple[str, str], int] = {}
+        for g in groups:
+            if (g.metadata.labels or {}).get(names.MANAGED_BY) != wd.MANAGER:
+                min_member[(g.metadata.namespace, g.metadata.name)] = int(
+                    (g.get("spec") or {}).get("minMember", 1))
+                continue
+            wid = (g.metadata.labels or {}).get(wd.WORKLOAD_ID, "")
+            try:
+                entries.append(self._managed(g, by_wid.get(wid, [])))
+            except (KeyError, ValueError, TypeError) as exc:
+                log.warning("PodGroup %s/%s has no readable record: %r",
+                            g.metadata.namespace, g.metadata.name, exc)
+        for key, members in foreign.items():
+            entries.append(_manifest_entry(key, members, owners, min_member))
+        return entries
+
+    def _find(self, workload_id: str, kind: str | None) -> wd.Entry:
         found = list(self.client.list(PodGroupResource, namespace="*",
                                       labels={wd.WORKLOAD_ID: workload_id}))
+        entry = None
         if found:
             rec = wd.Record.from_json(found[0].metadata.annotations[wd.RECORD])
-            if kind is None or rec.type == kind:
-                return found[0], rec
-        raise NotFound(f"workload {workload_id} not found")
+            entry = self._managed(found[0], self._pods_of(rec.namespace, rec.id))
+        else:
+            entry = next((e for e in self._entries() if e.rec.id == workload_id), None)
+        if entry is None or (kind is not None and entry.rec.type != kind):
+            raise NotFound(f"workload {workload_id} not found")
+        return entry
 
-    def _workload_doc(self, group: Any, pods: Sequence[Any], nodes: dict[str, CoreNode],
+    def _workload_doc(self, entry: wd.Entry, nodes: dict[str, CoreNode],
                       uuids: dict[str, tuple[str, ...]], brief: bool,
                       simulated: bool = False) -> dict[str, Any]:
-        rec = wd.Record.from_json(group.metadata.annotations[wd.RECORD])
-        pod_docs = sorted((wd.pod_doc(p, nodes, uuids) for p in pods), key=lambda d: d["index"])
-        phase, message, code = wd.phase_of(rec, group, pod_docs)
+        rec = entry.rec
+        pod_docs = [wd.pod_doc(p, nodes, uuids) for p in entry.pods]
+        if entry.managed:
+            pod_docs.sort(key=lambda d: d["index"])
+        else:
+            pod_docs.sort(key=lambda d: d["name"])
+            for i, d in enumerate(pod_docs):
+                d["index"] = i
+        phase, message, code = wd.phase_of(rec.workers, entry.annotations, entry.deleting,
+                                           pod_docs)
         bound = [d for d in pod_docs if d["nodeName"]]
-        starts = [wd.created_at(p) for p in pods if p.spec and p.spec.nodeName]
+        starts = [wd.created_at(p) for p in entry.pods if p.spec and p.spec.nodeName]
         gpu = rec.gpu
         out: dict[str, Any] = {
             "workloadId": rec.id,
@@ -456,7 +515,7 @@ class KubeBackend:
             "projectName": rec.project,
             "phase": phase,
             "phaseMessage": message,
-            "createdAt": wd.iso(wd.created_at(group)),
+            "createdAt": wd.iso(entry.created),
             "startedAt": wd.iso(min(starts)) if starts and phase != "Pending" else None,
             "completedAt": None,
             "exitCode": code,
@@ -478,6 +537,8 @@ class KubeBackend:
         }
         if brief:
             return out
+        out["source"] = "tessera" if entry.managed else "manifest"
+        out["controller"] = entry.controller
         out["spec"] = wd.spec_doc(rec)
         out["pods"] = pod_docs
         out["events"] = self._events(rec.namespace, {rec.name, *(d["name"] for d in pod_docs)})
@@ -511,21 +572,9 @@ class KubeBackend:
         rows: bool = False,
     ) -> tuple[str, int]:
         nodes, uuids, simulated, _ = self._nodes()
-        pods_by: dict[str, list[Any]] = {}
-        for pod in self.client.list(Pod, namespace="*", labels={names.MANAGED_BY: wd.MANAGER}):
-            wid = (pod.metadata.labels or {}).get(wd.WORKLOAD_ID)
-            if wid:
-                pods_by.setdefault(wid, []).append(pod)
         docs = []
-        for g in self._groups():
-            wid = (g.metadata.labels or {}).get(wd.WORKLOAD_ID, "")
-            try:
-                doc = self._workload_doc(g, pods_by.get(wid, []), nodes, uuids, brief=True,
-                                         simulated=simulated)
-            except (KeyError, ValueError, TypeError) as exc:
-                log.warning("PodGroup %s/%s has no readable record: %r",
-                            g.metadata.namespace, g.metadata.name, exc)
-                continue
+        for entry in self._entries():
+            doc = self._workload_doc(entry, nodes, uuids, brief=True, simulated=simulated)
             doc["_gpus"] = doc["gpus"]["requested"]
             docs.append(doc)
         for key, op, value in filters:
@@ -555,17 +604,34 @@ class KubeBackend:
         return json.dumps(page), total
 
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
-        group, rec = self._find(workload_id, kind)
+        entry = self._find(workload_id, kind)
         nodes, uuids, simulated, _ = self._nodes()
-        return self._workload_doc(group, self._pods_of(rec.namespace, rec.id), nodes, uuids,
-                                  brief=False, simulated=simulated)
+        return self._workload_doc(entry, nodes, uuids, brief=False, simulated=simulated)
 
     def delete_workload(self, workload_id: str, kind: str | None = None) -> None:
-        _, rec = self._find(workload_id, kind)
-        self._delete_all(rec.namespace, rec.name, rec.id)
+        entry = self._find(workload_id, kind)
+        rec = entry.rec
+        if entry.managed:
+            self._delete_all(rec.namespace, rec.name, rec.id)
+            return
+        if entry.controller:
+            raise Conflict(f"workload {rec.name}'s pods belong to {entry.controller}, which would "
+                           f"create them again; delete {entry.controller} in namespace "
+                           f"{rec.namespace} instead")
+        for pod in entry.pods:
+            with contextlib.suppress(ApiError):
+                self.client.delete(Pod, pod.metadata.name, namespace=rec.namespace)
+
+    @staticmethod
+    def _submitted(entry: wd.Entry, verb: str) -> None:
+        if not entry.managed:
+            raise Conflict(f"workload {entry.rec.name} was applied as Kubernetes objects, not "
+                           f"submitted with tessera; only submitted workloads {verb}")
 
     def suspend(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
-        group, rec = self._find(workload_id, kind)
+        entry = self._find(workload_id, kind)
+        self._submitted(entry, "suspend")
+        rec = entry.rec
         doc = self.workload(workload_id, kind)
         if doc["phase"] not in ("Pending", "Running"):
             raise Conflict(f"workload {rec.name} is {doc['phase']}; only Pending or Running "
@@ -575,18 +641,20 @@ class KubeBackend:
         for pod in self._pods_of(rec.namespace, rec.id):
             with contextlib.suppress(ApiError):
                 self.client.delete(Pod, pod.metadata.name, namespace=rec.namespace)
-        self._event(group, "Suspended", "suspended by user; its pods are deleted")
+        self._event(entry.group, "Suspended", "suspended by user; its pods are deleted")
         return self.workload(workload_id, kind)
 
     def resume(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
-        group, rec = self._find(workload_id, kind)
+        entry = self._find(workload_id, kind)
+        self._submitted(entry, "resume")
+        rec = entry.rec
         doc = self.workload(workload_id, kind)
         if doc["phase"] != "Stopped":
             raise Conflict(f"workload {rec.name} is {doc['phase']}; only Stopped workloads resume")
         self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
             wd.SUSPENDED: None}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
-        self._create_pods(rec, group.metadata.uid, range(rec.workers))
-        self._event(group, "Resumed", "resumed by user; its pods are created again")
+        self._create_pods(rec, entry.group.metadata.uid, range(rec.workers))
+        self._event(entry.group, "Resumed", "resumed by user; its pods are created again")
         return self.workload(workload_id, kind)
 
     # -- controller ------------------------------------------------------------------------------
@@ -631,10 +699,16 @@ class KubeBackend:
     # -- pods: logs and exec ---------------------------------------------------------------------
 
     def _pod(self, workload_id: str, index: int) -> tuple[wd.Record, Any]:
-        _, rec = self._find(workload_id, None)
-        for pod in self._pods_of(rec.namespace, rec.id):
-            if int((pod.metadata.labels or {}).get(wd.POD_INDEX, -1)) == index:
-                return rec, pod
+        entry = self._find(workload_id, None)
+        rec = entry.rec
+        if entry.managed:
+            for pod in entry.pods:
+                if int((pod.metadata.labels or {}).get(wd.POD_INDEX, -1)) == index:
+                    return rec, pod
+        else:
+            pods = sorted(entry.pods, key=lambda p: p.metadata.name)
+            if 0 <= index < len(pods):
+                return rec, pods[index]
         raise NotFound(f"workload {rec.name} has no pod {index} now")
 
     def logs(self, workload_id: str, pod: int, offset: int) -> tuple[bytes, int]:
@@ -665,10 +739,10 @@ class KubeBackend:
                 f"({message}){hint}")
 
     def pods(self, workload_id: str) -> list[dict[str, Any]]:
-        _, rec = self._find(workload_id, None)
         nodes, uuids, _, _ = self._nodes()
-        return sorted((wd.pod_doc(p, nodes, uuids) for p in self._pods_of(rec.namespace, rec.id)),
-                      key=lambda d: d["index"])
+        doc = self._workload_doc(self._find(workload_id, None), nodes, uuids, brief=False)
+        pods: list[dict[str, Any]] = doc["pods"]
+        return pods
 
     def exec_command(self, workload_id: str, pod: int, command: list[str],
                      timeout: float) -> dict[str, Any]:
@@ -682,6 +756,38 @@ class KubeBackend:
                             timeout)
         except ExecError as exc:
             raise Upstream(self._kubelet_error("exec", obj, str(exc), exc.status)) from None
+
+
+def _manifest_entry(key: tuple[str, str, str], pods: list[Any], owners: dict[Any, str],
+                    min_member: dict[tuple[str, str], int]) -> wd.Entry:
+    """A workload of pods applied as manifests: read-only, built from the pods themselves."""
+    kind, namespace, name = key
+    pods.sort(key=lambda p: p.metadata.name)
+    first = pods[0]
+    labels = first.metadata.labels or {}
+    ann = first.metadata.annotations or {}
+    info = pod_info(first)
+    gpu = info.request.gpu if info.request is not None else GpuRequest.none()
+    pclass = ann.get(names.PRIORITY_CLASS) or (first.spec.priorityClassName if first.spec
+                                               else None) or "train"
+    known = PRIORITY_CLASSES.get(pclass)
+    container = first.spec.containers[0] if first.spec and first.spec.containers else None
+    argv = list((container.command or []) + (container.args or [])) if container else []
+    controller = next((f"{o.kind}/{o.name}" for o in first.metadata.ownerReferences or []
+                       if o.controller), None)
+    rec = wd.Record(
+        id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"tessera:{namespace}/{kind}/{name}")),
+        name=name, namespace=namespace,
+        project=labels.get(names.PROJECT) or owners.get(namespace) or "",
+        type=labels.get(wd.WORKLOAD_TYPE) or "Training", argv=argv, env={},
+        image=(container.image or "") if container else "", working_dir=None,
+        priority_class=pclass, preemptible=known.preemptible if known else True,
+        workers=len(pods), min_workers=min_member.get((namespace, name), len(pods)),
+        request=wd.request_dict(gpu),
+        spec={"invalidRequest": info.error} if info.error else {},
+    )
+    return wd.Entry(rec, {}, all(p.metadata.deletionTimestamp is not None for p in pods),
+                    min(wd.created_at(p) for p in pods), pods, False, controller)
 
 
 def _estimate(nodes: Iterable[CoreNode], request: ResourceRequest, workers: int) -> float:

@@ -241,10 +241,11 @@ def pod_gpus(doc: Mapping[str, Any], nodes: Mapping[str, Node]) -> float:
                      if mem.get(d["index"])))
 
 
-def phase_of(rec: Record, group: Any, pods: Sequence[dict[str, Any]]) -> tuple[str, str, int | None]:
-    """(phase, message, exit code) of a workload from its PodGroup and its pods' documents."""
-    ann = dict(group.metadata.annotations or {})
-    if group.metadata.deletionTimestamp is not None:
+def phase_of(workers: int, ann: Mapping[str, str], deleting: bool,
+             pods: Sequence[dict[str, Any]]) -> tuple[str, str, int | None]:
+    """(phase, message, exit code) of a workload from its record's annotations and its pods'
+    documents."""
+    if deleting:
         return "Deleting", "deleted by user", None
     if ann.get(FAILED):
         return "Failed", ann[FAILED], None
@@ -258,12 +259,12 @@ def phase_of(rec: Record, group: Any, pods: Sequence[dict[str, Any]]) -> tuple[s
         code = p["exitCode"]
         return "Failed", f"pod {p['index']} failed" + (
             f" with exit code {code}" if code is not None else ""), code
-    if pods and len(pods) >= rec.workers and all(p["phase"] == "Succeeded" for p in pods):
+    if pods and len(pods) >= workers and all(p["phase"] == "Succeeded" for p in pods):
         return "Completed", "all pods exited with code 0", 0
     if any(p["phase"] == "Terminating" for p in pods):
         return "Stopping", "pods are being deleted", None
-    if len(pods) < rec.workers:
-        return "Pending", (f"{rec.workers - len(pods)} of {rec.workers} pod(s) are missing "
+    if len(pods) < workers:
+        return "Pending", (f"{workers - len(pods)} of {workers} pod(s) are missing "
                            "(evicted or deleted); they are being created again"), None
     unbound = [p for p in pods if not p["nodeName"]]
     if not unbound:
@@ -296,6 +297,24 @@ def spec_doc(rec: Record) -> dict[str, Any]:
     spec["image"] = rec.image or DEFAULT_IMAGE
     spec["compute"] = compute_doc(rec.gpu)
     return spec
+
+
+@dataclass
+class Entry:
+    """One workload as found in the cluster: a record and its pods. ``managed``: submitted through
+    the API (a PodGroup with a record); otherwise pods applied as manifests (kubectl, a
+    StatefulSet), grouped by ``tessera.io/pod-group`` or alone, shown read-only."""
+
+    rec: Record
+    annotations: dict[str, str]
+    deleting: bool
+    created: float
+    pods: list[Any]
+    managed: bool
+    controller: str | None = None
+    """``Kind/name`` of the controller owning a manifest workload's pods, if any."""
+    group: Any = None
+    """The PodGroup object of a managed workload."""
 
 
 def created_at(obj: Any) -> float:
