@@ -62,6 +62,8 @@ class PodInfo:
     """Message of an existing PodScheduled=False condition (so we do not write it again)."""
     reservation: DeviceKey | None = None
     gpu_uuid: str | None = None
+    group: str | None = None
+    """The PodGroup it belongs to (annotation or label ``tessera.io/pod-group``)."""
     version: int = field(default_factory=lambda: next(_versions))
     """Changes with every event, so cached derivations know when to recompute."""
 
@@ -73,9 +75,6 @@ class PodInfo:
     def finished(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
 
-    @property
-    def group(self) -> str | None:
-        return self.annotations.get(names.POD_GROUP) or self.labels.get(names.POD_GROUP)
 
 
 def same_for_scheduling(old: PodInfo, new: PodInfo) -> bool:
@@ -140,6 +139,7 @@ def pod_info(pod: Any) -> PodInfo:
         labels=labels,
         spec_priority_class=spec.priorityClassName if spec else None,
         scheduled_message=message,
+        group=annotations.get(names.POD_GROUP) or labels.get(names.POD_GROUP),
     )
     if labels.get(names.RESERVATION_LABEL) == "true":
         try:

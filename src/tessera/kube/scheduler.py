@@ -186,7 +186,7 @@ class KubeScheduler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), self.opts.period)
                 # Let events gather: the busier the cycles, the more each one should take in.
-                await asyncio.sleep(max(self.opts.debounce, min(1.0, self.last_cycle_seconds)))
+                await asyncio.sleep(max(self.opts.debounce, min(1.0, 2 * self.last_cycle_seconds)))
                 self.wake.clear()
                 await self.cycle()
                 if time.monotonic() - last_gc > 2.0:
