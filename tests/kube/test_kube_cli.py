@@ -74,7 +74,8 @@ def _wait(server: KubeApiServer, *names_: str, status: str = "Running", project:
 def test_walkthrough_on_kubernetes(server: KubeApiServer, kube_client: Client) -> None:
     """runai project set team-a; submit frac05 -g 0.5 and frac03 -g 0.3; same GPU; top; a 20G
     job waits (why pending) until frac03 is deleted."""
-    server.cli("login")
+    assert "(kubernetes)" in server.cli("login").stdout
+    assert json.loads(server.config.read_text())["backend"] == "kubernetes"
     server.cli("project", "create", "cli-team-a", "--gpu", "1")
     server.cli("project", "set", "cli-team-a")
     project = kube_client.get(ProjectResource, "cli-team-a")
@@ -96,6 +97,7 @@ def test_walkthrough_on_kubernetes(server: KubeApiServer, kube_client: Client) -
     assert ann[names.POD_GROUP] == "frac05" and ann[names.PRIORITY_CLASS] == "build"
     assert pod.spec.containers[0].command == ["python3", "-c", LOOP]
     assert pod.spec.containers[0].image == "busybox:1.36"
+    assert pod.spec.containers[0].workingDir is None  # not the CLI's directory
 
     table = server.cli("list").stdout
     assert "SIMULATED" in table.splitlines()[0]

@@ -238,9 +238,10 @@ def login(
             client_id = client_id or typer.prompt("Client id")
             client_secret = client_secret or typer.prompt("Client secret", hide_input=True)
     token = get_token(target, client_id, client_secret)
-    config.update({"url": target, "token": token})
+    backend = Client(target, token).get("/api/v1/cluster").get("backend", "embedded")
+    config.update({"url": target, "token": token, "backend": backend})
     save_config(config)
-    typer.echo(f"logged in to {target} as {client_id}")
+    typer.echo(f"logged in to {target} as {client_id} ({backend})")
 
 
 # -- projects ------------------------------------------------------------------------------------
