@@ -19,6 +19,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, PodBinding
 
+from tessera.core.units import parse_memory
 from tessera.kube import names
 from tessera.kube.admission import local
 from tessera.kube.objects import ProjectResource
@@ -174,9 +175,16 @@ def assert_share_wiring(pod: Pod, container: str, project: str) -> None:
     for c in [*pod.spec.containers, *(pod.spec.initContainers or [])]:
         env = env_of(c)
         if c.name == container:
-            for key in ("NVIDIA_VISIBLE_DEVICES", "TESSERA_GPU_MEMORY_LIMIT"):
-                ref = env[key].valueFrom.configMapKeyRef
-                assert (ref.name, ref.key, ref.optional) == (cm, key, None)
+            ref = env["NVIDIA_VISIBLE_DEVICES"].valueFrom.configMapKeyRef
+            assert (ref.name, ref.key, ref.optional) == (cm, "NVIDIA_VISIBLE_DEVICES", None)
+            limit = env["TESSERA_GPU_MEMORY_LIMIT"]
+            memory = (pod.metadata.annotations or {}).get(names.GPU_MEMORY_LIMIT) or \
+                (pod.metadata.annotations or {}).get(names.GPU_MEMORY)
+            if memory:  # a memory request: the same bytes on any GPU, given as a value
+                assert limit.value == str(parse_memory(memory, "m")) and limit.valueFrom is None
+            else:  # a portion: bytes depend on the GPU, from the scheduler's ConfigMap
+                ref = limit.valueFrom.configMapKeyRef
+                assert (ref.name, ref.key, ref.optional) == (cm, "TESSERA_GPU_MEMORY_LIMIT", None)
             mounts = {m.mountPath: m for m in c.volumeMounts or []}
             assert mounts["/etc/ld.so.preload"].name == "tessera-ld-so-preload"
             assert mounts["/usr/local/tessera"].readOnly is True

@@ -150,6 +150,10 @@ def test_cgpu_binpack_pod_gets_four_gpus_of_one_node(stack: TestCluster,
         visible = data["NVIDIA_VISIBLE_DEVICES"].split(",")
         assert len(set(visible)) == 4
         assert set(visible) <= set(node_uuids(kube_client, pod.spec.nodeName))
+        # 2 GiB on each of the 4 GPUs, in the form the isolation library reads
+        limit = {e.name: e for e in pod.spec.containers[0].env}["TESSERA_GPU_MEMORY_LIMIT"].value
+        assert limit == str(2 * 2**30)
+        assert manual_environment(limit, library=Path("/lib/x.so"))["TESSERA_GPU_MEMORY_LIMIT"]
     finally:
         cleanup(kube_client, ns)
 

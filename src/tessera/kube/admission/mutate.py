@@ -62,7 +62,9 @@ def _set_env(container: dict[str, Any], entries: list[dict[str, Any]]) -> None:
 
 def _share_container(container: dict[str, Any], cm: str, t: sp.Translation,
                      config: WebhookConfig) -> None:
+    static = policy.static_limit(t.request)
     entries: list[dict[str, Any]] = [
+        {"name": key, "value": static} if key == policy.LIMIT_ENV and static is not None else
         {"name": key, "valueFrom": {"configMapKeyRef": {"name": cm, "key": key}}}
         for key in policy.CONFIGMAP_KEYS
     ]

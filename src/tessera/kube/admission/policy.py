@@ -25,7 +25,8 @@ LIMIT_ENV = "TESSERA_GPU_MEMORY_LIMIT"
 REGION_ENV = "TESSERA_GPU_SHARED_REGION"
 CONFIG_ENV = "TESSERA_GPU_CONFIG"
 CONFIGMAP_KEYS = (VISIBLE_DEVICES, LIMIT_ENV)
-"""Keys of the per-pod ConfigMap (written by the scheduler) that every share container reads."""
+"""Keys of the per-pod ConfigMap (written by the scheduler) that a share container reads; a
+memory request's limit is known at admission and is given as a value instead (static_limit)."""
 RESERVED_ENV_PREFIX = "TESSERA_GPU_"
 
 PLACEMENT_ANNOTATIONS = (names.PLACEMENT, names.CONFIGMAP, names.GPU_UUID)
@@ -137,6 +138,16 @@ def asks_for_gpu(pod: Mapping[str, Any], config: WebhookConfig) -> bool:
         "schedulerName") == config.scheduler_name
 
 
+def static_limit(request: GpuRequest) -> str | None:
+    """Bytes the isolation library enforces, when they do not depend on the device: a memory
+    request (its limit, else the request) is the same bytes on any GPU. A portion's bytes depend
+    on the GPU's size, so they come from the scheduler's ConfigMap. (The ConfigMap holds one
+    value per device, comma-separated, which the library reads only for one device.)"""
+    if request.kind is GpuKind.MEMORY:
+        return str(request.memory_limit or request.memory)
+    return None
+
+
 def _env_ref(entry: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     if not entry:
         return None
@@ -183,7 +194,14 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
         env = {str(e.get("name")): e for e in c.get("env") or []}
         where = f"{ref.path}.env[{VISIBLE_DEVICES}]"
         if ref == gpu_container:
+            static = static_limit(request)
             for key in CONFIGMAP_KEYS:
+                if key == LIMIT_ENV and static is not None:
+                    entry = env.get(key) or {}
+                    if entry.get("valueFrom") is not None or entry.get("value") != static:
+                        raise refuse(f"{ref.path}.env[{key}]", f"must be {static} (the pod's "
+                                     "GPU memory limit in bytes)", entry.get("value"))
+                    continue
                 got = _env_ref(env.get(key))
                 if not got or got.get("name") != configmap or got.get("key") != key \
                         or got.get("optional"):
