@@ -13,6 +13,7 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from lightkube import ApiError, codecs
 
 from tessera.kube.admission import local
 from tessera.testing.cluster import TestCluster
@@ -173,7 +174,27 @@ def test_webhook_with_a_rule_missing_never_becomes_ready(kube_cluster: TestClust
     assert kube_cluster.workdir is not None
     log = (kube_cluster.workdir / "logs" / "crippled-webhook.log").read_text()
     assert "projects" in log and "forbidden" in log.lower()
-
+    # Registered anyway, it fails closed: GPU pods refused until its caches sync, others admitted.
+    hook = local.start_webhook(kube_cluster, name="crippled-webhook", kubeconfig=kubeconfig,
+                               wait_ready=False)
+    client = kube_cluster.client()
+    ns = "crippled-webhook-test"
+    kube_cluster.kubectl("create", "namespace", ns, check=False)
+    try:
+        local.register(kube_cluster, hook)
+        gpu = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "frac05", "annotations": {"gpu-fraction": "0.5"}},
+               "spec": {"containers": [{"name": "main", "image": "x"}]}}
+        with pytest.raises(ApiError) as info:
+            client.create(codecs.from_dict(gpu), namespace=ns)
+        assert "tessera-webhook: is starting (node and project caches not synced yet)" in \
+            str(info.value.status.message)
+        cpu = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu"},
+               "spec": {"containers": [{"name": "main", "image": "x"}]}}
+        client.create(codecs.from_dict(cpu), namespace=ns)
+    finally:
+        local.unregister(kube_cluster)
+        hook.stop()
 
 def test_values_are_checked_by_the_chart_schema() -> None:
     from tessera.core.placement import POLICIES

@@ -60,9 +60,10 @@ class LocalWebhook:
 
 def start_webhook(cluster: TestCluster, *, name: str = "tessera-webhook",
                   kubeconfig: Path | None = None, extra_args: list[str] | None = None,
-                  timeout: float = 30.0) -> LocalWebhook:
+                  timeout: float = 30.0, wait_ready: bool = True) -> LocalWebhook:
     """Start ``python -m tessera.kube.admission`` on a free loopback port with a serving
-    certificate from the cluster's CA; return once it reports ready (caches synced)."""
+    certificate from the cluster's CA; return once it reports ready (caches synced), or only
+    serving (``wait_ready=False``)."""
     assert cluster.workdir is not None
     cert, key, ca = cluster.issue_serving_cert(name)
     ready_file = cluster.workdir / f"{name}.port"
@@ -87,7 +88,7 @@ def start_webhook(cluster: TestCluster, *, name: str = "tessera-webhook",
                 assert cluster.pki is not None
                 verify = ssl.create_default_context(cafile=str(cluster.pki.ca_cert))
                 r = httpx.get(f"https://127.0.0.1:{port}/readyz", verify=verify, timeout=2)
-                if r.status_code == 200:
+                if r.status_code == 200 or not wait_ready:
                     return LocalWebhook(proc, port, ca)
             except httpx.HTTPError:
                 pass
