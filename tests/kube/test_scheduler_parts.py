@@ -1,0 +1,147 @@
+"""Pure parts of tessera.kube (no cluster): pod request parsing, placement annotations,
+snapshot building from cached objects."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuKind, Node
+from tessera.core.projects import Project, Quota
+from tessera.core.state import Placement
+from tessera.kube import names
+from tessera.kube.objects import (
+    NodeInfo,
+    PodGroupInfo,
+    PodInfo,
+    ProjectInfo,
+    placement_from_json,
+    placement_to_json,
+)
+from tessera.kube.podspec import ContainerResources, pod_request, pod_request_from_dict
+from tessera.kube.snapshot import SnapshotBuilder
+
+
+def _c(requests: dict[str, str] | None = None, limits: dict[str, str] | None = None) -> ContainerResources:
+    return ContainerResources("main", requests or {}, limits or {})
+
+
+def test_portion_memory_devices_and_whole_spellings() -> None:
+    r = pod_request({names.GPU_PORTION: "0.5", names.GPU_PORTION_LIMIT: "0.8"}, [_c()])
+    assert r.gpu.kind is GpuKind.PORTION and r.gpu.portion == Decimal("0.5")
+    assert r.gpu.portion_limit == Decimal("0.8")
+    r = pod_request({names.GPU_MEMORY: "2Gi", names.GPU_DEVICES: "4"}, [_c()])
+    assert r.gpu.kind is GpuKind.MEMORY and r.gpu.memory == 2 * 2**30 and r.gpu.devices == 4
+    r = pod_request({names.GPU_MEMORY: "5G"}, [_c()])
+    assert r.gpu.memory == 5 * 10**9
+    r = pod_request({}, [_c(limits={names.GPU_RESOURCE: "2", "cpu": "500m", "memory": "1Gi"})])
+    assert r.gpu.kind is GpuKind.WHOLE and r.gpu.devices == 2
+    assert (r.cpu_milli, r.memory) == (500, 2**30)
+    assert pod_request({}, [_c()]).gpu.kind is GpuKind.NONE
+
+
+@pytest.mark.parametrize(
+    ("annotations", "limits", "field"),
+    [
+        ({names.GPU_PORTION: "1.5"}, {}, names.GPU_PORTION),
+        ({names.GPU_PORTION: "0.5"}, {names.GPU_RESOURCE: "1"}, names.GPU_PORTION),
+        ({names.GPU_MEMORY: "lots"}, {}, names.GPU_MEMORY),
+        ({names.GPU_DEVICES: "2"}, {}, names.GPU_DEVICES),
+        ({names.GPU_PORTION: "0.5", names.GPU_MEMORY: "5G"}, {}, names.GPU_MEMORY),
+        ({names.GPU_PORTION: "0.5", names.GPU_PORTION_LIMIT: "0.4"}, {}, names.GPU_PORTION_LIMIT),
+        ({}, {names.GPU_RESOURCE: "0.5"}, f"containers[main].resources.limits.{names.GPU_RESOURCE}"),
+    ],
+)
+def test_bad_requests_name_the_annotation(
+    annotations: dict[str, str], limits: dict[str, str], field: str
+) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        pod_request(annotations, [_c(limits=limits)])
+    assert err.value.field == field
+
+
+def test_pod_request_from_admission_dict() -> None:
+    pod = {"metadata": {"annotations": {names.GPU_PORTION: "0.25"}},
+           "spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": "2"}}}],
+                    "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "4"}}}]}}
+    r = pod_request_from_dict(pod)
+    assert r.gpu.portion == Decimal("0.25") and r.cpu_milli == 4000
+
+
+def test_placement_annotation_round_trip() -> None:
+    p = Placement("n1", (3, 5), (100, 200), (150, 250), False, 500, 1024)
+    assert placement_from_json(placement_to_json(p)) == p
+
+
+def _pod(name: str, ns: str = "team-a", node: str | None = None, placement: Placement | None = None,
+         group: str | None = None, portion: str = "0.5") -> PodInfo:
+    annotations = {names.GPU_PORTION: portion}
+    info = PodInfo(ns, name, f"uid-{name}", node, "Running" if node else "Pending", False, 1.0,
+                   None, annotations, {}, None, group=group)
+    info.request = pod_request(annotations, [_c()])
+    info.placement = placement
+    return info
+
+
+def _world() -> tuple[dict[str, NodeInfo], dict[str, ProjectInfo]]:
+    from tessera.core.model import GpuDevice
+
+    node = Node("n1", tuple(GpuDevice(f"g{i}", i, 80 * 2**30, "H100-80GB") for i in range(2)),
+                96000, 2**40)
+    nodes = {"n1": NodeInfo("n1", node)}
+    projects = {"team-a": ProjectInfo("team-a", Project("team-a", Quota(2)), "team-a")}
+    return nodes, projects
+
+
+def test_snapshot_groups_explains_and_reuses_unchanged_workloads() -> None:
+    nodes, projects = _world()
+    running = _pod("r", node="n1", placement=Placement("n1", (0,), (40 * 2**30,), (40 * 2**30,)))
+    pods = {
+        p.key: p for p in (
+            running,
+            _pod("lone"),
+            _pod("g0", group="gang"), _pod("g1", group="gang"),
+            _pod("orphan-group", group="nope"),
+            _pod("stray", ns="nobody"),
+        )
+    }
+    groups = {("team-a", "gang"): PodGroupInfo("team-a", "gang", 2, None, None)}
+    builder = SnapshotBuilder()
+    snap, ctx = builder.build(nodes, pods, projects, groups, {}, set(), 10.0)
+    ids = {w.id: w for w in snap.workloads}
+    assert set(ids) == {"team-a/pod/r", "team-a/pod/lone", "team-a/gang"}
+    assert ids["team-a/gang"].min_members == 2 and len(ids["team-a/gang"].pods) == 2
+    assert ids["team-a/pod/r"].placements[0] == running.placement
+    assert "PodGroup team-a/nope" in ctx.waits[("team-a", "orphan-group")]
+    assert "namespace nobody belongs to no tessera Project" in ctx.waits[("nobody", "stray")]
+    # Nothing changed: the same Workload objects come back; an assumption rebuilds only its own.
+    snap2, _ = builder.build(nodes, pods, projects, groups, {}, set(), 11.0)
+    again = {w.id: w for w in snap2.workloads}
+    assert all(again[k] is ids[k] for k in ids)
+    assumed = {("team-a", "lone"): Placement("n1", (1,), (40 * 2**30,), (40 * 2**30,))}
+    snap3, _ = builder.build(nodes, pods, projects, groups, assumed, set(), 12.0)
+    third = {w.id: w for w in snap3.workloads}
+    assert third["team-a/pod/lone"] is not ids["team-a/pod/lone"]
+    assert third["team-a/pod/lone"].placements[0] == assumed[("team-a", "lone")]
+    assert third["team-a/gang"] is ids["team-a/gang"]
+
+
+def test_snapshot_leaves_out_evicting_pods_and_reports_pods_on_deleted_nodes() -> None:
+    nodes, projects = _world()
+    gone = _pod("gone", node="n9", placement=Placement("n9", (0,), (1,), (1,)))
+    victim = _pod("victim", node="n1", placement=Placement("n1", (0,), (2**30,), (2**30,)))
+    pods = {gone.key: gone, victim.key: victim}
+    snap, ctx = SnapshotBuilder().build(nodes, pods, projects, {}, {}, {victim.key}, 1.0)
+    assert snap.workloads == ()
+    assert ctx.orphans == [gone]
+
+
+def test_small_gang_waits_for_its_members() -> None:
+    nodes, projects = _world()
+    pods = {p.key: p for p in (_pod("g0", group="gang"),)}
+    groups = {("team-a", "gang"): PodGroupInfo("team-a", "gang", 3, None, None)}
+    snap, ctx = SnapshotBuilder().build(nodes, pods, projects, groups, {}, set(), 1.0)
+    assert snap.workloads == ()
+    assert "needs 3 pods" in ctx.waits[("team-a", "g0")]
