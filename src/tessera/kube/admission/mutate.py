@@ -84,8 +84,7 @@ def _share_container(container: dict[str, Any], cm: str, t: sp.Translation,
          "readOnly": True},
     ]
     container["volumeMounts"] = mounts
-    for ref, key in t.drop_resources:
-        del ref  # the container is this one (one cGPU container per pod)
+    for key in t.drop_resources:
         res = container.get("resources") or {}
         for part in ("limits", "requests"):
             if key in (res.get(part) or {}):

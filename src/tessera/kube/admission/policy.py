@@ -83,7 +83,7 @@ def refuse(field_: str, rule: str, value: object = None) -> InvalidRequest:
 
 def containers_with_refs(pod: Mapping[str, Any]
                          ) -> list[tuple[sp.ContainerRef, Mapping[str, Any]]]:
-    return sp._all_containers(pod.get("spec") or {})
+    return sp.all_containers(pod.get("spec") or {})
 
 
 def check_user_fields(pod: Mapping[str, Any]) -> None:
@@ -171,7 +171,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
             raise refuse(f"{ref.path}.resources.limits[{sp.ALIYUN_GPU_MEM}]",
                          "is translated by tessera's mutating webhook and must not reach a node")
     if sp.RUNAI in sp.detect(pod):
-        runai = sp._runai(pod)
+        runai = sp.translate_runai(pod)
         for key, value in runai.annotations.items():
             if ann.get(key) != value:
                 raise refuse(runai.sources.get(key, sp.annotation_field(key)),
@@ -188,7 +188,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
     configmap = configmap_name(str(meta.get("name") or ""))
     if shared:
         check_privileged(pod)
-        gpu_container = sp._pick_container(pod, ann.get(sp.GPU_CONTAINER),
+        gpu_container = sp.pick_container(pod, ann.get(sp.GPU_CONTAINER),
                                            sp.annotation_field(sp.GPU_CONTAINER))
     for ref, c in containers_with_refs(pod):
         env = {str(e.get("name")): e for e in c.get("env") or []}

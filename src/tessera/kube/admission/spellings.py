@@ -94,8 +94,9 @@ class Translation:
     """Env with values known at admission (cGPU's ``ALIYUN_COM_GPU_MEM_CONTAINER``)."""
     configmap_env: tuple[str, ...] = ()
     """Spelling-specific keys read from the per-pod ConfigMap (cGPU's ``ALIYUN_COM_GPU_MEM_DEV``)."""
-    drop_resources: tuple[tuple[ContainerRef, str], ...] = ()
-    """Extended resources to remove (``aliyun.com/gpu-mem``: no node advertises it)."""
+    drop_resources: tuple[str, ...] = ()
+    """Extended resources to remove from the GPU container (``aliyun.com/gpu-mem``: no node
+    advertises it, so a kubelet would refuse the pod)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Canonical annotation -> the field the user wrote (for messages)."""
 
@@ -117,7 +118,7 @@ class Translation:
         return InvalidRequest(source, exc.rule, exc.value)
 
 
-def _all_containers(spec: Mapping[str, Any]) -> list[tuple[ContainerRef, Mapping[str, Any]]]:
+def all_containers(spec: Mapping[str, Any]) -> list[tuple[ContainerRef, Mapping[str, Any]]]:
     out = []
     for kind in ("containers", "initContainers"):
         for i, c in enumerate(spec.get(kind) or []):
@@ -152,7 +153,7 @@ def detect(pod: Mapping[str, Any]) -> dict[str, str]:
             found.setdefault(RUNAI, annotation_field(key))
     if ALIYUN_GPU_COUNT in labels:
         found.setdefault(CGPU, label_field(ALIYUN_GPU_COUNT))
-    for ref, c in _all_containers(spec):
+    for ref, c in all_containers(spec):
         res = c.get("resources") or {}
         for part in ("limits", "requests"):
             if ALIYUN_GPU_MEM in (res.get(part) or {}):
@@ -177,7 +178,7 @@ def translate(pod: Mapping[str, Any]) -> Translation:
         )
     spelling = next(iter(found), NONE)
     if spelling == RUNAI:
-        t = _runai(pod)
+        t = translate_runai(pod)
     elif spelling == CGPU:
         t = _cgpu(pod)
     else:
@@ -196,9 +197,9 @@ def _spec_containers(pod: Mapping[str, Any]) -> list[ContainerResources]:
     return containers_of(pod.get("spec") or {})
 
 
-def _pick_container(pod: Mapping[str, Any], name: str | None, field: str) -> ContainerRef:
+def pick_container(pod: Mapping[str, Any], name: str | None, field: str) -> ContainerRef:
     spec = pod.get("spec") or {}
-    refs = _all_containers(spec)
+    refs = all_containers(spec)
     if name is None:
         main = [r for r, _ in refs if r.kind == "containers"]
         if not main:
@@ -233,12 +234,12 @@ def _tessera(pod: Mapping[str, Any], spelling: str) -> Translation:
         raise InvalidRequest(annotation_field(GPU_CONTAINER),
                              f"needs {names.GPU_PORTION} or {names.GPU_MEMORY}")
     if t.shared:
-        t.container = _pick_container(pod, t.annotations.get(GPU_CONTAINER),
+        t.container = pick_container(pod, t.annotations.get(GPU_CONTAINER),
                                       annotation_field(GPU_CONTAINER))
     return t
 
 
-def _runai(pod: Mapping[str, Any]) -> Translation:
+def translate_runai(pod: Mapping[str, Any]) -> Translation:
     ann = ((pod.get("metadata") or {}).get("annotations") or {})
     t = Translation(RUNAI, GpuRequest.none())
     src = t.sources
@@ -280,7 +281,7 @@ def _runai(pod: Mapping[str, Any]) -> Translation:
             f"{parse_runai_gpu_memory(ann[RUNAI_MEMORY_LIMIT], field_) // MiB}Mi")
         src[names.GPU_MEMORY_LIMIT] = field_
     container_name = ann.get(RUNAI_CONTAINER)
-    t.container = _pick_container(pod, container_name, annotation_field(RUNAI_CONTAINER))
+    t.container = pick_container(pod, container_name, annotation_field(RUNAI_CONTAINER))
     if container_name is not None:
         out[GPU_CONTAINER] = str(container_name)
         src[GPU_CONTAINER] = annotation_field(RUNAI_CONTAINER)
@@ -296,7 +297,7 @@ def _runai_env_limit(pod: Mapping[str, Any], t: Translation, out: dict[str, str]
     request, a Kubernetes quantity (bytes) for a ``gpu-memory`` request."""
     assert t.container is not None
     spec = pod.get("spec") or {}
-    for ref, c in _all_containers(spec):
+    for ref, c in all_containers(spec):
         present, entry = env_value(c, RUNAI_LIMIT_ENV)
         if not present:
             continue
@@ -327,7 +328,7 @@ def _cgpu(pod: Mapping[str, Any]) -> Translation:
     spec = pod.get("spec") or {}
     t = Translation(CGPU, GpuRequest.none())
     holders: list[tuple[ContainerRef, Mapping[str, Any], str]] = []
-    for ref, c in _all_containers(spec):
+    for ref, c in all_containers(spec):
         res = c.get("resources") or {}
         limit = (res.get("limits") or {}).get(ALIYUN_GPU_MEM)
         request = (res.get("requests") or {}).get(ALIYUN_GPU_MEM)
@@ -368,12 +369,11 @@ def _cgpu(pod: Mapping[str, Any]) -> Translation:
         t.annotations[GPU_CONTAINER] = ref.name
     t.static_env = {ALIYUN_ENV_CONTAINER: str(request.memory // GiB)}
     t.configmap_env = (ALIYUN_ENV_DEV,)
-    t.drop_resources = ((ref, ALIYUN_GPU_MEM),)
-    remaining = [c for c in containers_of(spec)]
+    t.drop_resources = (ALIYUN_GPU_MEM,)
     stripped = [
         ContainerResources(c.name, {k: v for k, v in c.requests.items() if k != ALIYUN_GPU_MEM},
                            {k: v for k, v in c.limits.items() if k != ALIYUN_GPU_MEM})
-        for c in remaining
+        for c in containers_of(spec)
     ]
     t.request = _canonical_request(t, pod, stripped)
     return t
