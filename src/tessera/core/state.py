@@ -43,6 +43,7 @@ class NodeState:
         "homogeneous",
         "index",
         "node",
+        "sig",
         "static_id",
     )
 
@@ -58,6 +59,7 @@ class NodeState:
         self.dev_used = [0] * len(gpus)
         self.dev_tenants = [0] * len(gpus)
         self.homogeneous = len(set(zip(self.dev_memory, self.dev_models, strict=True))) <= 1
+        self.sig: tuple[object, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -67,8 +69,10 @@ class NodeState:
         return self.dev_memory[i] - self.dev_used[i]
 
     def signature(self) -> tuple[object, ...]:
-        """Everything placement decisions on this node depend on."""
-        return (self.static_id, self.free_cpu, self.free_mem, tuple(self.dev_used))
+        """Everything placement decisions on this node depend on (cached until it changes)."""
+        if self.sig is None:
+            self.sig = (self.static_id, self.free_cpu, self.free_mem, tuple(self.dev_used))
+        return self.sig
 
     def gpus_total(self) -> int:
         return len(self.dev_memory)
@@ -165,6 +169,7 @@ class ClusterState:
         for i, nbytes in zip(p.devices, p.request_bytes, strict=True):
             ns.dev_used[i] += sign * nbytes
             ns.dev_tenants[i] += sign
+        ns.sig = None
         self._touch(ns.index)
 
     # -- transactions -------------------------------------------------------------------------

@@ -57,7 +57,8 @@ class Placer:
         self.rng = random.Random(seed)
         self.policy: Policy = make_policy(policy, self.rng, workload)
         self._rankings: OrderedDict[ResourceRequest, _Ranking] = OrderedDict()
-        self._memo: dict[tuple[object, ...], Choice | None] = {}
+        self._memo: dict[tuple[object, int], Choice | None] = {}
+        self._request_ids: dict[ResourceRequest, int] = {}
         self._stamp = 0
 
     def place(self, request: ResourceRequest, *, explain: bool = True) -> Placement | NoFit:
@@ -85,13 +86,21 @@ class Placer:
             self._rankings.move_to_end(request)
         return ranking
 
-    def _evaluate(self, index: int, request: ResourceRequest) -> Choice | None:
+    def _request_id(self, request: ResourceRequest) -> int:
+        """A small id per distinct request, so memo keys do not rehash the request every time."""
+        rid = self._request_ids.get(request)
+        if rid is None:
+            rid = self._request_ids[request] = len(self._request_ids)
+        return rid
+
+    def _evaluate(self, index: int, request: ResourceRequest, rid: int) -> Choice | None:
         ns = self.state.nodes[index]
-        key = (ns.signature(), request)
+        key = (ns.signature(), rid)
         if key in self._memo:
             return self._memo[key]
         if len(self._memo) > self.MAX_MEMO:
             self._memo.clear()
+            self._request_ids.clear()
         choice = self.policy.evaluate(ns, request)
         self._memo[key] = choice
         return choice
@@ -99,8 +108,9 @@ class Placer:
     def _best(self, request: ResourceRequest) -> tuple[int, tuple[int, ...]] | None:
         r = self._ranking(request)
         if r.dirty:
+            rid = self._request_id(request)
             for index in r.dirty:
-                choice = self._evaluate(index, request)
+                choice = self._evaluate(index, request, rid)
                 if choice is None:
                     r.stamps.pop(index, None)
                     continue
