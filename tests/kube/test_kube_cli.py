@@ -25,10 +25,12 @@ from tessera.kube.objects import PodGroupResource, ProjectResource
 from tessera.testing.cluster import ManagedProcess, TestCluster, start_scheduler
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.kube_api import KubeApiServer
+from tessera.testing.kwok_io import cri_log, start_io_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOP = "import time; [time.sleep(1) for _ in iter(int, 1)]"
 MODEL = "A100-80GB"
+IO_MODEL = "H200-141GB"
 A100_BYTES = 81920 * 2**20
 
 
@@ -352,3 +354,38 @@ def test_manifest_pods_are_listed(server: KubeApiServer, kube_client: Client) ->
     wait_until("raw gone", lambda: [w["name"] for w in server.cli_json(
         "list", "-p", "cli-yaml")["workloads"]] == ["binpack-1-0"])
     kube_client.delete(Pod, "binpack-1-0", namespace="cli-yaml")
+
+
+def test_logs_and_exec_through_the_api_server(server: KubeApiServer, kube_cluster: TestCluster,
+                                              kube_client: Client) -> None:
+    """On nodes whose kubelet API answers (a second kwok with ClusterLogs/ClusterExec, which
+    runs the command as a local process), ``logs`` reads pods/log and ``exec`` speaks the
+    WebSocket exec protocol through the real API server: output, stderr and exit status."""
+    assert kube_cluster.workdir is not None
+    log_file = kube_cluster.workdir / "cli-io-pod.log"
+    log_file.write_text(cri_log([("stdout", "hello from tessera"), ("stderr", "second line")]))
+    proc = start_io_nodes(kube_cluster, ["cli-io-node-0"], NodeShape(gpus=1, model=IO_MODEL),
+                          log_file)
+    try:
+        server.cli("project", "create", "cli-exec", "--gpu", "1")
+        p = ["-p", "cli-exec"]
+        server.cli("submit", "talk", *p, "-g", "0.5", "--gpu-model", IO_MODEL, "--",
+                   "sleep", "600")
+        _wait(server, "talk", project="cli-exec")
+        assert server.cli("logs", "talk", *p).stdout == "hello from tessera\nsecond line\n"
+        r = server.cli("exec", "talk", *p, "--", "sh", "-c",
+                       "echo out; echo err >&2; echo kwok-exec=$KWOK_EXEC", check=False)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "out\nkwok-exec=yes\n", "err\n")
+        with server.http() as http:
+            wid = server.cli_json("describe", "talk", *p)["workloadId"]
+            r2 = http.post(f"/api/v1/workloads/trainings/{wid}/exec",
+                           json={"command": ["sh", "-c", "printf '%s' \"$0\"", "a b"]})
+            assert r2.status_code == 200 and r2.json() == {
+                "exitCode": 0, "stdout": "a b", "stderr": ""}  # argv kept as given
+        server.cli("delete", "talk", *p)
+        wait_until("talk gone", lambda: not list(kube_client.list(Pod, namespace="cli-exec")))
+    finally:
+        proc.stop()
+        kube_cluster.processes.remove(proc)
+        # Without its kwok the node would stay NotReady but schedulable: remove it.
+        kube_client.delete(Node, "cli-io-node-0")

@@ -755,6 +755,8 @@ class KubeBackend:
             return pod_exec(self.client, rec.namespace, obj.metadata.name, wd.CONTAINER, command,
                             timeout)
         except ExecError as exc:
+            if exc.status is None:
+                raise Upstream(f"exec in pod {rec.namespace}/{obj.metadata.name}: {exc}") from None
             raise Upstream(self._kubelet_error("exec", obj, str(exc), exc.status)) from None
 
 

@@ -21,6 +21,9 @@ MAX_OUTPUT = 4 * 2**20
 
 
 class ExecError(Exception):
+    """``status``: the HTTP status when the API server refused the upgrade; None when the
+    failure came later (from the kubelet, over the stream)."""
+
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
@@ -42,7 +45,7 @@ def _exit_code(status: dict[str, Any]) -> int:
     for cause in (status.get("details") or {}).get("causes") or []:
         if cause.get("reason") == "ExitCode":
             return int(cause.get("message", 1))
-    raise ExecError(str(status.get("message") or status), 500)
+    raise ExecError(str(status.get("message") or status))
 
 
 def pod_exec(client: Any, namespace: str, pod: str, container: str, command: list[str],
