@@ -227,7 +227,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         )
         count = min(limit, max(total - offset, 0))
         nxt = offset + count if offset + count < total else None
-        simulated = "true" if backend.cluster()["simulated"] else "false"
+        simulated = "true" if backend.simulated() else "false"
         key = f'"columns":{json.dumps(wanted)},"rows"' if as_rows else '"workloads"'
         body = (f'{{{key}:{rows},"total":{total},'
                 f'"next":{"null" if nxt is None else nxt},"simulated":{simulated}}}')

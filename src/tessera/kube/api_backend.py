@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import secrets
 import threading
@@ -111,8 +112,6 @@ class KubeBackend:
                 return creds
         creds = {"clientId": "admin", "clientSecret": secrets.token_urlsafe(32)}
         self.auth.set_client(creds["clientId"], _hash(creds["clientSecret"]))
-        import os
-
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(creds, f)
@@ -149,6 +148,10 @@ class KubeBackend:
                 driver = ".".join(labels.get(f"nvidia.com/cuda.driver.{k}", "0")
                                   for k in ("major", "minor", "rev"))
         return nodes, uuids, simulated, driver
+
+    def simulated(self) -> bool:
+        return any((n.metadata.labels or {}).get(SIMULATED_LABEL) == "true"
+                   for n in self.client.list(Node))
 
     def cluster(self) -> dict[str, Any]:
         nodes, uuids, simulated, driver = self._nodes()

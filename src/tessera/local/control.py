@@ -516,6 +516,9 @@ class LocalBackend:
 
     # -- cluster ---------------------------------------------------------------------------------
 
+    def simulated(self) -> bool:
+        return self.machine.simulated
+
     def cluster(self) -> dict[str, Any]:
         node = self.machine.node
         used: dict[int, list[tuple[str, int, bool]]] = {g.index: [] for g in node.gpus}
