@@ -76,7 +76,7 @@ class SchedulerEnv:
     def start_scheduler(self, name: str) -> subprocess.Popen[bytes]:
         return self._spawn(name, [
             "-m", "tessera.kube.scheduler", f"--kubeconfig={self.sa_kubeconfig}",
-            "--lease-duration=3", f"--identity={name}"])
+            "--lease-duration=6", f"--identity={name}"])
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
@@ -434,7 +434,7 @@ def test_leader_election_two_replicas_one_acts(
     os.kill(env.scheduler.pid, signal.SIGKILL)
     env.scheduler.wait(5)
     make_pod(kube_client, ns, "two", {names.GPU_PORTION: "0.5"}, model="H100-80GB")
-    bound(kube_client, ns, "two", timeout=30)
+    bound(kube_client, ns, "two", timeout=45)
     lease = kube_client.get(Lease, names.LEASE_NAME, namespace=names.SYSTEM_NAMESPACE)
     assert lease.spec.holderIdentity == "scheduler-standby"  # type: ignore[union-attr]
     assert "caches synced" in env.log("scheduler-standby")
