@@ -480,3 +480,22 @@ def test_half_done_work_of_a_former_life_is_cleaned_up(
     msg = wait_until("explanation", lambda: scheduled_false(kube_client, ns, "stuck"))
     assert f"namespace {ns} belongs to no tessera Project" in msg
     kube_client.delete(Pod, "stuck", namespace=ns, grace_period=0)
+
+
+def test_cordoned_node_gets_no_new_pods_until_uncordoned(
+    kube_cluster: TestCluster, kube_client: Client, project: str
+) -> None:
+    ns = project
+    (node,) = kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="H200-141GB"),
+                                            prefix="cordon-")
+    make_pod(kube_client, ns, "before", gpus=1, model="H200-141GB")
+    bound(kube_client, ns, "before")
+    kube_client.patch(Node, node, {"spec": {"unschedulable": True}})
+    make_pod(kube_client, ns, "after", gpus=1, model="H200-141GB")
+    msg = wait_until("explanation", lambda: scheduled_false(kube_client, ns, "after"))
+    assert not get_pod(kube_client, ns, "after").spec.nodeName, msg  # type: ignore[union-attr]
+    assert get_pod(kube_client, ns, "before").spec.nodeName == node  # type: ignore[union-attr]
+    kube_client.patch(Node, node, {"spec": {"unschedulable": False}})
+    (pod,) = bound(kube_client, ns, "after")
+    assert pod.spec is not None and pod.spec.nodeName == node
+    kube_client.delete(Node, node)

@@ -145,3 +145,29 @@ def test_small_gang_waits_for_its_members() -> None:
     snap, ctx = SnapshotBuilder().build(nodes, pods, projects, groups, {}, set(), 1.0)
     assert snap.workloads == ()
     assert "needs 3 pods" in ctx.waits[("team-a", "g0")]
+
+
+def test_cordoned_or_not_ready_nodes_get_nothing_new() -> None:
+    from tessera.core.cycle import CycleConfig, run_cycle
+    from tessera.core.model import GpuDevice
+
+    def node(name: str) -> Node:
+        return Node(name, tuple(GpuDevice(f"{name}-g{i}", i, 80 * 2**30, "H100-80GB")
+                                for i in range(2)), 96000, 2**40)
+
+    _, projects = _world()
+    running = _pod("r", node="a", placement=Placement("a", (0,), (40 * 2**30,), (40 * 2**30,)))
+    pods = {p.key: p for p in (running, _pod("p1"), _pod("p2"), _pod("p3", portion="0.9"))}
+    for closed in (NodeInfo("a", node("a"), unschedulable=True), NodeInfo("a", node("a"), ready=False)):
+        nodes = {"a": closed, "b": NodeInfo("b", node("b"))}
+        snap, ctx = SnapshotBuilder().build(nodes, pods, projects, {}, {}, set(), 5.0)
+        plan = run_cycle(snap, CycleConfig(actions=("allocate", "reclaim", "preempt", "backfill")))
+        placed = {pb.placement.node for b in plan.bindings for pb in b.pods}
+        assert placed == {"b"}, plan.bindings
+        assert not plan.evictions
+        # Node b holds two GPUs: 0.5 + 0.5 on one, 0.9 on the other; nothing else fits there.
+        assert len(plan.bindings) == 3
+        assert ("team-a", "r") not in ctx.waits
+    nodes = {"a": NodeInfo("a", node("a")), "b": NodeInfo("b", node("b"))}
+    snap, _ = SnapshotBuilder().build(nodes, pods, projects, {}, {}, set(), 5.0)
+    assert all(w.project != "tessera.io/unschedulable-nodes" for w in snap.workloads)

@@ -190,6 +190,7 @@ class NodeInfo:
     error: str | None = None
     uuids: tuple[str, ...] = ()
     unschedulable: bool = False
+    ready: bool = True
 
 
 _MODELS_BY_PRODUCT: dict[str, str] = {}
@@ -211,6 +212,8 @@ def node_info(obj: Any) -> NodeInfo:
     alloc = dict((obj.status.allocatable if obj.status else None) or {})
     uuids = tuple(u for u in annotations.get(names.NODE_GPU_UUIDS, "").split(",") if u)
     unschedulable = bool(obj.spec and obj.spec.unschedulable)
+    conditions = (obj.status.conditions if obj.status else None) or []
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
     try:
         count = int(str(alloc.get(names.GPU_RESOURCE, "0")))
         gpus: tuple[GpuDevice, ...] = ()
@@ -218,7 +221,7 @@ def node_info(obj: Any) -> NodeInfo:
             mem_label = labels.get("nvidia.com/gpu.memory")
             if not mem_label or not mem_label.isdigit():
                 return NodeInfo(name, None, "label nvidia.com/gpu.memory (MiB per GPU) is missing",
-                                uuids, unschedulable)
+                                uuids, unschedulable, ready)
             product = labels.get("nvidia.com/gpu.product", "")
             model = _model_of(product)
             gpus = tuple(
@@ -229,9 +232,10 @@ def node_info(obj: Any) -> NodeInfo:
         cpu = parse_cpu_milli(alloc.get("cpu", "0"), "node.allocatable.cpu")
         mem_text = str(alloc.get("memory", "0"))
         memory = 0 if mem_text == "0" else parse_memory(mem_text, "node.allocatable.memory")
-        return NodeInfo(name, Node(name, gpus, cpu, memory, labels), None, uuids, unschedulable)
+        return NodeInfo(name, Node(name, gpus, cpu, memory, labels), None, uuids, unschedulable,
+                        ready)
     except (InvalidRequest, ValueError) as exc:
-        return NodeInfo(name, None, str(exc), uuids, unschedulable)
+        return NodeInfo(name, None, str(exc), uuids, unschedulable, ready)
 
 
 def _quota(d: Any, field: str) -> Quota:

@@ -127,7 +127,8 @@ class KubeScheduler:
 
     # ---- cache events --------------------------------------------------------------------
     def _on_node(self, key: Any, old: NodeInfo | None, new: NodeInfo | None) -> None:
-        if old is None or new is None or old.node != new.node:
+        if (old is None or new is None or old.node != new.node
+                or (old.unschedulable, old.ready) != (new.unschedulable, new.ready)):
             self.wake.set()
 
     def _on_other(self, key: Any, old: Any, new: Any) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 from tessera.core.cycle import ProjectTree, Snapshot, Workload, validate_workload
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import Node, ResourceRequest
-from tessera.core.projects import Project
+from tessera.core.model import GpuRequest, Node, ResourceRequest
+from tessera.core.projects import Project, Quota
 from tessera.core.state import ClusterState, Placement
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
@@ -29,6 +29,9 @@ from tessera.kube.objects import (
 )
 
 log = logging.getLogger(__name__)
+
+FENCE_PROJECT = "tessera.io/unschedulable-nodes"
+FENCE_WORKLOAD = "tessera.io/unschedulable-nodes"
 
 
 @dataclass
@@ -140,8 +143,66 @@ class SnapshotBuilder:
                 ctx.pods_of[w.id] = keys
                 workloads.append(w)
         self._memo = memo
-        snapshot = Snapshot(tuple(core_nodes), tuple(tree.projects.values()), tuple(workloads), now)
+        projects_out = list(tree.projects.values())
+        closed = {n for n, ni in nodes.items() if ni.node is not None
+                  and (ni.unschedulable or not ni.ready)}
+        if closed:
+            fence = _fence(core_nodes, closed, workloads, now)
+            if fence is not None:
+                workloads.append(fence)
+                projects_out.append(Project(FENCE_PROJECT, gpu=Quota(deserved=-1), priority=10**6))
+        snapshot = Snapshot(tuple(core_nodes), tuple(projects_out), tuple(workloads), now)
         return snapshot, ctx
+
+
+def _fence(nodes: list[Node], closed: set[str], workloads: list[Workload], now: float
+           ) -> Workload | None:
+    """A non-preemptible workload holding everything still free on cordoned or NotReady nodes,
+    so the core places nothing new there while what runs there stays accounted for. (The core
+    has no notion of a closed node; this keeps that knowledge in the adapter.)"""
+    used: dict[str, tuple[list[int], list[bool], list[int]]] = {}
+    for n in nodes:
+        if n.name in closed:
+            used[n.name] = ([0] * len(n.gpus), [False] * len(n.gpus), [0, 0])
+    for w in workloads:
+        for pl in w.placements:
+            if pl is None or pl.node not in used:
+                continue
+            dev, excl, hostres = used[pl.node]
+            for i, b in zip(pl.devices, pl.request_bytes, strict=True):
+                dev[i] += b
+                excl[i] = excl[i] or pl.exclusive
+            hostres[0] += pl.cpu_milli
+            hostres[1] += pl.memory
+    pods: list[ResourceRequest] = []
+    placements: list[Placement] = []
+    for n in nodes:
+        if n.name not in used:
+            continue
+        dev, excl, hostres = used[n.name]
+        for g in sorted(n.gpus, key=lambda g: g.index):
+            i = g.index
+            free = g.memory - dev[i]
+            if excl[i] or free <= 0:
+                continue
+            if dev[i] == 0:
+                pods.append(ResourceRequest(GpuRequest.whole(1)))
+                placements.append(Placement(n.name, (i,), (g.memory,), (g.memory,), True))
+            else:
+                pods.append(ResourceRequest(GpuRequest.of_memory(free)))
+                placements.append(Placement(n.name, (i,), (free,), (free,), False))
+        cpu = max(0, n.cpu_milli - hostres[0])
+        mem = max(0, n.memory - hostres[1])
+        if cpu or mem:
+            pods.append(ResourceRequest(cpu_milli=cpu, memory=mem))
+            placements.append(Placement(n.name, cpu_milli=cpu, memory=mem))
+    if not pods:
+        return None
+    return Workload(
+        id=FENCE_WORKLOAD, project=FENCE_PROJECT, pods=tuple(pods), priority_class="inference",
+        started_at=now, placements=tuple(placements), preemptible=False,
+        name="room on cordoned or NotReady nodes",
+    )
 
 
 def _workload(
