@@ -386,7 +386,7 @@ class KubeBackend:
         self._event(created, "Submitted", f"submitted to project {pdoc['name']}: "
                     f"{s.gpu.describe()} x {s.workers} pod(s)")
         return self._workload_doc(self._managed(created, self._pods_of(namespace, rec.id)),
-                                  nodes, {}, brief=False)
+                                  nodes, {}, brief=False, events=False)
 
     def _create_pods(self, rec: wd.Record, owner_uid: str | None, indices: Iterable[int]) -> int:
         made = 0
@@ -495,7 +495,9 @@ class KubeBackend:
 
     def _workload_doc(self, entry: wd.Entry, nodes: dict[str, CoreNode],
                       uuids: dict[str, tuple[str, ...]], brief: bool,
-                      simulated: bool = False) -> dict[str, Any]:
+                      simulated: bool = False, events: bool = True) -> dict[str, Any]:
+        """The API's document; ``events`` (a LIST of the namespace's Events) only for
+        ``describe``: a submit's answer needs none."""
         rec = entry.rec
         pod_docs = [wd.pod_doc(p, nodes, uuids) for p in entry.pods]
         if entry.managed:
@@ -544,7 +546,9 @@ class KubeBackend:
         out["controller"] = entry.controller
         out["spec"] = wd.spec_doc(rec)
         out["pods"] = pod_docs
-        out["events"] = self._events(rec.namespace, {rec.name, *(d["name"] for d in pod_docs)})
+        if events:
+            out["events"] = self._events(rec.namespace,
+                                         {rec.name, *(d["name"] for d in pod_docs)})
         out["isolation"] = self._isolation()
         out["scheduler"] = f"{names.COMPONENT} (schedulerName: {names.SCHEDULER_NAME})"
         return out
@@ -743,7 +747,8 @@ class KubeBackend:
 
     def pods(self, workload_id: str) -> list[dict[str, Any]]:
         nodes, uuids, _, _ = self._nodes()
-        doc = self._workload_doc(self._find(workload_id, None), nodes, uuids, brief=False)
+        doc = self._workload_doc(self._find(workload_id, None), nodes, uuids, brief=False,
+                                 events=False)
         pods: list[dict[str, Any]] = doc["pods"]
         return pods
 
