@@ -389,3 +389,22 @@ def test_logs_and_exec_through_the_api_server(server: KubeApiServer, kube_cluste
         kube_cluster.processes.remove(proc)
         # Without its kwok the node would stay NotReady but schedulable: remove it.
         kube_client.delete(Node, "cli-io-node-0")
+
+
+def test_pod_name_taken_is_409_and_nothing_left(server: KubeApiServer, kube_client: Client
+                                                ) -> None:
+    """A submit whose pod name is taken by someone else's pod is refused and leaves nothing."""
+    from lightkube.models.core_v1 import Container, PodSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+
+    server.cli("project", "create", "cli-taken", "--gpu", "1")
+    kube_client.create(Pod(metadata=ObjectMeta(name="job-1", namespace="cli-taken"),
+                           spec=PodSpec(containers=[Container(name="c", image="x")])))
+    r = server.cli("submit", "job", "-p", "cli-taken", "--workers", "2", "-g", "0.1",
+                   "--gpu-model", MODEL, "--", "true", check=False)
+    assert r.returncode == 1
+    assert "a pod named cli-taken/job-1 already exists (not this workload's)" in r.stderr
+    assert not list(kube_client.list(PodGroupResource, namespace="cli-taken"))
+    wait_until("only job-1 left", lambda: [q.metadata.name for q in kube_client.list(
+        Pod, namespace="cli-taken") if q.metadata is not None] == ["job-1"], timeout=10)
+    kube_client.delete(Pod, "job-1", namespace="cli-taken")

@@ -379,7 +379,7 @@ class KubeBackend:
                                f"{pdoc['name']}") from None
             raise Upstream(f"PodGroup {namespace}/{s.name}: {_message(exc)}") from None
         try:
-            self._create_pods(rec, created.metadata.uid, range(s.workers))
+            self._create_pods(rec, created.metadata.uid, range(s.workers), new=True)
         except Exception:
             self._delete_all(namespace, s.name, rec.id)
             raise
@@ -388,16 +388,28 @@ class KubeBackend:
         return self._workload_doc(self._managed(created, self._pods_of(namespace, rec.id)),
                                   nodes, {}, brief=False, events=False)
 
-    def _create_pods(self, rec: wd.Record, owner_uid: str | None, indices: Iterable[int]) -> int:
+    def _create_pods(self, rec: wd.Record, owner_uid: str | None, indices: Iterable[int],
+                     new: bool = False) -> int:
+        """Create the pods; an existing one (409) is this workload's when not ``new`` (the
+        reconcile loop racing a submit or resume). The API server's refusals (an admission
+        webhook, a ResourceQuota) are the user's to fix: 422 with its message."""
         made = 0
         for i in indices:
+            name = f"{rec.namespace}/{rec.name}-{i}"
             try:
                 self.client.create(wd.build_pod(rec, i, owner_uid))
                 made += 1
             except ApiError as exc:
-                if _status(exc) == 409:
+                code = _status(exc)
+                if code == 409 and not new:
                     continue
-                raise Upstream(f"pod {rec.namespace}/{rec.name}-{i}: {_message(exc)}") from None
+                if code == 409:
+                    raise Conflict(f"a pod named {name} already exists (not this workload's); "
+                                   "choose another name") from None
+                if code in (400, 422) or (code == 403 and "exceeded quota" in _message(exc)):
+                    raise InvalidRequest("spec", f"the API server refused pod {name}: "
+                                         f"{_message(exc)}") from None
+                raise Upstream(f"pod {name}: {_message(exc)}") from None
         return made
 
     def _delete_all(self, namespace: str, name: str, wid: str) -> None:
