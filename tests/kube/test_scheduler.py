@@ -499,3 +499,31 @@ def test_cordoned_node_gets_no_new_pods_until_uncordoned(
     (pod,) = bound(kube_client, ns, "after")
     assert pod.spec is not None and pod.spec.nodeName == node
     kube_client.delete(Node, node)
+
+
+def test_gpus_taken_by_another_schedulers_pod_are_not_given_out(
+    kube_cluster: TestCluster, kube_client: Client, project: str
+) -> None:
+    import msgspec
+    from lightkube.models.core_v1 import ObjectReference
+    from lightkube.resources.core_v1 import PodBinding
+
+    ns = project
+    (node,) = kube_cluster.create_gpu_nodes(1, NodeShape(gpus=1, model="H200-141GB"),
+                                            prefix="foreign-")
+    kube_client.create(Pod(
+        metadata=ObjectMeta(name="theirs", namespace=ns),
+        spec=PodSpec(schedulerName="someone-else", containers=[Container(
+            name="main", image="example.invalid/cuda:12",
+            resources=ResourceRequirements(limits={names.GPU_RESOURCE: "1"}))])))
+    with contextlib.suppress(msgspec.ValidationError):
+        kube_client.create(PodBinding(
+            metadata=ObjectMeta(name="theirs", namespace=ns),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=node)), "theirs", namespace=ns)
+    make_pod(kube_client, ns, "ours", gpus=1, model="H200-141GB")
+    wait_until("explanation", lambda: scheduled_false(kube_client, ns, "ours"))
+    assert not get_pod(kube_client, ns, "ours").spec.nodeName  # type: ignore[union-attr]
+    kube_client.delete(Pod, "theirs", namespace=ns, grace_period=0)
+    (pod,) = bound(kube_client, ns, "ours")
+    assert pod.spec is not None and pod.spec.nodeName == node
+    kube_client.delete(Node, node)

@@ -171,3 +171,21 @@ def test_cordoned_or_not_ready_nodes_get_nothing_new() -> None:
     nodes = {"a": NodeInfo("a", node("a")), "b": NodeInfo("b", node("b"))}
     snap, _ = SnapshotBuilder().build(nodes, pods, projects, {}, {}, set(), 5.0)
     assert all(w.project != "tessera.io/unschedulable-nodes" for w in snap.workloads)
+
+
+def test_gpus_of_other_schedulers_pods_are_kept_free() -> None:
+    from tessera.core.cycle import CycleConfig, run_cycle
+    from tessera.core.model import GpuDevice
+
+    node = Node("a", tuple(GpuDevice(f"g{i}", i, 80 * 2**30, "H100-80GB") for i in range(2)),
+                96000, 2**40)
+    nodes = {"a": NodeInfo("a", node)}
+    _, projects = _world()
+    whole = PodInfo("team-a", "w", "u", None, "Pending", False, 1.0, None, {}, {}, None)
+    whole.request = pod_request({}, [_c(limits={names.GPU_RESOURCE: "2"})])
+    pods = {whole.key: whole}
+    snap, _ = SnapshotBuilder().build(nodes, pods, projects, {}, {}, set(), 1.0, {"a": (1, 0, 0)})
+    plan = run_cycle(snap, CycleConfig(actions=("allocate",)))
+    assert not plan.bindings, "one of the two GPUs is held by another scheduler's pod"
+    snap, _ = SnapshotBuilder().build(nodes, pods, projects, {}, {}, set(), 1.0, {})
+    assert run_cycle(snap, CycleConfig(actions=("allocate",))).bindings

@@ -18,7 +18,7 @@ from tessera.core.state import Placement
 from tessera.core.units import MiB, parse_memory
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
-from tessera.kube.podspec import ContainerResources, parse_cpu_milli, pod_request
+from tessera.kube.podspec import ContainerResources, parse_cpu_milli, pod_request, whole_gpus
 
 ProjectResource = create_global_resource(names.GROUP, names.VERSION, "Project", "projects")
 PodGroupResource = create_namespaced_resource(names.GROUP, names.VERSION, "PodGroup", "podgroups")
@@ -84,6 +84,35 @@ def same_for_scheduling(old: PodInfo, new: PodInfo) -> bool:
             and old.finished == new.finished and old.annotations == new.annotations
             and old.labels == new.labels and old.scheduled_message == new.scheduled_message
             and old.uid == new.uid and old.request == new.request and old.error == new.error)
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignPod:
+    """A pod of another scheduler bound to a node: what it holds there."""
+
+    node: str
+    gpus: int
+    cpu_milli: int
+    memory: int
+
+
+def foreign_pod(pod: Any) -> ForeignPod | None:
+    """None for pods that hold nothing (finished); whatever cannot be read counts as 0."""
+    phase = pod.status.phase if pod.status else None
+    node = pod.spec.nodeName if pod.spec else None
+    if not node or phase in ("Succeeded", "Failed"):
+        return None
+    containers = _containers(pod.spec.containers)
+    try:
+        gpus = whole_gpus(containers)
+    except InvalidRequest:
+        gpus = 0
+    try:
+        req = pod_request({}, [ContainerResources(c.name, c.requests, {}) for c in containers])
+        cpu, mem = req.cpu_milli, req.memory
+    except InvalidRequest:
+        cpu = mem = 0
+    return ForeignPod(node, gpus, cpu, mem)
 
 
 def _containers(items: Any) -> list[ContainerResources]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.operators import not_equal
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
@@ -38,6 +39,7 @@ from tessera.kube.informer import Informer
 from tessera.kube.leader import LeaderElector, LostLeadership
 from tessera.kube.objects import (
     DeviceKey,
+    ForeignPod,
     NodeInfo,
     PodGroupInfo,
     PodGroupResource,
@@ -46,6 +48,7 @@ from tessera.kube.objects import (
     ProjectInfo,
     ProjectResource,
     amounts,
+    foreign_pod,
     node_info,
     pod_group_info,
     pod_info,
@@ -123,12 +126,31 @@ class KubeScheduler:
         self.configmaps: Informer[ConfigMapInfo] = Informer(
             client, ConfigMap, lambda o: (o.metadata.namespace, o.metadata.name), _cm_info,
             lambda *a: None, labels={names.MANAGED_BY: "tessera"}, name="configmaps")
-        self.informers: list[Informer[Any]] = [self.nodes, self.pods, self.projects, self.pod_groups, self.configmaps]
+        self.foreign: dict[str, list[int]] = {}
+        """node -> [GPUs, CPU millicores, memory] held by other schedulers' pods."""
+        self.foreign_pods: Informer[ForeignPod | None] = Informer(
+            client, Pod, lambda o: (o.metadata.namespace, o.metadata.name), foreign_pod,
+            self._on_foreign, fields={"spec.schedulerName": not_equal(names.SCHEDULER_NAME),
+                                      "spec.nodeName": not_equal("")},
+            name="other-pods", same=lambda a, b: a == b)
+        self.informers: list[Informer[Any]] = [self.foreign_pods, self.nodes, self.pods, self.projects, self.pod_groups, self.configmaps]
 
     # ---- cache events --------------------------------------------------------------------
     def _on_node(self, key: Any, old: NodeInfo | None, new: NodeInfo | None) -> None:
         if (old is None or new is None or old.node != new.node
                 or (old.unschedulable, old.ready) != (new.unschedulable, new.ready)):
+            self.wake.set()
+
+    def _on_foreign(self, key: Any, old: ForeignPod | None, new: ForeignPod | None) -> None:
+        for f, sign in ((old, -1), (new, 1)):
+            if f is not None:
+                acc = self.foreign.setdefault(f.node, [0, 0, 0])
+                acc[0] += sign * f.gpus
+                acc[1] += sign * f.cpu_milli
+                acc[2] += sign * f.memory
+                if not any(acc):
+                    del self.foreign[f.node]
+        if (old.gpus if old else 0) != (new.gpus if new else 0):
             self.wake.set()
 
     def _on_other(self, key: Any, old: Any, new: Any) -> None:
@@ -213,7 +235,8 @@ class KubeScheduler:
         t0 = time.perf_counter()
         snapshot, ctx = self.snapshots.build(
             self.nodes.items, self.pods.items, self.projects.items, self.pod_groups.items,
-            self.assumed, self.evicting, time.time())
+            self.assumed, self.evicting, time.time(),
+            {n: (v[0], v[1], v[2]) for n, v in self.foreign.items()})
         actions = ACTIONS if not self.evicting else ("allocate", "backfill")
         config = CycleConfig(actions=actions) if self.opts.policy is None else \
             CycleConfig(actions=actions, policy=self.opts.policy)

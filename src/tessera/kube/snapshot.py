@@ -89,7 +89,10 @@ class SnapshotBuilder:
         assumed: Mapping[PodKey, Placement],
         evicting: set[PodKey],
         now: float,
+        foreign: Mapping[str, tuple[int, int, int]] | None = None,
     ) -> tuple[Snapshot, Context]:
+        """``foreign``: node -> (whole GPUs, CPU millicores, memory bytes) that pods of other
+        schedulers hold there."""
         ctx = Context()
         core_nodes: list[Node] = [ni.node for ni in nodes.values() if ni.node is not None]
         node_names = {n.name for n in core_nodes}
@@ -146,8 +149,9 @@ class SnapshotBuilder:
         projects_out = list(tree.projects.values())
         closed = {n for n, ni in nodes.items() if ni.node is not None
                   and (ni.unschedulable or not ni.ready)}
-        if closed:
-            fence = _fence(core_nodes, closed, workloads, now)
+        held = {n: f for n, f in (foreign or {}).items() if n in node_names and any(f)}
+        if closed or held:
+            fence = _fence(core_nodes, closed, held, workloads, now)
             if fence is not None:
                 workloads.append(fence)
                 projects_out.append(Project(FENCE_PROJECT, gpu=Quota(deserved=-1), priority=10**6))
@@ -155,14 +159,15 @@ class SnapshotBuilder:
         return snapshot, ctx
 
 
-def _fence(nodes: list[Node], closed: set[str], workloads: list[Workload], now: float
-           ) -> Workload | None:
+def _fence(nodes: list[Node], closed: set[str], held: Mapping[str, tuple[int, int, int]],
+           workloads: list[Workload], now: float) -> Workload | None:
     """A non-preemptible workload holding everything still free on cordoned or NotReady nodes,
-    so the core places nothing new there while what runs there stays accounted for. (The core
-    has no notion of a closed node; this keeps that knowledge in the adapter.)"""
+    and what pods of other schedulers hold elsewhere (whole free GPUs, CPU, memory), so the core
+    places nothing there while what runs there stays accounted for. (The core has no notion of
+    a closed node or of someone else's pods; this keeps that knowledge in the adapter.)"""
     used: dict[str, tuple[list[int], list[bool], list[int]]] = {}
     for n in nodes:
-        if n.name in closed:
+        if n.name in closed or n.name in held:
             used[n.name] = ([0] * len(n.gpus), [False] * len(n.gpus), [0, 0])
     for w in workloads:
         for pl in w.placements:
@@ -180,6 +185,20 @@ def _fence(nodes: list[Node], closed: set[str], workloads: list[Workload], now: 
         if n.name not in used:
             continue
         dev, excl, hostres = used[n.name]
+        if n.name not in closed:
+            gpus, cpu_f, mem_f = held[n.name]
+            idle = [g.index for g in sorted(n.gpus, key=lambda g: g.index) if dev[g.index] == 0]
+            memory_of = {g.index: g.memory for g in n.gpus}
+            for i in idle[:gpus]:
+                mem_i = memory_of[i]
+                pods.append(ResourceRequest(GpuRequest.whole(1)))
+                placements.append(Placement(n.name, (i,), (mem_i,), (mem_i,), True))
+            cpu = min(cpu_f, max(0, n.cpu_milli - hostres[0]))
+            mem = min(mem_f, max(0, n.memory - hostres[1]))
+            if cpu or mem:
+                pods.append(ResourceRequest(cpu_milli=cpu, memory=mem))
+                placements.append(Placement(n.name, cpu_milli=cpu, memory=mem))
+            continue
         for g in sorted(n.gpus, key=lambda g: g.index):
             i = g.index
             free = g.memory - dev[i]
@@ -201,7 +220,7 @@ def _fence(nodes: list[Node], closed: set[str], workloads: list[Workload], now: 
     return Workload(
         id=FENCE_WORKLOAD, project=FENCE_PROJECT, pods=tuple(pods), priority_class="inference",
         started_at=now, placements=tuple(placements), preemptible=False,
-        name="room on cordoned or NotReady nodes",
+        name="room on cordoned or NotReady nodes, and other schedulers' pods",
     )
 
 
