@@ -408,3 +408,49 @@ def test_pod_name_taken_is_409_and_nothing_left(server: KubeApiServer, kube_clie
     wait_until("only job-1 left", lambda: [q.metadata.name for q in kube_client.list(
         Pod, namespace="cli-taken") if q.metadata is not None] == ["job-1"], timeout=10)
     kube_client.delete(Pod, "job-1", namespace="cli-taken")
+
+
+def test_submit_through_the_admission_webhook(server: KubeApiServer, kube_cluster: TestCluster,
+                                              kube_client: Client) -> None:
+    """With tessera-webhook registered, a submitted pod is admitted and wired to its ConfigMap
+    (the canonical annotations are what the webhook expects); a pod the webhook refuses is a
+    one-line 422 naming the field, and nothing is left behind."""
+    from lightkube.resources.core_v1 import ConfigMap
+
+    from tessera.kube.admission import local
+    from tests.kube.test_admission import wait_webhook_sees_project
+
+    # The harness hook runs the scheduler with the admin certificate (user tessera-admin): tell
+    # the webhook that this is the scheduler, the only writer of per-pod ConfigMaps.
+    hook = local.start_webhook(kube_cluster, name="cli-webhook",
+                               extra_args=["--scheduler-user", "tessera-admin"])
+    try:
+        local.register(kube_cluster, hook)
+        server.cli("project", "create", "cli-hook", "--gpu", "1")
+        wait_webhook_sees_project(kube_client, "cli-hook")
+        p = ["-p", "cli-hook"]
+        server.cli("submit", "hooked", *p, "-g", "0.5", "--gpu-model", MODEL, "--",
+                   "python3", "train.py")
+        _wait(server, "hooked", project="cli-hook")
+        pod = kube_client.get(Pod, "hooked-0", namespace="cli-hook")
+        assert pod.spec is not None
+        assert pod.spec.containers[0].workingDir is None  # not the CLI's directory
+        refs = {e.name: e.valueFrom.configMapKeyRef.name for e in pod.spec.containers[0].env or []
+                if e.valueFrom is not None and e.valueFrom.configMapKeyRef is not None}
+        assert refs["NVIDIA_VISIBLE_DEVICES"] == "hooked-0-tessera-gpu"
+        data = kube_client.get(ConfigMap, "hooked-0-tessera-gpu", namespace="cli-hook").data or {}
+        uuid = server.cli_json("describe", "hooked", *p)["pods"][0]["gpuDevices"][0]["uuid"]
+        assert data["NVIDIA_VISIBLE_DEVICES"] == uuid
+
+        r = server.cli("submit", "sneaky", *p, "-g", "0.1", "-e", "NVIDIA_VISIBLE_DEVICES=GPU-1",
+                       "--", "true", check=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        assert "the API server refused pod cli-hook/sneaky-0" in lines[0]
+        assert "NVIDIA_VISIBLE_DEVICES" in lines[0]
+        assert [w["name"] for w in server.cli_json("list", *p)["workloads"]] == ["hooked"]
+        server.cli("delete", "hooked", *p)
+        wait_until("pods gone", lambda: not list(kube_client.list(Pod, namespace="cli-hook")))
+    finally:
+        local.unregister(kube_cluster)
+        hook.stop()

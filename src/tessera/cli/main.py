@@ -63,6 +63,14 @@ def _fmt(value: str) -> str:
     return value
 
 
+def _backend(client: Client, config: dict[str, Any]) -> str:
+    """``embedded`` or ``kubernetes``: remembered from login, else asked once."""
+    if "backend" not in config:
+        config["backend"] = client.get("/api/v1/cluster").get("backend", "embedded")
+        save_config(config)
+    return str(config["backend"])
+
+
 def _project(config: dict[str, Any], project: str | None) -> str:
     name = project or os.environ.get("TESSERA_PROJECT") or config.get("project")
     if not name:
@@ -408,7 +416,7 @@ def _submit(
     }
     if working_dir:
         spec["workingDir"] = working_dir
-    elif config.get("backend") != "kubernetes":
+    elif _backend(client, config) != "kubernetes":
         spec["workingDir"] = os.getcwd()  # embedded mode runs the command here
     if on_eviction not in ("requeue", "fail"):
         raise CliError(f"--on-eviction: must be requeue or fail (got {on_eviction!r})")
