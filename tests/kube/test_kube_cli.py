@@ -454,3 +454,24 @@ def test_submit_through_the_admission_webhook(server: KubeApiServer, kube_cluste
     finally:
         local.unregister(kube_cluster)
         hook.stop()
+
+
+def test_whole_gpus_use_the_device_plugin_resource(server: KubeApiServer,
+                                                   kube_client: Client) -> None:
+    server.cli("project", "create", "cli-whole", "--gpu", "2")
+    p = ["-p", "cli-whole"]
+    server.cli("submit", "big", *p, "-g", "2", "--gpu-model", "H100-80GB", "--", "sleep", "1")
+    _wait(server, "big", project="cli-whole")
+    pod = kube_client.get(Pod, "big-0", namespace="cli-whole")
+    assert pod.spec is not None and pod.metadata is not None
+    resources = pod.spec.containers[0].resources
+    assert resources is not None and resources.limits == {names.GPU_RESOURCE: "2"}
+    assert names.GPU_PORTION not in (pod.metadata.annotations or {})
+    d = server.cli_json("describe", "big", *p)
+    assert d["pods"][0]["exclusive"] is True and len(d["pods"][0]["gpuDevices"]) == 2
+    assert d["gpus"]["allocated"] == 2.0 and d["gpus"]["requested"] == 2.0
+    assert "(UUID chosen by the device plugin): whole device" in server.cli(
+        "describe", "big", *p).stdout
+    top = server.cli("top").stdout
+    assert top.count("big (whole)") == 2
+    server.cli("delete", "big", *p)

@@ -573,7 +573,8 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         for d in pod["gpuDevices"]:
             share = "whole device" if pod["exclusive"] else (
                 f"request {render.size(d['requestBytes'])}, limit {render.size(d['limitBytes'])}")
-            lines.append(f"  GPU {d['index']} {d['uuid']}: {share}")
+            lines.append(f"  GPU {d['index']} {d['uuid'] or '(UUID chosen by the device plugin)'}:"
+                         f" {share}")
         if pod.get("logPath"):
             lines.append(f"  Log: {pod['logPath']}")
     lines.append("Events:")

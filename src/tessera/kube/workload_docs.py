@@ -201,12 +201,14 @@ def pod_doc(pod: Any, nodes: Mapping[str, Node], uuids: Mapping[str, Sequence[st
             p = None
         if p is not None:
             exclusive = p.exclusive
-            node_uuids = ann.get(names.NODE_GPU_UUIDS, "").split(",") if not p.exclusive else []
+            node_uuids = ann.get(names.NODE_GPU_UUIDS, "").split(",")
             known = uuids.get(p.node, ())
             for i, (d, r, lim) in enumerate(
                     zip(p.devices, p.request_bytes, p.limit_bytes, strict=True)):
-                uuid = node_uuids[i] if i < len(node_uuids) and node_uuids[i] else (
-                    known[d] if d < len(known) else None)
+                # Whole GPUs are given by the device plugin: the index is only bookkeeping.
+                uuid = None if p.exclusive else (
+                    node_uuids[i] if i < len(node_uuids) and node_uuids[i] else (
+                        known[d] if d < len(known) else None))
                 devices.append({"index": d, "uuid": uuid, "requestBytes": r, "limitBytes": lim})
     phase = (pod.status.phase if pod.status else None) or "Pending"
     if meta.deletionTimestamp is not None:
