@@ -435,6 +435,13 @@ class KubeScheduler:
                 used.update((pl.node, d) for d in pl.devices)
         return used
 
+    async def _delete_reservation(self, res: PodInfo) -> None:
+        try:
+            await self.writer.delete_reservation(res, "no tenants left")
+        except Exception as exc:
+            log.warning("deleting reservation pod %s: %r", res.name, exc)
+            res.deleting = False
+
     async def cleanup(self) -> None:
         """Delete reservation pods with no tenants, ConfigMaps whose pod is gone or unbound (and
         not being bound), and shared pods whose reservation pod vanished."""
@@ -443,7 +450,7 @@ class KubeScheduler:
             if res.deleting or rk in used or self.res_locks.get(rk, asyncio.Lock()).locked():
                 continue
             res.deleting = True
-            self._spawn(self.writer.delete_reservation(res, "no tenants left"))
+            self._spawn(self._delete_reservation(res))
         for (ns, name), cm in list(self.configmaps.items.items()):
             if cm.pod is None:
                 continue
