@@ -134,6 +134,16 @@ def test_scheduler_rbac_is_exactly_what_the_scheduler_declares() -> None:
     assert chart == _rule_set(declared["rules"])
 
 
+def test_api_rbac_is_exactly_what_the_api_backend_declares() -> None:
+    """The chart's tessera-api ClusterRole equals deploy/api-rbac.yaml, which the CLI-on-Kubernetes
+    tests run the REST API server with."""
+    docs = kinds(local.helm_template())
+    declared = next(d for d in yaml.safe_load_all((ROOT / "deploy" / "api-rbac.yaml").read_text())
+                    if d and d["kind"] == "ClusterRole")
+    assert _rule_set(docs[("ClusterRole", "tessera-api")]["rules"]) == _rule_set(declared["rules"])
+    assert ("ServiceAccount", "tessera-api") in docs
+
+
 def test_rendered_chart_applies_to_the_api_server(kube_cluster: TestCluster) -> None:
     """Everything the chart renders is accepted by the API server: applied for real, except the
     webhook configurations (server-side dry run: nothing serves the in-cluster Service here,
