@@ -376,12 +376,20 @@ def test_node_deleted_while_it_holds_workloads(
 
 def _check_no_double_allocation(client: Client, ns: str) -> None:
     per_uuid: dict[str, float] = {}
+    by_device = {(r.spec.nodeName, r.metadata.labels[names.RESERVATION_DEVICE]):  # type: ignore[union-attr,index]
+                 (r.metadata.annotations or {}).get(names.GPU_UUID)  # type: ignore[union-attr]
+                 for r in reservations(client)}
     for p in client.list(Pod, namespace=ns):
         if not (p.spec and p.spec.nodeName):
             continue
         pl = placement(p)
         for u, r in zip(uuids(p), pl["request"], strict=True):
             per_uuid[u] = per_uuid.get(u, 0) + r
+        # Its ConfigMap and its reservation pods agree with what is recorded on the pod.
+        assert p.metadata is not None and p.metadata.name is not None
+        cm = configmap_data(client, ns, p.metadata.name)
+        assert cm["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids(p))
+        assert [by_device[(p.spec.nodeName, str(d))] for d in pl["devices"]] == uuids(p)
     assert per_uuid and all(v <= 40960 * 2**20 for v in per_uuid.values()), per_uuid
     holders: dict[str, list[str]] = {}
     for r in reservations(client):
