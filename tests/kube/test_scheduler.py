@@ -28,6 +28,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from lightkube.types import PatchType
 
+from tessera.isolation.config import manual_environment
 from tessera.kube import names
 from tessera.kube.objects import PodGroupResource, ProjectResource
 from tessera.testing.cluster import TestCluster
@@ -262,6 +263,22 @@ def test_four_gpus_of_2gib_on_one_node(kube_client: Client, project: str) -> Non
                if r.metadata and r.metadata.annotations}
     assert set(ids) <= on_node
     assert configmap_data(kube_client, ns, "multi")["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
+
+
+def test_multi_device_portion_limit_is_one_value_the_isolation_library_reads(
+    kube_client: Client, project: str
+) -> None:
+    ns = project
+    make_pod(kube_client, ns, "multiq", {names.GPU_PORTION: "0.25", names.GPU_DEVICES: "2"},
+             model="H100-80GB")
+    (pod,) = bound(kube_client, ns, "multiq")
+    assert len(set(placement(pod)["devices"])) == 2
+    data = configmap_data(kube_client, ns, "multiq")
+    share = int(0.25 * H100_BYTES)
+    assert data["TESSERA_GPU_MEMORY_LIMIT"] == str(share)
+    assert data["TESSERA_GPU_MEMORY_LIMITS"] == f"{share},{share}"
+    env = manual_environment(data["TESSERA_GPU_MEMORY_LIMIT"], library=Path("/lib/x.so"))
+    assert env["TESSERA_GPU_MEMORY_LIMIT"] == str(share)
 
 
 def test_gang_of_four_all_or_nothing(

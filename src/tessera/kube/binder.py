@@ -135,7 +135,10 @@ class Writer:
             "TESSERA_GPU_UUIDS": ",".join(uuids),
             "TESSERA_GPU_DEVICE_INDICES": ",".join(str(d) for d in placement.devices),
             "TESSERA_GPU_MEMORY_REQUEST": ",".join(str(b) for b in placement.request_bytes),
-            "TESSERA_GPU_MEMORY_LIMIT": ",".join(str(b) for b in placement.limit_bytes),
+            # One quantity for every visible device, the form the isolation library reads; on
+            # devices of different sizes the smallest share caps all (never above any share).
+            "TESSERA_GPU_MEMORY_LIMIT": str(min(placement.limit_bytes)),
+            "TESSERA_GPU_MEMORY_LIMITS": ",".join(str(b) for b in placement.limit_bytes),
             "TESSERA_GPU_PORTION": ",".join(portions),
             "TESSERA_ISOLATION": "on",
             "TESSERA_NODE": placement.node,
