@@ -12,6 +12,7 @@ from typing import Any
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.gpu_models import model_of_product
 from tessera.core.model import GpuDevice, Node, ResourceRequest
 from tessera.core.projects import Project, Quota
 from tessera.core.state import Placement
@@ -222,15 +223,8 @@ class NodeInfo:
     ready: bool = True
 
 
-_MODELS_BY_PRODUCT: dict[str, str] = {}
-
-
 def _model_of(product: str) -> str:
-    if not _MODELS_BY_PRODUCT:
-        from tessera.testing.gpu_nodes import GPU_MODELS
-
-        _MODELS_BY_PRODUCT.update({m.product: m.key for m in GPU_MODELS.values()})
-    return _MODELS_BY_PRODUCT.get(product, product or "unknown")
+    return model_of_product(product)
 
 
 def node_info(obj: Any) -> NodeInfo:

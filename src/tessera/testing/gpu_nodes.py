@@ -21,6 +21,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from tessera.core.gpu_models import GPU_MODELS, GpuModel
+
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
 GPU_UUIDS_ANNOTATION = "tessera.io/gpu-uuids"
@@ -28,30 +30,6 @@ SIMULATED_LABEL = "tessera.io/simulated"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 _UUID_NAMESPACE = uuid.UUID("6c1d7a52-3f0e-4c55-9d0b-7f1f3a4e2b10")
-
-
-@dataclass(frozen=True)
-class GpuModel:
-    key: str
-    product: str
-    """As GFD writes it in ``nvidia.com/gpu.product`` (the NVML name with spaces as dashes)."""
-    memory_mib: int
-    family: str
-    compute: tuple[int, int]
-    mig_capable: bool
-
-
-GPU_MODELS: dict[str, GpuModel] = {
-    m.key: m
-    for m in [
-        GpuModel("H100-80GB", "NVIDIA-H100-80GB-HBM3", 81559, "hopper", (9, 0), True),
-        GpuModel("H200-141GB", "NVIDIA-H200", 143771, "hopper", (9, 0), True),
-        GpuModel("A100-80GB", "NVIDIA-A100-SXM4-80GB", 81920, "ampere", (8, 0), True),
-        GpuModel("A100-40GB", "NVIDIA-A100-SXM4-40GB", 40960, "ampere", (8, 0), True),
-        GpuModel("L4-24GB", "NVIDIA-L4", 23034, "ada-lovelace", (8, 9), False),
-        GpuModel("T4-16GB", "Tesla-T4", 15360, "turing", (7, 5), False),
-    ]
-}
 
 
 def gpu_model(key: str) -> GpuModel:
