@@ -141,3 +141,14 @@ def test_rollback_restores_the_exact_state(
             state.release(sorted(state.allocations)[-1])
     state.rollback(mark)
     assert ([ns.signature() for ns in state.nodes], state.allocations) == snapshot
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests())
+def test_gpu_requests_round_trip_through_their_stored_form(request: ResourceRequest) -> None:
+    import json
+
+    from tessera.core.requests import gpu_request_from_dict, gpu_request_to_dict
+
+    stored = json.loads(json.dumps(gpu_request_to_dict(request.gpu)))
+    assert gpu_request_from_dict(stored) == request.gpu

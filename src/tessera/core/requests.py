@@ -6,8 +6,9 @@ field the user wrote.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
+from typing import Any
 
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest, Node
@@ -156,3 +157,29 @@ def check_against_cluster(request: GpuRequest, nodes: Iterable[Node]) -> None:
 
 def as_portion(value: Decimal | float | str) -> Decimal:
     return parse_portion(value, "gpu_portion")
+
+
+def gpu_request_to_dict(gpu: GpuRequest) -> dict[str, object]:
+    """A plain JSON-able record of a request, as the stores keep it."""
+    return {
+        "kind": gpu.kind.value,
+        "devices": gpu.devices,
+        "portion": None if gpu.portion is None else str(gpu.portion),
+        "portionLimit": None if gpu.portion_limit is None else str(gpu.portion_limit),
+        "memory": gpu.memory,
+        "memoryLimit": gpu.memory_limit,
+        "models": sorted(gpu.models),
+    }
+
+
+def gpu_request_from_dict(d: Mapping[str, Any]) -> GpuRequest:
+    """The inverse of ``gpu_request_to_dict`` (validated again on the way in)."""
+    return GpuRequest(
+        GpuKind(d["kind"]),
+        devices=int(d["devices"]),
+        portion=None if d["portion"] is None else Decimal(d["portion"]),
+        portion_limit=None if d["portionLimit"] is None else Decimal(d["portionLimit"]),
+        memory=d["memory"],
+        memory_limit=d["memoryLimit"],
+        models=frozenset(d["models"]),
+    )

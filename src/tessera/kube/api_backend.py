@@ -10,12 +10,9 @@ preemption, or a resume) unless the workload is suspended or asked to fail when 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
-import os
 import re
-import secrets
 import threading
 import time
 import uuid
@@ -28,11 +25,12 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 from lightkube.types import PatchType
 
+from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, Upstream, WorkloadSubmission
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
 from tessera.core.model import Node as CoreNode
-from tessera.core.requests import check_against_cluster
+from tessera.core.requests import check_against_cluster, gpu_request_to_dict
 from tessera.core.units import format_gpus
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
@@ -46,16 +44,11 @@ NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 NAME_RULE = ("must be lowercase letters, digits and '-', start and end alphanumeric, "
              "at most 63 characters")
 DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
-TOKEN_TTL = 30 * 24 * 3600.0
 CREATED_BY = "tessera.io/created-by"
 SORTABLE = {"name": "name", "createdAt": "createdAt", "phase": "phase",
             "projectName": "projectName", "type": "type", "gpus": "_gpus"}
 FILTER_KEY = {"status": "phase"}
 SIMULATED_LABEL = "tessera.io/simulated"
-
-
-def _hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def _status(exc: ApiError) -> int:
@@ -66,7 +59,7 @@ def _message(exc: ApiError) -> str:
     return str(getattr(exc.status, "message", None) or exc)
 
 
-class KubeBackend:
+class KubeBackend(TokenAuth):
     """Implements ``tessera.api.backend.Backend`` against a Kubernetes API server."""
 
     def __init__(self, client: Client, data_dir: Path, image: str = wd.DEFAULT_IMAGE) -> None:
@@ -76,7 +69,8 @@ class KubeBackend:
         """Typed loosely: lightkube's models make every field Optional."""
         self.data_dir = data_dir
         self.image = image
-        self.auth = Store(data_dir / "tessera.db")
+        self.tokens_db = Store(data_dir / "tessera.db")
+        self.auth_store = self.tokens_db
         """Only API clients and token hashes live here; workloads live in the cluster."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -93,7 +87,7 @@ class KubeBackend:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.auth.close()
+        self.tokens_db.close()
 
     def _loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -103,30 +97,6 @@ class KubeBackend:
                 log.warning("reconcile failed: %r", exc)
 
     # -- auth ------------------------------------------------------------------------------------
-
-    def ensure_admin(self) -> dict[str, str]:
-        path = self.data_dir / "credentials.json"
-        if path.exists():
-            creds: dict[str, str] = json.loads(path.read_text())
-            if self.auth.client_secret_hash(creds["clientId"]) == _hash(creds["clientSecret"]):
-                return creds
-        creds = {"clientId": "admin", "clientSecret": secrets.token_urlsafe(32)}
-        self.auth.set_client(creds["clientId"], _hash(creds["clientSecret"]))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(creds, f)
-        return creds
-
-    def authenticate(self, client_id: str, secret: str) -> bool:
-        stored = self.auth.client_secret_hash(client_id)
-        return stored is not None and secrets.compare_digest(stored, _hash(secret))
-
-    def issue_token(self, client_id: str) -> tuple[str, float]:
-        token = secrets.token_urlsafe(32)
-        return token, self.auth.add_token(_hash(token), client_id, TOKEN_TTL)
-
-    def token_valid(self, token: str) -> bool:
-        return self.auth.token_client(_hash(token)) is not None
 
     # -- reading the cluster ---------------------------------------------------------------------
 
@@ -354,7 +324,7 @@ class KubeBackend:
             type=s.type, argv=list(s.command), env=dict(s.env), image=s.image or self.image,
             working_dir=s.working_dir if s.spec.get("workingDir") and s.working_dir else None,
             priority_class=pclass, preemptible=PRIORITY_CLASSES[pclass].preemptible,
-            workers=s.workers, min_workers=min_workers, request=wd.request_dict(s.gpu),
+            workers=s.workers, min_workers=min_workers, request=gpu_request_to_dict(s.gpu),
             on_eviction=str(s.spec.get("onEviction", "requeue")),
             spec={k: v for k, v in s.spec.items() if k not in ("workingDir",)},
         )
@@ -805,7 +775,7 @@ def _manifest_entry(key: tuple[str, str, str], pods: list[Any], owners: dict[Any
         image=(container.image or "") if container else "", working_dir=None,
         priority_class=pclass, preemptible=known.preemptible if known else True,
         workers=len(pods), min_workers=min_member.get((namespace, name), len(pods)),
-        request=wd.request_dict(gpu),
+        request=gpu_request_to_dict(gpu),
         spec={"invalidRequest": info.error} if info.error else {},
     )
     return wd.Entry(rec, {}, all(p.metadata.deletionTimestamp is not None for p in pods),

@@ -15,7 +15,6 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from lightkube.models.core_v1 import (
@@ -28,6 +27,7 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Pod
 
 from tessera.core.model import GpuKind, GpuRequest, Node
+from tessera.core.requests import gpu_request_from_dict
 from tessera.kube import names
 from tessera.kube.objects import placement_from_json, timestamp
 
@@ -45,30 +45,6 @@ FAILED = "tessera.io/failed"
 ``onEviction: fail``)."""
 CONTAINER = "main"
 DEFAULT_IMAGE = "busybox:1.36"
-
-
-def request_dict(gpu: GpuRequest) -> dict[str, Any]:
-    return {
-        "kind": gpu.kind.value,
-        "devices": gpu.devices,
-        "portion": None if gpu.portion is None else str(gpu.portion),
-        "portionLimit": None if gpu.portion_limit is None else str(gpu.portion_limit),
-        "memory": gpu.memory,
-        "memoryLimit": gpu.memory_limit,
-        "models": sorted(gpu.models),
-    }
-
-
-def request_from_dict(d: Mapping[str, Any]) -> GpuRequest:
-    return GpuRequest(
-        GpuKind(d["kind"]),
-        devices=int(d["devices"]),
-        portion=None if d["portion"] is None else Decimal(d["portion"]),
-        portion_limit=None if d["portionLimit"] is None else Decimal(d["portionLimit"]),
-        memory=d["memory"],
-        memory_limit=d["memoryLimit"],
-        models=frozenset(d["models"]),
-    )
 
 
 def gpu_annotations(gpu: GpuRequest) -> tuple[dict[str, str], int]:
@@ -124,7 +100,7 @@ class Record:
 
     @property
     def gpu(self) -> GpuRequest:
-        return request_from_dict(self.request)
+        return gpu_request_from_dict(self.request)
 
 
 def build_pod(rec: Record, index: int, owner_uid: str | None) -> Pod:

@@ -9,24 +9,21 @@ store before the API answers, so the loop can be killed at any moment.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import re
-import secrets
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Sequence
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadSubmission
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
-from tessera.core.requests import check_against_cluster
+from tessera.core.requests import check_against_cluster, gpu_request_from_dict, gpu_request_to_dict
 from tessera.core.state import Placement
 from tessera.core.units import format_gpus
 from tessera.core.workloads import PRIORITY_CLASSES as CORE_CLASSES
@@ -49,35 +46,6 @@ PRIORITY_CLASSES: dict[str, tuple[int, bool]] = {
     name: (pc.value, pc.preemptible) for name, pc in CORE_CLASSES.items()
 }
 DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
-TOKEN_TTL = 30 * 24 * 3600.0
-
-
-def _hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def _request_dict(gpu: GpuRequest) -> dict[str, Any]:
-    return {
-        "kind": gpu.kind.value,
-        "devices": gpu.devices,
-        "portion": None if gpu.portion is None else str(gpu.portion),
-        "portionLimit": None if gpu.portion_limit is None else str(gpu.portion_limit),
-        "memory": gpu.memory,
-        "memoryLimit": gpu.memory_limit,
-        "models": sorted(gpu.models),
-    }
-
-
-def request_from_dict(d: dict[str, Any]) -> GpuRequest:
-    return GpuRequest(
-        GpuKind(d["kind"]),
-        devices=d["devices"],
-        portion=None if d["portion"] is None else Decimal(d["portion"]),
-        portion_limit=None if d["portionLimit"] is None else Decimal(d["portionLimit"]),
-        memory=d["memory"],
-        memory_limit=d["memoryLimit"],
-        models=frozenset(d["models"]),
-    )
 
 
 def _placement(pod: dict[str, Any]) -> Placement:
@@ -90,7 +58,7 @@ def _placement(pod: dict[str, Any]) -> Placement:
     )
 
 
-class LocalBackend:
+class LocalBackend(TokenAuth):
     """Implements ``tessera.api.backend.Backend`` on this machine."""
 
     def __init__(
@@ -107,6 +75,7 @@ class LocalBackend:
         self.grace = grace
         self.interval = interval
         self.store = Store(data_dir / "tessera.db")
+        self.auth_store = self.store
         self.runner = Runner(data_dir)
         self.isolation = isolation_hook.load(data_dir)
         self._lock = threading.RLock()
@@ -268,7 +237,7 @@ class LocalBackend:
             id=w.id,
             name=w.name,
             project=w.project_name,
-            request=ResourceRequest(request_from_dict(w.request)),
+            request=ResourceRequest(gpu_request_from_dict(w.request)),
             workers=w.workers,
             min_workers=w.min_workers,
             preemptible=w.preemptible,
@@ -488,32 +457,6 @@ class LocalBackend:
 
     # -- auth ------------------------------------------------------------------------------------
 
-    def ensure_admin(self) -> dict[str, str]:
-        """The local admin client (created on first start), kept readable only by this user."""
-        path = self.data_dir / "credentials.json"
-        if path.exists():
-            creds: dict[str, str] = json.loads(path.read_text())
-            if self.store.client_secret_hash(creds["clientId"]) == _hash(creds["clientSecret"]):
-                return creds
-        creds = {"clientId": "admin", "clientSecret": secrets.token_urlsafe(32)}
-        self.store.set_client(creds["clientId"], _hash(creds["clientSecret"]))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(creds, f)
-        return creds
-
-    def authenticate(self, client_id: str, secret: str) -> bool:
-        stored = self.store.client_secret_hash(client_id)
-        return stored is not None and secrets.compare_digest(stored, _hash(secret))
-
-    def issue_token(self, client_id: str) -> tuple[str, float]:
-        token = secrets.token_urlsafe(32)
-        expires = self.store.add_token(_hash(token), client_id, TOKEN_TTL)
-        return token, expires
-
-    def token_valid(self, token: str) -> bool:
-        return self.store.token_client(_hash(token)) is not None
-
     # -- cluster ---------------------------------------------------------------------------------
 
     def simulated(self) -> bool:
@@ -684,7 +627,7 @@ class LocalBackend:
                 phase="Pending",
                 phase_message="waiting for the next scheduling cycle",
                 spec=spec,
-                request=_request_dict(s.gpu),
+                request=gpu_request_to_dict(s.gpu),
                 preemptible=preemptible,
                 priority_class=pclass,
                 priority=priority,
@@ -839,7 +782,7 @@ class LocalBackend:
         }
 
     def workload_dict(self, w: Workload, brief: bool = False) -> dict[str, Any]:
-        gpu = request_from_dict(w.request)
+        gpu = gpu_request_from_dict(w.request)
         compute = _compute_doc(gpu)
         out: dict[str, Any] = {
             "workloadId": w.id,
