@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import GpuRequest
+from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.requests import parse_gpu_request
 
 CORE_TO_API = {
@@ -177,3 +177,19 @@ class ProjectCreate(BaseModel):
 class ProjectUpdate(BaseModel):
     resources: ProjectResources = Field(default_factory=ProjectResources)
     priority: int = Field(default=50, ge=0, le=1000)
+
+
+def compute_doc(gpu: GpuRequest) -> dict[str, Any]:
+    """A request as the API shows it: Run:ai's ``spec.compute`` fields."""
+    doc: dict[str, Any] = {"gpuDevicesRequest": gpu.devices or None}
+    if gpu.kind is GpuKind.PORTION:
+        doc["gpuRequestType"] = "portion"
+        doc["gpuPortionRequest"] = float(gpu.portion) if gpu.portion is not None else None
+        doc["gpuPortionLimit"] = float(gpu.portion_limit) if gpu.portion_limit else None
+    elif gpu.kind is GpuKind.MEMORY:
+        doc["gpuRequestType"] = "memory"
+        doc["gpuMemoryRequest"] = f"{gpu.memory}"
+        doc["gpuMemoryLimit"] = None if gpu.memory_limit is None else f"{gpu.memory_limit}"
+    if gpu.models:
+        doc["gpuModel"] = "|".join(sorted(gpu.models))
+    return doc

@@ -26,6 +26,7 @@ from lightkube.models.core_v1 import (
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Pod
 
+from tessera.api.models import compute_doc
 from tessera.core.model import GpuKind, GpuRequest, Node
 from tessera.core.requests import gpu_request_from_dict
 from tessera.kube import names
@@ -250,21 +251,6 @@ def phase_of(workers: int, ann: Mapping[str, str], deleting: bool,
         return "Running", f"bound to {', '.join(nodes)} by {names.SCHEDULER_NAME}", None
     why = next((p["scheduledMessage"] for p in unbound if p["scheduledMessage"]), None)
     return "Pending", why or f"waiting for {names.COMPONENT}", None
-
-
-def compute_doc(gpu: GpuRequest) -> dict[str, Any]:
-    doc: dict[str, Any] = {"gpuDevicesRequest": gpu.devices or None}
-    if gpu.kind is GpuKind.PORTION:
-        doc["gpuRequestType"] = "portion"
-        doc["gpuPortionRequest"] = float(gpu.portion) if gpu.portion is not None else None
-        doc["gpuPortionLimit"] = float(gpu.portion_limit) if gpu.portion_limit else None
-    elif gpu.kind is GpuKind.MEMORY:
-        doc["gpuRequestType"] = "memory"
-        doc["gpuMemoryRequest"] = f"{gpu.memory}"
-        doc["gpuMemoryLimit"] = None if gpu.memory_limit is None else f"{gpu.memory_limit}"
-    if gpu.models:
-        doc["gpuModel"] = "|".join(sorted(gpu.models))
-    return doc
 
 
 def spec_doc(rec: Record) -> dict[str, Any]:

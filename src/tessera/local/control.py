@@ -21,8 +21,9 @@ from typing import Any
 
 from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadSubmission
+from tessera.api.models import compute_doc
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
+from tessera.core.model import ResourceRequest
 from tessera.core.requests import check_against_cluster, gpu_request_from_dict, gpu_request_to_dict
 from tessera.core.state import Placement
 from tessera.core.units import format_gpus
@@ -783,7 +784,7 @@ class LocalBackend(TokenAuth):
 
     def workload_dict(self, w: Workload, brief: bool = False) -> dict[str, Any]:
         gpu = gpu_request_from_dict(w.request)
-        compute = _compute_doc(gpu)
+        compute = compute_doc(gpu)
         out: dict[str, Any] = {
             "workloadId": w.id,
             "name": w.name,
@@ -828,21 +829,6 @@ class LocalBackend(TokenAuth):
         out["isolation"] = self.isolation.describe()
         out["scheduler"] = self.scheduler.name
         return out
-
-
-def _compute_doc(gpu: GpuRequest) -> dict[str, Any]:
-    doc: dict[str, Any] = {"gpuDevicesRequest": gpu.devices or None}
-    if gpu.kind is GpuKind.PORTION:
-        doc["gpuRequestType"] = "portion"
-        doc["gpuPortionRequest"] = float(gpu.portion) if gpu.portion is not None else None
-        doc["gpuPortionLimit"] = float(gpu.portion_limit) if gpu.portion_limit else None
-    elif gpu.kind is GpuKind.MEMORY:
-        doc["gpuRequestType"] = "memory"
-        doc["gpuMemoryRequest"] = f"{gpu.memory}"
-        doc["gpuMemoryLimit"] = None if gpu.memory_limit is None else f"{gpu.memory_limit}"
-    if gpu.models:
-        doc["gpuModel"] = "|".join(sorted(gpu.models))
-    return doc
 
 
 def _iso(t: float) -> str:
