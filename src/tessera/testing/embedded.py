@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -61,12 +61,16 @@ class EmbeddedServer:
         env.pop("TESSERA_PROJECT", None)
         return env
 
-    def start(self, simulate: Sequence[str] | None = None) -> EmbeddedServer:
+    def server_argv(self, simulate: Sequence[str] | None) -> list[str]:
         argv = [sys.executable, "-m", "tessera.local.server", "--port", str(self.port),
                 "--data-dir", str(self.data), "--grace", str(self.grace),
                 "--interval", str(self.interval)]
         for s in self.simulate if simulate is None else simulate:
             argv += ["--simulate", s]
+        return argv
+
+    def start(self, simulate: Sequence[str] | None = None) -> Self:
+        argv = self.server_argv(simulate)
         self.data.mkdir(parents=True, exist_ok=True)
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
