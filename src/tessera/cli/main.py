@@ -125,7 +125,7 @@ def up(
         directory = data_dir(data_dir_opt)
     backend = "kubernetes" if kubernetes else "embedded"
     url = f"http://127.0.0.1:{port}"
-    from tessera.local.server import server_info
+    from tessera.api.serving import server_info
 
     info = server_info(directory)
     if info and _healthy(str(info.get("url"))):
@@ -196,7 +196,7 @@ def down(
     stop_workloads: Annotated[bool, typer.Option("--stop-workloads", help="Also stop running workloads")] = False,
 ) -> None:
     """Stop the control plane. Running workloads keep running and are re-attached by the next up."""
-    from tessera.local.server import server_info
+    from tessera.api.serving import server_info
 
     directory = data_dir(data_dir_opt or load_config().get("dataDir"))
     info = server_info(directory)

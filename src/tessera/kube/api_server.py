@@ -9,12 +9,7 @@ holds only the API's clients and token hashes, ``server.json`` and ``server.lock
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import json
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -40,23 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
 
-    import uvicorn
     from lightkube import Client, ConfigError, KubeConfig
     from lightkube.resources.core_v1 import Namespace
 
-    from tessera.api.app import create_app
+    from tessera.api.serving import lock_data_dir, serve
     from tessera.kube.api_backend import KubeBackend
-    from tessera.local.server import server_info
 
     directory = kube_data_dir(args.data_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    lock = open(directory / "server.lock", "w")  # noqa: SIM115 - held for the process lifetime
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        info = server_info(directory) or {}
-        print(f"tessera: a server already uses {directory} (pid {info.get('pid', '?')}, "
-              f"{info.get('url', '?')})", file=sys.stderr)
+    lock = lock_data_dir(directory)
+    if lock is None:
         return 1
     try:
         if args.kubeconfig:
@@ -75,32 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     backend = KubeBackend(client, directory, image=args.image)
     backend.ensure_admin()
     backend.start(args.reconcile_interval)
-    url = f"http://{args.host}:{args.port}"
     server = config.cluster.server if config is not None else "?"
-    (directory / "server.json").write_text(json.dumps({
-        "pid": os.getpid(), "url": url, "port": args.port, "backend": "kubernetes",
-        "apiServer": server, "simulated": False, "gpus": []}))
-    print(f"tessera: serving {url} (Kubernetes backend, API server {server}; data {directory})",
-          flush=True)
-    uv = uvicorn.Server(uvicorn.Config(create_app(backend), host=args.host, port=args.port,
-                                       log_level="warning", access_log=False, lifespan="off"))
-
-    def _exit(signum: int, frame: object) -> None:
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, _exit)
-    signal.signal(signal.SIGINT, _exit)
-    try:
-        uv.run()
-    finally:
-        backend.stop()
-        with contextlib.suppress(OSError):
-            info_now = server_info(directory)
-            if info_now and info_now.get("pid") == os.getpid():
-                (directory / "server.json").unlink()
-        print("tessera: server stopped", flush=True)
-    return 0
-
+    info: dict[str, object] = {"backend": "kubernetes", "apiServer": server, "simulated": False,
+                               "gpus": []}
+    return serve(backend, directory, args.host, args.port, info,
+                 f"Kubernetes backend, API server {server}; data {directory}")
 
 if __name__ == "__main__":
     sys.exit(main())
