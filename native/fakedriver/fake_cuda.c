@@ -12,6 +12,10 @@
  *   FAKE_CUDA_PROC_INTERNAL=1   cuGetProcAddress returns internal addresses that differ from
  *                               the exported symbols (as a driver may)
  *   FAKE_CUDA_DRIVER_VERSION    version reported and the highest accepted (default 12080)
+ *   FAKE_GPU_STATE              file shared by the processes of one simulated machine: each
+ *                               publishes its bytes per device there (fake_devices.h), so free
+ *                               memory is what the others left and the fake NVML lists processes
+ *   FAKE_GPU_SM_UTIL            this process's SM utilisation as the fake NVML reports it (percent)
  * Built with -DFAKE_HIDE_PTSZ (fake-noptsz/), the _ptsz variants are not exported.
  */
 #define _GNU_SOURCE
@@ -109,9 +113,16 @@ static alloc_rec *rec_take(alloc_rec **table, uint64_t key) {
 static alloc_rec *find(alloc_rec **table, uint64_t key);
 static void handle_unref(uint64_t handle);
 
+/* Charges (or frees) bytes on CUDA ordinal dev and publishes them to the cross-process state
+ * (FAKE_GPU_STATE, fake_devices.c) so other processes and the fake NVML see them. */
+static void used_add(int dev, int64_t delta) {
+    g_used[dev] += (uint64_t)delta;
+    fake_state_add(fake_cuda_device(dev)->index, delta);
+}
+
 static uint64_t device_free(int dev) {
     fake_device *d = fake_cuda_device(dev);
-    uint64_t busy = g_used[dev] + d->other_used;
+    uint64_t busy = g_used[dev] + d->other_used + fake_state_others(d->index);
     return busy >= d->total ? 0 : d->total - busy;
 }
 
@@ -123,11 +134,14 @@ static int valid_ctx(CUcontext c) { return c != NULL && c->magic == CTX_MAGIC; }
 static CUresult charge(int dev, uint64_t size, unsigned long long *out, alloc_rec **table) {
     pthread_mutex_lock(&g_mu);
     if (dev >= 0) {
+        fake_state_lock();
         if (size > device_free(dev)) {
+            fake_state_unlock();
             pthread_mutex_unlock(&g_mu);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        g_used[dev] += size;
+        used_add(dev, (int64_t)(size));
+        fake_state_unlock();
     }
     uint64_t key = ((uint64_t)(dev + 2) << 52) | ((++g_counter) << 12);
     rec_put(table, key, size, dev);
@@ -139,7 +153,7 @@ static CUresult charge(int dev, uint64_t size, unsigned long long *out, alloc_re
 static CUresult release(alloc_rec **table, uint64_t key) {
     pthread_mutex_lock(&g_mu);
     alloc_rec *r = rec_take(table, key);
-    if (r && r->dev >= 0) g_used[r->dev] -= r->size;
+    if (r && r->dev >= 0) used_add(r->dev, -(int64_t)(r->size));
     pthread_mutex_unlock(&g_mu);
     if (!r) return CUDA_ERROR_INVALID_VALUE;
     free(r);
@@ -150,12 +164,14 @@ static CUresult ctx_charge(int dev, int sign) {
     uint64_t bytes = fake_context_bytes();
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_mu);
+    fake_state_lock();
     if (sign > 0) {
         if (bytes > device_free(dev)) rc = CUDA_ERROR_OUT_OF_MEMORY;
-        else g_used[dev] += bytes;
+        else used_add(dev, (int64_t)(bytes));
     } else {
-        g_used[dev] -= bytes;
+        used_add(dev, -(int64_t)(bytes));
     }
+    fake_state_unlock();
     pthread_mutex_unlock(&g_mu);
     return rc;
 }
@@ -603,7 +619,7 @@ static void handle_unref(uint64_t handle) {
     alloc_rec *r = find(g_handles, handle);
     if (!r || --r->refs > 0) return;
     r = rec_take(g_handles, handle);
-    if (r->dev >= 0) g_used[r->dev] -= r->size;
+    if (r->dev >= 0) used_add(r->dev, -(int64_t)(r->size));
     free(r);
 }
 
@@ -685,11 +701,14 @@ static CUresult array_make(struct CUarray_st **out, size_t w, size_t h, size_t d
         total += lw * lh * ld * fake_elem(format, ch);
     }
     pthread_mutex_lock(&g_mu);
+    fake_state_lock();
     if (charged && total > device_free(c->dev)) {
+        fake_state_unlock();
         pthread_mutex_unlock(&g_mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (charged) g_used[c->dev] += total;
+    if (charged) used_add(c->dev, (int64_t)(total));
+    fake_state_unlock();
     pthread_mutex_unlock(&g_mu);
     struct CUarray_st *a = calloc(1, sizeof *a);
     a->magic = ARRAY_MAGIC;
@@ -711,7 +730,7 @@ static CUresult array_free(struct CUarray_st *a) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
     free(r);
-    g_used[a->dev] -= a->size;
+    used_add(a->dev, -(int64_t)(a->size));
     pthread_mutex_unlock(&g_mu);
     a->magic = 0;
     free(a);

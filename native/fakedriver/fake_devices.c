@@ -1,10 +1,18 @@
+#define _GNU_SOURCE
 #include "fake_devices.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static fake_device g_devices[FAKE_MAX_DEVICES];
 static int g_count;
@@ -47,6 +55,12 @@ static void add_device(const char *name, uint64_t total) {
              u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
              u[13], u[14], u[15]);
     char key[32];
+    d->index = g_count;
+    snprintf(key, sizeof key, "FAKE_GPU_MIG_%d", g_count);
+    d->mig = getenv(key) && strcmp(getenv(key), "1") == 0;
+    snprintf(key, sizeof key, "FAKE_GPU_UTIL_%d", g_count);
+    d->util = getenv(key) ? atoi(getenv(key)) : -1;
+    if (d->util > 100) d->util = 100;
     snprintf(key, sizeof key, "FAKE_GPU_USED_%d", g_count);
     const char *used = getenv(key);
     if (used) {
@@ -55,6 +69,34 @@ static void add_device(const char *name, uint64_t total) {
         if (ok) d->other_used = v;
     }
     g_count++;
+}
+
+/* FAKE_GPU_UUIDS="GPU-...,GPU-...": the UUIDs of devices 0, 1, ... (one simulated machine per
+ * node gets its own); entries that are not GPU-<32 hex digits in 8-4-4-4-12> are ignored. */
+static void apply_uuids(void) {
+    const char *list = getenv("FAKE_GPU_UUIDS");
+    if (!list || !*list) return;
+    char *copy = strdup(list), *save = NULL;
+    int i = 0;
+    for (char *t = strtok_r(copy, ",", &save); t && i < g_count; t = strtok_r(NULL, ",", &save), i++) {
+        while (isspace((unsigned char)*t)) t++;
+        unsigned char bytes[16];
+        int n = 0, ok = strncmp(t, "GPU-", 4) == 0 && strlen(t) == 40;
+        for (const char *c = t + 4; ok && *c && n < 16; c++) {
+            if (*c == '-') continue;
+            if (!isxdigit((unsigned char)c[0]) || !isxdigit((unsigned char)c[1])) { ok = 0; break; }
+            char hex[3] = {c[0], c[1], 0};
+            bytes[n++] = (unsigned char)strtoul(hex, NULL, 16);
+            c++;
+        }
+        if (!ok || n != 16) {
+            fprintf(stderr, "fake driver: FAKE_GPU_UUIDS entry '%s' is not a GPU UUID; kept the default\n", t);
+            continue;
+        }
+        memcpy(g_devices[i].uuid, bytes, 16);
+        snprintf(g_devices[i].uuid_str, sizeof g_devices[i].uuid_str, "%s", t);
+    }
+    free(copy);
 }
 
 static void load(void) {
@@ -78,6 +120,7 @@ static void load(void) {
         add_device(item, total);
     }
     free(copy);
+    apply_uuids();
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     if (!cvd) {
         for (int i = 0; i < g_count; i++) g_visible[i] = i;
@@ -134,4 +177,151 @@ fake_device *fake_cuda_device(int ordinal) {
     fake_devices_load();
     if (ordinal < 0 || ordinal >= g_visible_count) return NULL;
     return &g_devices[g_visible[ordinal]];
+}
+
+/* ---- cross-process state (FAKE_GPU_STATE) ---- */
+
+typedef struct {
+    uint64_t magic;
+    uint64_t reserved[7];
+    fake_proc slots[FAKE_STATE_SLOTS];
+} state_file;
+
+#define STATE_MAGIC 0x3174617473656b66ULL /* "fkstat1" */
+
+static pthread_once_t g_state_once = PTHREAD_ONCE_INIT;
+static state_file *g_state;
+static int g_state_fd = -1;
+static int g_slot = -1;
+static int g_slot_pid;
+static pthread_mutex_t g_state_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static int g_lock_depth;
+
+static void state_open(void) {
+    const char *path = getenv("FAKE_GPU_STATE");
+    if (!path || !*path) return;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        fprintf(stderr, "fake driver: FAKE_GPU_STATE %s: %s (no cross-process state)\n", path, strerror(errno));
+        return;
+    }
+    flock(fd, LOCK_EX);
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (size_t)st.st_size < sizeof(state_file)) {
+        if (ftruncate(fd, sizeof(state_file)) != 0) {
+            flock(fd, LOCK_UN);
+            close(fd);
+            return;
+        }
+    }
+    void *m = mmap(NULL, sizeof(state_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        flock(fd, LOCK_UN);
+        close(fd);
+        return;
+    }
+    g_state = m;
+    if (g_state->magic != STATE_MAGIC) {
+        memset(g_state, 0, sizeof *g_state);
+        g_state->magic = STATE_MAGIC;
+    }
+    flock(fd, LOCK_UN);
+    g_state_fd = fd;
+}
+
+int fake_state_enabled(void) {
+    pthread_once(&g_state_once, state_open);
+    return g_state != NULL;
+}
+
+/* Alive and not a zombie: the driver frees a process's memory when it exits. */
+static int pid_alive(int pid) {
+    if (pid <= 0) return 0;
+    if (kill(pid, 0) != 0 && errno != EPERM) return 0;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    char *rp = strrchr(buf, ')');
+    return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
+}
+
+void fake_state_lock(void) {
+    if (!fake_state_enabled()) return;
+    pthread_mutex_lock(&g_state_mu);
+    if (g_lock_depth++ == 0) flock(g_state_fd, LOCK_EX);
+}
+
+void fake_state_unlock(void) {
+    if (!fake_state_enabled()) return;
+    if (--g_lock_depth == 0) flock(g_state_fd, LOCK_UN);
+    pthread_mutex_unlock(&g_state_mu);
+}
+
+uint64_t fake_state_others(int phys) {
+    if (!fake_state_enabled() || phys < 0 || phys >= FAKE_MAX_DEVICES) return 0;
+    uint64_t sum = 0;
+    int me = getpid();
+    for (int s = 0; s < FAKE_STATE_SLOTS; s++) {
+        fake_proc *p = &g_state->slots[s];
+        int pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
+        if (pid == 0 || pid == me || !pid_alive(pid)) continue;
+        sum += __atomic_load_n(&p->used[phys], __ATOMIC_RELAXED);
+    }
+    return sum;
+}
+
+/* This process's slot (claimed on first use; a forked child claims its own). */
+static fake_proc *own_slot(void) {
+    int me = getpid();
+    if (g_slot >= 0 && g_slot_pid == me) return &g_state->slots[g_slot];
+    fake_state_lock();
+    int found = -1;
+    for (int s = 0; s < FAKE_STATE_SLOTS && found < 0; s++) {
+        int pid = g_state->slots[s].pid;
+        if (pid == 0 || pid == me || !pid_alive(pid)) found = s;
+    }
+    if (found >= 0) {
+        fake_proc *p = &g_state->slots[found];
+        memset(p->used, 0, sizeof p->used);
+        const char *sm = getenv("FAKE_GPU_SM_UTIL");
+        p->sm_util = sm ? (unsigned)atoi(sm) : 0;
+        if (p->sm_util > 100) p->sm_util = 100;
+        __atomic_store_n(&p->pid, me, __ATOMIC_RELEASE);
+        g_slot = found;
+        g_slot_pid = me;
+    }
+    fake_state_unlock();
+    return found >= 0 ? &g_state->slots[found] : NULL;
+}
+
+void fake_state_add(int phys, int64_t delta) {
+    if (!fake_state_enabled() || phys < 0 || phys >= FAKE_MAX_DEVICES || delta == 0) return;
+    fake_proc *p = own_slot();
+    if (!p) return;
+    __atomic_add_fetch(&p->used[phys], (uint64_t)delta, __ATOMIC_RELEASE);
+}
+
+int fake_state_procs(fake_proc *out, int max) {
+    if (!fake_state_enabled()) return 0;
+    int n = 0;
+    for (int s = 0; s < FAKE_STATE_SLOTS && n < max; s++) {
+        fake_proc *p = &g_state->slots[s];
+        int pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
+        if (pid == 0 || !pid_alive(pid)) continue;
+        fake_proc copy;
+        copy.pid = pid;
+        copy.sm_util = p->sm_util;
+        int any = 0;
+        for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
+            copy.used[d] = __atomic_load_n(&p->used[d], __ATOMIC_RELAXED);
+            any |= copy.used[d] != 0;
+        }
+        if (any) out[n++] = copy;
+    }
+    return n;
 }

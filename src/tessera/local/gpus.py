@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 import socket
 import uuid
@@ -11,6 +10,8 @@ from dataclasses import dataclass
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuDevice, Node
 from tessera.core.units import GiB
+from tessera.node.nvml import NvmlUnavailable, read_inventory
+from tessera.node.nvml import short_model as short_model  # re-exported for callers here
 
 _SIM = re.compile(r"^(?:(\d+)x)?([A-Za-z][A-Za-z0-9]*)-(\d+)GB$")
 SIM_RULE = "must look like 1xV100-16GB or 2xH100-80GB (COUNTxMODEL-MEMORYGB)"
@@ -65,46 +66,16 @@ def simulated_machine(specs: list[str], seed: str) -> Machine:
 
 
 def nvml_machine() -> Machine | None:
-    """The real GPUs, or None where NVML cannot be loaded or finds none."""
+    """The real GPUs (tessera-node's NVML inventory), or None where NVML cannot be loaded or
+    finds none."""
     try:
-        import pynvml
-    except ImportError:
+        inventory = read_inventory()
+    except NvmlUnavailable:
         return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        gpus: list[GpuDevice] = []
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = _text(pynvml.nvmlDeviceGetName(h))
-            mem = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
-            gpus.append(
-                GpuDevice(
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
-                    index=i,
-                    memory=mem,
-                    model=short_model(name, mem),
-                    product=name,
-                )
-            )
-        if not gpus:
-            return None
-        return Machine(Node(name=_hostname(), gpus=tuple(gpus)), simulated=False, driver=driver)
-    except Exception:
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-
-
-def short_model(product: str, memory: int) -> str:
-    """``Tesla V100-SXM2-16GB`` to ``V100-16GB``: the family and its memory."""
-    words = re.findall(r"[A-Z]+\d+[A-Za-z]*", product.replace("NVIDIA", "").replace("Tesla", ""))
-    family = words[0] if words else re.sub(r"\W+", "", product) or "GPU"
-    return f"{family}-{round(memory / GiB)}GB"
+    gpus = tuple(GpuDevice(uuid=g.uuid, index=g.index, memory=g.memory_total, model=g.model,
+                           product=g.name) for g in inventory.gpus)
+    return Machine(Node(name=_hostname(), gpus=gpus), simulated=False,
+                   driver=inventory.driver_version)
 
 
 def discover(simulate: list[str] | None, seed: str) -> Machine:
@@ -115,10 +86,6 @@ def discover(simulate: list[str] | None, seed: str) -> Machine:
     if real is not None:
         return real
     return simulated_machine(["1xV100-16GB"], seed)
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _hostname() -> str:
