@@ -1,5 +1,6 @@
 """The ``tessera-node`` command line.
 
+    tessera-node run --node-name NODE [--kubeconfig P] [--on-escape warn|kill] ...   the agent
     tessera-node inventory [--json]      what NVML reports (exit 1 with one line without NVML)
     tessera-node usage [--json]          memory, utilisation and processes per GPU, now
 """
@@ -50,6 +51,76 @@ def _usage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import os
+    import signal
+    from pathlib import Path
+
+    from prometheus_client import start_http_server
+
+    from tessera.node.agent import AgentOptions, KubeAgent, load_plugin, make_client
+    from tessera.node.escapes import check_on_escape
+    from tessera.node.metrics import registry_for
+
+    try:
+        on_escape = check_on_escape(args.on_escape)
+    except ValueError as exc:
+        print(f"tessera-node: {exc}", file=sys.stderr)
+        return 2
+    node = args.node_name or os.environ.get("NODE_NAME", "")
+    if not node:
+        print("tessera-node: --node-name: required (or NODE_NAME from the downward API)",
+              file=sys.stderr)
+        return 2
+    if args.sync_interval <= 0:
+        print(f"tessera-node: --sync-interval: must be > 0 (got {args.sync_interval})",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    opts = AgentOptions(
+        node_name=node, kubeconfig=args.kubeconfig,
+        pod_resources_socket=Path(args.pod_resources_socket),
+        library_dir=Path(args.library_dir), library_mount=args.library_mount,
+        containers_dir=Path(args.containers_dir), metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port, on_escape=on_escape, sync_interval=args.sync_interval,
+        context_overhead_bytes=args.context_overhead_bytes)
+    nvml: Nvml | None = None
+    error = ""
+    try:
+        nvml = Nvml().open()
+    except NvmlUnavailable as exc:
+        error = str(exc)
+
+    async def main_async() -> None:
+        client = make_client(opts.kubeconfig)
+        agent = KubeAgent(opts, client, nvml, error, plugin=load_plugin(opts.plugin_options))
+        registry = registry_for(agent.collector)
+        server, _thread = start_http_server(opts.metrics_port, opts.metrics_address,
+                                            registry=registry)
+        print(f"tessera-node {node}: metrics on http://{opts.metrics_address}:"
+              f"{server.server_port}/metrics", flush=True)
+        task = asyncio.create_task(agent.run())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        finally:
+            server.shutdown()
+
+    asyncio.run(main_async())
+    if nvml is not None:
+        nvml.close()
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tessera-node", description="tessera's node agent")
     sub = p.add_subparsers(dest="command", required=True)
@@ -59,6 +130,24 @@ def parser() -> argparse.ArgumentParser:
     use = sub.add_parser("usage", help="print memory, utilisation and processes per GPU")
     use.add_argument("--json", action="store_true")
     use.set_defaults(func=_usage)
+    run = sub.add_parser("run", help="run the node agent (Kubernetes)")
+    run.add_argument("--node-name", default="", help="this node (default: $NODE_NAME)")
+    run.add_argument("--kubeconfig", default=None, help="default: in-cluster ServiceAccount")
+    run.add_argument("--pod-resources-socket",
+                     default="/var/lib/kubelet/pod-resources/kubelet.sock")
+    run.add_argument("--library-dir", default="/var/lib/tessera/isolation",
+                     help="host directory the isolation library is installed into")
+    run.add_argument("--library-mount", default="/usr/local/tessera",
+                     help="where share containers see --library-dir")
+    run.add_argument("--containers-dir", default="/var/lib/tessera/containers",
+                     help="host directory of the per-container isolation files")
+    run.add_argument("--metrics-address", default="0.0.0.0")
+    run.add_argument("--metrics-port", type=int, default=9400, help="0: any free port")
+    run.add_argument("--on-escape", default="warn", help="warn | kill")
+    run.add_argument("--sync-interval", type=float, default=1.0)
+    run.add_argument("--context-overhead-bytes", type=int, default=0,
+                     help="charged per CUDA context in each share's config file")
+    run.set_defaults(func=_run)
     return p
 
 

@@ -1,0 +1,430 @@
+"""tessera-node on Kubernetes: one agent per node (the chart's DaemonSet).
+
+Each sync (every ``--sync-interval`` seconds, and at once after a relevant pod change):
+
+1. readiness: NVML open, the isolation library installed, the containers directory writable;
+   published on the Node with the inventory (:mod:`tessera.node.publish`);
+2. reservation pods on this node without ``tessera.io/gpu-uuid``: the kubelet's pod-resources
+   ``List`` says which GPU the device plugin gave each; the UUID is written on the pod;
+3. share pods on this node: their isolation files are written (:mod:`tessera.node.containers`);
+   a pod naming a GPU this node does not have, or files that cannot be written, get an Event and
+   no files (the container cannot start: the hostPath mounts are ``type: Directory``);
+4. usage (NVML + the regions) for metrics, escape detection (``--on-escape warn|kill``) and the
+   reclaimer plugin.
+
+Restart safety: the agent keeps no state of its own. On start it lists the pods on its node,
+finishes or undoes a half-done library install, rewrites every share's files (unchanged files
+are left alone) and removes the directories of pods that are gone. It never kills a process for
+a pod that no longer exists: decisions are made from the picture of this sync only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, AsyncClient, KubeConfig, codecs
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from tessera.core.errors import InvalidRequest
+from tessera.isolation.library import LibraryNotBuilt, library_path
+from tessera.node import containers as files
+from tessera.node import publish
+from tessera.node.containers import Share, ShareDevice, ShareFilesError
+from tessera.node.escapes import NO_SHARE, EscapeDetector
+from tessera.node.install import InstallError, install_library
+from tessera.node.metrics import Counters, NodeCollector
+from tessera.node.nvml import Inventory, Nvml
+from tessera.node.plugins import NodePlugin
+from tessera.node.podresources.client import PodResourcesError, gpus_by_pod, list_devices
+from tessera.node.usage import NodeUsage, snapshot
+
+log = logging.getLogger("tessera.node")
+
+PLACEMENT = "tessera.io/placement"
+POD_GPU_UUIDS = "tessera.io/gpu-uuids"
+GPU_UUID = "tessera.io/gpu-uuid"
+CONFIG_KEY = "tessera.io/gpu-config-key"
+RESERVATION_LABEL = "tessera.io/gpu-reservation"
+PROJECT = "tessera.io/project"
+POD_GROUP = "tessera.io/pod-group"
+PRIORITY_CLASS = "tessera.io/priority-class"
+COMPONENT = "tessera-node"
+
+
+@dataclass
+class AgentOptions:
+    node_name: str
+    kubeconfig: str | None = None
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    library_dir: Path = Path("/var/lib/tessera/isolation")
+    library_mount: str = "/usr/local/tessera"
+    containers_dir: Path = Path("/var/lib/tessera/containers")
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 9400
+    on_escape: str = "warn"
+    sync_interval: float = 1.0
+    escape_tolerance: float = 0.05
+    context_overhead_bytes: int = 0
+    plugin_options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PodView:
+    namespace: str
+    name: str
+    uid: str
+    annotations: dict[str, str]
+    labels: dict[str, str]
+    volumes: list[dict[str, Any]]
+    deleting: bool
+
+
+def pod_view(pod: Any) -> PodView:
+    d = pod if isinstance(pod, dict) else pod.to_dict()
+    meta = d.get("metadata") or {}
+    spec = d.get("spec") or {}
+    return PodView(namespace=meta.get("namespace", ""), name=meta.get("name", ""),
+                   uid=meta.get("uid", ""), annotations=dict(meta.get("annotations") or {}),
+                   labels=dict(meta.get("labels") or {}), volumes=list(spec.get("volumes") or []),
+                   deleting=meta.get("deletionTimestamp") is not None)
+
+
+def share_of(pod: PodView, containers_dir: Path) -> Share | None:
+    """The share a pod holds on this node, from what the scheduler and the webhook wrote on it;
+    None for pods without a GPU share. Raises ShareFilesError naming what is wrong."""
+    key = pod.annotations.get(CONFIG_KEY)
+    text = pod.annotations.get(PLACEMENT)
+    if not key or not text:
+        return None
+    try:
+        placement = json.loads(text)
+        if placement.get("exclusive") or not placement.get("devices"):
+            return None
+        request = [int(x) for x in placement["request"]]
+        limit = [int(x) for x in placement["limit"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShareFilesError(f"annotation {PLACEMENT} is not a placement: {exc}") from exc
+    uuids = [u for u in pod.annotations.get(POD_GPU_UUIDS, "").split(",") if u]
+    if len(uuids) != len(request):
+        raise ShareFilesError(f"annotation {POD_GPU_UUIDS} names {len(uuids)} GPU(s) for "
+                              f"{len(request)} device(s) of the placement")
+    files.check_key(key)
+    prefix = str(containers_dir / key / "conf") + "/"
+    names = sorted({v["hostPath"]["path"][len(prefix):] for v in pod.volumes
+                    if isinstance(v.get("hostPath"), dict)
+                    and str(v["hostPath"].get("path", "")).startswith(prefix)})
+    return Share(key=key, namespace=pod.namespace, pod=pod.name, uid=pod.uid,
+                 containers=tuple(n for n in names if n and "/" not in n),
+                 devices=tuple(ShareDevice(u, r, lim) for u, r, lim in
+                               zip(uuids, request, limit, strict=True)),
+                 workload=pod.annotations.get(POD_GROUP) or pod.labels.get(POD_GROUP) or pod.name,
+                 project=pod.annotations.get(PROJECT) or pod.labels.get(PROJECT, ""),
+                 priority_class=pod.annotations.get(PRIORITY_CLASS, ""))
+
+
+def load_plugin(options: dict[str, str]) -> NodePlugin | None:
+    """The loan reclaimer, when this build has one (``tessera.node.reclaim``)."""
+    if importlib.util.find_spec("tessera.node.reclaim") is None:
+        return None
+    module = importlib.import_module("tessera.node.reclaim")
+    factory = getattr(module, "make_reclaimer", None)
+    return factory(options) if factory is not None else None
+
+
+class KubeAgent:
+    def __init__(self, opts: AgentOptions, client: AsyncClient, nvml: Nvml | None,
+                 nvml_error: str = "", plugin: NodePlugin | None = None) -> None:
+        self.opts = opts
+        self.client = client
+        self.nvml = nvml
+        self.nvml_error = nvml_error
+        self.inventory: Inventory | None = None
+        self.library_error = ""
+        self.dir_error = ""
+        self.pods: dict[tuple[str, str], PodView] = {}
+        self.listed = False
+        self.wake = asyncio.Event()
+        self.counters = Counters()
+        self.collector = NodeCollector(opts.node_name, self.counters)
+        self.detector = EscapeDetector(opts.escape_tolerance)
+        self.plugin = plugin
+        self.share_errors: dict[str, str] = {}
+        self.posted: set[tuple[str, str, str]] = set()
+        self.published: dict[str, str] | None = None
+        self.uuids_written = 0
+        self.syncs = 0
+        self.usage: NodeUsage | None = None
+        self.shares: dict[str, Share] = {}
+
+    # ---- readiness ----------------------------------------------------------------------------
+    def prepare(self) -> None:
+        if self.nvml is not None:
+            try:
+                self.inventory = self.nvml.inventory()
+            except Exception as exc:
+                self.nvml_error = f"NVML inventory failed: {exc}"
+                self.nvml = None
+        try:
+            installed = install_library(library_path(), self.opts.library_dir,
+                                        self.opts.library_mount)
+            log.info("isolation library %s at %s%s", installed.digest, installed.version_path,
+                     "" if installed.changed else " (already installed)")
+            self.library_error = ""
+        except (InstallError, LibraryNotBuilt) as exc:
+            self.library_error = str(exc)
+        try:
+            self.opts.containers_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.opts.containers_dir / f".tmp-probe.{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+            self.dir_error = ""
+        except OSError as exc:
+            self.dir_error = f"containers directory {self.opts.containers_dir} is not writable: {exc}"
+
+    @property
+    def ready(self) -> bool:
+        return self.nvml is not None and not self.library_error and not self.dir_error
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(r for r in (self.nvml_error, self.library_error, self.dir_error) if r)
+
+    async def publish_node(self) -> None:
+        ann = publish.node_annotations(self.inventory, self.ready, self.reason)
+        labels: dict[str, str] = {}
+        if self.inventory is not None:
+            node = await self.client.get(Node, self.opts.node_name)
+            present = dict((node.metadata.labels if node.metadata else None) or {})
+            labels = publish.missing_labels(self.inventory, present)
+        want = {**ann, **{f"label:{k}": v for k, v in labels.items()}}
+        if want == self.published:
+            return
+        patch: dict[str, Any] = {"metadata": {"annotations": ann}}
+        if labels:
+            patch["metadata"]["labels"] = labels
+        await self.client.patch(Node, self.opts.node_name, patch, patch_type=PatchType.MERGE)
+        self.published = want
+        self.collector.ready = self.ready
+        log.info("node %s: ready=%s%s", self.opts.node_name, self.ready,
+                 f" ({self.reason})" if not self.ready else "")
+
+    # ---- pods -------------------------------------------------------------------------------
+    async def _list_pods(self) -> None:
+        pods: dict[tuple[str, str], PodView] = {}
+        async for pod in self.client.list(Pod, namespace="*",
+                                          fields={"spec.nodeName": self.opts.node_name}):
+            v = pod_view(pod)
+            pods[(v.namespace, v.name)] = v
+        self.pods = pods
+        self.listed = True
+
+    async def watch_pods(self) -> None:
+        while True:
+            try:
+                await self._list_pods()
+                self.wake.set()
+                async for kind, pod in self.client.watch(
+                        Pod, namespace="*", fields={"spec.nodeName": self.opts.node_name}):
+                    v = pod_view(pod)
+                    if kind == "DELETED":
+                        self.pods.pop((v.namespace, v.name), None)
+                    else:
+                        self.pods[(v.namespace, v.name)] = v
+                    self.wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("pod watch: %r; relisting", exc)
+                await asyncio.sleep(0.5)
+
+    async def post_event(self, namespace: str, name: str, uid: str, kind: str, reason: str,
+                         message: str, warning: bool = True) -> None:
+        dedup = (uid or name, reason, message)
+        if dedup in self.posted:
+            return
+        self.posted.add(dedup)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        obj = codecs.from_dict({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace or "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": kind, "name": name,
+                               "namespace": namespace, "uid": uid},
+            "reason": reason, "message": message[:1000],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT, "host": self.opts.node_name},
+            "reportingComponent": COMPONENT, "reportingInstance": self.opts.node_name,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        })
+        try:
+            await self.client.create(obj)
+        except Exception as exc:
+            log.warning("event %s on %s/%s: %r", reason, namespace, name, exc)
+            self.posted.discard(dedup)
+
+    # ---- reservation pods: which GPU each got -------------------------------------------------
+    async def report_gpu_uuids(self) -> None:
+        pending = [p for p in self.pods.values()
+                   if p.labels.get(RESERVATION_LABEL) == "true" and not p.deleting
+                   and not p.annotations.get(GPU_UUID)]
+        if not pending or self.inventory is None:
+            return
+        try:
+            devices = await asyncio.to_thread(list_devices, self.opts.pod_resources_socket)
+        except PodResourcesError as exc:
+            log.warning("%s", exc)
+            return
+        assigned = gpus_by_pod(devices)
+        by_index = {str(g.index): g.uuid for g in self.inventory.gpus}
+        known = {g.uuid for g in self.inventory.gpus}
+        for p in pending:
+            ids = assigned.get((p.namespace, p.name))
+            if not ids:
+                continue  # the kubelet has not admitted it yet
+            device_id = ids[0]
+            uuid = device_id if device_id in known else by_index.get(device_id)
+            if uuid is None:
+                await self.post_event(p.namespace, p.name, p.uid, "Pod", "UnknownGPU",
+                                      f"the device plugin gave device {device_id!r}, which NVML "
+                                      f"on node {self.opts.node_name} does not list")
+                continue
+            try:
+                await self.client.patch(Pod, p.name, {"metadata": {"annotations": {GPU_UUID: uuid}}},
+                                        namespace=p.namespace, patch_type=PatchType.MERGE)
+                p.annotations[GPU_UUID] = uuid
+                self.uuids_written += 1
+                log.info("reservation pod %s/%s holds %s", p.namespace, p.name, uuid)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    log.warning("annotating %s/%s: %s", p.namespace, p.name, exc.status.message)
+
+    # ---- share pods: their isolation files ---------------------------------------------------
+    async def write_share_files(self) -> dict[str, Share]:
+        shares: dict[str, Share] = {}
+        known = {g.uuid for g in self.inventory.gpus} if self.inventory else set()
+        for p in list(self.pods.values()):
+            if p.deleting:
+                continue
+            try:
+                share = share_of(p, self.opts.containers_dir)
+                if share is None:
+                    continue
+                missing = [d.uuid for d in share.devices if d.uuid not in known]
+                if missing:
+                    raise ShareFilesError(
+                        f"its GPU(s) {', '.join(missing)} are not on node {self.opts.node_name} "
+                        f"(NVML lists {', '.join(sorted(known)) or 'none'}); not started uncapped")
+                if not self.ready:
+                    raise ShareFilesError(f"node {self.opts.node_name} is not ready for GPU "
+                                          f"shares: {self.reason}")
+                files.write_share(self.opts.containers_dir, share,
+                                  self.opts.context_overhead_bytes)
+                shares[share.key] = share
+                self.share_errors.pop(p.uid, None)
+            except (ShareFilesError, InvalidRequest) as exc:
+                msg = str(exc)
+                if self.share_errors.get(p.uid) != msg:
+                    self.share_errors[p.uid] = msg
+                    log.warning("pod %s/%s: %s", p.namespace, p.name, msg)
+                await self.post_event(p.namespace, p.name, p.uid, "Pod", "GPUIsolationFailed", msg)
+        if self.listed:
+            keep = {p.annotations.get(CONFIG_KEY, "") for p in self.pods.values()}
+            for key in files.remove_stale(self.opts.containers_dir, keep):
+                log.info("removed the isolation files of a pod that is gone (%s)", key)
+        return shares
+
+    # ---- usage, metrics, escapes, plugin -------------------------------------------------------
+    def kill(self, pid: int, why: str) -> bool:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            log.warning("killed process %d: %s", pid, why)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def event(self, share: Share | None, reason: str, message: str, warning: bool = True) -> None:
+        if share is None:
+            coro = self.post_event("", self.opts.node_name, "", "Node", reason, message, warning)
+        else:
+            coro = self.post_event(share.namespace, share.pod, share.uid, "Pod", reason, message,
+                                   warning)
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    def observe(self, shares: dict[str, Share]) -> None:
+        if self.nvml is None or self.inventory is None:
+            self.collector.usage = None
+            return
+        gpus = self.nvml.usage()
+        models = {g.uuid: g.model for g in self.inventory.gpus}
+        root = self.opts.containers_dir
+        usage = snapshot(gpus, models, list(shares.values()),
+                         lambda s: files.region_path(root, s.key))
+        self.usage = usage
+        self.collector.usage = usage
+        for escape in self.detector.check(usage):
+            share = shares.get(escape.share_key) if escape.share_key else None
+            who = f"{share.namespace}/{share.pod}" if share else "no pod"
+            message = escape.message(who)
+            self.counters.add_escape(escape.gpu_uuid, escape.kind)
+            killed = False
+            if self.opts.on_escape == "kill":
+                killed = self.kill(escape.pid, message)
+                if killed:
+                    with self.counters.lock:
+                        self.counters.escapes_killed += 1
+            log.warning("escape: %s%s", message, " (killed)" if killed else "")
+            self.event(share, "GPUIsolationEscape" if escape.kind != NO_SHARE else "GPUUnsharedProcess",
+                       message + ("; killed (--on-escape kill)" if killed else ""))
+        self.collector.escaped_processes = len(self.detector.current)
+        if self.plugin is not None:
+            try:
+                self.plugin.sync(usage, self)
+            except Exception:
+                log.exception("plugin sync failed")
+
+    async def sync_once(self) -> None:
+        await self.publish_node()
+        await self.report_gpu_uuids()
+        shares = await self.write_share_files()
+        self.shares = shares
+        self.observe(shares)
+        self.syncs += 1
+
+    async def run(self) -> None:
+        self.prepare()
+        self.collector.ready = self.ready
+        if self.nvml is None:
+            print(f"tessera-node: {self.nvml_error}; node {self.opts.node_name} is not ready for "
+                  "GPU shares (metrics are still served)", flush=True)
+        watcher = asyncio.create_task(self.watch_pods())
+        try:
+            while True:
+                try:
+                    await self.sync_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("sync failed: %r", exc)
+                    self.published = None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.opts.sync_interval)
+                self.wake.clear()
+        finally:
+            watcher.cancel()
+
+
+def make_client(kubeconfig: str | None) -> AsyncClient:
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    return AsyncClient(config, timeout=None, field_manager=COMPONENT)

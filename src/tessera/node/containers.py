@@ -1,0 +1,164 @@
+"""Per-container isolation files on the host: what the webhook mounts into each share container.
+
+Layout (``/work/notes/node-config-format.md`` and docs/node-agent.md), ``KEY`` being the pod's
+``tessera.io/gpu-config-key`` (drawn by the webhook, so a re-created pod of the same name never
+mounts a stale file):
+
+    ROOT/KEY/pod.json                                 who it is (for the agent: metrics, Events)
+    ROOT/KEY/conf/CONTAINER/gpu-isolation.conf        0644, mounted read-only at /etc/tessera
+    ROOT/KEY/region/gpu-usage.region                  0666, mounted at /run/tessera (the pod's
+                                                      shared accounting region)
+
+The webhook mounts the two directories as hostPath ``type: Directory``: the kubelet does not
+start the container until they exist, so a container is never started uncapped. Files are
+written through :func:`tessera.isolation.config.render_config` (the format the library parses)
+and renamed into place; the directory ``conf/CONTAINER`` appears only once its file is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tessera.isolation.config import CONFIG_NAME, REGION_NAME, DeviceShare, render_config
+
+CONTAINER_REGION_DIR = "/run/tessera"
+CONTAINER_CONFIG_DIR = "/etc/tessera"
+POD_FILE = "pod.json"
+_KEY = re.compile(r"^[0-9a-f]{16}$")
+_CONTAINER = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class ShareFilesError(RuntimeError):
+    """The files of a share could not be written; the message names the path or the field."""
+
+
+@dataclass(frozen=True)
+class ShareDevice:
+    uuid: str
+    request_bytes: int
+    limit_bytes: int
+
+
+@dataclass(frozen=True)
+class Share:
+    """One pod (or embedded workload pod) holding shares of GPUs on this node."""
+
+    key: str
+    namespace: str
+    pod: str
+    uid: str
+    containers: tuple[str, ...]
+    devices: tuple[ShareDevice, ...]
+    workload: str = ""
+    project: str = ""
+    priority_class: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def check_key(key: str) -> str:
+    if not _KEY.match(key):
+        raise ShareFilesError(f"tessera.io/gpu-config-key: must be 16 lowercase hex digits, got {key!r}")
+    return key
+
+
+def share_dir(root: Path, key: str) -> Path:
+    return root / check_key(key)
+
+
+def config_dir(root: Path, key: str, container: str) -> Path:
+    if not _CONTAINER.match(container):
+        raise ShareFilesError(f"container name {container!r} is not a DNS label")
+    return share_dir(root, key) / "conf" / container
+
+
+def region_path(root: Path, key: str) -> Path:
+    return share_dir(root, key) / "region" / REGION_NAME
+
+
+def render(share: Share, context_overhead_bytes: int = 0) -> str:
+    devices = [DeviceShare(index=i, uuid=d.uuid, limit_bytes=d.limit_bytes,
+                           request_bytes=d.request_bytes) for i, d in enumerate(share.devices)]
+    return render_config(devices, Path(CONTAINER_REGION_DIR) / REGION_NAME, context_overhead_bytes)
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    tmp = path.with_name(f".tmp-{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def write_share(root: Path, share: Share, context_overhead_bytes: int = 0) -> list[Path]:
+    """Writes (or rewrites, unchanged content is left alone) the files of one share; returns the
+    config files. Raises ShareFilesError; InvalidRequest (from render_config) for bad values."""
+    text = render(share, context_overhead_bytes)
+    base = share_dir(root, share.key)
+    written: list[Path] = []
+    try:
+        region = region_path(root, share.key)
+        region.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(region.parent, 0o777)  # processes of the pod may run as any user
+        if not region.exists():
+            fd = os.open(region, os.O_CREAT | os.O_WRONLY, 0o666)
+            os.close(fd)
+            os.chmod(region, 0o666)
+        _write(base / POD_FILE, json.dumps(asdict(share), sort_keys=True), 0o644)
+        for container in share.containers:
+            final = config_dir(root, share.key, container)
+            conf = final / CONFIG_NAME
+            if conf.is_file() and conf.read_text() == text:
+                written.append(conf)
+                continue
+            if final.is_dir():
+                _write(conf, text, 0o644)
+            else:
+                # Build the directory aside and rename it into place: the kubelet's
+                # "type: Directory" check never sees it without its file.
+                staging = final.with_name(f".tmp-{container}.{os.getpid()}")
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir(parents=True)
+                _write(staging / CONFIG_NAME, text, 0o644)
+                os.chmod(staging, 0o755)
+                os.replace(staging, final)
+            written.append(conf)
+    except OSError as exc:
+        raise ShareFilesError(f"cannot write the isolation files of {share.namespace}/{share.pod} "
+                              f"under {base}: {exc}") from exc
+    return written
+
+
+def read_share(root: Path, key: str) -> Share | None:
+    try:
+        d = json.loads((share_dir(root, key) / POD_FILE).read_text())
+        d["containers"] = tuple(d["containers"])
+        d["devices"] = tuple(ShareDevice(**x) for x in d["devices"])
+        return Share(**d)
+    except (OSError, ValueError, TypeError, KeyError, ShareFilesError):
+        return None
+
+
+def existing_keys(root: Path) -> list[str]:
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and _KEY.match(p.name))
+
+
+def remove_share(root: Path, key: str) -> None:
+    shutil.rmtree(share_dir(root, key), ignore_errors=True)
+
+
+def remove_stale(root: Path, keep: Iterable[str]) -> list[str]:
+    """Removes the directories of shares not in ``keep``; returns their keys."""
+    keep_set = set(keep)
+    gone = [k for k in existing_keys(root) if k not in keep_set]
+    for k in gone:
+        remove_share(root, k)
+    for leftover in root.glob(".tmp-*") if root.is_dir() else []:
+        shutil.rmtree(leftover, ignore_errors=True)
+    return gone

@@ -1,0 +1,79 @@
+"""Escape detection: GPU memory a share's processes use beyond what the library charged them.
+
+A process on a GPU that hosts shares is an escape when it belongs to no share (something started
+outside tessera's isolation: no preload, a privileged container, a process in another pod with
+the device mounted by hand), or when NVML shows it using more than its charge by more than the
+tolerance (5%: memory allocated through a path the library does not see). A process is reported
+only when two consecutive checks agree, so the instant between an allocation and its charge is
+never mistaken for an escape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera.node.usage import NodeUsage
+
+ON_ESCAPE = ("warn", "kill")
+NO_SHARE = "no-share"
+OVER_CHARGE = "over-charge"
+
+
+@dataclass(frozen=True)
+class Escape:
+    pid: int
+    gpu_uuid: str
+    kind: str
+    nvml_bytes: int
+    charged_bytes: int
+    share_key: str | None
+
+    def message(self, who: str) -> str:
+        if self.kind == NO_SHARE:
+            return (f"process {self.pid} uses {self.nvml_bytes} bytes of shared GPU "
+                    f"{self.gpu_uuid} and belongs to no share (not isolated)")
+        return (f"process {self.pid} of {who} uses {self.nvml_bytes} bytes of GPU "
+                f"{self.gpu_uuid}, more than the {self.charged_bytes} bytes the isolation library "
+                "charged it (memory allocated outside the library)")
+
+
+def check_on_escape(value: str) -> str:
+    if value not in ON_ESCAPE:
+        raise ValueError(f"--on-escape: must be warn or kill (got {value!r})")
+    return value
+
+
+def candidates(usage: NodeUsage, tolerance: float = 0.05) -> list[Escape]:
+    shared = usage.shared_gpus()
+    out: list[Escape] = []
+    for p in usage.processes:
+        if p.gpu_uuid not in shared or p.nvml_bytes <= 0:
+            continue
+        if p.share_key is None:
+            out.append(Escape(p.pid, p.gpu_uuid, NO_SHARE, p.nvml_bytes, 0, None))
+        elif p.nvml_bytes > p.charged_bytes * (1 + tolerance):
+            out.append(Escape(p.pid, p.gpu_uuid, OVER_CHARGE, p.nvml_bytes, p.charged_bytes,
+                              p.share_key))
+    return out
+
+
+class EscapeDetector:
+    """Keeps the previous check's candidates; an escape is reported once, when seen twice."""
+
+    def __init__(self, tolerance: float = 0.05) -> None:
+        self.tolerance = tolerance
+        self._previous: set[tuple[int, str, str]] = set()
+        self._reported: set[tuple[int, str, str]] = set()
+        self.current: list[Escape] = []
+
+    def check(self, usage: NodeUsage) -> list[Escape]:
+        """Returns the escapes seen now for the first time (confirmed by two checks)."""
+        found = candidates(usage, self.tolerance)
+        keys = {(e.pid, e.gpu_uuid, e.kind) for e in found}
+        confirmed = [e for e in found if (e.pid, e.gpu_uuid, e.kind) in self._previous]
+        self.current = confirmed
+        new = [e for e in confirmed if (e.pid, e.gpu_uuid, e.kind) not in self._reported]
+        self._reported = {k for k in self._reported if k in keys} | {
+            (e.pid, e.gpu_uuid, e.kind) for e in new}
+        self._previous = keys
+        return new
