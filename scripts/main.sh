@@ -10,7 +10,7 @@ if [ "${1:-}" = trace ]; then
   shift
   exec bash scripts/trace.sh "$@"
 fi
-T=.venv/bin/tessera
+T="${TESSERA_VENV:-.venv}/bin/tessera"
 PORT="${TESSERA_PORT:-8470}"
 say() {
   local out="" a
@@ -51,6 +51,6 @@ run $T wait mem5g --for Running --timeout 30
 run $T list
 run $T top
 
-URL=$(.venv/bin/python -c "from tessera.cli.client import load_config; print(load_config()['url'])")
+URL=$("${TESSERA_VENV:-.venv}/bin/python" -c "from tessera.cli.client import load_config; print(load_config()['url'])")
 printf '\ntessera is running at %s (API docs: %s/docs).\n' "$URL" "$URL"
 printf 'Try: %s describe mem5g | %s logs frac05 | %s down --stop-workloads\n' "$T" "$T" "$T"

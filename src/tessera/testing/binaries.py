@@ -317,17 +317,84 @@ def kwok_stages_file() -> Path:
     return path
 
 
+# Rough cold build times on a 2-core machine (module downloads included); the estimate shown is
+# the last recorded build time of that binary on this machine when there is one.
+TYPICAL_SECONDS = {"etcd": 120, "kube-apiserver": 300, "kubectl": 60, "kwok": 120, "helm": 120}
+
+
+def _holder_path() -> Path:
+    return cache_dir() / "build.lock.holder"
+
+
+def lock_holder() -> str:
+    """Who holds the build lock, in words (from the file the holder writes beside the lock)."""
+    try:
+        info = json.loads(_holder_path().read_text())
+    except (OSError, ValueError):
+        return "another process (it did not say which)"
+    since = time.strftime("%H:%M:%S", time.localtime(float(info.get("since", 0))))
+    doing = f", building {info['building']}" if info.get("building") else ""
+    return f"pid {info.get('pid')} ({info.get('command', '?')}; since {since}{doing})"
+
+
+def _write_holder(building: str | None) -> None:
+    info = {"pid": os.getpid(), "command": " ".join(sys.argv)[:200], "since": _HOLDER_SINCE[0],
+            "building": building}
+    tmp = _holder_path().with_name(f"build.lock.holder.{os.getpid()}")
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, _holder_path())
+
+
+_HOLDER_SINCE = [0.0]
+
+
 @contextlib.contextmanager
-def _build_lock() -> Iterator[None]:
-    """One build at a time per cache (a setup hook and a test may race)."""
+def _build_lock(report: Callable[[str], None] | None = None,
+                poll: float = 1.0, remind: float = 60.0) -> Iterator[None]:
+    """One build at a time per cache (a setup hook and a test may race). A wait says who holds
+    the lock, and again every ``remind`` seconds."""
     lock = cache_dir() / "build.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with lock.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        waited = 0.0
+        next_note = 0.0
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if report and waited >= next_note:
+                    report(f"waiting for the build lock {lock} held by {lock_holder()}"
+                           + (f" (waited {waited:.0f} s)" if waited else ""))
+                    next_note = waited + remind
+                time.sleep(poll)
+                waited += poll
         try:
+            _HOLDER_SINCE[0] = time.time()
+            _write_holder(None)
             yield
         finally:
+            _holder_path().unlink(missing_ok=True)
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def estimate_seconds(name: str) -> float:
+    """The last recorded build time of ``name`` on this machine, else a typical cold time."""
+    path = cache_dir() / "logs" / "build-times.jsonl"
+    found: float | None = None
+    try:
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                if entry["name"] == name:
+                    found = float(entry["seconds"])
+    except OSError:
+        pass
+    return found if found is not None else float(TYPICAL_SECONDS.get(name, 120))
+
+
+def _human(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _is_built(binary: Binary) -> bool:
@@ -339,7 +406,11 @@ def ensure(
     *,
     report: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
-    """Build whichever of ``names`` (default: all) is not cached yet; return their paths."""
+    """Build whichever of ``names`` (default: all) is not cached yet; return their paths.
+    Each build (and a wait on another process's build) is announced through ``report``
+    (default: a line on stderr)."""
+    if report is None:
+        report = _to_stderr
     wanted = list(names) if names else list(BINARIES)
     unknown = [n for n in wanted if n not in BINARIES]
     if unknown:
@@ -347,19 +418,29 @@ def ensure(
     binaries = [BINARIES[n] for n in wanted]
     missing = [b for b in binaries if not _is_built(b)]
     if missing:
-        with _build_lock():
+        with _build_lock(report):
             _build_missing(missing, report)
     if "kwok" in wanted:
         kwok_stages_file()
     return {b.name: b.path for b in binaries}
 
 
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def _build_missing(binaries: list[Binary], report: Callable[[str], None] | None) -> None:
-    for binary in binaries:
-        if _is_built(binary):
-            continue
+    queue = [b for b in binaries if not _is_built(b)]  # another process may have built some
+    if report and queue:
+        total = sum(estimate_seconds(b.name) for b in queue)
+        report(f"building {len(queue)} Go binar{'y' if len(queue) == 1 else 'ies'} for the test "
+               f"cluster ({', '.join(b.name for b in queue)}): about {_human(total)} in all; "
+               f"cached afterwards in {bin_dir()}")
+    for position, binary in enumerate(queue, 1):
         if report:
-            report(f"building {binary.name} {binary.version} (log: {binary.log_path})")
+            report(f"[{position}/{len(queue)}] building {binary.name} {binary.version} "
+                   f"(about {_human(estimate_seconds(binary.name))}; log: {binary.log_path})")
+        _write_holder(f"{binary.name} {binary.version} [{position}/{len(queue)}]")
         binary.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = binary.path.with_name(binary.path.name + ".tmp")
         tmp.unlink(missing_ok=True)
@@ -370,7 +451,8 @@ def _build_missing(binaries: list[Binary], report: Callable[[str], None] | None)
         seconds = time.monotonic() - start
         _record_build_time(binary, seconds)
         if report:
-            report(f"built {binary.name} {binary.version} in {seconds:.0f} s")
+            report(f"[{position}/{len(queue)}] built {binary.name} {binary.version} in "
+                   f"{seconds:.0f} s")
 
 
 def _record_build_time(binary: Binary, seconds: float) -> None:

@@ -1,0 +1,60 @@
+"""``./dev run`` as a user types it: installs and builds only what the main job needs (no Go
+build), says nothing about setuptools, and runs the walkthrough to the end."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_setup_hooks_say_which_commands_need_them() -> None:
+    needed = {}
+    for hook in sorted((ROOT / "scripts" / "setup.d").glob("*.sh")):
+        lines = [ln for ln in hook.read_text().splitlines() if ln.startswith("# needed-by:")]
+        needed[hook.name] = lines[0].split(":", 1)[1].split() if lines else ["test", "setup"]
+    assert "run" in needed["10-native.sh"]
+    assert "run" not in needed["30-kube-binaries.sh"]
+
+
+@pytest.mark.slow
+def test_dev_run_builds_no_go_binaries_and_runs_the_walkthrough(tmp_path: Path) -> None:
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    marker = tmp_path / "go-was-called"
+    (fake_bin / "go").write_text(f"#!/bin/sh\necho \"$@\" >> {marker}\nexit 1\n")
+    (fake_bin / "go").chmod(0o755)
+    venv = Path(os.environ.get("TESSERA_VENV", ROOT / ".venv")).resolve()
+    env = {
+        **os.environ,
+        "PATH": f"{fake_bin}:{os.environ['PATH']}",
+        "TESSERA_VENV": str(venv),
+        "TESSERA_CACHE": str(tmp_path / "cache"),  # an empty cache: Go binaries are not there
+        "TESSERA_PORT": str(_free_port()),
+        "TESSERA_CONFIG": str(tmp_path / "config.json"),
+        "TESSERA_DATA_DIR": str(tmp_path / "data"),
+    }
+    for var in ("TESSERA_URL", "TESSERA_TOKEN", "TESSERA_PROJECT"):
+        env.pop(var, None)
+    try:
+        r = subprocess.run([str(ROOT / "dev"), "run"], env=env, capture_output=True, text=True,
+                           timeout=300, cwd=ROOT)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert not marker.exists(), f"./dev run called go: {marker.read_text()}"
+        assert "setuptools" not in r.stderr.lower()
+        assert "frac05  Running" in r.stdout or "frac05 " in r.stdout
+        assert "tessera is running at" in r.stdout
+    finally:
+        subprocess.run([str(venv / "bin" / "tessera"), "down", "--stop-workloads"], env=env,
+                       capture_output=True, timeout=120)
