@@ -124,16 +124,15 @@ def test_logs_and_failed_exit_code(server: EmbeddedServer) -> None:
 def test_bad_input_one_line_and_exit_codes(server: EmbeddedServer) -> None:
     server.cli("project", "create", "bad", "--gpu", "1")
     cases = [
-        (["submit", "x", "-p", "bad", "-g", "1.5", "--", "true"], "-g/--gpu:"),
+        (["submit", "x", "-p", "bad", "-g", "1.5", "--", "true"], "-g:"),
         (["submit", "x", "-p", "bad", "--gpu-portion-request", "0.5", "--gpu-portion-limit",
           "0.2", "--", "true"], "--gpu-portion-limit:"),
         (["submit", "x", "-p", "bad", "--gpu-memory", "5X", "--", "true"], "--gpu-memory:"),
-        (["submit", "x", "-p", "bad", "--gpu-memory", "40G", "--", "true"],
-         "spec.compute.gpuMemoryRequest:"),
-        (["submit", "x", "-p", "bad", "-g", "0.5", "--gpu-memory", "1G", "--", "true"], "-g/--gpu:"),
+        (["submit", "x", "-p", "bad", "--gpu-memory", "40G", "--", "true"], "--gpu-memory:"),
+        (["submit", "x", "-p", "bad", "-g", "0.5", "--gpu-memory", "1G", "--", "true"], "-g:"),
         (["submit", "x", "-p", "bad", "-g", "0.5"], "COMMAND:"),
-        (["submit", "x", "-p", "nope", "-g", "0.5", "--", "true"], "projectId:"),
-        (["submit", "X_bad", "-p", "bad", "--", "true"], "name:"),
+        (["submit", "x", "-p", "nope", "-g", "0.5", "--", "true"], "-p:"),
+        (["submit", "X_bad", "-p", "bad", "--", "true"], "NAME:"),
         (["list", "-o", "xml"], "-o/--output:"),
         (["submit", "x", "--no-such-flag"], "No such option"),
         (["describe", "ghost", "-p", "bad"], "no workload ghost"),

@@ -213,22 +213,22 @@ def test_bad_input_same_messages(server: KubeApiServer) -> None:
     """The refusals of embedded mode, with the same one-line messages and exit code 1."""
     server.cli("project", "create", "cli-bad", "--gpu", "1", "--limit", "2")
     cases = [
-        (["submit", "x", "-p", "cli-bad", "-g", "1.5", "--", "true"], "-g/--gpu:"),
+        (["submit", "x", "-p", "cli-bad", "-g", "1.5", "--", "true"], "-g:"),
         (["submit", "x", "-p", "cli-bad", "--gpu-portion-request", "0.5", "--gpu-portion-limit",
           "0.2", "--", "true"], "--gpu-portion-limit:"),
         (["submit", "x", "-p", "cli-bad", "--gpu-memory", "5X", "--", "true"], "--gpu-memory:"),
         (["submit", "x", "-p", "cli-bad", "--gpu-memory", "200G", "--", "true"],
-         "spec.compute.gpuMemoryRequest: is larger than every GPU in the cluster"),
+         "--gpu-memory: is larger than every GPU in the cluster"),
         (["submit", "x", "-p", "cli-bad", "-g", "0.5", "--gpu-model", "V100-16GB", "--", "true"],
-         "spec.compute.gpuModel: no GPU of model V100-16GB in the cluster"),
+         "--gpu-model: no GPU of model V100-16GB in the cluster"),
         (["submit", "x", "-p", "cli-bad", "-g", "3", "--", "true"],
-         "spec.compute: asks 3 GPUs, more than project cli-bad's limit of 2"),
+         "-g: asks 3 GPUs, more than project cli-bad's limit of 2"),
         (["submit", "x", "-p", "cli-bad", "-g", "0.5"], "COMMAND:"),
-        (["submit", "x", "-p", "nope", "-g", "0.5", "--", "true"], "projectId:"),
-        (["submit", "X_bad", "-p", "cli-bad", "--", "true"], "name:"),
+        (["submit", "x", "-p", "nope", "-g", "0.5", "--", "true"], "-p:"),
+        (["submit", "X_bad", "-p", "cli-bad", "--", "true"], "NAME:"),
         (["describe", "ghost", "-p", "cli-bad"], "no workload ghost"),
         (["project", "create", "cli-bad"], "project cli-bad already exists"),
-        (["project", "create", "Bad_Name"], "name: must be lowercase letters"),
+        (["project", "create", "Bad_Name"], "NAME: must be lowercase letters"),
     ]
     for args, needle in cases:
         r = server.cli(*args, check=False)
@@ -259,9 +259,10 @@ def test_projects_are_project_objects(server: KubeApiServer, kube_client: Client
     gpu = listed["cli-proj"]["resources"]["gpu"]
     assert gpu == {"deserved": 2.0, "limit": 4.0, "overQuotaWeight": 3.0}
     assert listed["cli-proj"]["priority"] == 70
-    server.cli("project", "update", "cli-proj", "--gpu", "1")
+    server.cli("project", "update", "cli-proj", "--gpu", "1")  # only deserved changes (PATCH)
     obj = kube_client.get(ProjectResource, "cli-proj")
-    assert obj["spec"]["resources"]["gpu"] == {"deserved": 1, "overQuotaWeight": 1}
+    assert obj["spec"]["resources"]["gpu"] == {"deserved": 1, "limit": 4, "overQuotaWeight": 3}
+    assert obj["spec"]["priority"] == 70
     server.cli("project", "delete", "cli-proj")
     with pytest.raises(ApiError):
         kube_client.get(ProjectResource, "cli-proj")

@@ -28,6 +28,7 @@ from tessera.api.models import (
     CORE_TO_API,
     ExecRequest,
     ProjectCreate,
+    ProjectPatch,
     ProjectUpdate,
     TokenRequest,
     WorkloadCreate,
@@ -178,6 +179,14 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
             projectId,
             ProjectFields(projectId, gpu.deserved, gpu.limit, gpu.overQuotaWeight, body.priority),
         )
+
+    @api.patch("/org-unit/projects/{projectId}", tags=["projects"])
+    def patch_project(projectId: str, body: ProjectPatch) -> dict[str, Any]:
+        """Change only the fields given (``resources.gpu.limit: null`` removes the limit);
+        unknown fields are refused."""
+        deserved, limit, weight, priority = body.merged(backend.project(projectId))
+        return backend.update_project(
+            projectId, ProjectFields(projectId, deserved, limit, weight, priority))
 
     @api.delete("/org-unit/projects/{projectId}", status_code=204, tags=["projects"])
     def delete_project(projectId: str) -> Response:

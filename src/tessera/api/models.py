@@ -87,7 +87,8 @@ class EnvVar(BaseModel):
 
 
 class WorkloadSpec(BaseModel):
-    image: str = Field(default="", description="Kept for display; embedded mode runs commands")
+    image: str = Field(default="", description="Container image; with no command its entrypoint "
+                       "runs (embedded mode: through podman or docker)")
     command: str = Field(default="", description="Program to run (shell-quoted)")
     args: str = Field(default="", description="Its arguments (shell-quoted)")
     environmentVariables: list[EnvVar] = Field(default_factory=list)
@@ -114,8 +115,9 @@ class WorkloadSpec(BaseModel):
             argv += shlex.split(self.args)
         except ValueError as exc:
             raise invalid("args", f"must be shell-quoted correctly: {exc}") from None
-        if not argv:
-            raise invalid("command", "is required: the command to run")
+        if not argv and not self.image:
+            raise invalid("command", "is required: the command to run (or an image, whose "
+                          "entrypoint runs)")
         if self.minWorkers is not None and self.minWorkers > self.workers:
             raise invalid("minWorkers", f"must be at most workers ({self.workers})", self.minWorkers)
         self._argv = argv
@@ -177,6 +179,42 @@ class ProjectCreate(BaseModel):
 class ProjectUpdate(BaseModel):
     resources: ProjectResources = Field(default_factory=ProjectResources)
     priority: int = Field(default=50, ge=0, le=1000)
+
+
+class GpuQuotaPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    deserved: float | None = Field(default=None, ge=0, le=10_000)
+    limit: float | None = Field(default=None, ge=0, le=10_000, description="null: no limit")
+    overQuotaWeight: float | None = Field(default=None, ge=0, le=1000)
+
+
+class ProjectResourcesPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: GpuQuotaPatch = Field(default_factory=GpuQuotaPatch)
+
+
+class ProjectPatch(BaseModel):
+    """A partial update: only the fields given change (``limit: null`` removes the limit)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources: ProjectResourcesPatch = Field(default_factory=ProjectResourcesPatch)
+    priority: int | None = Field(default=None, ge=0, le=1000)
+
+    def merged(self, current: dict[str, Any]) -> tuple[float, float | None, float, int]:
+        """(deserved, limit, overQuotaWeight, priority): ``current`` (a project document) with
+        the fields this patch gives."""
+        gpu = current["resources"]["gpu"]
+        given = self.resources.gpu
+        have = given.model_fields_set
+        deserved = given.deserved if "deserved" in have and given.deserved is not None else gpu["deserved"]
+        limit = given.limit if "limit" in have else gpu["limit"]
+        weight = (given.overQuotaWeight if "overQuotaWeight" in have
+                  and given.overQuotaWeight is not None else gpu["overQuotaWeight"])
+        priority = self.priority if self.priority is not None else current["priority"]
+        return float(deserved), None if limit is None else float(limit), float(weight), int(priority)
 
 
 def compute_doc(gpu: GpuRequest) -> dict[str, Any]:

@@ -19,9 +19,11 @@ from tessera.local.paths import DEFAULT_PORT, config_file, data_dir
 class CliError(Exception):
     """A one-line error for the user; ``code`` is the exit status."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = 1, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status
+        """The HTTP status when the server refused the request."""
 
 
 def load_config() -> dict[str, Any]:
@@ -144,9 +146,9 @@ class Client:
                 message = reply.json().get("message") or reply.content.decode()
             except ValueError:
                 message = reply.content.decode(errors="replace") or str(reply.status_code)
-            if reply.status_code == 401:
+            if reply.status_code == 401 and "tessera login" not in str(message):
                 message = f"{message} (run: tessera login)"
-            raise CliError(str(message).replace("\n", " "), 1)
+            raise CliError(str(message).replace("\n", " "), 1, reply.status_code)
         return reply
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
@@ -158,6 +160,9 @@ class Client:
 
     def put(self, path: str, body: Any) -> Any:
         return self.request("PUT", path, json_body=body).json()
+
+    def patch(self, path: str, body: Any) -> Any:
+        return self.request("PATCH", path, json_body=body).json()
 
     def delete(self, path: str) -> None:
         self.request("DELETE", path)

@@ -41,6 +41,8 @@ cli = typer.Typer(
 project_app = typer.Typer(help="Projects: GPU quota (deserved, limit, over-quota weight).",
                           no_args_is_help=True)
 cli.add_typer(project_app, name="project")
+config_app = typer.Typer(help="CLI settings (Run:ai v1's runai config).", no_args_is_help=True)
+cli.add_typer(config_app, name="config")
 
 KIND_PATH = {"Training": "trainings", "Workspace": "workspaces", "Inference": "inferences"}
 FLAG_NAMES = {
@@ -105,7 +107,8 @@ def up(
     simulate: Annotated[list[str] | None, typer.Option(help="Simulated GPUs, e.g. 1xV100-16GB or 2xH100-80GB")] = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Run in the background")] = False,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL")] = 10.0,
-    policy: Annotated[str, typer.Option(help="Placement policy: binpack, fgd, spread, best-fit")] = "binpack",
+    policy: Annotated[str, typer.Option(help="Placement policy: fgd (fragmentation-aware), binpack, spread, best-fit, random")] = "fgd",
+    runtime: Annotated[str, typer.Option("--runtime", help="Container runtime for -i IMAGE with no command: auto (podman, then docker), podman, docker or none")] = "auto",
     kubernetes: Annotated[bool, typer.Option("--kubernetes", help="Serve the API for a Kubernetes cluster (tessera-scheduler places the pods) instead of running workloads here")] = False,
     kubeconfig: Annotated[str | None, typer.Option("--kubeconfig", help="With --kubernetes: kubeconfig (default $KUBECONFIG, ~/.kube/config or in-cluster)")] = None,
     context: Annotated[str | None, typer.Option("--context", help="With --kubernetes: kubeconfig context")] = None,
@@ -148,6 +151,12 @@ def up(
         _login_local(url, directory, backend)
         typer.echo(f"tessera is up at {url} (Kubernetes backend; data {directory})")
         return
+    from tessera.core.placement import POLICIES
+
+    if policy not in POLICIES:
+        raise CliError(f"--policy: must be one of {', '.join(POLICIES)} (got {policy!r})")
+    if runtime not in ("auto", "podman", "docker", "none"):
+        raise CliError(f"--runtime: must be auto, podman, docker or none (got {runtime!r})")
     if simulate:
         from tessera.local.gpus import parse_simulate
 
@@ -156,7 +165,8 @@ def up(
         except InvalidRequest as exc:
             raise CliError(f"--{exc}") from None
     argv = [sys.executable, "-m", "tessera.local.server", "--port", str(port),
-            "--data-dir", str(directory), "--grace", str(grace), "--policy", policy]
+            "--data-dir", str(directory), "--grace", str(grace), "--policy", policy,
+            "--runtime", runtime]
     for s in simulate or []:
         argv += ["--simulate", s]
     if not detach:
@@ -170,7 +180,9 @@ def up(
     kind = "SIMULATED" if info.get("simulated") else "real (NVML)"
     gpus: list[dict[str, Any]] = info.get("gpus", [])  # type: ignore[assignment]
     models = ", ".join(f"{g['index']}:{g['model']}" for g in gpus)
-    typer.echo(f"tessera is up at {url} (pid {proc.pid}); GPUs: {kind} {models}; data {directory}")
+    rt = info.get("runtime") or "none (images need a command)"
+    typer.echo(f"tessera is up at {url} (pid {proc.pid}); GPUs: {kind} {models}; "
+               f"policy {policy}; container runtime: {rt}; data {directory}")
 
 
 def _spawn(argv: list[str], directory: Path, url: str) -> subprocess.Popen[bytes]:
@@ -271,7 +283,10 @@ def project_create(
     """Create a project with a GPU quota."""
     client, _ = connect()
     body = {"name": name, **_project_body(deserved, limit, weight, priority)}
-    p = client.post("/api/v1/org-unit/projects", body)
+    try:
+        p = client.post("/api/v1/org-unit/projects", body)
+    except CliError as exc:
+        raise flagged(exc, _project_fields()) from None
     typer.echo(f"project {p['name']} created (id {p['id']}, deserved {deserved:g} GPUs"
                f"{'' if limit is None else f', limit {limit:g}'})")
 
@@ -279,15 +294,47 @@ def project_create(
 @project_app.command("update")
 def project_update(
     name: str,
-    deserved: Annotated[float, typer.Option("--deserved", "--gpu")] = 0.0,
-    limit: Annotated[float | None, typer.Option("--limit")] = None,
-    weight: Annotated[float, typer.Option("--over-quota-weight")] = 1.0,
-    priority: Annotated[int, typer.Option()] = 50,
+    deserved: Annotated[float | None, typer.Option("--deserved", "--gpu", help="Deserved (guaranteed) GPUs")] = None,
+    limit: Annotated[float | None, typer.Option("--limit", help="Most GPUs the project may use")] = None,
+    no_limit: Annotated[bool, typer.Option("--no-limit", help="Remove the limit")] = False,
+    weight: Annotated[float | None, typer.Option("--over-quota-weight", help="Share of idle GPUs")] = None,
+    priority: Annotated[int | None, typer.Option(help="Project priority (higher first)")] = None,
 ) -> None:
-    """Change a project's quota."""
+    """Change only the given settings of a project's quota (the rest stay as they are)."""
+    if limit is not None and no_limit:
+        raise CliError("--no-limit: give --limit N or --no-limit, not both")
+    gpu: dict[str, Any] = {}
+    if deserved is not None:
+        gpu["deserved"] = deserved
+    if limit is not None or no_limit:
+        gpu["limit"] = limit
+    if weight is not None:
+        gpu["overQuotaWeight"] = weight
+    body: dict[str, Any] = {"resources": {"gpu": gpu}} if gpu else {}
+    if priority is not None:
+        body["priority"] = priority
+    if not body:
+        raise CliError("project update: give at least one of --deserved/--gpu, --limit, "
+                       "--no-limit, --over-quota-weight, --priority")
     client, _ = connect()
-    client.put(f"/api/v1/org-unit/projects/{name}", _project_body(deserved, limit, weight, priority))
-    typer.echo(f"project {name} updated")
+    try:
+        before = client.get(f"/api/v1/org-unit/projects/{name}")
+        after = client.patch(f"/api/v1/org-unit/projects/{name}", body)
+    except CliError as exc:
+        raise flagged(exc, _project_fields()) from None
+    changes = []
+    labels = (("deserved", "deserved"), ("limit", "limit"), ("overQuotaWeight", "over-quota weight"))
+    for key, label in labels:
+        old, new = before["resources"]["gpu"][key], after["resources"]["gpu"][key]
+        if old != new:
+            changes.append(f"{label} {_quota(old)} -> {_quota(new)}")
+    if before["priority"] != after["priority"]:
+        changes.append(f"priority {before['priority']} -> {after['priority']}")
+    typer.echo(f"project {name} updated: " + (", ".join(changes) or "nothing changed"))
+
+
+def _quota(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
 
 
 @project_app.command("list")
@@ -328,6 +375,12 @@ def project_set(name: str) -> None:
     typer.echo(f"project {name} is now the default")
 
 
+@config_app.command("project")
+def config_project(name: str) -> None:
+    """Make NAME the default project (the same as tessera project set NAME)."""
+    project_set(name)
+
+
 @project_app.command("delete")
 def project_delete(name: str) -> None:
     """Delete a project (it must have no workloads)."""
@@ -357,7 +410,7 @@ def _compute(
             gpu_memory=memory, gpu_memory_limit=memory_limit, gpu_model=gpu_model,
         )
     except InvalidRequest as exc:
-        flag = FLAG_NAMES.get(exc.field, exc.field)
+        flag = typed(*FLAG_NAMES.get(exc.field, exc.field).split("/"))
         if exc.field == "gpu_memory" and memory_request is not None:
             flag = "--gpu-memory-request"
         shown = "" if exc.value is None else f" (got {exc.value!r})"
@@ -390,76 +443,187 @@ def _env(pairs: list[str] | None) -> list[dict[str, str]]:
     return out
 
 
+TRAILING: list[list[str]] = []
+"""The words after ``--`` on a submit command line (set by ``_App``): the command to run. Kept
+apart from click's positionals so that ``submit -g 0.1 -- sleep 60`` is not read as a workload
+named ``sleep`` running ``60``."""
+RAW_ARGV: list[str] = []
+
+
+def typed(*aliases: str) -> str:
+    """The spelling of an option that the user typed (the first alias when none was)."""
+    for word in RAW_ARGV:
+        if word == "--":
+            break
+        for alias in aliases:
+            if word == alias or (alias.startswith("--") and word.startswith(alias + "=")):
+                return alias
+    return aliases[0]
+
+
+def flagged(exc: CliError, fields: dict[str, str]) -> CliError:
+    """The server's refusal with each API field path replaced by the flag the user typed."""
+    if exc.status is None:
+        return exc
+    parts = []
+    for part in str(exc).split("; "):
+        field, sep, rest = part.partition(": ")
+        flag = fields.get(field)
+        if flag is None and sep:
+            flag = next((f for k, f in fields.items() if field.startswith(k + ".")), None)
+        parts.append(f"{flag}: {rest}" if flag and sep else part)
+    return CliError("; ".join(parts), exc.code, exc.status)
+
+
+def _submit_fields(gpu_memory_flag: str) -> dict[str, str]:
+    gpu_flag = typed("--gpu-devices", "--gpu-devices-request") if any(
+        w in RAW_ARGV for w in ("--gpu-devices", "--gpu-devices-request")) else typed("-g", "--gpu")
+    return {
+        "name": "NAME",
+        "projectId": typed("-p", "--project"),
+        "spec.workers": "--workers",
+        "spec.minWorkers": "--min-workers",
+        "spec.command": "COMMAND (after --)",
+        "spec.args": "COMMAND (after --)",
+        "spec.image": typed("-i", "--image"),
+        "spec.priorityClass": "--priority",
+        "spec.onEviction": "--on-eviction",
+        "spec.workingDir": "--working-dir",
+        "spec.environmentVariables": typed("-e", "--environment"),
+        "spec.compute.gpuDevicesRequest": gpu_flag,
+        "spec.compute.gpuPortionRequest": typed("--gpu-portion-request", "-g", "--gpu"),
+        "spec.compute.gpuPortionLimit": "--gpu-portion-limit",
+        "spec.compute.gpuMemoryRequest": gpu_memory_flag,
+        "spec.compute.gpuMemoryLimit": "--gpu-memory-limit",
+        "spec.compute.gpuModel": "--gpu-model",
+        "spec.compute": next((w for w in RAW_ARGV if w.split("=")[0] in GPU_FLAGS), "-g"),
+    }
+
+
+GPU_FLAGS = ("-g", "--gpu", "--gpu-devices", "--gpu-devices-request", "--gpu-memory",
+             "--gpu-portion-request", "--gpu-portion-limit", "--gpu-memory-request",
+             "--gpu-memory-limit")
+
+
+def _project_fields() -> dict[str, str]:
+    return {
+        "name": "NAME",
+        "resources.gpu.deserved": typed("--deserved", "--gpu"),
+        "resources.gpu.limit": "--limit",
+        "resources.gpu.overQuotaWeight": "--over-quota-weight",
+        "resources.gpu": typed("--deserved", "--gpu"),
+        "priority": "--priority",
+    }
+
+
 def _submit(
-    kind: str | None, name: str, command: list[str] | None, project: str | None, gpu: str | None,
-    gpu_devices: str | None, gpu_memory: str | None, portion: str | None, portion_limit: str | None,
-    memory_request: str | None, memory_limit: str | None, gpu_model: str | None,
-    interactive: bool, priority: str | None, environment: list[str] | None, workers: int,
-    min_workers: int | None, image: str, working_dir: str | None, output: str,
-    on_eviction: str = "requeue",
+    kind: str | None, name: str | None, command: list[str] | None, project: str | None,
+    gpu: str | None, gpu_devices: str | None, gpu_memory: str | None, portion: str | None,
+    portion_limit: str | None, memory_request: str | None, memory_limit: str | None,
+    gpu_model: str | None, interactive: bool, priority: str | None,
+    environment: list[str] | None, workers: int, min_workers: int | None, image: str,
+    working_dir: str | None, output: str, on_eviction: str = "requeue",
+    name_prefix: str | None = None,
 ) -> None:
     fmt = _fmt(output)
-    if not command:
-        raise CliError("COMMAND: give the command to run after --, e.g. -- python train.py")
+    if TRAILING:
+        if command:
+            raise CliError(f"NAME: give one workload name before -- (got {' '.join([name or '', *command])!r}); "
+                           "the command goes after --")
+        command = TRAILING[0]
+    elif command and name is not None:
+        pass  # `submit NAME CMD ARGS...` without --: the old spelling, kept
+    if interactive and kind in ("Training", "Inference"):
+        raise CliError(f"--interactive: a {kind.lower()} is not interactive; submit a workspace "
+                       "instead: tessera workspace submit (or tessera submit --interactive)")
     if kind is None:
         kind = "Workspace" if interactive else "Training"
+    if not command and not image:
+        raise CliError("COMMAND: give the command to run after --, e.g. -- python train.py "
+                       "(or -i IMAGE to run the image's own entrypoint)")
+    if name is not None and name_prefix is not None:
+        raise CliError("--job-name-prefix: give a NAME or --job-name-prefix, not both")
+    if on_eviction not in ("requeue", "fail"):
+        raise CliError(f"--on-eviction: must be requeue or fail (got {on_eviction!r})")
+    if priority is not None and priority not in PRIORITY_NAMES:
+        raise CliError(f"--priority: must be one of {', '.join(PRIORITY_NAMES)} (got {priority!r})")
     compute = _compute(gpu, gpu_devices, gpu_memory, portion, portion_limit, memory_request,
                        memory_limit, gpu_model)
     client, config = connect()
     spec: dict[str, Any] = {
         "image": image,
-        "command": shlex.quote(command[0]),
-        "args": shlex.join(command[1:]),
         "environmentVariables": _env(environment),
         "compute": compute,
         "workers": workers,
     }
+    if command:
+        spec["command"] = shlex.quote(command[0])
+        spec["args"] = shlex.join(command[1:])
     if working_dir:
         spec["workingDir"] = working_dir
-    elif _backend(client, config) != "kubernetes":
+    elif command and _backend(client, config) != "kubernetes":
         spec["workingDir"] = os.getcwd()  # embedded mode runs the command here
-    if on_eviction not in ("requeue", "fail"):
-        raise CliError(f"--on-eviction: must be requeue or fail (got {on_eviction!r})")
     spec["onEviction"] = on_eviction
     if min_workers is not None:
         spec["minWorkers"] = min_workers
     if priority is not None:
         spec["priorityClass"] = priority
-    body = {"name": name, "projectId": _project(config, project), "spec": spec}
-    w = client.post(f"/api/v1/workloads/{KIND_PATH[kind]}", body)
+    generated = name is None
+    body: dict[str, Any] = {
+        "name": name if name is not None else (name_prefix or DEFAULT_PREFIX[kind]),
+        "projectId": _project(config, project),
+        "spec": spec,
+    }
+    if generated:
+        body["useGivenNameAsPrefix"] = True
+    memory_flag = "--gpu-memory-request" if memory_request is not None else "--gpu-memory"
+    for attempt in range(5):
+        try:
+            w = client.post(f"/api/v1/workloads/{KIND_PATH[kind]}", body)
+            break
+        except CliError as exc:
+            if generated and exc.status == 409 and attempt < 4:
+                continue  # the generated suffix was taken: draw another
+            raise flagged(exc, _submit_fields(memory_flag)) from None
     if fmt != "table":
         render.dump(w, fmt)
         return
     typer.echo(f"{w['type'].lower()} {w['name']} submitted to project {w['projectName']}: "
-               f"{w['gpus']['request']}")
+               f"{w['gpus']['request']}" + (" (name generated)" if generated else ""))
+
+
+DEFAULT_PREFIX = {"Training": "job", "Workspace": "job", "Inference": "job"}
+PRIORITY_NAMES = ("train", "build-preemptible", "build", "interactive", "inference")
 
 
 def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> None:
     def submit(
-        name: Annotated[str, typer.Argument(help="Workload name")],
+        name: Annotated[str | None, typer.Argument(help="Workload name (generated when left out, like Run:ai's job-XXXX)")] = None,
         command: Annotated[list[str] | None, typer.Argument(help="Command after --")] = None,
         project: ProjectOpt = None,
         gpu: Annotated[str | None, typer.Option("-g", "--gpu", help="0.5 (a share) or 2 (whole GPUs)")] = None,
         gpu_devices: Annotated[str | None, typer.Option("--gpu-devices", "--gpu-devices-request", help="Devices (with a share: each gets it)")] = None,
-        gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="GPU memory, e.g. 5G")] = None,
+        gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="GPU memory with a unit: 5G, 5GB, 4Gi, 2500M (see docs/units.md)")] = None,
         portion: Annotated[str | None, typer.Option("--gpu-portion-request", help="Guaranteed share (0-1)")] = None,
         portion_limit: Annotated[str | None, typer.Option("--gpu-portion-limit", help="Burst share cap")] = None,
         memory_request: Annotated[str | None, typer.Option("--gpu-memory-request", help="Guaranteed memory")] = None,
         memory_limit: Annotated[str | None, typer.Option("--gpu-memory-limit", help="Burst memory cap")] = None,
         gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="Allowed models, A|B")] = None,
-        interactive: Annotated[bool, typer.Option("--interactive", help="A workspace (build, not preemptible)")] = False,
+        interactive: Annotated[bool, typer.Option("--interactive", help="A workspace (build, not preemptible); refused by training and inference submit")] = False,
         priority: Annotated[str | None, typer.Option("--priority", help="train, build or inference")] = None,
         environment: Annotated[list[str] | None, typer.Option("-e", "--environment", help="NAME=VALUE")] = None,
         workers: Annotated[int, typer.Option("--workers", help="Pods, each with the GPU request")] = 1,
         min_workers: Annotated[int | None, typer.Option("--min-workers", help="Gang minimum")] = None,
-        image: Annotated[str, typer.Option("-i", "--image", help="Recorded only: embedded mode runs commands")] = "",
+        image: Annotated[str, typer.Option("-i", "--image", help="Container image; with no command its entrypoint runs (embedded mode: through podman or docker)")] = "",
         working_dir: Annotated[str | None, typer.Option("--working-dir")] = None,
         on_eviction: Annotated[str, typer.Option("--on-eviction", help="requeue or fail when evicted")] = "requeue",
+        name_prefix: Annotated[str | None, typer.Option("--job-name-prefix", help="Prefix of the generated name")] = None,
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
                 portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
-                environment, workers, min_workers, image, working_dir, output, on_eviction)
+                environment, workers, min_workers, image, working_dir, output, on_eviction,
+                name_prefix)
 
     submit.__doc__ = help_text
     group.command("submit")(submit)
@@ -627,6 +791,12 @@ def _exec(kind: str | None, name: str, command: list[str], project: str | None, 
         sys.stderr.write(r["stderr"])
         raise typer.Exit(int(r["exitCode"]))
     env = {**os.environ, **match[0]["env"]}
+    if match[0].get("container"):
+        # An image's entrypoint runs in a container: exec goes through its runtime.
+        runtime, _, container = str(match[0]["container"]).partition(":")
+        tty = sys.stdin.isatty() and sys.stdout.isatty()
+        command = [runtime, "exec", "-i", *(["-t"] if tty else []), container, *command]
+        env = dict(os.environ)
     try:
         code = subprocess.call(command, env=env)
     except FileNotFoundError:
@@ -652,12 +822,16 @@ def _register_verbs(group: typer.Typer, kind: str | None) -> None:
 
     @group.command("list")
     def list_(
+        what: Annotated[str | None, typer.Argument(help="jobs or workloads (Run:ai v1's `list jobs`); the same as nothing", show_default=False)] = None,
         project: ProjectOpt = None,
         all_projects: Annotated[bool, typer.Option("-A", "--all-projects")] = False,
         status: Annotated[str | None, typer.Option("--status", "--state", help="e.g. Running")] = None,
         output: Output = "table",
     ) -> None:
         """List workloads (columns like runai list)."""
+        if what not in (None, "jobs", "workloads", "job", "workload"):
+            raise CliError(f"list: unknown listing {what!r}; tessera list (or list jobs) lists "
+                           "workloads, tessera project list lists projects")
         _list(kind, project, all_projects, status, output)
 
     @group.command("describe")
@@ -683,6 +857,13 @@ def _register_verbs(group: typer.Typer, kind: str | None) -> None:
     ) -> None:
         """Run COMMAND in the workload's GPU environment (e.g. -- nvidia-smi)."""
         _exec(kind, name, command or [], project, pod)
+
+    @group.command("bash")
+    def bash(
+        name: str, project: ProjectOpt = None, pod: Annotated[int, typer.Option("--pod")] = 0,
+    ) -> None:
+        """An interactive shell in the workload's GPU environment (Run:ai's runai bash)."""
+        _exec(kind, name, ["bash"], project, pod)
 
     @group.command("delete")
     def delete(names: list[str], project: ProjectOpt = None) -> None:
@@ -770,7 +951,7 @@ def top(output: Output = "table") -> None:
 
 
 def _top_level_names() -> set[str]:
-    names = {"project"}
+    names = {"project", "config"}
     for c in cli.registered_commands:
         callback = c.callback
         names.add(c.name or (callback.__name__.replace("_", "-") if callback else ""))
@@ -781,7 +962,15 @@ class _App:
     """The console script: runs the Typer app and turns every failure into one line and a code."""
 
     def __call__(self, args: list[str] | None = None) -> None:
-        argv = sys.argv[1:] if args is None else args
+        argv = list(sys.argv[1:] if args is None else args)
+        RAW_ARGV[:] = argv
+        TRAILING.clear()
+        words = [a for a in argv if not a.startswith("-")][:2]
+        if "submit" in words and "--" in argv:
+            cut = argv.index("--")
+            TRAILING.append(argv[cut + 1:])
+            argv = argv[:cut]
+        args = argv
         first = next((a for a in argv if not a.startswith("-")), None)
         names = {name for _, name in KIND_GROUPS}
         if first in names:

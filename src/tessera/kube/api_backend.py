@@ -290,8 +290,9 @@ class KubeBackend(TokenAuth):
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
         if not NAME.match(s.name) or len(s.name) > 63:
             raise InvalidRequest("name", NAME_RULE, s.name)
-        if not s.command:
-            raise InvalidRequest("spec.command", "is required: the command to run")
+        if not s.command and not s.image:
+            raise InvalidRequest("spec.command", "is required: the command to run (or an image, "
+                                 "whose entrypoint runs)")
         if s.workers < 1:
             raise InvalidRequest("spec.workers", "must be 1 or more", s.workers)
         min_workers = s.workers if s.min_workers is None else s.min_workers

@@ -132,7 +132,7 @@ def build_pod(rec: Record, index: int, owner_uid: str | None) -> Pod:
             schedulerName=names.SCHEDULER_NAME,
             restartPolicy="Never",
             containers=[Container(
-                name=CONTAINER, image=rec.image or DEFAULT_IMAGE, command=list(rec.argv),
+                name=CONTAINER, image=rec.image or DEFAULT_IMAGE, command=list(rec.argv) or None,
                 env=env, workingDir=rec.working_dir or None,
                 resources=ResourceRequirements(
                     limits={names.GPU_RESOURCE: str(whole)}) if whole else None,

@@ -28,7 +28,8 @@ from tessera.core.requests import check_against_cluster, gpu_request_from_dict, 
 from tessera.core.state import Placement
 from tessera.core.units import format_gpus
 from tessera.core.workloads import PRIORITY_CLASSES as CORE_CLASSES
-from tessera.local import isolation_hook
+from tessera.local import containers, isolation_hook
+from tessera.local.containers import Runtime
 from tessera.local.gpus import Machine
 from tessera.local.runner import Runner
 from tessera.local.scheduler import (
@@ -69,8 +70,13 @@ class LocalBackend(TokenAuth):
         scheduler: Scheduler | None = None,
         grace: float = 10.0,
         interval: float = 0.25,
+        runtime: Runtime | None = None,
+        runtime_note: str = "no container runtime was looked for",
     ) -> None:
         self.data_dir = data_dir
+        self.runtime = runtime
+        """podman or docker, for images with no command (tessera.local.containers)."""
+        self.runtime_note = runtime_note
         self.machine = machine
         self.scheduler: Scheduler = scheduler or CycleScheduler()
         self.grace = grace
@@ -275,13 +281,24 @@ class LocalBackend(TokenAuth):
         node = self.machine.node
         by_index = {g.index: g for g in node.gpus}
         argv = list(w.spec.get("_argv") or [])
+        container = w.spec.get("_container")
         pods: list[dict[str, Any]] = []
         try:
             for i, p in enumerate(placements):
                 env = self._pod_env(w, i, p)
-                proc = self.runner.start(
-                    f"{w.id}-{i}", argv, {**os.environ, **env}, w.spec.get("workingDir")
-                )
+                pod_argv, cwd = argv, w.spec.get("workingDir")
+                if container:
+                    rt = containers.Runtime(container["runtime"], container["path"],
+                                            bool(container.get("cdi")))
+                    pod_argv = rt.run_argv(f"{w.id}-{i}", container["image"], env,
+                                           [by_index[d].uuid for d in p.devices],
+                                           containers.isolation_mounts(env))
+                    env["TESSERA_CONTAINER"] = f"{rt.name}:{rt.container_name(f'{w.id}-{i}')}"
+                    cwd = None
+                host_env = {**os.environ, **env}
+                if container:  # the preload is for the container's processes, not the runtime's
+                    host_env.pop("LD_PRELOAD", None)
+                proc = self.runner.start(f"{w.id}-{i}", pod_argv, host_env, cwd)
                 pods.append({
                     "index": i,
                     "phase": "Running",
@@ -493,6 +510,8 @@ class LocalBackend(TokenAuth):
             "driver": self.machine.driver,
             "scheduler": self.scheduler.name,
             "isolation": self.isolation.describe(),
+            "containerRuntime": self.runtime.name if self.runtime else None,
+            "containerRuntimeNote": self.runtime_note if self.runtime is None else "",
             "nodes": [{"name": node.name, "gpus": gpus}],
         }
 
@@ -585,8 +604,11 @@ class LocalBackend(TokenAuth):
                 "name", "must be lowercase letters, digits and '-', start and end alphanumeric, "
                 "at most 63 characters", s.name,
             )
-        if not s.command:
-            raise InvalidRequest("spec.command", "is required: the command to run")
+        if not s.command and not s.image:
+            raise InvalidRequest("spec.command", "is required: the command to run (or an image, "
+                                 "whose entrypoint runs)")
+        if not s.command and self.runtime is None:
+            raise InvalidRequest("spec.image", containers.refusal(self.runtime_note))
         if s.workers < 1:
             raise InvalidRequest("spec.workers", "must be 1 or more", s.workers)
         min_workers = s.workers if s.min_workers is None else s.min_workers
@@ -614,6 +636,9 @@ class LocalBackend(TokenAuth):
                 raise Conflict(f"a workload named {s.name} already exists in project {project.name}")
             spec = {k: v for k, v in s.spec.items() if not k.startswith("_")}
             spec["_argv"] = list(s.command)
+            if not s.command and self.runtime is not None:
+                spec["_container"] = {"runtime": self.runtime.name, "path": self.runtime.path,
+                                      "cdi": self.runtime.cdi, "image": s.image}
             spec["_env"] = dict(s.env)
             if s.working_dir:
                 spec["workingDir"] = s.working_dir
@@ -751,8 +776,13 @@ class LocalBackend(TokenAuth):
         match = [p for p in w.pods if p["index"] == pod]
         if not match:
             raise NotFound(f"workload {w.name} has no pod {pod}")
+        pod_env = match[0].get("env", {})
+        if pod_env.get("TESSERA_CONTAINER"):
+            rt_name, _, cname = pod_env["TESSERA_CONTAINER"].partition(":")
+            container = w.spec.get("_container") or {}
+            command = [str(container.get("path") or rt_name), "exec", "-i", cname, *command]
         try:
-            done = subprocess.run(command, env={**os.environ, **match[0].get("env", {})},
+            done = subprocess.run(command, env={**os.environ, **pod_env},
                                   capture_output=True, timeout=timeout,
                                   cwd=w.spec.get("workingDir") or None)
         except FileNotFoundError:
@@ -780,6 +810,7 @@ class LocalBackend(TokenAuth):
             "exitCode": p.get("exitCode"),
             "logPath": p.get("log"),
             "env": p.get("env", {}),
+            "container": p.get("env", {}).get("TESSERA_CONTAINER"),
         }
 
     def workload_dict(self, w: Workload, brief: bool = False) -> dict[str, Any]:

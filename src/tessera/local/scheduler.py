@@ -113,7 +113,7 @@ def estimate_gpus(nodes: Sequence[Node], request: ResourceRequest, workers: int)
 class QuotaScheduler:
     name = "ordered placement with project quota (interim, until the fair-share cycle)"
 
-    def __init__(self, policy: str = "binpack") -> None:
+    def __init__(self, policy: str = "fgd") -> None:
         self.policy = policy
 
     def decide(self, snapshot: Snapshot) -> Decisions:
@@ -263,7 +263,7 @@ class CycleScheduler:
 
     name = "tessera.core.cycle (fair share, reclaim, priority preemption)"
 
-    def __init__(self, policy: str = "binpack") -> None:
+    def __init__(self, policy: str = "fgd") -> None:
         from tessera.core.cycle import CycleConfig
 
         self.config = CycleConfig(

@@ -23,8 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simulate", action="append", default=[])
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--interval", type=float, default=0.25)
-    parser.add_argument("--policy", default="binpack")
+    parser.add_argument("--policy", default="fgd")
     parser.add_argument("--scheduler", choices=("cycle", "simple"), default="cycle")
+    parser.add_argument("--runtime", choices=("auto", "podman", "docker", "none"), default="auto",
+                        help="container runtime for images with no command")
     args = parser.parse_args(argv)
 
 
@@ -57,13 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     scheduler: Scheduler = (
         CycleScheduler(args.policy) if args.scheduler == "cycle" else QuotaScheduler(args.policy)
     )
+    from tessera.local.containers import detect
+
+    runtime, runtime_note = detect(args.runtime)
     backend = LocalBackend(
-        directory, machine, scheduler, grace=args.grace, interval=args.interval
+        directory, machine, scheduler, grace=args.grace, interval=args.interval,
+        runtime=runtime, runtime_note=runtime_note,
     )
     backend.ensure_admin()
     backend.start()
     info: dict[str, object] = {
         "simulated": machine.simulated,
+        "runtime": runtime.name if runtime else None,
         "gpus": [
             {"index": g.index, "model": g.model, "uuid": g.uuid, "memory": g.memory}
             for g in machine.node.gpus

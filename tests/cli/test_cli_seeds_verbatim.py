@@ -1,0 +1,163 @@
+"""The seeds' commands as users type them (issue #21): generated names, `--` never eaten as a
+name, `config project`, `list jobs`, `bash`, `--interactive` on training refused, an image
+with no command refused in one line where no container runtime works, errors naming flags."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+
+import httpx
+import pytest
+
+from tessera.testing.embedded import EmbeddedServer
+
+
+class NoRuntimeServer(EmbeddedServer):
+    def server_argv(self, simulate: Sequence[str] | None) -> list[str]:
+        return [*super().server_argv(simulate), "--runtime", "none"]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    s = NoRuntimeServer(tmp_path_factory.mktemp("seeds"), simulate=["1xV100-16GB"])
+    s.start()
+    try:
+        s.cli("login")
+        s.cli("project", "create", "team-a", "--gpu", "1")
+        yield s
+    finally:
+        s.cleanup()
+
+
+def _run(srv: EmbeddedServer, *args: str, stdin: str | None = None,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tessera.cli.main", *args],
+                          env={**srv.env, **(env or {})}, input=stdin, capture_output=True,
+                          text=True, timeout=60)
+
+
+def _err(srv: EmbeddedServer, *args: str) -> str:
+    r = srv.cli(*args, check=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_config_project_is_project_set(srv: EmbeddedServer) -> None:
+    out = srv.cli("config", "project", "team-a").stdout
+    assert "team-a is now the default" in out
+
+
+def test_a_command_after_dashdash_is_never_read_as_the_name(srv: EmbeddedServer) -> None:
+    srv.cli("config", "project", "team-a")
+    out = srv.cli("submit", "-g", "0.1", "--", "sleep", "60").stdout
+    assert "(name generated)" in out
+    name = out.split()[1]
+    assert name.startswith("job-") and name != "sleep"
+    doc = srv.cli_json("describe", name)
+    assert doc["spec"]["command"] == "sleep" and doc["spec"]["args"] == "60"
+    srv.cli("delete", name)
+
+
+def test_generated_name_with_a_prefix(srv: EmbeddedServer) -> None:
+    srv.cli("config", "project", "team-a")
+    out = srv.cli("submit", "--job-name-prefix", "exp", "-g", "0.1", "--", "sleep", "30").stdout
+    name = out.split()[1]
+    assert name.startswith("exp-")
+    srv.cli("delete", name)
+
+
+def test_list_jobs_bash_and_exec(srv: EmbeddedServer) -> None:
+    srv.cli("config", "project", "team-a")
+    srv.cli("submit", "frac05", "-g", "0.5", "--interactive", "--", "sleep", "100")
+    srv.cli("wait", "frac05", "--timeout", "20")
+    table = srv.cli("list", "jobs").stdout
+    assert "frac05" in table and "Running" in table
+    assert "unknown listing" in _err(srv, "list", "bogus")
+    r = _run(srv, "bash", "frac05", stdin="echo share=$TESSERA_SHARE_REQUEST_BYTES; exit 3\n")
+    assert r.returncode == 3 and "share=8589934592" in r.stdout
+    srv.cli("delete", "frac05")
+
+
+def test_interactive_training_is_refused_not_ignored(srv: EmbeddedServer) -> None:
+    line = _err(srv, "training", "submit", "t1", "-p", "team-a", "--interactive", "-g", "0.1",
+                "--", "sleep", "1")
+    assert line.startswith("error: --interactive:") and "workspace" in line
+    assert srv.cli_json("list", "-p", "team-a")["workloads"] == [] or all(
+        w["name"] != "t1" for w in srv.cli_json("list", "-p", "team-a")["workloads"])
+
+
+def test_seed_image_without_command_needs_a_runtime(srv: EmbeddedServer) -> None:
+    line = _err(srv, "submit", "frac05", "-p", "team-a", "-i", "gcr.io/run-ai-demo/quickstart",
+                "-g", "0.5", "--interactive")
+    assert line.startswith("error: -i: ")
+    assert "container runtime (podman or docker)" in line and "-- python train.py" in line
+    line = _err(srv, "submit", "-p", "team-a", "-i", "runai.jfrog.io/demo/quickstart",
+                "--gpu-memory", "5G")
+    assert "container runtime" in line
+
+
+def test_seed_rest_body_with_image_and_no_command(srv: EmbeddedServer) -> None:
+    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {srv.token()}"}) as c:
+        body = {"name": "frac05", "projectId": "team-a", "clusterId": "x",
+                "spec": {"image": "runai.jfrog.io/demo/quickstart",
+                         "compute": {"gpuRequestType": "portion", "gpuPortionRequest": 0.5}}}
+        r = c.post("/api/v1/workloads/trainings", json=body)
+        assert r.status_code == 422
+        msg = r.json()["message"]
+        assert msg.startswith("spec.image: ") and "container runtime" in msg
+        assert "spec.command: is required" not in msg
+        body["spec"].pop("image")
+        r = c.post("/api/v1/workloads/trainings", json=body)
+        assert r.status_code == 422 and r.json()["message"].startswith("spec.command: is required")
+
+
+def test_errors_name_the_flag_typed(srv: EmbeddedServer) -> None:
+    assert _err(srv, "submit", "-p", "nope", "--", "true").startswith("error: -p: ")
+    assert _err(srv, "submit", "--project", "nope", "--", "true").startswith("error: --project: ")
+    assert _err(srv, "submit", "-p", "team-a", "-g", "3", "--", "true").startswith("error: -g: ")
+    assert _err(srv, "submit", "-p", "team-a", "--workers", "0", "--", "true").startswith(
+        "error: --workers: ")
+    assert "spec." not in _err(srv, "submit", "-p", "team-a", "--workers", "0", "--", "true")
+
+
+def test_token_hint_is_not_doubled(srv: EmbeddedServer) -> None:
+    r = _run(srv, "list", "-p", "team-a", env={"TESSERA_TOKEN": "bogus"})
+    assert r.returncode == 1
+    assert r.stderr.count("tessera login") == 1, r.stderr
+
+
+def test_project_update_changes_only_what_is_given(srv: EmbeddedServer) -> None:
+    srv.cli("project", "create", "upd", "--gpu", "1", "--over-quota-weight", "3", "--priority", "70")
+    out = srv.cli("project", "update", "upd", "--limit", "2").stdout
+    assert out.strip() == "project upd updated: limit none -> 2"
+    p = next(x for x in srv.cli_json("project", "list")["projects"] if x["name"] == "upd")
+    assert p["resources"]["gpu"] == {"deserved": 1, "limit": 2, "overQuotaWeight": 3}
+    assert p["priority"] == 70
+    out = srv.cli("project", "update", "upd", "--no-limit", "--gpu", "0.5").stdout
+    assert "deserved 1 -> 0.5" in out and "limit 2 -> none" in out
+    assert _err(srv, "project", "update", "upd").startswith("error: project update: give")
+    assert _err(srv, "project", "update", "upd", "--gpu", "-1").startswith("error: --gpu: ")
+    assert _err(srv, "project", "update", "upd", "--deserved", "-1").startswith(
+        "error: --deserved: ")
+    srv.cli("project", "delete", "upd")
+
+
+def test_api_patch_project_is_partial_and_refuses_unknown_fields(srv: EmbeddedServer) -> None:
+    srv.cli("project", "create", "pat", "--gpu", "1", "--limit", "3")
+    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {srv.token()}"}) as c:
+        r = c.patch("/api/v1/org-unit/projects/pat", json={"priority": 80})
+        assert r.status_code == 200
+        assert r.json()["resources"]["gpu"] == {"deserved": 1, "limit": 3, "overQuotaWeight": 1}
+        assert r.json()["priority"] == 80
+        r = c.patch("/api/v1/org-unit/projects/pat", json={"resources": {"gpu": {"limit": None}}})
+        assert r.json()["resources"]["gpu"]["limit"] is None
+        assert r.json()["resources"]["gpu"]["deserved"] == 1
+        r = c.patch("/api/v1/org-unit/projects/pat", json={"resources": {"gpu": {"limitt": 2}}})
+        assert r.status_code == 422 and "limitt" in r.json()["message"]
+        r = c.patch("/api/v1/org-unit/projects/pat", json={"quota": 2})
+        assert r.status_code == 422
+    srv.cli("project", "delete", "pat")
