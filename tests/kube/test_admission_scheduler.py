@@ -63,8 +63,6 @@ def stack(kube_cluster: TestCluster, kube_client: Client) -> Iterator[TestCluste
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
 
     hook = local.start_webhook(kube_cluster, name="e2e-webhook", kubeconfig=hook_kc)
-    spawn("e2e-gpu-status", ["-m", "tessera.testing.gpu_status",
-                             f"--kubeconfig={kube_cluster.kubeconfig}"])
     spawn("e2e-scheduler", ["-m", "tessera.kube.scheduler", f"--kubeconfig={sched_kc}",
                             "--lease-name=tessera-scheduler-admission-e2e",
                             "--lease-duration=3", "--identity=e2e"])

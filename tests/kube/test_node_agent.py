@@ -15,7 +15,7 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
-from tessera.testing.node_agents import NodeAgents, start_node_agents
+from tessera.testing.node_agents import NodeAgents
 
 SYSTEM_NS = "tessera-system"
 
@@ -33,14 +33,8 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> An
 
 @pytest.fixture(scope="module")
 def agents(kube_cluster: TestCluster) -> Iterator[NodeAgents]:
-    nodes = kube_cluster.create_gpu_nodes(2, NodeShape(gpus=4, model="A100-40GB"),
-                                          prefix="agent-node-")
-    a = start_node_agents(kube_cluster, nodes)
-    try:
-        a.wait_ready()
-        yield a
-    finally:
-        a.stop()
+    kube_cluster.create_gpu_nodes(2, NodeShape(gpus=4, model="A100-40GB"), prefix="agent-node-")
+    yield kube_cluster.node_agents[-1]
 
 
 def reservation_pod(name: str, node: str) -> Any:
@@ -92,3 +86,66 @@ def test_reservation_pods_get_the_uuid_the_device_plugin_gave(
     assert set(got) <= set(agents.agents[node].uuids)
     for n in names:
         kube_client.delete(Pod, n, namespace=SYSTEM_NS)
+
+
+@pytest.fixture(scope="module")
+def scheduler(kube_cluster: TestCluster) -> Iterator[None]:
+    from tessera.testing.cluster import start_scheduler
+
+    proc = start_scheduler(kube_cluster)
+    assert proc is not None
+    try:
+        yield
+    finally:
+        proc.stop()
+        kube_cluster.processes.remove(proc)
+
+
+def scheduled_message(client: Client, ns: str, name: str) -> str:
+    pod = client.get(Pod, name, namespace=ns)
+    for c in (pod.status.conditions if pod.status else None) or []:
+        if c.type == "PodScheduled" and c.status == "False":
+            return c.message or ""
+    return ""
+
+
+def test_shares_wait_for_a_ready_agent_and_say_so(scheduler: None, kube_cluster: TestCluster,
+                                                   kube_client: Client, kube_namespace: str) -> None:
+    """A GPU node whose tessera-node has not reported gets no share; the pending pod says why.
+    Once the agent runs there, the pod is bound and its reservation pod gets the UUID the
+    device plugin (the kubelet double) gave it, learned through pod-resources."""
+    from lightkube.generic_resource import create_global_resource
+
+    from tessera.testing.node_agents import start_node_agents
+
+    project_res = create_global_resource("tessera.io", "v1alpha1", "Project", "projects")
+    ns = kube_namespace
+    kube_client.create(project_res(metadata={"name": ns},
+                                   spec={"namespace": ns, "resources": {"gpu": {"deserved": 1}}}))
+    (node,) = kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="T4-16GB"),
+                                            prefix="no-agent-", node_agents=False)
+    kube_client.create(codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "half", "namespace": ns,
+                     "annotations": {"tessera.io/gpu-portion": "0.5",
+                                     "tessera.io/gpu-model": "T4-16GB"}},
+        "spec": {"schedulerName": "tessera",
+                 "containers": [{"name": "main", "image": "example.invalid/cuda:12"}]},
+    }))
+    msg = wait_until("the pending reason", lambda: scheduled_message(kube_client, ns, "half"))
+    assert f"not ready for GPU shares: {node} (tessera-node: no tessera-node has reported" in msg
+    assert not kube_client.get(Pod, "half", namespace=ns).spec.nodeName
+
+    agents = start_node_agents(kube_cluster, [node])
+    kube_cluster.node_agents.append(agents)
+    agents.wait_ready()
+    pod = wait_until("half bound", lambda: (p := kube_client.get(Pod, "half", namespace=ns))
+                     .spec.nodeName and p)
+    assert pod.spec.nodeName == node
+    uuids = pod.metadata.annotations["tessera.io/gpu-uuids"].split(",")
+    assert len(uuids) == 1 and uuids[0] in agents.agents[node].uuids
+    res = [p for p in kube_client.list(Pod, namespace=SYSTEM_NS,
+                                       labels={"tessera.io/gpu-reservation": "true"})
+           if p.spec.nodeName == node]
+    assert [p.metadata.annotations["tessera.io/gpu-uuid"] for p in res] == uuids
+    kube_client.delete(Pod, "half", namespace=ns)

@@ -62,8 +62,6 @@ class SchedulerEnv:
                         "crd/projects.tessera.io", "crd/podgroups.tessera.io")
         self.sa_kubeconfig = cluster.service_account_kubeconfig(
             names.SYSTEM_NAMESPACE, "tessera-scheduler")
-        self.writer = self._spawn("gpu-status", [
-            "-m", "tessera.testing.gpu_status", f"--kubeconfig={cluster.kubeconfig}"])
         self.scheduler = self.start_scheduler("scheduler-0")
         self.replicas = 1
 

@@ -3,7 +3,7 @@
 ``python -m tessera.bench.kube_api [--submits 30] [--workloads 500] [--repeats 5]``
 
 A test cluster (etcd + kube-apiserver + kwok, ``--nodes`` nodes of 8 x H100-80GB), the
-scheduler and the GPU status writer (harness hook) and the API server with the Kubernetes
+scheduler (harness hook), tessera-node per node and the API server with the Kubernetes
 backend, all real processes on this machine.
 
 1. ``--submits`` workloads of 0.05 GPU are submitted one at a time over HTTP; each is polled

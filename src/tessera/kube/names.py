@@ -32,7 +32,11 @@ RESERVATION_NODE = "tessera.io/node"
 RESERVATION_DEVICE = "tessera.io/device"
 GPU_UUID = "tessera.io/gpu-uuid"
 """Annotation on a reservation pod: the UUID of the GPU it holds (written by the node agent,
-or by the simulated status writer on kwok nodes)."""
+from the kubelet pod-resources API; the kubelet double serves that API on kwok nodes)."""
 NODE_GPU_UUIDS = "tessera.io/gpu-uuids"
+NODE_READY = "tessera.io/node-ready"
+"""Annotation on a Node, written by tessera-node: ``"true"`` when it can enforce GPU shares there.
+A GPU node without it gets nothing new from the scheduler (tessera.kube.snapshot)."""
+NODE_READY_REASON = "tessera.io/node-ready-reason"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 CONFIGMAP_POD = "tessera.io/pod"

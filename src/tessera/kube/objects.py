@@ -221,6 +221,10 @@ class NodeInfo:
     uuids: tuple[str, ...] = ()
     unschedulable: bool = False
     ready: bool = True
+    agent_ready: bool = True
+    """tessera-node reported this node ready for GPU shares (always True for a node without
+    GPUs, which needs no agent)."""
+    agent_reason: str = ""
 
 
 def _model_of(product: str) -> str:
@@ -255,8 +259,14 @@ def node_info(obj: Any) -> NodeInfo:
         cpu = parse_cpu_milli(alloc.get("cpu", "0"), "node.allocatable.cpu")
         mem_text = str(alloc.get("memory", "0"))
         memory = 0 if mem_text == "0" else parse_memory(mem_text, "node.allocatable.memory")
-        return NodeInfo(name, Node(name, gpus, cpu, memory, labels), None, uuids, unschedulable,
+        info = NodeInfo(name, Node(name, gpus, cpu, memory, labels), None, uuids, unschedulable,
                         ready)
+        if gpus:
+            info.agent_ready = annotations.get(names.NODE_READY) == "true"
+            info.agent_reason = "" if info.agent_ready else (
+                annotations.get(names.NODE_READY_REASON)
+                or "no tessera-node has reported on this node")
+        return info
     except (InvalidRequest, ValueError) as exc:
         return NodeInfo(name, None, str(exc), uuids, unschedulable, ready)
 

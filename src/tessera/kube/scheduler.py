@@ -32,6 +32,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuKind
 from tessera.core.state import Placement
 from tessera.kube import names
 from tessera.kube.binder import Writer
@@ -56,7 +57,12 @@ from tessera.kube.objects import (
     same_for_scheduling,
 )
 from tessera.kube.rawapi import RawApi
-from tessera.kube.snapshot import Context, SnapshotBuilder, find_conflicts
+from tessera.kube.snapshot import (
+    Context,
+    SnapshotBuilder,
+    agents_not_ready_text,
+    find_conflicts,
+)
 
 log = logging.getLogger("tessera.kube")
 
@@ -138,7 +144,8 @@ class KubeScheduler:
     # ---- cache events --------------------------------------------------------------------
     def _on_node(self, key: Any, old: NodeInfo | None, new: NodeInfo | None) -> None:
         if (old is None or new is None or old.node != new.node
-                or (old.unschedulable, old.ready) != (new.unschedulable, new.ready)):
+                or (old.unschedulable, old.ready, old.agent_ready)
+                != (new.unschedulable, new.ready, new.agent_ready)):
             self.wake.set()
 
     def _on_foreign(self, key: Any, old: ForeignPod | None, new: ForeignPod | None) -> None:
@@ -294,6 +301,9 @@ class KubeScheduler:
                     waits[key] = w.reason
         for key, message in waits.items():
             pod = pods.get(key)
+            if pod is not None and ctx.agents_not_ready and pod.request is not None \
+                    and pod.request.gpu.kind is not GpuKind.NONE:
+                message = f"{message}; {agents_not_ready_text(ctx.agents_not_ready)}"
             if pod is None or self.written_waits.get(key) == message:
                 continue
             self.written_waits[key] = message

@@ -48,6 +48,16 @@ class Context:
     """Bound pods whose recorded placement collides with another (never expected)."""
     project_errors: dict[str, str] = field(default_factory=dict)
     tree: ProjectTree | None = None
+    agents_not_ready: dict[str, str] = field(default_factory=dict)
+    """GPU nodes whose tessera-node is not ready (closed like NotReady nodes) -> why."""
+
+
+def agents_not_ready_text(not_ready: Mapping[str, str]) -> str:
+    """The part of a pending GPU pod's reason that says which nodes tessera-node keeps closed."""
+    first = sorted(not_ready)[0]
+    more = f" and {len(not_ready) - 1} more" if len(not_ready) > 1 else ""
+    return (f"{len(not_ready)} GPU node(s) not ready for GPU shares: {first} "
+            f"(tessera-node: {not_ready[first]}){more}")
 
 
 def _tree(projects: Mapping[str, ProjectInfo], ctx: Context) -> ProjectTree:
@@ -147,8 +157,10 @@ class SnapshotBuilder:
                 workloads.append(w)
         self._memo = memo
         projects_out = list(tree.projects.values())
+        ctx.agents_not_ready = {n: ni.agent_reason for n, ni in nodes.items()
+                                if ni.node is not None and not ni.agent_ready}
         closed = {n for n, ni in nodes.items() if ni.node is not None
-                  and (ni.unschedulable or not ni.ready)}
+                  and (ni.unschedulable or not ni.ready or not ni.agent_ready)}
         held = {n: f for n, f in (foreign or {}).items() if n in node_names and any(f)}
         if closed or held:
             fence = _fence(core_nodes, closed, held, workloads, now)

@@ -240,6 +240,8 @@ class TestCluster:
     paths: dict[str, Path] = field(init=False, default_factory=dict)
     processes: list[ManagedProcess] = field(init=False, default_factory=list)
     startup_seconds: dict[str, float] = field(init=False, default_factory=dict)
+    node_agents: list[Any] = field(init=False, default_factory=list)
+    """``tessera.testing.node_agents.NodeAgents`` started by create_gpu_nodes."""
     _owns_workdir: bool = field(init=False, default=False)
     _ssl: ssl.SSLContext | None = field(init=False, default=None)
 
@@ -499,8 +501,15 @@ class TestCluster:
         start_index: int = 0,
         wait_ready: bool = True,
         timeout: float = 60.0,
+        node_agents: bool = True,
     ) -> list[str]:
-        """Create ``count`` simulated GPU nodes (kwok makes them Ready); return their names."""
+        """Create ``count`` simulated GPU nodes (kwok makes them Ready); return their names.
+
+        ``node_agents``: also start the node side (``tessera.testing.node_agents``: one
+        tessera-node per node on its own fake NVML, the kubelet pod-resources double) and wait
+        until every agent reports the node ready for GPU shares (the scheduler places shares
+        only there). Benchmarks with hundreds of nodes pass False and start
+        ``python -m tessera.testing.kubelet --play-agents`` instead."""
         from lightkube import codecs
         from lightkube.resources.core_v1 import Node
 
@@ -517,6 +526,13 @@ class TestCluster:
             names.append(name)
         if wait_ready:
             self.wait_nodes_ready(names, timeout=timeout)
+        if node_agents and shape.gpus > 0:
+            from tessera.testing.node_agents import start_node_agents
+
+            agents = start_node_agents(self, names)
+            self.node_agents.append(agents)
+            if wait_ready:
+                agents.wait_ready(timeout=max(60.0, timeout))
         return names
 
     def wait_nodes_ready(self, names: list[str], *, timeout: float = 60.0) -> None:
@@ -556,14 +572,8 @@ def start_scheduler(cluster: TestCluster) -> ManagedProcess | None:
         cluster.kubectl("apply", "-f", str(crds))
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
                         "crd/projects.tessera.io", "crd/podgroups.tessera.io")
-    # kwok nodes have no device plugin or node agent: this plays them for reservation pods.
-    writer = ManagedProcess(
-        "gpu-status-writer",
-        [sys.executable, "-m", "tessera.testing.gpu_status", f"--kubeconfig={cluster.kubeconfig}"],
-        cluster.workdir / "logs" / "gpu-status-writer.log",
-    )
-    writer.start()
-    cluster.processes.append(writer)
+    # The node side (tessera-node per kwok node, the kubelet pod-resources double) is started
+    # with the nodes (create_gpu_nodes(node_agents=True)).
     proc = ManagedProcess(
         "tessera-scheduler",
         [sys.executable, "-m", SCHEDULER_MODULE, f"--kubeconfig={cluster.kubeconfig}"],

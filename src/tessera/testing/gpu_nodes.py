@@ -12,7 +12,7 @@ A node carries what the NVIDIA device plugin and GPU feature discovery (GFD) put
 - the annotation ``tessera.io/gpu-uuids``: the node's GPU UUIDs as a comma-separated list in
   device-index order (``GPU-<uuid>``), deterministic in the node name. On a real node the UUIDs come
   from NVML / the kubelet's pod-resources API; on a simulated node this annotation is where the
-  scheduler's simulated status writer reads them.
+  kubelet double and the fake NVML of the node's tessera-node take them.
 """
 
 from __future__ import annotations

@@ -11,8 +11,15 @@ assignments. tessera-node then learns each reservation pod's GPU exactly as on a
     python -m tessera.testing.kubelet --kubeconfig P --dir D --devices devices.json
 
 ``devices.json``: ``{"node-name": ["GPU-...", ...], ...}`` (the UUIDs of the node's fake NVML
-devices, in index order). Restart: assignments are rebuilt from the reservation pods'
+devices, in index order); without it, every node labelled ``tessera.io/simulated=true`` with its
+``tessera.io/gpu-uuids`` annotation. Restart: assignments are rebuilt from the reservation pods'
 ``tessera.io/gpu-uuid`` annotations before anything new is assigned.
+
+``--play-agents`` (benchmarks with hundreds of nodes, where one tessera-node process per node
+does not fit on one machine): no sockets; the double also does the two things the scheduler
+waits for from tessera-node, marking each node ready (reason ``simulated``) and writing each
+reservation pod's assigned UUID as ``tessera.io/gpu-uuid``. Nothing else of the agent (NVML,
+isolation files, metrics) is simulated. Tests and ``cluster up`` run the real agents.
 """
 
 from __future__ import annotations
@@ -125,11 +132,15 @@ class Lister(api_pb2_grpc.PodResourcesListerServicer):
 
 
 class KubeletDouble:
-    def __init__(self, client: AsyncClient, directory: Path, devices: dict[str, list[str]]) -> None:
+    def __init__(self, client: AsyncClient, directory: Path, devices: dict[str, list[str]],
+                 play_agents: bool = False) -> None:
         self.client = client
         self.directory = directory
         self.nodes = {name: NodeDevices(list(uuids)) for name, uuids in devices.items()}
         self.servers: list[Any] = []
+        self.play_agents = play_agents
+        self.to_annotate: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
+        self.annotated: set[str] = set()
 
     def socket(self, node: str) -> Path:
         return self.directory / node / "kubelet.sock"
@@ -161,6 +172,33 @@ class KubeletDouble:
             return
         node.pods[uid] = pod
         node.assign(pod)
+        labels = (d.get("metadata") or {}).get("labels") or {}
+        if (self.play_agents and uid in node.assigned and not pod.hint
+                and labels.get("tessera.io/gpu-reservation") == "true" and uid not in self.annotated):
+            self.annotated.add(uid)
+            first = next(iter(node.assigned[uid].values()))[0]
+            self.to_annotate.put_nowait((pod.namespace, pod.name, first))
+
+    async def annotate(self) -> None:
+        """--play-agents: what tessera-node would write for reservation pods."""
+        from lightkube.types import PatchType
+
+        while True:
+            namespace, name, uuid = await self.to_annotate.get()
+            try:
+                await self.client.patch(Pod, name, {"metadata": {"annotations": {GPU_UUID: uuid}}},
+                                        namespace=namespace, patch_type=PatchType.MERGE)
+            except Exception as exc:
+                log.warning("annotating %s/%s: %r", namespace, name, exc)
+
+    async def mark_ready(self) -> None:
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        for name in self.nodes:
+            await self.client.patch(Node, name, {"metadata": {"annotations": {
+                "tessera.io/node-ready": "true",
+                "tessera.io/node-ready-reason": ""}}}, patch_type=PatchType.MERGE)
 
     async def watch(self) -> None:
         while True:
@@ -180,20 +218,42 @@ class KubeletDouble:
                 await asyncio.sleep(0.5)
 
     async def run(self) -> None:
-        await self.serve()
-        print(f"kubelet double serving pod-resources for {len(self.nodes)} node(s) under "
-              f"{self.directory}", flush=True)
+        tasks = []
+        if self.play_agents:
+            await self.mark_ready()
+            tasks = [asyncio.create_task(self.annotate()) for _ in range(16)]
+            print(f"kubelet double playing the agents of {len(self.nodes)} node(s)", flush=True)
+        else:
+            await self.serve()
+            print(f"kubelet double serving pod-resources for {len(self.nodes)} node(s) under "
+                  f"{self.directory}", flush=True)
         try:
             await self.watch()
         finally:
+            for task in tasks:
+                task.cancel()
             for s in self.servers:
                 await s.stop(0)
 
 
+async def _simulated_nodes(client: AsyncClient) -> dict[str, list[str]]:
+    from lightkube.resources.core_v1 import Node
+
+    out: dict[str, list[str]] = {}
+    async for node in client.list(Node, labels={"tessera.io/simulated": "true"}):
+        meta = node.metadata
+        if meta is None or meta.name is None:
+            continue
+        raw = (meta.annotations or {}).get("tessera.io/gpu-uuids", "")
+        out[meta.name] = [u for u in raw.split(",") if u]
+    return out
+
+
 async def _main(args: argparse.Namespace) -> None:
-    devices = json.loads(Path(args.devices).read_text())
     client = AsyncClient(KubeConfig.from_file(args.kubeconfig), timeout=None)
-    double = KubeletDouble(client, Path(args.dir), devices)
+    devices = (json.loads(Path(args.devices).read_text()) if args.devices
+               else await _simulated_nodes(client))
+    double = KubeletDouble(client, Path(args.dir), devices, play_agents=args.play_agents)
     task = asyncio.create_task(double.run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -205,8 +265,11 @@ async def _main(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tessera.testing.kubelet")
     p.add_argument("--kubeconfig", required=True)
-    p.add_argument("--dir", required=True, help="sockets go to DIR/NODE/kubelet.sock")
-    p.add_argument("--devices", required=True, help="JSON file: node -> GPU UUIDs")
+    p.add_argument("--dir", default=".", help="sockets go to DIR/NODE/kubelet.sock")
+    p.add_argument("--devices", default=None,
+                   help="JSON file: node -> GPU UUIDs (default: every simulated node)")
+    p.add_argument("--play-agents", action="store_true",
+                   help="benchmarks only: also write node readiness and reservation pods' UUIDs")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

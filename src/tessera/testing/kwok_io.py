@@ -74,4 +74,10 @@ spec:
         if not (node.status and node.status.allocatable):
             client.patch(Node, name, {"status": manifest["status"]}, subresource="status")
     cluster.wait_nodes_ready(names)
+    if shape.gpus > 0:  # the node side, as create_gpu_nodes starts it
+        from tessera.testing.node_agents import start_node_agents
+
+        agents = start_node_agents(cluster, names)
+        cluster.node_agents.append(agents)
+        agents.wait_ready()
     return proc
