@@ -33,8 +33,16 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> An
 
 @pytest.fixture(scope="module")
 def agents(kube_cluster: TestCluster) -> Iterator[NodeAgents]:
-    kube_cluster.create_gpu_nodes(2, NodeShape(gpus=4, model="A100-40GB"), prefix="agent-node-")
-    yield kube_cluster.node_agents[-1]
+    nodes = kube_cluster.create_gpu_nodes(2, NodeShape(gpus=4, model="A100-40GB"),
+                                          prefix="agent-node-")
+    agents = kube_cluster.node_agents[-1]
+    try:
+        yield agents
+    finally:  # other modules place A100-40GB pods: leave no extra node behind
+        agents.stop()
+        client = kube_cluster.client()
+        for n in nodes:
+            client.delete(Node, n)
 
 
 def reservation_pod(name: str, node: str) -> Any:
@@ -138,14 +146,18 @@ def test_shares_wait_for_a_ready_agent_and_say_so(scheduler: None, kube_cluster:
 
     agents = start_node_agents(kube_cluster, [node])
     kube_cluster.node_agents.append(agents)
-    agents.wait_ready()
-    pod = wait_until("half bound", lambda: (p := kube_client.get(Pod, "half", namespace=ns))
-                     .spec.nodeName and p)
-    assert pod.spec.nodeName == node
-    uuids = pod.metadata.annotations["tessera.io/gpu-uuids"].split(",")
-    assert len(uuids) == 1 and uuids[0] in agents.agents[node].uuids
-    res = [p for p in kube_client.list(Pod, namespace=SYSTEM_NS,
-                                       labels={"tessera.io/gpu-reservation": "true"})
-           if p.spec.nodeName == node]
-    assert [p.metadata.annotations["tessera.io/gpu-uuid"] for p in res] == uuids
-    kube_client.delete(Pod, "half", namespace=ns)
+    try:
+        agents.wait_ready()
+        pod = wait_until("half bound", lambda: (p := kube_client.get(Pod, "half", namespace=ns))
+                         .spec.nodeName and p)
+        assert pod.spec.nodeName == node
+        uuids = pod.metadata.annotations["tessera.io/gpu-uuids"].split(",")
+        assert len(uuids) == 1 and uuids[0] in agents.agents[node].uuids
+        res = [p for p in kube_client.list(Pod, namespace=SYSTEM_NS,
+                                           labels={"tessera.io/gpu-reservation": "true"})
+               if p.spec.nodeName == node]
+        assert [p.metadata.annotations["tessera.io/gpu-uuid"] for p in res] == uuids
+    finally:  # other modules place T4 pods: leave no extra node behind
+        kube_client.delete(Pod, "half", namespace=ns)
+        agents.stop()
+        kube_client.delete(Node, node)

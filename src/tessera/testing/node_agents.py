@@ -78,9 +78,13 @@ class NodeAgents:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        for a in self.agents.values():
-            a.process.stop()
-        self.kubelet.stop()
+        """Stops the agents and the kubelet double (and forgets them in the cluster)."""
+        for proc in [*(a.process for a in self.agents.values()), self.kubelet]:
+            proc.stop()
+            if proc in self.cluster.processes:
+                self.cluster.processes.remove(proc)
+        if self in self.cluster.node_agents:
+            self.cluster.node_agents.remove(self)
 
 
 def nvml_name(model: str) -> str:
