@@ -28,6 +28,8 @@ class Placement:
     """Whole GPUs: no other tenant may share these devices."""
     cpu_milli: int = 0
     memory: int = 0
+    models: frozenset[str] = frozenset()
+    """GPU models the request allows on its devices; empty: any model."""
 
 
 class NodeState:
@@ -138,6 +140,11 @@ class ClusterState:
         for i, want in zip(placement.devices, placement.request_bytes, strict=True):
             if not 0 <= i < len(ns.dev_memory):
                 return f"node {ns.name} has no GPU {i}"
+            if placement.models and ns.dev_models[i] not in placement.models:
+                return (
+                    f"GPU {i} of node {ns.name} is a {ns.dev_models[i]}, not "
+                    f"{'|'.join(sorted(placement.models))}"
+                )
             if placement.exclusive and ns.dev_tenants[i]:
                 return f"GPU {i} of node {ns.name} is shared"
             if want > ns.dev_free(i):

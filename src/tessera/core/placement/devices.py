@@ -63,6 +63,7 @@ def make_placement(ns: NodeState, request: ResourceRequest, devices: tuple[int, 
         exclusive=gpu.kind is GpuKind.WHOLE,
         cpu_milli=request.cpu_milli,
         memory=request.memory,
+        models=gpu.models,
     )
 
 

@@ -62,6 +62,8 @@ def default_workload() -> list[tuple[ResourceRequest, float]]:
 class Fragmentation:
     """Measures nodes against a typical workload; results are memoised per node state."""
 
+    MAX_MEMO = 400_000
+
     def __init__(self, workload: Sequence[tuple[ResourceRequest, float]]) -> None:
         total = sum(w for _, w in workload) or 1.0
         self.shapes = [
@@ -84,7 +86,7 @@ class Fragmentation:
         )
         value = self._memo.get(key)
         if value is None:
-            if len(self._memo) > 400_000:
+            if len(self._memo) > self.MAX_MEMO:
                 self._memo.clear()
             if ns.homogeneous:
                 value = self._homogeneous(ns, free_cpu, free_mem, used)

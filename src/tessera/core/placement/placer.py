@@ -59,6 +59,7 @@ class Placer:
         self._rankings: OrderedDict[ResourceRequest, _Ranking] = OrderedDict()
         self._memo: dict[tuple[object, int], Choice | None] = {}
         self._request_ids: dict[ResourceRequest, int] = {}
+        self._next_request_id = 0
         self._stamp = 0
 
     def place(self, request: ResourceRequest, *, explain: bool = True) -> Placement | NoFit:
@@ -87,10 +88,16 @@ class Placer:
         return ranking
 
     def _request_id(self, request: ResourceRequest) -> int:
-        """A small id per distinct request, so memo keys do not rehash the request every time."""
+        """A small id per distinct request, so memo keys do not rehash the request every time.
+
+        Ids are never reused, not even after the memo is cleared: a decision in progress keeps
+        using its id after a clear, so a reused id would hand one request another's cached
+        placement (a model-constrained pod on a GPU model it does not allow).
+        """
         rid = self._request_ids.get(request)
         if rid is None:
-            rid = self._request_ids[request] = len(self._request_ids)
+            rid = self._request_ids[request] = self._next_request_id
+            self._next_request_id += 1
         return rid
 
     def _evaluate(self, index: int, request: ResourceRequest, rid: int) -> Choice | None:
