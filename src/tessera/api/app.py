@@ -33,6 +33,7 @@ from tessera.api.models import (
     TokenRequest,
     WorkloadCreate,
 )
+from tessera.api.offline_docs import mount_offline_docs
 from tessera.core.errors import InvalidRequest
 
 KINDS = {"trainings": "Training", "workspaces": "Workspace", "inferences": "Inference"}
@@ -92,7 +93,10 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         title=f"{title} API",
         version="1",
         description="Fractional GPU workloads, projects and quota (Run:ai-shaped REST API).",
+        docs_url=None,
+        redoc_url=None,
     )
+    mount_offline_docs(app)
     bearer = HTTPBearer(auto_error=False)
 
     def authorized(
