@@ -161,3 +161,35 @@ def test_api_patch_project_is_partial_and_refuses_unknown_fields(srv: EmbeddedSe
         r = c.patch("/api/v1/org-unit/projects/pat", json={"quota": 2})
         assert r.status_code == 422
     srv.cli("project", "delete", "pat")
+
+
+def test_bare_memory_numbers_are_refused_with_a_hint_and_gb_spellings_accepted(
+        srv: EmbeddedServer) -> None:
+    line = _err(srv, "submit", "-p", "team-a", "--gpu-memory", "5000", "--", "true")
+    assert line.startswith("error: --gpu-memory: needs a unit: 5000Mi")
+    line = _err(srv, "submit", "-p", "team-a", "--gpu-memory", "5g", "--", "true")
+    assert line.startswith("error: --gpu-memory: unit 'g' is ambiguous: write 5G or 5GB")
+    out = srv.cli("submit", "gb5", "-p", "team-a", "--gpu-memory", "5GB", "--", "sleep", "60").stdout
+    assert "4.7 GiB of GPU memory" in out
+    out = srv.cli("submit", "gi2", "-p", "team-a", "--gpu-memory", "2Gi", "--", "sleep", "60").stdout
+    assert "2 GiB of GPU memory" in out and "2.1 GB" not in out
+    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {srv.token()}"}) as c:
+        for bare in (5000, "5000"):
+            r = c.post("/api/v1/workloads/trainings", json={
+                "name": "bare", "projectId": "team-a", "spec": {"command": "true", "compute": {
+                    "gpuRequestType": "memory", "gpuMemoryRequest": bare}}})
+            assert r.status_code == 422
+            assert r.json()["message"].startswith("spec.compute.gpuMemoryRequest: needs a unit")
+    srv.cli("delete", "gb5", "gi2", "-p", "team-a")
+
+
+def test_a_16gb_v100_is_16_gib_in_every_view(srv: EmbeddedServer) -> None:
+    srv.cli("submit", "half", "-p", "team-a", "-g", "0.5", "--", "sleep", "100")
+    srv.cli("wait", "half", "-p", "team-a", "--timeout", "20")
+    top = srv.cli("top").stdout
+    assert "/16 GiB" in top and "half (8 GiB)" in top and "17.2" not in top
+    described = srv.cli("describe", "half", "-p", "team-a").stdout
+    assert "request 8 GiB, limit 8 GiB" in described and "8.6 GB" not in described
+    smi = srv.cli("exec", "half", "-p", "team-a", "--", "nvidia-smi").stdout
+    assert "8192MiB" in smi
+    srv.cli("delete", "half", "-p", "team-a")

@@ -70,7 +70,7 @@ def test_runai_v1_walkthrough(server: EmbeddedServer) -> None:
     server.cli("submit", "mem5g", "--gpu-memory", "5G", "--", "python3", "-c", LOOP)
     time.sleep(0.5)
     described = server.cli("describe", "mem5g").stdout
-    assert "Why pending: " in described and "no GPU with 5.0 GB free" in described
+    assert "Why pending: " in described and "no GPU with 4.7 GiB free" in described
     assert f"Isolation:   {'on' if _library_built() else 'off'} (" in described
     server.cli("delete", "frac03")
     _wait(server, "mem5g")

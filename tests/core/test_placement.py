@@ -114,7 +114,7 @@ def test_explanation_names_largest_free_share() -> None:
     place_all(state, placer, req(gpu="1"), req(gpu="1"), req(gpu_memory="13.8G"))
     refused = placer.place(req(gpu_memory="5G"))
     assert isinstance(refused, NoFit)
-    assert refused.reason == "no GPU with 5.0 GB free: largest free is 3.4 GB on node-7 GPU 2"
+    assert refused.reason == "no GPU with 4.7 GiB free: largest free is 3.1 GiB on node-7 GPU 2"
 
 
 def test_explanation_for_host_resources() -> None:

@@ -135,7 +135,7 @@ def test_requests_no_node_could_ever_hold_are_refused() -> None:
     nodes = [v100_node("a", 4), v100_node("b", 2)]
     with pytest.raises(InvalidRequest, match=r"gpu_devices: asks for 8 GPUs on one node; the largest node has 4"):
         check_against_cluster(parse_gpu_request(gpu="8"), nodes)
-    with pytest.raises(InvalidRequest, match=r"gpu_memory: is larger than every GPU in the cluster \(largest is 17.2 GB\)"):
+    with pytest.raises(InvalidRequest, match=r"gpu_memory: is larger than every GPU in the cluster \(largest is 16 GiB\)"):
         check_against_cluster(parse_gpu_request(gpu_memory="20G"), nodes)
     with pytest.raises(InvalidRequest, match=r"gpu_model: no GPU of model A100 in the cluster"):
         check_against_cluster(parse_gpu_request(gpu="1", gpu_model="A100"), nodes)

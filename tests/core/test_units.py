@@ -93,6 +93,11 @@ def test_portion_bytes_never_overflow_a_device() -> None:
 
 
 def test_format_bytes() -> None:
-    assert format_bytes(5 * 10**9) == "5.0 GB"
-    assert format_bytes(3_200_000_000) == "3.2 GB"
-    assert format_bytes(512 * 10**6) == "512 MB"
+    # Binary units, as nvidia-smi shows GPU memory (issue #21).
+    assert format_bytes(5 * 10**9) == "4.7 GiB"
+    assert format_bytes(16 * 2**30) == "16 GiB"
+    assert format_bytes(8 * 2**30) == "8 GiB"
+    assert format_bytes(2 * 2**30) == "2 GiB"
+    assert format_bytes(3_200_000_000) == "3 GiB"
+    assert format_bytes(512 * 2**20) == "512 MiB"
+    assert format_bytes(10**26) == "8.67e+07 EiB"

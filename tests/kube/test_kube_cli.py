@@ -128,7 +128,7 @@ def test_walkthrough_on_kubernetes(server: KubeApiServer, kube_client: Client) -
     server.cli("submit", "mem20g", "--gpu-memory", "20G", *model, "--", "python3", "-c", LOOP)
     try:
         described = wait_until("why pending", lambda: (
-            out if "with 20.0 GB free" in (out := server.cli("describe", "mem20g").stdout) else None))
+            out if "with 18.6 GiB free" in (out := server.cli("describe", "mem20g").stdout) else None))
     except AssertionError:
         raise AssertionError(server.cli("describe", "mem20g").stdout) from None
     assert "Status:      Pending" in described and "Why pending: " in described

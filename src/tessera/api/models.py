@@ -71,6 +71,7 @@ class Compute(BaseModel):
                 gpu_memory=self.gpuMemoryRequest,
                 gpu_memory_limit=self.gpuMemoryLimit,
                 gpu_model=self.gpuModel,
+                memory_unit_required=True,
             )
         except InvalidRequest as exc:
             raise invalid(CORE_TO_API.get(exc.field, exc.field), exc.rule, exc.value) from None

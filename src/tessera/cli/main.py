@@ -408,6 +408,7 @@ def _compute(
         req = parse_gpu_request(
             gpu=gpu, gpu_devices=gpu_devices, gpu_portion=portion, gpu_portion_limit=portion_limit,
             gpu_memory=memory, gpu_memory_limit=memory_limit, gpu_model=gpu_model,
+            memory_unit_required=True,
         )
     except InvalidRequest as exc:
         flag = typed(*FLAG_NAMES.get(exc.field, exc.field).split("/"))

@@ -72,9 +72,10 @@ def gpus(value: float) -> str:
 
 
 def size(nbytes: float) -> str:
-    if nbytes >= 10**9:
-        return f"{nbytes / 10**9:.1f} GB"
-    return f"{nbytes / 10**6:.0f} MB"
+    """GPU memory in binary units, as nvidia-smi shows it (16 GiB for a 16 GB V100)."""
+    from tessera.core.units import format_bytes
+
+    return format_bytes(nbytes)
 
 
 def bar(fraction: float, width: int = 20) -> str:

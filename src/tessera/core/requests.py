@@ -16,6 +16,7 @@ from tessera.core.units import (
     GiB,
     format_bytes,
     parse_decimal,
+    parse_gpu_memory,
     parse_memory,
     parse_portion,
 )
@@ -42,12 +43,16 @@ def parse_gpu_request(
     gpu_memory: object = None,
     gpu_memory_limit: object = None,
     gpu_model: str | Iterable[str] | None = None,
+    memory_unit_required: bool = False,
 ) -> GpuRequest:
     """Build a GpuRequest from the fields of the CLI and REST API.
 
     ``gpu`` is the short form (``-g 0.5`` or ``-g 2``); the others are the explicit forms of
     Run:ai's v2 CLI and API. Each field is checked here, once, before anything is placed.
+    ``memory_unit_required``: a bare memory number is refused (what users type: CLI flags and
+    API fields); else it is bytes (tessera's annotations are Kubernetes quantities).
     """
+    memory_of = parse_gpu_memory if memory_unit_required else parse_memory
     models = parse_models(gpu_model)
     portion = None if gpu_portion is None else parse_portion(gpu_portion, "gpu_portion")
     devices = None if gpu_devices is None else _parse_devices(gpu_devices)
@@ -66,7 +71,7 @@ def parse_gpu_request(
         else:
             raise InvalidRequest("gpu", _GPU_RULE, gpu)
 
-    memory = None if gpu_memory is None else parse_memory(gpu_memory, "gpu_memory")
+    memory = None if gpu_memory is None else memory_of(gpu_memory, "gpu_memory")
     if portion is not None and memory is not None:
         raise InvalidRequest("gpu_memory", "give a GPU portion or a GPU memory amount, not both")
     if portion is None and gpu_portion_limit is not None:
@@ -82,7 +87,7 @@ def parse_gpu_request(
         )
         return _build(GpuKind.PORTION, devices or 1, models, portion=portion, portion_limit=limit)
     if memory is not None:
-        mlimit = None if gpu_memory_limit is None else parse_memory(gpu_memory_limit, "gpu_memory_limit")
+        mlimit = None if gpu_memory_limit is None else memory_of(gpu_memory_limit, "gpu_memory_limit")
         return _build(GpuKind.MEMORY, devices or 1, models, memory=memory, memory_limit=mlimit)
     if devices is not None:
         return GpuRequest.whole(devices, models)

@@ -38,14 +38,37 @@ _QUANTITY_RULE = (
 )
 
 
+# Common spellings beside Kubernetes' own: 5GB = 5G (10^9), 5GiB = 5Gi (2^30), 5KB/5kB = 5k.
+_SPELLED = re.compile(r"^(.*[0-9.])\s*(?:([KMGTPE]i)B|([MGTPE])B|[kK]B)$")
+_LOWER = re.compile(r"^([+]?[0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([mgtpe](?:i?b)?|[kK]ib|[MGTPE]ib|[kmgtpe]i)$")
+
+
+def _respell(text: str) -> str:
+    m = _SPELLED.match(text)
+    if m is None:
+        return text
+    return m.group(1) + (m.group(2) or m.group(3) or "k")
+
+
+def _lowercase_hint(text: str, field: str, value: object) -> None:
+    m = _LOWER.match(text)
+    if m is not None:
+        n, letter = m.group(1), m.group(2)[0].upper()
+        raise InvalidRequest(
+            field, f"unit {m.group(2)!r} is ambiguous: write {n}{letter} or {n}{letter}B "
+            f"(decimal) or {n}{letter}i or {n}{letter}iB (binary)", value)
+
+
 def parse_memory(value: object, field: str) -> int:
-    """Bytes of a Kubernetes memory quantity; must be positive. Fractions of a byte round up."""
+    """Bytes of a Kubernetes memory quantity; must be positive. Fractions of a byte round up.
+    ``5GB``/``5GiB`` are read as ``5G``/``5Gi``; a lowercase unit (``5g``) is refused with a hint."""
     if isinstance(value, bool):
         raise InvalidRequest(field, _QUANTITY_RULE, value)
     if isinstance(value, int):
         amount = Decimal(value)
     else:
-        text = str(value).strip()
+        text = _respell(str(value).strip())
+        _lowercase_hint(text, field, value)
         match = _QUANTITY.match(text)
         if match is None:
             raise InvalidRequest(field, _QUANTITY_RULE, value)
@@ -57,6 +80,18 @@ def parse_memory(value: object, field: str) -> int:
     if nbytes <= 0:
         raise InvalidRequest(field, "must be greater than 0 bytes", value)
     return nbytes
+
+
+def parse_gpu_memory(value: object, field: str) -> int:
+    """GPU memory typed by a user (CLI flag, API field): a quantity with a unit. A bare number
+    is refused: it means bytes to Kubernetes and MiB to Run:ai's gpu-memory annotation, and
+    5000 bytes is never what anyone means by GPU memory (docs/units.md)."""
+    text = str(value).strip()
+    if not isinstance(value, bool) and re.fullmatch(r"[+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?", text):
+        raise InvalidRequest(
+            field, f"needs a unit: {text}Mi (MiB, as Run:ai's gpu-memory annotation reads a bare "
+            "number), or 5G / 5GB (10^9 bytes), 5Gi / 5GiB (2^30 bytes)", value)
+    return parse_memory(value, field)
 
 
 def _positive_int(value: object, field: str, unit: str) -> int:
@@ -106,12 +141,20 @@ def portion_bytes(portion: Decimal, device_memory: int) -> int:
     return int(portion * device_memory)
 
 
+_BINARY = (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20),
+           ("KiB", 2**10))
+
+
 def format_bytes(nbytes: int | float) -> str:
-    """Human size in the unit a user typed most often: decimal GB/MB (``5.0 GB``)."""
-    if abs(nbytes) >= 10**9:
-        return f"{nbytes / 10**9:.1f} GB"
-    if abs(nbytes) >= 10**6:
-        return f"{nbytes / 10**6:.0f} MB"
+    """Human size in binary units, as ``nvidia-smi`` shows GPU memory: a 16 GB V100 is
+    ``16 GiB``, half of it ``8 GiB``, ``5G`` is ``4.7 GiB``, ``2Gi`` is ``2 GiB``."""
+    for unit, size in _BINARY:
+        if abs(nbytes) >= size:
+            v = nbytes / size
+            if abs(v) >= 10_000:
+                return f"{v:.3g} {unit}"
+            text = f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}".removesuffix(".0")
+            return f"{text} {unit}"
     return f"{int(nbytes)} B"
 
 

@@ -97,7 +97,7 @@ def gpu_request(
 ) -> GpuRequest:
     """The GPU request of a pod; raises InvalidRequest naming the annotation or field."""
     whole = whole_gpus(containers)
-    given = {k: annotations[v] for k, v in _FIELD_TO_ANNOTATION.items()
+    given: dict[str, Any] = {k: annotations[v] for k, v in _FIELD_TO_ANNOTATION.items()
              if k != "gpu" and v in annotations}
     fractional = any(k in given for k in ("gpu_portion", "gpu_memory"))
     if whole and fractional:

@@ -48,7 +48,7 @@ def test_a_third_fraction_waits_when_the_gpu_is_full() -> None:
     assert w is not None and w.kind == "fair-share"
     assert w.reason == (
         "would exceed fair share of team-a by 0.1 GPU, and no idle room fits it: "
-        "no GPU with 10.3 GB free: largest free is 8.6 GB on n1 GPU 0"
+        "no GPU with 9.6 GiB free: largest free is 8 GiB on n1 GPU 0"
     )
 
 
