@@ -3,7 +3,8 @@
 Pods are drawn from the trace at random (seeded): the whole list shuffled, then resampled with
 replacement, submitted one at a time until the GPU requests that arrived reach ``--arrive`` ×
 cluster GPU capacity. Each pod is placed once or dropped. Reported: allocation ratio (allocated
-GPU milli / total) at 100% arrived and at the end, and placement decisions per second.
+GPU milli / total) at 100% arrived and at the end, the allocation curve (allocated % at each
+integer arrival level, binned as the FGD artifact bins it) and placement decisions per second.
 
     python -m tessera.bench.trace --nodes NODES.csv --pods PODS.csv --policy fgd --seed 42 --json
 """
@@ -112,6 +113,11 @@ class TraceResult:
     pods_arrived: int
     pods_placed: int
     decisions_per_second: float
+    unallocated_at_100: float
+    """100 − allocated GPU % at the moment the arrived GPU demand reached 100% of capacity."""
+    allocation_curve: list[float]
+    """Allocated GPU % at arrival level 0, 1, … %: the mean over the pods whose arrival put the
+    arrived demand at that level when rounded (as the FGD artifact's expected-results curves)."""
 
 
 def run_trace(
@@ -125,9 +131,11 @@ def run_trace(
     placer = Placer(state, policy, seed=seed, workload=typical_workload(p.request for p in pods))
     capacity = state.gpus_total() * 1000
     rng = random.Random(seed)
-    arrived_milli = arrived = placed = 0
+    arrived_milli = arrived = placed = placed_milli = 0
     at_100: float | None = None
     elapsed = 0.0
+    sums: list[float] = []
+    counts: list[int] = []
     for pod in arrivals(pods, rng):
         if arrived_milli >= arrive * capacity:
             break
@@ -140,7 +148,14 @@ def run_trace(
         if isinstance(where, Placement):
             state.assign(f"{pod.name}#{arrived}", where)
             placed += 1
+            placed_milli += pod.gpu_milli
         elapsed += time.perf_counter() - start
+        level = int(100 * arrived_milli / capacity + 0.5)
+        while len(sums) <= level:
+            sums.append(0.0)
+            counts.append(0)
+        sums[level] += 100 * placed_milli / capacity
+        counts[level] += 1
     allocated = round(state.gpus_allocated() * 1000)
     ratio = allocated / capacity
     at_100 = ratio if at_100 is None else at_100
@@ -158,7 +173,17 @@ def run_trace(
         pods_arrived=arrived,
         pods_placed=placed,
         decisions_per_second=round(arrived / elapsed, 1) if elapsed else 0.0,
+        unallocated_at_100=round(100 * (1 - at_100), 3),
+        allocation_curve=_curve(sums, counts),
     )
+
+
+def _curve(sums: Sequence[float], counts: Sequence[int]) -> list[float]:
+    """Mean per level; a level no pod landed on (a large pod jumped over it) repeats the last."""
+    curve: list[float] = []
+    for total, count in zip(sums, counts, strict=True):
+        curve.append(round(total / count, 3) if count else (curve[-1] if curve else 0.0))
+    return curve
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,8 +3,10 @@
     python -m tessera.bench.trace_table --data ../shared/data/alibaba-gpu-v2023 --seeds 42-51
 
 Prints the table of allocated GPU % at the end (``--arrive``, default 130% arrived), the
-unallocated GPU % at 100% arrived (the FGD paper's metric), decisions per second, and, last, one
-JSON object with every mean.
+unallocated GPU % at 100% arrived (the FGD paper's metric), decisions per second, then, per
+trace, the first policy's allocation curve against the paper's published FGD and best-fit curves
+(``--reference``, default ``DATA/../../reference/fgd-expected-allocation-shared.csv``) with every
+level from 50% on where it is behind flagged, and, last, one JSON object with every mean.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from tessera.bench.fgd_reference import PAPER_POLICIES, compare, load_reference, render
 from tessera.bench.trace import TraceResult, load_nodes, load_pods, run_trace
 from tessera.core.placement import POLICIES
 
@@ -41,7 +44,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--traces", default="", help="comma-separated trace names (default: all)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="the FGD artifact's per-seed curves (fgd-expected-allocation-shared.csv)")
+    parser.add_argument("--from-level", type=int, default=50, help="first arrival level compared with the paper")
     args = parser.parse_args(argv)
+    if not args.data.is_dir():
+        parser.error(f"--data: {args.data} is not a folder")
+    reference_path = args.reference or args.data.parent.parent / "reference" / "fgd-expected-allocation-shared.csv"
+    if args.reference is not None and not reference_path.is_file():
+        parser.error(f"--reference: {reference_path}: no such file")
     nodes_csv = args.data / "openb_node_list_gpu_node.csv"
     traces = sorted(args.data.glob("openb_pod_list_*.csv"))
     if args.traces:
@@ -55,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.setdefault((trace, policy), []).append(result)
 
     names = [t.stem.removeprefix("openb_pod_list_") for t in traces]
-    summary: dict[str, dict[str, dict[str, float]]] = {}
+    summary: dict[str, dict[str, dict[str, object]]] = {}
     print(f"Allocated GPU % at {100 * args.arrive:.0f}% arrived (mean of seeds {args.seeds}); "
           "in brackets: unallocated GPU % at 100% arrived\n")
     print("| trace | " + " | ".join(policies) + " |")
@@ -80,7 +91,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|" + "---:|" * len(policies))
     for name in names:
         print(f"| {name} | " + " | ".join(f"{summary[name][p]['decisions_per_second']:.0f}" for p in policies) + " |")
-    print(json.dumps({"seeds": args.seeds, "arrive": args.arrive, "results": summary}))
+    curves: dict[str, dict[str, list[float]]] = {}
+    reference = load_reference(reference_path) if reference_path.is_file() else {}
+    top = int(100 * args.arrive + 1e-9)
+    levels = list(range(args.from_level, top + 1))
+    for name in names:
+        for policy in policies:
+            rs = results[(name, policy)]
+            length = min(len(r.allocation_curve) for r in rs)
+            curves.setdefault(name, {})[policy] = [
+                round(statistics.fmean(r.allocation_curve[i] for r in rs), 3) for i in range(length)
+            ]
+        policy = policies[0]
+        fgd = reference.get((name, PAPER_POLICIES["fgd"]))
+        if not fgd:
+            print(f"\n{name}: no published curve in {reference_path}")
+            continue
+        rows = compare([r.allocation_curve for r in results[(name, policy)]], fgd,
+                       reference.get((name, PAPER_POLICIES["best-fit"])), levels)
+        print()
+        print("\n".join(render(f"{name} ({policy})", rows)))
+        summary[name][policy]["levels_behind_fgd_beyond_sd"] = [r.level for r in rows if r.behind_beyond_tolerance]
+        summary[name][policy]["levels_behind_fgd"] = [r.level for r in rows if r.behind]
+        summary[name][policy]["levels_not_above_best_fit"] = [r.level for r in rows if r.not_above_best_fit]
+    print(json.dumps({"seeds": args.seeds, "arrive": args.arrive, "results": summary, "curves": curves}))
     return 0
 
 
