@@ -193,3 +193,18 @@ def test_a_16gb_v100_is_16_gib_in_every_view(srv: EmbeddedServer) -> None:
     smi = srv.cli("exec", "half", "-p", "team-a", "--", "nvidia-smi").stdout
     assert "8192MiB" in smi
     srv.cli("delete", "half", "-p", "team-a")
+
+
+def test_status_is_validated(srv: EmbeddedServer) -> None:
+    line = _err(srv, "list", "-p", "team-a", "--status", "Bogus")
+    assert line.startswith("error: --status: must be one of Pending, Running")
+    assert _err(srv, "list", "-p", "team-a", "--state", "x").startswith("error: --state: ")
+    assert srv.cli("list", "-p", "team-a", "--status", "running").returncode == 0
+
+
+def test_numbers_in_errors_are_echoed_as_typed(srv: EmbeddedServer) -> None:
+    line = _err(srv, "submit", "x", "-p", "team-a", "--gpu-memory", "1e300G", "--", "true")
+    assert line.endswith("(got '1e300G')") and "EiB" not in line and "GB" not in line
+    line = _err(srv, "submit", "x", "-p", "team-a", "-g", "0.5", "--workers",
+                "100000000000000000000", "--", "true")
+    assert line.startswith("error: --workers: ") and line.endswith("(got 100000000000000000000)")

@@ -83,6 +83,10 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, list[dict[st
         else:
             field = ".".join(loc) or "body"
             message = f"{field}: {err.get('msg', 'is invalid')}"
+            given = err.get("input")
+            if isinstance(given, int | float | str) and not isinstance(given, bool) \
+                    and len(str(given)) <= 80 and err.get("type") != "missing":
+                message += f" (got {given!r})"
         parts.append(message)
         details.append({"field": field, "message": message})
     return "; ".join(parts), details

@@ -462,8 +462,9 @@ def typed(*aliases: str) -> str:
     return aliases[0]
 
 
-def flagged(exc: CliError, fields: dict[str, str]) -> CliError:
-    """The server's refusal with each API field path replaced by the flag the user typed."""
+def flagged(exc: CliError, fields: dict[str, str], given: dict[str, str] | None = None) -> CliError:
+    """The server's refusal with each API field path replaced by the flag the user typed, and
+    the value it quotes replaced by what the user typed for that flag (``given``)."""
     if exc.status is None:
         return exc
     parts = []
@@ -472,6 +473,9 @@ def flagged(exc: CliError, fields: dict[str, str]) -> CliError:
         flag = fields.get(field)
         if flag is None and sep:
             flag = next((f for k, f in fields.items() if field.startswith(k + ".")), None)
+        typed_value = (given or {}).get(flag or "")
+        if typed_value is not None and rest.endswith(")") and " (got " in rest:
+            rest = rest[:rest.rindex(" (got ")] + f" (got {typed_value!r})"
         parts.append(f"{flag}: {rest}" if flag and sep else part)
     return CliError("; ".join(parts), exc.code, exc.status)
 
@@ -585,7 +589,10 @@ def _submit(
         except CliError as exc:
             if generated and exc.status == 409 and attempt < 4:
                 continue  # the generated suffix was taken: draw another
-            raise flagged(exc, _submit_fields(memory_flag)) from None
+            typed_values = {memory_flag: memory_request if memory_request is not None
+                            else gpu_memory, "--gpu-memory-limit": memory_limit}
+            raise flagged(exc, _submit_fields(memory_flag),
+                          {k: v for k, v in typed_values.items() if v is not None}) from None
     if fmt != "table":
         render.dump(w, fmt)
         return
@@ -649,6 +656,7 @@ def _find(client: Client, config: dict[str, Any], name: str, project: str | None
     return w
 
 
+PHASES = ("Pending", "Running", "Stopping", "Stopped", "Completed", "Failed", "Deleting")
 TABLE_FIELDS = "name,phase,createdAt,nodeName,gpuDevices,type,projectName,priorityClass,gpus,workers,runningPods"
 
 
@@ -666,7 +674,11 @@ def _list(kind: str | None, project: str | None, all_projects: bool, status: str
     if kind:
         filters.append(f"type=={kind}")
     if status:
-        filters.append(f"phase=={status}")
+        match = [ph for ph in PHASES if ph.lower() == status.strip().lower()]
+        if not match:
+            raise CliError(f"{typed('--status', '--state')}: must be one of {', '.join(PHASES)} "
+                           f"(got {status!r})")
+        filters.append(f"phase=={match[0]}")
     rows: list[Any] = []
     simulated = False
     offset = 0
