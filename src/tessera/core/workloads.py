@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tessera.core.constraints import NodeConstraint
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import ResourceRequest
 from tessera.core.state import Placement
@@ -70,6 +71,9 @@ class Workload:
     priority: int | None = None
     """Overrides the class's priority value."""
     name: str = ""
+    constraints: tuple[NodeConstraint | None, ...] = ()
+    """Empty, or one entry per pod: where that pod may run and which nodes it prefers
+    (``tessera.core.constraints``); None means any node."""
 
     @classmethod
     def gang(
@@ -99,6 +103,9 @@ class Workload:
     @property
     def priority_value(self) -> int:
         return self.cls.value if self.priority is None else self.priority
+
+    def constraint_of(self, pod: int) -> NodeConstraint | None:
+        return self.constraints[pod] if self.constraints else None
 
     def placement_of(self, pod: int) -> Placement | None:
         return self.placements[pod] if self.placements else None
@@ -134,6 +141,12 @@ class Workload:
                 f"{field}.placements",
                 f"must be empty or give one entry (or null) per pod ({len(self.pods)})",
                 len(self.placements),
+            )
+        if self.constraints and len(self.constraints) != len(self.pods):
+            raise InvalidRequest(
+                f"{field}.constraints",
+                f"must be empty or give one entry (or null) per pod ({len(self.pods)})",
+                len(self.constraints),
             )
         if self.running and self.started_at is None:
             raise InvalidRequest(f"{field}.started_at", "is required for a running workload")

@@ -14,8 +14,10 @@ from tessera.core.units import format_bytes
 
 
 class FitExplainer:
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, nodes: list[NodeState] | None = None) -> None:
+        """``nodes``: explain among these only (the nodes a constrained pod may use)."""
         self.state = state
+        self.nodes = state.nodes if nodes is None else nodes
         self._cache: dict[ResourceRequest, str] = {}
 
     def explain(self, request: ResourceRequest) -> str:
@@ -26,7 +28,7 @@ class FitExplainer:
         return text
 
     def _explain(self, request: ResourceRequest) -> str:
-        nodes = self.state.nodes
+        nodes = self.nodes
         if not nodes:
             return "the cluster has no nodes"
         gpu = request.gpu
@@ -77,7 +79,7 @@ class FitExplainer:
                     f"the most idle on one node is {best_count}{where}"
                 )
             assert largest is not None
-            holder = nodes[-largest[1]]
+            holder = self.state.nodes[-largest[1]]
             where = f"largest free is {format_bytes(largest[0])} on {holder.name} GPU {-largest[2]}"
             if gpu.devices == 1:
                 return f"no GPU{models} with {format_bytes(need_on_largest)} free: {where}"

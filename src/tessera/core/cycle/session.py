@@ -13,13 +13,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from tessera.core.constraints import NodeConstraint
 from tessera.core.errors import InvalidRequest
 from tessera.core.fairshare import EPS, ZERO, FairShares, Vector, compute_fair_shares
 from tessera.core.model import GpuKind, GpuRequest, Node, ResourceRequest
 from tessera.core.placement import NoFit, Placer
 from tessera.core.projects import ProjectTree, Resource
 from tessera.core.requests import check_against_cluster
-from tessera.core.state import ClusterState, Placement
+from tessera.core.state import ClusterState, NodeState, Placement
 from tessera.core.units import format_bytes, format_gpus
 from tessera.core.workloads import Workload
 
@@ -196,6 +197,7 @@ class Session:
             float(sum(n.memory for n in self.nodes)),
         )
         self.pending: list[WorkloadState] = [ws for ws in self.workloads.values() if ws.unplaced()]
+        self.placer = Placer(self.state, policy=config.policy)
         self._max_host = (
             max((n.cpu_milli for n in self.nodes), default=0),
             max((n.memory for n in self.nodes), default=0),
@@ -213,7 +215,6 @@ class Session:
                 r = requested[ws.project]
                 requested[ws.project] = (r[0] + d[0], r[1] + d[1], r[2] + d[2])
         self.shares: FairShares = compute_fair_shares(self.tree, capacity, requested)
-        self.placer = Placer(self.state, policy=config.policy)
 
     # -- quota ----------------------------------------------------------------------------------
 
@@ -476,6 +477,29 @@ class Session:
 
     # -- placing pods ----------------------------------------------------------------------------
 
+    def node_of(self, workload_id: str, pod: int) -> str | None:
+        """``PlacedPods`` for dynamic constraints: where that pod is at this moment."""
+        p = self.state.allocations.get(_pod_id(workload_id, pod))
+        return None if p is None else p.node
+
+    def constraint_for(self, ws: WorkloadState, request: ResourceRequest) -> NodeConstraint | None:
+        """The constraint of the first unplaced pod of ``ws`` asking ``request``."""
+        spec = ws.spec
+        if not spec.constraints:
+            return None
+        for i in ws.unplaced():
+            if spec.pods[i] == request:
+                return spec.constraints[i]
+        return None
+
+    def node_allowed(self, constraint: NodeConstraint | None, ns: NodeState) -> bool:
+        """May a pod with this constraint use this node now (static and dynamic filter)?"""
+        if constraint is None:
+            return True
+        if not self.placer.static(constraint)[0][ns.index]:
+            return False
+        return not constraint.dynamic or constraint.admits(ns.node, self)
+
     def place_pods(
         self,
         ws: WorkloadState,
@@ -489,20 +513,25 @@ class Session:
         """
         required = ws.required()
         placed: PodPlacements = []
-        failed: set[ResourceRequest] = set()
+        failed: set[tuple[ResourceRequest, NodeConstraint | None]] = set()
         first_fail: ResourceRequest | None = None
         stmt = Statement(self)
+        spec = ws.spec
         for i in ws.unplaced():
-            request = ws.spec.pods[i]
-            if request in failed:
+            request = spec.pods[i]
+            constraint = spec.constraints[i] if spec.constraints else None
+            if (request, constraint) in failed:
                 if len(placed) < required:
                     break
                 continue
             if len(placed) >= required and extra_ok is not None and not extra_ok(self.demand(request)):
                 continue
-            found = self.placer.place(request, explain=False)
+            if constraint is None:
+                found = self.placer.place(request, explain=False)
+            else:
+                found = self.placer.place(request, explain=False, constraint=constraint, placed=self)
             if isinstance(found, NoFit):
-                failed.add(request)
+                failed.add((request, constraint))
                 if first_fail is None:
                     first_fail = request
                 continue
@@ -563,6 +592,10 @@ class Session:
         cpu, memory = self._max_host
         for i in ws.unplaced()[: max(ws.required(), 1)]:
             request = ws.spec.pods[i]
+            constraint = ws.spec.constraint_of(i)
+            if constraint is not None and not any(self.placer.static(constraint)[0]):
+                refused = constraint.refusals(self.nodes)
+                return f"0/{len(self.nodes)} nodes are available: {refused or 'no node is allowed'}"
             if request.cpu_milli > cpu:
                 return f"no node can ever hold it: it asks {request.cpu_milli / 1000:g} CPU, the largest node has {cpu / 1000:g}"
             if request.memory > memory:
@@ -602,13 +635,28 @@ class Session:
         moves = tuple(self.moves.values())
         waiting = []
         explainer = FitExplainer(self.state)
+        explainers: dict[NodeConstraint, tuple[FitExplainer, str]] = {}
         for ws in self.pending:
             if not ws.unplaced():
                 continue
             wait = self.waits.get(ws.id) or Wait("placement", "not tried this cycle")
             reason = wait.reason
             if wait.request is not None and FIT in reason:
-                reason = reason.replace(FIT, explainer.explain(wait.request))
+                constraint = self.constraint_for(ws, wait.request)
+                if constraint is None:
+                    reason = reason.replace(FIT, explainer.explain(wait.request))
+                else:
+                    found = explainers.get(constraint)
+                    if found is None:
+                        allowed = self.placer.static(constraint)[0]
+                        subset = [ns for ns in self.state.nodes if allowed[ns.index]]
+                        refused = constraint.refusals(self.nodes)
+                        head = f"0/{len(self.nodes)} nodes are available: {refused}; " if refused else ""
+                        found = explainers[constraint] = (
+                            FitExplainer(self.state, subset),
+                            f"{head}on the {len(subset)} node(s) it may use: ",
+                        )
+                    reason = reason.replace(FIT, found[1] + found[0].explain(wait.request))
             waiting.append(Waiting(ws.id, ws.project, wait.kind, _elastic_prefix(ws, reason)))
         projects = {
             name: ProjectStatus(

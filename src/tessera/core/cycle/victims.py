@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
 from tessera.core.model import GpuKind, ResourceRequest
 from tessera.core.state import NodeState, Placement
@@ -109,11 +110,13 @@ def cheapest_node(
     *,
     pod_level: bool = False,
     dead: Callable[[WorkloadState], bool] | None = None,
+    constraint: NodeConstraint | None = None,
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
     With ``pod_level`` the result is (workload, pod) pairs on that node (for moves); otherwise
-    whole workloads, all of whose pods would go. ``dead`` says a victim can no longer be taken
+    whole workloads, all of whose pods would go. Nodes ``constraint`` (the pending pod's) does
+    not allow are not considered. ``dead`` says a victim can no longer be taken
     by anyone for the rest of the action (unless the statement is discarded); nodes with only
     such victims are pruned from the index.
     """
@@ -139,6 +142,8 @@ def cheapest_node(
         if scanned > 4 * budget:
             break
         ns = nodes[node]
+        if constraint is not None and not session.node_allowed(constraint, ns):
+            continue
         if gpu.kind is not GpuKind.NONE:
             ok = models_ok.get(ns.static_id)
             if ok is None:
@@ -252,7 +257,7 @@ def evict_until_fits(
             return placed, evicted
         if fail is None:
             return None
-        chosen = cheapest_node(session, fail, index, allow, dead=dead)
+        chosen = cheapest_node(session, fail, index, allow, dead=dead, constraint=session.constraint_for(ws, fail))
         if not chosen:
             return None
         for v in chosen:

@@ -5,6 +5,11 @@ the placer keeps a heap of node scores and a set of nodes changed since it last 
 (``ClusterState.subscribe``); a decision rescores only those nodes, and scores are memoised per
 (node state, request), so nodes in the same state are scored once. Ties go to the node that
 came first, so placement is deterministic; the ``random`` policy draws from a seeded generator.
+
+A request placed with a ``NodeConstraint`` (``tessera.core.constraints``) gets its own ranking,
+shared by every pod with an equal constraint: nodes the constraint's static filter refuses are
+never entered, and each node's key is the policy's score plus ``PREFERENCE_WEIGHT`` × the
+constraint's preference. A dynamic constraint is asked at decision time, best node first.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tessera.core.constraints import PREFERENCE_WEIGHT, NodeConstraint, PlacedPods
 from tessera.core.model import ResourceRequest
 from tessera.core.placement.devices import make_placement
 from tessera.core.placement.explain import explain_no_fit
@@ -56,15 +62,28 @@ class Placer:
         self.state = state
         self.rng = random.Random(seed)
         self.policy: Policy = make_policy(policy, self.rng, workload)
-        self._rankings: OrderedDict[ResourceRequest, _Ranking] = OrderedDict()
+        self._rankings: OrderedDict[object, _Ranking] = OrderedDict()
+        self._static: dict[NodeConstraint, tuple[bytearray, list[float]]] = {}
         self._memo: dict[tuple[object, int], Choice | None] = {}
         self._request_ids: dict[ResourceRequest, int] = {}
         self._next_request_id = 0
         self._stamp = 0
 
-    def place(self, request: ResourceRequest, *, explain: bool = True) -> Placement | NoFit:
-        """Choose where ``request`` runs now. Does not change the state: ``assign`` does."""
-        found = self._random_pick(request) if self.policy.randomised else self._best(request)
+    def place(
+        self,
+        request: ResourceRequest,
+        *,
+        explain: bool = True,
+        constraint: NodeConstraint | None = None,
+        placed: PlacedPods | None = None,
+    ) -> Placement | NoFit:
+        """Choose where ``request`` runs now. Does not change the state: ``assign`` does.
+
+        ``constraint``: only nodes it allows (and, if dynamic, admits given ``placed``)."""
+        if self.policy.randomised:
+            found = self._random_pick(request, constraint, placed)
+        else:
+            found = self._best(request, constraint, placed)
         if found is None:
             return NoFit(explain_no_fit(self.state, request) if explain else "does not fit")
         index, devices = found
@@ -75,17 +94,31 @@ class Placer:
             self.state.unsubscribe(ranking.dirty)
         self._rankings.clear()
 
-    def _ranking(self, request: ResourceRequest) -> _Ranking:
-        ranking = self._rankings.get(request)
+    def _ranking(self, key: object) -> _Ranking:
+        ranking = self._rankings.get(key)
         if ranking is None:
             if len(self._rankings) >= self.MAX_RANKINGS:
                 _, old = self._rankings.popitem(last=False)
                 self.state.unsubscribe(old.dirty)
             ranking = _Ranking(self.state.subscribe())
-            self._rankings[request] = ranking
+            self._rankings[key] = ranking
         else:
-            self._rankings.move_to_end(request)
+            self._rankings.move_to_end(key)
         return ranking
+
+    def static(self, constraint: NodeConstraint) -> tuple[bytearray, list[float]]:
+        """Per node index: does the constraint allow it, and its preference (asked once)."""
+        found = self._static.get(constraint)
+        nodes = self.state.nodes
+        if found is None or len(found[0]) != len(nodes):
+            allowed = bytearray(len(nodes))
+            prefs = [0.0] * len(nodes)
+            for ns in nodes:
+                if constraint.allows(ns.node):
+                    allowed[ns.index] = 1
+                    prefs[ns.index] = PREFERENCE_WEIGHT * constraint.score(ns.node)
+            found = self._static[constraint] = (allowed, prefs)
+        return found
 
     def _request_id(self, request: ResourceRequest) -> int:
         """A small id per distinct request, so memo keys do not rehash the request every time.
@@ -112,11 +145,24 @@ class Placer:
         self._memo[key] = choice
         return choice
 
-    def _best(self, request: ResourceRequest) -> tuple[int, tuple[int, ...]] | None:
-        r = self._ranking(request)
+    def _best(
+        self,
+        request: ResourceRequest,
+        constraint: NodeConstraint | None = None,
+        placed: PlacedPods | None = None,
+    ) -> tuple[int, tuple[int, ...]] | None:
+        if constraint is None:
+            r = self._ranking(request)
+            allowed: bytearray | None = None
+            prefs: list[float] | None = None
+        else:
+            r = self._ranking((request, constraint))
+            allowed, prefs = self.static(constraint)
         if r.dirty:
             rid = self._request_id(request)
             for index in r.dirty:
+                if allowed is not None and not allowed[index]:
+                    continue
                 choice = self._evaluate(index, request, rid)
                 if choice is None:
                     r.stamps.pop(index, None)
@@ -124,12 +170,15 @@ class Placer:
                 self._stamp += 1
                 r.stamps[index] = self._stamp
                 r.choices[index] = choice
-                heapq.heappush(r.heap, (-choice[0], index, self._stamp))
+                key = -choice[0] if prefs is None else -(choice[0] + prefs[index])
+                heapq.heappush(r.heap, (key, index, self._stamp))
             r.dirty.clear()
             if len(r.heap) > 4 * len(r.stamps) + 64:
                 r.heap = [e for e in r.heap if r.stamps.get(e[1]) == e[2]]
                 heapq.heapify(r.heap)
         heap = r.heap
+        if constraint is not None and constraint.dynamic:
+            return self._best_admitted(r, constraint, placed)
         while heap:
             _, index, stamp = heap[0]
             if r.stamps.get(index) == stamp:
@@ -137,11 +186,46 @@ class Placer:
             heapq.heappop(heap)
         return None
 
-    def _random_pick(self, request: ResourceRequest) -> tuple[int, tuple[int, ...]] | None:
-        r = self._ranking(request)
+    def _best_admitted(
+        self, r: _Ranking, constraint: NodeConstraint, placed: PlacedPods | None
+    ) -> tuple[int, tuple[int, ...]] | None:
+        """The best node the dynamic filter admits now (refused entries are put back)."""
+        heap = r.heap
+        refused: list[tuple[float, int, int]] = []
+        found: tuple[int, tuple[int, ...]] | None = None
+        nodes = self.state.nodes
+        view = placed if placed is not None else _NOTHING_PLACED
+        while heap:
+            entry = heap[0]
+            index, stamp = entry[1], entry[2]
+            if r.stamps.get(index) != stamp:
+                heapq.heappop(heap)
+                continue
+            if constraint.admits(nodes[index].node, view):
+                found = (index, r.choices[index][1])
+                break
+            refused.append(heapq.heappop(heap))
+        for entry in refused:
+            heapq.heappush(heap, entry)
+        return found
+
+    def _random_pick(
+        self,
+        request: ResourceRequest,
+        constraint: NodeConstraint | None = None,
+        placed: PlacedPods | None = None,
+    ) -> tuple[int, tuple[int, ...]] | None:
+        if constraint is None:
+            r = self._ranking(request)
+            allowed: bytearray | None = None
+        else:
+            r = self._ranking((request, constraint))
+            allowed = self.static(constraint)[0]
         if r.dirty:
             for index in sorted(r.dirty):
-                feasible = self.policy.evaluate(self.state.nodes[index], request) is not None
+                feasible = (allowed is None or bool(allowed[index])) and self.policy.evaluate(
+                    self.state.nodes[index], request
+                ) is not None
                 if feasible and index not in r.stamps:
                     r.stamps[index] = len(r.members)
                     r.members.append(index)
@@ -152,9 +236,21 @@ class Placer:
                         r.members[pos] = last
                         r.stamps[last] = pos
             r.dirty.clear()
-        if not r.members:
+        members = r.members
+        if constraint is not None and constraint.dynamic:
+            view = placed if placed is not None else _NOTHING_PLACED
+            members = [i for i in members if constraint.admits(self.state.nodes[i].node, view)]
+        if not members:
             return None
-        index = r.members[self.rng.randrange(len(r.members))]
+        index = members[self.rng.randrange(len(members))]
         choice = self.policy.evaluate(self.state.nodes[index], request)
         assert choice is not None
         return index, choice[1]
+
+
+class _NothingPlaced:
+    def node_of(self, workload_id: str, pod: int) -> str | None:
+        return None
+
+
+_NOTHING_PLACED = _NothingPlaced()

@@ -24,8 +24,16 @@ def gang_demand(session: Session, ws: WorkloadState) -> Vector:
     return total
 
 
-def shape(ws: WorkloadState) -> tuple[tuple[ResourceRequest, ...], int]:
-    return tuple(ws.spec.pods[i] for i in ws.unplaced()), ws.required()
+Shape = tuple[tuple[object, ...], int]
+"""What a workload still needs (its unplaced pods' requests and constraints, and the gang
+minimum): workloads of one shape fit or fail alike, so a failed shape is not tried again."""
+
+
+def shape(ws: WorkloadState) -> Shape:
+    spec = ws.spec
+    if spec.constraints:
+        return tuple((spec.pods[i], spec.constraints[i]) for i in ws.unplaced()), ws.required()
+    return tuple(spec.pods[i] for i in ws.unplaced()), ws.required()
 
 
 class Allocate:
@@ -40,7 +48,7 @@ class Allocate:
         ]
 
     def execute(self, session: Session) -> None:
-        failed: dict[tuple[tuple[ResourceRequest, ...], int], tuple[str, ResourceRequest | None]] = {}
+        failed: dict[Shape, tuple[str, ResourceRequest | None]] = {}
         fair = not self.over_fair_share
         for ws in session.fair_order(self.candidates(session)):
             if not ws.unplaced():

@@ -12,11 +12,10 @@ from __future__ import annotations
 from tessera.core.cycle.session import Session, Statement, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, cheapest_node
 from tessera.core.fairshare import Vector
-from tessera.core.model import ResourceRequest
 from tessera.core.placement import NoFit
 from tessera.core.state import Placement
 
-from .allocate import gang_demand, shape
+from .allocate import Shape, gang_demand, shape
 
 
 class Consolidate:
@@ -44,7 +43,7 @@ class Consolidate:
             return
         movable.sort(key=lambda v: (v.vector()[0], v.id))
         index = NodeIndex(movable)
-        failed: set[tuple[tuple[ResourceRequest, ...], int]] = set()
+        failed: set[Shape] = set()
         for ws in session.fair_order(waiting):
             key = shape(ws)
             if key in failed or not ws.unplaced():
@@ -68,7 +67,9 @@ class Consolidate:
             placed, fail, _fitted = session.place_pods(ws, extra_ok)
             if placed or fail is None:
                 break
-            pairs = cheapest_node(session, fail, index, allow, pod_level=True)
+            pairs = cheapest_node(
+                session, fail, index, allow, pod_level=True, constraint=session.constraint_for(ws, fail)
+            )
             if not pairs or len(moved) + len(pairs) > session.config.max_moves:
                 break
             for v, i in pairs:  # type: ignore[misc]
@@ -77,7 +78,9 @@ class Consolidate:
             stmt.discard()
             return False
         for v, i, _source in moved:
-            found = session.placer.place(v.spec.pods[i], explain=False)
+            found = session.placer.place(
+                v.spec.pods[i], explain=False, constraint=v.spec.constraint_of(i), placed=session
+            )
             if isinstance(found, NoFit):
                 stmt.discard()
                 return False

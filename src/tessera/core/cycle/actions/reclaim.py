@@ -19,11 +19,10 @@ from __future__ import annotations
 from tessera.core.cycle.session import Session, Statement, Wait, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
 from tessera.core.fairshare import EPS, Vector
-from tessera.core.model import ResourceRequest
 from tessera.core.projects import Resource
 from tessera.core.units import format_gpus
 
-from .allocate import gang_demand, shape
+from .allocate import Shape, gang_demand, shape
 
 _TRIES = ("placement", "fair-share")
 
@@ -114,7 +113,7 @@ class Reclaim:
                 index = indexes[ancestors] = NodeIndex(sorted(victims, key=preference), like)
             return index
 
-        failed: set[tuple[str, tuple[tuple[ResourceRequest, ...], int]]] = set()
+        failed: set[tuple[str, Shape]] = set()
         for ws in session.fair_order(waiting):
             key = (ws.project, shape(ws))
             if key in failed or not ws.unplaced():
