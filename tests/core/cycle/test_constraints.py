@@ -95,7 +95,7 @@ def test_gpu_reason_is_given_among_the_allowed_nodes() -> None:
     assert bound(plan) == {}
     assert waiting(plan)["w"] == (
         "0/2 nodes are available: 1 didn't match the test's node list; on the 1 node(s) it may use: "
-        "no GPU with 8.6 GB free: largest free is 4.3 GB on n1 GPU 0"
+        "no GPU with 8 GiB free: largest free is 4 GiB on n1 GPU 0"
     )
 
 
