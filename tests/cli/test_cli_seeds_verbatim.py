@@ -208,3 +208,7 @@ def test_numbers_in_errors_are_echoed_as_typed(srv: EmbeddedServer) -> None:
     line = _err(srv, "submit", "x", "-p", "team-a", "-g", "0.5", "--workers",
                 "100000000000000000000", "--", "true")
     assert line.startswith("error: --workers: ") and line.endswith("(got 100000000000000000000)")
+
+
+def test_the_server_places_with_fgd_by_default(srv: EmbeddedServer) -> None:
+    assert srv.cli_json("top")["scheduler"].endswith("placement policy fgd")

@@ -102,7 +102,7 @@ def _login_local(url: str, directory: Path, backend: str = "embedded") -> None:
 
 @cli.command()
 def up(
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1")] = DEFAULT_PORT,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1", envvar="TESSERA_PORT")] = DEFAULT_PORT,
     data_dir_opt: Annotated[str | None, typer.Option("--data-dir", help="State directory")] = None,
     simulate: Annotated[list[str] | None, typer.Option(help="Simulated GPUs, e.g. 1xV100-16GB or 2xH100-80GB")] = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Run in the background")] = False,

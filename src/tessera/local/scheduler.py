@@ -264,6 +264,7 @@ class CycleScheduler:
     name = "tessera.core.cycle (fair share, reclaim, priority preemption)"
 
     def __init__(self, policy: str = "fgd") -> None:
+        self.name = f"{CycleScheduler.name}; placement policy {policy}"
         from tessera.core.cycle import CycleConfig
 
         self.config = CycleConfig(
