@@ -13,7 +13,6 @@ The FGD policy places a pod where it raises fragmentation least.
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -34,15 +33,9 @@ class _Shape:
 
 
 def typical_workload(requests: Iterable[ResourceRequest]) -> list[tuple[ResourceRequest, float]]:
-    """The typical workload of a stream of requests: each distinct shape, weighted by the
-    square root of how often it occurs.
-
-    FGD weights shapes by plain frequency. Damping it lets rare but large shapes (8-GPU pods,
-    model-constrained pods) keep the nodes they need: on the Alibaba trace this places about
-    0.3 points more GPU than plain frequency (docs/benchmarks.md).
-    """
+    """The typical workload of a stream of requests: each distinct shape with how often it occurs."""
     counts = Counter(requests)
-    return [(request, math.sqrt(count)) for request, count in counts.most_common()]
+    return [(request, float(count)) for request, count in counts.most_common()]
 
 
 def default_workload() -> list[tuple[ResourceRequest, float]]:
@@ -52,10 +45,10 @@ def default_workload() -> list[tuple[ResourceRequest, float]]:
     from tessera.core.model import GpuRequest
 
     mix: list[tuple[ResourceRequest, float]] = [
-        (ResourceRequest(GpuRequest.fraction(Decimal(p))), w)
+        (ResourceRequest(GpuRequest.fraction(Decimal(p))), w * w)
         for p, w in (("0.25", 0.15), ("0.5", 0.2), ("0.75", 0.05))
     ]
-    mix += [(ResourceRequest(GpuRequest.whole(n)), w) for n, w in ((1, 0.4), (2, 0.1), (4, 0.05), (8, 0.05))]
+    mix += [(ResourceRequest(GpuRequest.whole(n)), w * w) for n, w in ((1, 0.4), (2, 0.1), (4, 0.05), (8, 0.05))]
     return mix
 
 
@@ -64,13 +57,16 @@ class Fragmentation:
 
     MAX_MEMO = 400_000
 
-    def __init__(self, workload: Sequence[tuple[ResourceRequest, float]]) -> None:
-        total = sum(w for _, w in workload) or 1.0
-        self.shapes = [
-            _Shape(w / total, r.cpu_milli, r.memory, r.gpu.kind, r.gpu.devices, r)
-            for r, w in workload
-            if w > 0
-        ]
+    def __init__(self, workload: Sequence[tuple[ResourceRequest, float]], damping: float = 0.5) -> None:
+        """``workload``: shapes with their frequencies; each is weighted by frequency^``damping``.
+
+        FGD weights shapes by plain frequency (damping 1). Damping it (0.5, the square root) lets
+        rare but large shapes (8-GPU pods, model-constrained pods) keep the nodes they need
+        (docs/placement.md has the ablation).
+        """
+        weighted = [(r, w**damping) for r, w in workload if w > 0]
+        total = sum(w for _, w in weighted) or 1.0
+        self.shapes = [_Shape(w / total, r.cpu_milli, r.memory, r.gpu.kind, r.gpu.devices, r) for r, w in weighted]
         self._memo: dict[tuple[object, ...], float] = {}
         self._needs: dict[int, list[tuple[int, bool]]] = {}
 

@@ -62,6 +62,13 @@ class Placer:
         self.state = state
         self.rng = random.Random(seed)
         self.policy: Policy = make_policy(policy, self.rng, workload)
+        observe = getattr(self.policy, "observe_cluster", None)
+        if observe is not None:
+            capacity: dict[str, int] = {}
+            for ns in state.nodes:
+                for model in ns.dev_models:
+                    capacity[model] = capacity.get(model, 0) + 1
+            observe(capacity)
         self._rankings: OrderedDict[object, _Ranking] = OrderedDict()
         self._static: dict[NodeConstraint, tuple[bytearray, list[float]]] = {}
         self._memo: dict[tuple[object, int], Choice | None] = {}

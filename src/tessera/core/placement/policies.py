@@ -10,7 +10,7 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
-from tessera.core.model import ResourceRequest
+from tessera.core.model import GpuKind, ResourceRequest
 from tessera.core.placement.devices import device_options, used_after
 from tessera.core.placement.fragmentation import Fragmentation, default_workload
 from tessera.core.state import NodeState
@@ -111,20 +111,75 @@ class Random:
         return 0.0, self.rng.choice(options)
 
 
+def model_pressure(
+    workload: Sequence[tuple[ResourceRequest, float]], capacity: dict[str, int]
+) -> dict[str, float]:
+    """Per GPU model: the share of its GPUs that model-constrained pods are expected to need.
+
+    Each constrained shape's GPU demand (its share of the workload's GPU demand, scaled to the
+    cluster's capacity: demand equal to capacity) is spread over the models it allows in
+    proportion to their GPU counts; a model's pressure is what lands on it over its count,
+    capped at 1. Unconstrained demand lands nowhere in particular, so it adds nothing.
+    """
+    total_gpus = sum(capacity.values())
+    demand = 0.0
+    constrained: list[tuple[frozenset[str], float]] = []
+    for request, weight in workload:
+        gpu = request.gpu
+        share = weight * _gpus_of(request)
+        demand += share
+        if gpu.models and share:
+            constrained.append((gpu.models, share))
+    pressure: dict[str, float] = dict.fromkeys(capacity, 0.0)
+    if not demand or not total_gpus:
+        return pressure
+    for models, share in constrained:
+        allowed = sum(capacity.get(m, 0) for m in models)
+        if not allowed:
+            continue
+        for m in models:
+            if m in pressure:
+                pressure[m] += share / demand * total_gpus / allowed
+    return {m: min(1.0, p) for m, p in pressure.items()}
+
+
+def _gpus_of(request: ResourceRequest) -> float:
+    gpu = request.gpu
+    if gpu.kind is GpuKind.WHOLE:
+        return float(gpu.devices)
+    if gpu.kind is GpuKind.PORTION:
+        return float(gpu.portion or 0) * gpu.devices
+    if gpu.kind is GpuKind.MEMORY:
+        return 0.5 * gpu.devices  # size unknown until placed: counted as half a device
+    return 0.0
+
+
 class FragmentationGradient:
     """FGD: place where the node's fragmentation (seen by the typical workload) grows least.
 
-    A small packing term (``pack`` × the node's GPU utilisation after placement) breaks the
-    many ties and near-ties between nodes in favour of fuller ones; on the Alibaba trace it adds
-    about half a point of allocated GPU over pure FGD (docs/benchmarks.md).
+    Two terms are added to the paper's score (docs/placement.md has the ablation):
+
+    * ``pack`` × the node's GPU utilisation after placement breaks the many ties and near-ties
+      between nodes in favour of fuller ones;
+    * ``scarcity`` × Σ over the devices taken of (GPUs taken × the model's pressure): GPUs of a
+      model that constrained pods are expected to need (``model_pressure``) cost more, so pods
+      that could run elsewhere leave them to the pods that cannot.
     """
 
     name = "fgd"
     randomised = False
     pack = 0.1
+    scarcity = 1.0
+    damping = 0.5
 
     def __init__(self, workload: Sequence[tuple[ResourceRequest, float]] | None = None) -> None:
-        self.fragmentation = Fragmentation(workload or default_workload())
+        self.workload = list(workload or default_workload())
+        self.fragmentation = Fragmentation(self.workload, self.damping)
+        self.pressure: dict[str, float] = {}
+
+    def observe_cluster(self, capacity: dict[str, int]) -> None:
+        """The GPU count of every model in the cluster (for the scarcity term)."""
+        self.pressure = model_pressure(self.workload, capacity)
 
     def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
         options = device_options(ns, request)
@@ -134,9 +189,15 @@ class FragmentationGradient:
         before = frag.of_node(ns)
         cpu, mem = ns.free_cpu - request.cpu_milli, ns.free_mem - request.memory
         best: Choice | None = None
+        pressure = self.pressure
         for devices in options:
             used = used_after(ns, request, devices)
             score = before - frag.measure(ns, cpu, mem, used) + self.pack * _gpu_util(ns, used)
+            if self.scarcity and pressure:
+                score -= self.scarcity * sum(
+                    (used[i] - ns.dev_used[i]) / ns.dev_memory[i] * pressure.get(ns.dev_models[i], 0.0)
+                    for i in devices
+                )
             if best is None or score > best[0]:
                 best = (score, devices)
         return best
