@@ -152,6 +152,8 @@ def test_cgpu_binpack_pod_gets_four_gpus_of_one_node(stack: TestCluster,
         limit = {e.name: e for e in pod.spec.containers[0].env}["TESSERA_GPU_MEMORY_LIMIT"].value
         assert limit == str(2 * 2**30)
         assert manual_environment(limit, library=Path("/lib/x.so"))["TESSERA_GPU_MEMORY_LIMIT"]
+        # seed 002: ALIYUN_COM_GPU_MEM_DEV, the whole GiB of each device (81559 MiB H100s: 79)
+        assert data["ALIYUN_COM_GPU_MEM_DEV"] == str(81559 * 2**20 // 2**30)
     finally:
         cleanup(kube_client, ns)
 
