@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, Client, codecs
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
@@ -161,3 +161,41 @@ def test_shares_wait_for_a_ready_agent_and_say_so(scheduler: None, kube_cluster:
         kube_client.delete(Pod, "half", namespace=ns)
         agents.stop()
         kube_client.delete(Node, node)
+
+
+def test_a_pod_naming_a_gpu_the_node_lacks_gets_an_event_and_no_files(
+        agents: NodeAgents, kube_client: Client, kube_namespace: str) -> None:
+    """What a ConfigMap naming a device the node does not have comes to: the placement's UUID
+    is not in the node's NVML inventory. The agent refuses to write the files (so the container
+    cannot start: its config mount is a hostPath of type Directory) and says why."""
+    ns = kube_namespace
+    node = sorted(agents.agents)[0]
+    agent = agents.agents[node]
+    key = "0123456789abcdef"
+    placement = {"node": node, "devices": [0], "request": [2**30], "limit": [2**30],
+                 "exclusive": False, "cpu": 0, "memory": 0}
+    manifest = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "stray", "namespace": ns, "annotations": {
+            "tessera.io/placement": json.dumps(placement), "tessera.io/gpu-uuids": "GPU-not-on-this-node",
+            "tessera.io/gpu-config-key": key}},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}],
+                 "volumes": [{"name": "tessera-gpu-config", "hostPath": {
+                     "path": f"/var/lib/tessera/containers/{key}/conf/main", "type": "Directory"}}]},
+    }
+    try:
+        kube_client.create(codecs.from_dict(manifest))  # bound directly, no webhook in this module
+        ev = wait_until("the Event", lambda: [e for e in events(kube_client, ns, "stray")
+                                              if e.reason == "GPUIsolationFailed"])
+        assert "GPU-not-on-this-node" in ev[0].message and "not started uncapped" in ev[0].message
+        assert ev[0].type == "Warning" and ev[0].source.component == "tessera-node"
+        time.sleep(1.0)  # two more syncs
+        assert not (agent.containers_dir / key).exists()
+        assert len([e for e in events(kube_client, ns, "stray")
+                    if e.reason == "GPUIsolationFailed"]) == 1, "one Event, not one per sync"
+    finally:
+        kube_client.delete(Pod, "stray", namespace=ns, grace_period=0)
+
+
+def events(client: Client, ns: str, name: str) -> list[Event]:
+    return [e for e in client.list(Event, namespace=ns) if e.involvedObject.name == name]

@@ -34,6 +34,9 @@ GPU_UUID = "tessera.io/gpu-uuid"
 """Annotation on a reservation pod: the UUID of the GPU it holds (written by the node agent,
 from the kubelet pod-resources API; the kubelet double serves that API on kwok nodes)."""
 NODE_GPU_UUIDS = "tessera.io/gpu-uuids"
+GPU_CONFIG_KEY = "tessera.io/gpu-config-key"
+"""Annotation on a share pod, drawn by the admission webhook (16 hex digits): the host directory
+tessera-node writes the pod's isolation files into (``/var/lib/tessera/containers/KEY``)."""
 NODE_READY = "tessera.io/node-ready"
 """Annotation on a Node, written by tessera-node: ``"true"`` when it can enforce GPU shares there.
 A GPU node without it gets nothing new from the scheduler (tessera.kube.snapshot)."""

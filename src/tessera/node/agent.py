@@ -71,6 +71,9 @@ class AgentOptions:
     library_dir: Path = Path("/var/lib/tessera/isolation")
     library_mount: str = "/usr/local/tessera"
     containers_dir: Path = Path("/var/lib/tessera/containers")
+    """Where this agent writes the per-container files (its mount of the host directory)."""
+    containers_host_dir: Path = Path("/var/lib/tessera/containers")
+    """The same directory as pods' hostPath volumes name it (the webhook's --containers-host-dir)."""
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 9400
     on_escape: str = "warn"
@@ -317,7 +320,7 @@ class KubeAgent:
             if p.deleting:
                 continue
             try:
-                share = share_of(p, self.opts.containers_dir)
+                share = share_of(p, self.opts.containers_host_dir)
                 if share is None:
                     continue
                 missing = [d.uuid for d in share.devices if d.uuid not in known]

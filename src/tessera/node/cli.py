@@ -86,7 +86,9 @@ def _run(args: argparse.Namespace) -> int:
         node_name=node, kubeconfig=args.kubeconfig,
         pod_resources_socket=Path(args.pod_resources_socket),
         library_dir=Path(args.library_dir), library_mount=args.library_mount,
-        containers_dir=Path(args.containers_dir), metrics_address=args.metrics_address,
+        containers_dir=Path(args.containers_dir),
+        containers_host_dir=Path(args.containers_host_dir or args.containers_dir),
+        metrics_address=args.metrics_address,
         metrics_port=args.metrics_port, on_escape=on_escape, sync_interval=args.sync_interval,
         context_overhead_bytes=args.context_overhead_bytes)
     nvml: Nvml | None = None
@@ -140,7 +142,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--library-mount", default="/usr/local/tessera",
                      help="where share containers see --library-dir")
     run.add_argument("--containers-dir", default="/var/lib/tessera/containers",
-                     help="host directory of the per-container isolation files")
+                     help="directory the per-container isolation files are written to")
+    run.add_argument("--containers-host-dir", default=None,
+                     help="that directory's path on the host, as pods' hostPath volumes name it "
+                          "(default: --containers-dir)")
     run.add_argument("--metrics-address", default="0.0.0.0")
     run.add_argument("--metrics-port", type=int, default=9400, help="0: any free port")
     run.add_argument("--on-escape", default="warn", help="warn | kill")

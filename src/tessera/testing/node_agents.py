@@ -105,7 +105,8 @@ def fake_machine_env(fake_dir: Path, model: str, uuids: list[str], state: Path) 
 
 def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Path | None = None,
                       on_escape: str = "warn", sync_interval: float = 0.5,
-                      extra_args: list[str] | None = None) -> NodeAgents:
+                      extra_args: list[str] | None = None,
+                      env_overrides: dict[str, str] | None = None) -> NodeAgents:
     """Starts the kubelet double for ``nodes`` and one tessera-node per node (see module doc).
     ``kubeconfig``: the agents' credentials (default admin; tests pass the chart's
     ServiceAccount so its RBAC is what is tested)."""
@@ -153,6 +154,7 @@ def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Pat
                if not k.startswith(("FAKE_", "TESSERA_", "CUDA_")) and k != "LD_PRELOAD"}
         env.update(fake_machine_env(native.fake_dir, models[name], devices[name],
                                     node_root / "gpu.state"))
+        env.update(env_overrides or {})
         proc = ManagedProcess(
             f"tessera-node-{name}",
             [sys.executable, "-m", "tessera.node", "run", f"--node-name={name}",
@@ -160,6 +162,8 @@ def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Pat
              f"--pod-resources-socket={node_root / 'kubelet.sock'}",
              f"--library-dir={node_root / 'isolation'}",
              f"--containers-dir={node_root / 'containers'}",
+             # what the webhook's hostPath volumes name (its default)
+             "--containers-host-dir=/var/lib/tessera/containers",
              "--metrics-address=127.0.0.1", f"--metrics-port={port}",
              f"--on-escape={on_escape}", f"--sync-interval={sync_interval}",
              *(extra_args or [])],

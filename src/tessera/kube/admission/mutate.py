@@ -8,8 +8,10 @@ server would generate it):
 - ``NVIDIA_VISIBLE_DEVICES`` and ``TESSERA_GPU_MEMORY_LIMIT`` from that ConfigMap
   (``configMapKeyRef``, not optional: the container cannot start before the scheduler wrote it);
 - the isolation library from the node (hostPath the node agent fills), preloaded by a file
-  mounted over ``/etc/ld.so.preload``; an empty read-only ``/etc/tessera`` and a per-pod
-  ``/run/tessera`` for the shared accounting region.
+  mounted over ``/etc/ld.so.preload``; the container's isolation config, read-only at
+  ``/etc/tessera`` and the pod's accounting region at ``/run/tessera``, both hostPaths under
+  ``containers_host_dir/KEY`` (KEY: the annotation ``tessera.io/gpu-config-key`` drawn here) that
+  tessera-node writes (``type: Directory``: the container does not start before they exist).
 
 Every other container gets ``NVIDIA_VISIBLE_DEVICES=void`` (a CUDA image would otherwise see
 every GPU of the node through the NVIDIA runtime).
@@ -79,9 +81,8 @@ def _share_container(container: dict[str, Any], cm: str, t: sp.Translation,
     mounts += [
         {"name": policy.LIBRARY_VOLUME, "mountPath": config.library_mount, "readOnly": True},
         {"name": policy.PRELOAD_VOLUME, "mountPath": policy.PRELOAD_PATH, "readOnly": True},
-        {"name": policy.STATE_VOLUME, "mountPath": policy.REGION_DIR, "subPath": "run"},
-        {"name": policy.STATE_VOLUME, "mountPath": policy.CONFIG_DIR, "subPath": "etc",
-         "readOnly": True},
+        {"name": policy.REGION_VOLUME, "mountPath": policy.REGION_DIR},
+        {"name": policy.CONFIG_VOLUME, "mountPath": policy.CONFIG_DIR, "readOnly": True},
     ]
     container["volumeMounts"] = mounts
     for key in t.drop_resources:
@@ -93,13 +94,17 @@ def _share_container(container: dict[str, Any], cm: str, t: sp.Translation,
                     del res[part]
 
 
-def _volumes(config: WebhookConfig) -> list[dict[str, Any]]:
+def _volumes(config: WebhookConfig, key: str, container: str) -> list[dict[str, Any]]:
+    base = f"{config.containers_host_dir.rstrip('/')}/{key}"
     return [
         {"name": policy.LIBRARY_VOLUME,
          "hostPath": {"path": config.library_host_dir, "type": "Directory"}},
         {"name": policy.PRELOAD_VOLUME,
          "hostPath": {"path": config.preload_host_file, "type": "File"}},
-        {"name": policy.STATE_VOLUME, "emptyDir": {}},
+        {"name": policy.CONFIG_VOLUME,
+         "hostPath": {"path": f"{base}/conf/{container}", "type": "Directory"}},
+        {"name": policy.REGION_VOLUME,
+         "hostPath": {"path": f"{base}/region", "type": "Directory"}},
     ]
 
 
@@ -142,7 +147,12 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
         meta["name"] = generated_name(str(meta["generateName"]))
     cm = pod_configmap(out) if t.shared else None
     if cm is not None:
-        spec["volumes"] = list(spec.get("volumes") or []) + _volumes(config)
+        assert t.container is not None
+        key = secrets.token_hex(8)
+        ann[names.GPU_CONFIG_KEY] = key
+        gpu_c = (spec.get(t.container.kind) or [])[t.container.index]
+        spec["volumes"] = list(spec.get("volumes") or []) + _volumes(
+            config, key, str(gpu_c.get("name") or ""))
     for kind in ("containers", "initContainers"):
         for i, c in enumerate(spec.get(kind) or []):
             if t.container is not None and (kind, i) == (t.container.kind, t.container.index):

@@ -29,8 +29,8 @@ CONFIGMAP_KEYS = (VISIBLE_DEVICES, LIMIT_ENV)
 memory request's limit is known at admission and is given as a value instead (static_limit)."""
 RESERVED_ENV_PREFIX = "TESSERA_GPU_"
 
-PLACEMENT_ANNOTATIONS = (names.PLACEMENT, names.CONFIGMAP, names.GPU_UUID)
-"""Written only by tessera's scheduler."""
+PLACEMENT_ANNOTATIONS = (names.PLACEMENT, names.CONFIGMAP, names.GPU_UUID, names.GPU_CONFIG_KEY)
+"""Written only by tessera (the scheduler; the config key by this webhook)."""
 REQUEST_ANNOTATIONS = (
     *sp.CANONICAL_ANNOTATIONS, *sp.RUNAI_ANNOTATIONS, names.GPU_MODEL, names.PROJECT,
 )
@@ -39,12 +39,15 @@ PROTECTED_LABELS = (sp.ALIYUN_GPU_COUNT,)
 # Volumes the webhook adds to a share pod.
 LIBRARY_VOLUME = "tessera-isolation"
 PRELOAD_VOLUME = "tessera-ld-so-preload"
-STATE_VOLUME = "tessera-gpu-state"
+CONFIG_VOLUME = "tessera-gpu-config"
+REGION_VOLUME = "tessera-gpu-region"
 PRELOAD_PATH = "/etc/ld.so.preload"
 REGION_DIR = "/run/tessera"
 CONFIG_DIR = "/etc/tessera"
-"""Mounted empty and read-only over the image's /etc/tessera: a default isolation config file
-shipped in an image would otherwise override the limits."""
+"""The container's isolation config (``gpu-isolation.conf``, written by tessera-node on the host
+under ``containers_host_dir/KEY/conf/CONTAINER``), mounted read-only over the image's
+/etc/tessera; the library reads it first, so the limits are bound to the container, not to its
+environment."""
 
 REPLACEABLE_SCHEDULERS = frozenset({"", "default-scheduler", "runai-scheduler", "kai-scheduler"})
 
@@ -62,6 +65,9 @@ class WebhookConfig:
     preload_host_file: str = "/var/lib/tessera/isolation/ld.so.preload"
     """hostPath file (written by the node agent) naming the library; mounted over
     /etc/ld.so.preload."""
+    containers_host_dir: str = "/var/lib/tessera/containers"
+    """hostPath directory where the node agent writes each share container's isolation config
+    (``KEY/conf/CONTAINER``) and the pod's accounting region (``KEY/region``)."""
     default_project: str | None = None
     """Project for pods in a namespace no Project owns; None refuses them."""
     replaceable_schedulers: frozenset[str] = REPLACEABLE_SCHEDULERS
@@ -214,6 +220,11 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
                              "must preload tessera's isolation library (no share without isolation)")
             if CONFIG_ENV in env:
                 raise refuse(f"{ref.path}.env[{CONFIG_ENV}]", "is set by tessera only")
+            conf = mounts.get(CONFIG_DIR)
+            if not conf or conf.get("name") != CONFIG_VOLUME or conf.get("readOnly") is not True:
+                raise refuse(f"{ref.path}.volumeMounts[{CONFIG_DIR}]",
+                             "must mount the container's isolation config from the node, "
+                             "read-only (no share without its limits)")
             continue
         entry = env.get(VISIBLE_DEVICES)
         has_whole = names.GPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})

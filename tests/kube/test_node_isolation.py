@@ -1,0 +1,109 @@
+"""Isolation bound to the container, end to end on the test cluster: the webhook wires the
+config mount, the scheduler binds, tessera-node writes the files the mounts name; bad input gets
+an Event and no files (the hostPath mounts are ``type: Directory``: the container cannot start
+uncapped)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from lightkube import Client
+from lightkube.resources.core_v1 import Event, Pod
+
+from tessera.isolation.config import CONFIG_HEADER
+from tessera.kube import names
+from tessera.testing.cluster import TestCluster
+from tests.kube.test_admission import (
+    create,
+    create_project_namespace,
+    delete_pods,
+    runai_pod,
+    wait_webhook_sees_project,
+)
+from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
+
+CONTAINERS_HOST_DIR = "/var/lib/tessera/containers"
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def agent_of(cluster: TestCluster, node: str) -> Any:
+    for group in cluster.node_agents:
+        if node in group.agents:
+            return group.agents[node]
+    raise AssertionError(f"no tessera-node for {node}")
+
+
+def events(client: Client, ns: str, name: str) -> list[Event]:
+    return [e for e in client.list(Event, namespace=ns)
+            if e.involvedObject.name == name]
+
+
+def test_share_container_gets_its_config_file_from_the_node(stack: TestCluster,  # noqa: F811
+                                                            kube_client: Client) -> None:
+    ns, _ = create_project_namespace(kube_client, "iso-files")
+    wait_webhook_sees_project(kube_client, ns)
+    try:
+        create(kube_client, runai_pod("frac05", {"gpu-fraction": "0.5"}), ns)
+        pod = wait_until("bound", lambda: (p := kube_client.get(Pod, "frac05", namespace=ns))
+                         .spec.nodeName and p)
+        ann = pod.metadata.annotations
+        key = ann[names.GPU_CONFIG_KEY]
+        assert len(key) == 16
+        container = pod.spec.containers[0].name
+        volumes = {v.name: v for v in pod.spec.volumes}
+        assert volumes["tessera-gpu-config"].hostPath.path == \
+            f"{CONTAINERS_HOST_DIR}/{key}/conf/{container}"
+        assert volumes["tessera-gpu-config"].hostPath.type == "Directory"
+        assert volumes["tessera-gpu-region"].hostPath.path == f"{CONTAINERS_HOST_DIR}/{key}/region"
+        mounts = {m.mountPath: m for m in pod.spec.containers[0].volumeMounts}
+        assert mounts["/etc/tessera"].name == "tessera-gpu-config" and mounts["/etc/tessera"].readOnly
+        assert mounts["/run/tessera"].name == "tessera-gpu-region"
+
+        agent = agent_of(stack, pod.spec.nodeName)
+        conf = agent.containers_dir / key / "conf" / container / "gpu-isolation.conf"
+        text = wait_until("the config file", lambda: conf.is_file() and conf.read_text())
+        placement = json.loads(ann[names.PLACEMENT])
+        uuid = ann[names.NODE_GPU_UUIDS]
+        assert text.splitlines() == [
+            CONFIG_HEADER, "region /run/tessera/gpu-usage.region", "context-overhead 0",
+            f"device index=0 uuid={uuid} request={placement['request'][0]} "
+            f"limit={placement['limit'][0]}"]
+        assert (agent.containers_dir / key / "region" / "gpu-usage.region").is_file()
+        identity = json.loads((agent.containers_dir / key / "pod.json").read_text())
+        assert (identity["namespace"], identity["pod"], identity["uid"]) == (
+            ns, "frac05", pod.metadata.uid)
+        # The agent's metrics list the container with its request and limit.
+        body = httpx.get(agent.metrics_url, timeout=5).text
+        line = next(x for x in body.splitlines()
+                    if x.startswith("tessera_container_gpu_memory_request_bytes{")
+                    and 'pod="frac05"' in x)
+        assert f'namespace="{ns}"' in line and f'gpu_uuid="{uuid}"' in line
+        assert float(line.rsplit(" ", 1)[1]) == placement["request"][0]
+        # Pod gone: its files go too.
+        kube_client.delete(Pod, "frac05", namespace=ns, grace_period=0)
+        wait_until("files removed", lambda: not (agent.containers_dir / key).exists())
+    finally:
+        delete_pods(kube_client, ns)
+
+
+def test_agent_config_dir_matches_the_webhook_default() -> None:
+    from tessera.kube.admission.policy import WebhookConfig
+    from tessera.node.agent import AgentOptions
+
+    assert WebhookConfig().containers_host_dir == CONTAINERS_HOST_DIR
+    assert AgentOptions(node_name="n").containers_host_dir == Path(CONTAINERS_HOST_DIR)
