@@ -10,6 +10,21 @@ def host_fits(ns: NodeState, request: ResourceRequest) -> bool:
     return request.cpu_milli <= ns.free_cpu and request.memory <= ns.free_mem
 
 
+def could_ever_fit(ns: NodeState, request: ResourceRequest) -> bool:
+    """Whether the request fits this node when the node is empty."""
+    node = ns.node
+    if request.cpu_milli > node.cpu_milli or request.memory > node.memory:
+        return False
+    gpu = request.gpu
+    if gpu.kind is GpuKind.NONE:
+        return True
+    usable = sum(
+        1 for size, model in zip(ns.dev_memory, ns.dev_models, strict=True)
+        if gpu.allows(model) and gpu.bytes_on(size) <= size
+    )
+    return usable >= gpu.devices
+
+
 def fitting_devices(ns: NodeState, gpu: GpuRequest) -> list[int]:
     """Devices that could take one share of this request now."""
     if gpu.kind is GpuKind.WHOLE:

@@ -52,6 +52,31 @@ def default_workload() -> list[tuple[ResourceRequest, float]]:
     return mix
 
 
+_NONE, _WHOLE, _SHARED = 0, 1, 2
+
+
+class _Group:
+    """Shapes that need the same of one device (kind, device count, bytes), with their CPU/memory."""
+
+    __slots__ = ("count", "cpus", "kind", "max_cpu", "max_mem", "mems", "need", "weight", "weights")
+
+    def __init__(self, kind: int, count: int, need: int) -> None:
+        self.kind, self.count, self.need = kind, count, need
+        self.cpus: list[int] = []
+        self.mems: list[int] = []
+        self.weights: list[float] = []
+        self.weight = 0.0
+        self.max_cpu = self.max_mem = 0
+
+    def add(self, cpu: int, mem: int, weight: float) -> None:
+        self.cpus.append(cpu)
+        self.mems.append(mem)
+        self.weights.append(weight)
+        self.weight += weight
+        self.max_cpu = max(self.max_cpu, cpu)
+        self.max_mem = max(self.max_mem, mem)
+
+
 class Fragmentation:
     """Measures nodes against a typical workload; results are memoised per node state."""
 
@@ -69,6 +94,8 @@ class Fragmentation:
         self.shapes = [_Shape(w / total, r.cpu_milli, r.memory, r.gpu.kind, r.gpu.devices, r) for r, w in weighted]
         self._memo: dict[tuple[object, ...], float] = {}
         self._needs: dict[int, list[tuple[int, bool]]] = {}
+        self._groups: dict[int, list[_Group]] = {}
+        self._fit: dict[tuple[int, int, int], list[float]] = {}
 
     def of_node(self, ns: NodeState) -> float:
         return self.measure(ns, ns.free_cpu, ns.free_mem, ns.dev_used)
@@ -84,6 +111,7 @@ class Fragmentation:
         if value is None:
             if len(self._memo) > self.MAX_MEMO:
                 self._memo.clear()
+                self._fit.clear()
             if ns.homogeneous:
                 value = self._homogeneous(ns, free_cpu, free_mem, used)
             else:
@@ -100,7 +128,49 @@ class Fragmentation:
             self._needs[ns.static_id] = needs
         return needs
 
+    def _groups_for(self, ns: NodeState) -> list[_Group]:
+        """The shapes that could use this node's GPUs, grouped by what they need of one device.
+
+        Shapes whose model this node lacks are left out: they can use none of its free GPU, which
+        is the fragmentation's starting value (all of it).
+        """
+        groups = self._groups.get(ns.static_id)
+        if groups is None:
+            by_need: dict[tuple[int, int, int], _Group] = {}
+            for shape, (need, allowed) in zip(self.shapes, self._needs_for(ns), strict=True):
+                if shape.kind is GpuKind.NONE:
+                    key = (_NONE, 0, 0)
+                elif not allowed:
+                    continue
+                elif shape.kind is GpuKind.WHOLE:
+                    key = (_WHOLE, shape.count, 0)
+                else:
+                    key = (_SHARED, shape.count, need)
+                group = by_need.get(key)
+                if group is None:
+                    group = by_need[key] = _Group(*key)
+                group.add(shape.cpu, shape.mem, shape.weight)
+            groups = self._groups[ns.static_id] = list(by_need.values())
+        return groups
+
+    def _fitting_weights(self, ns: NodeState, free_cpu: int, free_mem: int) -> list[float]:
+        """Per group: the weight of its shapes whose CPU and memory fit on the node."""
+        key = (ns.static_id, free_cpu, free_mem)
+        fit = self._fit.get(key)
+        if fit is None:
+            fit = []
+            for g in self._groups_for(ns):
+                if free_cpu >= g.max_cpu and free_mem >= g.max_mem:
+                    fit.append(g.weight)
+                else:
+                    fit.append(
+                        sum(w for c, m, w in zip(g.cpus, g.mems, g.weights, strict=True) if c <= free_cpu and m <= free_mem)
+                    )
+            self._fit[key] = fit
+        return fit
+
     def _homogeneous(self, ns: NodeState, free_cpu: int, free_mem: int, used: Sequence[int]) -> float:
+        """Fragmentation = free GPU − Σ over groups of (weight that fits) × (free GPU the group can use)."""
         if not ns.dev_memory:
             return 0.0
         size = ns.dev_memory[0]
@@ -109,22 +179,24 @@ class Fragmentation:
         for f in frees:
             prefix.append(prefix[-1] + f)
         total = prefix[-1]
+        if not total:
+            return 0.0
         n = len(frees)
         idle = n - bisect_left(frees, size)
-        frag = 0.0
-        for shape, (need, allowed) in zip(self.shapes, self._needs_for(ns), strict=True):
-            if shape.cpu > free_cpu or shape.mem > free_mem:
-                frag += shape.weight * total
-            elif shape.kind is GpuKind.NONE:
+        usable_sum = 0.0
+        for g, w in zip(self._groups_for(ns), self._fitting_weights(ns, free_cpu, free_mem), strict=True):
+            if not w:
                 continue
-            elif not allowed:
-                frag += shape.weight * total
-            elif shape.kind is GpuKind.WHOLE:
-                frag += shape.weight * (total if idle < shape.count else total - idle * size)
+            if g.kind == _SHARED:
+                cut = bisect_left(frees, g.need)
+                if n - cut >= g.count:
+                    usable_sum += w * (total - prefix[cut])
+            elif g.kind == _WHOLE:
+                if idle >= g.count:
+                    usable_sum += w * idle * size
             else:
-                cut = bisect_left(frees, need)
-                frag += shape.weight * (total if n - cut < shape.count else prefix[cut])
-        return frag / size
+                usable_sum += w * total
+        return (total - usable_sum) / size
 
     def _general(self, ns: NodeState, free_cpu: int, free_mem: int, used: Sequence[int]) -> float:
         free = [(m - u) / m for m, u in zip(ns.dev_memory, used, strict=True)]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from tessera.core.constraints import PREFERENCE_WEIGHT, NodeConstraint, PlacedPods
 from tessera.core.model import ResourceRequest
-from tessera.core.placement.devices import make_placement
+from tessera.core.placement.devices import could_ever_fit, make_placement
 from tessera.core.placement.explain import explain_no_fit
 from tessera.core.placement.policies import DEFAULT_POLICY, Choice, Policy, make_policy
 from tessera.core.state import ClusterState, Placement
@@ -49,7 +49,7 @@ class _Ranking:
 
 
 class Placer:
-    MAX_RANKINGS = 256
+    MAX_RANKINGS = 1024
     MAX_MEMO = 500_000
 
     def __init__(
@@ -71,6 +71,7 @@ class Placer:
             observe(capacity)
         self._rankings: OrderedDict[object, _Ranking] = OrderedDict()
         self._static: dict[NodeConstraint, tuple[bytearray, list[float]]] = {}
+        self._possible: dict[ResourceRequest, bytearray] = {}
         self._memo: dict[tuple[object, int], Choice | None] = {}
         self._request_ids: dict[ResourceRequest, int] = {}
         self._next_request_id = 0
@@ -127,6 +128,24 @@ class Placer:
             found = self._static[constraint] = (allowed, prefs)
         return found
 
+    def _possible_nodes(self, request: ResourceRequest) -> bytearray:
+        """Per node index: could the request run there if the node were empty (capacity, GPU
+        model, device count and size)? Nodes where it never could are never scored for it."""
+        found = self._possible.get(request)
+        nodes = self.state.nodes
+        if found is None or len(found) != len(nodes):
+            if len(self._possible) >= 4 * self.MAX_RANKINGS:
+                self._possible.clear()
+            by_static: dict[int, int] = {}
+            found = bytearray(len(nodes))
+            for ns in nodes:
+                ok = by_static.get(ns.static_id)
+                if ok is None:
+                    ok = by_static[ns.static_id] = int(could_ever_fit(ns, request))
+                found[ns.index] = ok
+            self._possible[request] = found
+        return found
+
     def _request_id(self, request: ResourceRequest) -> int:
         """A small id per distinct request, so memo keys do not rehash the request every time.
 
@@ -167,8 +186,9 @@ class Placer:
             allowed, prefs = self.static(constraint)
         if r.dirty:
             rid = self._request_id(request)
+            possible = self._possible_nodes(request)
             for index in r.dirty:
-                if allowed is not None and not allowed[index]:
+                if not possible[index] or (allowed is not None and not allowed[index]):
                     continue
                 choice = self._evaluate(index, request, rid)
                 if choice is None:
@@ -229,8 +249,9 @@ class Placer:
             r = self._ranking((request, constraint))
             allowed = self.static(constraint)[0]
         if r.dirty:
+            possible = self._possible_nodes(request)
             for index in sorted(r.dirty):
-                feasible = (allowed is None or bool(allowed[index])) and self.policy.evaluate(
+                feasible = possible[index] and (allowed is None or bool(allowed[index])) and self.policy.evaluate(
                     self.state.nodes[index], request
                 ) is not None
                 if feasible and index not in r.stamps:
