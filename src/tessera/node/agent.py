@@ -27,7 +27,6 @@ import importlib.util
 import json
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,13 +41,12 @@ from tessera.isolation.library import LibraryNotBuilt, library_path
 from tessera.node import containers as files
 from tessera.node import publish
 from tessera.node.containers import Share, ShareDevice, ShareFilesError
-from tessera.node.escapes import NO_SHARE, EscapeDetector
 from tessera.node.install import InstallError, install_library
-from tessera.node.metrics import Counters, NodeCollector
 from tessera.node.nvml import Inventory, Nvml
+from tessera.node.observe import Observer
 from tessera.node.plugins import NodePlugin
 from tessera.node.podresources.client import PodResourcesError, gpus_by_pod, list_devices
-from tessera.node.usage import NodeUsage, snapshot
+from tessera.node.usage import NodeUsage
 
 log = logging.getLogger("tessera.node")
 
@@ -159,10 +157,11 @@ class KubeAgent:
         self.pods: dict[tuple[str, str], PodView] = {}
         self.listed = False
         self.wake = asyncio.Event()
-        self.counters = Counters()
-        self.collector = NodeCollector(opts.node_name, self.counters)
-        self.detector = EscapeDetector(opts.escape_tolerance)
-        self.plugin = plugin
+        self.observer = Observer(opts.node_name, nvml, None, opts.containers_dir, opts.on_escape,
+                                 self._sink, opts.escape_tolerance, plugin)
+        self.counters = self.observer.counters
+        self.collector = self.observer.collector
+        self._event_tasks: set[asyncio.Task[None]] = set()
         self.share_errors: dict[str, str] = {}
         self.posted: set[tuple[str, str, str]] = set()
         self.published: dict[str, str] | None = None
@@ -347,62 +346,25 @@ class KubeAgent:
                 log.info("removed the isolation files of a pod that is gone (%s)", key)
         return shares
 
-    # ---- usage, metrics, escapes, plugin -------------------------------------------------------
-    def kill(self, pid: int, why: str) -> bool:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            log.warning("killed process %d: %s", pid, why)
-            return True
-        except ProcessLookupError:
-            return False
-
-    def event(self, share: Share | None, reason: str, message: str, warning: bool = True) -> None:
+    # ---- usage, metrics, escapes, plugin (tessera.node.observe) ------------------------------
+    def _sink(self, share: Share | None, reason: str, message: str, warning: bool) -> None:
         if share is None:
             coro = self.post_event("", self.opts.node_name, "", "Node", reason, message, warning)
         else:
             coro = self.post_event(share.namespace, share.pod, share.uid, "Pod", reason, message,
                                    warning)
         task = asyncio.get_running_loop().create_task(coro)
-        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
-
-    def observe(self, shares: dict[str, Share]) -> None:
-        if self.nvml is None or self.inventory is None:
-            self.collector.usage = None
-            return
-        gpus = self.nvml.usage()
-        models = {g.uuid: g.model for g in self.inventory.gpus}
-        root = self.opts.containers_dir
-        usage = snapshot(gpus, models, list(shares.values()),
-                         lambda s: files.region_path(root, s.key))
-        self.usage = usage
-        self.collector.usage = usage
-        for escape in self.detector.check(usage):
-            share = shares.get(escape.share_key) if escape.share_key else None
-            who = f"{share.namespace}/{share.pod}" if share else "no pod"
-            message = escape.message(who)
-            self.counters.add_escape(escape.gpu_uuid, escape.kind)
-            killed = False
-            if self.opts.on_escape == "kill":
-                killed = self.kill(escape.pid, message)
-                if killed:
-                    with self.counters.lock:
-                        self.counters.escapes_killed += 1
-            log.warning("escape: %s%s", message, " (killed)" if killed else "")
-            self.event(share, "GPUIsolationEscape" if escape.kind != NO_SHARE else "GPUUnsharedProcess",
-                       message + ("; killed (--on-escape kill)" if killed else ""))
-        self.collector.escaped_processes = len(self.detector.current)
-        if self.plugin is not None:
-            try:
-                self.plugin.sync(usage, self)
-            except Exception:
-                log.exception("plugin sync failed")
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
 
     async def sync_once(self) -> None:
         await self.publish_node()
         await self.report_gpu_uuids()
         shares = await self.write_share_files()
         self.shares = shares
-        self.observe(shares)
+        self.observer.inventory = self.inventory
+        self.observer.nvml = self.nvml
+        self.usage = self.observer.observe(shares)
         self.syncs += 1
 
     async def run(self) -> None:

@@ -1,6 +1,7 @@
 """The ``tessera-node`` command line.
 
     tessera-node run --node-name NODE [--kubeconfig P] [--on-escape warn|kill] ...   the agent
+    tessera-node local --shares-dir DIR [--on-escape warn|kill] ...   one machine, no Kubernetes
     tessera-node inventory [--json]      what NVML reports (exit 1 with one line without NVML)
     tessera-node usage [--json]          memory, utilisation and processes per GPU, now
 """
@@ -123,6 +124,52 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import socket
+    import threading
+    from pathlib import Path
+
+    from prometheus_client import start_http_server
+
+    from tessera.node.agent import load_plugin
+    from tessera.node.escapes import check_on_escape
+    from tessera.node.local_agent import LocalAgent
+    from tessera.node.metrics import registry_for
+
+    try:
+        on_escape = check_on_escape(args.on_escape)
+    except ValueError as exc:
+        print(f"tessera-node: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    nvml: Nvml | None = None
+    try:
+        nvml = Nvml().open()
+    except NvmlUnavailable as exc:
+        print(f"tessera-node: {exc}; not ready for GPU shares (metrics are still served)",
+              flush=True)
+    shares_dir = Path(args.shares_dir)
+    shares_dir.mkdir(parents=True, exist_ok=True)
+    agent = LocalAgent(args.node_name or socket.gethostname(), nvml, shares_dir,
+                       on_escape=on_escape, sync_interval=args.sync_interval,
+                       plugin=load_plugin({}))
+    server, _thread = start_http_server(args.metrics_port, args.metrics_address,
+                                        registry=registry_for(agent.observer.collector))
+    print(f"tessera-node (local): metrics on http://{args.metrics_address}:"
+          f"{server.server_port}/metrics", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    agent.run(stop)
+    server.shutdown()
+    if nvml is not None:
+        nvml.close()
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tessera-node", description="tessera's node agent")
     sub = p.add_subparsers(dest="command", required=True)
@@ -153,6 +200,15 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--context-overhead-bytes", type=int, default=0,
                      help="charged per CUDA context in each share's config file")
     run.set_defaults(func=_run)
+    loc = sub.add_parser("local", help="run the node agent over shares in a directory "
+                                       "(one machine, no Kubernetes)")
+    loc.add_argument("--shares-dir", required=True)
+    loc.add_argument("--node-name", default="")
+    loc.add_argument("--metrics-address", default="127.0.0.1")
+    loc.add_argument("--metrics-port", type=int, default=9400, help="0: any free port")
+    loc.add_argument("--on-escape", default="warn", help="warn | kill")
+    loc.add_argument("--sync-interval", type=float, default=1.0)
+    loc.set_defaults(func=_local)
     return p
 
 

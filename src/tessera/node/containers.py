@@ -81,10 +81,13 @@ def region_path(root: Path, key: str) -> Path:
     return share_dir(root, key) / "region" / REGION_NAME
 
 
-def render(share: Share, context_overhead_bytes: int = 0) -> str:
+def render(share: Share, context_overhead_bytes: int = 0, region: Path | None = None) -> str:
+    """The config file's text; ``region`` is the region's path as the container's processes see
+    it (default: the mount point, ``/run/tessera/gpu-usage.region``)."""
     devices = [DeviceShare(index=i, uuid=d.uuid, limit_bytes=d.limit_bytes,
                            request_bytes=d.request_bytes) for i, d in enumerate(share.devices)]
-    return render_config(devices, Path(CONTAINER_REGION_DIR) / REGION_NAME, context_overhead_bytes)
+    return render_config(devices, region or Path(CONTAINER_REGION_DIR) / REGION_NAME,
+                         context_overhead_bytes)
 
 
 def _write(path: Path, text: str, mode: int) -> None:
@@ -94,10 +97,14 @@ def _write(path: Path, text: str, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def write_share(root: Path, share: Share, context_overhead_bytes: int = 0) -> list[Path]:
+def write_share(root: Path, share: Share, context_overhead_bytes: int = 0, *,
+                host_paths: bool = False) -> list[Path]:
     """Writes (or rewrites, unchanged content is left alone) the files of one share; returns the
-    config files. Raises ShareFilesError; InvalidRequest (from render_config) for bad values."""
-    text = render(share, context_overhead_bytes)
+    config files. ``host_paths``: the processes run on this host, not in a container (embedded
+    mode, tests), so the config names the region by its host path. Raises ShareFilesError;
+    InvalidRequest (from render_config) for bad values."""
+    text = render(share, context_overhead_bytes,
+                  region_path(root, share.key).resolve() if host_paths else None)
     base = share_dir(root, share.key)
     written: list[Path] = []
     try:

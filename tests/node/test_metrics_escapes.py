@@ -1,0 +1,231 @@
+"""Metrics and escape detection against the fake driver's ground truth: real processes (cuprobe)
+on one simulated machine, the isolation library preloaded with the config files tessera-node
+writes, an uncapped process beside them, and the agent (``tessera-node local``) as a process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tessera.isolation.build import NativeBuild
+from tessera.node.containers import Share, ShareDevice, config_dir, write_share
+from tessera.testing.cluster import free_ports
+from tests.isolation.conftest import Probe
+from tests.node.conftest import H100, H100_BYTES, machine_env
+
+GiB = 2**30
+UUIDS = ["GPU-0000aaaa-1111-2222-3333-444444444444", "GPU-0000bbbb-1111-2222-3333-444444444444"]
+TRAIN = Share(key="a" * 16, namespace="team-a", pod="train-a", uid="uid-a", containers=("main",),
+              devices=(ShareDevice(UUIDS[0], 8 * GiB, 16 * GiB),), workload="train-a",
+              project="team-a")
+INFER = Share(key="b" * 16, namespace="team-b", pod="infer-b", uid="uid-b", containers=("main",),
+              devices=(ShareDevice(UUIDS[0], 4 * GiB, 4 * GiB),), workload="infer-b",
+              project="team-b")
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class Machine:
+    def __init__(self, native: NativeBuild, root: Path) -> None:
+        self.native = native
+        self.shares = root / "shares"
+        self.env = machine_env(native, root / "gpu.state", devices=f"{H100};{H100}",
+                               extra={"FAKE_GPU_UUIDS": ",".join(UUIDS)})
+        self.procs: list[Probe] = []
+        self.agent: subprocess.Popen[str] | None = None
+        self.port = 0
+
+    def share_process(self, share: Share, sm: int) -> Probe:
+        conf = config_dir(self.shares, share.key, "main") / "gpu-isolation.conf"
+        env = {**self.env, "LD_PRELOAD": str(self.native.library), "TESSERA_GPU_CONFIG": str(conf),
+               "CUDA_VISIBLE_DEVICES": share.devices[0].uuid, "FAKE_GPU_SM_UTIL": str(sm)}
+        p = Probe(self.native, env)
+        self.procs.append(p)
+        return p.start(0)
+
+    def uncapped(self, device: int) -> Probe:
+        p = Probe(self.native, {**self.env, "CUDA_VISIBLE_DEVICES": str(device)})
+        self.procs.append(p)
+        return p.start(0)
+
+    def start_agent(self, on_escape: str) -> None:
+        (self.port,) = free_ports(1)
+        self.agent = subprocess.Popen(
+            [sys.executable, "-m", "tessera.node", "local", f"--shares-dir={self.shares}",
+             "--node-name=box", f"--metrics-port={self.port}", f"--on-escape={on_escape}",
+             "--sync-interval=0.2"], env=self.env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+
+    def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        try:
+            body = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+        except httpx.ConnectError:  # not serving yet
+            assert self.agent is not None and self.agent.poll() is None, self.agent
+            return {}
+        out: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for fam in text_string_to_metric_families(body):
+            for s in fam.samples:
+                out.setdefault(s.name, []).append((s.labels, s.value))
+        return out
+
+    def events(self) -> list[dict[str, Any]]:
+        f = self.shares / "events.jsonl"
+        return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait()
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.terminate()
+            self.agent.wait(10)
+
+
+@pytest.fixture
+def machine(native: NativeBuild, tmp_path: Path) -> Iterator[Machine]:
+    m = Machine(native, tmp_path)
+    for share in (TRAIN, INFER):
+        write_share(m.shares, share, host_paths=True)
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+def one(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str,
+        **labels: str) -> float:
+    got = [v for lab, v in metrics.get(name, []) if all(lab.get(k) == x for k, x in labels.items())]
+    assert len(got) == 1, (name, labels, metrics.get(name))
+    return got[0]
+
+
+def test_metrics_match_the_fake_driver(machine: Machine) -> None:
+    a = machine.share_process(TRAIN, sm=40)
+    b = machine.share_process(INFER, sm=20)
+    a.alloc(6 * GiB)
+    a.alloc(4 * GiB)          # 10 GiB: 2 GiB above its 8 GiB request, on loan
+    b.alloc(3 * GiB)
+    assert a("alloc 7000000000")["rc"] == 2  # over its 16 GiB limit: refused by the library
+    other = machine.uncapped(1)
+    other.alloc(2 * GiB)      # an unshared GPU: not an escape
+    machine.start_agent("warn")
+    m = wait_until("metrics", lambda: (x := machine.metrics()).get(
+        "tessera_container_gpu_memory_charged_bytes") and x)
+    g0, g1 = {"gpu_uuid": UUIDS[0]}, {"gpu_uuid": UUIDS[1]}
+    assert one(m, "tessera_node_ready", node="box") == 1
+    assert one(m, "tessera_gpu_memory_total_bytes", model="H100-80GB", **g0) == H100_BYTES
+    assert one(m, "tessera_gpu_memory_used_bytes", **g0) == 13 * GiB
+    assert one(m, "tessera_gpu_memory_used_bytes", **g1) == 2 * GiB
+    assert one(m, "tessera_gpu_memory_requested_bytes", **g0) == 12 * GiB
+    assert one(m, "tessera_gpu_memory_requested_bytes", **g1) == 0
+    assert one(m, "tessera_gpu_utilization_ratio", **g0) == pytest.approx(0.6)
+    train = {"namespace": "team-a", "pod": "train-a", "container": "main", "workload": "train-a",
+             "project": "team-a", **g0}
+    assert one(m, "tessera_container_gpu_memory_charged_bytes", **train) == 10 * GiB
+    assert one(m, "tessera_container_gpu_memory_used_bytes", **train) == 10 * GiB
+    assert one(m, "tessera_container_gpu_memory_request_bytes", **train) == 8 * GiB
+    assert one(m, "tessera_container_gpu_memory_limit_bytes", **train) == 16 * GiB
+    assert one(m, "tessera_container_gpu_memory_loaned_bytes", **train) == 2 * GiB
+    assert one(m, "tessera_container_gpu_sm_utilization_ratio", **train) == pytest.approx(0.4)
+    assert one(m, "tessera_container_gpu_loans_reclaimed_total", **train) == 0
+    infer = {"pod": "infer-b", **g0}
+    assert one(m, "tessera_container_gpu_memory_charged_bytes", **infer) == 3 * GiB
+    assert one(m, "tessera_container_gpu_memory_loaned_bytes", **infer) == 0
+    assert one(m, "tessera_node_gpu_escaped_processes", node="box") == 0
+    assert "tessera_node_gpu_escapes_total" not in m  # no escape yet: no series
+    assert m["process_resident_memory_bytes"][0][1] > 0
+    # A process frees memory: the next scrapes follow.
+    b("free " + hex(b.alloc(1 * GiB)))
+    wait_until("the free seen", lambda: one(machine.metrics(),
+               "tessera_container_gpu_memory_charged_bytes", **infer) == 3 * GiB)
+
+
+def test_escapes_are_flagged_and_killed(machine: Machine) -> None:
+    a = machine.share_process(TRAIN, sm=10)
+    a.alloc(2 * GiB)
+    rogue = machine.uncapped(0)   # on the shared GPU, outside any share
+    rogue.alloc(5 * GiB)
+    bystander = machine.uncapped(1)
+    bystander.alloc(1 * GiB)
+    machine.start_agent("kill")
+    wait_until("the rogue killed", lambda: rogue.proc.poll() is not None)
+    assert rogue.proc.returncode == -9
+    m = wait_until("escape counted", lambda: (x := machine.metrics()).get(
+        "tessera_node_gpu_escapes_total") and x)
+    assert one(m, "tessera_node_gpu_escapes_total", gpu_uuid=UUIDS[0], kind="no-share") == 1
+    assert one(m, "tessera_node_gpu_escapes_killed_total", node="box") == 1
+    ev = [e for e in machine.events() if e["reason"] == "GPUUnsharedProcess"]
+    assert len(ev) == 1 and f"process {rogue.proc.pid} uses {5 * GiB} bytes" in ev[0]["message"]
+    assert "killed (--on-escape kill)" in ev[0]["message"]
+    # Memory allocated behind the library's back by a share's own process: over its charge.
+    assert a("unhooked " + str(1 * GiB))["rc"] == 0
+    wait_until("a killed", lambda: a.proc.poll() is not None)
+    ev = [e for e in machine.events() if e["reason"] == "GPUIsolationEscape"]
+    assert len(ev) == 1 and ev[0]["pod"] == "train-a"
+    assert f"more than the {2 * GiB} bytes the isolation library charged" in ev[0]["message"]
+    # Never a process within its share, never one on a GPU without shares.
+    assert bystander.proc.poll() is None
+
+
+def test_warn_only_flags(machine: Machine) -> None:
+    rogue = machine.uncapped(0)
+    rogue.alloc(1 * GiB)
+    machine.share_process(TRAIN, sm=0).alloc(1 * GiB)
+    machine.start_agent("warn")
+    m = wait_until("escape counted", lambda: (x := machine.metrics()).get(
+        "tessera_node_gpu_escapes_total") and x)
+    assert one(m, "tessera_node_gpu_escaped_processes", node="box") == 1
+    assert rogue.proc.poll() is None, "warn does not kill"
+
+
+@pytest.mark.parametrize("command", ["local", "run"])
+def test_on_escape_other_than_warn_or_kill_is_refused_naming_the_flag(command: str,
+                                                                       tmp_path: Path) -> None:
+    args = ["--shares-dir", str(tmp_path)] if command == "local" else ["--node-name", "n"]
+    r = subprocess.run([sys.executable, "-m", "tessera.node", command, *args,
+                        "--on-escape", "stop"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "tessera-node: --on-escape: must be warn or kill (got 'stop')"
+
+
+def test_no_nvml_one_line_not_ready_metrics_still_served(native: NativeBuild, tmp_path: Path) -> None:
+    env = machine_env(native, None)
+    env["LD_LIBRARY_PATH"] = "/nonexistent"
+    (port,) = free_ports(1)
+    proc = subprocess.Popen([sys.executable, "-m", "tessera.node", "local",
+                             f"--shares-dir={tmp_path}", f"--metrics-port={port}",
+                             "--node-name=box"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        def scrape() -> str | None:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            except httpx.HTTPError:
+                return None
+        body = wait_until("metrics served", scrape)
+        assert 'tessera_node_ready{node="box"} 0.0' in body
+        assert proc.poll() is None, "no crash loop"
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=10)
+    nvml_lines = [x for x in out.splitlines() if "NVML" in x]
+    assert len(nvml_lines) == 1 and "not ready for GPU shares" in nvml_lines[0], out
