@@ -199,3 +199,90 @@ def test_a_pod_naming_a_gpu_the_node_lacks_gets_an_event_and_no_files(
 
 def events(client: Client, ns: str, name: str) -> list[Event]:
     return [e for e in client.list(Event, namespace=ns) if e.involvedObject.name == name]
+
+
+def share_pod(name: str, ns: str, node: str, uuid: str, key: str) -> Any:
+    """A share pod as the scheduler binds it and the webhook wires it (created bound)."""
+    placement = {"node": node, "devices": [0], "request": [2**30], "limit": [2 * 2**30],
+                 "exclusive": False, "cpu": 0, "memory": 0}
+    return codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "annotations": {
+            "tessera.io/placement": json.dumps(placement), "tessera.io/gpu-uuids": uuid,
+            "tessera.io/gpu-config-key": key}},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}],
+                 "volumes": [{"name": "tessera-gpu-config", "hostPath": {
+                     "path": f"/var/lib/tessera/containers/{key}/conf/main", "type": "Directory"}}]},
+    })
+
+
+def test_kill_9_and_restart_rereads_what_runs(agents: NodeAgents, kube_client: Client,
+                                              kube_namespace: str) -> None:
+    """The agent keeps no state of its own: killed with -9, a pod deleted and another created
+    meanwhile, on restart it writes the new pod's files, removes the gone pod's, and reports
+    the GPU of a reservation pod created while it was down."""
+    ns = kube_namespace
+    node = sorted(agents.agents)[1]
+    agent = agents.agents[node]
+    uuid = agent.uuids[3]
+    old_key, new_key = "1" * 16, "2" * 16
+    kube_client.create(share_pod("old", ns, node, uuid, old_key))
+    old_conf = agent.containers_dir / old_key / "conf" / "main" / "gpu-isolation.conf"
+    wait_until("old's files", old_conf.is_file)
+    agent.kill9()
+    kube_client.delete(Pod, "old", namespace=ns, grace_period=0)
+    kube_client.create(share_pod("new", ns, node, uuid, new_key))
+    kube_client.create(reservation_pod(f"res-restart-{node}", node))
+    time.sleep(1.0)
+    assert old_conf.is_file(), "nobody removes files while the agent is down"
+    agent.restart()
+    new_conf = agent.containers_dir / new_key / "conf" / "main" / "gpu-isolation.conf"
+    wait_until("new's files", new_conf.is_file)
+    wait_until("old's files removed", lambda: not (agent.containers_dir / old_key).exists())
+    assert f"uuid={uuid} request={2**30} limit={2 * 2**30}" in new_conf.read_text()
+    got = wait_until("the reservation pod's GPU", lambda: (kube_client.get(
+        Pod, f"res-restart-{node}", namespace=SYSTEM_NS).metadata.annotations or {}).get(
+        "tessera.io/gpu-uuid"))
+    assert got in agent.uuids
+    kube_client.delete(Pod, "new", namespace=ns, grace_period=0)
+    kube_client.delete(Pod, f"res-restart-{node}", namespace=SYSTEM_NS, grace_period=0)
+
+
+def test_agent_runs_with_the_charts_rbac(kube_cluster: TestCluster, kube_client: Client,
+                                         kube_namespace: str) -> None:
+    """As ServiceAccount tessera-system/tessera-node-agent with only the chart's rules: it
+    publishes its Node, reports a reservation pod's GPU, writes a share's files and posts an
+    Event for a bad one. A missing rule fails this test."""
+    from tessera.kube.admission import local
+    from tessera.testing.node_agents import start_node_agents
+
+    docs = [d for d in local.helm_template()
+            if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+            and "tessera-node-agent" in d["metadata"]["name"]]
+    assert {d["kind"] for d in docs} == {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    local.apply(kube_cluster, docs)
+    sa = kube_cluster.service_account_kubeconfig(SYSTEM_NS, "tessera-node-agent")
+    (node,) = kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="L4-24GB"),
+                                            prefix="rbac-", node_agents=False)
+    group = start_node_agents(kube_cluster, [node], kubeconfig=sa)
+    try:
+        group.wait_ready()
+        agent = group.agents[node]
+        kube_client.create(reservation_pod(f"res-{node}", node))
+        wait_until("the reservation pod's GPU", lambda: (kube_client.get(
+            Pod, f"res-{node}", namespace=SYSTEM_NS).metadata.annotations or {}).get(
+            "tessera.io/gpu-uuid"))
+        key = "3" * 16
+        kube_client.create(share_pod("ok", kube_namespace, node, agent.uuids[0], key))
+        wait_until("files", (agent.containers_dir / key / "conf" / "main").is_dir)
+        kube_client.create(share_pod("bad", kube_namespace, node, "GPU-elsewhere", "4" * 16))
+        wait_until("Event", lambda: [e for e in events(kube_client, kube_namespace, "bad")
+                                     if e.reason == "GPUIsolationFailed"])
+        assert "Forbidden" not in agent.process.log_tail(200)
+        assert "403" not in agent.process.log_tail(200)
+    finally:
+        for ns, name in ((SYSTEM_NS, f"res-{node}"), (kube_namespace, "ok"), (kube_namespace, "bad")):
+            with contextlib.suppress(ApiError):
+                kube_client.delete(Pod, name, namespace=ns, grace_period=0)
+        group.stop()
+        kube_client.delete(Node, node)

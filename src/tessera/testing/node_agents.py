@@ -33,6 +33,16 @@ class NodeAgent:
     root: Path
     metrics_port: int
     uuids: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def kill9(self) -> None:
+        """SIGKILL, as a crash or an OOM kill would."""
+        assert self.process.popen is not None
+        self.process.popen.kill()
+        self.process.popen.wait(10)
+
+    def restart(self) -> None:
+        self.process.start(env=self.env)
 
     @property
     def metrics_url(self) -> str:
@@ -170,5 +180,5 @@ def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Pat
             logs / f"tessera-node-{name}.log")
         proc.start(env=env)
         cluster.processes.append(proc)
-        result.agents[name] = NodeAgent(name, proc, node_root, port, devices[name])
+        result.agents[name] = NodeAgent(name, proc, node_root, port, devices[name], env)
     return result
