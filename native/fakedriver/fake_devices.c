@@ -12,6 +12,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static fake_device g_devices[FAKE_MAX_DEVICES];
@@ -234,9 +235,26 @@ int fake_state_enabled(void) {
     return g_state != NULL;
 }
 
-/* Alive and not a zombie: the driver frees a process's memory when it exits. */
+/* Alive and not a zombie: the driver frees a process's memory when it exits. The answer is
+ * kept for 20 ms per pid, so the several NVML calls of one reading scan /proc once. */
+static int pid_alive_uncached(int pid);
 static int pid_alive(int pid) {
+    enum { CACHE = 1024 };
+    static __thread int c_pid[CACHE], c_alive[CACHE];
+    static __thread long long c_at[CACHE];
     if (pid <= 0) return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    int i = pid % CACHE;
+    if (c_pid[i] == pid && now - c_at[i] < 20000000LL) return c_alive[i];
+    c_pid[i] = pid;
+    c_alive[i] = pid_alive_uncached(pid);
+    c_at[i] = now;
+    return c_alive[i];
+}
+
+static int pid_alive_uncached(int pid) {
     if (kill(pid, 0) != 0 && errno != EPERM) return 0;
     char path[64], buf[256];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);

@@ -49,6 +49,7 @@ class NodeCollector(Collector):
         self.usage: NodeUsage | None = None
         self.ready = False
         self.escaped_processes = 0
+        self.sync_seconds = 0.0
 
     def collect(self) -> Iterator[Metric]:
         node = self.node
@@ -75,6 +76,10 @@ class NodeCollector(Collector):
                               "processes escaping isolation now", labels=["node"])
         g.add_metric([node], self.escaped_processes)
         yield g
+        read = GaugeMetricFamily("tessera_node_usage_read_seconds",
+                                 "time the last read of NVML and the regions took", labels=["node"])
+        read.add_metric([node], self.sync_seconds)
+        yield read
         if usage is None:
             return
         total = GaugeMetricFamily("tessera_gpu_memory_total_bytes", "GPU memory (NVML)",

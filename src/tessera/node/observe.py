@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class Observer:
         if self.nvml is None or self.inventory is None:
             self.collector.usage = None
             return None
+        t0 = time.perf_counter()
         gpus = self.nvml.usage()
         models = {g.uuid: g.model for g in self.inventory.gpus}
         root = self.containers_dir
@@ -63,6 +65,7 @@ class Observer:
                          lambda s: files.region_path(root, s.key))
         self.usage = usage
         self.collector.usage = usage
+        self.collector.sync_seconds = time.perf_counter() - t0
         for escape in self.detector.check(usage):
             share = shares.get(escape.share_key) if escape.share_key else None
             who = f"{share.namespace}/{share.pod}" if share else "no pod"
