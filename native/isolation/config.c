@@ -217,6 +217,12 @@ static void load_file(ts_config *cfg, const char *path) {
                 fail(cfg, "%s line %d: context-overhead must be a whole number of bytes", path, lineno);
                 break;
             }
+        } else if (strcmp(s, "loans") == 0) {
+            char why[512];
+            if (!ts_loans_configure(rest, why, sizeof why)) {
+                fail(cfg, "%s line %d: %s", path, lineno, why);
+                break;
+            }
         } else {
             fail(cfg, "%s line %d: unknown key '%s'", path, lineno, s);
             break;

@@ -61,6 +61,13 @@ int ts_region_reserve(int rdev, uint64_t size, uint64_t limit);
 void ts_region_release(int rdev, uint64_t size);
 uint64_t ts_region_used(int rdev);                                 /* after reclaiming the dead */
 
+/* ---- loans of dynamic fractions (loans.c; /work/notes/loans-hooks.md) ---- */
+int ts_loans_configure(char *rest, char *err, size_t errlen); /* the `loans` line; 1 ok, 0 err */
+void ts_loans_device(int rdev, int ordinal, const char *uuid, uint64_t request, uint64_t limit);
+int ts_loans_reserve(int rdev, uint64_t size); /* 1 charged, 0 refused; may wait for a reclaim */
+void ts_loans_release(int rdev, uint64_t size);
+void ts_loans_detach_after_fork(void);
+
 /* ---- process-local tables (table.c) ---- */
 typedef struct {
     uint64_t key;

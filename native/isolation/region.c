@@ -298,8 +298,7 @@ int ts_region_device(const char *key, uint64_t limit) {
     return idx;
 }
 
-int ts_region_reserve(int rdev, uint64_t size, uint64_t limit) {
-    if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES) return -1;
+static int region_reserve(int rdev, uint64_t size, uint64_t limit) {
     if (region_lock() != 0) return -1;
     if (g_my_slot < 0 && take_slot_locked() != 0) {
         region_unlock();
@@ -324,6 +323,16 @@ int ts_region_reserve(int rdev, uint64_t size, uint64_t limit) {
     return ok;
 }
 
+int ts_region_reserve(int rdev, uint64_t size, uint64_t limit) {
+    if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES) return -1;
+    /* Loans (loans.c) first: it may wait for a reclaim, so no region lock is held meanwhile. */
+    int loan = ts_loans_reserve(rdev, size);
+    if (loan != 1) return loan;
+    int ok = region_reserve(rdev, size, limit);
+    if (ok != 1) ts_loans_release(rdev, size);
+    return ok;
+}
+
 void ts_region_release(int rdev, uint64_t size) {
     if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES || g_my_slot < 0) return;
     if (region_lock() != 0) return;
@@ -333,6 +342,7 @@ void ts_region_release(int rdev, uint64_t size) {
     region_device *d = &g_hdr->devices[rdev];
     d->used -= mine < d->used ? mine : d->used;
     region_unlock();
+    ts_loans_release(rdev, mine);
 }
 
 uint64_t ts_region_used(int rdev) {

@@ -97,6 +97,7 @@ ts_dev *ts_device(int ordinal) {
             else snprintf(key, sizeof key, "index-%d", ordinal);
             d->rdev = ts_region_device(key, d->limit);
             if (d->rdev < 0) d->limit = 0;
+            else if (e) ts_loans_device(d->rdev, ordinal, d->uuid, e->request, e->limit);
             TS_DEBUG("device %d (%s): limit %llu bytes, region entry %d", ordinal, key,
                      (unsigned long long)d->limit, d->rdev);
         } else {
@@ -125,6 +126,7 @@ static void child(void) {
     pthread_mutex_init(&g_init_mu, NULL);
     ts_bind_reinit();
     ts_region_detach_after_fork();
+    ts_loans_detach_after_fork();
     ts_table_clear(&ts_ptrs);
     ts_table_clear(&ts_handles);
     ts_table_clear(&ts_maps);

@@ -29,6 +29,7 @@ CONFIG_NAME = "gpu-isolation.conf"
 REGION_NAME = "gpu-usage.region"
 MAX_DEVICES = 32
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+_SHARE = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,39 @@ class DeviceShare:
 
     def request(self) -> int:
         return self.limit_bytes if self.request_bytes is None else self.request_bytes
+
+
+@dataclass(frozen=True)
+class LoansConfig:
+    """The ``loans`` line: the node-wide ledger directory (one file per GPU UUID), the share's key
+    on the node, its priority (lower is reclaimed first), how long an allocation within the request
+    waits for a reclaim, and the GPU memory kept back (headroom) from what workloads can hold."""
+
+    directory: Path
+    share: str
+    priority: int = 0
+    wait_ms: int = 10_000
+    headroom_bytes: int = 0
+
+    def render(self) -> str:
+        if not Path(self.directory).is_absolute() or any(c.isspace() for c in str(self.directory)):
+            raise InvalidRequest("loans.directory", "must be an absolute path without spaces",
+                                 str(self.directory))
+        if not _SHARE.match(self.share):
+            raise InvalidRequest("loans.share", "must be 1 to 63 letters, digits, '-', '_' or '.'",
+                                 self.share)
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int) \
+                or abs(self.priority) > 1_000_000_000:
+            raise InvalidRequest("loans.priority", "must be a whole number", self.priority)
+        if isinstance(self.wait_ms, bool) or not isinstance(self.wait_ms, int) \
+                or not 0 <= self.wait_ms <= 3_600_000:
+            raise InvalidRequest("loans.wait_ms", "must be 0 to 3600000 milliseconds", self.wait_ms)
+        if isinstance(self.headroom_bytes, bool) or not isinstance(self.headroom_bytes, int) \
+                or self.headroom_bytes < 0:
+            raise InvalidRequest("loans.headroom_bytes", "must be a whole number of bytes, 0 or more",
+                                 self.headroom_bytes)
+        return (f"loans dir={self.directory} share={self.share} priority={self.priority} "
+                f"wait-ms={self.wait_ms} headroom={self.headroom_bytes}")
 
 
 @dataclass(frozen=True)
@@ -74,7 +108,7 @@ def _check_device(share: DeviceShare, field: str) -> None:
 
 
 def render_config(devices: Sequence[DeviceShare], region_path: Path,
-                  context_overhead_bytes: int = 0) -> str:
+                  context_overhead_bytes: int = 0, loans: LoansConfig | None = None) -> str:
     """The configuration file's text; raises InvalidRequest naming the field that is wrong."""
     if not devices:
         raise InvalidRequest("devices", "a workload needs at least one device", [])
@@ -91,6 +125,8 @@ def render_config(devices: Sequence[DeviceShare], region_path: Path,
     seen_index: set[int] = set()
     seen_uuid: set[str] = set()
     lines = [CONFIG_HEADER, f"region {region_path}", f"context-overhead {context_overhead_bytes}"]
+    if loans is not None:
+        lines.append(loans.render())
     for i, share in enumerate(devices):
         field = f"devices[{i}]"
         _check_device(share, field)
@@ -120,7 +156,8 @@ def _write_atomic(path: Path, text: str, mode: int) -> None:
 
 
 def write_workload_files(directory: Path, devices: Sequence[DeviceShare], *,
-                         context_overhead_bytes: int = 0) -> IsolationFiles:
+                         context_overhead_bytes: int = 0,
+                         loans: LoansConfig | None = None) -> IsolationFiles:
     """Writes ``gpu-isolation.conf`` and creates an empty ``gpu-usage.region`` in directory.
 
     The region is created empty and world-writable (0666) so processes of the workload running
@@ -129,7 +166,7 @@ def write_workload_files(directory: Path, devices: Sequence[DeviceShare], *,
     """
     directory = Path(directory).resolve()
     region = directory / REGION_NAME
-    text = render_config(devices, region, context_overhead_bytes)
+    text = render_config(devices, region, context_overhead_bytes, loans)
     directory.mkdir(parents=True, exist_ok=True)
     if not region.exists():
         fd = os.open(region, os.O_CREAT | os.O_WRONLY, 0o666)

@@ -1,0 +1,84 @@
+"""Loans of dynamic fractions: real processes with the isolation library on the fake driver, one
+simulated GPU, the node-wide ledger and the reclaimer (tessera.node.reclaim)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tessera.isolation import DeviceShare
+from tessera.isolation.build import NativeBuild
+from tessera.isolation.config import LoansConfig, write_workload_files
+from tessera.node.ledger import Ledger
+from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
+from tests.isolation.conftest import GiB, Probe, clean_env, fake_uuids
+
+GPU = "NVIDIA L4=24Gi"
+HEADROOM = 1 * GiB
+CAPACITY = 23 * GiB
+
+
+def workload(native: NativeBuild, tmp: Path, name: str, uuid: str, request: int, limit: int,
+             priority: int = 0, wait_ms: int = 10_000) -> dict[str, str]:
+    loans = LoansConfig(tmp / "loans", share=name, priority=priority, wait_ms=wait_ms,
+                        headroom_bytes=HEADROOM)
+    files = write_workload_files(tmp / name, [DeviceShare(0, uuid, limit, request)], loans=loans)
+    return clean_env(native, devices=GPU, extra={"TESSERA_GPU_CONFIG": str(files.config_path)})
+
+
+@pytest.fixture
+def gpu(native: NativeBuild, tmp_path: Path) -> str:
+    prepare_directory(tmp_path / "loans")
+    return fake_uuids(native, GPU)[0]
+
+
+def started(probe, env) -> Probe:  # type: ignore[no-untyped-def]
+    return probe(env).start()
+
+
+def test_a_loan_comes_only_from_memory_nobody_is_guaranteed(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    a = started(probe, workload(native, tmp_path, "a", gpu, 8 * GiB, 20 * GiB))
+    b = started(probe, workload(native, tmp_path, "b", gpu, 10 * GiB, 20 * GiB))
+    b.alloc(1 * GiB)  # b is on the ledger: its 10 GiB request is guaranteed
+    # a may borrow what nobody is guaranteed: 23 - 10 (b) = 13 GiB in all.
+    a.alloc(13 * GiB)
+    assert a(f"alloc {1 * GiB}")["rc"] == 2  # CUDA_ERROR_OUT_OF_MEMORY: b's request is kept
+    # b within its request: fits (a's loan came from unreserved memory only)
+    b.alloc(9 * GiB)
+    led = Ledger(tmp_path / "loans" / f"{gpu}.ledger")
+    with led.lock():
+        pic = led.read()
+    led.close()
+    assert pic.capacity == CAPACITY and pic.headroom == HEADROOM
+    shares = pic.shares()
+    assert shares["a"].charged == 13 * GiB and shares["a"].loaned == 5 * GiB
+    assert shares["b"].charged == 10 * GiB and shares["b"].loaned == 0
+
+
+def test_owner_waits_and_the_borrower_is_killed(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    borrower = started(probe, workload(native, tmp_path, "borrower", gpu, 4 * GiB, 20 * GiB))
+    borrower.alloc(18 * GiB)  # 14 GiB on loan: nobody else is on the GPU yet
+    third = started(probe, workload(native, tmp_path, "third", gpu, 2 * GiB, 2 * GiB))
+    third.alloc(2 * GiB)  # within its request, fits: 20 of 23 GiB used
+    owner = started(probe, workload(native, tmp_path, "owner", gpu, 10 * GiB, 10 * GiB))
+    owner.send(f"alloc {8 * GiB}")  # within its request, 3 GiB free: waits for a reclaim
+    time.sleep(0.2)
+    assert owner.proc.poll() is None and borrower.proc.poll() is None  # waiting, nobody killed yet
+    done: list[Reclaim] = []
+    thread = ReclaimerThread(tmp_path / "loans", done.append).start()
+    try:
+        answer = owner.raw("", timeout=10)  # the alloc's answer (the empty line is ignored)
+    finally:
+        thread.stop()
+    assert "rc=0" in answer, answer
+    assert borrower.proc.wait(timeout=5) == -signal.SIGKILL
+    assert third.proc.poll() is None  # within its request: never touched
+    assert len(done) == 1
+    r = done[0]
+    assert (r.victim_share, r.owner_share, r.loan_bytes, r.killed) == ("borrower", "owner", 14 * GiB, True)
+    assert r.victim_pid == borrower.proc.pid
+    assert "GPU memory loan of 14 GiB reclaimed for owner on GPU-" in r.message()
+    assert third("info")["rc"] == 0  # still answering
