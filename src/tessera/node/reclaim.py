@@ -136,7 +136,7 @@ class Reclaimer:
 
     # ---- one pass ------------------------------------------------------------------------------
     def poll(self) -> list[Reclaim]:
-        if time.monotonic() - self._scanned > 0.5 or not self.ledgers:
+        if time.monotonic() - self._scanned > (0.5 if self.ledgers else 0.05):
             self.scan()
         done: list[Reclaim] = []
         for led in list(self.ledgers.values()):
