@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 
 import httpx
@@ -212,3 +213,56 @@ def test_numbers_in_errors_are_echoed_as_typed(srv: EmbeddedServer) -> None:
 
 def test_the_server_places_with_fgd_by_default(srv: EmbeddedServer) -> None:
     assert srv.cli_json("top")["scheduler"].endswith("placement policy fgd")
+
+
+def test_a_pending_gang_on_one_node_is_told_about_gpus(srv: EmbeddedServer) -> None:
+    srv.cli("submit", "gang", "-p", "team-a", "-g", "0.5", "--workers", "3", "--", "sleep", "60")
+    deadline = time.monotonic() + 20
+    why = ""
+    while time.monotonic() < deadline and "room" not in why:
+        why = srv.cli_json("describe", "gang", "-p", "team-a")["phaseMessage"] or ""
+        time.sleep(0.2)
+    assert "the GPUs have room for only 2 pod(s) of 0.5 GPU now (on " in why, why
+    assert "node(s)" not in why
+    srv.cli("delete", "gang", "-p", "team-a")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_workspace_port_url_in_list_and_describe_and_image_column(srv: EmbeddedServer) -> None:
+    port = _free_port()
+    out = srv.cli("workspace", "submit", "jupyter", "-p", "team-a", "-g", "0.2", "-i",
+                  "jupyter/base-notebook", "--port", str(port), "--",
+                  sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1").stdout
+    url = f"http://127.0.0.1:{port}"
+    assert out.strip().endswith(url)
+    srv.cli("wait", "jupyter", "-p", "team-a", "--timeout", "20")
+    table = srv.cli("list", "-p", "team-a").stdout
+    header, row = table.splitlines()[1], next(
+        ln for ln in table.splitlines() if ln.startswith("jupyter"))
+    assert "IMAGE" in header and header.rstrip().endswith("SERVICE URL(S)")
+    assert "jupyter/base-notebook" in row and row.rstrip().endswith(url)
+    described = srv.cli("describe", "jupyter", "-p", "team-a").stdout
+    assert f"Service URL: {url}" in described and "Image:       jupyter/base-notebook" in described
+    env = srv.cli("exec", "jupyter", "-p", "team-a", "--", "env").stdout
+    assert f"PORT={port}" in env.splitlines()
+    deadline = time.monotonic() + 20
+    while True:  # the workspace really serves there
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the workspace did not answer at its URL"
+        time.sleep(0.2)
+    srv.cli("delete", "jupyter", "-p", "team-a")
+    line = _err(srv, "submit", "-p", "team-a", "-g", "0.1", "--port", "8080:80", "--", "true")
+    assert line.startswith("error: --port: must equal the container port")
+    assert _err(srv, "submit", "-p", "team-a", "--port", "x", "--", "true").startswith(
+        "error: --port: must be PORT or HOST_PORT:CONTAINER_PORT")

@@ -47,7 +47,7 @@ BRIEF_KEYS = (
     "workloadId", "name", "requestedName", "type", "projectId", "projectName", "phase",
     "phaseMessage", "createdAt", "startedAt", "completedAt", "exitCode", "priorityClass",
     "preemptible", "nodeName", "gpuDevices", "workers", "minWorkers", "runningPods", "gpus",
-    "simulated",
+    "simulated", "image", "serviceUrls",
 )
 
 

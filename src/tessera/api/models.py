@@ -87,6 +87,14 @@ class EnvVar(BaseModel):
     value: str = ""
 
 
+class PortSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    container: int = Field(ge=1, le=65535, description="Port the workload listens on")
+    external: int | None = Field(default=None, ge=1, le=65535,
+                                 description="Port on the host (default: the same)")
+
+
 class WorkloadSpec(BaseModel):
     image: str = Field(default="", description="Container image; with no command its entrypoint "
                        "runs (embedded mode: through podman or docker)")
@@ -103,6 +111,8 @@ class WorkloadSpec(BaseModel):
     )
     workers: int = Field(default=1, ge=1, le=64, description="Pods, each with the compute request")
     minWorkers: int | None = Field(default=None, ge=1, le=64, description="Gang minimum")
+    ports: list[PortSpec] = Field(default_factory=list, max_length=16,
+                                  description="Ports to expose; the URLs show in list/describe")
 
     _argv: list[str] = PrivateAttr(default_factory=list)
 

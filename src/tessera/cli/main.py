@@ -472,7 +472,8 @@ def flagged(exc: CliError, fields: dict[str, str], given: dict[str, str] | None 
         field, sep, rest = part.partition(": ")
         flag = fields.get(field)
         if flag is None and sep:
-            flag = next((f for k, f in fields.items() if field.startswith(k + ".")), None)
+            flag = next((f for k, f in fields.items() if field.startswith((k + ".", k + "["))),
+                        None)
         typed_value = (given or {}).get(flag or "")
         if typed_value is not None and rest.endswith(")") and " (got " in rest:
             rest = rest[:rest.rindex(" (got ")] + f" (got {typed_value!r})"
@@ -494,6 +495,7 @@ def _submit_fields(gpu_memory_flag: str) -> dict[str, str]:
         "spec.priorityClass": "--priority",
         "spec.onEviction": "--on-eviction",
         "spec.workingDir": "--working-dir",
+        "spec.ports": "--port",
         "spec.environmentVariables": typed("-e", "--environment"),
         "spec.compute.gpuDevicesRequest": gpu_flag,
         "spec.compute.gpuPortionRequest": typed("--gpu-portion-request", "-g", "--gpu"),
@@ -528,7 +530,7 @@ def _submit(
     gpu_model: str | None, interactive: bool, priority: str | None,
     environment: list[str] | None, workers: int, min_workers: int | None, image: str,
     working_dir: str | None, output: str, on_eviction: str = "requeue",
-    name_prefix: str | None = None,
+    name_prefix: str | None = None, ports: list[str] | None = None,
 ) -> None:
     fmt = _fmt(output)
     if TRAILING:
@@ -550,6 +552,7 @@ def _submit(
         raise CliError("--job-name-prefix: give a NAME or --job-name-prefix, not both")
     if on_eviction not in ("requeue", "fail"):
         raise CliError(f"--on-eviction: must be requeue or fail (got {on_eviction!r})")
+    port_specs = [_port(p) for p in ports or []]
     if priority is not None and priority not in PRIORITY_NAMES:
         raise CliError(f"--priority: must be one of {', '.join(PRIORITY_NAMES)} (got {priority!r})")
     compute = _compute(gpu, gpu_devices, gpu_memory, portion, portion_limit, memory_request,
@@ -569,6 +572,8 @@ def _submit(
     elif command and _backend(client, config) != "kubernetes":
         spec["workingDir"] = os.getcwd()  # embedded mode runs the command here
     spec["onEviction"] = on_eviction
+    if port_specs:
+        spec["ports"] = port_specs
     if min_workers is not None:
         spec["minWorkers"] = min_workers
     if priority is not None:
@@ -597,7 +602,19 @@ def _submit(
         render.dump(w, fmt)
         return
     typer.echo(f"{w['type'].lower()} {w['name']} submitted to project {w['projectName']}: "
-               f"{w['gpus']['request']}" + (" (name generated)" if generated else ""))
+               f"{w['gpus']['request']}" + (" (name generated)" if generated else "")
+               + "".join(f"; {url}" for url in w.get("serviceUrls") or []))
+
+
+def _port(text: str) -> dict[str, int]:
+    """``--port 8888`` or ``--port HOST:CONTAINER`` (8080:80), as Run:ai and docker write it."""
+    parts = text.split(":")
+    if len(parts) > 2 or not all(p.isdigit() and 1 <= int(p) <= 65535 for p in parts):
+        raise CliError(f"--port: must be PORT or HOST_PORT:CONTAINER_PORT, each 1-65535 "
+                       f"(got {text!r})")
+    if len(parts) == 1:
+        return {"container": int(parts[0])}
+    return {"container": int(parts[1]), "external": int(parts[0])}
 
 
 DEFAULT_PREFIX = {"Training": "job", "Workspace": "job", "Inference": "job"}
@@ -626,12 +643,13 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> No
         working_dir: Annotated[str | None, typer.Option("--working-dir")] = None,
         on_eviction: Annotated[str, typer.Option("--on-eviction", help="requeue or fail when evicted")] = "requeue",
         name_prefix: Annotated[str | None, typer.Option("--job-name-prefix", help="Prefix of the generated name")] = None,
+        ports: Annotated[list[str] | None, typer.Option("--port", help="Expose a port: 8888 or HOST:CONTAINER; the URL shows in list and describe (SERVICE URL)")] = None,
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
                 portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
                 environment, workers, min_workers, image, working_dir, output, on_eviction,
-                name_prefix)
+                name_prefix, ports)
 
     submit.__doc__ = help_text
     group.command("submit")(submit)
@@ -657,7 +675,8 @@ def _find(client: Client, config: dict[str, Any], name: str, project: str | None
 
 
 PHASES = ("Pending", "Running", "Stopping", "Stopped", "Completed", "Failed", "Deleting")
-TABLE_FIELDS = "name,phase,createdAt,nodeName,gpuDevices,type,projectName,priorityClass,gpus,workers,runningPods"
+TABLE_FIELDS = ("name,phase,createdAt,nodeName,gpuDevices,image,type,projectName,priorityClass,gpus,"
+                "workers,runningPods,serviceUrls")
 
 
 def _list(kind: str | None, project: str | None, all_projects: bool, status: str | None,
@@ -698,16 +717,19 @@ def _list(kind: str | None, project: str | None, all_projects: bool, status: str
     now = time.time()
     table = []
     ages = render.Ages(now)
-    for name, phase, created, node, devices, kind_, proj, pclass, g, workers, running in rows:
+    for (name, phase, created, node, devices, image, kind_, proj, pclass, g, workers, running,
+         urls) in rows:
         table.append([
-            name, phase, ages(created), node or "-", devices or "-", kind_, proj, pclass,
-            f"{g['allocated']:.2f} ({g['requested']:.2f})",
+            name, phase, ages(created), node or "-", devices or "-", image or "-", kind_, proj,
+            pclass, f"{g['allocated']:.2f} ({g['requested']:.2f})",
             f"{running} ({workers - running if phase == 'Pending' else 0})",
+            ",".join(urls or []),
         ])
     out = [f"Showing workloads for {scope}"
            + (" — GPUs are SIMULATED (no NVIDIA driver here)" if simulated else "")]
-    out.append(render.table(["NAME", "STATUS", "AGE", "NODE", "GPU", "TYPE", "PROJECT", "PRIORITY",
-                             "GPUs Allocated (Requested)", "PODs Running (Pending)"], table))
+    out.append(render.table(["NAME", "STATUS", "AGE", "NODE", "GPU", "IMAGE", "TYPE", "PROJECT",
+                             "PRIORITY", "GPUs Allocated (Requested)", "PODs Running (Pending)",
+                             "SERVICE URL(S)"], table))
     sys.stdout.write("\n".join(out) + "\n")
 
 
@@ -737,7 +759,10 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         f"(= {w['gpus']['requested']:.2f} GPUs; allocated {w['gpus']['allocated']:.2f})",
         f"Isolation:   {w['isolation']}",
         f"Scheduler:   {w['scheduler']}",
-        f"Command:     {' '.join(x for x in (spec['command'], spec['args']) if x)}",
+        f"Image:       {w.get('image') or '-'}"
+        + (" (its entrypoint runs)" if w.get("image") and not spec["command"] else ""),
+        f"Command:     {' '.join(x for x in (spec['command'], spec['args']) if x) or '-'}",
+        f"Service URL: {', '.join(w.get('serviceUrls') or []) or '-'}",
         f"Created:     {w['createdAt']}   Started: {w['startedAt'] or '-'}   "
         f"Completed: {w['completedAt'] or '-'}",
     ]

@@ -293,6 +293,9 @@ class KubeBackend(TokenAuth):
         if not s.command and not s.image:
             raise InvalidRequest("spec.command", "is required: the command to run (or an image, "
                                  "whose entrypoint runs)")
+        if s.spec.get("ports"):
+            raise InvalidRequest("spec.ports", "is not supported on the Kubernetes backend yet "
+                                 "(no Service is created); expose the pod with a Service")
         if s.workers < 1:
             raise InvalidRequest("spec.workers", "must be 1 or more", s.workers)
         min_workers = s.workers if s.min_workers is None else s.min_workers
@@ -521,6 +524,8 @@ class KubeBackend(TokenAuth):
                 "request": gpu.describe(),
             },
             "simulated": simulated,
+            "image": rec.image,
+            "serviceUrls": [],
             "namespace": rec.namespace,
         }
         if brief:

@@ -45,6 +45,7 @@ class Runtime:
     def run_argv(
         self, pod_key: str, image: str, env: Mapping[str, str], uuids: Sequence[str],
         mounts: Sequence[str] = (), workdir: str | None = None, args: Sequence[str] = (),
+        ports: Sequence[tuple[int, int]] = (),
     ) -> list[str]:
         """The argv that runs ``image`` (its entrypoint, or ``args`` as its command) as a pod."""
         argv = [self.path, "run", "--rm", "--name", self.container_name(pod_key),
@@ -56,6 +57,8 @@ class Runtime:
                 argv += ["--env", f"{key}={env[key]}"]
         for path in mounts:
             argv += ["--volume", f"{path}:{path}:ro"]
+        for container_port, host_port in ports:
+            argv += ["--publish", f"127.0.0.1:{host_port}:{container_port}"]
         if workdir:
             argv += ["--workdir", workdir]
         argv.append(image)

@@ -292,7 +292,8 @@ class LocalBackend(TokenAuth):
                                             bool(container.get("cdi")))
                     pod_argv = rt.run_argv(f"{w.id}-{i}", container["image"], env,
                                            [by_index[d].uuid for d in p.devices],
-                                           containers.isolation_mounts(env))
+                                           containers.isolation_mounts(env),
+                                           ports=[tuple(x) for x in w.spec.get("_ports") or []])
                     env["TESSERA_CONTAINER"] = f"{rt.name}:{rt.container_name(f'{w.id}-{i}')}"
                     cwd = None
                 host_env = {**os.environ, **env}
@@ -365,6 +366,11 @@ class LocalBackend(TokenAuth):
                 "TESSERA_SHARE_LIMIT_BYTES": ",".join(str(b) for b in p.limit_bytes),
                 "TESSERA_SHARE_EXCLUSIVE": "1" if p.exclusive else "0",
             })
+        ports = w.spec.get("_ports") or []
+        if ports:
+            env["PORT"] = str(ports[0][0])
+            env["TESSERA_SERVICE_PORTS"] = ",".join(str(c) for c, _ in ports)
+            env["TESSERA_SERVICE_URLS"] = ",".join(w.spec.get("_serviceUrls") or [])
         if self.machine.simulated:
             env["TESSERA_SIMULATED"] = "1"
             env["PATH"] = f"{self._sim_bin}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -609,6 +615,16 @@ class LocalBackend(TokenAuth):
                                  "whose entrypoint runs)")
         if not s.command and self.runtime is None:
             raise InvalidRequest("spec.image", containers.refusal(self.runtime_note))
+        for i, port in enumerate(s.spec.get("ports") or []):
+            ext = port.get("external")
+            if s.command and ext is not None and ext != port["container"]:
+                raise InvalidRequest(
+                    f"spec.ports[{i}].external", "must equal the container port for a command "
+                    "(it runs on this machine and listens there itself; only an image in a "
+                    "container can be published on another port)", ext)
+        if s.spec.get("ports") and s.workers > 1:
+            raise InvalidRequest("spec.ports", "needs a single pod (workers 1): every pod would "
+                                 "listen on the same port of this machine", s.workers)
         if s.workers < 1:
             raise InvalidRequest("spec.workers", "must be 1 or more", s.workers)
         min_workers = s.workers if s.min_workers is None else s.min_workers
@@ -636,6 +652,11 @@ class LocalBackend(TokenAuth):
                 raise Conflict(f"a workload named {s.name} already exists in project {project.name}")
             spec = {k: v for k, v in s.spec.items() if not k.startswith("_")}
             spec["_argv"] = list(s.command)
+            ports = [(int(p["container"]), int(p.get("external") or p["container"]))
+                     for p in s.spec.get("ports") or []]
+            if ports:
+                spec["_ports"] = ports
+                spec["_serviceUrls"] = [f"http://127.0.0.1:{ext}" for _, ext in ports]
             if not s.command and self.runtime is not None:
                 spec["_container"] = {"runtime": self.runtime.name, "path": self.runtime.path,
                                       "cdi": self.runtime.cdi, "image": s.image}
@@ -842,6 +863,8 @@ class LocalBackend(TokenAuth):
                 "request": gpu.describe(),
             },
             "simulated": self.machine.simulated,
+            "image": w.spec.get("image") or "",
+            "serviceUrls": list(w.spec.get("_serviceUrls") or []),
         }
         if brief:
             return out

@@ -97,6 +97,8 @@ BRIEF_FIELDS: dict[str, str] = {
     "gpus": "json_object('requested', round(gpus_requested, 4), "
     "'allocated', round(gpus_allocated, 4), 'request', request_text)",
     "simulated": "json($SIMULATED)",
+    "image": "COALESCE(json_extract(spec, '$.image'), '')",
+    "serviceUrls": "json(COALESCE(json_extract(spec, '$._serviceUrls'), '[]'))",
 }
 """Keys of a workload in a listing and the SQL that computes each (SQLite builds the JSON)."""
 

@@ -95,7 +95,27 @@ class FitExplainer:
                 f"{request.cpu_milli / 1000:g} CPU and {format_bytes(request.memory)} of memory free; "
                 + _host_reason(gpu_ok, request)
             )
-        return f"one pod ({gpu.describe()}) fits on only {len(host_ok)} node(s) now, too few for all of them"
+        room = sum(_pods_that_fit(ns, request) for ns in host_ok)
+        where = host_ok[0].name if len(host_ok) == 1 else f"{len(host_ok)} nodes"
+        return (
+            f"the GPUs have room for only {room} pod(s) of {gpu.describe()} now "
+            f"(on {where}), too few for all of them"
+        )
+
+
+def _pods_that_fit(ns: NodeState, request: ResourceRequest) -> int:
+    """How many pods of this GPU request the node's free GPU memory holds now (GPUs only)."""
+    gpu = request.gpu
+    per_device = 0
+    for i, memory in enumerate(ns.dev_memory):
+        if not gpu.allows(ns.dev_models[i]):
+            continue
+        if gpu.kind is GpuKind.WHOLE:
+            per_device += 1 if ns.dev_tenants[i] == 0 else 0
+        else:
+            need = gpu.bytes_on(memory)
+            per_device += (memory - ns.dev_used[i]) // need if need > 0 else 0
+    return per_device // max(gpu.devices, 1)
 
 
 def _host_reason(pool: list[NodeState], request: ResourceRequest) -> str:
