@@ -8,9 +8,12 @@ store before the API answers, so the loop can be killed at any moment.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -169,7 +172,7 @@ class LocalBackend(TokenAuth):
                 ]
                 if gone:
                     for p in alive:
-                        self.runner.terminate(p["pid"], self.grace)
+                        self._terminate(p, self.grace)
                     self._begin_stop(
                         w, "Failed", f"GPU {gone[0]} is no longer on this machine (the GPUs "
                         "changed while the server was down)", kind="Failed",
@@ -186,7 +189,7 @@ class LocalBackend(TokenAuth):
                     self._check_pods(w, restarted=True)
                 else:
                     for p in alive:
-                        self.runner.terminate(p["pid"], self.grace)
+                        self._terminate(p, self.grace)
 
     # -- the cycle -------------------------------------------------------------------------------
 
@@ -277,6 +280,20 @@ class LocalBackend(TokenAuth):
                 w.phase_message = reason
                 self.store.save(w, ("Waiting", reason))
 
+    def _terminate(self, pod: dict[str, Any], grace: float) -> None:
+        """Stop a pod: SIGTERM to its process group, SIGKILL after ``grace``; a pod that is an
+        image's container is also stopped through its runtime (a killed ``docker run`` client
+        would leave the container running)."""
+        self.runner.terminate(pod["pid"], grace)
+        runtime, _, name = str(pod.get("env", {}).get("TESSERA_CONTAINER", "")).partition(":")
+        path = shutil.which(runtime) if runtime in containers.RUNTIMES else None
+        if path and name:
+            with contextlib.suppress(OSError):
+                subprocess.Popen(
+                    containers.Runtime(runtime, path).stop_argv(name.removeprefix("tessera-"), grace),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True)
+
     def _start(self, w: Workload, placements: Sequence[Placement], message: str) -> None:
         node = self.machine.node
         by_index = {g.index: g for g in node.gpus}
@@ -319,7 +336,7 @@ class LocalBackend(TokenAuth):
                 })
         except (OSError, InvalidRequest) as exc:
             for pod in pods:
-                self.runner.terminate(pod["pid"], 0)
+                self._terminate(pod, 0)
             w.phase, w.phase_message, w.completed = "Failed", f"could not start: {exc}", time.time()
             self._active.pop(w.id, None)
             self.store.save(w, ("Failed", w.phase_message))
@@ -408,7 +425,7 @@ class LocalBackend(TokenAuth):
         if failed is not None:
             for pod in w.pods:
                 if pod.get("phase") == "Running":
-                    self.runner.terminate(pod["pid"], self.grace)
+                    self._terminate(pod, self.grace)
                     pod["phase"] = "Failed"
                     pod["holds"] = False
             w.phase, w.exit_code, w.completed = "Failed", failed[0], now
@@ -438,7 +455,7 @@ class LocalBackend(TokenAuth):
         w.phase_message = reason
         for pod in w.pods:
             if pod.get("phase") == "Running":
-                self.runner.terminate(pod["pid"], self.grace)
+                self._terminate(pod, self.grace)
         self.store.save(w, (kind, reason))
         self._finish_stop(w)
         self._wake.set()
