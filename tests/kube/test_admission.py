@@ -21,8 +21,8 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, PodBinding
 
 from tessera.core.units import parse_memory
 from tessera.kube import names
-from tessera.kube.admission import local
 from tessera.kube.objects import ProjectResource
+from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
 
 SYSTEM_NS = "tessera-system"

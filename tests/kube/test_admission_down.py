@@ -7,7 +7,7 @@ import pytest
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Pod
 
-from tessera.kube.admission import local
+from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
 from tests.kube.test_admission import (
     _cgpu,

@@ -19,7 +19,7 @@ from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
 from tessera.isolation.config import manual_environment
 from tessera.kube import names
-from tessera.kube.admission import local
+from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
 from tests.kube.test_admission import (
     SYSTEM_NS,

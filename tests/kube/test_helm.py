@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from lightkube import ApiError, codecs
 
-from tessera.kube.admission import local
+from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
 
 ROOT = Path(__file__).resolve().parents[2]

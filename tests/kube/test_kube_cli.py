@@ -418,7 +418,7 @@ def test_submit_through_the_admission_webhook(server: KubeApiServer, kube_cluste
     one-line 422 naming the field, and nothing is left behind."""
     from lightkube.resources.core_v1 import ConfigMap
 
-    from tessera.kube.admission import local
+    from tessera.testing import webhook as local
     from tests.kube.test_admission import wait_webhook_sees_project
 
     # The harness hook runs the scheduler with the admin certificate (user tessera-admin): tell

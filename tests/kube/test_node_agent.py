@@ -253,7 +253,7 @@ def test_agent_runs_with_the_charts_rbac(kube_cluster: TestCluster, kube_client:
     """As ServiceAccount tessera-system/tessera-node-agent with only the chart's rules: it
     publishes its Node, reports a reservation pod's GPU, writes a share's files and posts an
     Event for a bad one. A missing rule fails this test."""
-    from tessera.kube.admission import local
+    from tessera.testing import webhook as local
     from tessera.testing.node_agents import start_node_agents
 
     docs = [d for d in local.helm_template()

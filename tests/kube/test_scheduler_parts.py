@@ -3,7 +3,9 @@ snapshot building from cached objects."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
+from typing import TypeVar
 
 import pytest
 
@@ -22,6 +24,8 @@ from tessera.kube.objects import (
 )
 from tessera.kube.podspec import ContainerResources, pod_request, pod_request_from_dict
 from tessera.kube.snapshot import SnapshotBuilder
+
+T = TypeVar("T")
 
 
 def _c(requests: dict[str, str] | None = None, limits: dict[str, str] | None = None) -> ContainerResources:
@@ -189,3 +193,47 @@ def test_gpus_of_other_schedulers_pods_are_kept_free() -> None:
     assert not plan.bindings, "one of the two GPUs is held by another scheduler's pod"
     snap, _ = SnapshotBuilder().build(nodes, pods, projects, {}, {}, set(), 1.0, {})
     assert run_cycle(snap, CycleConfig(actions=("allocate",))).bindings
+
+
+def _at_recycled_address(old_id: int, make: Callable[[], T]) -> T:
+    """A new object from ``make``, at ``old_id``'s address when the allocator hands it out again
+    (CPython usually does at once), so a cache keyed by ``id()`` would take it for the old one."""
+    held = []
+    for _ in range(1000):
+        obj = make()
+        if id(obj) == old_id:
+            return obj
+        held.append(obj)
+    return make()
+
+
+def test_snapshot_reuse_is_not_fooled_by_a_recycled_object() -> None:
+    """A replaced PodGroup, Project or assumed placement rebuilds its workloads even when the new
+    object sits where the old one was (the cache keys by version and value, not by ``id()``)."""
+    nodes, projects = _world()
+    pods = {p.key: p for p in (_pod("g0", group="gang"), _pod("g1", group="gang"), _pod("lone"))}
+    groups = {("team-a", "gang"): PodGroupInfo("team-a", "gang", 2, None, None)}
+    assumed = {("team-a", "lone"): Placement("n1", (0,), (40 * 2**30,), (40 * 2**30,))}
+    builder = SnapshotBuilder()
+    snap, _ = builder.build(nodes, pods, projects, groups, assumed, set(), 1.0)
+    assert {w.id: w.min_members for w in snap.workloads}["team-a/gang"] == 2
+
+    old = id(groups[("team-a", "gang")])
+    del groups[("team-a", "gang")]
+    groups[("team-a", "gang")] = _at_recycled_address(
+        old, lambda: PodGroupInfo("team-a", "gang", 3, None, None))
+    old = id(assumed[("team-a", "lone")])
+    del assumed[("team-a", "lone")]
+    assumed[("team-a", "lone")] = _at_recycled_address(
+        old, lambda: Placement("n1", (1,), (40 * 2**30,), (40 * 2**30,)))
+    snap, ctx = builder.build(nodes, pods, projects, groups, assumed, set(), 2.0)
+    by_id = {w.id: w for w in snap.workloads}
+    assert "team-a/gang" not in by_id and "needs 3 pods" in ctx.waits[("team-a", "g0")]
+    assert by_id["team-a/pod/lone"].placements[0].devices == (1,)
+
+    old = id(projects["team-a"])
+    del projects["team-a"]
+    projects["team-a"] = _at_recycled_address(
+        old, lambda: ProjectInfo("team-a", Project("team-a", Quota(2), priority=7), "team-a"))
+    snap, _ = builder.build(nodes, pods, projects, groups, assumed, set(), 3.0)
+    assert {p.name: p.priority for p in snap.projects}["team-a"] == 7

@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from tessera.kube.admission import local
+from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 

@@ -13,7 +13,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from tessera.local.paths import DEFAULT_PORT, config_file, data_dir
+from tessera.settings import DEFAULT_PORT, config_file, data_dir
 
 
 class CliError(Exception):

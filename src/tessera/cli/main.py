@@ -29,7 +29,7 @@ from tessera.cli.client import (
 )
 from tessera.core.errors import InvalidRequest
 from tessera.core.requests import parse_gpu_request
-from tessera.local.paths import DEFAULT_PORT, data_dir
+from tessera.settings import DEFAULT_PORT, data_dir
 
 cli = typer.Typer(
     name="tessera",

@@ -27,6 +27,7 @@ from lightkube.types import PatchType
 
 from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, Upstream, WorkloadSubmission
+from tessera.api.token_store import TokenStore
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
 from tessera.core.model import Node as CoreNode
@@ -63,15 +64,12 @@ class KubeBackend(TokenAuth):
     """Implements ``tessera.api.backend.Backend`` against a Kubernetes API server."""
 
     def __init__(self, client: Client, data_dir: Path, image: str = wd.DEFAULT_IMAGE) -> None:
-        from tessera.local.store import Store
-
         self.client: Any = client
         """Typed loosely: lightkube's models make every field Optional."""
         self.data_dir = data_dir
         self.image = image
-        self.tokens_db = Store(data_dir / "tessera.db")
-        self.auth_store = self.tokens_db
-        """Only API clients and token hashes live here; workloads live in the cluster."""
+        self.auth_store: TokenStore = TokenStore(data_dir / "tessera.db")
+        """Only API clients and token hashes live on disk; workloads live in the cluster."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,7 +85,7 @@ class KubeBackend(TokenAuth):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.tokens_db.close()
+        self.auth_store.close()
 
     def _loop(self, interval: float) -> None:
         while not self._stop.wait(interval):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tessera.kube import workload_docs as wd
-from tessera.local.paths import DEFAULT_PORT, data_dir
+from tessera.settings import DEFAULT_PORT, data_dir
 
 
 def kube_data_dir(given: str | None) -> Path:

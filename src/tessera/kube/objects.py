@@ -66,7 +66,9 @@ class PodInfo:
     group: str | None = None
     """The PodGroup it belongs to (annotation or label ``tessera.io/pod-group``)."""
     version: int = field(default_factory=lambda: next(_versions))
-    """Changes with every event, so cached derivations know when to recompute."""
+    """Changes with every event, so cached derivations know when to recompute: a number drawn
+    once per object from one counter, never reused (unlike ``id()``, which a new object may
+    inherit from a collected one)."""
 
     @property
     def key(self) -> PodKey:
@@ -289,6 +291,8 @@ class ProjectInfo:
     namespace: str | None
     error: str | None = None
     status: dict[str, Any] = field(default_factory=dict)
+    version: int = field(default_factory=lambda: next(_versions))
+    """A new number for every object read from the API (see ``PodInfo.version``)."""
 
 
 def project_info(obj: Any) -> ProjectInfo:
@@ -327,6 +331,8 @@ class PodGroupInfo:
     min_member: int
     project: str | None
     priority_class: str | None
+    version: int = field(default_factory=lambda: next(_versions))
+    """A new number for every object read from the API (see ``PodInfo.version``)."""
 
 
 def pod_group_info(obj: Any) -> PodGroupInfo:

@@ -83,7 +83,11 @@ def _tree(projects: Mapping[str, ProjectInfo], ctx: Context) -> ProjectTree:
 class SnapshotBuilder:
     """Builds snapshots, reusing the Workload of a group whose pods, assumptions, PodGroup and
     projects are unchanged since the last cycle (most of them, in a busy cluster), so a cycle
-    costs what changed rather than what exists."""
+    costs what changed rather than what exists.
+
+    "Unchanged" is decided by explicit versions (``PodInfo.version``, ``ProjectInfo.version``,
+    ``PodGroupInfo.version``: one counter, a fresh number per object read) and by the assumed
+    placements' values, never by ``id()``, which a new object can inherit from a collected one."""
 
     def __init__(self) -> None:
         self._memo: dict[tuple[str, str, str], tuple[tuple[Any, ...], Workload | None,
@@ -106,7 +110,7 @@ class SnapshotBuilder:
         ctx = Context()
         core_nodes: list[Node] = [ni.node for ni in nodes.values() if ni.node is not None]
         node_names = {n.name for n in core_nodes}
-        projects_sig = tuple((n, id(pi)) for n, pi in sorted(projects.items()))
+        projects_sig = tuple((n, pi.version) for n, pi in sorted(projects.items()))
         if projects_sig != self._projects_sig:
             self._memo.clear()
             self._projects_sig = projects_sig
@@ -142,8 +146,8 @@ class SnapshotBuilder:
                                                list[PodKey], dict[PodKey, str]]] = {}
         for gkey, members in groups.items():
             pg = pod_groups.get((gkey[1], gkey[2])) if gkey[0] == "g" else None
-            sig = (id(pg), owner.get(gkey[1]),
-                   tuple((p.version, id(assumed.get(p.key))) for p in members))
+            sig = (None if pg is None else pg.version, owner.get(gkey[1]),
+                   tuple((p.version, assumed.get(p.key)) for p in members))
             cached = self._memo.get(gkey)
             if cached is None or cached[0] != sig:
                 members.sort(key=lambda p: p.name)

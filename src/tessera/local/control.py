@@ -25,6 +25,7 @@ from typing import Any
 from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadSubmission
 from tessera.api.models import compute_doc
+from tessera.api.token_store import TokenStore
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import ResourceRequest
 from tessera.core.requests import check_against_cluster, gpu_request_from_dict, gpu_request_to_dict
@@ -85,7 +86,7 @@ class LocalBackend(TokenAuth):
         self.grace = grace
         self.interval = interval
         self.store = Store(data_dir / "tessera.db")
-        self.auth_store = self.store
+        self.auth_store: TokenStore = TokenStore(data_dir / "tessera.db")
         self.runner = Runner(data_dir)
         self.isolation = isolation_hook.load(data_dir)
         self._lock = threading.RLock()
@@ -113,6 +114,7 @@ class LocalBackend(TokenAuth):
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.store.close()
+        self.auth_store.close()
 
     def stop_all_workloads(self) -> int:
         """Stop every running pod (``tessera down --stop-workloads``); they become Stopped."""

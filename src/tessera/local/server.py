@@ -12,7 +12,7 @@ import sys
 
 from tessera.api.serving import lock_data_dir, serve
 from tessera.core.errors import InvalidRequest
-from tessera.local.paths import DEFAULT_PORT, data_dir
+from tessera.settings import DEFAULT_PORT, data_dir
 
 
 def main(argv: list[str] | None = None) -> int:

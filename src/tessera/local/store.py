@@ -19,10 +19,6 @@ from typing import Any
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS clients (client_id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL,
-    created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS tokens (token_hash TEXT PRIMARY KEY, client_id TEXT NOT NULL,
-    created REAL NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS projects (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     name TEXT NOT NULL UNIQUE,
@@ -238,7 +234,7 @@ class Store:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    # -- meta, clients, tokens -------------------------------------------------------------------
+    # -- meta -------------------------------------------------------------------------------------
 
     def meta(self, key: str) -> str | None:
         rows = self._query("SELECT value FROM meta WHERE key=?", (key,))
@@ -247,34 +243,6 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         with self.transaction() as db:
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
-
-    def client_secret_hash(self, client_id: str) -> str | None:
-        rows = self._query("SELECT secret_hash FROM clients WHERE client_id=?", (client_id,))
-        return rows[0][0] if rows else None
-
-    def set_client(self, client_id: str, secret_hash: str) -> None:
-        with self.transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO clients (client_id, secret_hash, created) VALUES (?, ?, ?)",
-                (client_id, secret_hash, time.time()),
-            )
-
-    def add_token(self, token_hash: str, client_id: str, ttl: float) -> float:
-        now = time.time()
-        with self.transaction() as db:
-            db.execute("DELETE FROM tokens WHERE expires < ?", (now,))
-            db.execute(
-                "INSERT INTO tokens (token_hash, client_id, created, expires) VALUES (?, ?, ?, ?)",
-                (token_hash, client_id, now, now + ttl),
-            )
-        return now + ttl
-
-    def token_client(self, token_hash: str) -> str | None:
-        rows = self._query(
-            "SELECT client_id FROM tokens WHERE token_hash=? AND expires >= ?",
-            (token_hash, time.time()),
-        )
-        return rows[0][0] if rows else None
 
     # -- projects --------------------------------------------------------------------------------
 

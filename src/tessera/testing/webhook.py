@@ -22,7 +22,7 @@ import yaml
 from tessera.testing import binaries
 from tessera.testing.cluster import ManagedProcess, TestCluster
 
-CHART = Path(__file__).resolve().parents[4] / "deploy" / "helm" / "tessera"
+CHART = Path(__file__).resolve().parents[3] / "deploy" / "helm" / "tessera"
 KUBE_VERSION = binaries.KUBERNETES_VERSION.lstrip("v")
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 

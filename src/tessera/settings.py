@@ -1,4 +1,8 @@
-"""Where embedded mode keeps its data and the CLI its settings."""
+"""Settings every entry point shares: the API's default port, where a server keeps its data
+(embedded mode's database, API tokens) and where the CLI keeps its own settings.
+
+Neutral ground so the CLI and the Kubernetes API server need not import embedded mode for them.
+"""
 
 from __future__ import annotations
 
