@@ -125,6 +125,15 @@ def _build(kind: GpuKind, devices: int, models: frozenset[str], **kw: object) ->
     return GpuRequest(kind, devices=devices, models=models, **kw)  # type: ignore[arg-type]
 
 
+def estimate_gpus(request: GpuRequest, nodes: Iterable[Node], workers: int = 1) -> float:
+    """GPUs a request counts as before it is placed (for quota checks and listings): whole
+    devices, or the share of the largest device it may use."""
+    if request.kind is GpuKind.NONE:
+        return 0.0
+    sizes = [g.memory for n in nodes for g in n.gpus if request.allows(g.model)]
+    return request.gpus_on(max(sizes, default=1)) * workers
+
+
 def check_against_cluster(request: GpuRequest, nodes: Iterable[Node]) -> None:
     """Refuse a request no node of this cluster could ever hold, even empty.
 

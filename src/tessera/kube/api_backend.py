@@ -29,9 +29,9 @@ from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, Upstream, WorkloadSubmission
 from tessera.api.token_store import TokenStore
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
+from tessera.core.model import GpuRequest
 from tessera.core.model import Node as CoreNode
-from tessera.core.requests import check_against_cluster, gpu_request_to_dict
+from tessera.core.requests import check_against_cluster, estimate_gpus, gpu_request_to_dict
 from tessera.core.units import format_gpus
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
@@ -316,7 +316,7 @@ class KubeBackend(TokenAuth):
             raise InvalidRequest("projectId", "the project has no spec.namespace (a department "
                                  "cannot run workloads)", s.project)
         limit = pdoc["resources"]["gpu"]["limit"]
-        estimate = _estimate(nodes.values(), ResourceRequest(s.gpu), s.workers)
+        estimate = estimate_gpus(s.gpu, nodes.values(), s.workers)
         if limit is not None and estimate > limit + 1e-9:
             raise InvalidRequest(
                 "spec.compute", f"asks {format_gpus(estimate)} GPUs, more than project "
@@ -516,7 +516,7 @@ class KubeBackend(TokenAuth):
             "minWorkers": rec.min_workers,
             "runningPods": sum(1 for d in pod_docs if d["phase"] == "Running"),
             "gpus": {
-                "requested": round(_estimate(nodes.values(), ResourceRequest(gpu), rec.workers)
+                "requested": round(estimate_gpus(gpu, nodes.values(), rec.workers)
                                    if nodes else 0.0, 4),
                 "allocated": round(sum(wd.pod_gpus(d, nodes) for d in bound), 4),
                 "request": gpu.describe(),
@@ -784,11 +784,3 @@ def _manifest_entry(key: tuple[str, str, str], pods: list[Any], owners: dict[Any
     )
     return wd.Entry(rec, {}, all(p.metadata.deletionTimestamp is not None for p in pods),
                     min(wd.created_at(p) for p in pods), pods, False, controller)
-
-
-def _estimate(nodes: Iterable[CoreNode], request: ResourceRequest, workers: int) -> float:
-    gpu = request.gpu
-    if gpu.kind is GpuKind.NONE:
-        return 0.0
-    sizes = [g.memory for n in nodes for g in n.gpus if gpu.allows(g.model)]
-    return gpu.gpus_on(max(sizes, default=1)) * workers

@@ -1,15 +1,15 @@
 """The local control plane: store, runner and scheduler joined by one loop.
 
 Each cycle (every ``interval`` seconds, or at once when something is submitted or changed) it
-learns which pods ended, builds a ``Snapshot``, asks the scheduler for ``Decisions`` and applies
-them: start pods, stop evicted ones, record why the rest wait. Every change is written to the
+learns which pods ended, turns the store's workloads into the core's ``Snapshot``
+(``tessera.local.scheduling``), runs the core's cycle and applies its ``Plan``: start pods, stop
+evicted ones, record why the rest wait. Every change is written to the
 store before the API answers, so the loop can be killed at any moment.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import shutil
@@ -26,9 +26,15 @@ from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadSubmission
 from tessera.api.models import compute_doc
 from tessera.api.token_store import TokenStore
+from tessera.core.cycle import Plan
+from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import ResourceRequest
-from tessera.core.requests import check_against_cluster, gpu_request_from_dict, gpu_request_to_dict
+from tessera.core.requests import (
+    check_against_cluster,
+    estimate_gpus,
+    gpu_request_from_dict,
+    gpu_request_to_dict,
+)
 from tessera.core.state import Placement
 from tessera.core.units import format_gpus
 from tessera.core.workloads import PRIORITY_CLASSES as CORE_CLASSES
@@ -36,15 +42,7 @@ from tessera.local import containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.gpus import Machine
 from tessera.local.runner import Runner
-from tessera.local.scheduler import (
-    CycleScheduler,
-    Decisions,
-    ProjectView,
-    Scheduler,
-    Snapshot,
-    WorkloadView,
-    estimate_gpus,
-)
+from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
 from tessera.local.store import Project, Store, Workload
 
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -54,16 +52,6 @@ PRIORITY_CLASSES: dict[str, tuple[int, bool]] = {
 DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
 
 
-def _placement(pod: dict[str, Any]) -> Placement:
-    return Placement(
-        node=pod["node"],
-        devices=tuple(pod["devices"]),
-        request_bytes=tuple(pod["requestBytes"]),
-        limit_bytes=tuple(pod["limitBytes"]),
-        exclusive=pod["exclusive"],
-    )
-
-
 class LocalBackend(TokenAuth):
     """Implements ``tessera.api.backend.Backend`` on this machine."""
 
@@ -71,7 +59,7 @@ class LocalBackend(TokenAuth):
         self,
         data_dir: Path,
         machine: Machine,
-        scheduler: Scheduler | None = None,
+        policy: str = "fgd",
         grace: float = 10.0,
         interval: float = 0.25,
         runtime: Runtime | None = None,
@@ -82,7 +70,7 @@ class LocalBackend(TokenAuth):
         """podman or docker, for images with no command (tessera.local.containers)."""
         self.runtime_note = runtime_note
         self.machine = machine
-        self.scheduler: Scheduler = scheduler or CycleScheduler()
+        self.scheduler = LocalCycle(policy)
         self.grace = grace
         self.interval = interval
         self.store = Store(data_dir / "tessera.db")
@@ -195,7 +183,7 @@ class LocalBackend(TokenAuth):
 
     # -- the cycle -------------------------------------------------------------------------------
 
-    def cycle(self) -> Decisions:
+    def cycle(self) -> Plan:
         with self._lock:
             self.cycles += 1
             self.runner.reap_kills()
@@ -204,24 +192,23 @@ class LocalBackend(TokenAuth):
                     self._check_pods(w)
                 elif w.phase in ("Stopping", "Deleting"):
                     self._finish_stop(w)
-            snapshot = self._snapshot()
-            decisions = Decisions()
-            if snapshot.pending:
+            now = time.time()
+            workloads = self._workloads(now)
+            pending = [w for w in workloads if not w.placements]
+            plan = refused((), "")
+            if pending:
                 try:
-                    decisions = self.scheduler.decide(snapshot)
+                    plan = self.scheduler.run((self.machine.node,), self.store.projects(),
+                                              workloads, now)
                 except InvalidRequest as exc:
-                    reason = f"the scheduling cycle refused this machine's state: {exc}"
-                    decisions.waiting = {w.id: reason for w in snapshot.pending}
-            self._apply(decisions)
-            return decisions
+                    plan = refused(pending, f"the scheduling cycle refused this machine's state: {exc}")
+            self._apply(plan, {w.id for w in pending})
+            return plan
 
-    def _snapshot(self) -> Snapshot:
-        projects = {
-            p.name: ProjectView(p.name, p.deserved, p.limit, p.over_quota_weight, p.priority)
-            for p in self.store.projects()
-        }
-        running: list[WorkloadView] = []
-        pending: list[WorkloadView] = []
+    def _workloads(self, now: float) -> list[CoreWorkload]:
+        """The active workloads as the cycle sees them: pending ones (except those waiting for
+        their victims to stop) and those holding GPUs of this machine."""
+        out: list[CoreWorkload] = []
         here = {g.index: g.uuid for g in self.machine.node.gpus}
         for wid, victims in list(self._awaiting.items()):
             if not any(v in self._active and self._active[v].phase != "Pending" for v in victims):
@@ -229,40 +216,19 @@ class LocalBackend(TokenAuth):
         for w in self._active.values():
             if w.phase == "Pending":
                 if w.id not in self._awaiting:
-                    pending.append(self._view(w, ()))
+                    out.append(core_workload(w, None, now))
             elif w.phase in ("Running", "Stopping", "Deleting"):
-                placements = tuple(
-                    _placement(p) for p in w.pods
+                placements = [
+                    pod_placement(p) for p in w.pods
                     if p.get("holds", True)
                     and all(here.get(d) == u for d, u in zip(p["devices"], p["uuids"], strict=True))
-                )
+                ]
                 if placements:
-                    view = self._view(w, placements)
-                    if w.phase != "Running":
-                        view = dataclasses.replace(view, preemptible=False)
-                    running.append(view)
-        return Snapshot((self.machine.node,), projects, running, pending)
+                    out.append(core_workload(w, placements, now))
+        return out
 
-    @staticmethod
-    def _view(w: Workload, placements: tuple[Placement, ...]) -> WorkloadView:
-        return WorkloadView(
-            id=w.id,
-            name=w.name,
-            project=w.project_name,
-            request=ResourceRequest(gpu_request_from_dict(w.request)),
-            workers=w.workers,
-            min_workers=w.min_workers,
-            preemptible=w.preemptible,
-            priority=w.priority,
-            seq=w.seq,
-            placements=placements,
-            priority_class=w.priority_class,
-            created_at=w.created,
-            started_at=w.started,
-        )
-
-    def _apply(self, decisions: Decisions) -> None:
-        for ev in decisions.evictions:
+    def _apply(self, plan: Plan, pending: set[str]) -> None:
+        for ev in plan.evictions:
             w = self._active.get(ev.workload_id)
             if w is not None and w.phase == "Running":
                 if w.spec.get("onEviction") == "fail":
@@ -271,12 +237,20 @@ class LocalBackend(TokenAuth):
                     )
                 else:
                     self._begin_stop(w, "Pending", ev.reason, kind="Preempted")
-        self._awaiting.update(decisions.after_evictions)
-        for b in decisions.bindings:
+        waiting = {x.workload_id: x.reason for x in plan.waiting if x.workload_id in pending}
+        for b in plan.bindings:
             w = self._active.get(b.workload_id)
-            if w is not None and w.phase == "Pending":
-                self._start(w, b.placements, b.message)
-        for wid, reason in decisions.waiting.items():
+            if b.workload_id not in pending or w is None or w.phase != "Pending":
+                continue
+            if b.after_evictions:
+                victims = ", ".join(self._active[v].name if v in self._active else v
+                                    for v in b.after_evictions)
+                waiting[b.workload_id] = f"waiting for {victims} to stop: {b.message}"
+                self._awaiting[b.workload_id] = tuple(b.after_evictions)
+                continue
+            placements = [pb.placement for pb in sorted(b.pods, key=lambda pb: pb.pod)]
+            self._start(w, placements, b.message)
+        for wid, reason in waiting.items():
             w = self._active.get(wid)
             if w is not None and w.phase == "Pending" and w.phase_message != reason:
                 w.phase_message = reason
@@ -660,7 +634,7 @@ class LocalBackend(TokenAuth):
             project = self.store.project(s.project)
             if project is None:
                 raise InvalidRequest("projectId", "no project with this id or name", s.project)
-            estimate = estimate_gpus([self.machine.node], ResourceRequest(s.gpu), s.workers)
+            estimate = estimate_gpus(s.gpu, [self.machine.node], s.workers)
             if project.limit is not None and estimate > project.limit + 1e-9:
                 raise InvalidRequest(
                     "spec.compute",

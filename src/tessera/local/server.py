@@ -24,7 +24,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--policy", default="fgd")
-    parser.add_argument("--scheduler", choices=("cycle", "simple"), default="cycle")
     parser.add_argument("--runtime", choices=("auto", "podman", "docker", "none"), default="auto",
                         help="container runtime for images with no command")
     args = parser.parse_args(argv)
@@ -32,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from tessera.local.control import LocalBackend
     from tessera.local.gpus import discover
-    from tessera.local.scheduler import CycleScheduler, QuotaScheduler, Scheduler
 
     directory = data_dir(args.data_dir)
     lock = lock_data_dir(directory)
@@ -56,14 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         store.set_meta("simulate", json.dumps(simulate or ["1xV100-16GB"]))
     store.close()
 
-    scheduler: Scheduler = (
-        CycleScheduler(args.policy) if args.scheduler == "cycle" else QuotaScheduler(args.policy)
-    )
     from tessera.local.containers import detect
 
     runtime, runtime_note = detect(args.runtime)
     backend = LocalBackend(
-        directory, machine, scheduler, grace=args.grace, interval=args.interval,
+        directory, machine, args.policy, grace=args.grace, interval=args.interval,
         runtime=runtime, runtime_note=runtime_note,
     )
     backend.ensure_admin()

@@ -1,0 +1,88 @@
+"""Embedded mode's scheduling: the store's projects and workloads as the core's types, and the
+core's cycle over them.
+
+This is the only translation embedded mode makes: a stored ``Workload`` becomes a
+``tessera.core.cycle.Workload`` (its running pods' placements included) and the ``Plan`` that
+``run_cycle`` returns is applied as it is by the control loop, as the Kubernetes adapter does.
+Consolidation is left out of the actions because it moves running pods, which a local process
+cannot do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tessera.core.cycle import (
+    CycleConfig,
+    Plan,
+    Project,
+    Quota,
+    Snapshot,
+    Waiting,
+    Workload,
+    run_cycle,
+)
+from tessera.core.model import Node, ResourceRequest
+from tessera.core.requests import gpu_request_from_dict
+from tessera.core.state import Placement
+from tessera.local import store
+
+ACTIONS = ("allocate", "reclaim", "preempt", "backfill")
+"""The cycle's actions in embedded mode (no consolidate: a process cannot be moved)."""
+
+
+def core_project(p: store.Project) -> Project:
+    return Project(p.name, gpu=Quota(p.deserved, p.limit, p.over_quota_weight), priority=p.priority)
+
+
+def pod_placement(pod: dict[str, Any]) -> Placement:
+    """Where a stored pod runs (the pod record written by the control loop when it started)."""
+    return Placement(
+        node=pod["node"],
+        devices=tuple(pod["devices"]),
+        request_bytes=tuple(pod["requestBytes"]),
+        limit_bytes=tuple(pod["limitBytes"]),
+        exclusive=pod["exclusive"],
+    )
+
+
+def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now: float) -> Workload:
+    """A stored workload as the cycle sees it: pending (``placements`` None) or running on
+    ``placements``. One that is already stopping is not preemptible (it is going anyway)."""
+    running = placements is not None
+    return Workload(
+        id=w.id,
+        project=w.project_name,
+        pods=(ResourceRequest(gpu_request_from_dict(w.request)),) * w.workers,
+        priority_class=w.priority_class,
+        min_members=w.min_workers,
+        created_at=w.created,
+        started_at=(w.started or now) if running else None,
+        placements=((*placements, *(None,) * (w.workers - len(placements)))
+                    if placements is not None else ()),
+        preemptible=w.preemptible and (not running or w.phase == "Running"),
+        priority=w.priority,
+        name=w.name,
+    )
+
+
+class LocalCycle:
+    """The core's projects/fair-share cycle with embedded mode's actions and placement policy."""
+
+    def __init__(self, policy: str = "fgd") -> None:
+        self.config = CycleConfig(actions=ACTIONS, policy=policy)
+        self.name = ("tessera.core.cycle (fair share, reclaim, priority preemption); "
+                     f"placement policy {policy}")
+
+    def run(self, nodes: Iterable[Node], projects: Iterable[store.Project],
+            workloads: Iterable[Workload], now: float) -> Plan:
+        return run_cycle(Snapshot(tuple(nodes), tuple(core_project(p) for p in projects),
+                                  tuple(workloads), now), self.config)
+
+
+def refused(pending: Iterable[Workload], reason: str) -> Plan:
+    """A plan that binds nothing and tells every pending workload ``reason`` (the cycle refused
+    the machine's state as a whole)."""
+    waits = tuple(Waiting(w.id, w.project, "unschedulable", reason) for w in pending)
+    return Plan((), (), (), waits, {})
