@@ -1,0 +1,220 @@
+"""One reclaimer's victim search: which over-share workloads of other projects may go so that
+one waiting workload fits, and whether the outcome is kept.
+
+Read top-down in ``ReclaimSearch.run``: evict victims (in the action's preference order) until
+the workload fits; undo it all unless the reclaimer's projects stay within their fair share;
+put back every victim that did not make room; undo it all if more GPUs would be evicted than the
+reclaimer is owed; else bind. The rules a single victim must pass are ``allow`` (its side of the
+project tree keeps what it must) and ``dead`` (its own project has nothing left to give).
+"""
+
+from __future__ import annotations
+
+from tessera.core.cycle.session import PodPlacements, Session, Statement, Wait, WorkloadState
+from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
+from tessera.core.fairshare import EPS, Vector
+from tessera.core.projects import Resource
+from tessera.core.units import format_gpus
+
+from .allocate import gang_demand
+
+
+def reclaimer_caps(session: Session, ws: WorkloadState) -> dict[str, Vector]:
+    """The reclaiming project must end within its fair share; its ancestors must end within
+    theirs or no higher than now (reclaim between siblings does not grow their parent)."""
+    caps: dict[str, Vector] = {}
+    for name in ws.chain:
+        share = session.shares.share[name]
+        if name == ws.project:
+            caps[name] = share
+        else:
+            a = session.alloc[name]
+            caps[name] = (max(a[0], share[0]), max(a[1], share[1]), max(a[2], share[2]))
+    return caps
+
+
+def floor_of(session: Session, name: str, guaranteed: bool) -> Vector:
+    """What a victim-side project must keep: its fair share, or, when the reclaimer only takes
+    back its deserved quota, the smaller of fair share and deserved quota."""
+    share = session.shares.share[name]
+    if not guaranteed:
+        return share
+    d = session.deserved[name]
+    return (min(share[0], d[0]), min(share[1], d[1]), min(share[2], d[2]))
+
+
+class ReclaimSearch:
+    """The victim search for one waiting workload ``ws`` over the victims of ``index``."""
+
+    def __init__(self, session: Session, ws: WorkloadState, index: NodeIndex) -> None:
+        self.session = session
+        self.ws = ws
+        self.index = index
+        self.tree = session.tree
+        self.governed = self.tree.governed
+        self.gpu_only = self.governed == (Resource.GPU,)
+        self.demand = gang_demand(session, ws)
+        self.caps = reclaimer_caps(session, ws)
+        self._sides: dict[str, tuple[tuple[str, ...], bool]] = {}
+        self._slack: dict[tuple[str, bool], Vector] = {}
+        """How far each victim-side project is above what it must keep; only evictions change it."""
+        self._blocked: dict[str, bool] = {}
+        """GPU-only: projects none of whose GPU victims this reclaimer may take (until an eviction)."""
+        self._drained: dict[str, bool] = {}
+        """GPU-only: projects with no GPU left to give anyone."""
+
+    # -- the search, top-down --------------------------------------------------------------------
+
+    def run(self) -> bool:
+        """Bind ``ws`` by reclaiming, inside one statement; False (and nothing changed) if not."""
+        session, ws = self.session, self.ws
+        stmt = Statement(session)
+        result = evict_until_fits(session, ws, self.index, self.allow, self.evict,
+                                  self.within_caps, max_rounds=4 * ws.required() + 4,
+                                  dead=self.dead)
+        if result is None:
+            stmt.discard()
+            self._explain_no_victims()
+            return False
+        placed, evicted = result
+        if not session.within(ws.chain, self.caps):
+            stmt.discard()
+            return False
+        kept = self._keep_only_needed(evicted)
+        if self._takes_more_than_owed(kept, placed):
+            stmt.discard()
+            return False
+        message = (f"placed on {session.where(placed)} by reclaiming from "
+                   f"{', '.join(v.id for v in kept) or 'nobody'}")
+        session.record_binding(ws, placed, "reclaim", message, [v.id for v in kept])
+        stmt.commit()
+        return True
+
+    def _keep_only_needed(self, evicted: list[WorkloadState]) -> list[WorkloadState]:
+        """Put back every victim whose pods still fit where they were."""
+        kept = drop_needless(self.session, evicted,
+                             lambda: self.session.within(self.ws.chain, self.caps))
+        for v in set(evicted) - set(kept):
+            self.index.unprune(v)
+        return kept
+
+    def _takes_more_than_owed(self, kept: list[WorkloadState], placed: PodPlacements) -> bool:
+        """More GPUs evicted than placed plus what the reclaimer is still short of its fair
+        share: say so on the workload."""
+        session, ws = self.session, self.ws
+        evicted_gpus = sum(session.evictions[v.id].gpus for v in kept)
+        placed_gpus = sum(session.placement_vector(p)[0] for _, p in placed)
+        if evicted_gpus <= placed_gpus + session.shortfall(ws.project) + EPS:
+            return False
+        session.wait(ws, Wait(
+            "placement",
+            f"making room needs {format_gpus(evicted_gpus)} GPUs evicted to place "
+            f"{format_gpus(placed_gpus)}, more than project {ws.project} is owed",
+        ))
+        return True
+
+    def _explain_no_victims(self) -> None:
+        previous = self.session.waits.get(self.ws.id)
+        base = previous.reason if previous is not None else "no room"
+        kind = previous.kind if previous is not None else "placement"
+        request = previous.request if previous is not None else None
+        suffix = "; reclaim found no over-share workloads whose eviction makes room"
+        self.session.wait(self.ws, Wait(kind, base + suffix, request))
+
+    # -- the rules for one victim ----------------------------------------------------------------
+
+    def allow(self, v: WorkloadState, tentative: Tentative) -> bool:
+        """May ``v`` go, on top of what the search has tentatively taken already? Every project
+        on its side of the tree must keep what it must (``floor_of``)."""
+        if v.project == self.ws.project:
+            return False
+        vec = v.vector()
+        side, guaranteed = self.victim_side(v)
+        if self.gpu_only:
+            g = vec[0]
+            if g <= 0:
+                return True
+            stop = self._blocked.get(v.project)
+            if stop is None:
+                stop = self._blocked[v.project] = any(
+                    self.slack_of(name, guaranteed)[0] <= EPS for name in side)
+            if stop:
+                return False
+            for name in side:
+                t = tentative.get(name)
+                if g + (t[0] if t else 0.0) > self.slack_of(name, guaranteed)[0] + EPS:
+                    return False
+            return True
+        for name in side:
+            room = self.slack_of(name, guaranteed)
+            t = tentative.get(name)
+            for r in self.governed:
+                if vec[r] > 0 and vec[r] + (t[r] if t else 0.0) > room[r] + EPS:
+                    return False
+        return True
+
+    def dead(self, v: WorkloadState) -> bool:
+        """Its own project could not give it up to anyone: reclaim only lowers that slack."""
+        vec = v.vector()
+        if self.gpu_only:
+            if vec[0] <= 0:
+                return False
+            empty = self._drained.get(v.project)
+            if empty is None:
+                empty = self._drained[v.project] = self.slack_of(v.project, True)[0] <= EPS
+            return empty or vec[0] > self.slack_of(v.project, True)[0] + EPS
+        room = self.slack_of(v.project, True)
+        return any(vec[r] > 0 and vec[r] > room[r] + EPS for r in self.governed)
+
+    def victim_side(self, v: WorkloadState) -> tuple[tuple[str, ...], bool]:
+        """The victim's projects below the lowest common ancestor with the reclaimer, and
+        whether the reclaimer's own side stays within deserved quota (then victims need only
+        keep min(fair share, deserved), KAI's GuaranteeDeservedQuota)."""
+        found = self._sides.get(v.project)
+        if found is None:
+            tree, ws, session, demand = self.tree, self.ws, self.session, self.demand
+            lca = tree.lowest_common_ancestor(v.project, ws.project)
+            chain = tree.chain(v.project)
+            mine = ws.chain if lca is None else ws.chain[: ws.chain.index(lca)]
+            guaranteed = all(
+                demand[r] <= 0
+                or session.alloc[name][r] + demand[r] <= tree[name].quota(r).deserved_amount + EPS
+                for name in mine
+                for r in self.governed
+            )
+            side = chain if lca is None else chain[: chain.index(lca)]
+            found = self._sides[v.project] = (side, guaranteed)
+        return found
+
+    def slack_of(self, name: str, guaranteed: bool) -> Vector:
+        found = self._slack.get((name, guaranteed))
+        if found is None:
+            a, floor = self.session.alloc[name], floor_of(self.session, name, guaranteed)
+            found = self._slack[(name, guaranteed)] = (a[0] - floor[0], a[1] - floor[1],
+                                                       a[2] - floor[2])
+        return found
+
+    def within_caps(self, demand: Vector) -> bool:
+        return self.session.quota_check(self.ws, demand, fair_caps=self.caps) is None
+
+    # -- evicting ----------------------------------------------------------------------------------
+
+    def evict(self, v: WorkloadState) -> None:
+        """Evict ``v`` (undone with the statement), saying what its project keeps."""
+        session, ws = self.session, self.ws
+        self.index.unprune(v)
+        self._slack.clear()
+        self._blocked.clear()
+        self._drained.clear()
+        share_v = session.shares.gpu(v.project)
+        keeps = f"its fair share ({format_gpus(share_v)} GPUs)"
+        if session.alloc[v.project][0] - v.vector()[0] < share_v - EPS:
+            keeps = f"its deserved quota ({format_gpus(self.tree[v.project].gpu.deserved_amount)} GPUs)"
+        session.evict(
+            v,
+            "reclaim",
+            f"reclaimed for {ws.spec.label}: project {ws.project} is below its fair share of "
+            f"{format_gpus(session.shares.gpu(ws.project))} GPUs, and project {v.project} "
+            f"stays at or above {keeps}",
+            ws.id,
+        )
