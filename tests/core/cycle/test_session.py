@@ -10,8 +10,8 @@ from .scenario import nodes, project, workload
 
 def fingerprint(s: Session) -> object:
     return (
-        {k: tuple(v) for k, v in s.alloc.items()},
-        {k: tuple(v) for k, v in s.alloc_np.items()},
+        {k: tuple(v) for k, v in s.quota.alloc.items()},
+        {k: tuple(v) for k, v in s.quota.alloc_np.items()},
         [ns.signature() for ns in s.state.nodes],
         dict(s.state.allocations),
         {wid: (tuple(w.placements), w.evicted, tuple(w.bound), w.vector()) for wid, w in s.workloads.items()},
@@ -59,8 +59,8 @@ def test_commit_keeps_and_restore_puts_a_victim_back() -> None:
     s = Session(snap, CycleConfig())
     stmt = Statement(s)
     s.evict(s.workloads["r1"], "preempt", "test", "x")
-    assert s.alloc["a"][0] == 0
+    assert s.quota.alloc["a"][0] == 0
     assert s.restore(s.workloads["r1"])
-    assert s.alloc["a"][0] == 1 and "r1" not in s.evictions
+    assert s.quota.alloc["a"][0] == 1 and "r1" not in s.evictions
     stmt.commit()
     assert s.state.allocations["r1#0"].devices == (0,)

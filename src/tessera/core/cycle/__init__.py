@@ -13,7 +13,6 @@ submission rather than at the next cycle: ``ProjectTree(projects)`` validates a 
 """
 
 from tessera.core.cycle.run import run_cycle
-from tessera.core.cycle.session import validate_workload
 from tessera.core.cycle.types import (
     DEFAULT_ACTIONS,
     Binding,
@@ -26,6 +25,7 @@ from tessera.core.cycle.types import (
     Snapshot,
     Waiting,
 )
+from tessera.core.cycle.validation import validate_workload
 from tessera.core.projects import Project, ProjectTree, Quota
 from tessera.core.workloads import PRIORITY_CLASSES, Workload
 

@@ -7,6 +7,7 @@ import time
 from tessera.core.errors import InvalidRequest
 
 from .actions import ACTIONS
+from .plan import build_plan
 from .session import Session
 from .types import CycleConfig, Plan, Snapshot
 
@@ -33,6 +34,6 @@ def run_cycle(snapshot: Snapshot, config: CycleConfig | None = None) -> Plan:
             timings[name] = time.perf_counter() - t0
     finally:
         session.placer.close()
-    bindings, evictions, moves, waiting, projects = session.plan_parts()
-    timings["total"] = time.perf_counter() - started
-    return Plan(bindings, evictions, moves, waiting, projects, timings)
+    plan = build_plan(session, timings)
+    timings["total"] = time.perf_counter() - started  # the plan holds this dict
+    return plan

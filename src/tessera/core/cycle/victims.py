@@ -127,7 +127,7 @@ def cheapest_node(
     feasible = 0
     gpu = request.gpu
     # No node makes room by freeing fewer GPUs than the pod takes: stop at one that does.
-    floor = session.demand(request)[0] + EPS
+    floor = session.quota.demand(request)[0] + EPS
     gone: list[str] = []
     pruned = index.pruned
     skip: list[set[str]] = []

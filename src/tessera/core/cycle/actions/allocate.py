@@ -20,7 +20,7 @@ def gang_demand(session: Session, ws: WorkloadState) -> Vector:
     """Quota the gang's required pods count as (one pod for elastic pods of a running one)."""
     total = ZERO
     for i in ws.unplaced()[: max(ws.required(), 1)]:
-        total = vadd(total, session.demand(ws.spec.pods[i]))
+        total = vadd(total, session.quota.demand(ws.spec.pods[i]))
     return total
 
 
@@ -50,11 +50,11 @@ class Allocate:
     def execute(self, session: Session) -> None:
         failed: dict[Shape, tuple[str, ResourceRequest | None]] = {}
         fair = not self.over_fair_share
-        for ws in session.fair_order(self.candidates(session)):
+        for ws in session.quota.fair_order(self.candidates(session)):
             if not ws.unplaced():
                 continue
             previous = session.waits.get(ws.id)
-            why = session.quota_check(ws, gang_demand(session, ws), fair=fair)
+            why = session.quota.check(ws, gang_demand(session, ws), fair=fair)
             if why is not None:
                 session.wait(ws, why)
                 continue
@@ -64,7 +64,7 @@ class Allocate:
                 continue
 
             def extra_ok(demand: Vector, ws: WorkloadState = ws) -> bool:
-                return session.quota_check(ws, demand, fair=fair) is None
+                return session.quota.check(ws, demand, fair=fair) is None
 
             stmt = Statement(session)
             placed, fail, fitted = session.place_pods(ws, extra_ok)
@@ -75,13 +75,13 @@ class Allocate:
                 session.wait(ws, self._no_room(previous, reason, fail))
                 continue
             note = " beyond its fair share, on idle resources" if self.over_fair_share else ""
-            message = f"placed on {session.where(placed)}{note}{session.over_quota_note(ws)}"
+            message = f"placed on {session.where(placed)}{note}{session.quota.over_quota_note(ws)}"
             session.record_binding(ws, placed, self.name, message)
             stmt.commit()
             rest = ws.unplaced()
             if rest:
                 request = ws.spec.pods[rest[0]]
-                why = session.quota_check(ws, session.demand(request), fair=fair)
+                why = session.quota.check(ws, session.quota.demand(request), fair=fair)
                 session.wait(ws, why or Wait("placement", FIT, request))
 
     def _no_room(self, previous: Wait | None, reason: str, request: ResourceRequest | None) -> Wait:

@@ -44,11 +44,11 @@ class Consolidate:
         movable.sort(key=lambda v: (v.vector()[0], v.id))
         index = NodeIndex(movable)
         failed: set[Shape] = set()
-        for ws in session.fair_order(waiting):
+        for ws in session.quota.fair_order(waiting):
             key = shape(ws)
             if key in failed or not ws.unplaced():
                 continue
-            if session.quota_check(ws, gang_demand(session, ws)) is not None:
+            if session.quota.check(ws, gang_demand(session, ws)) is not None:
                 continue
             if not self._try(session, ws, index):
                 failed.add(key)
@@ -58,7 +58,7 @@ class Consolidate:
             return True
 
         def extra_ok(d: Vector) -> bool:
-            return session.quota_check(ws, d) is None
+            return session.quota.check(ws, d) is None
 
         stmt = Statement(session)
         moved: list[tuple[WorkloadState, int, Placement]] = []

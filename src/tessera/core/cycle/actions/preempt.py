@@ -37,7 +37,7 @@ class Preempt:
                 by_project.setdefault(v.project, []).append(v)
         for group in by_project.values():
             group.sort(key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
-        for ws in session.fair_order(w for w in waiting if w.project in by_project):
+        for ws in session.quota.fair_order(w for w in waiting if w.project in by_project):
             if not ws.unplaced():
                 continue
             victims = [
@@ -51,7 +51,7 @@ class Preempt:
     def _try(self, session: Session, ws: WorkloadState, victims: list[WorkloadState]) -> bool:
         caps: dict[str, Vector] = {}
         for name in ws.chain:
-            a, share = session.alloc[name], session.shares.share[name]
+            a, share = session.quota.alloc[name], session.quota.shares.share[name]
             caps[name] = (max(a[0], share[0]), max(a[1], share[1]), max(a[2], share[2]))
         demand = gang_demand(session, ws)
 
@@ -66,7 +66,7 @@ class Preempt:
         stmt = Statement(session)
         evicted: list[WorkloadState] = []
         queue = list(victims)
-        while (why := session.quota_check(ws, demand, fair_caps=caps)) is not None:
+        while (why := session.quota.check(ws, demand, fair_caps=caps)) is not None:
             if not queue or why.kind == "quota":
                 # Deserved quota for non-preemptible work is held by non-preemptible work,
                 # which is never evicted: taking preemptible victims cannot help.
@@ -80,14 +80,14 @@ class Preempt:
             return v.project == ws.project and v.priority < ws.priority
 
         def extra_ok(d: Vector) -> bool:
-            return session.quota_check(ws, d, fair_caps=caps) is None
+            return session.quota.check(ws, d, fair_caps=caps) is None
 
         result = evict_until_fits(session, ws, NodeIndex(queue), allow, evict, extra_ok, 4 * ws.required() + 4)
         if result is None:
             stmt.discard()
             return False
         placed, more = result
-        kept = drop_needless(session, evicted + more, lambda: session.within(ws.chain, caps))
+        kept = drop_needless(session, evicted + more, lambda: session.quota.within(ws.chain, caps))
         message = f"placed on {session.where(placed)} by preempting {', '.join(v.id for v in kept) or 'nobody'}"
         session.record_binding(ws, placed, "preempt", message, [v.id for v in kept])
         stmt.commit()

@@ -27,7 +27,7 @@ _TRIES = ("placement", "fair-share")
 
 
 def over_floor(session: Session, project: str) -> bool:
-    a = session.alloc[project]
+    a = session.quota.alloc[project]
     floor = floor_of(session, project, guaranteed=True)
     return any(a[r] > floor[r] + EPS for r in session.tree.governed)
 
@@ -55,11 +55,11 @@ class Reclaim:
             return
         order = VictimOrder(session, victims)
         failed: set[tuple[str, Shape]] = set()
-        for ws in session.fair_order(waiting):
+        for ws in session.quota.fair_order(waiting):
             key = (ws.project, shape(ws))
             if key in failed or not ws.unplaced():
                 continue
-            if session.quota_check(ws, gang_demand(session, ws),
+            if session.quota.check(ws, gang_demand(session, ws),
                                    fair_caps=_leaf_only(session, ws)) is not None:
                 continue
             if not ReclaimSearch(session, ws, order.index_for(ws)).run():
@@ -77,8 +77,8 @@ class VictimOrder:
         self.victims = victims
         self.ratio: dict[str, float] = {}
         for v in victims:
-            share = session.shares.gpu(v.project)
-            self.ratio[v.project] = (session.alloc[v.project][0] / share if share > EPS
+            share = session.quota.shares.gpu(v.project)
+            self.ratio[v.project] = (session.quota.alloc[v.project][0] / share if share > EPS
                                      else float("inf"))
         self.indexes: dict[tuple[str, ...], NodeIndex] = {}
 
@@ -101,5 +101,5 @@ class VictimOrder:
 
 def _leaf_only(session: Session, ws: WorkloadState) -> dict[str, Vector]:
     inf = float("inf")
-    return {name: session.shares.share[name] if name == ws.project else (inf, inf, inf)
+    return {name: session.quota.shares.share[name] if name == ws.project else (inf, inf, inf)
             for name in ws.chain}

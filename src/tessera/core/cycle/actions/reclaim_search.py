@@ -24,11 +24,11 @@ def reclaimer_caps(session: Session, ws: WorkloadState) -> dict[str, Vector]:
     theirs or no higher than now (reclaim between siblings does not grow their parent)."""
     caps: dict[str, Vector] = {}
     for name in ws.chain:
-        share = session.shares.share[name]
+        share = session.quota.shares.share[name]
         if name == ws.project:
             caps[name] = share
         else:
-            a = session.alloc[name]
+            a = session.quota.alloc[name]
             caps[name] = (max(a[0], share[0]), max(a[1], share[1]), max(a[2], share[2]))
     return caps
 
@@ -36,10 +36,10 @@ def reclaimer_caps(session: Session, ws: WorkloadState) -> dict[str, Vector]:
 def floor_of(session: Session, name: str, guaranteed: bool) -> Vector:
     """What a victim-side project must keep: its fair share, or, when the reclaimer only takes
     back its deserved quota, the smaller of fair share and deserved quota."""
-    share = session.shares.share[name]
+    share = session.quota.shares.share[name]
     if not guaranteed:
         return share
-    d = session.deserved[name]
+    d = session.quota.deserved[name]
     return (min(share[0], d[0]), min(share[1], d[1]), min(share[2], d[2]))
 
 
@@ -77,7 +77,7 @@ class ReclaimSearch:
             self._explain_no_victims()
             return False
         placed, evicted = result
-        if not session.within(ws.chain, self.caps):
+        if not session.quota.within(ws.chain, self.caps):
             stmt.discard()
             return False
         kept = self._keep_only_needed(evicted)
@@ -93,7 +93,7 @@ class ReclaimSearch:
     def _keep_only_needed(self, evicted: list[WorkloadState]) -> list[WorkloadState]:
         """Put back every victim whose pods still fit where they were."""
         kept = drop_needless(self.session, evicted,
-                             lambda: self.session.within(self.ws.chain, self.caps))
+                             lambda: self.session.quota.within(self.ws.chain, self.caps))
         for v in set(evicted) - set(kept):
             self.index.unprune(v)
         return kept
@@ -103,8 +103,8 @@ class ReclaimSearch:
         share: say so on the workload."""
         session, ws = self.session, self.ws
         evicted_gpus = sum(session.evictions[v.id].gpus for v in kept)
-        placed_gpus = sum(session.placement_vector(p)[0] for _, p in placed)
-        if evicted_gpus <= placed_gpus + session.shortfall(ws.project) + EPS:
+        placed_gpus = sum(session.quota.placement_vector(p)[0] for _, p in placed)
+        if evicted_gpus <= placed_gpus + session.quota.shortfall(ws.project) + EPS:
             return False
         session.wait(ws, Wait(
             "placement",
@@ -178,7 +178,7 @@ class ReclaimSearch:
             mine = ws.chain if lca is None else ws.chain[: ws.chain.index(lca)]
             guaranteed = all(
                 demand[r] <= 0
-                or session.alloc[name][r] + demand[r] <= tree[name].quota(r).deserved_amount + EPS
+                or session.quota.alloc[name][r] + demand[r] <= tree[name].quota(r).deserved_amount + EPS
                 for name in mine
                 for r in self.governed
             )
@@ -189,13 +189,13 @@ class ReclaimSearch:
     def slack_of(self, name: str, guaranteed: bool) -> Vector:
         found = self._slack.get((name, guaranteed))
         if found is None:
-            a, floor = self.session.alloc[name], floor_of(self.session, name, guaranteed)
+            a, floor = self.session.quota.alloc[name], floor_of(self.session, name, guaranteed)
             found = self._slack[(name, guaranteed)] = (a[0] - floor[0], a[1] - floor[1],
                                                        a[2] - floor[2])
         return found
 
     def within_caps(self, demand: Vector) -> bool:
-        return self.session.quota_check(self.ws, demand, fair_caps=self.caps) is None
+        return self.session.quota.check(self.ws, demand, fair_caps=self.caps) is None
 
     # -- evicting ----------------------------------------------------------------------------------
 
@@ -206,15 +206,15 @@ class ReclaimSearch:
         self._slack.clear()
         self._blocked.clear()
         self._drained.clear()
-        share_v = session.shares.gpu(v.project)
+        share_v = session.quota.shares.gpu(v.project)
         keeps = f"its fair share ({format_gpus(share_v)} GPUs)"
-        if session.alloc[v.project][0] - v.vector()[0] < share_v - EPS:
+        if session.quota.alloc[v.project][0] - v.vector()[0] < share_v - EPS:
             keeps = f"its deserved quota ({format_gpus(self.tree[v.project].gpu.deserved_amount)} GPUs)"
         session.evict(
             v,
             "reclaim",
             f"reclaimed for {ws.spec.label}: project {ws.project} is below its fair share of "
-            f"{format_gpus(session.shares.gpu(ws.project))} GPUs, and project {v.project} "
+            f"{format_gpus(session.quota.shares.gpu(ws.project))} GPUs, and project {v.project} "
             f"stays at or above {keeps}",
             ws.id,
         )

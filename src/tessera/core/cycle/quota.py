@@ -1,0 +1,224 @@
+"""Quota accounting for one cycle: what each project (and its ancestors) holds, what a pod
+counts as, and whether more for a workload breaks a rule (limit, deserved quota for
+non-preemptible workloads, fair share). Also the fair order of projects, which follows from
+what they hold against their fair shares.
+
+Every change to ``alloc`` goes through ``account``, which the session calls inside its
+statements (so a discarded statement puts the numbers back with the placements).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+
+from tessera.core.fairshare import EPS, FairShares, Vector
+from tessera.core.model import GpuKind, Node, ResourceRequest
+from tessera.core.projects import ProjectTree, Resource
+from tessera.core.state import ClusterState, Placement
+from tessera.core.units import format_bytes, format_gpus
+
+from .workload_state import Wait, WorkloadState
+
+
+def fmt_amount(resource: Resource, amount: float) -> str:
+    if resource is Resource.GPU:
+        return f"{format_gpus(amount)} GPU{'' if abs(amount) <= 1 + EPS else 's'}"
+    if resource is Resource.CPU:
+        return f"{amount / 1000:g} CPU"
+    return f"{format_bytes(amount)} of memory"
+
+
+def _num(resource: Resource, amount: float) -> str:
+    if resource is Resource.GPU:
+        return format_gpus(amount)
+    if resource is Resource.CPU:
+        return f"{amount / 1000:g}"
+    return format_bytes(amount)
+
+
+def vector_of(v: Sequence[float]) -> Vector:
+    return (v[0], v[1], v[2])
+
+
+class QuotaLedger:
+    """What every project holds during the cycle, and the quota rules checked against it."""
+
+    def __init__(self, tree: ProjectTree, nodes: Sequence[Node], state: ClusterState) -> None:
+        self.tree = tree
+        self._nodes = nodes
+        self._state = state
+        self.alloc: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in tree.order}
+        """Project -> GPUs, CPU millicores, memory bytes held now (a project counts its
+        descendants' workloads too)."""
+        self.alloc_np: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in tree.order}
+        """The same for non-preemptible workloads only (they must fit in deserved quota)."""
+        self.deserved: dict[str, Vector] = {
+            name: (p.gpu.deserved_amount, p.quota(Resource.CPU).deserved_amount,
+                   p.quota(Resource.MEMORY).deserved_amount)
+            for name, p in tree.projects.items()
+        }
+        self.allocated_before: dict[str, Vector] = {}
+        self.shares: FairShares
+        """Set by ``share_out`` once the running workloads are accounted."""
+        self._demand: dict[ResourceRequest, Vector] = {}
+
+    def share_out(self, shares: FairShares) -> None:
+        """Fix the fair shares for the cycle and remember what each project held at the start."""
+        self.shares = shares
+        self.allocated_before = {p: vector_of(v) for p, v in self.alloc.items()}
+
+    def demand(self, request: ResourceRequest) -> Vector:
+        """Quota a pending pod counts as. A memory request counts as its share of the smallest
+        device (of an allowed model) that can hold it, which is the most it can cost; KAI used
+        the smallest device in the cluster even when it could not hold the request (#1847)."""
+        d = self._demand.get(request)
+        if d is None:
+            gpu = request.gpu
+            gpus = 0.0
+            if gpu.kind is GpuKind.MEMORY:
+                assert gpu.memory is not None
+                sizes = [
+                    g.memory for n in self._nodes for g in n.gpus if gpu.allows(g.model) and g.memory >= gpu.memory
+                ]
+                gpus = gpu.gpus_on(min(sizes)) if sizes else float(gpu.devices)
+            elif gpu.kind is not GpuKind.NONE:
+                gpus = gpu.gpus_on(1)
+            d = (gpus, float(request.cpu_milli), float(request.memory))
+            self._demand[request] = d
+        return d
+
+    def placement_vector(self, p: Placement) -> Vector:
+        if p.exclusive:
+            gpus = float(len(p.devices))
+        else:
+            memory = self._state.by_name[p.node].dev_memory
+            gpus = sum(b / memory[i] for i, b in zip(p.devices, p.request_bytes, strict=True))
+        return (gpus, float(p.cpu_milli), float(p.memory))
+
+    def account(self, ws: WorkloadState, pod: int, p: Placement | None, sign: int) -> None:
+        ws._vector = None
+        if sign > 0:
+            assert p is not None
+            v = self.placement_vector(p)
+            ws.pod_vectors[pod] = v
+        else:
+            old = ws.pod_vectors[pod]
+            assert old is not None
+            v = old
+            ws.pod_vectors[pod] = None
+        targets = [self.alloc] if ws.preemptible else [self.alloc, self.alloc_np]
+        for table in targets:
+            for name in ws.chain:
+                a = table[name]
+                a[0] += sign * v[0]
+                a[1] += sign * v[1]
+                a[2] += sign * v[2]
+
+    def shortfall(self, project: str) -> float:
+        """GPUs the project is below its fair share (0 if at or above)."""
+        return max(0.0, self.shares.gpu(project) - self.alloc[project][0])
+
+    def check(
+        self,
+        ws: WorkloadState,
+        demand: Vector,
+        *,
+        fair: bool = True,
+        fair_caps: dict[str, Vector] | None = None,
+    ) -> Wait | None:
+        """Why ``demand`` more for this workload breaks a quota rule, or None.
+
+        Checked on the project and each ancestor: the hard limit; for a non-preemptible
+        workload, deserved quota (it may only use in-quota resources); and, when ``fair``,
+        the fair share (or ``fair_caps`` where given, used by preemption).
+        """
+        tree = self.tree
+        resources = tree.governed
+        for name in ws.chain:
+            project = tree[name]
+            level = "project" if tree.is_leaf(name) else "department"
+            a = self.alloc[name]
+            for r in resources:
+                if demand[r] <= 0:
+                    continue
+                limit = project.quota(r).limit_amount
+                if a[r] + demand[r] > limit + EPS:
+                    return Wait(
+                        "limit",
+                        f"{level} {name} is at its limit of {fmt_amount(r, limit)}: "
+                        f"{_num(r, a[r])} in use, this needs {_num(r, demand[r])} more",
+                    )
+        if not ws.preemptible:
+            for name in ws.chain:
+                a = self.alloc_np[name]
+                for r in resources:
+                    deserved = tree[name].quota(r).deserved_amount
+                    if demand[r] > 0 and a[r] + demand[r] > deserved + EPS:
+                        return Wait(
+                            "quota",
+                            f"non-preemptible ({ws.spec.priority_class}) workloads only use "
+                            f"deserved quota: {name} has {_num(r, a[r])} of its "
+                            f"{fmt_amount(r, deserved)} deserved in non-preemptible use, "
+                            f"this needs {_num(r, demand[r])} more",
+                        )
+        if fair:
+            for name in ws.chain:
+                a = self.alloc[name]
+                caps = self.shares.share[name] if fair_caps is None else fair_caps[name]
+                for r in resources:
+                    over = a[r] + demand[r] - caps[r]
+                    if demand[r] > 0 and over > EPS:
+                        return Wait("fair-share", f"would exceed fair share of {name} by {fmt_amount(r, over)}")
+        return None
+
+    def project_key(self, leaf: str) -> tuple[tuple[float, int, str], ...]:
+        """Fair order: at each level from the top, the least saturated (allocated ÷ fair share)
+        first, then higher priority, then name."""
+        key = []
+        for name in reversed(self.tree.chain(leaf)):
+            share = self.shares.share[name][0]
+            alloc = self.alloc[name][0]
+            ratio = alloc / share if share > EPS else math.inf
+            key.append((ratio, -self.tree[name].priority, name))
+        return tuple(key)
+
+    def fair_order(self, workloads: Iterable[WorkloadState]) -> Iterator[WorkloadState]:
+        """Workloads by project fair order, recomputed as allocations change; within a project
+        by priority (higher first), then age (older first), then id."""
+        per: dict[str, deque[WorkloadState]] = {}
+        for ws in sorted(workloads, key=lambda w: (-w.priority, w.spec.created_at, w.id)):
+            per.setdefault(ws.project, deque()).append(ws)
+        heap = [(self.project_key(p), p) for p in sorted(per)]
+        heapq.heapify(heap)
+        while heap:
+            key, p = heapq.heappop(heap)
+            fresh = self.project_key(p)
+            if fresh != key:
+                heapq.heappush(heap, (fresh, p))
+                continue
+            queue = per[p]
+            yield queue.popleft()
+            if queue:
+                heapq.heappush(heap, (self.project_key(p), p))
+
+    def within(self, chain: Sequence[str], caps: dict[str, Vector] | None) -> bool:
+        """Every project of ``chain`` is within its limit (and ``caps`` where given)."""
+        for name in chain:
+            a = self.alloc[name]
+            project = self.tree[name]
+            for r in self.tree.governed:
+                cap = project.quota(r).limit_amount
+                if caps is not None:
+                    cap = min(cap, caps[name][r])
+                if a[r] > cap + EPS:
+                    return False
+        return True
+
+    def over_quota_note(self, ws: WorkloadState) -> str:
+        deserved = self.tree[ws.project].gpu.deserved_amount
+        if self.alloc[ws.project][0] > deserved + EPS:
+            return f" (project {ws.project} is over its deserved quota: preemptible, may be reclaimed)"
+        return ""
