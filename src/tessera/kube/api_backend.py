@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import threading
 import time
 import uuid
@@ -28,11 +27,11 @@ from lightkube.types import PatchType
 from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, Upstream, WorkloadSubmission
 from tessera.api.token_store import TokenStore
+from tessera.api.validation import NAME, check_limit, check_project, check_submission
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuRequest
 from tessera.core.model import Node as CoreNode
 from tessera.core.requests import check_against_cluster, estimate_gpus, gpu_request_to_dict
-from tessera.core.units import format_gpus
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
 from tessera.kube import workload_docs as wd
@@ -41,10 +40,6 @@ from tessera.kube.podspec import pod_request_from_dict
 
 log = logging.getLogger(__name__)
 
-NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-NAME_RULE = ("must be lowercase letters, digits and '-', start and end alphanumeric, "
-             "at most 63 characters")
-DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
 CREATED_BY = "tessera.io/created-by"
 SORTABLE = {"name": "name", "createdAt": "createdAt", "phase": "phase",
             "projectName": "projectName", "type": "type", "gpus": "_gpus"}
@@ -178,18 +173,6 @@ class KubeBackend(TokenAuth):
         }
 
     @staticmethod
-    def _check_project(f: ProjectFields) -> None:
-        if not NAME.match(f.name) or len(f.name) > 63:
-            raise InvalidRequest("name", NAME_RULE, f.name)
-        if f.deserved < 0:
-            raise InvalidRequest("resources.gpu.deserved", "must be 0 or more", f.deserved)
-        if f.limit is not None and f.limit < f.deserved:
-            raise InvalidRequest(
-                "resources.gpu.limit", f"must be at least deserved ({f.deserved:g})", f.limit)
-        if f.over_quota_weight < 0:
-            raise InvalidRequest("resources.gpu.overQuotaWeight", "must be 0 or more")
-
-    @staticmethod
     def _project_spec(f: ProjectFields, namespace: str) -> dict[str, Any]:
         gpu: dict[str, Any] = {"deserved": f.deserved, "overQuotaWeight": f.over_quota_weight}
         if f.limit is not None:
@@ -197,7 +180,7 @@ class KubeBackend(TokenAuth):
         return {"namespace": namespace, "priority": f.priority, "resources": {"gpu": gpu}}
 
     def create_project(self, fields: ProjectFields) -> dict[str, Any]:
-        self._check_project(fields)
+        check_project(fields)
         with self._lock:
             for obj in self.client.list(ProjectResource):
                 if obj.metadata.name == fields.name:
@@ -251,7 +234,7 @@ class KubeBackend(TokenAuth):
     def update_project(self, id_or_name: str, fields: ProjectFields) -> dict[str, Any]:
         obj = self._get_project(id_or_name)
         fields.name = obj.metadata.name
-        self._check_project(fields)
+        check_project(fields)
         spec = self._project_spec(fields, (obj.get("spec") or {}).get("namespace") or fields.name)
         patch = {"spec": {**spec, "resources": {**((obj.get("spec") or {}).get("resources") or {}),
                                                  "gpu": spec["resources"]["gpu"]}}}
@@ -286,24 +269,11 @@ class KubeBackend(TokenAuth):
     # -- submit ----------------------------------------------------------------------------------
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
-        if not NAME.match(s.name) or len(s.name) > 63:
-            raise InvalidRequest("name", NAME_RULE, s.name)
-        if not s.command and not s.image:
-            raise InvalidRequest("spec.command", "is required: the command to run (or an image, "
-                                 "whose entrypoint runs)")
+        admitted = check_submission(s)
         if s.spec.get("ports"):
             raise InvalidRequest("spec.ports", "is not supported on the Kubernetes backend yet "
                                  "(no Service is created); expose the pod with a Service")
-        if s.workers < 1:
-            raise InvalidRequest("spec.workers", "must be 1 or more", s.workers)
-        min_workers = s.workers if s.min_workers is None else s.min_workers
-        if not 1 <= min_workers <= s.workers:
-            raise InvalidRequest("spec.minWorkers", f"must be 1 to workers ({s.workers})",
-                                 min_workers)
-        pclass = s.priority_class or DEFAULT_CLASS[s.type]
-        if pclass not in PRIORITY_CLASSES:
-            raise InvalidRequest("spec.priorityClass",
-                                 f"must be one of {', '.join(PRIORITY_CLASSES)}", pclass)
+        pclass, min_workers = admitted.priority_class, admitted.min_workers
         nodes, _, _, _ = self._nodes()
         check_against_cluster(s.gpu, nodes.values())
         try:
@@ -315,17 +285,13 @@ class KubeBackend(TokenAuth):
         if not namespace:
             raise InvalidRequest("projectId", "the project has no spec.namespace (a department "
                                  "cannot run workloads)", s.project)
-        limit = pdoc["resources"]["gpu"]["limit"]
-        estimate = estimate_gpus(s.gpu, nodes.values(), s.workers)
-        if limit is not None and estimate > limit + 1e-9:
-            raise InvalidRequest(
-                "spec.compute", f"asks {format_gpus(estimate)} GPUs, more than project "
-                f"{pdoc['name']}'s limit of {limit:g}")
+        check_limit(s.gpu, nodes.values(), s.workers, pdoc["name"],
+                    pdoc["resources"]["gpu"]["limit"])
         rec = wd.Record(
             id=str(uuid.uuid4()), name=s.name, namespace=namespace, project=pdoc["name"],
             type=s.type, argv=list(s.command), env=dict(s.env), image=s.image or self.image,
             working_dir=s.working_dir if s.spec.get("workingDir") and s.working_dir else None,
-            priority_class=pclass, preemptible=PRIORITY_CLASSES[pclass].preemptible,
+            priority_class=pclass, preemptible=admitted.preemptible,
             workers=s.workers, min_workers=min_workers, request=gpu_request_to_dict(s.gpu),
             on_eviction=str(s.spec.get("onEviction", "requeue")),
             spec={k: v for k, v in s.spec.items() if k not in ("workingDir",)},

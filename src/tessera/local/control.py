@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,30 +25,22 @@ from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadSubmission
 from tessera.api.models import compute_doc
 from tessera.api.token_store import TokenStore
+from tessera.api.validation import check_limit, check_project, check_submission
 from tessera.core.cycle import Plan
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
 from tessera.core.requests import (
     check_against_cluster,
-    estimate_gpus,
     gpu_request_from_dict,
     gpu_request_to_dict,
 )
 from tessera.core.state import Placement
-from tessera.core.units import format_gpus
-from tessera.core.workloads import PRIORITY_CLASSES as CORE_CLASSES
 from tessera.local import containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.gpus import Machine
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
 from tessera.local.store import Project, Store, Workload
-
-NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-PRIORITY_CLASSES: dict[str, tuple[int, bool]] = {
-    name: (pc.value, pc.preemptible) for name, pc in CORE_CLASSES.items()
-}
-DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
 
 
 class LocalBackend(TokenAuth):
@@ -537,23 +528,8 @@ class LocalBackend(TokenAuth):
             "createdAt": _iso(p.created),
         }
 
-    def _check_project(self, f: ProjectFields) -> None:
-        if not NAME.match(f.name) or len(f.name) > 63:
-            raise InvalidRequest(
-                "name", "must be lowercase letters, digits and '-', start and end alphanumeric, "
-                "at most 63 characters", f.name,
-            )
-        if f.deserved < 0:
-            raise InvalidRequest("resources.gpu.deserved", "must be 0 or more", f.deserved)
-        if f.limit is not None and f.limit < f.deserved:
-            raise InvalidRequest(
-                "resources.gpu.limit", f"must be at least deserved ({f.deserved:g})", f.limit
-            )
-        if f.over_quota_weight < 0:
-            raise InvalidRequest("resources.gpu.overQuotaWeight", "must be 0 or more")
-
     def create_project(self, fields: ProjectFields) -> dict[str, Any]:
-        self._check_project(fields)
+        check_project(fields)
         with self._lock:
             if self.store.project(fields.name) is not None:
                 raise Conflict(f"project {fields.name} already exists")
@@ -580,7 +556,7 @@ class LocalBackend(TokenAuth):
         with self._lock:
             p = self._get_project(id_or_name)
             fields.name = p.name
-            self._check_project(fields)
+            check_project(fields)
             p.deserved, p.limit = fields.deserved, fields.limit
             p.over_quota_weight, p.priority = fields.over_quota_weight, fields.priority
             self.store.update_project(p)
@@ -598,14 +574,7 @@ class LocalBackend(TokenAuth):
     # -- workloads -------------------------------------------------------------------------------
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
-        if not NAME.match(s.name) or len(s.name) > 63:
-            raise InvalidRequest(
-                "name", "must be lowercase letters, digits and '-', start and end alphanumeric, "
-                "at most 63 characters", s.name,
-            )
-        if not s.command and not s.image:
-            raise InvalidRequest("spec.command", "is required: the command to run (or an image, "
-                                 "whose entrypoint runs)")
+        admitted = check_submission(s)
         if not s.command and self.runtime is None:
             raise InvalidRequest("spec.image", containers.refusal(self.runtime_note))
         for i, port in enumerate(s.spec.get("ports") or []):
@@ -618,29 +587,13 @@ class LocalBackend(TokenAuth):
         if s.spec.get("ports") and s.workers > 1:
             raise InvalidRequest("spec.ports", "needs a single pod (workers 1): every pod would "
                                  "listen on the same port of this machine", s.workers)
-        if s.workers < 1:
-            raise InvalidRequest("spec.workers", "must be 1 or more", s.workers)
-        min_workers = s.workers if s.min_workers is None else s.min_workers
-        if not 1 <= min_workers <= s.workers:
-            raise InvalidRequest("spec.minWorkers", f"must be 1 to workers ({s.workers})", min_workers)
-        pclass = s.priority_class or DEFAULT_CLASS[s.type]
-        if pclass not in PRIORITY_CLASSES:
-            raise InvalidRequest(
-                "spec.priorityClass", f"must be one of {', '.join(PRIORITY_CLASSES)}", pclass
-            )
-        priority, preemptible = PRIORITY_CLASSES[pclass]
         check_against_cluster(s.gpu, [self.machine.node])
         with self._lock:
             project = self.store.project(s.project)
             if project is None:
                 raise InvalidRequest("projectId", "no project with this id or name", s.project)
-            estimate = estimate_gpus(s.gpu, [self.machine.node], s.workers)
-            if project.limit is not None and estimate > project.limit + 1e-9:
-                raise InvalidRequest(
-                    "spec.compute",
-                    f"asks {format_gpus(estimate)} GPUs, more than project {project.name}'s "
-                    f"limit of {project.limit:g}",
-                )
+            estimate = check_limit(s.gpu, [self.machine.node], s.workers, project.name,
+                                   project.limit)
             if self.store.workload_by_name(project.id, s.name) is not None:
                 raise Conflict(f"a workload named {s.name} already exists in project {project.name}")
             spec = {k: v for k, v in s.spec.items() if not k.startswith("_")}
@@ -668,11 +621,11 @@ class LocalBackend(TokenAuth):
                 phase_message="waiting for the next scheduling cycle",
                 spec=spec,
                 request=gpu_request_to_dict(s.gpu),
-                preemptible=preemptible,
-                priority_class=pclass,
-                priority=priority,
+                preemptible=admitted.preemptible,
+                priority_class=admitted.priority_class,
+                priority=admitted.priority,
                 workers=s.workers,
-                min_workers=min_workers,
+                min_workers=admitted.min_workers,
                 gpus_requested=estimate,
                 gpus_allocated=0.0,
                 node="",

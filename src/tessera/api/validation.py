@@ -1,0 +1,87 @@
+"""The checks every backend makes on a submission and on project fields, before it looks at
+its own state: one module, so embedded mode and Kubernetes refuse the same input with the same
+words (the field as the API names it, and the rule).
+
+What only one backend can check stays there: the container runtime and published ports on this
+machine (embedded), the project's namespace and the annotations' round trip (Kubernetes), and
+names already taken (a 409 from either).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tessera.api.backend import ProjectFields, WorkloadSubmission
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuRequest, Node
+from tessera.core.requests import estimate_gpus
+from tessera.core.units import format_gpus
+from tessera.core.workloads import PRIORITY_CLASSES
+
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+NAME_RULE = ("must be lowercase letters, digits and '-', start and end alphanumeric, "
+             "at most 63 characters")
+DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
+"""The priority class a workload type gets when the submission names none."""
+
+
+def check_name(name: str, field: str = "name") -> None:
+    """A project or workload name: a DNS label (it becomes a namespace or an object name)."""
+    if not NAME.match(name) or len(name) > 63:
+        raise InvalidRequest(field, NAME_RULE, name)
+
+
+def check_project(f: ProjectFields) -> None:
+    check_name(f.name)
+    if f.deserved < 0:
+        raise InvalidRequest("resources.gpu.deserved", "must be 0 or more", f.deserved)
+    if f.limit is not None and f.limit < f.deserved:
+        raise InvalidRequest("resources.gpu.limit", f"must be at least deserved ({f.deserved:g})",
+                             f.limit)
+    if f.over_quota_weight < 0:
+        raise InvalidRequest("resources.gpu.overQuotaWeight", "must be 0 or more")
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What a valid submission resolves to."""
+
+    priority_class: str
+    priority: int
+    preemptible: bool
+    min_workers: int
+
+
+def check_submission(s: WorkloadSubmission) -> Admitted:
+    """The checks that need nothing but the submission."""
+    check_name(s.name)
+    if not s.command and not s.image:
+        raise InvalidRequest("spec.command", "is required: the command to run (or an image, "
+                             "whose entrypoint runs)")
+    if s.workers < 1:
+        raise InvalidRequest("spec.workers", "must be 1 or more", s.workers)
+    min_workers = s.workers if s.min_workers is None else s.min_workers
+    if not 1 <= min_workers <= s.workers:
+        raise InvalidRequest("spec.minWorkers", f"must be 1 to workers ({s.workers})", min_workers)
+    pclass = s.priority_class or DEFAULT_CLASS[s.type]
+    known = PRIORITY_CLASSES.get(pclass)
+    if known is None:
+        raise InvalidRequest("spec.priorityClass", f"must be one of {', '.join(PRIORITY_CLASSES)}",
+                             pclass)
+    return Admitted(pclass, known.value, known.preemptible, min_workers)
+
+
+def check_limit(gpu: GpuRequest, nodes: Iterable[Node], workers: int, project: str,
+                limit: float | None) -> float:
+    """The request against the project's hard limit; returns the GPUs it counts as
+    (``estimate_gpus``). Whether any GPU could ever hold it is ``check_against_cluster``, which
+    backends call first."""
+    estimate = estimate_gpus(gpu, nodes, workers)
+    if limit is not None and estimate > limit + 1e-9:
+        raise InvalidRequest(
+            "spec.compute",
+            f"asks {format_gpus(estimate)} GPUs, more than project {project}'s limit of {limit:g}",
+        )
+    return estimate

@@ -1,0 +1,65 @@
+"""The checks both backends share (tessera.api.validation), tested once here; the backends'
+own tests show they call them (tests/api for embedded mode, tests/kube/test_kube_cli.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera.api.backend import ProjectFields, WorkloadSubmission
+from tessera.api.validation import check_limit, check_project, check_submission
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuDevice, GpuRequest, Node
+from tessera.core.units import GiB
+
+NODE = Node("n", tuple(GpuDevice(f"GPU-{i}", i, 16 * GiB, "V100-16GB") for i in range(2)))
+
+
+def sub(**kw: object) -> WorkloadSubmission:
+    base: dict[str, object] = {"name": "job", "project": "a", "type": "Training",
+                               "gpu": GpuRequest.whole(1), "command": ["true"]}
+    base.update(kw)
+    return WorkloadSubmission(**base)  # type: ignore[arg-type]
+
+
+def refusal(fn: object, *args: object) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        fn(*args)  # type: ignore[operator]
+    return info.value
+
+
+def test_a_valid_submission_resolves_its_class_and_gang() -> None:
+    a = check_submission(sub(type="Workspace", workers=3, min_workers=2))
+    assert (a.priority_class, a.priority, a.preemptible, a.min_workers) == ("build", 100, False, 2)
+    assert check_submission(sub(workers=2)).min_workers == 2
+    assert check_submission(sub(priority_class="build-preemptible")).preemptible
+
+
+@pytest.mark.parametrize(("kw", "field", "rule"), [
+    ({"name": "Bad_Name"}, "name", "lowercase"),
+    ({"name": "a" * 64}, "name", "at most 63"),
+    ({"command": [], "image": ""}, "spec.command", "is required"),
+    ({"workers": 0}, "spec.workers", "1 or more"),
+    ({"workers": 2, "min_workers": 3}, "spec.minWorkers", "1 to workers (2)"),
+    ({"priority_class": "urgent"}, "spec.priorityClass", "must be one of train"),
+])
+def test_a_bad_submission_names_the_field_and_the_rule(kw: dict[str, object], field: str,
+                                                       rule: str) -> None:
+    exc = refusal(check_submission, sub(**kw))
+    assert exc.field == field and rule in str(exc)
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    (ProjectFields("Team A"), "name"),
+    (ProjectFields("a", deserved=-1), "resources.gpu.deserved"),
+    (ProjectFields("a", deserved=2, limit=1), "resources.gpu.limit"),
+    (ProjectFields("a", over_quota_weight=-0.5), "resources.gpu.overQuotaWeight"),
+])
+def test_bad_project_fields_name_the_field(fields: ProjectFields, field: str) -> None:
+    assert refusal(check_project, fields).field == field
+
+
+def test_the_limit_counts_what_the_request_would_use() -> None:
+    assert check_limit(GpuRequest.fraction("0.5"), [NODE], 2, "a", 1.0) == 1.0
+    assert check_limit(GpuRequest.whole(2), [NODE], 1, "a", None) == 2.0
+    exc = refusal(check_limit, GpuRequest.of_memory(8 * GiB), [NODE], 3, "a", 1.0)
+    assert exc.field == "spec.compute" and "asks 1.5 GPUs, more than project a's limit of 1" in str(exc)
