@@ -20,6 +20,13 @@ from tessera.core.units import MiB, parse_memory
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
 from tessera.kube.podspec import ContainerResources, parse_cpu_milli, pod_request, whole_gpus
+from tessera.kube.predicates.spec import (
+    SchedulingSpec,
+    Taint,
+    resources_of,
+    scheduling_spec,
+    taints_of,
+)
 
 ProjectResource = create_global_resource(names.GROUP, names.VERSION, "Project", "projects")
 PodGroupResource = create_namespaced_resource(names.GROUP, names.VERSION, "PodGroup", "podgroups")
@@ -65,6 +72,9 @@ class PodInfo:
     gpu_uuid: str | None = None
     group: str | None = None
     """The PodGroup it belongs to (annotation or label ``tessera.io/pod-group``)."""
+    sched: SchedulingSpec | None = None
+    """What it states about its node beyond GPU/CPU/memory (None: nothing)."""
+    sched_error: str | None = None
     version: int = field(default_factory=lambda: next(_versions))
     """Changes with every event, so cached derivations know when to recompute: a number drawn
     once per object from one counter, never reused (unlike ``id()``, which a new object may
@@ -86,7 +96,8 @@ def same_for_scheduling(old: PodInfo, new: PodInfo) -> bool:
     return (old.node == new.node and old.deleting == new.deleting
             and old.finished == new.finished and old.annotations == new.annotations
             and old.labels == new.labels and old.scheduled_message == new.scheduled_message
-            and old.uid == new.uid and old.request == new.request and old.error == new.error)
+            and old.uid == new.uid and old.request == new.request and old.error == new.error
+            and old.sched == new.sched and old.sched_error == new.sched_error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +108,48 @@ class ForeignPod:
     gpus: int
     cpu_milli: int
     memory: int
+    namespace: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    sched: SchedulingSpec | None = None
+
+
+def sched_dict(spec: Any) -> dict[str, Any]:
+    """The parts of a lightkube PodSpec the predicates read, in the API's JSON form (only
+    what is there: most pods state none of it)."""
+    out: dict[str, Any] = {}
+    if spec is None:
+        return out
+    if spec.nodeSelector:
+        out["nodeSelector"] = dict(spec.nodeSelector)
+    if spec.affinity is not None:
+        out["affinity"] = spec.affinity.to_dict()
+    if spec.tolerations:
+        out["tolerations"] = [t.to_dict() for t in spec.tolerations]
+    if spec.topologySpreadConstraints:
+        out["topologySpreadConstraints"] = [t.to_dict() for t in spec.topologySpreadConstraints]
+    if spec.overhead:
+        out["overhead"] = dict(spec.overhead)
+    for key, items in (("containers", spec.containers), ("initContainers", spec.initContainers)):
+        cs = []
+        for c in items or ():
+            entry: dict[str, Any] = {"name": c.name}
+            if c.ports and any(p.hostPort for p in c.ports):
+                entry["ports"] = [p.to_dict() for p in c.ports]
+            if c.resources is not None:
+                entry["resources"] = {"requests": dict(c.resources.requests or {}),
+                                      "limits": dict(c.resources.limits or {})}
+            cs.append(entry)
+        if cs:
+            out[key] = cs
+    if spec.volumes:
+        claims = [v.to_dict() for v in spec.volumes if v.persistentVolumeClaim is not None]
+        if claims:
+            out["volumes"] = claims
+    return out
+
+
+def _sched(namespace: str, labels: dict[str, str], spec: Any) -> SchedulingSpec | None:
+    return scheduling_spec(namespace, labels, sched_dict(spec))
 
 
 def foreign_pod(pod: Any) -> ForeignPod | None:
@@ -115,7 +168,13 @@ def foreign_pod(pod: Any) -> ForeignPod | None:
         cpu, mem = req.cpu_milli, req.memory
     except InvalidRequest:
         cpu = mem = 0
-    return ForeignPod(node, gpus, cpu, mem)
+    labels = dict(pod.metadata.labels or {})
+    try:
+        sched = _sched(pod.metadata.namespace or "", labels, pod.spec)
+    except (InvalidRequest, ValueError, TypeError, KeyError):
+        sched = None
+    return ForeignPod(node, gpus, cpu, mem, pod.metadata.namespace or "",
+                      tuple(sorted(labels.items())), sched)
 
 
 def _containers(items: Any) -> list[ContainerResources]:
@@ -187,6 +246,10 @@ def pod_info(pod: Any) -> PodInfo:
         )
     except InvalidRequest as exc:
         info.error = str(exc)
+    try:
+        info.sched = _sched(info.namespace, labels, spec)
+    except (InvalidRequest, ValueError, TypeError, KeyError) as exc:
+        info.sched_error = str(exc)
     raw = annotations.get(names.PLACEMENT)
     if raw and info.node:
         try:
@@ -227,6 +290,10 @@ class NodeInfo:
     """tessera-node reported this node ready for GPU shares (always True for a node without
     GPUs, which needs no agent)."""
     agent_reason: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    resources: tuple[tuple[str, int], ...] = ()
+    """Allocatable resources the core does not account (milli-units)."""
 
 
 def _model_of(product: str) -> str:
@@ -243,6 +310,8 @@ def node_info(obj: Any) -> NodeInfo:
     unschedulable = bool(obj.spec and obj.spec.unschedulable)
     conditions = (obj.status.conditions if obj.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    taints = taints_of([t.to_dict() for t in (obj.spec.taints if obj.spec else None) or ()])
+    others = resources_of(alloc)
     try:
         count = int(str(alloc.get(names.GPU_RESOURCE, "0")))
         gpus: tuple[GpuDevice, ...] = ()
@@ -262,7 +331,7 @@ def node_info(obj: Any) -> NodeInfo:
         mem_text = str(alloc.get("memory", "0"))
         memory = 0 if mem_text == "0" else parse_memory(mem_text, "node.allocatable.memory")
         info = NodeInfo(name, Node(name, gpus, cpu, memory, labels), None, uuids, unschedulable,
-                        ready)
+                        ready, labels=labels, taints=taints, resources=others)
         if gpus:
             info.agent_ready = annotations.get(names.NODE_READY) == "true"
             info.agent_reason = "" if info.agent_ready else (

@@ -28,7 +28,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.operators import not_equal
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVolumeClaim, Pod
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
@@ -139,13 +139,20 @@ class KubeScheduler:
             self._on_foreign, fields={"spec.schedulerName": not_equal(names.SCHEDULER_NAME),
                                       "spec.nodeName": not_equal("")},
             name="other-pods", same=lambda a, b: a == b)
-        self.informers: list[Informer[Any]] = [self.foreign_pods, self.nodes, self.pods, self.projects, self.pod_groups, self.configmaps]
+        self.namespaces: Informer[dict[str, str]] = Informer(
+            client, Namespace, lambda o: o.metadata.name, lambda o: dict(o.metadata.labels or {}),
+            self._on_other, name="namespaces", same=lambda a, b: a == b)
+        self.claims: Informer[str] = Informer(
+            client, PersistentVolumeClaim, lambda o: (o.metadata.namespace, o.metadata.name),
+            lambda o: (o.status.phase if o.status else None) or "Pending", self._on_other,
+            name="persistentvolumeclaims", same=lambda a, b: a == b)
+        self.informers: list[Informer[Any]] = [self.foreign_pods, self.nodes, self.pods, self.projects, self.pod_groups, self.configmaps, self.namespaces, self.claims]
 
     # ---- cache events --------------------------------------------------------------------
     def _on_node(self, key: Any, old: NodeInfo | None, new: NodeInfo | None) -> None:
         if (old is None or new is None or old.node != new.node
-                or (old.unschedulable, old.ready, old.agent_ready)
-                != (new.unschedulable, new.ready, new.agent_ready)):
+                or (old.unschedulable, old.ready, old.agent_ready, old.labels, old.taints, old.resources)
+                != (new.unschedulable, new.ready, new.agent_ready, new.labels, new.taints, new.resources)):
             self.wake.set()
 
     def _on_foreign(self, key: Any, old: ForeignPod | None, new: ForeignPod | None) -> None:
@@ -157,7 +164,9 @@ class KubeScheduler:
                 acc[2] += sign * f.memory
                 if not any(acc):
                     del self.foreign[f.node]
-        if (old.gpus if old else 0) != (new.gpus if new else 0):
+        some = new or old
+        if (old.gpus if old else 0) != (new.gpus if new else 0) or (
+                some is not None and some.sched is not None):
             self.wake.set()
 
     def _on_other(self, key: Any, old: Any, new: Any) -> None:
@@ -243,7 +252,8 @@ class KubeScheduler:
         snapshot, ctx = self.snapshots.build(
             self.nodes.items, self.pods.items, self.projects.items, self.pod_groups.items,
             self.assumed, self.evicting, time.time(),
-            {n: (v[0], v[1], v[2]) for n, v in self.foreign.items()})
+            {n: (v[0], v[1], v[2]) for n, v in self.foreign.items()},
+            self.foreign_pods.items.values(), self.namespaces.items, self.claims.items)
         actions = ACTIONS if not self.evicting else ("allocate", "backfill")
         config = CycleConfig(actions=actions) if self.opts.policy is None else \
             CycleConfig(actions=actions, policy=self.opts.policy)
@@ -322,6 +332,12 @@ class KubeScheduler:
                    else "its recorded GPU placement collides with another pod")
             self._spawn(self.writer.evict(pod, "NodeLost" if lost else "Conflict", why))
 
+    async def _event(self, pod: PodInfo, reason: str, message: str, type_: str = "Normal") -> None:
+        try:
+            await self.writer.event(pod, reason, message, type_)
+        except Exception as exc:
+            log.warning("event %s on %s/%s: %r", reason, pod.namespace, pod.name, exc)
+
     async def _write_unschedulable(self, pod: PodInfo, message: str) -> None:
         try:
             await self.writer.set_unschedulable(pod, message)
@@ -384,6 +400,8 @@ class KubeScheduler:
                 annotations[names.NODE_GPU_UUIDS] = ",".join(uuids)
             await self.writer.bind(pod, placement, annotations)
             self.bound += 1
+            self._spawn(self._event(pod, "Scheduled",
+                                    f"Successfully assigned {pod.namespace}/{pod.name} to {placement.node}"))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -8,18 +8,20 @@ but not yet seen bound), returns the snapshot plus what the adapter needs to app
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tessera.core.constraints import NodeConstraint
 from tessera.core.cycle import ProjectTree, Snapshot, Workload, validate_workload
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import GpuRequest, Node, ResourceRequest
+from tessera.core.model import GpuKind, GpuRequest, Node, ResourceRequest
 from tessera.core.projects import Project, Quota
 from tessera.core.state import ClusterState, Placement
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
 from tessera.kube.objects import (
+    ForeignPod,
     NodeInfo,
     PodGroupInfo,
     PodInfo,
@@ -27,6 +29,9 @@ from tessera.kube.objects import (
     ProjectInfo,
     priority_class_of,
 )
+from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod, node_facts
+from tessera.kube.predicates.constraint import KubeConstraint, constraint_for
+from tessera.kube.predicates.spec import SchedulingSpec
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,9 @@ class SnapshotBuilder:
         self._memo: dict[tuple[str, str, str], tuple[tuple[Any, ...], Workload | None,
                                                      list[PodKey], dict[PodKey, str]]] = {}
         self._projects_sig: tuple[Any, ...] | None = None
+        self.view = ClusterView()
+        """What the Kubernetes predicates read while the cycle runs (see tessera.kube.predicates)."""
+        self._constraints: dict[tuple[Any, ...], KubeConstraint] = {}
 
     def build(
         self,
@@ -104,9 +112,15 @@ class SnapshotBuilder:
         evicting: set[PodKey],
         now: float,
         foreign: Mapping[str, tuple[int, int, int]] | None = None,
+        foreign_pods: Iterable[ForeignPod | None] = (),
+        namespaces: Mapping[str, Mapping[str, str]] | None = None,
+        claims: Mapping[PodKey, str] | None = None,
     ) -> tuple[Snapshot, Context]:
         """``foreign``: node -> (whole GPUs, CPU millicores, memory bytes) that pods of other
-        schedulers hold there."""
+        schedulers hold there; ``foreign_pods``: those pods (labels, affinity, ports) for the
+        predicates; ``namespaces``: namespace -> labels; ``claims``: PersistentVolumeClaim
+        (namespace, name) -> phase."""
+        claims = claims or {}
         ctx = Context()
         core_nodes: list[Node] = [ni.node for ni in nodes.values() if ni.node is not None]
         node_names = {n.name for n in core_nodes}
@@ -137,6 +151,9 @@ class SnapshotBuilder:
                 if not pod.node:
                     ctx.waits[pod.key] = f"invalid GPU request: {pod.error}"
                 continue
+            if pod.sched_error is not None and not pod.node:
+                ctx.waits[pod.key] = f"invalid scheduling constraint: {pod.sched_error}"
+                continue
             g = pod.group
             gkey = ("g", pod.namespace, g) if g else ("p", pod.namespace, pod.name)
             groups.setdefault(gkey, []).append(pod)
@@ -147,11 +164,12 @@ class SnapshotBuilder:
         for gkey, members in groups.items():
             pg = pod_groups.get((gkey[1], gkey[2])) if gkey[0] == "g" else None
             sig = (None if pg is None else pg.version, owner.get(gkey[1]),
-                   tuple((p.version, assumed.get(p.key)) for p in members))
+                   tuple((p.version, assumed.get(p.key)) for p in members),
+                   _claims_sig(members, claims))
             cached = self._memo.get(gkey)
             if cached is None or cached[0] != sig:
                 members.sort(key=lambda p: p.name)
-                w, keys, waits = _workload(gkey, members, pg, owner, assumed, ctx, tree, now)
+                w, keys, waits = _workload(gkey, members, pg, owner, assumed, ctx, tree, now, claims)
                 cached = (sig, w, keys, waits)
             memo[gkey] = cached
             _, w, keys, waits = cached
@@ -163,8 +181,8 @@ class SnapshotBuilder:
         projects_out = list(tree.projects.values())
         ctx.agents_not_ready = {n: ni.agent_reason for n, ni in nodes.items()
                                 if ni.node is not None and not ni.agent_ready}
-        closed = {n for n, ni in nodes.items() if ni.node is not None
-                  and (ni.unschedulable or not ni.ready or not ni.agent_ready)}
+        workloads = self._constrain(workloads, ctx, pods, nodes, foreign_pods, namespaces or {})
+        closed: set[str] = set()  # closed nodes are refused by the predicates (taints, cordon)
         held = {n: f for n, f in (foreign or {}).items() if n in node_names and any(f)}
         if closed or held:
             fence = _fence(core_nodes, closed, held, workloads, now)
@@ -173,6 +191,88 @@ class SnapshotBuilder:
                 projects_out.append(Project(FENCE_PROJECT, gpu=Quota(deserved=-1), priority=10**6))
         snapshot = Snapshot(tuple(core_nodes), tuple(projects_out), tuple(workloads), now)
         return snapshot, ctx
+
+
+    def _constrain(self, workloads: list[Workload], ctx: Context, pods: Mapping[PodKey, PodInfo],
+                   nodes: Mapping[str, NodeInfo], foreign_pods: Iterable[ForeignPod | None],
+                   namespaces: Mapping[str, Mapping[str, str]]) -> list[Workload]:
+        """Refresh the predicates' view and give every pending pod that needs one its
+        constraint (tessera.kube.predicates)."""
+        facts: dict[str, NodeFacts] = {}
+        for name, ni in nodes.items():
+            if ni.node is None:
+                continue
+            facts[name] = node_facts(
+                name, ni.labels, ni.taints, unschedulable=ni.unschedulable, ready=ni.ready,
+                resources=dict(ni.resources),
+                gpu_closed="" if ni.agent_ready else (ni.agent_reason or "not ready"))
+        others: list[OtherPod] = []
+        for w in workloads:
+            for i, key in enumerate(ctx.pods_of[w.id]):
+                p = pods[key]
+                pl = w.placement_of(i)
+                sp = p.sched
+                others.append(OtherPod(p.namespace, p.labels, sp, ref=(w.id, i),
+                                       start_node=None if pl is None else pl.node,
+                                       resources=dict(sp.resources) if sp else {},
+                                       ports=sp.host_ports if sp else ()))
+        for f in foreign_pods:
+            if f is None or f.node not in facts:
+                continue
+            sp = f.sched
+            others.append(OtherPod(f.namespace, dict(f.labels), sp, node=f.node,
+                                   resources=dict(sp.resources) if sp else {},
+                                   ports=sp.host_ports if sp else ()))
+        view = self.view
+        view.reset(facts, namespaces, others)
+        any_closed = any(f.closed for f in facts.values())
+        any_anti = bool(view.anti_holders())
+        cache: dict[tuple[Any, ...], KubeConstraint] = {}
+        out = []
+        for w in workloads:
+            if w.placements and None not in w.placements:
+                out.append(w)
+                continue
+            cs: list[NodeConstraint | None] = []
+            for key in ctx.pods_of[w.id]:
+                p = pods[key]
+                assert p.request is not None
+                gpu = p.request.gpu.kind is not GpuKind.NONE
+                sp = p.sched
+                symmetric = any_anti and bool(view.symmetric_anti(
+                    p.namespace, sp.labels if sp else tuple(sorted(p.labels.items()))))
+                if sp is None and symmetric:
+                    sp = SchedulingSpec(p.namespace, tuple(sorted(p.labels.items())))
+                if sp is None and not any_closed:
+                    cs.append(None)
+                    continue
+                ckey = (sp, gpu, symmetric)
+                c = cache.get(ckey)
+                if c is None:
+                    c = cache[ckey] = constraint_for(sp, gpu, view, symmetric)
+                cs.append(c)
+            out.append(replace(w, constraints=tuple(cs)) if any(c is not None for c in cs) else w)
+        return out
+
+
+def _claims_sig(members: list[PodInfo], claims: Mapping[PodKey, str]) -> tuple[Any, ...]:
+    return tuple(claims.get((p.namespace, c)) for p in members if p.sched and not p.node
+                 for c in p.sched.claims)
+
+
+def _claims_wait(members: list[PodInfo], claims: Mapping[PodKey, str]) -> str | None:
+    """Why a pod naming PersistentVolumeClaims must wait (VolumeBinding): a claim that does
+    not exist, or one not bound to a volume yet."""
+    for p in members:
+        if p.node or p.sched is None:
+            continue
+        for c in p.sched.claims:
+            phase = claims.get((p.namespace, c))
+            if phase is None:
+                return f'persistentvolumeclaim "{c}" not found'
+            if phase != "Bound":
+                return f'pod has unbound PersistentVolumeClaims ("{c}" is {phase})'
+    return None
 
 
 def _fence(nodes: list[Node], closed: set[str], held: Mapping[str, tuple[int, int, int]],
@@ -249,6 +349,7 @@ def _workload(
     ctx: Context,
     tree: ProjectTree,
     now: float,
+    claims: Mapping[PodKey, str] | None = None,
 ) -> tuple[Workload | None, list[PodKey], dict[PodKey, str]]:
     kind, ns, gname = gkey
     pending = [p for p in members if not p.node and p.key not in assumed]
@@ -259,6 +360,9 @@ def _workload(
             waits[p.key] = message
         return None, [], waits
 
+    unbound = _claims_wait(pending, claims or {})
+    if unbound is not None:
+        return wait_all(unbound)
     if kind == "g" and pg is None:
         return wait_all(f"PodGroup {ns}/{gname} ({names.POD_GROUP}) does not exist")
     project = (pg.project if pg else None) or members[0].labels.get(names.PROJECT) or owner.get(ns)

@@ -333,7 +333,10 @@ class TestCluster:
                 f"--service-account-signing-key-file={p.sa_private_key}",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
-                "--disable-admission-plugins=ServiceAccount",
+                # TaintNodesByCondition taints every new node node.kubernetes.io/not-ready; a
+                # cluster's node lifecycle controller lifts it once the kubelet reports Ready.
+                # There is no such controller here, so the taint would stay for good.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--allow-privileged=true",
                 "--max-requests-inflight=1000",
                 "--max-mutating-requests-inflight=500",

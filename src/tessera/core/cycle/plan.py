@@ -42,7 +42,7 @@ def waiting(session: Session) -> tuple[Waiting, ...]:
     """Why each pending workload with pods unplaced still waits, in words."""
     waiting = []
     explainer = FitExplainer(session.state)
-    explainers: dict[NodeConstraint, tuple[FitExplainer, str]] = {}
+    explainers: dict[NodeConstraint, tuple[FitExplainer | None, str, int]] = {}
     for ws in session.pending:
         if not ws.unplaced():
             continue
@@ -55,15 +55,19 @@ def waiting(session: Session) -> tuple[Waiting, ...]:
             else:
                 found = explainers.get(constraint)
                 if found is None:
-                    allowed = session.placer.static(constraint)[0]
-                    subset = [ns for ns in session.state.nodes if allowed[ns.index]]
+                    # The nodes it may use as the cycle ends: static and dynamic filter.
+                    subset = [ns for ns in session.state.nodes if session.node_allowed(constraint, ns)]
                     refused = constraint.refusals(session.nodes)
-                    head = f"0/{len(session.nodes)} nodes are available: {refused}; " if refused else ""
+                    head = f"0/{len(session.nodes)} nodes are available: {refused}" if refused else ""
                     found = explainers[constraint] = (
-                        FitExplainer(session.state, subset),
-                        f"{head}on the {len(subset)} node(s) it may use: ",
-                    )
-                reason = reason.replace(FIT, found[1] + found[0].explain(wait.request))
+                        FitExplainer(session.state, subset) if subset else None, head, len(subset))
+                fit, head, usable = found
+                if fit is None:
+                    reason = reason.replace(FIT, head or "no node is allowed")
+                else:
+                    sep = "; " if head else ""
+                    reason = reason.replace(
+                        FIT, f"{head}{sep}on the {usable} node(s) it may use: " + fit.explain(wait.request))
         waiting.append(Waiting(ws.id, ws.project, wait.kind, _elastic_prefix(ws, reason)))
     return tuple(waiting)
 
