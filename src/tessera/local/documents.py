@@ -1,0 +1,127 @@
+"""Embedded mode's API documents: a workload, its pods, a project, the machine."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+from tessera.api.models import compute_doc
+from tessera.core.model import Node
+from tessera.core.requests import gpu_request_from_dict
+from tessera.local.store import Project, Workload
+
+
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def pod_doc(p: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "index": p["index"],
+        "phase": p.get("phase"),
+        "nodeName": p["node"],
+        "gpuDevices": [
+            {"index": d, "uuid": u, "requestBytes": r, "limitBytes": lim}
+            for d, u, r, lim in zip(
+                p["devices"], p["uuids"], p["requestBytes"], p["limitBytes"], strict=True
+            )
+        ],
+        "exclusive": p["exclusive"],
+        "pid": p.get("pid"),
+        "exitCode": p.get("exitCode"),
+        "logPath": p.get("log"),
+        "env": p.get("env", {}),
+        "container": p.get("env", {}).get("TESSERA_CONTAINER"),
+    }
+
+
+def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
+                 brief: bool = False) -> dict[str, Any]:
+    """A workload as the API shows it; ``brief``: the listing's fields only (the same keys as
+    ``store.BRIEF_FIELDS``)."""
+    gpu = gpu_request_from_dict(w.request)
+    compute = compute_doc(gpu)
+    out: dict[str, Any] = {
+        "workloadId": w.id,
+        "name": w.name,
+        "requestedName": w.name,
+        "type": w.type,
+        "projectId": str(w.project_id),
+        "projectName": w.project_name,
+        "phase": w.phase,
+        "phaseMessage": w.phase_message,
+        "createdAt": iso(w.created),
+        "startedAt": iso(w.started) if w.started else None,
+        "completedAt": iso(w.completed) if w.completed else None,
+        "exitCode": w.exit_code,
+        "priorityClass": w.priority_class,
+        "preemptible": w.preemptible,
+        "nodeName": w.node or None,
+        "gpuDevices": w.devices,
+        "workers": w.workers,
+        "minWorkers": w.min_workers,
+        "runningPods": sum(1 for p in w.pods if p.get("phase") == "Running"),
+        "gpus": {
+            "requested": round(w.gpus_requested, 4),
+            "allocated": round(w.gpus_allocated, 4),
+            "request": gpu.describe(),
+        },
+        "simulated": simulated,
+        "image": w.spec.get("image") or "",
+        "serviceUrls": list(w.spec.get("_serviceUrls") or []),
+    }
+    if brief:
+        return out
+    spec = {k: v for k, v in w.spec.items() if not k.startswith("_")}
+    argv = w.spec.get("_argv") or []
+    spec["command"] = argv[0] if argv else ""
+    spec["args"] = shlex.join(argv[1:])
+    spec["environmentVariables"] = [
+        {"name": k, "value": v} for k, v in (w.spec.get("_env") or {}).items()
+    ]
+    spec["compute"] = compute
+    out["spec"] = spec
+    out["pods"] = [pod_doc(p) for p in w.pods]
+    out["isolation"] = isolation
+    out["scheduler"] = scheduler
+    return out
+
+
+def project_doc(p: Project, allocated: float) -> dict[str, Any]:
+    return {
+        "id": str(p.id),
+        "name": p.name,
+        "resources": {
+            "gpu": {
+                "deserved": p.deserved,
+                "limit": p.limit,
+                "overQuotaWeight": p.over_quota_weight,
+            }
+        },
+        "priority": p.priority,
+        "status": {"allocated": {"gpu": round(allocated, 4)}},
+        "createdAt": iso(p.created),
+    }
+
+
+def node_doc(node: Node, held: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The machine's GPUs and who holds what on each; ``held``: (workload name, pod record) for
+    every pod holding GPUs."""
+    used: dict[int, list[tuple[str, int, bool]]] = {g.index: [] for g in node.gpus}
+    for name, pod in held:
+        for d, b in zip(pod["devices"], pod["requestBytes"], strict=True):
+            used[d].append((name, b, pod["exclusive"]))
+    gpus = []
+    for g in node.gpus:
+        tenants = used[g.index]
+        gpus.append({
+            "index": g.index,
+            "uuid": g.uuid,
+            "model": g.model,
+            "product": g.product,
+            "memoryBytes": g.memory,
+            "allocatedBytes": sum(b for _, b, _ in tenants),
+            "workloads": [{"name": n, "bytes": b, "exclusive": e} for n, b, e in tenants],
+        })
+    return {"name": node.name, "gpus": gpus}
