@@ -237,3 +237,33 @@ def test_snapshot_reuse_is_not_fooled_by_a_recycled_object() -> None:
         old, lambda: ProjectInfo("team-a", Project("team-a", Quota(2), priority=7), "team-a"))
     snap, _ = builder.build(nodes, pods, projects, groups, assumed, set(), 3.0)
     assert {p.name: p.priority for p in snap.projects}["team-a"] == 7
+
+
+def test_reservations_track_uuids_tenants_and_what_is_missing() -> None:
+    import asyncio
+
+    from tessera.kube.reservations import Reservations
+
+    async def scenario() -> None:
+        res = Reservations(None, uuid_timeout=1.0)  # type: ignore[arg-type]  # no writes here
+        holder = _pod("tessera-res-n1-0", ns="tessera-system", node="n1")
+        holder.reservation = ("n1", 0)
+        assert res.seen(None, holder) is False
+        assert res.missing("n1", [0, 1]) == [1]
+        # A binding waiting for the UUID gets it when the pod reports it.
+        waiter = asyncio.create_task(res.reserve("n1", 0))
+        await asyncio.sleep(0.01)
+        assert res.busy(("n1", 0)) and res.waiting() == 1
+        assert res.missing("n1", [0]) == []
+        with_uuid = _pod("tessera-res-n1-0", ns="tessera-system", node="n1")
+        with_uuid.reservation, with_uuid.gpu_uuid = ("n1", 0), "GPU-abc"
+        res.seen(holder, with_uuid)
+        assert await waiter == "GPU-abc" and res.waiting() == 0 and not res.busy(("n1", 0))
+        assert res.seen(with_uuid, None) is True and res.missing("n1", [0]) == [0]
+
+    asyncio.run(scenario())
+    shared = Placement("n1", (1,), (2**30,), (2**30,))
+    bound = _pod("a", node="n1", placement=shared)
+    assumed = {("team-a", "b"): Placement("n2", (0,), (2**30,), (2**30,))}
+    whole = _pod("c", node="n1", placement=Placement("n1", (2,), (2**30,), (2**30,), True))
+    assert Reservations.tenants([bound, whole], assumed) == {("n1", 1), ("n2", 0)}

@@ -39,7 +39,6 @@ from tessera.kube.binder import Writer
 from tessera.kube.informer import Informer
 from tessera.kube.leader import LeaderElector, LostLeadership
 from tessera.kube.objects import (
-    DeviceKey,
     ForeignPod,
     NodeInfo,
     PodGroupInfo,
@@ -57,6 +56,7 @@ from tessera.kube.objects import (
     same_for_scheduling,
 )
 from tessera.kube.rawapi import RawApi
+from tessera.kube.reservations import Reservations
 from tessera.kube.snapshot import (
     Context,
     SnapshotBuilder,
@@ -106,9 +106,7 @@ class KubeScheduler:
         self.evicting: set[PodKey] = set()
         self.tasks: dict[PodKey, asyncio.Task[None]] = {}
         self.background: set[asyncio.Task[Any]] = set()
-        self.reservations: dict[DeviceKey, PodInfo] = {}
-        self.res_locks: dict[DeviceKey, asyncio.Lock] = {}
-        self.uuid_waiters: dict[DeviceKey, list[asyncio.Future[str]]] = {}
+        self.reservations = Reservations(self.writer, self.opts.uuid_timeout)
         self.written_waits: dict[PodKey, str] = {}
         self.written_status: dict[str, dict[str, Any]] = {}
         self.cycles = 0
@@ -176,17 +174,8 @@ class KubeScheduler:
         info = new or old
         assert info is not None
         if info.reservation is not None:
-            rk = info.reservation
-            if new is None:
-                if self.reservations.get(rk) is old:
-                    del self.reservations[rk]
+            if self.reservations.seen(old, new):
                 self.wake.set()
-            else:
-                self.reservations[rk] = new
-                if new.gpu_uuid:
-                    for fut in self.uuid_waiters.pop(rk, []):
-                        if not fut.done():
-                            fut.set_result(new.gpu_uuid)
             return
         if new is None:
             self.assumed.pop(key, None)
@@ -234,7 +223,7 @@ class KubeScheduler:
                     if self.tasks:
                         log.info("in flight: %d bindings (%d waiting for a GPU UUID), %d bound "
                                  "so far, %d API writes", len(self.tasks),
-                                 sum(len(v) for v in self.uuid_waiters.values()), self.bound,
+                                 self.reservations.waiting(), self.bound,
                                  self.writer.calls)
         finally:
             for t in watchers:
@@ -386,7 +375,7 @@ class KubeScheduler:
                 return
             annotations: dict[str, str] = {}
             if placement.devices and not placement.exclusive:
-                uuids = [await self.reserve(placement.node, d) for d in placement.devices]
+                uuids = [await self.reservations.reserve(placement.node, d) for d in placement.devices]
                 ni = self.nodes.items.get(placement.node)
                 if ni is None or ni.node is None:
                     raise RuntimeError(f"node {placement.node} went away")
@@ -418,67 +407,12 @@ class KubeScheduler:
             if self.tasks.get(key) is asyncio.current_task():
                 del self.tasks[key]
 
-    async def reserve(self, node: str, device: int) -> str:
-        """The UUID of the GPU held for shared device ``device`` of ``node``, creating its
-        reservation pod if there is none (its name is fixed, so never twice)."""
-        rk = (node, device)
-        lock = self.res_locks.setdefault(rk, asyncio.Lock())
-        async with lock:
-            deadline = time.monotonic() + self.opts.uuid_timeout
-            while True:
-                res = self.reservations.get(rk)
-                if res is not None and res.deleting:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"reservation pod {res.name} is still terminating")
-                    await asyncio.sleep(0.05)
-                    continue
-                if res is not None and res.gpu_uuid:
-                    return res.gpu_uuid
-                if res is None:
-                    await self.writer.create_reservation(node, device)
-                break
-            fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-            self.uuid_waiters.setdefault(rk, []).append(fut)
-            res = self.reservations.get(rk)
-            if res is not None and res.gpu_uuid:
-                return res.gpu_uuid
-            try:
-                return await asyncio.wait_for(fut, max(0.1, deadline - time.monotonic()))
-            except TimeoutError:
-                raise TimeoutError(
-                    f"the GPU UUID of reservation pod for {node} device {device} was not "
-                    f"reported within {self.opts.uuid_timeout:.0f}s") from None
-
     # ---- cleaning up half-done work ----------------------------------------------------------
-    def _tenants(self) -> set[DeviceKey]:
-        used: set[DeviceKey] = set()
-        for pod in self.pods.items.values():
-            if pod.reservation is not None or pod.finished:
-                continue
-            pl = pod.placement if pod.node else self.assumed.get(pod.key)
-            if pl is not None and not pl.exclusive:
-                used.update((pl.node, d) for d in pl.devices)
-        for _key, pl in self.assumed.items():
-            if not pl.exclusive:
-                used.update((pl.node, d) for d in pl.devices)
-        return used
-
-    async def _delete_reservation(self, res: PodInfo) -> None:
-        try:
-            await self.writer.delete_reservation(res, "no tenants left")
-        except Exception as exc:
-            log.warning("deleting reservation pod %s: %r", res.name, exc)
-            res.deleting = False
-
     async def cleanup(self) -> None:
         """Delete reservation pods with no tenants, ConfigMaps whose pod is gone or unbound (and
         not being bound), and shared pods whose reservation pod vanished."""
-        used = self._tenants()
-        for rk, res in list(self.reservations.items()):
-            if res.deleting or rk in used or self.res_locks.get(rk, asyncio.Lock()).locked():
-                continue
-            res.deleting = True
-            self._spawn(self._delete_reservation(res))
+        self.reservations.release_unused(
+            Reservations.tenants(self.pods.items.values(), self.assumed), self._spawn)
         for (ns, name), cm in list(self.configmaps.items.items()):
             if cm.pod is None:
                 continue
@@ -491,9 +425,7 @@ class KubeScheduler:
             if (pod.reservation is not None or not pod.node or pod.placement is None
                     or pod.placement.exclusive or pod.finished or pod.key in self.evicting):
                 continue
-            missing = [d for d in pod.placement.devices
-                       if (pod.node, d) not in self.reservations
-                       and not self.res_locks.get((pod.node, d), asyncio.Lock()).locked()]
+            missing = self.reservations.missing(pod.node, pod.placement.devices)
             if missing and pod.node in self.nodes.items:
                 self.evicting.add(pod.key)
                 self._spawn(self.writer.evict(
