@@ -5,6 +5,9 @@ Reads go to the API server on every request (no cache), so a listing always show
 submit or delete just did. A small reconcile loop (``reconcile``) plays the workload
 controller: it creates the pods a workload is missing (after an eviction by reclaim or
 preemption, or a resume) unless the workload is suspended or asked to fail when evicted.
+Projects are ``tessera.kube.cluster_projects``, reading workloads and their documents
+``tessera.kube.cluster_workloads``, validation ``tessera.api.validation``; what stays here is
+submitting (PodGroup + pods), suspend/resume/delete, the reconcile loop, logs and exec.
 """
 
 from __future__ import annotations
@@ -21,38 +24,29 @@ from typing import Any
 
 from lightkube import ApiError, Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, Upstream, WorkloadSubmission
 from tessera.api.token_store import TokenStore
-from tessera.api.validation import NAME, check_limit, check_project, check_submission
+from tessera.api.validation import check_limit, check_submission
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import GpuRequest
 from tessera.core.model import Node as CoreNode
-from tessera.core.requests import check_against_cluster, estimate_gpus, gpu_request_to_dict
-from tessera.core.workloads import PRIORITY_CLASSES
+from tessera.core.requests import check_against_cluster, gpu_request_to_dict
 from tessera.kube import names
 from tessera.kube import workload_docs as wd
-from tessera.kube.objects import PodGroupResource, ProjectResource, node_info, pod_info
+from tessera.kube.cluster_projects import ClusterProjects, api_message, api_status
+from tessera.kube.cluster_workloads import ISOLATION, ClusterWorkloads
+from tessera.kube.objects import PodGroupResource, node_info
 from tessera.kube.podspec import pod_request_from_dict
 
 log = logging.getLogger(__name__)
 
-CREATED_BY = "tessera.io/created-by"
 SORTABLE = {"name": "name", "createdAt": "createdAt", "phase": "phase",
             "projectName": "projectName", "type": "type", "gpus": "_gpus"}
 FILTER_KEY = {"status": "phase"}
 SIMULATED_LABEL = "tessera.io/simulated"
-
-
-def _status(exc: ApiError) -> int:
-    return int(getattr(exc.status, "code", 0) or 0)
-
-
-def _message(exc: ApiError) -> str:
-    return str(getattr(exc.status, "message", None) or exc)
 
 
 class KubeBackend(TokenAuth):
@@ -65,7 +59,10 @@ class KubeBackend(TokenAuth):
         self.image = image
         self.auth_store: TokenStore = TokenStore(data_dir / "tessera.db")
         """Only API clients and token hashes live on disk; workloads live in the cluster."""
-        self._lock = threading.Lock()
+        self.project_objects = ClusterProjects(client, threading.Lock())
+        """Projects as Project objects and namespaces (tessera.kube.cluster_projects)."""
+        self.workloads = ClusterWorkloads(client)
+        """Reading workloads and their documents (tessera.kube.cluster_workloads)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -144,127 +141,27 @@ class KubeBackend(TokenAuth):
             "simulated": simulated,
             "driver": driver,
             "scheduler": f"{names.COMPONENT} (schedulerName: {names.SCHEDULER_NAME})",
-            "isolation": self._isolation(),
+            "isolation": ISOLATION,
             "nodes": out_nodes,
         }
 
-    @staticmethod
-    def _isolation() -> str:
-        return ("per node: the admission webhook preloads the isolation library and the node "
-                "agent enforces each pod's ConfigMap limits")
-
     # -- projects --------------------------------------------------------------------------------
 
-    def _project_dict(self, obj: Any) -> dict[str, Any]:
-        spec = obj.get("spec") or {}
-        gpu = (spec.get("resources") or {}).get("gpu") or {}
-        status = obj.get("status") or {}
-        created = wd.created_at(obj)
-        return {
-            "id": obj.metadata.uid or obj.metadata.name,
-            "name": obj.metadata.name,
-            "namespace": spec.get("namespace"),
-            "resources": {"gpu": {"deserved": float(gpu.get("deserved", 0)),
-                                  "limit": None if gpu.get("limit") is None else float(gpu["limit"]),
-                                  "overQuotaWeight": float(gpu.get("overQuotaWeight", 1))}},
-            "priority": int(spec.get("priority", 100)),
-            "status": {"allocated": {"gpu": float((status.get("allocated") or {}).get("gpu", 0))}},
-            "createdAt": wd.iso(created),
-        }
-
-    @staticmethod
-    def _project_spec(f: ProjectFields, namespace: str) -> dict[str, Any]:
-        gpu: dict[str, Any] = {"deserved": f.deserved, "overQuotaWeight": f.over_quota_weight}
-        if f.limit is not None:
-            gpu["limit"] = f.limit
-        return {"namespace": namespace, "priority": f.priority, "resources": {"gpu": gpu}}
-
     def create_project(self, fields: ProjectFields) -> dict[str, Any]:
-        check_project(fields)
-        with self._lock:
-            for obj in self.client.list(ProjectResource):
-                if obj.metadata.name == fields.name:
-                    raise Conflict(f"project {fields.name} already exists")
-                if (obj.get("spec") or {}).get("namespace") == fields.name:
-                    raise Conflict(f"namespace {fields.name} already belongs to project "
-                                   f"{obj.metadata.name}")
-            created_ns = False
-            try:
-                self.client.create(Namespace(metadata=ObjectMeta(
-                    name=fields.name, labels={names.PROJECT: fields.name},
-                    annotations={CREATED_BY: wd.MANAGER})))
-                created_ns = True
-            except ApiError as exc:
-                if _status(exc) != 409:
-                    raise Upstream(f"namespace {fields.name}: {_message(exc)}") from None
-            try:
-                obj = self.client.create(ProjectResource(
-                    metadata=ObjectMeta(name=fields.name),
-                    spec=self._project_spec(fields, fields.name)))
-            except ApiError as exc:
-                if created_ns:
-                    with contextlib.suppress(ApiError):
-                        self.client.delete(Namespace, fields.name)
-                if _status(exc) == 409:
-                    raise Conflict(f"project {fields.name} already exists") from None
-                if _status(exc) == 422:
-                    raise InvalidRequest("resources.gpu", _message(exc)) from None
-                raise Upstream(f"project {fields.name}: {_message(exc)}") from None
-        return self._project_dict(obj)
+        return self.project_objects.create(fields)
 
     def projects(self) -> list[dict[str, Any]]:
-        objs = sorted(self.client.list(ProjectResource), key=wd.created_at)
-        return [self._project_dict(o) for o in objs]
-
-    def _get_project(self, id_or_name: str) -> Any:
-        if NAME.match(id_or_name):
-            try:
-                return self.client.get(ProjectResource, id_or_name)
-            except ApiError as exc:
-                if _status(exc) != 404:
-                    raise Upstream(_message(exc)) from None
-        for obj in self.client.list(ProjectResource):
-            if obj.metadata.uid == id_or_name:
-                return obj
-        raise NotFound(f"project {id_or_name} not found")
+        return self.project_objects.docs()
 
     def project(self, id_or_name: str) -> dict[str, Any]:
-        return self._project_dict(self._get_project(id_or_name))
+        return self.project_objects.doc(self.project_objects.get(id_or_name))
 
     def update_project(self, id_or_name: str, fields: ProjectFields) -> dict[str, Any]:
-        obj = self._get_project(id_or_name)
-        fields.name = obj.metadata.name
-        check_project(fields)
-        spec = self._project_spec(fields, (obj.get("spec") or {}).get("namespace") or fields.name)
-        patch = {"spec": {**spec, "resources": {**((obj.get("spec") or {}).get("resources") or {}),
-                                                 "gpu": spec["resources"]["gpu"]}}}
-        if fields.limit is None:
-            patch["spec"]["resources"]["gpu"]["limit"] = None
-        try:
-            new = self.client.patch(ProjectResource, fields.name, patch, patch_type=PatchType.MERGE)
-        except ApiError as exc:
-            raise InvalidRequest("resources.gpu", _message(exc)) from None
-        return self._project_dict(new)
+        return self.project_objects.update(id_or_name, fields)
 
     def delete_project(self, id_or_name: str) -> None:
-        obj = self._get_project(id_or_name)
-        namespace = (obj.get("spec") or {}).get("namespace")
-        if namespace:
-            count = len(list(self.client.list(PodGroupResource, namespace=namespace,
-                                              labels={names.MANAGED_BY: wd.MANAGER})))
-            count += len([p for p in self.client.list(
-                Pod, namespace=namespace, fields={"spec.schedulerName": names.SCHEDULER_NAME})
-                if not (p.metadata.labels or {}).get(wd.WORKLOAD)
-                and (p.metadata.labels or {}).get(names.RESERVATION_LABEL) != "true"])
-            if count:
-                raise Conflict(f"project {obj.metadata.name} has {count} workload(s); "
-                               "delete them first")
-        self.client.delete(ProjectResource, obj.metadata.name)
-        if namespace:
-            with contextlib.suppress(ApiError):
-                ns = self.client.get(Namespace, namespace)
-                if (ns.metadata.annotations or {}).get(CREATED_BY) == wd.MANAGER:
-                    self.client.delete(Namespace, namespace)
+        self.project_objects.delete(id_or_name)
+
 
     # -- submit ----------------------------------------------------------------------------------
 
@@ -277,10 +174,10 @@ class KubeBackend(TokenAuth):
         nodes, _, _, _ = self._nodes()
         check_against_cluster(s.gpu, nodes.values())
         try:
-            project = self._get_project(s.project)
+            project = self.project_objects.get(s.project)
         except NotFound:
             raise InvalidRequest("projectId", "no project with this id or name", s.project) from None
-        pdoc = self._project_dict(project)
+        pdoc = self.project_objects.doc(project)
         namespace = pdoc["namespace"]
         if not namespace:
             raise InvalidRequest("projectId", "the project has no spec.namespace (a department "
@@ -312,10 +209,10 @@ class KubeBackend(TokenAuth):
         try:
             created = self.client.create(group)
         except ApiError as exc:
-            if _status(exc) == 409:
+            if api_status(exc) == 409:
                 raise Conflict(f"a workload named {s.name} already exists in project "
                                f"{pdoc['name']}") from None
-            raise Upstream(f"PodGroup {namespace}/{s.name}: {_message(exc)}") from None
+            raise Upstream(f"PodGroup {namespace}/{s.name}: {api_message(exc)}") from None
         try:
             self._create_pods(rec, created.metadata.uid, range(s.workers), new=True)
         except Exception:
@@ -323,7 +220,7 @@ class KubeBackend(TokenAuth):
             raise
         self._event(created, "Submitted", f"submitted to project {pdoc['name']}: "
                     f"{s.gpu.describe()} x {s.workers} pod(s)")
-        return self._workload_doc(self._managed(created, self._pods_of(namespace, rec.id)),
+        return self.workloads.doc(self.workloads.managed(created, self.workloads.pods_of(namespace, rec.id)),
                                   nodes, {}, brief=False, events=False)
 
     def _create_pods(self, rec: wd.Record, owner_uid: str | None, indices: Iterable[int],
@@ -338,16 +235,16 @@ class KubeBackend(TokenAuth):
                 self.client.create(wd.build_pod(rec, i, owner_uid))
                 made += 1
             except ApiError as exc:
-                code = _status(exc)
+                code = api_status(exc)
                 if code == 409 and not new:
                     continue
                 if code == 409:
                     raise Conflict(f"a pod named {name} already exists (not this workload's); "
                                    "choose another name") from None
-                if code in (400, 422) or (code == 403 and "exceeded quota" in _message(exc)):
+                if code in (400, 422) or (code == 403 and "exceeded quota" in api_message(exc)):
                     raise InvalidRequest("spec", f"the API server refused pod {name}: "
-                                         f"{_message(exc)}") from None
-                raise Upstream(f"pod {name}: {_message(exc)}") from None
+                                         f"{api_message(exc)}") from None
+                raise Upstream(f"pod {name}: {api_message(exc)}") from None
         return made
 
     def _delete_all(self, namespace: str, name: str, wid: str) -> None:
@@ -377,148 +274,6 @@ class KubeBackend(TokenAuth):
 
     # -- workloads -------------------------------------------------------------------------------
 
-    def _groups(self, namespace: str = "*") -> list[Any]:
-        return list(self.client.list(PodGroupResource, namespace=namespace,
-                                     labels={names.MANAGED_BY: wd.MANAGER}))
-
-    def _pods_of(self, namespace: str, wid: str) -> list[Any]:
-        return list(self.client.list(Pod, namespace=namespace, labels={wd.WORKLOAD_ID: wid}))
-
-    def _managed(self, group: Any, pods: list[Any]) -> wd.Entry:
-        meta = group.metadata
-        return wd.Entry(wd.Record.from_json(meta.annotations[wd.RECORD]),
-                        dict(meta.annotations or {}), meta.deletionTimestamp is not None,
-                        wd.created_at(group), pods, True, group=group)
-
-    def _entries(self) -> list[wd.Entry]:
-        """Every workload: PodGroups the API made with their pods, then the other pods with
-        ``schedulerName: tessera`` (manifests), grouped as the scheduler groups them."""
-        groups = list(self.client.list(PodGroupResource, namespace="*"))
-        pods = list(self.client.list(Pod, namespace="*",
-                                     fields={"spec.schedulerName": names.SCHEDULER_NAME}))
-        owners = {(p.get("spec") or {}).get("namespace"): p.metadata.name
-                  for p in self.client.list(ProjectResource)}
-        by_wid: dict[str, list[Any]] = {}
-        foreign: dict[tuple[str, str, str], list[Any]] = {}
-        for pod in pods:
-            labels = pod.metadata.labels or {}
-            if labels.get(names.RESERVATION_LABEL) == "true":
-                continue
-            wid = labels.get(wd.WORKLOAD_ID)
-            if wid:
-                by_wid.setdefault(wid, []).append(pod)
-                continue
-            group = (pod.metadata.annotations or {}).get(names.POD_GROUP) or labels.get(
-                names.POD_GROUP)
-            key = ("g", pod.metadata.namespace, group) if group else (
-                "p", pod.metadata.namespace, pod.metadata.name)
-            foreign.setdefault(key, []).append(pod)
-        entries = []
-        min_member: dict[tuple[str, str], int] = {}
-        for g in groups:
-            if (g.metadata.labels or {}).get(names.MANAGED_BY) != wd.MANAGER:
-                min_member[(g.metadata.namespace, g.metadata.name)] = int(
-                    (g.get("spec") or {}).get("minMember", 1))
-                continue
-            wid = (g.metadata.labels or {}).get(wd.WORKLOAD_ID, "")
-            try:
-                entries.append(self._managed(g, by_wid.get(wid, [])))
-            except (KeyError, ValueError, TypeError) as exc:
-                log.warning("PodGroup %s/%s has no readable record: %r",
-                            g.metadata.namespace, g.metadata.name, exc)
-        for key, members in foreign.items():
-            entries.append(_manifest_entry(key, members, owners, min_member))
-        return entries
-
-    def _find(self, workload_id: str, kind: str | None) -> wd.Entry:
-        found = list(self.client.list(PodGroupResource, namespace="*",
-                                      labels={wd.WORKLOAD_ID: workload_id}))
-        entry = None
-        if found:
-            rec = wd.Record.from_json(found[0].metadata.annotations[wd.RECORD])
-            entry = self._managed(found[0], self._pods_of(rec.namespace, rec.id))
-        else:
-            entry = next((e for e in self._entries() if e.rec.id == workload_id), None)
-        if entry is None or (kind is not None and entry.rec.type != kind):
-            raise NotFound(f"workload {workload_id} not found")
-        return entry
-
-    def _workload_doc(self, entry: wd.Entry, nodes: dict[str, CoreNode],
-                      uuids: dict[str, tuple[str, ...]], brief: bool,
-                      simulated: bool = False, events: bool = True) -> dict[str, Any]:
-        """The API's document; ``events`` (a LIST of the namespace's Events) only for
-        ``describe``: a submit's answer needs none."""
-        rec = entry.rec
-        pod_docs = [wd.pod_doc(p, nodes, uuids) for p in entry.pods]
-        if entry.managed:
-            pod_docs.sort(key=lambda d: d["index"])
-        else:
-            pod_docs.sort(key=lambda d: d["name"])
-            for i, d in enumerate(pod_docs):
-                d["index"] = i
-        phase, message, code = wd.phase_of(rec.workers, entry.annotations, entry.deleting,
-                                           pod_docs)
-        bound = [d for d in pod_docs if d["nodeName"]]
-        starts = [wd.created_at(p) for p in entry.pods if p.spec and p.spec.nodeName]
-        gpu = rec.gpu
-        out: dict[str, Any] = {
-            "workloadId": rec.id,
-            "name": rec.name,
-            "requestedName": rec.name,
-            "type": rec.type,
-            "projectId": rec.project,
-            "projectName": rec.project,
-            "phase": phase,
-            "phaseMessage": message,
-            "createdAt": wd.iso(entry.created),
-            "startedAt": wd.iso(min(starts)) if starts and phase != "Pending" else None,
-            "completedAt": None,
-            "exitCode": code,
-            "priorityClass": rec.priority_class,
-            "preemptible": rec.preemptible,
-            "nodeName": ",".join(sorted({d["nodeName"] for d in bound})) or None,
-            "gpuDevices": ",".join(str(x["index"]) for d in bound for x in d["gpuDevices"]),
-            "workers": rec.workers,
-            "minWorkers": rec.min_workers,
-            "runningPods": sum(1 for d in pod_docs if d["phase"] == "Running"),
-            "gpus": {
-                "requested": round(estimate_gpus(gpu, nodes.values(), rec.workers)
-                                   if nodes else 0.0, 4),
-                "allocated": round(sum(wd.pod_gpus(d, nodes) for d in bound), 4),
-                "request": gpu.describe(),
-            },
-            "simulated": simulated,
-            "image": rec.image,
-            "serviceUrls": [],
-            "namespace": rec.namespace,
-        }
-        if brief:
-            return out
-        out["source"] = "tessera" if entry.managed else "manifest"
-        out["controller"] = entry.controller
-        out["spec"] = wd.spec_doc(rec)
-        out["pods"] = pod_docs
-        if events:
-            out["events"] = self._events(rec.namespace,
-                                         {rec.name, *(d["name"] for d in pod_docs)})
-        out["isolation"] = self._isolation()
-        out["scheduler"] = f"{names.COMPONENT} (schedulerName: {names.SCHEDULER_NAME})"
-        return out
-
-    def _events(self, namespace: str, objects: set[str]) -> list[dict[str, Any]]:
-        out = []
-        for ev in self.client.list(Event, namespace=namespace):
-            involved = ev.involvedObject
-            if involved is None or involved.name not in objects:
-                continue
-            when: Any = ev.lastTimestamp or ev.eventTime or ev.firstTimestamp or (
-                ev.metadata.creationTimestamp if ev.metadata else None)
-            stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ") if hasattr(when, "strftime") else str(when)
-            who = "" if involved.kind == "PodGroup" else f"pod {involved.name}: "
-            out.append({"time": stamp, "kind": ev.reason or "", "message": who + (ev.message or "")})
-        out.sort(key=lambda e: e["time"])
-        return out
-
     def workloads_json(
         self,
         filters: list[tuple[str, str, str]],
@@ -532,8 +287,8 @@ class KubeBackend(TokenAuth):
     ) -> tuple[str, int]:
         nodes, uuids, simulated, _ = self._nodes()
         docs = []
-        for entry in self._entries():
-            doc = self._workload_doc(entry, nodes, uuids, brief=True, simulated=simulated)
+        for entry in self.workloads.entries():
+            doc = self.workloads.doc(entry, nodes, uuids, brief=True, simulated=simulated)
             doc["_gpus"] = doc["gpus"]["requested"]
             docs.append(doc)
         for key, op, value in filters:
@@ -563,12 +318,12 @@ class KubeBackend(TokenAuth):
         return json.dumps(page), total
 
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
-        entry = self._find(workload_id, kind)
+        entry = self.workloads.find(workload_id, kind)
         nodes, uuids, simulated, _ = self._nodes()
-        return self._workload_doc(entry, nodes, uuids, brief=False, simulated=simulated)
+        return self.workloads.doc(entry, nodes, uuids, brief=False, simulated=simulated)
 
     def delete_workload(self, workload_id: str, kind: str | None = None) -> None:
-        entry = self._find(workload_id, kind)
+        entry = self.workloads.find(workload_id, kind)
         rec = entry.rec
         if entry.managed:
             self._delete_all(rec.namespace, rec.name, rec.id)
@@ -588,7 +343,7 @@ class KubeBackend(TokenAuth):
                            f"submitted with tessera; only submitted workloads {verb}")
 
     def suspend(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
-        entry = self._find(workload_id, kind)
+        entry = self.workloads.find(workload_id, kind)
         self._submitted(entry, "suspend")
         rec = entry.rec
         doc = self.workload(workload_id, kind)
@@ -597,14 +352,14 @@ class KubeBackend(TokenAuth):
                            "suspend")
         self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
             wd.SUSPENDED: "true"}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
-        for pod in self._pods_of(rec.namespace, rec.id):
+        for pod in self.workloads.pods_of(rec.namespace, rec.id):
             with contextlib.suppress(ApiError):
                 self.client.delete(Pod, pod.metadata.name, namespace=rec.namespace)
         self._event(entry.group, "Suspended", "suspended by user; its pods are deleted")
         return self.workload(workload_id, kind)
 
     def resume(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
-        entry = self._find(workload_id, kind)
+        entry = self.workloads.find(workload_id, kind)
         self._submitted(entry, "resume")
         rec = entry.rec
         doc = self.workload(workload_id, kind)
@@ -626,7 +381,7 @@ class KubeBackend(TokenAuth):
             if wid:
                 pods_by.setdefault(wid, []).append(pod)
         made = 0
-        for g in self._groups():
+        for g in self.workloads.groups():
             ann = g.metadata.annotations or {}
             if g.metadata.deletionTimestamp is not None or ann.get(wd.SUSPENDED) == "true" \
                     or ann.get(wd.FAILED) or wd.RECORD not in ann:
@@ -658,7 +413,7 @@ class KubeBackend(TokenAuth):
     # -- pods: logs and exec ---------------------------------------------------------------------
 
     def _pod(self, workload_id: str, index: int) -> tuple[wd.Record, Any]:
-        entry = self._find(workload_id, None)
+        entry = self.workloads.find(workload_id, None)
         rec = entry.rec
         if entry.managed:
             for pod in entry.pods:
@@ -676,7 +431,7 @@ class KubeBackend(TokenAuth):
             text = "".join(self.client.log(obj.metadata.name, namespace=rec.namespace,
                                            container=wd.CONTAINER))
         except ApiError as exc:
-            raise Upstream(self._kubelet_error("logs", obj, _message(exc), _status(exc))) from None
+            raise Upstream(self._kubelet_error("logs", obj, api_message(exc), api_status(exc))) from None
         data = text.encode()
         return data[offset:], max(offset, len(data))
 
@@ -699,7 +454,7 @@ class KubeBackend(TokenAuth):
 
     def pods(self, workload_id: str) -> list[dict[str, Any]]:
         nodes, uuids, _, _ = self._nodes()
-        doc = self._workload_doc(self._find(workload_id, None), nodes, uuids, brief=False,
+        doc = self.workloads.doc(self.workloads.find(workload_id, None), nodes, uuids, brief=False,
                                  events=False)
         pods: list[dict[str, Any]] = doc["pods"]
         return pods
@@ -719,34 +474,3 @@ class KubeBackend(TokenAuth):
                 raise Upstream(f"exec in pod {rec.namespace}/{obj.metadata.name}: {exc}") from None
             raise Upstream(self._kubelet_error("exec", obj, str(exc), exc.status)) from None
 
-
-def _manifest_entry(key: tuple[str, str, str], pods: list[Any], owners: dict[Any, str],
-                    min_member: dict[tuple[str, str], int]) -> wd.Entry:
-    """A workload of pods applied as manifests: read-only, built from the pods themselves."""
-    kind, namespace, name = key
-    pods.sort(key=lambda p: p.metadata.name)
-    first = pods[0]
-    labels = first.metadata.labels or {}
-    ann = first.metadata.annotations or {}
-    info = pod_info(first)
-    gpu = info.request.gpu if info.request is not None else GpuRequest.none()
-    pclass = ann.get(names.PRIORITY_CLASS) or (first.spec.priorityClassName if first.spec
-                                               else None) or "train"
-    known = PRIORITY_CLASSES.get(pclass)
-    container = first.spec.containers[0] if first.spec and first.spec.containers else None
-    argv = list((container.command or []) + (container.args or [])) if container else []
-    controller = next((f"{o.kind}/{o.name}" for o in first.metadata.ownerReferences or []
-                       if o.controller), None)
-    rec = wd.Record(
-        id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"tessera:{namespace}/{kind}/{name}")),
-        name=name, namespace=namespace,
-        project=labels.get(names.PROJECT) or owners.get(namespace) or "",
-        type=labels.get(wd.WORKLOAD_TYPE) or "Training", argv=argv, env={},
-        image=(container.image or "") if container else "", working_dir=None,
-        priority_class=pclass, preemptible=known.preemptible if known else True,
-        workers=len(pods), min_workers=min_member.get((namespace, name), len(pods)),
-        request=gpu_request_to_dict(gpu),
-        spec={"invalidRequest": info.error} if info.error else {},
-    )
-    return wd.Entry(rec, {}, all(p.metadata.deletionTimestamp is not None for p in pods),
-                    min(wd.created_at(p) for p in pods), pods, False, controller)
