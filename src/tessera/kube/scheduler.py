@@ -8,6 +8,11 @@ by a reservation pod whose name is derived from (node, device) so it can never b
 and everything else is rebuilt from watches after a restart. What this process keeps in memory
 is only what it has decided and not yet seen come back (``assumed``), so the next cycle does
 not give the same room away twice. See docs/kubernetes.md.
+
+Its own units: ``snapshot`` (caches -> the core's Snapshot), ``binder.Writer`` (API writes),
+``reservations`` (reservation pods), ``reporting`` (conditions, project status, Events),
+``predicates`` (kube-scheduler filters). This file (~480 lines) is the event handlers, the loop,
+applying a plan, binding and cleanup, plus the process entry point (``main``).
 """
 
 from __future__ import annotations
@@ -47,7 +52,6 @@ from tessera.kube.objects import (
     PodKey,
     ProjectInfo,
     ProjectResource,
-    amounts,
     foreign_pod,
     node_info,
     pod_group_info,
@@ -56,6 +60,7 @@ from tessera.kube.objects import (
     same_for_scheduling,
 )
 from tessera.kube.rawapi import RawApi
+from tessera.kube.reporting import Reporter
 from tessera.kube.reservations import Reservations
 from tessera.kube.snapshot import (
     Context,
@@ -107,8 +112,8 @@ class KubeScheduler:
         self.tasks: dict[PodKey, asyncio.Task[None]] = {}
         self.background: set[asyncio.Task[Any]] = set()
         self.reservations = Reservations(self.writer, self.opts.uuid_timeout)
-        self.written_waits: dict[PodKey, str] = {}
-        self.written_status: dict[str, dict[str, Any]] = {}
+        self.report = Reporter(self.writer, self._spawn, self.wake)
+        """Pod conditions, project status and Events, written when they change."""
         self.cycles = 0
         self.snapshots = SnapshotBuilder()
         self.conflicts: list[PodInfo] = []
@@ -180,7 +185,7 @@ class KubeScheduler:
         if new is None:
             self.assumed.pop(key, None)
             self.evicting.discard(key)
-            self.written_waits.pop(key, None)
+            self.report.forget(key)
             self.wake.set()
             return
         if new.node and key in self.assumed and (old is None or not old.node):
@@ -289,7 +294,7 @@ class KubeScheduler:
                 if pod is None or pod.node or key in self.assumed:
                     continue
                 self.assumed[key] = pb.placement
-                self.written_waits.pop(key, None)
+                self.report.forget(key)
                 task = asyncio.create_task(self._bind(key, pb.placement, victims))
                 self.tasks[key] = task
         waits = dict(ctx.waits)
@@ -303,13 +308,10 @@ class KubeScheduler:
             if pod is not None and ctx.agents_not_ready and pod.request is not None \
                     and pod.request.gpu.kind is not GpuKind.NONE:
                 message = f"{message}; {agents_not_ready_text(ctx.agents_not_ready)}"
-            if pod is None or self.written_waits.get(key) == message:
-                continue
-            self.written_waits[key] = message
-            if pod.scheduled_message != message:
-                self._spawn(self._write_unschedulable(pod, message))
+            if pod is not None:
+                self.report.waiting(pod, message)
         self._evict_lost(ctx)
-        self._project_status(plan)
+        self.report.projects(plan, self.projects.items)
 
     def _evict_lost(self, ctx: Context) -> None:
         for pod in ctx.orphans + ctx.conflicts:
@@ -320,43 +322,6 @@ class KubeScheduler:
             why = (f"node {pod.node} was deleted while the pod was bound to it" if lost
                    else "its recorded GPU placement collides with another pod")
             self._spawn(self.writer.evict(pod, "NodeLost" if lost else "Conflict", why))
-
-    async def _event(self, pod: PodInfo, reason: str, message: str, type_: str = "Normal") -> None:
-        try:
-            await self.writer.event(pod, reason, message, type_)
-        except Exception as exc:
-            log.warning("event %s on %s/%s: %r", reason, pod.namespace, pod.name, exc)
-
-    async def _write_unschedulable(self, pod: PodInfo, message: str) -> None:
-        try:
-            await self.writer.set_unschedulable(pod, message)
-        except Exception as exc:
-            log.warning("condition on %s/%s: %r", pod.namespace, pod.name, exc)
-            if self.written_waits.get(pod.key) == message:
-                del self.written_waits[pod.key]
-
-    def _project_status(self, plan: Plan) -> None:
-        for name, ps in plan.projects.items():
-            if name not in self.projects.items:
-                continue
-            status = {
-                "allocated": amounts(ps.allocated_after),
-                "requested": amounts(ps.requested),
-                "fairShare": amounts(ps.fair_share),
-            }
-            if self.written_status.get(name) == status:
-                continue
-            self.written_status[name] = status
-            self._spawn(self._write_project_status(name, status))
-
-    async def _write_project_status(self, name: str, status: dict[str, Any]) -> None:
-        try:
-            await self.writer.project_status(name, status)
-        except Exception as exc:
-            log.warning("status of project %s: %r", name, exc)
-            if self.written_status.get(name) is status:
-                del self.written_status[name]
-            self.wake.set()
 
     async def _wait_gone(self, keys: list[PodKey], timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -389,7 +354,7 @@ class KubeScheduler:
                 annotations[names.NODE_GPU_UUIDS] = ",".join(uuids)
             await self.writer.bind(pod, placement, annotations)
             self.bound += 1
-            self._spawn(self._event(pod, "Scheduled",
+            self._spawn(self.report.event(pod, "Scheduled",
                                     f"Successfully assigned {pod.namespace}/{pod.name} to {placement.node}"))
         except asyncio.CancelledError:
             raise
