@@ -198,14 +198,7 @@ class SnapshotBuilder:
                    namespaces: Mapping[str, Mapping[str, str]]) -> list[Workload]:
         """Refresh the predicates' view and give every pending pod that needs one its
         constraint (tessera.kube.predicates)."""
-        facts: dict[str, NodeFacts] = {}
-        for name, ni in nodes.items():
-            if ni.node is None:
-                continue
-            facts[name] = node_facts(
-                name, ni.labels, ni.taints, unschedulable=ni.unschedulable, ready=ni.ready,
-                resources=dict(ni.resources),
-                gpu_closed="" if ni.agent_ready else (ni.agent_reason or "not ready"))
+        facts = nodes_facts(nodes)
         others: list[OtherPod] = []
         for w in workloads:
             for i, key in enumerate(ctx.pods_of[w.id]):
@@ -216,13 +209,7 @@ class SnapshotBuilder:
                                        start_node=None if pl is None else pl.node,
                                        resources=dict(sp.resources) if sp else {},
                                        ports=sp.host_ports if sp else ()))
-        for f in foreign_pods:
-            if f is None or f.node not in facts:
-                continue
-            sp = f.sched
-            others.append(OtherPod(f.namespace, dict(f.labels), sp, node=f.node,
-                                   resources=dict(sp.resources) if sp else {},
-                                   ports=sp.host_ports if sp else ()))
+        others += foreign_others(foreign_pods, facts)
         view = self.view
         view.reset(facts, namespaces, others)
         any_closed = any(f.closed for f in facts.values())
@@ -253,6 +240,32 @@ class SnapshotBuilder:
                 cs.append(c)
             out.append(replace(w, constraints=tuple(cs)) if any(c is not None for c in cs) else w)
         return out
+
+
+def nodes_facts(nodes: Mapping[str, NodeInfo]) -> dict[str, NodeFacts]:
+    """What the predicates know of each usable node."""
+    facts: dict[str, NodeFacts] = {}
+    for name, ni in nodes.items():
+        if ni.node is None:
+            continue
+        facts[name] = node_facts(
+            name, ni.labels, ni.taints, unschedulable=ni.unschedulable, ready=ni.ready,
+            resources=dict(ni.resources),
+            gpu_closed="" if ni.agent_ready else (ni.agent_reason or "not ready"))
+    return facts
+
+
+def foreign_others(foreign_pods: Iterable[ForeignPod | None], facts: Mapping[str, NodeFacts]) -> list[OtherPod]:
+    """Other schedulers' bound pods, as the predicates see them."""
+    out = []
+    for f in foreign_pods:
+        if f is None or f.node not in facts:
+            continue
+        sp = f.sched
+        out.append(OtherPod(f.namespace, dict(f.labels), sp, node=f.node,
+                            resources=dict(sp.resources) if sp else {},
+                            ports=sp.host_ports if sp else ()))
+    return out
 
 
 def _claims_sig(members: list[PodInfo], claims: Mapping[PodKey, str]) -> tuple[Any, ...]:

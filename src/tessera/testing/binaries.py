@@ -277,6 +277,8 @@ BINARIES: dict[str, Binary] = {
         Binary("etcd", ETCD_VERSION, _build_etcd),
         Binary("kube-apiserver", KUBERNETES_VERSION, _build_kubernetes_command("kube-apiserver")),
         Binary("kubectl", KUBERNETES_VERSION, _build_kubernetes_command("kubectl")),
+        # Only for the differential check of tessera's predicates against kube-scheduler's.
+        Binary("kube-scheduler", KUBERNETES_VERSION, _build_kubernetes_command("kube-scheduler")),
         Binary("kwok", KWOK_VERSION, _go_install("sigs.k8s.io/kwok/cmd/kwok")),
         Binary("helm", HELM_VERSION, _go_install("helm.sh/helm/v3/cmd/helm")),
     ]
@@ -319,7 +321,8 @@ def kwok_stages_file() -> Path:
 
 # Rough cold build times on a 2-core machine (module downloads included); the estimate shown is
 # the last recorded build time of that binary on this machine when there is one.
-TYPICAL_SECONDS = {"etcd": 120, "kube-apiserver": 300, "kubectl": 60, "kwok": 120, "helm": 120}
+TYPICAL_SECONDS = {"etcd": 120, "kube-apiserver": 300, "kubectl": 60, "kwok": 120, "helm": 120,
+                   "kube-scheduler": 240}
 
 
 def _holder_path() -> Path:
