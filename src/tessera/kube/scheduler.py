@@ -109,6 +109,10 @@ class KubeScheduler:
         self.wake = asyncio.Event()
         self.assumed: dict[PodKey, Placement] = {}
         self.evicting: set[PodKey] = set()
+        self.bind_failures: dict[PodKey, tuple[str, int, float]] = {}
+        """Pods whose binding failed: (the error, failures in a row, no retry before).
+        A binding refused for a wiring reason (webhook, RBAC) would otherwise be retried and
+        reported every cycle."""
         self.tasks: dict[PodKey, asyncio.Task[None]] = {}
         self.background: set[asyncio.Task[Any]] = set()
         self.reservations = Reservations(self.writer, self.opts.uuid_timeout)
@@ -185,6 +189,7 @@ class KubeScheduler:
         if new is None:
             self.assumed.pop(key, None)
             self.evicting.discard(key)
+            self.bind_failures.pop(key, None)
             self.report.forget(key)
             self.wake.set()
             return
@@ -293,6 +298,9 @@ class KubeScheduler:
                 pod = pods.get(key)
                 if pod is None or pod.node or key in self.assumed:
                     continue
+                failed = self.bind_failures.get(key)
+                if failed is not None and time.monotonic() < failed[2]:
+                    continue
                 self.assumed[key] = pb.placement
                 self.report.forget(key)
                 task = asyncio.create_task(self._bind(key, pb.placement, victims))
@@ -354,6 +362,7 @@ class KubeScheduler:
                 annotations[names.NODE_GPU_UUIDS] = ",".join(uuids)
             await self.writer.bind(pod, placement, annotations)
             self.bound += 1
+            self.bind_failures.pop(key, None)
             self._spawn(self.report.event(pod, "Scheduled",
                                     f"Successfully assigned {pod.namespace}/{pod.name} to {placement.node}"))
         except asyncio.CancelledError:
@@ -363,10 +372,15 @@ class KubeScheduler:
                 del self.assumed[key]
             log.warning("binding %s/%s to %s failed: %r", key[0], key[1], placement.node, exc)
             pod = self.pods.items.get(key)
-            if pod is not None and not (isinstance(exc, ApiError) and exc.status.code == 404):
-                self._spawn(self.writer.event(pod, "FailedBinding",
-                                              f"binding to {placement.node} failed: {exc}",
-                                              "Warning"))
+            error = str(exc)
+            last, count, _ = self.bind_failures.get(key, ("", 0, 0.0))
+            count = count + 1 if error == last else 1
+            # Back off (0.5 s doubling to 60 s) and tell the pod once per distinct error.
+            self.bind_failures[key] = (error, count, time.monotonic() + min(60.0, 0.5 * 2 ** (count - 1)))
+            if pod is not None and count == 1 and not (isinstance(exc, ApiError) and exc.status.code == 404):
+                self._spawn(self.writer.event(
+                    pod, "FailedBinding", f"binding to {placement.node} failed: {exc} (retried with "
+                    "back-off; this Event is not repeated while the error stays the same)", "Warning"))
             self.wake.set()
         finally:
             if self.tasks.get(key) is asyncio.current_task():

@@ -608,6 +608,7 @@ def _up(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     cluster = TestCluster(report=say, keep_workdir=args.keep_workdir)
+    stack: Any = None
     t0 = time.monotonic()
     try:
         cluster.start()
@@ -616,22 +617,33 @@ def _up(args: argparse.Namespace) -> int:
         kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cluster.kubeconfig, kubeconfig)
         kubeconfig.chmod(0o600)
-        scheduler = start_scheduler(cluster)
+        if not args.no_stack and importlib.util.find_spec(SCHEDULER_MODULE) is not None:
+            from tessera.testing.stack import start_stack
+
+            stack = start_stack(cluster, gpus=len(nodes) * shape.gpus)
         say(f"api server: {cluster.server}")
         say(f"workdir:    {cluster.workdir} (logs under logs/)")
-        say(f"nodes:      {len(nodes)} x {shape.gpus} {shape.model} (kwok)")
-        say("scheduler:  " + ("tessera-scheduler started" if scheduler else
-                              f"not started ({SCHEDULER_MODULE} does not exist yet)"))
+        say(f"nodes:      {len(nodes)} x {shape.gpus} {shape.model} (kwok), one tessera-node each")
+        if stack is not None:
+            say(f"webhook:    {stack.webhook_url} (the chart's webhook configurations applied)")
+            say("scheduler:  tessera-scheduler (ServiceAccount tessera-system/tessera-scheduler)")
+            say("project:    default (namespace default): Run:ai and cGPU manifests work there as they are")
+        else:
+            say("scheduler:  not started (--no-stack)")
         say(f"started in {time.monotonic() - t0:.1f} s")
         print(f"kubectl: {cluster.kubectl_path}")
         print(f"kubeconfig: {kubeconfig}")
         print("ready", flush=True)
         while not stop.wait(1.0):
             cluster.check_alive()
+            if stack is not None:
+                stack.supervise(say)
     except (ClusterError, binaries.BuildError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
+        if stack is not None:
+            stack.stop()
         cluster.stop()
         say("stopped")
     return 0
@@ -648,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
     up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     up.add_argument("--gpu-model", default="H100-80GB", help="GPU model (default H100-80GB)")
+    up.add_argument("--no-stack", action="store_true",
+                    help="only the cluster: no webhook, no scheduler (the node side still runs)")
     up.add_argument("--keep-workdir", action="store_true",
                     help="keep certificates, etcd data and logs after stopping")
     args = parser.parse_args(argv)

@@ -60,10 +60,10 @@ class LocalWebhook:
 
 def start_webhook(cluster: TestCluster, *, name: str = "tessera-webhook",
                   kubeconfig: Path | None = None, extra_args: list[str] | None = None,
-                  timeout: float = 30.0, wait_ready: bool = True) -> LocalWebhook:
-    """Start ``python -m tessera.kube.admission`` on a free loopback port with a serving
-    certificate from the cluster's CA; return once it reports ready (caches synced), or only
-    serving (``wait_ready=False``)."""
+                  timeout: float = 30.0, wait_ready: bool = True, port: int = 0) -> LocalWebhook:
+    """Start ``python -m tessera.kube.admission`` on a free loopback port (or ``port``, so a
+    restart keeps the registered URL) with a serving certificate from the cluster's CA; return
+    once it reports ready (caches synced), or only serving (``wait_ready=False``)."""
     assert cluster.workdir is not None
     cert, key, ca = cluster.issue_serving_cert(name)
     ready_file = cluster.workdir / f"{name}.port"
@@ -72,14 +72,14 @@ def start_webhook(cluster: TestCluster, *, name: str = "tessera-webhook",
         name,
         [sys.executable, "-m", "tessera.kube.admission",
          f"--kubeconfig={kubeconfig or cluster.kubeconfig}", f"--cert={cert}", f"--key={key}",
-         "--host=127.0.0.1", "--port=0", f"--ready-file={ready_file}", "--log-level=INFO",
+         "--host=127.0.0.1", f"--port={port}", f"--ready-file={ready_file}", "--log-level=INFO",
          *(extra_args or [])],
         cluster.workdir / "logs" / f"{name}.log",
     )
     proc.start()
     deadline = time.monotonic() + timeout
     port = 0
-    while True:
+    while True:  # the port the webhook reports (the one asked, or the free one it picked)
         proc.check_alive()
         if not port and ready_file.exists() and ready_file.read_text().strip():
             port = int(ready_file.read_text())
