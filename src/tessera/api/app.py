@@ -5,6 +5,7 @@ token. Errors are ``{code, message, details}``; a refused request changes nothin
 """
 
 
+import dataclasses
 import json
 import re
 import secrets
@@ -22,6 +23,7 @@ from tessera.api.backend import (
     NotFound,
     ProjectFields,
     Upstream,
+    WorkloadQuery,
     WorkloadSubmission,
 )
 from tessera.api.models import (
@@ -203,17 +205,18 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
 
     # -- workloads ---------------------------------------------------------------------------
 
-    def _list(
-        kind: str | None,
-        filterBy: list[str] | None,
-        sortBy: str,
-        sortOrder: str,
-        offset: int,
-        limit: int,
-        search: str | None,
-        fields: str | None = None,
-        shape: str = "objects",
-    ) -> Response:
+    def list_query(
+        filterBy: Annotated[list[str] | None, Query(description="e.g. phase==Running")] = None,
+        sortBy: Annotated[Literal[SORT_KEYS], Query()] = "createdAt",  # type: ignore[valid-type]
+        sortOrder: Annotated[Literal["asc", "desc"], Query()] = "asc",
+        offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        search: Annotated[str | None, Query(max_length=200)] = None,
+        fields: Annotated[str | None, Query(max_length=500, description="Keys to return")] = None,
+        shape: Annotated[Literal["objects", "rows"], Query(
+            description="rows: {columns, rows} with one array per workload")] = "objects",
+    ) -> WorkloadQuery:
+        """The query parameters of both workload listings, checked."""
         wanted = None
         if fields:
             wanted = [f for f in fields.split(",") if f]
@@ -234,50 +237,31 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
                         f"{', '.join(FILTER_KEYS)} (got {part!r})",
                     )
                 filters.append((m.group(1), m.group(2), m.group(3)))
-        if kind is not None:
-            filters.append(("type", "==", KINDS[kind]))
         as_rows = shape == "rows"
         if as_rows and not wanted:
             wanted = list(BRIEF_KEYS)
-        rows, total = backend.workloads_json(
-            filters, search, sortBy, sortOrder == "desc", offset, limit, wanted, as_rows
-        )
+        return WorkloadQuery(tuple(filters), search, sortBy, sortOrder == "desc", offset, limit,
+                             None if wanted is None else tuple(wanted), as_rows)
+
+    def _list(query: WorkloadQuery) -> Response:
+        rows, total = backend.workloads_json(query)
+        offset, limit = query.offset, query.limit
         count = min(limit, max(total - offset, 0))
         nxt = offset + count if offset + count < total else None
         simulated = "true" if backend.simulated() else "false"
-        key = f'"columns":{json.dumps(wanted)},"rows"' if as_rows else '"workloads"'
+        key = f'"columns":{json.dumps(list(query.fields or ()))},"rows"' if query.rows else '"workloads"'
         body = (f'{{{key}:{rows},"total":{total},'
                 f'"next":{"null" if nxt is None else nxt},"simulated":{simulated}}}')
         return Response(content=body, media_type="application/json")
 
     @api.get("/workloads", tags=["workloads"])
-    def list_workloads(
-        filterBy: Annotated[list[str] | None, Query(description="e.g. phase==Running")] = None,
-        sortBy: Annotated[Literal[SORT_KEYS], Query()] = "createdAt",  # type: ignore[valid-type]
-        sortOrder: Annotated[Literal["asc", "desc"], Query()] = "asc",
-        offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-        search: Annotated[str | None, Query(max_length=200)] = None,
-        fields: Annotated[str | None, Query(max_length=500, description="Keys to return")] = None,
-        shape: Annotated[Literal["objects", "rows"], Query(
-            description="rows: {columns, rows} with one array per workload")] = "objects",
-    ) -> Response:
-        return _list(None, filterBy, sortBy, sortOrder, offset, limit, search, fields, shape)
+    def list_workloads(query: Annotated[WorkloadQuery, Depends(list_query)]) -> Response:
+        return _list(query)
 
     @api.get("/workloads/{kind}", tags=["workloads"])
-    def list_kind(
-        kind: Kind,
-        filterBy: Annotated[list[str] | None, Query()] = None,
-        sortBy: Annotated[Literal[SORT_KEYS], Query()] = "createdAt",  # type: ignore[valid-type]
-        sortOrder: Annotated[Literal["asc", "desc"], Query()] = "asc",
-        offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-        search: Annotated[str | None, Query(max_length=200)] = None,
-        fields: Annotated[str | None, Query(max_length=500, description="Keys to return")] = None,
-        shape: Annotated[Literal["objects", "rows"], Query(
-            description="rows: {columns, rows} with one array per workload")] = "objects",
-    ) -> Response:
-        return _list(kind, filterBy, sortBy, sortOrder, offset, limit, search, fields, shape)
+    def list_kind(kind: Kind, query: Annotated[WorkloadQuery, Depends(list_query)]) -> Response:
+        return _list(dataclasses.replace(query, filters=(*query.filters,
+                                                          ("type", "==", KINDS[kind]))))
 
     @api.post("/workloads/{kind}", status_code=202, tags=["workloads"])
     def create_workload(kind: Kind, body: WorkloadCreate) -> dict[str, Any]:

@@ -44,6 +44,23 @@ class WorkloadSubmission:
     """The request body's ``spec`` as given, kept for display."""
 
 
+@dataclass(frozen=True)
+class WorkloadQuery:
+    """One page of the workload listing, as the API's query parameters ask for it."""
+
+    filters: tuple[tuple[str, str, str], ...] = ()
+    """(key, ``==``/``!=``/``=@``, value), all of which must hold."""
+    search: str | None = None
+    sort_by: str = "createdAt"
+    descending: bool = False
+    offset: int = 0
+    limit: int = 50
+    fields: tuple[str, ...] | None = None
+    """Only these keys of each brief document (None: all)."""
+    rows: bool = False
+    """Each workload an array of ``fields`` in that order, instead of an object."""
+
+
 @dataclass
 class ProjectFields:
     name: str
@@ -78,17 +95,7 @@ class Backend(Protocol):
 
     def submit(self, submission: WorkloadSubmission) -> dict[str, Any]: ...
 
-    def workloads_json(
-        self,
-        filters: list[tuple[str, str, str]],
-        search: str | None,
-        sort_by: str,
-        descending: bool,
-        offset: int,
-        limit: int,
-        fields: list[str] | None = None,
-        rows: bool = False,
-    ) -> tuple[str, int]:
+    def workloads_json(self, query: WorkloadQuery) -> tuple[str, int]:
         """One page of workloads as JSON array text (brief documents, or only ``fields``; with
         ``rows``, each workload an array of ``fields`` in that order), and the total matching.
 

@@ -31,7 +31,11 @@ def age(iso: str | None, now: float | None = None) -> str:
     if not iso:
         return "-"
     then = datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-    seconds = max(0, int((now or time.time()) - then))
+    return _age_text(max(0, int((now or time.time()) - then)))
+
+
+def _age_text(seconds: int) -> str:
+    """kubectl's AGE column: seconds under 2 minutes, minutes under 2 hours, hours under 2 days."""
     if seconds < 120:
         return f"{seconds}s"
     if seconds < 7200:
@@ -57,14 +61,7 @@ class Ages:
         if minute is None:
             minute = datetime.fromisoformat(iso[:16] + ":00+00:00").timestamp()
             self.minutes[iso[:16]] = minute
-        seconds = max(0, int(self.now - minute - int(iso[17:19])))
-        if seconds < 120:
-            return f"{seconds}s"
-        if seconds < 7200:
-            return f"{seconds // 60}m"
-        if seconds < 172800:
-            return f"{seconds // 3600}h"
-        return f"{seconds // 86400}d"
+        return _age_text(max(0, int(self.now - minute - int(iso[17:19]))))
 
 
 def gpus(value: float) -> str:

@@ -28,7 +28,14 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from tessera.api.auth import TokenAuth
-from tessera.api.backend import Conflict, NotFound, ProjectFields, Upstream, WorkloadSubmission
+from tessera.api.backend import (
+    Conflict,
+    NotFound,
+    ProjectFields,
+    Upstream,
+    WorkloadQuery,
+    WorkloadSubmission,
+)
 from tessera.api.token_store import TokenStore
 from tessera.api.validation import check_limit, check_submission
 from tessera.core.errors import InvalidRequest
@@ -274,24 +281,14 @@ class KubeBackend(TokenAuth):
 
     # -- workloads -------------------------------------------------------------------------------
 
-    def workloads_json(
-        self,
-        filters: list[tuple[str, str, str]],
-        search: str | None,
-        sort_by: str,
-        descending: bool,
-        offset: int,
-        limit: int,
-        fields: list[str] | None = None,
-        rows: bool = False,
-    ) -> tuple[str, int]:
+    def workloads_json(self, query: WorkloadQuery) -> tuple[str, int]:
         nodes, uuids, simulated, _ = self._nodes()
         docs = []
         for entry in self.workloads.entries():
             doc = self.workloads.doc(entry, nodes, uuids, brief=True, simulated=simulated)
             doc["_gpus"] = doc["gpus"]["requested"]
             docs.append(doc)
-        for key, op, value in filters:
+        for key, op, value in query.filters:
             k = FILTER_KEY.get(key, key)
             if op == "==":
                 docs = [d for d in docs if str(d.get(k) or "") == value]
@@ -299,15 +296,17 @@ class KubeBackend(TokenAuth):
                 docs = [d for d in docs if str(d.get(k) or "") != value]
             else:
                 docs = [d for d in docs if value.lower() in str(d.get(k) or "").lower()]
-        if search:
-            docs = [d for d in docs if search.lower() in d["name"].lower()]
-        skey = SORTABLE[sort_by]
-        docs.sort(key=lambda d: (d[skey] is None, d[skey] or 0, d["createdAt"]), reverse=descending)
+        if query.search:
+            text = query.search.lower()
+            docs = [d for d in docs if text in d["name"].lower()]
+        skey = SORTABLE[query.sort_by]
+        docs.sort(key=lambda d: (d[skey] is None, d[skey] or 0, d["createdAt"]), reverse=query.descending)
         total = len(docs)
-        page = docs[offset: offset + limit]
+        page = docs[query.offset: query.offset + query.limit]
         for d in page:
             d.pop("_gpus", None)
-        if rows:
+        fields = query.fields
+        if query.rows:
             keys = list(fields or [])
             return json.dumps([[d.get(k) for k in keys] for d in page]), total
         if fields:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.api.auth import TokenAuth
-from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadSubmission
+from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadQuery, WorkloadSubmission
 from tessera.api.token_store import TokenStore
 from tessera.api.validation import check_limit, check_project, check_submission
 from tessera.core.cycle import Plan
@@ -344,21 +344,8 @@ class LocalBackend(TokenAuth):
             raise NotFound(f"workload {workload_id} not found")
         return w
 
-    def workloads_json(
-        self,
-        filters: list[tuple[str, str, str]],
-        search: str | None,
-        sort_by: str,
-        descending: bool,
-        offset: int,
-        limit: int,
-        fields: list[str] | None = None,
-        rows: bool = False,
-    ) -> tuple[str, int]:
-        return self.store.list_json(
-            filters, search, sort_by, descending, offset, limit, self.machine.simulated, fields,
-            rows,
-        )
+    def workloads_json(self, query: WorkloadQuery) -> tuple[str, int]:
+        return self.store.list_json(query, self.machine.simulated)
 
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
         w = self._get(workload_id, kind)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tessera.api.backend import WorkloadQuery
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS projects (
@@ -382,54 +384,18 @@ class Store:
             db.execute("DELETE FROM workloads WHERE id=?", (workload_id,))
             db.execute("DELETE FROM events WHERE workload_id=?", (workload_id,))
 
-    def list_workloads(
-        self,
-        filters: Sequence[tuple[str, str, str]] = (),
-        search: str | None = None,
-        sort_by: str = "createdAt",
-        descending: bool = False,
-        offset: int = 0,
-        limit: int = 50,
-    ) -> tuple[list[Workload], int]:
-        rows, total = self._list(WORKLOAD_COLUMNS, filters, search, sort_by, descending, offset,
-                                 limit)
-        return [_workload(r) for r in rows], total
-
-    def list_json(
-        self,
-        filters: Sequence[tuple[str, str, str]] = (),
-        search: str | None = None,
-        sort_by: str = "createdAt",
-        descending: bool = False,
-        offset: int = 0,
-        limit: int = 50,
-        simulated: bool = False,
-        fields: Sequence[str] | None = None,
-        rows_shape: bool = False,
-    ) -> tuple[str, int]:
+    def list_json(self, q: WorkloadQuery, simulated: bool = False) -> tuple[str, int]:
         """The listing as a JSON array, built by SQLite (json_object) so thousands of rows cost
         milliseconds. Same documents as ``LocalBackend.workload_dict(brief=True)``; with
-        ``rows_shape`` each workload is an array of ``fields`` in that order."""
-        rows, total = self._list(
-            (_brief_json(fields, simulated, rows_shape),),
-            filters, search, sort_by, descending, offset, limit,
-        )
+        ``q.rows`` each workload is an array of ``q.fields`` in that order."""
+        rows, total = self._list((_brief_json(q.fields, simulated, q.rows),), q)
         return "[" + ",".join(r[0] for r in rows) + "]", total
 
-    def _list(
-        self,
-        columns: Sequence[str],
-        filters: Sequence[tuple[str, str, str]] = (),
-        search: str | None = None,
-        sort_by: str = "createdAt",
-        descending: bool = False,
-        offset: int = 0,
-        limit: int = 50,
-    ) -> tuple[list[Any], int]:
-        """Rows matching ``filters`` (column, op, value) with op ``==``, ``!=`` or ``=@``."""
+    def _list(self, columns: Sequence[str], q: WorkloadQuery) -> tuple[list[Any], int]:
+        """Rows matching ``q.filters`` (key, op, value) with op ``==``, ``!=`` or ``=@``."""
         where: list[str] = []
         args: list[Any] = []
-        for key, op, value in filters:
+        for key, op, value in q.filters:
             col = FILTERABLE[key]
             if op == "==":
                 where.append(f"{col} = ?")
@@ -438,16 +404,16 @@ class Store:
             else:
                 where.append(f"instr(lower({col}), lower(?)) > 0")
             args.append(value)
-        if search:
+        if q.search:
             where.append("instr(lower(name), lower(?)) > 0")
-            args.append(search)
+            args.append(q.search)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
-        order = SORTABLE[sort_by]
-        direction = "DESC" if descending else "ASC"
+        order = SORTABLE[q.sort_by]
+        direction = "DESC" if q.descending else "ASC"
         total = int(self._query(f"SELECT COUNT(*) FROM workloads{clause}", args)[0][0])
         rows = self._query(
             f"SELECT {', '.join(columns)} FROM workloads{clause}"
             f" ORDER BY {order} {direction}, seq {direction} LIMIT ? OFFSET ?",
-            [*args, limit, offset],
+            [*args, q.limit, q.offset],
         )
         return rows, total

@@ -9,7 +9,7 @@ eviction, binding) goes onto the cluster state's undo log and the session's own 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from tessera.core.constraints import NodeConstraint
@@ -327,6 +327,23 @@ class Session:
         if required > 1:
             return f"waiting for {required - fitted} of {required} gang members to fit: {why}"
         return why
+
+    def wait_kind(self, ws: WorkloadState) -> str:
+        """The kind of the last reason given for ``ws`` waiting ("" if none)."""
+        wait = self.waits.get(ws.id)
+        return "" if wait is None else wait.kind
+
+    def waiting_after(self, kinds: Collection[str]) -> list[WorkloadState]:
+        """Pending workloads whose gang still needs pods and that were last told they wait for
+        one of ``kinds``: those an eviction or a move could help."""
+        return [ws for ws in self.pending
+                if ws.unplaced() and ws.required() > 0 and self.wait_kind(ws) in kinds]
+
+    def evictable(self, ws: WorkloadState, kind: str) -> bool:
+        """Running, preemptible, not evicted or given a binding or move in this plan, and past
+        its minimum runtime for ``kind`` (``reclaim`` or ``preempt``)."""
+        return (ws.was_running and ws.preemptible and not ws.evicted and not self.settled(ws)
+                and not self.protected(ws, kind))
 
     def settled(self, ws: WorkloadState) -> bool:
         """Already given a binding or a move in this plan: not to be evicted or moved again."""

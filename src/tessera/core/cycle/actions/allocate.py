@@ -44,7 +44,7 @@ class Allocate:
         return [
             ws
             for ws in session.pending
-            if ws.unplaced() and getattr(session.waits.get(ws.id), "kind", None) != "unschedulable"
+            if ws.unplaced() and session.wait_kind(ws) != "unschedulable"
         ]
 
     def execute(self, session: Session) -> None:
@@ -100,5 +100,5 @@ class Backfill(Allocate):
         return [
             ws
             for ws in session.pending
-            if ws.unplaced() and getattr(session.waits.get(ws.id), "kind", None) == "fair-share"
+            if ws.unplaced() and session.wait_kind(ws) == "fair-share"
         ]

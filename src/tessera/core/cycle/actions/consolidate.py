@@ -22,22 +22,13 @@ class Consolidate:
     name = "consolidate"
 
     def execute(self, session: Session) -> None:
-        waiting = [
-            ws
-            for ws in session.pending
-            if ws.unplaced() and ws.required() > 0 and getattr(session.waits.get(ws.id), "kind", "") == "placement"
-        ]
+        waiting = session.waiting_after(("placement",))
         if not waiting or session.config.max_moves <= 0:
             return
         movable = [
             v
             for v in session.workloads.values()
-            if v.was_running
-            and v.preemptible
-            and not v.evicted
-            and not session.settled(v)
-            and all(r.gpu.shared for r in v.spec.pods)
-            and not session.protected(v, "preempt")
+            if session.evictable(v, "preempt") and all(r.gpu.shared for r in v.spec.pods)
         ]
         if not movable:
             return

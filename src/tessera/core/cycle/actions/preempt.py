@@ -24,16 +24,12 @@ class Preempt:
     name = "preempt"
 
     def execute(self, session: Session) -> None:
-        waiting = [
-            ws
-            for ws in session.pending
-            if ws.unplaced() and ws.required() > 0 and getattr(session.waits.get(ws.id), "kind", "") in _TRIES
-        ]
+        waiting = session.waiting_after(_TRIES)
         if not waiting:
             return
         by_project: dict[str, list[WorkloadState]] = {}
         for v in session.workloads.values():
-            if v.was_running and v.preemptible and not session.protected(v, "preempt"):
+            if session.evictable(v, "preempt"):
                 by_project.setdefault(v.project, []).append(v)
         for group in by_project.values():
             group.sort(key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))

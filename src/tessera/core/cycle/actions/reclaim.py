@@ -39,17 +39,12 @@ class Reclaim:
     name = "reclaim"
 
     def execute(self, session: Session) -> None:
-        waiting = [
-            ws for ws in session.pending
-            if ws.unplaced() and ws.required() > 0
-            and getattr(session.waits.get(ws.id), "kind", "") in _TRIES
-        ]
+        waiting = session.waiting_after(_TRIES)
         if not waiting:
             return
         victims = [
             v for v in session.workloads.values()
-            if v.was_running and v.preemptible and not v.evicted and not session.settled(v)
-            and over_floor(session, v.project) and not session.protected(v, "reclaim")
+            if session.evictable(v, "reclaim") and over_floor(session, v.project)
         ]
         if not victims:
             return
