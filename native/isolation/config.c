@@ -26,6 +26,20 @@ static void fail(ts_config *cfg, const char *fmt, ...) {
     cfg->mode = TS_MODE_FAILED;
 }
 
+/*
+ * Kubernetes quantity to bytes. Every step is overflow-checked: at most 38 significant digits
+ * (leading zeros and trailing fraction zeros do not count), exponent -38..38, and the result must
+ * be 1..UINT64_MAX bytes; fractions of a byte round up. Anything else is refused (returns 0),
+ * never wrapped or truncated into another value.
+ */
+#define QTY_MAX_DIGITS 38
+
+static unsigned __int128 pow10_u128(int n) {
+    unsigned __int128 v = 1;
+    while (n-- > 0) v *= 10;
+    return v;
+}
+
 int ts_parse_quantity(const char *text, uint64_t *out) {
     static const struct { const char *s; unsigned __int128 mult; } suffixes[] = {
         {"Ki", (unsigned __int128)1 << 10}, {"Mi", (unsigned __int128)1 << 20},
@@ -34,31 +48,41 @@ int ts_parse_quantity(const char *text, uint64_t *out) {
         {"k", 1000ULL}, {"M", 1000000ULL}, {"G", 1000000000ULL}, {"T", 1000000000000ULL},
         {"P", 1000000000000000ULL}, {"E", 1000000000000000000ULL}, {"", 1},
     };
+    if (!text) return 0;
     const char *p = text;
     while (isspace((unsigned char)*p)) p++;
     if (*p == '+') p++;
-    unsigned __int128 mant = 0;
-    int digits = 0, frac = 0, seen_dot = 0;
-    for (; *p; p++) {
-        if (isdigit((unsigned char)*p)) {
-            if (mant > ((unsigned __int128)1 << 100)) return 0;
-            mant = mant * 10 + (unsigned)(*p - '0');
-            digits++;
-            if (seen_dot) frac++;
-        } else if (*p == '.' && !seen_dot) {
-            seen_dot = 1;
-        } else {
-            break;
-        }
+    /* digits: int part, then fraction; trailing fraction zeros are dropped before counting */
+    const char *int_start = p;
+    while (isdigit((unsigned char)*p)) p++;
+    const char *int_end = p, *frac_start = p, *frac_end = p;
+    if (*p == '.') {
+        frac_start = ++p;
+        while (isdigit((unsigned char)*p)) p++;
+        frac_end = p;
     }
-    if (digits == 0) return 0;
+    if (int_end == int_start && frac_end == frac_start) return 0;
+    while (frac_end > frac_start && frac_end[-1] == '0') frac_end--;
+    while (int_start < int_end && *int_start == '0') int_start++;
+    int frac = (int)(frac_end - frac_start);
+    int sig = (int)(int_end - int_start) + frac;
+    if (sig > QTY_MAX_DIGITS) return 0;
+    unsigned __int128 mant = 0;
+    for (const char *d = int_start; d < int_end; d++) mant = mant * 10 + (unsigned)(*d - '0');
+    for (const char *d = frac_start; d < frac_end; d++) mant = mant * 10 + (unsigned)(*d - '0');
     int exp10 = 0;
     if ((*p == 'e' || *p == 'E') && (isdigit((unsigned char)p[1]) || ((p[1] == '+' || p[1] == '-') && isdigit((unsigned char)p[2])))) {
-        char *end;
-        long e = strtol(p + 1, &end, 10);
-        if (e > 30 || e < -30) return 0;
-        exp10 = (int)e;
-        p = end;
+        const char *e = p + 1;
+        int neg = *e == '-';
+        if (*e == '+' || *e == '-') e++;
+        int v = 0;
+        for (; isdigit((unsigned char)*e); e++) {
+            if (v > 1000) return 0;
+            v = v * 10 + (*e - '0');
+        }
+        if (v > QTY_MAX_DIGITS) return 0;
+        exp10 = neg ? -v : v;
+        p = e;
     }
     const char *suffix_start = p;
     const char *q = p + strlen(p);
@@ -72,15 +96,20 @@ int ts_parse_quantity(const char *text, uint64_t *out) {
         }
     }
     if (mult == 0) return 0;
-    unsigned __int128 value = mant * mult;
-    int shift = exp10 - frac;
-    for (; shift > 0; shift--) {
-        value *= 10;
-        if (value > UINT64_MAX) return 0;
+    if (mant == 0) return 0;
+    unsigned __int128 value;
+    if (__builtin_mul_overflow(mant, mult, &value)) return 0;
+    int shift = exp10 - frac; /* -76..38 */
+    if (shift > 0) {
+        if (shift > QTY_MAX_DIGITS || __builtin_mul_overflow(value, pow10_u128(shift), &value)) return 0;
+    } else if (shift < 0) {
+        /* value < 2^128 < 10^39: dividing by 10^39 or more leaves a fraction of a byte -> 1 */
+        if (-shift > QTY_MAX_DIGITS) value = 1;
+        else {
+            unsigned __int128 div = pow10_u128(-shift);
+            value = value / div + (value % div != 0);
+        }
     }
-    unsigned __int128 div = 1;
-    for (; shift < 0; shift++) div *= 10;
-    value = (value + div - 1) / div; /* fractions of a byte round up */
     if (value == 0 || value > UINT64_MAX) return 0;
     *out = (uint64_t)value;
     return 1;
@@ -237,12 +266,38 @@ static void load_file(ts_config *cfg, const char *path) {
     else cfg->mode = TS_MODE_LIMITED;
 }
 
+/* A set variable with an empty value is an error, never "unset" (a half-written environment must
+ * not turn into "no limit"). Returns the value, NULL when unset; sets *bad when set but empty. */
+static const char *env_value(ts_config *cfg, const char *name, int *bad) {
+    const char *v = getenv(name);
+    if (v && *v == '\0') {
+        fail(cfg, "%s is set but empty; give a value or unset it", name);
+        *bad = 1;
+        return NULL;
+    }
+    return v;
+}
+
+/* The <i> of TESSERA_GPU_MEMORY_LIMIT_<i>: canonical decimal (no sign, no leading zero), below
+ * TS_MAX_DEVICES; -1 otherwise. */
+static int device_suffix(const char *s, size_t n) {
+    if (n == 0 || n > 2 || (n > 1 && s[0] == '0')) return -1;
+    int v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i])) return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v < TS_MAX_DEVICES ? v : -1;
+}
+
 static void load_env(ts_config *cfg) {
     snprintf(cfg->source, sizeof cfg->source, "environment");
-    const char *all = getenv("TESSERA_GPU_MEMORY_LIMIT");
-    if (all && *all) {
+    int bad = 0;
+    const char *all = env_value(cfg, "TESSERA_GPU_MEMORY_LIMIT", &bad);
+    if (bad) return;
+    if (all) {
         if (!ts_parse_quantity(all, &cfg->default_limit)) {
-            fail(cfg, "TESSERA_GPU_MEMORY_LIMIT='%s' must be a Kubernetes quantity greater than 0 "
+            fail(cfg, "TESSERA_GPU_MEMORY_LIMIT='%.64s' must be a Kubernetes quantity from 1 byte to 16Ei "
                       "such as 8G, 8Gi or 8000000000", all);
             return;
         }
@@ -254,40 +309,47 @@ static void load_env(ts_config *cfg) {
         const char *suffix = *e + sizeof prefix - 1;
         const char *eq = strchr(suffix, '=');
         if (!eq) continue;
-        char idx[16];
-        size_t n = (size_t)(eq - suffix);
-        uint64_t index;
-        if (n == 0 || n >= sizeof idx) index = UINT64_MAX;
-        else {
-            memcpy(idx, suffix, n);
-            idx[n] = '\0';
-            if (!parse_bytes(idx, &index)) index = UINT64_MAX;
-        }
-        if (index >= TS_MAX_DEVICES) {
-            fail(cfg, "%.*s: the suffix must be a visible device index from 0 to %d", (int)(eq - *e), *e,
-                 TS_MAX_DEVICES - 1);
+        int index = device_suffix(suffix, (size_t)(eq - suffix));
+        int shown = (int)(eq - *e) > 80 ? 80 : (int)(eq - *e);
+        if (index < 0) {
+            fail(cfg, "%.*s: the suffix must be a visible device index from 0 to %d without leading zeros",
+                 shown, *e, TS_MAX_DEVICES - 1);
             return;
         }
-        ts_entry ent = {.index = (int)index};
-        if (eq[1] == '\0') continue;
+        for (int i = 0; i < cfg->n_entries; i++)
+            if (cfg->entries[i].index == index) {
+                fail(cfg, "%.*s: device %d has more than one limit variable", shown, *e, index);
+                return;
+            }
+        if (cfg->n_entries >= TS_MAX_DEVICES) { /* unreachable: indexes are unique and < 32 */
+            fail(cfg, "more than %d TESSERA_GPU_MEMORY_LIMIT_<i> variables", TS_MAX_DEVICES);
+            return;
+        }
+        ts_entry ent = {.index = index};
+        if (eq[1] == '\0') {
+            fail(cfg, "%.*s is set but empty; give a value or unset it", shown, *e);
+            return;
+        }
         if (!ts_parse_quantity(eq + 1, &ent.limit)) {
-            fail(cfg, "%.*s='%s' must be a Kubernetes quantity greater than 0 such as 8G or 8Gi",
-                 (int)(eq - *e), *e, eq + 1);
+            fail(cfg, "%.*s='%.64s' must be a Kubernetes quantity from 1 byte to 16Ei such as 8G or 8Gi",
+                 shown, *e, eq + 1);
             return;
         }
         ent.request = ent.limit;
         cfg->entries[cfg->n_entries++] = ent;
     }
-    const char *overhead = getenv("TESSERA_GPU_CONTEXT_OVERHEAD");
-    if (overhead && *overhead && strcmp(overhead, "0") != 0 &&
-        !ts_parse_quantity(overhead, &cfg->context_overhead)) {
-        fail(cfg, "TESSERA_GPU_CONTEXT_OVERHEAD='%s' must be a Kubernetes quantity such as 300Mi", overhead);
+    const char *overhead = env_value(cfg, "TESSERA_GPU_CONTEXT_OVERHEAD", &bad);
+    if (bad) return;
+    if (overhead && !ts_parse_quantity(overhead, &cfg->context_overhead)) {
+        fail(cfg, "TESSERA_GPU_CONTEXT_OVERHEAD='%.64s' must be a Kubernetes quantity greater than 0 such as "
+                  "300Mi", overhead);
         return;
     }
-    const char *region = getenv("TESSERA_GPU_SHARED_REGION");
-    if (region && *region) {
-        if (region[0] != '/') {
-            fail(cfg, "TESSERA_GPU_SHARED_REGION='%s' must be an absolute path", region);
+    const char *region = env_value(cfg, "TESSERA_GPU_SHARED_REGION", &bad);
+    if (bad) return;
+    if (region) {
+        if (region[0] != '/' || strlen(region) >= sizeof cfg->region) {
+            fail(cfg, "TESSERA_GPU_SHARED_REGION='%.64s' must be an absolute path", region);
             return;
         }
         snprintf(cfg->region, sizeof cfg->region, "%s", region);
@@ -298,7 +360,14 @@ static void load_env(ts_config *cfg) {
 void ts_config_load(ts_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     const char *path = getenv("TESSERA_GPU_CONFIG");
-    if (path && *path) {
+    if (path && *path == '\0') {
+        snprintf(cfg->source, sizeof cfg->source, "environment");
+        fail(cfg, "TESSERA_GPU_CONFIG is set but empty; give the configuration file's path or unset it");
+    } else if (path) {
+        if (strlen(path) >= sizeof cfg->source) {
+            fail(cfg, "TESSERA_GPU_CONFIG is longer than %d characters", (int)sizeof cfg->source - 1);
+            return;
+        }
         load_file(cfg, path);
     } else if (access(TS_DEFAULT_CONFIG_PATH, F_OK) == 0) {
         load_file(cfg, TS_DEFAULT_CONFIG_PATH);

@@ -103,6 +103,7 @@ def test_unreadable_or_invalid_config_fails_closed(native, probe, tmp_path, case
     {"TESSERA_GPU_MEMORY_LIMIT": "-1"},
     {"TESSERA_GPU_MEMORY_LIMIT": "8m"},  # milli-bytes: not a memory size
     {"TESSERA_GPU_MEMORY_LIMIT_x": "1Gi"},
+    {"TESSERA_GPU_MEMORY_LIMIT_32": "1Gi"},
     {"TESSERA_GPU_MEMORY_LIMIT_0": "lots"},
     {"TESSERA_GPU_MEMORY_LIMIT": "8Gi", "TESSERA_GPU_SHARED_REGION": "relative/path"},
     {"TESSERA_GPU_MEMORY_LIMIT": "8Gi", "TESSERA_GPU_SHARED_REGION": "/proc/no/such/dir/region"},

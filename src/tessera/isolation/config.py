@@ -196,6 +196,17 @@ def process_environment(files: IsolationFiles, *, library: Path | None = None,
     return {"LD_PRELOAD": _with_preload(lib, existing), CONFIG_ENV: str(files.config_path)}
 
 
+_MAX_BYTES = 2**64 - 1
+
+
+def _limit_bytes(value: str | int, field: str) -> int:
+    """A limit the library accepts: 1 byte to 2^64-1 bytes (it refuses anything else)."""
+    n = parse_memory(value, field)
+    if not 0 < n <= _MAX_BYTES:
+        raise InvalidRequest(field, "must be from 1 byte to 16Ei (2^64-1 bytes)", value)
+    return n
+
+
 def manual_environment(limit: str | int | None = None, per_device: Mapping[int, str | int] | None = None,
                        *, region_path: Path | None = None, library: Path | None = None,
                        base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -209,12 +220,12 @@ def manual_environment(limit: str | int | None = None, per_device: Mapping[int, 
     if limit is None and not per_device:
         raise InvalidRequest("limit", "give a limit for every device, per_device limits, or both")
     if limit is not None:
-        env[LIMIT_ENV] = str(parse_memory(limit, "limit"))
+        env[LIMIT_ENV] = str(_limit_bytes(limit, "limit"))
     for index, value in (per_device or {}).items():
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_DEVICES:
             raise InvalidRequest("per_device", f"keys must be visible device indexes 0 to {MAX_DEVICES - 1}",
                                  index)
-        env[f"{LIMIT_ENV}_{index}"] = str(parse_memory(value, f"per_device[{index}]"))
+        env[f"{LIMIT_ENV}_{index}"] = str(_limit_bytes(value, f"per_device[{index}]"))
     if region_path is not None:
         if not Path(region_path).is_absolute():
             raise InvalidRequest("region_path", "must be an absolute path", str(region_path))
