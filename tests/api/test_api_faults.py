@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from tessera.testing.embedded import EmbeddedServer, submit_body
+from tests.shares import share
 
 
 def _gpu0_bytes(c) -> int:  # type: ignore[no-untyped-def]
@@ -24,7 +25,7 @@ def test_crash_is_failed_with_exit_code_and_share_freed(server: EmbeddedServer) 
                            gpuPortionRequest=0.25)
         wid = c.post("/api/v1/workloads/trainings", json=body).json()["workloadId"]
         server.wait_phase(c, "trainings", wid, "Running")
-        assert _gpu0_bytes(c) == before + 4 * 2**30
+        assert _gpu0_bytes(c) == before + share(0.25)
         w = server.wait_phase(c, "trainings", wid, "Failed")
         assert w["exitCode"] == 3
         assert "exited with code 3" in w["phaseMessage"]
@@ -97,7 +98,8 @@ def test_restart_with_other_gpus_fails_workloads_on_missing_devices(tmp_path: Pa
             again = c.post("/api/v1/workloads/trainings", json=submit_body(
                 "new-gpu", "g", gpuPortionRequest=0.5)).json()["workloadId"]
             doc = s.wait_phase(c, "trainings", again, "Running")
-            assert doc["pods"][0]["gpuDevices"][0]["requestBytes"] == 20 * 2**30
+            assert doc["pods"][0]["gpuDevices"][0]["requestBytes"] == share(
+                0.5, "A100-40GB", 40 * 2**30)
         from tessera.local.runner import Runner
 
         watcher = Runner(tmp_path / "watch")

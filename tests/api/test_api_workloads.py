@@ -7,6 +7,7 @@ import sqlite3
 import httpx
 
 from tessera.testing.embedded import EmbeddedServer, submit_body
+from tests.shares import share
 
 
 def _project(c: httpx.Client, name: str, deserved: float = 2, limit: float | None = None) -> None:
@@ -31,7 +32,7 @@ def test_submit_portion_runs_with_device_uuid(server: EmbeddedServer) -> None:
         uuid = pods[0]["gpuDevices"][0]["uuid"]
         assert pods[0]["env"]["CUDA_VISIBLE_DEVICES"] == uuid
         assert pods[0]["env"]["NVIDIA_VISIBLE_DEVICES"] == uuid
-        assert pods[0]["gpuDevices"][0]["requestBytes"] == 8 * 2**30
+        assert pods[0]["gpuDevices"][0]["requestBytes"] == share(0.5)
         assert w["simulated"] is True
         assert w["gpus"]["allocated"] == 0.5
 

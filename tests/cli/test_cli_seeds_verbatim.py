@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tessera.testing.embedded import EmbeddedServer
+from tests.shares import share
 
 
 class NoRuntimeServer(EmbeddedServer):
@@ -79,7 +80,7 @@ def test_list_jobs_bash_and_exec(srv: EmbeddedServer) -> None:
     assert "frac05" in table and "Running" in table
     assert "unknown listing" in _err(srv, "list", "bogus")
     r = _run(srv, "bash", "frac05", stdin="echo share=$TESSERA_SHARE_REQUEST_BYTES; exit 3\n")
-    assert r.returncode == 3 and "share=8589934592" in r.stdout
+    assert r.returncode == 3 and f"share={share(0.5)}" in r.stdout
     srv.cli("delete", "frac05")
 
 
@@ -188,11 +189,13 @@ def test_a_16gb_v100_is_16_gib_in_every_view(srv: EmbeddedServer) -> None:
     srv.cli("submit", "half", "-p", "team-a", "-g", "0.5", "--", "sleep", "100")
     srv.cli("wait", "half", "-p", "team-a", "--timeout", "20")
     top = srv.cli("top").stdout
-    assert "/16 GiB" in top and "half (8 GiB)" in top and "17.2" not in top
+    # The device is 16 GiB in every view; a half is half of what the driver leaves (7.8 GiB).
+    assert " 16 GiB [" in top and "half (7.8 GiB)" in top and "17.2" not in top
+    assert "7.8 GiB/15.7 GiB" in top and "headroom" in top
     described = srv.cli("describe", "half", "-p", "team-a").stdout
-    assert "request 8 GiB, limit 8 GiB" in described and "8.6 GB" not in described
+    assert "request 7.8 GiB, limit 7.8 GiB" in described and "8.6 GB" not in described
     smi = srv.cli("exec", "half", "-p", "team-a", "--", "nvidia-smi").stdout
-    assert "8192MiB" in smi
+    assert f"{share(0.5) // 2**20}MiB" in smi
     srv.cli("delete", "half", "-p", "team-a")
 
 

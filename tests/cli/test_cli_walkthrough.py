@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from tessera.testing.embedded import EmbeddedServer
+from tests.shares import share
 
 LOOP = "import time; [time.sleep(1) for _ in iter(int, 1)]"
 
@@ -48,7 +49,7 @@ def test_runai_v1_walkthrough(server: EmbeddedServer) -> None:
 
     smi = server.cli("exec", "frac05", "--", "nvidia-smi").stdout
     assert "SIMULATED" in smi
-    assert "0MiB / 8192MiB" in smi and "0.50" in smi
+    assert f"0MiB / {share(0.5) // 2**20}MiB" in smi and "0.50" in smi
     env = server.cli("exec", "frac05", "--", "env").stdout
     uuid = server.cli_json("describe", "frac05")["pods"][0]["gpuDevices"][0]["uuid"]
     assert f"CUDA_VISIBLE_DEVICES={uuid}" in env
@@ -59,7 +60,7 @@ def test_runai_v1_walkthrough(server: EmbeddedServer) -> None:
         assert pod_env["TESSERA_ISOLATION"] == "on"
         assert "libtessera-cuda.so" in pod_env["LD_PRELOAD"]
         config = Path(pod_env["TESSERA_GPU_CONFIG"]).read_text()
-        assert f"uuid={uuid} request={8 * 2**30} limit={8 * 2**30}" in config
+        assert f"uuid={uuid} request={share(0.5)} limit={share(0.5)}" in config
     else:
         assert pod_env["TESSERA_ISOLATION"] == "off"
 
@@ -91,7 +92,7 @@ def test_runai_v2_flags(server: EmbeddedServer) -> None:
     dyn = server.cli_json("training", "describe", "dyn", "-p", "v2")
     assert dyn["type"] == "Training" and dyn["preemptible"] is True
     dev = dyn["pods"][0]["gpuDevices"][0]
-    assert dev["requestBytes"] == 4 * 2**30 and dev["limitBytes"] == int(0.8 * 16 * 2**30)
+    assert dev["requestBytes"] == share(0.25) and dev["limitBytes"] == share(0.8)
     mem = server.cli_json("workspace", "describe", "mem", "-p", "v2")
     assert mem["type"] == "Workspace" and mem["priorityClass"] == "build"
     assert mem["pods"][0]["gpuDevices"][0]["limitBytes"] == 4 * 10**9

@@ -30,6 +30,7 @@ from tests.kube.test_admission import (
     runai_pod,
     wait_webhook_sees_project,
 )
+from tests.shares import share
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
@@ -127,7 +128,7 @@ def test_runai_quickstart_frac05_pair_runs_on_one_gpu(stack: TestCluster,
         assert datas[0]["NVIDIA_VISIBLE_DEVICES"] in node_uuids(kube_client, pods[0].spec.nodeName)
         for data in datas:
             limit = data["TESSERA_GPU_MEMORY_LIMIT"]
-            assert int(limit) == int(0.5 * 81559 * 2**20)
+            assert int(limit) == share(0.5, "H100-80GB", 81559 * 2**20)
             # the value the container gets is one the isolation library accepts
             assert manual_environment(limit, library=Path("/lib/x.so"))["TESSERA_GPU_MEMORY_LIMIT"]
     finally:

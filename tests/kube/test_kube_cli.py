@@ -26,6 +26,7 @@ from tessera.testing.cluster import ManagedProcess, TestCluster, start_scheduler
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.kube_api import KubeApiServer
 from tessera.testing.kwok_io import cri_log, start_io_nodes
+from tests.shares import share
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOP = "import time; [time.sleep(1) for _ in iter(int, 1)]"
@@ -116,7 +117,7 @@ def test_walkthrough_on_kubernetes(server: KubeApiServer, kube_client: Client) -
     assert node.metadata is not None and node.metadata.annotations is not None
     uuid = node.metadata.annotations[names.NODE_GPU_UUIDS].split(",")[0]
     dev = d["pods"][0]["gpuDevices"][0]
-    assert dev["uuid"] == uuid and dev["requestBytes"] == A100_BYTES // 2
+    assert dev["uuid"] == uuid and dev["requestBytes"] == share(0.5, "A100-80GB", A100_BYTES)
     assert d["pods"][0]["configMap"] == "frac05-0-tessera-gpu"
     assert d["type"] == "Workspace" and d["preemptible"] is False
     described = server.cli("describe", "frac05").stdout

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 from lightkube import Client
-from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 
 from tessera.isolation.config import CONFIG_HEADER
 from tessera.kube import names
@@ -79,8 +79,12 @@ def test_share_container_gets_its_config_file_from_the_node(stack: TestCluster, 
         text = wait_until("the config file", lambda: conf.is_file() and conf.read_text())
         placement = json.loads(ann[names.PLACEMENT])
         uuid = ann[names.NODE_GPU_UUIDS]
+        # Each context is charged the GPU's headroom, as the agent published it on the Node.
+        node_ann = kube_client.get(Node, pod.spec.nodeName).metadata.annotations
+        headroom = int(node_ann[names.NODE_GPU_HEADROOM].split(",")[0])
+        assert headroom > 0
         assert text.splitlines() == [
-            CONFIG_HEADER, "region /run/tessera/gpu-usage.region", "context-overhead 0",
+            CONFIG_HEADER, "region /run/tessera/gpu-usage.region", f"context-overhead {headroom}",
             f"device index=0 uuid={uuid} request={placement['request'][0]} "
             f"limit={placement['limit'][0]}"]
         assert (agent.containers_dir / key / "region" / "gpu-usage.region").is_file()

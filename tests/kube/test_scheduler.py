@@ -33,6 +33,7 @@ from tessera.kube import names
 from tessera.kube.objects import PodGroupResource, ProjectResource
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
+from tests.shares import share
 
 ROOT = Path(__file__).resolve().parents[2]
 H100_BYTES = 81559 * 2**20
@@ -207,10 +208,10 @@ def test_frac05_and_frac03_share_one_gpu_with_one_reservation_pod(
     assert res.metadata.annotations[names.GPU_UUID] == uuids(a)[0]
     data = configmap_data(kube_client, ns, "frac05")
     assert data["NVIDIA_VISIBLE_DEVICES"] == uuids(a)[0]
-    assert data["TESSERA_GPU_MEMORY_REQUEST"] == str(int(H100_BYTES * 0.5))
-    assert data["TESSERA_GPU_MEMORY_LIMIT"] == str(int(H100_BYTES * 0.5))
+    assert data["TESSERA_GPU_MEMORY_REQUEST"] == str(share(0.5, "H100-80GB", H100_BYTES))
+    assert data["TESSERA_GPU_MEMORY_LIMIT"] == str(share(0.5, "H100-80GB", H100_BYTES))
     assert configmap_data(kube_client, ns, "frac03")["TESSERA_GPU_MEMORY_REQUEST"] == str(
-        int(H100_BYTES * 0.3))
+        share(0.3, "H100-80GB", H100_BYTES))
     # Project status is written back.
     def status() -> dict[str, Any] | None:
         st = kube_client.get(ProjectResource, ns).get("status") or {}
@@ -272,11 +273,11 @@ def test_multi_device_portion_limit_is_one_value_the_isolation_library_reads(
     (pod,) = bound(kube_client, ns, "multiq")
     assert len(set(placement(pod)["devices"])) == 2
     data = configmap_data(kube_client, ns, "multiq")
-    share = int(0.25 * H100_BYTES)
-    assert data["TESSERA_GPU_MEMORY_LIMIT"] == str(share)
-    assert data["TESSERA_GPU_MEMORY_LIMITS"] == f"{share},{share}"
+    share_bytes = share(0.25, "H100-80GB", H100_BYTES)
+    assert data["TESSERA_GPU_MEMORY_LIMIT"] == str(share_bytes)
+    assert data["TESSERA_GPU_MEMORY_LIMITS"] == f"{share_bytes},{share_bytes}"
     env = manual_environment(data["TESSERA_GPU_MEMORY_LIMIT"], library=Path("/lib/x.so"))
-    assert env["TESSERA_GPU_MEMORY_LIMIT"] == str(share)
+    assert env["TESSERA_GPU_MEMORY_LIMIT"] == str(share_bytes)
 
 
 def test_gang_of_four_all_or_nothing(

@@ -94,3 +94,32 @@ def test_embedded_mode_uses_the_node_inventory(native: NativeBuild) -> None:
                          timeout=60, check=True).stdout
     assert out.strip() == (f"False [('{UUIDS[0]}', 'H100-80GB', {H100_BYTES}), "
                            f"('{UUIDS[1]}', 'V100-16GB', {16 * GiB})]")
+
+
+def test_headroom_measured_by_a_real_context_on_the_fake_driver(native: NativeBuild,
+                                                                  tmp_path: Path) -> None:
+    """One CUDA context created per model through libcuda; NVML's memory for that process is
+    the headroom (the fake driver charges FAKE_GPU_CONTEXT_BYTES per context)."""
+    env = machine_env(native, tmp_path / "gpu.state", devices=f"{H100};{H100}",
+                      extra={"FAKE_GPU_CONTEXT_BYTES": "537Mi"})
+    inv = node_json(env, "inventory")
+    assert [(g["headroom"], g["headroom_source"]) for g in inv["gpus"]] == [
+        (537 * 2**20, "measured"), (537 * 2**20, "measured")]
+    # Without the shared process state, the change in used memory gives the same figure.
+    inv = node_json(machine_env(native, None, devices=H100,
+                                extra={"FAKE_GPU_CONTEXT_BYTES": "300Mi"}), "inventory")
+    assert (inv["gpus"][0]["headroom"], inv["gpus"][0]["headroom_source"]) == (
+        300 * 2**20, "measured")
+
+
+def test_headroom_falls_back_to_the_model_default_never_zero(native: NativeBuild) -> None:
+    env = machine_env(native, None, devices=FOUR, extra={"FAKE_GPU_CONTEXT_BYTES": "0"})
+    inv = node_json(env, "inventory")
+    assert [g["headroom_source"] for g in inv["gpus"]] == ["default"] * 4
+    assert [g["headroom"] // 2**20 for g in inv["gpus"]] == [512, 512, 320, 448]
+    inv = node_json(env, "inventory", "--headroom", "1Gi")
+    assert {(g["headroom"], g["headroom_source"]) for g in inv["gpus"]} == {(GiB, "configured")}
+    r = node_cli(env, "inventory", "--headroom", "0")
+    assert r.returncode != 0 and "--headroom" in r.stderr
+    r = node_cli(env, "inventory", "--headroom", "lots")
+    assert r.returncode != 0 and "--headroom" in r.stderr

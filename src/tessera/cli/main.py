@@ -977,14 +977,21 @@ def top(output: Output = "table") -> None:
     for node in c["nodes"]:
         lines.append(f"node {node['name']}")
         for g in node["gpus"]:
-            frac = g["allocatedBytes"] / g["memoryBytes"]
+            # Shares come out of the memory less the headroom the driver keeps (shown apart).
+            usable = g["memoryBytes"] - g.get("headroomBytes", 0)
+            whole = any(h["exclusive"] for h in g["workloads"])
+            allocated = usable if whole else min(g["allocatedBytes"], usable)
+            frac = allocated / usable
             holders = ", ".join(
                 f"{h['name']} ({'whole' if h['exclusive'] else render.size(h['bytes'])})"
                 for h in g["workloads"]) or "idle"
             lines.append(
-                f"  GPU {g['index']} {g['model']:<12} [{render.bar(frac)}] "
-                f"{render.size(g['allocatedBytes'])}/{render.size(g['memoryBytes'])} "
+                f"  GPU {g['index']} {g['model']:<12} {render.size(g['memoryBytes']):>7} "
+                f"[{render.bar(frac)}] {render.size(allocated)}/{render.size(usable)} "
                 f"{frac:4.0%}  {holders}")
+        if any(g.get("headroomBytes") for n in c["nodes"] for g in n["gpus"]):
+            lines.append("(each GPU keeps back headroom for the driver and CUDA contexts: "
+                         "shares come out of the rest)")
     typer.echo("\n".join(lines))
 
 

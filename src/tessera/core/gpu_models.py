@@ -36,3 +36,28 @@ _BY_PRODUCT = {m.product: m.key for m in GPU_MODELS.values()}
 def model_of_product(product: str) -> str:
     """The short model name of a GFD product string; unknown products keep their own name."""
     return _BY_PRODUCT.get(product, product or "unknown")
+
+
+# What the driver and one CUDA context keep on a device before a workload allocates anything,
+# by architecture: CUDA 12 contexts with lazy module loading hold roughly 250-550 MiB (more on
+# newer, larger parts). tessera-node replaces this with a measurement where it can create a
+# context on the real device; this is the fall-back, and never 0.
+_HEADROOM_MIB_BY_FAMILY = {"volta": 320, "turing": 320, "ampere": 448, "ada-lovelace": 448,
+                           "hopper": 512, "blackwell": 512}
+DEFAULT_HEADROOM_MIB = 512
+"""For a model tessera does not know."""
+
+_FAMILY_BY_PREFIX = (("V100", "volta"), ("T4", "turing"), ("A100", "ampere"), ("A10", "ampere"),
+                     ("A30", "ampere"), ("A40", "ampere"), ("L4", "ada-lovelace"),
+                     ("L40", "ada-lovelace"), ("H100", "hopper"), ("H200", "hopper"),
+                     ("GH200", "hopper"), ("B200", "blackwell"), ("GB200", "blackwell"))
+
+
+def default_headroom(model: str, memory: int) -> int:
+    """Bytes to keep back on a device of ``model`` (at most an eighth of its ``memory``, so a
+    small simulated device stays usable)."""
+    known = GPU_MODELS.get(model)
+    family = known.family if known else next(
+        (f for prefix, f in _FAMILY_BY_PREFIX if model.upper().startswith(prefix)), "")
+    mib = _HEADROOM_MIB_BY_FAMILY.get(family, DEFAULT_HEADROOM_MIB)
+    return max(1, min(mib * 2**20, memory // 8))

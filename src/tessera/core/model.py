@@ -25,12 +25,24 @@ class GpuDevice:
     product: str = ""
     """Marketing name as NVML or GPU feature discovery reports it."""
     mig_capable: bool = False
+    headroom: int = 0
+    """Bytes the driver and CUDA contexts keep on this device (tessera-node measures it, else a
+    per-model default): not schedulable, so a workload does not run out of memory below its
+    request."""
 
     def __post_init__(self) -> None:
         if self.memory <= 0:
             raise InvalidRequest(f"gpu[{self.index}].memory", "must be greater than 0 bytes", self.memory)
+        if not 0 <= self.headroom < self.memory:
+            raise InvalidRequest(f"gpu[{self.index}].headroom",
+                                 "must be 0 or more and less than the device's memory", self.headroom)
         if self.index < 0:
             raise InvalidRequest("gpu.index", "must be 0 or more", self.index)
+
+    @property
+    def schedulable(self) -> int:
+        """The bytes workloads can be given: memory less headroom (portions are of this)."""
+        return self.memory - self.headroom
 
 
 @dataclass(frozen=True, slots=True)

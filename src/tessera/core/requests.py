@@ -130,7 +130,7 @@ def estimate_gpus(request: GpuRequest, nodes: Iterable[Node], workers: int = 1) 
     devices, or the share of the largest device it may use."""
     if request.kind is GpuKind.NONE:
         return 0.0
-    sizes = [g.memory for n in nodes for g in n.gpus if request.allows(g.model)]
+    sizes = [g.schedulable for n in nodes for g in n.gpus if request.allows(g.model)]
     return request.gpus_on(max(sizes, default=1)) * workers
 
 
@@ -160,11 +160,15 @@ def check_against_cluster(request: GpuRequest, nodes: Iterable[Node]) -> None:
         )
     if request.kind is GpuKind.MEMORY:
         assert request.memory is not None
-        largest = max((g.memory for e in eligible for g in e), default=0)
+        best = max((g for e in eligible for g in e), key=lambda g: g.schedulable, default=None)
+        largest = best.schedulable if best else 0
         if request.memory > largest:
+            usable = "" if best is None or not best.headroom else (
+                f", of which {format_bytes(largest)} can be given to workloads")
             raise InvalidRequest(
                 "gpu_memory",
-                f"is larger than every GPU in the cluster (largest is {format_bytes(largest)})",
+                "is larger than every GPU in the cluster (largest is "
+                f"{format_bytes(best.memory if best else 0)}{usable})",
                 format_bytes(request.memory),
             )
 

@@ -56,7 +56,7 @@ class NodeState:
         self.free_cpu = node.cpu_milli
         self.free_mem = node.memory
         gpus = sorted(node.gpus, key=lambda g: g.index)
-        self.dev_memory = [g.memory for g in gpus]
+        self.dev_memory = [g.schedulable for g in gpus]
         self.dev_models = [g.model for g in gpus]
         self.dev_used = [0] * len(gpus)
         self.dev_tenants = [0] * len(gpus)
@@ -101,7 +101,7 @@ class ClusterState:
         static = (
             node.cpu_milli,
             node.memory,
-            tuple((g.memory, g.model) for g in sorted(node.gpus, key=lambda g: g.index)),
+            tuple((g.schedulable, g.model) for g in sorted(node.gpus, key=lambda g: g.index)),
         )
         static_id = self._statics.setdefault(static, len(self._statics))
         ns = NodeState(node, len(self.nodes), static_id)

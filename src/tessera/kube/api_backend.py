@@ -141,7 +141,7 @@ class KubeBackend(TokenAuth):
                 allocated = sum(g.memory if h["exclusive"] else h["bytes"] for h in held)
                 gpus.append({"index": g.index, "uuid": g.uuid, "model": g.model,
                              "product": g.product, "memoryBytes": g.memory,
-                             "allocatedBytes": allocated, "workloads": held})
+                             "headroomBytes": g.headroom, "allocatedBytes": allocated, "workloads": held})
             out_nodes.append({"name": name, "gpus": gpus})
         return {
             "backend": "kubernetes",

@@ -34,6 +34,8 @@ GPU_UUID = "tessera.io/gpu-uuid"
 """Annotation on a reservation pod: the UUID of the GPU it holds (written by the node agent,
 from the kubelet pod-resources API; the kubelet double serves that API on kwok nodes)."""
 NODE_GPU_UUIDS = "tessera.io/gpu-uuids"
+NODE_GPU_HEADROOM = "tessera.io/gpu-headroom"
+"""Bytes tessera-node keeps back per GPU (device-index order); absent: the model's default."""
 GPU_CONFIG_KEY = "tessera.io/gpu-config-key"
 """Annotation on a share pod, drawn by the admission webhook (16 hex digits): the host directory
 tessera-node writes the pod's isolation files into (``/var/lib/tessera/containers/KEY``)."""

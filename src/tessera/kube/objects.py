@@ -12,7 +12,7 @@ from typing import Any
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
 from tessera.core.errors import InvalidRequest
-from tessera.core.gpu_models import model_of_product
+from tessera.core.gpu_models import default_headroom, model_of_product
 from tessera.core.model import GpuDevice, Node, ResourceRequest
 from tessera.core.projects import Project, Quota
 from tessera.core.state import Placement
@@ -300,6 +300,15 @@ def _model_of(product: str) -> str:
     return model_of_product(product)
 
 
+def _headroom(text: str, count: int, default: int) -> list[int]:
+    """Per-device headroom from tessera-node's annotation; the model's default where it is
+    absent or not one whole number of bytes per device."""
+    parts = [p.strip() for p in text.split(",")] if text else []
+    if len(parts) != count or not all(p.isdigit() for p in parts):
+        return [default] * count
+    return [int(p) for p in parts]
+
+
 def node_info(obj: Any) -> NodeInfo:
     meta = obj.metadata
     name = meta.name
@@ -322,9 +331,12 @@ def node_info(obj: Any) -> NodeInfo:
                                 uuids, unschedulable, ready)
             product = labels.get("nvidia.com/gpu.product", "")
             model = _model_of(product)
+            dev_memory = int(mem_label) * MiB
+            room = _headroom(annotations.get(names.NODE_GPU_HEADROOM, ""), count,
+                             default_headroom(model, dev_memory))
             gpus = tuple(
                 GpuDevice(uuid=uuids[i] if i < len(uuids) else f"{name}/gpu{i}", index=i,
-                          memory=int(mem_label) * MiB, model=model, product=product)
+                          memory=dev_memory, model=model, product=product, headroom=room[i])
                 for i in range(count)
             )
         cpu = parse_cpu_milli(alloc.get("cpu", "0"), "node.allocatable.cpu")

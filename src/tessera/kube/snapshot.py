@@ -317,7 +317,7 @@ def _fence(nodes: list[Node], closed: set[str], held: Mapping[str, tuple[int, in
         if n.name not in closed:
             gpus, cpu_f, mem_f = held[n.name]
             idle = [g.index for g in sorted(n.gpus, key=lambda g: g.index) if dev[g.index] == 0]
-            memory_of = {g.index: g.memory for g in n.gpus}
+            memory_of = {g.index: g.schedulable for g in n.gpus}
             for i in idle[:gpus]:
                 mem_i = memory_of[i]
                 pods.append(ResourceRequest(GpuRequest.whole(1)))
@@ -330,12 +330,12 @@ def _fence(nodes: list[Node], closed: set[str], held: Mapping[str, tuple[int, in
             continue
         for g in sorted(n.gpus, key=lambda g: g.index):
             i = g.index
-            free = g.memory - dev[i]
+            free = g.schedulable - dev[i]
             if excl[i] or free <= 0:
                 continue
             if dev[i] == 0:
                 pods.append(ResourceRequest(GpuRequest.whole(1)))
-                placements.append(Placement(n.name, (i,), (g.memory,), (g.memory,), True))
+                placements.append(Placement(n.name, (i,), (g.schedulable,), (g.schedulable,), True))
             else:
                 pods.append(ResourceRequest(GpuRequest.of_memory(free)))
                 placements.append(Placement(n.name, (i,), (free,), (free,), False))

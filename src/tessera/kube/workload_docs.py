@@ -215,7 +215,7 @@ def pod_gpus(doc: Mapping[str, Any], nodes: Mapping[str, Node]) -> float:
     node = nodes.get(doc["nodeName"] or "")
     if node is None:
         return 0.0
-    mem = {g.index: g.memory for g in node.gpus}
+    mem = {g.index: g.schedulable for g in node.gpus}
     return float(sum(d["requestBytes"] / mem[d["index"]] for d in doc["gpuDevices"]
                      if mem.get(d["index"])))
 

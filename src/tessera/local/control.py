@@ -60,7 +60,8 @@ class LocalBackend(TokenAuth):
         self.store = Store(data_dir / "tessera.db")
         self.auth_store: TokenStore = TokenStore(data_dir / "tessera.db")
         self.runner = Runner(data_dir)
-        self.isolation = isolation_hook.load(data_dir)
+        self.isolation = isolation_hook.load(
+            data_dir, {g.uuid: g.headroom for g in machine.node.gpus})
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()

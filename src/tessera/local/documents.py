@@ -121,6 +121,7 @@ def node_doc(node: Node, held: list[tuple[str, dict[str, Any]]]) -> dict[str, An
             "model": g.model,
             "product": g.product,
             "memoryBytes": g.memory,
+            "headroomBytes": g.headroom,
             "allocatedBytes": sum(b for _, b, _ in tenants),
             "workloads": [{"name": n, "bytes": b, "exclusive": e} for n, b, e in tenants],
         })

@@ -8,9 +8,11 @@ import uuid
 from dataclasses import dataclass
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.gpu_models import default_headroom
 from tessera.core.model import GpuDevice, Node
 from tessera.core.units import GiB
-from tessera.node.nvml import NvmlUnavailable, read_inventory
+from tessera.node.headroom import headroom_for
+from tessera.node.nvml import Nvml, NvmlUnavailable
 from tessera.node.nvml import short_model as short_model  # re-exported for callers here
 
 _SIM = re.compile(r"^(?:(\d+)x)?([A-Za-z][A-Za-z0-9]*)-(\d+)GB$")
@@ -60,6 +62,7 @@ def simulated_machine(specs: list[str], seed: str) -> Machine:
                     memory=memory,
                     model=model,
                     product=f"Simulated {model.split('-')[0]} ({model})",
+                    headroom=default_headroom(model, memory),
                 )
             )
     return Machine(Node(name=_hostname(), gpus=tuple(gpus)), simulated=True, driver="simulated")
@@ -69,11 +72,13 @@ def nvml_machine() -> Machine | None:
     """The real GPUs (tessera-node's NVML inventory), or None where NVML cannot be loaded or
     finds none."""
     try:
-        inventory = read_inventory()
+        with Nvml() as nvml:
+            inventory = nvml.inventory()
+            room = headroom_for(inventory, nvml)
     except NvmlUnavailable:
         return None
     gpus = tuple(GpuDevice(uuid=g.uuid, index=g.index, memory=g.memory_total, model=g.model,
-                           product=g.name) for g in inventory.gpus)
+                           product=g.name, headroom=room[g.index].bytes) for g in inventory.gpus)
     return Machine(Node(name=_hostname(), gpus=gpus), simulated=False,
                    driver=inventory.driver_version)
 

@@ -7,6 +7,7 @@ describe output says so. Once it is configured, a pod whose share cannot be capp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -38,9 +39,12 @@ class Off:
 class Library:
     """``libtessera-cuda.so`` preloaded with one config file per pod; refuses to run uncapped."""
 
-    def __init__(self, data_dir: Path, library: Path) -> None:
+    def __init__(self, data_dir: Path, library: Path,
+                 headroom: Mapping[str, int] | None = None) -> None:
         self.dir = data_dir / "isolation"
         self.library = library
+        self.headroom = dict(headroom or {})
+        """Bytes each GPU (by UUID) keeps for a CUDA context: charged per context a pod creates."""
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def describe(self) -> str:
@@ -58,7 +62,8 @@ class Library:
                     zip(uuids, placement.request_bytes, placement.limit_bytes, strict=True)
                 )
             ]
-            files = write_workload_files(self.dir / key, shares)
+            overhead = max((self.headroom.get(u, 0) for u in uuids), default=0)
+            files = write_workload_files(self.dir / key, shares, context_overhead_bytes=overhead)
             env = process_environment(files, library=self.library, base=base)
         except Exception as exc:
             raise InvalidRequest(
@@ -69,13 +74,13 @@ class Library:
         return result
 
 
-def load(data_dir: Path) -> Isolation:
+def load(data_dir: Path, headroom: Mapping[str, int] | None = None) -> Isolation:
     """The library when it is installed and built (``./dev setup``), else ``Off`` saying why."""
     try:
         from tessera.isolation import LibraryNotBuilt, library_path
     except ImportError:
         return Off("the isolation package is not installed")
     try:
-        return Library(data_dir, library_path())
+        return Library(data_dir, library_path(), headroom)
     except LibraryNotBuilt:
         return Off("libtessera-cuda.so is not built; run ./dev setup")

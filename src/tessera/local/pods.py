@@ -166,7 +166,7 @@ class PodProcesses:
     def gpus_of(self, pod: dict[str, Any]) -> float:
         if pod["exclusive"]:
             return float(len(pod["devices"]))
-        mem = {g.index: g.memory for g in self.machine.node.gpus}
+        mem = {g.index: g.schedulable for g in self.machine.node.gpus}
         return float(
             sum(b / mem[d] for d, b in zip(pod["devices"], pod["requestBytes"], strict=True))
         )
@@ -190,6 +190,7 @@ class PodProcesses:
                 "TESSERA_SHARE_UUIDS": uuids,
                 "TESSERA_SHARE_PRODUCTS": ",".join(g.product or g.model for g in gpus),
                 "TESSERA_SHARE_DEVICE_BYTES": ",".join(str(g.memory) for g in gpus),
+                "TESSERA_SHARE_HEADROOM_BYTES": ",".join(str(g.headroom) for g in gpus),
                 "TESSERA_SHARE_REQUEST_BYTES": ",".join(str(b) for b in p.request_bytes),
                 "TESSERA_SHARE_LIMIT_BYTES": ",".join(str(b) for b in p.limit_bytes),
                 "TESSERA_SHARE_EXCLUSIVE": "1" if p.exclusive else "0",

@@ -19,6 +19,7 @@ def render(env: dict[str, str]) -> str:
     totals = env.get("TESSERA_SHARE_DEVICE_BYTES", "").split(",")
     requests = env.get("TESSERA_SHARE_REQUEST_BYTES", "").split(",")
     limits = env.get("TESSERA_SHARE_LIMIT_BYTES", "").split(",")
+    headrooms = env.get("TESSERA_SHARE_HEADROOM_BYTES", "").split(",")
     width = 79
     rule = "+" + "-" * (width - 2) + "+"
     lines = [
@@ -38,7 +39,9 @@ def render(env: dict[str, str]) -> str:
         total = int(totals[i]) if i < len(totals) and totals[i] else 0
         limit = int(limits[i]) if i < len(limits) and limits[i] else total
         request = int(requests[i]) if i < len(requests) and requests[i] else limit
-        share = request / total if total else 0.0
+        kept = int(headrooms[i]) if i < len(headrooms) and headrooms[i].isdigit() else 0
+        usable = total - kept if 0 <= kept < total else total
+        share = request / usable if usable else 0.0  # portions are of what the driver leaves
         name = (products[i] if i < len(products) else "?")[:32]
         memory = f"0MiB / {limit // MiB}MiB"
         lines.append(f"| {i:>3}  {name:<32} | {memory:>29} | {share:>5.2f} |")

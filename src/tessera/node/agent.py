@@ -41,6 +41,7 @@ from tessera.isolation.library import LibraryNotBuilt, library_path
 from tessera.node import containers as files
 from tessera.node import publish
 from tessera.node.containers import Share, ShareDevice, ShareFilesError
+from tessera.node.headroom import DeviceHeadroom, headroom_for
 from tessera.node.install import InstallError, install_library
 from tessera.node.nvml import Inventory, Nvml
 from tessera.node.observe import Observer
@@ -77,7 +78,9 @@ class AgentOptions:
     on_escape: str = "warn"
     sync_interval: float = 1.0
     escape_tolerance: float = 0.05
-    context_overhead_bytes: int = 0
+    headroom_bytes: int | None = None
+    """Bytes kept back per GPU (--headroom); None: measured here, else the model's default."""
+    measure_headroom: bool = True
     plugin_options: dict[str, str] = field(default_factory=dict)
 
 
@@ -169,6 +172,7 @@ class KubeAgent:
         self.syncs = 0
         self.usage: NodeUsage | None = None
         self.shares: dict[str, Share] = {}
+        self.headroom: dict[int, DeviceHeadroom] = {}
 
     # ---- readiness ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -178,6 +182,11 @@ class KubeAgent:
             except Exception as exc:
                 self.nvml_error = f"NVML inventory failed: {exc}"
                 self.nvml = None
+        if self.inventory is not None and not self.headroom:
+            self.headroom = headroom_for(self.inventory, self.nvml, self.opts.headroom_bytes,
+                                         self.opts.measure_headroom)
+            for h in self.headroom.values():
+                log.info("GPU %s: headroom %d MiB (%s)", h.uuid, h.bytes // 2**20, h.source)
         try:
             installed = install_library(library_path(), self.opts.library_dir,
                                         self.opts.library_mount)
@@ -204,7 +213,7 @@ class KubeAgent:
         return "; ".join(r for r in (self.nvml_error, self.library_error, self.dir_error) if r)
 
     async def publish_node(self) -> None:
-        ann = publish.node_annotations(self.inventory, self.ready, self.reason)
+        ann = publish.node_annotations(self.inventory, self.ready, self.reason, self.headroom)
         labels: dict[str, str] = {}
         if self.inventory is not None:
             node = await self.client.get(Node, self.opts.node_name)
@@ -312,6 +321,11 @@ class KubeAgent:
                     log.warning("annotating %s/%s: %s", p.namespace, p.name, exc.status.message)
 
     # ---- share pods: their isolation files ---------------------------------------------------
+    def context_overhead(self, share: Share) -> int:
+        """What the library charges per CUDA context in this share: its GPUs' headroom."""
+        by_uuid = {h.uuid: h.bytes for h in self.headroom.values()}
+        return max((by_uuid.get(d.uuid, 0) for d in share.devices), default=0)
+
     async def write_share_files(self) -> dict[str, Share]:
         shares: dict[str, Share] = {}
         known = {g.uuid for g in self.inventory.gpus} if self.inventory else set()
@@ -330,8 +344,7 @@ class KubeAgent:
                 if not self.ready:
                     raise ShareFilesError(f"node {self.opts.node_name} is not ready for GPU "
                                           f"shares: {self.reason}")
-                files.write_share(self.opts.containers_dir, share,
-                                  self.opts.context_overhead_bytes)
+                files.write_share(self.opts.containers_dir, share, self.context_overhead(share))
                 shares[share.key] = share
                 self.share_errors.pop(p.uid, None)
             except (ShareFilesError, InvalidRequest) as exc:

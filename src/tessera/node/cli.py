@@ -16,20 +16,47 @@ import sys
 from tessera.node.nvml import Nvml, NvmlUnavailable
 
 
+def _headroom_option(text: str | None) -> int | None:
+    """``--headroom``: a Kubernetes quantity (``512Mi``); None: measure, else the default."""
+    if text is None:
+        return None
+    from tessera.core.errors import InvalidRequest
+    from tessera.core.units import parse_memory
+
+    try:
+        value = parse_memory(text, "--headroom")
+    except InvalidRequest as exc:
+        raise SystemExit(f"tessera-node: {exc}") from None
+    if value <= 0:
+        raise SystemExit(f"tessera-node: --headroom: must be more than 0 bytes (got {text!r}); "
+                         "the driver always keeps some memory")
+    return value
+
+
 def _inventory(args: argparse.Namespace) -> int:
+    from tessera.node.headroom import headroom_for
+
+    configured = _headroom_option(args.headroom)
     try:
         with Nvml() as nvml:
             inv = nvml.inventory()
+            room = headroom_for(inv, nvml, configured, measure=not args.no_measure_headroom)
     except NvmlUnavailable as exc:
         print(f"tessera-node: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(dataclasses.asdict(inv)))
+        doc = dataclasses.asdict(inv)
+        for g in doc["gpus"]:
+            h = room[g["index"]]
+            g["headroom"], g["headroom_source"] = h.bytes, h.source
+        print(json.dumps(doc))
         return 0
     print(f"driver {inv.driver_version}, CUDA {inv.cuda_version}")
     for g in inv.gpus:
         mig = " MIG" if g.mig_enabled else ""
-        print(f"{g.index}  {g.uuid}  {g.name}  {g.memory_total // 2**20} MiB  {g.model}{mig}")
+        h = room[g.index]
+        print(f"{g.index}  {g.uuid}  {g.name}  {g.memory_total // 2**20} MiB  {g.model}{mig}  "
+              f"headroom {h.bytes // 2**20} MiB ({h.source})")
     for link in inv.links:
         print(f"GPU{link.a}-GPU{link.b}: {link.ancestor}{' nvlink' if link.nvlink else ''}")
     return 0
@@ -91,7 +118,8 @@ def _run(args: argparse.Namespace) -> int:
         containers_host_dir=Path(args.containers_host_dir or args.containers_dir),
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port, on_escape=on_escape, sync_interval=args.sync_interval,
-        context_overhead_bytes=args.context_overhead_bytes)
+        headroom_bytes=_headroom_option(args.headroom),
+        measure_headroom=not args.no_measure_headroom)
     nvml: Nvml | None = None
     error = ""
     try:
@@ -170,11 +198,20 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _headroom_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--headroom", default=None, metavar="QUANTITY",
+                   help="GPU memory kept back per device for the driver and CUDA contexts, e.g. "
+                        "512Mi (default: measured by creating a context, else the model's default)")
+    p.add_argument("--no-measure-headroom", action="store_true",
+                   help="do not create a CUDA context to measure the headroom")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tessera-node", description="tessera's node agent")
     sub = p.add_subparsers(dest="command", required=True)
     inv = sub.add_parser("inventory", help="print the GPU inventory NVML reports")
     inv.add_argument("--json", action="store_true")
+    _headroom_arguments(inv)
     inv.set_defaults(func=_inventory)
     use = sub.add_parser("usage", help="print memory, utilisation and processes per GPU")
     use.add_argument("--json", action="store_true")
@@ -197,8 +234,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-port", type=int, default=9400, help="0: any free port")
     run.add_argument("--on-escape", default="warn", help="warn | kill")
     run.add_argument("--sync-interval", type=float, default=1.0)
-    run.add_argument("--context-overhead-bytes", type=int, default=0,
-                     help="charged per CUDA context in each share's config file")
+    _headroom_arguments(run)
     run.set_defaults(func=_run)
     loc = sub.add_parser("local", help="run the node agent over shares in a directory "
                                        "(one machine, no Kubernetes)")

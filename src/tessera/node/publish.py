@@ -7,6 +7,9 @@ Annotations (always written, the agent owns them):
 - ``tessera.io/gpu-uuids``: UUIDs in device-index order (what the scheduler reads today);
 - ``tessera.io/gpu-inventory``: JSON, driver and CUDA version, per GPU index, UUID, name, model,
   memory, MIG mode, compute capability; the topology between devices;
+- ``tessera.io/gpu-headroom``: bytes kept back per GPU for the driver and CUDA contexts, in
+  device-index order (measured here, else the model's default); the scheduler's capacity per
+  device is its memory less this;
 - ``tessera.io/node-ready``: ``"true"`` when the agent can enforce shares here (NVML read, the
   isolation library installed, the config directory writable), else ``"false"``;
 - ``tessera.io/node-ready-reason``: one line saying why not (empty when ready).
@@ -22,32 +25,40 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from tessera.node.headroom import DeviceHeadroom
 from tessera.node.nvml import Inventory
 
 GPU_UUIDS = "tessera.io/gpu-uuids"
+GPU_HEADROOM = "tessera.io/gpu-headroom"
 INVENTORY = "tessera.io/gpu-inventory"
 READY = "tessera.io/node-ready"
 READY_REASON = "tessera.io/node-ready-reason"
 
 
-def inventory_json(inv: Inventory) -> str:
+def inventory_json(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None = None) -> str:
+    room = headroom or {}
     return json.dumps({
         "driver": inv.driver_version,
         "cuda": inv.cuda_version,
         "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "model": g.model,
                   "memory": g.memory_total, "mig": g.mig_enabled,
                   "compute": ".".join(map(str, g.compute_capability))
-                  if g.compute_capability else None} for g in inv.gpus],
+                  if g.compute_capability else None,
+                  **({"headroom": room[g.index].bytes, "headroomSource": room[g.index].source}
+                     if g.index in room else {})} for g in inv.gpus],
         "links": [{"a": link.a, "b": link.b, "ancestor": link.ancestor, "nvlink": link.nvlink}
                   for link in inv.links],
     }, separators=(",", ":"))
 
 
-def node_annotations(inv: Inventory | None, ready: bool, reason: str) -> dict[str, str]:
+def node_annotations(inv: Inventory | None, ready: bool, reason: str,
+                     headroom: Mapping[int, DeviceHeadroom] | None = None) -> dict[str, str]:
     out = {READY: "true" if ready else "false", READY_REASON: "" if ready else reason}
     if inv is not None:
         out[GPU_UUIDS] = ",".join(g.uuid for g in inv.gpus)
-        out[INVENTORY] = inventory_json(inv)
+        out[INVENTORY] = inventory_json(inv, headroom)
+        if headroom and all(g.index in headroom for g in inv.gpus):
+            out[GPU_HEADROOM] = ",".join(str(headroom[g.index].bytes) for g in inv.gpus)
     return out
 
 

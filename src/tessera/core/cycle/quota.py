@@ -81,7 +81,8 @@ class QuotaLedger:
             if gpu.kind is GpuKind.MEMORY:
                 assert gpu.memory is not None
                 sizes = [
-                    g.memory for n in self._nodes for g in n.gpus if gpu.allows(g.model) and g.memory >= gpu.memory
+                    g.schedulable for n in self._nodes for g in n.gpus
+                    if gpu.allows(g.model) and g.schedulable >= gpu.memory
                 ]
                 gpus = gpu.gpus_on(min(sizes)) if sizes else float(gpu.devices)
             elif gpu.kind is not GpuKind.NONE:
