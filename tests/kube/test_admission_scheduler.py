@@ -30,7 +30,6 @@ from tests.kube.test_admission import (
     runai_pod,
     wait_webhook_sees_project,
 )
-from tests.shares import share
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
@@ -126,9 +125,13 @@ def test_runai_quickstart_frac05_pair_runs_on_one_gpu(stack: TestCluster,
         assert pods[0].spec.nodeName == pods[1].spec.nodeName
         assert datas[0]["NVIDIA_VISIBLE_DEVICES"] == datas[1]["NVIDIA_VISIBLE_DEVICES"]
         assert datas[0]["NVIDIA_VISIBLE_DEVICES"] in node_uuids(kube_client, pods[0].spec.nodeName)
+        # Half of what the node's GPU can give (its memory less the headroom its agent published).
+        node = kube_client.get(Node, pods[0].spec.nodeName).metadata
+        memory = int(node.labels["nvidia.com/gpu.memory"]) * 2**20
+        headroom = int(node.annotations[names.NODE_GPU_HEADROOM].split(",")[0])
         for data in datas:
             limit = data["TESSERA_GPU_MEMORY_LIMIT"]
-            assert int(limit) == share(0.5, "H100-80GB", 81559 * 2**20)
+            assert int(limit) == (memory - headroom) // 2
             # the value the container gets is one the isolation library accepts
             assert manual_environment(limit, library=Path("/lib/x.so"))["TESSERA_GPU_MEMORY_LIMIT"]
     finally:

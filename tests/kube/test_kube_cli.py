@@ -185,7 +185,7 @@ def test_gang_suspend_resume_and_requeue(server: KubeApiServer, kube_client: Cli
         assert q.spec.containers[0].image == "example.invalid/trainer:1"
     d = server.cli_json("training", "describe", "ddp", *p)
     assert d["runningPods"] == 3 and d["minWorkers"] == 2
-    assert d["pods"][1]["gpuDevices"][0]["limitBytes"] == int(A100_BYTES * 0.3)
+    assert d["pods"][1]["gpuDevices"][0]["limitBytes"] == share(0.3, "A100-80GB", A100_BYTES)
 
     # An evicted (deleted) pod is created again by the API's reconcile loop.
     kube_client.delete(Pod, "ddp-1", namespace="cli-gang")
@@ -347,7 +347,7 @@ def test_manifest_pods_are_listed(server: KubeApiServer, kube_client: Client) ->
     assert listed["raw"]["gpus"]["allocated"] == 0.25
     d = server.cli_json("describe", "raw", "-p", "cli-yaml")
     assert d["source"] == "manifest" and d["spec"]["command"] == "sleep"
-    assert d["pods"][0]["gpuDevices"][0]["requestBytes"] == A100_BYTES // 4
+    assert d["pods"][0]["gpuDevices"][0]["requestBytes"] == share(0.25, "A100-80GB", A100_BYTES)
     r = server.cli("suspend", "raw", "-p", "cli-yaml", check=False)
     assert r.returncode == 1 and "applied as Kubernetes objects" in r.stderr
     r = server.cli("delete", "binpack-1-0", "-p", "cli-yaml", check=False)
