@@ -54,7 +54,7 @@ const ts_entry *ts_config_match(const ts_config *cfg, int index, const char *uui
 /* ---- shared region (region.c) ---- */
 int ts_region_attach(const char *path, char *err, size_t errlen); /* path "" = private */
 void ts_region_detach_after_fork(void);
-int ts_region_device(const char *key, uint64_t limit);            /* region device index or -1 */
+int ts_region_device(const char *key, uint64_t limit); /* region device index, -1, or -2: lock busy */
 int ts_region_find_device(const char *key);                       /* without registering */
 /* 1 if reserved, 0 if it would exceed limit, -1 on region failure. */
 int ts_region_reserve(int rdev, uint64_t size, uint64_t limit);

@@ -205,14 +205,28 @@ static int byte_lock(int fd, off_t at, int type, int wait) {
 
 static off_t entry_offset(int i) { return (off_t)ENTRIES_OFFSET + (off_t)i * (off_t)sizeof(ledger_entry); }
 
+/* Bounded like the region lock (region.c): a stopped holder must not freeze the allocation. */
 static int ledger_lock(loan_dev *ld) {
     pthread_mutex_lock(&g_mu);
-    if (byte_lock(ld->fd, LOCK_BYTE, F_WRLCK, 1) != 0) {
-        ts_log(TS_LOG_ERROR, "cannot lock the loans ledger of %s: %s", ld->uuid, strerror(errno));
-        pthread_mutex_unlock(&g_mu);
-        return -1;
+    const char *v = getenv("TESSERA_ISOLATION_LOCK_TIMEOUT_MS");
+    long limit_ms = v && *v && atol(v) > 0 && atol(v) <= 3600000 ? atol(v) : 5000;
+    uint64_t deadline = now_ns(CLOCK_MONOTONIC) + (uint64_t)limit_ms * 1000000ULL;
+    for (;;) {
+        if (byte_lock(ld->fd, LOCK_BYTE, F_WRLCK, 0) == 0) return 0;
+        if (errno != EAGAIN && errno != EACCES) {
+            ts_log(TS_LOG_ERROR, "cannot lock the loans ledger of %s: %s", ld->uuid, strerror(errno));
+            break;
+        }
+        if (now_ns(CLOCK_MONOTONIC) >= deadline) {
+            ts_log(TS_LOG_ERROR, "the loans ledger of %s has been locked for more than %ld ms by another "
+                   "process (stopped?); the allocation is refused", ld->uuid, limit_ms);
+            break;
+        }
+        struct timespec pause_ts = {0, 200000L};
+        nanosleep(&pause_ts, NULL);
     }
-    return 0;
+    pthread_mutex_unlock(&g_mu);
+    return -1;
 }
 
 static void ledger_unlock(loan_dev *ld) {

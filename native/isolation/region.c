@@ -61,7 +61,8 @@ typedef struct {
     uint32_t n_devices;
     uint32_t slot_hwm;
     uint32_t mutex_size;
-    char pad0[64 - 40];
+    int32_t holder_pid; /* pid of the process holding the mutex (0 when free); for messages only */
+    char pad0[64 - 44];
     union {
         pthread_mutex_t mutex;
         char pad1[64];
@@ -133,22 +134,73 @@ static void sweep(int recompute) {
     }
 }
 
+/*
+ * The lock is held for microseconds. A holder that is stopped (SIGSTOP, a debugger, a frozen
+ * cgroup) keeps it without dying, so EOWNERDEAD never comes: every wait is bounded
+ * (TESSERA_ISOLATION_LOCK_TIMEOUT_MS, default 5000 ms); on timeout the caller refuses the
+ * allocation with a message naming the holder. After one timeout, later waits are short (100 ms)
+ * until the lock is taken again, so a workload is not slowed to one allocation per timeout.
+ */
+static long g_lock_timeout_ms = -1;
+static int g_lock_stuck;
+
+static long lock_timeout_ms(void) {
+    if (g_lock_timeout_ms < 0) {
+        const char *v = getenv("TESSERA_ISOLATION_LOCK_TIMEOUT_MS");
+        long t = 5000;
+        if (v && *v) {
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (*end == '\0' && x > 0 && x <= 3600000) t = x;
+        }
+        g_lock_timeout_ms = t;
+    }
+    return g_lock_stuck ? (g_lock_timeout_ms < 100 ? g_lock_timeout_ms : 100) : g_lock_timeout_ms;
+}
+
 static int region_lock(void) {
-    int rc = pthread_mutex_lock(&g_hdr->lock.mutex);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    long ms = lock_timeout_ms();
+    deadline.tv_sec += ms / 1000;
+    deadline.tv_nsec += (ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    int rc;
+    do rc = pthread_mutex_timedlock(&g_hdr->lock.mutex, &deadline);
+    while (rc == EINTR);
     if (rc == EOWNERDEAD) {
         ts_log(TS_LOG_WARN, "a process died holding the shared region lock; recovering");
         sweep(1);
         pthread_mutex_consistent(&g_hdr->lock.mutex);
-        return 0;
+        rc = 0;
+    }
+    if (rc == ETIMEDOUT) {
+        int holder = __atomic_load_n(&g_hdr->holder_pid, __ATOMIC_RELAXED);
+        if (!g_lock_stuck || ts_log_level >= TS_LOG_DEBUG)
+            ts_log(TS_LOG_ERROR, "the shared region lock has been held for more than %ld ms by process %d "
+                   "(stopped?); GPU memory allocations are refused until it is released", ms, holder);
+        g_lock_stuck = 1;
+        return -1;
     }
     if (rc != 0) {
         ts_log(TS_LOG_ERROR, "cannot lock the shared region: %s", strerror(rc));
         return -1;
     }
+    if (g_lock_stuck) {
+        ts_log(TS_LOG_ERROR, "the shared region lock is free again; allocations are charged as before");
+        g_lock_stuck = 0;
+    }
+    __atomic_store_n(&g_hdr->holder_pid, (int32_t)getpid(), __ATOMIC_RELAXED);
     return 0;
 }
 
-static void region_unlock(void) { pthread_mutex_unlock(&g_hdr->lock.mutex); }
+static void region_unlock(void) {
+    __atomic_store_n(&g_hdr->holder_pid, 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g_hdr->lock.mutex);
+}
 
 static void init_header(region_header *h) {
     memset(h, 0, SLOTS_OFFSET);
@@ -198,8 +250,16 @@ int ts_region_attach(const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "cannot open shared region %s: %s", path, strerror(errno));
         return -1;
     }
-    if (flock(fd, LOCK_EX) != 0) {
-        snprintf(err, errlen, "cannot lock shared region %s: %s", path, strerror(errno));
+    int locked = -1;
+    for (long waited = 0; waited <= lock_timeout_ms(); waited += 10) {
+        locked = flock(fd, LOCK_EX | LOCK_NB);
+        if (locked == 0 || (errno != EWOULDBLOCK && errno != EINTR)) break;
+        struct timespec ten = {0, 10000000L};
+        nanosleep(&ten, NULL);
+    }
+    if (locked != 0) {
+        snprintf(err, errlen, "cannot lock shared region %s: %s", path,
+                 errno == EWOULDBLOCK ? "another process holds it (stopped?)" : strerror(errno));
         close(fd);
         return -1;
     }
@@ -285,7 +345,8 @@ int ts_region_find_device(const char *key) {
 }
 
 int ts_region_device(const char *key, uint64_t limit) {
-    if (!g_hdr || region_lock() != 0) return -1;
+    if (!g_hdr) return -1;
+    if (region_lock() != 0) return -2; /* try again on the next call */
     int idx = ts_region_find_device(key);
     if (idx < 0 && g_hdr->n_devices < REGION_DEVICES) {
         idx = (int)g_hdr->n_devices;

@@ -96,6 +96,12 @@ ts_dev *ts_device(int ordinal) {
             if (d->uuid[0]) snprintf(key, sizeof key, "%s", d->uuid);
             else snprintf(key, sizeof key, "index-%d", ordinal);
             d->rdev = ts_region_device(key, d->limit);
+            if (d->rdev == -2) { /* the region lock was not free in time: refuse now, retry later */
+                d->rdev = -1;
+                d->limit = 0;
+                pthread_mutex_unlock(&g_init_mu);
+                return d;
+            }
             if (d->rdev < 0) d->limit = 0;
             else if (e) ts_loans_device(d->rdev, ordinal, d->uuid, e->request, e->limit);
             TS_DEBUG("device %d (%s): limit %llu bytes, region entry %d", ordinal, key,

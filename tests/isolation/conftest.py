@@ -33,7 +33,9 @@ def clean_env(native: NativeBuild, *, preload: bool = True, devices: str = H100,
     env["LD_LIBRARY_PATH"] = str(native.fake_dir)
     env["FAKE_GPU_DEVICES"] = devices
     if preload:
-        env["LD_PRELOAD"] = str(native.library)
+        # TESSERA_ISOLATION_TEST_LIBRARY: run the tests against another build of the library
+        # (e.g. the one before a fix, to see a new test fail there).
+        env["LD_PRELOAD"] = os.environ.get("TESSERA_ISOLATION_TEST_LIBRARY") or str(native.library)
     env.update(extra or {})
     return env
 

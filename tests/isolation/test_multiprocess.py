@@ -149,3 +149,27 @@ def test_many_processes_starting_together(native, tmp_path):
         assert read_region(region)[KEY].processes == {}
     finally:
         last.close()
+
+
+def test_stopped_lock_holder_bounds_the_wait_and_refuses(native, probe, tmp_path):
+    """#12 item 5: a process SIGSTOPped while holding the region lock (it neither runs nor dies,
+    so the robust mutex never reports EOWNERDEAD) must not block the rest of the workload: a
+    bounded wait, then a clear error and the allocation refused; once the holder is gone the
+    workload allocates again."""
+    region = tmp_path / "region"
+    a = probe(shared(native, region, TESSERA_ISOLATION_FAULT="stall-in-lock")).start()
+    a.send(f"alloc {GiB}")
+    a.wait_stderr_line("tessera-fault: stalled in lock")
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    b = probe(shared(native, region, TESSERA_ISOLATION_LOCK_TIMEOUT_MS="300")).start()
+    started = time.monotonic()
+    assert b("alloc 1", )["rc"] == 2  # answered (Probe waits at most 10 s), refused
+    assert b("alloc 1")["rc"] == 2  # later waits are short
+    waited = time.monotonic() - started
+    os.kill(a.proc.pid, signal.SIGKILL)
+    a.proc.wait()
+    b.alloc(GiB)  # the dead holder's lock is recovered
+    err = b.stderr()
+    assert f"held for more than 300 ms by process {a.proc.pid}" in err, err
+    assert "refused" in err
+    assert waited < 8, waited
