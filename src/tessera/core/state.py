@@ -40,6 +40,7 @@ class NodeState:
         "dev_models",
         "dev_tenants",
         "dev_used",
+        "dev_whole",
         "free_cpu",
         "free_mem",
         "homogeneous",
@@ -60,6 +61,8 @@ class NodeState:
         self.dev_models = [g.model for g in gpus]
         self.dev_used = [0] * len(gpus)
         self.dev_tenants = [0] * len(gpus)
+        self.dev_whole = [False] * len(gpus)
+        """Held by a whole-GPU (exclusive) placement: no one else may take a share of it."""
         self.homogeneous = len(set(zip(self.dev_memory, self.dev_models, strict=True))) <= 1
         self.sig: tuple[object, ...] | None = None
 
@@ -133,11 +136,15 @@ class ClusterState:
         ns = self.by_name.get(placement.node)
         if ns is None:
             return f"node {placement.node} is not in the cluster"
+        if placement.cpu_milli < 0 or placement.memory < 0:
+            return "cpu and memory must be 0 or more"
         if placement.cpu_milli > ns.free_cpu or placement.memory > ns.free_mem:
             return f"node {ns.name} lacks CPU or memory"
         if len(set(placement.devices)) != len(placement.devices):
             return "a device is named twice"
-        for i, want in zip(placement.devices, placement.request_bytes, strict=True):
+        if not len(placement.request_bytes) == len(placement.limit_bytes) == len(placement.devices):
+            return "request_bytes and limit_bytes must give one amount per device"
+        for i, want, limit in zip(placement.devices, placement.request_bytes, placement.limit_bytes, strict=True):
             if not 0 <= i < len(ns.dev_memory):
                 return f"node {ns.name} has no GPU {i}"
             if placement.models and ns.dev_models[i] not in placement.models:
@@ -145,6 +152,10 @@ class ClusterState:
                     f"GPU {i} of node {ns.name} is a {ns.dev_models[i]}, not "
                     f"{'|'.join(sorted(placement.models))}"
                 )
+            if want <= 0 or limit < want:
+                return f"GPU {i} of node {ns.name}: a share must hold 1 byte or more, at most its limit"
+            if ns.dev_whole[i]:
+                return f"GPU {i} of node {ns.name} is held whole by another pod"
             if placement.exclusive and ns.dev_tenants[i]:
                 return f"GPU {i} of node {ns.name} is shared"
             if want > ns.dev_free(i):
@@ -176,6 +187,8 @@ class ClusterState:
         for i, nbytes in zip(p.devices, p.request_bytes, strict=True):
             ns.dev_used[i] += sign * nbytes
             ns.dev_tenants[i] += sign
+            if p.exclusive:
+                ns.dev_whole[i] = sign > 0
         ns.sig = None
         self._touch(ns.index)
 

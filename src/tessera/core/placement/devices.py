@@ -36,7 +36,9 @@ def fitting_devices(ns: NodeState, gpu: GpuRequest) -> list[int]:
     return [
         i
         for i, model in enumerate(ns.dev_models)
-        if gpu.allows(model) and gpu.bytes_on(ns.dev_memory[i]) <= ns.dev_memory[i] - ns.dev_used[i]
+        if gpu.allows(model)
+        and gpu.bytes_on(ns.dev_memory[i]) <= ns.dev_memory[i] - ns.dev_used[i]
+        and not ns.dev_whole[i]
     ]
 
 
