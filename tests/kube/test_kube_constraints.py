@@ -61,6 +61,13 @@ class Env:
         for n, z in zones.items():
             cluster.kubectl("label", "node", n, f"topology.kubernetes.io/zone={z}", "tessera-test=constraints",
                             "disktype=hdd")
+        # Topology: rack r1 = cst-a100-0 (2 GPUs), rack r2 = three more A100 nodes (6 GPUs);
+        # NVLink cliques c1 = {topo-0, topo-1}, c2 = {topo-2}.
+        self.topo = cluster.create_gpu_nodes(3, NodeShape(gpus=2, model="A100-80GB"), prefix="cst-topo-")
+        self.a100 += self.topo
+        cluster.kubectl("label", "node", "cst-a100-0", "tessera.io/topology-rack=r1")
+        for n, clique in zip(self.topo, ("c1", "c1", "c2"), strict=True):
+            cluster.kubectl("label", "node", n, "tessera.io/topology-rack=r2", f"nvidia.com/gpu.clique={clique}")
         assert cluster.workdir is not None
         kubeconfig = cluster.service_account_kubeconfig(names.SYSTEM_NAMESPACE, "tessera-scheduler")
         self.log = (cluster.workdir / "logs" / "constraints-scheduler.log").open("ab")
@@ -78,6 +85,7 @@ class Env:
         self.log.close()
         for agents in list(self.cluster.node_agents):
             if any(n in agents.agents for n in self.a100):
+                self.cluster.node_agents.remove(agents)
                 agents.stop()
         for n in self.cpu + self.a100:
             with contextlib.suppress(ApiError):
@@ -134,12 +142,13 @@ def node_of(client: Client, ns: str, name: str, timeout: float = 30.0) -> str:
     return str(wait_until(f"{name} bound", check, timeout))
 
 
-def pending_reason(client: Client, ns: str, name: str, timeout: float = 30.0) -> str:
+def pending_reason(client: Client, ns: str, name: str, timeout: float = 30.0, contains: str = "") -> str:
+    """The pod's PodScheduled=False message (once it holds ``contains``); never bound meanwhile."""
     def check() -> str | None:
         p = client.get(Pod, name, namespace=ns)
         assert not (p.spec and p.spec.nodeName), f"{name} was bound to {p.spec.nodeName}"
         for c in (p.status.conditions if p.status else None) or []:
-            if c.type == "PodScheduled" and c.status == "False" and c.message:
+            if c.type == "PodScheduled" and c.status == "False" and c.message and contains in c.message:
                 return str(c.message)
         return None
     return str(wait_until(f"{name} pending with a reason", check, timeout))
@@ -195,7 +204,7 @@ def test_required_node_affinity_for_an_a100(env: Env, kube_client: Client, ns: s
         "nodeSelectorTerms": [{"matchExpressions": [
             {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}]}]}}}}
     apply(env, ns, pod_yaml("a100", affinity, annotations={names.GPU_PORTION: "0.5"}))
-    assert node_of(kube_client, ns, "a100", timeout=60) == "cst-a100-0"
+    assert node_of(kube_client, ns, "a100", timeout=60).startswith(("cst-a100-", "cst-topo-"))
     # the same affinity for a model no node has: waits, never bound
     none = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [
@@ -256,3 +265,43 @@ def test_topology_spread_across_zones(env: Env, kube_client: Client, ns: str) ->
 def test_unbound_claim_waits_with_a_reason(env: Env, kube_client: Client, ns: str) -> None:
     apply(env, ns, pod_yaml("data", {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}))
     assert pending_reason(kube_client, ns, "data") == 'persistentvolumeclaim "data" not found'
+
+
+def gang_yaml(name: str, size: int, annotations: dict[str, str], gpus: int = 1) -> str:
+    pg = {"apiVersion": "tessera.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": name},
+          "spec": {"minMember": size}}
+    docs = [yaml.safe_dump(pg)]
+    for i in range(size):
+        body = yaml.safe_load(pod_yaml(f"{name}-{i}", annotations={
+            **annotations, names.POD_GROUP: name, names.GPU_MODEL: "A100-80GB"}, cpu="1"))
+        body["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
+        docs.append(yaml.safe_dump(body))
+    return "---\n".join(docs)
+
+
+RACK = {"cst-a100-0": "r1", "cst-topo-0": "r2", "cst-topo-1": "r2", "cst-topo-2": "r2"}
+
+
+def test_a_gang_of_4_kept_in_one_rack_and_the_next_waits(env: Env, kube_client: Client, ns: str) -> None:
+    apply(env, ns, gang_yaml("train", 4, {"tessera.io/topology-required": "rack"}))
+    nodes = [node_of(kube_client, ns, f"train-{i}", timeout=60) for i in range(4)]
+    assert {RACK[n] for n in nodes} == {"r2"}, nodes
+    # 2 GPUs free in r1 and 2 in r2: 4 free, but no rack holds 4
+    apply(env, ns, gang_yaml("next", 4, {"tessera.io/topology-required": "rack"}))
+    reason = pending_reason(kube_client, ns, "next-0", contains="outside")
+    assert "were outside the workload's rack" in reason and "tessera.io/topology-required" in reason, reason
+    still_pending(kube_client, ns, "next-3")
+
+
+def test_kai_spelling_keeps_a_pair_in_one_nvlink_clique(env: Env, kube_client: Client, ns: str) -> None:
+    apply(env, ns, gang_yaml("pair", 2, {"kai.scheduler/topology-required-placement": "nvidia.com/gpu.clique"},
+                             gpus=2))
+    a, b = (node_of(kube_client, ns, f"pair-{i}", timeout=60) for i in range(2))
+    clique = {"cst-topo-0": "c1", "cst-topo-1": "c1", "cst-topo-2": "c2"}
+    assert a in clique and b in clique and clique[a] == clique[b] == "c1", (a, b)
+
+
+def test_an_unknown_topology_level_waits_naming_the_annotation(env: Env, kube_client: Client, ns: str) -> None:
+    apply(env, ns, pod_yaml("shelf", annotations={"tessera.io/topology-required": "shelf"}))
+    reason = pending_reason(kube_client, ns, "shelf")
+    assert "tessera.io/topology-required" in reason and "shelf" in reason, reason

@@ -300,3 +300,77 @@ def test_no_constraint_stated_is_none() -> None:
     assert scheduling_spec("d", {"app": "x"}, {"containers": [{"name": "c", "resources": {
         "requests": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}}}]}) is None
     assert Taint("k", "", "NoSchedule").text() == "k:NoSchedule"
+
+
+# ---- topology ----------------------------------------------------------------------------------
+
+from tessera.core.model import GpuDevice, GpuRequest, ResourceRequest  # noqa: E402
+from tessera.kube.admission import policy  # noqa: E402
+from tessera.kube.predicates import topology as topo  # noqa: E402
+
+
+@pytest.mark.parametrize("ann,key,required", [
+    ({"tessera.io/topology-required": "rack"}, "tessera.io/topology-rack", True),
+    ({"tessera.io/topology-preferred": "nvlink"}, "nvidia.com/gpu.clique", False),
+    ({"tessera.io/topology-required": "zone"}, "topology.kubernetes.io/zone", True),
+    ({"kai.scheduler/topology-required-placement": "cloud.provider.com/topology-rack"},
+     "cloud.provider.com/topology-rack", True),
+    ({"kai.scheduler/topology-preferred-placement": "kubernetes.io/hostname"}, "kubernetes.io/hostname", False),
+])
+def test_topology_annotations(ann: dict[str, str], key: str, required: bool) -> None:
+    t = topo.topology_request(ann)
+    assert t is not None and (t.key, t.required) == (key, required)
+
+
+@pytest.mark.parametrize("ann,field", [
+    ({"tessera.io/topology-required": "shelf"}, "tessera.io/topology-required"),
+    ({"tessera.io/topology-preferred": ""}, "tessera.io/topology-preferred"),
+    ({"kai.scheduler/topology-required-placement": "not a label!"}, "kai.scheduler/topology-required-placement"),
+    ({"tessera.io/topology-required": "rack", "tessera.io/topology-preferred": "zone"},
+     "tessera.io/topology-preferred"),
+])
+def test_bad_topology_annotation_names_it(ann: dict[str, str], field: str) -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        topo.topology_request(ann)
+    assert exc.value.field == field
+    # the webhook refuses such a pod, naming the annotation
+    with pytest.raises(InvalidRequest) as exc:
+        policy.check_user_fields({"metadata": {"annotations": ann}, "spec": {"containers": []}})
+    assert exc.value.field == field
+
+
+def gpu_node(name: str, gpus: int = 2) -> Node:
+    return Node(name, tuple(GpuDevice(f"{name}-{i}", i, 80 * 2**30, "A100-80GB") for i in range(gpus)))
+
+
+def test_domain_is_the_smallest_with_room_for_the_whole_gang() -> None:
+    nodes = {n: gpu_node(n) for n in ("a", "b", "c", "d")}
+    labels = {"a": {"rack": "r1"}, "b": {"rack": "r2"}, "c": {"rack": "r2"}, "d": {"rack": "r3"}}
+    want = topo.TopologyRequest("rack", True, topo.REQUIRED, "rack")
+    one = ResourceRequest(GpuRequest.whole(1))
+
+    def choose(n: int, used: dict[str, dict[int, tuple[int, bool]]] | None = None,
+               running: list[str] | None = None) -> str | None:
+        return topo.choose_domain(want, [one] * n, running or [], nodes, labels, lambda _: True,
+                                  used or {}).value
+
+    assert choose(2) in ("r1", "r3")  # two racks of 2 GPUs suffice: a small one
+    assert choose(4) == "r2"
+    assert choose(4, {"b": {0: (1, True)}}) == "r2"  # 3 left in r2, nowhere 4: the roomiest
+    assert choose(1, running=["d"]) == "r3"  # where it already runs
+    assert topo.choose_domain(want, [one], [], nodes, {}, lambda _: True, {}).value is None
+
+
+def test_required_domain_filters_and_preferred_scores() -> None:
+    nodes = [node("a", {"tessera.io/topology-rack": "r1"}), node("b", {"tessera.io/topology-rack": "r2"}),
+             node("c")]
+    view = ClusterView()
+    view.reset({n.name: n for n in nodes}, {}, [])
+    req = topo.Domain("tessera.io/topology-rack", "r2", True, "rack", topo.REQUIRED)
+    c = constraint_for(None, True, view, domain=req)
+    assert [n.name for n in nodes if c.allows(Node(n.name))] == ["b"]
+    assert c.refusals(tuple(Node(n.name) for n in nodes)) == (
+        "2 were outside the workload's rack r2 (tessera.io/topology-required)")
+    soft = constraint_for(None, True, view, domain=topo.Domain(req.key, "r2", False, "rack", topo.PREFERRED))
+    assert all(soft.allows(Node(n.name)) for n in nodes)
+    assert soft.score(Node("b")) > soft.score(Node("a"))

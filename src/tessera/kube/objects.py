@@ -27,6 +27,7 @@ from tessera.kube.predicates.spec import (
     scheduling_spec,
     taints_of,
 )
+from tessera.kube.predicates.topology import TopologyRequest, topology_request
 
 ProjectResource = create_global_resource(names.GROUP, names.VERSION, "Project", "projects")
 PodGroupResource = create_namespaced_resource(names.GROUP, names.VERSION, "PodGroup", "podgroups")
@@ -75,6 +76,8 @@ class PodInfo:
     sched: SchedulingSpec | None = None
     """What it states about its node beyond GPU/CPU/memory (None: nothing)."""
     sched_error: str | None = None
+    topology: TopologyRequest | None = None
+    """tessera.io/topology-required|preferred (or KAI's spelling) on the pod."""
     version: int = field(default_factory=lambda: next(_versions))
     """Changes with every event, so cached derivations know when to recompute: a number drawn
     once per object from one counter, never reused (unlike ``id()``, which a new object may
@@ -248,6 +251,7 @@ def pod_info(pod: Any) -> PodInfo:
         info.error = str(exc)
     try:
         info.sched = _sched(info.namespace, labels, spec)
+        info.topology = topology_request(annotations)
     except (InvalidRequest, ValueError, TypeError, KeyError) as exc:
         info.sched_error = str(exc)
     raw = annotations.get(names.PLACEMENT)

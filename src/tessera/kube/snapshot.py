@@ -32,6 +32,7 @@ from tessera.kube.objects import (
 from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod, node_facts
 from tessera.kube.predicates.constraint import KubeConstraint, constraint_for
 from tessera.kube.predicates.spec import SchedulingSpec
+from tessera.kube.predicates.topology import Domain, TopologyRequest, choose_domain
 
 log = logging.getLogger(__name__)
 
@@ -215,13 +216,21 @@ class SnapshotBuilder:
         any_closed = any(f.closed for f in facts.values())
         any_anti = bool(view.anti_holders())
         cache: dict[tuple[Any, ...], KubeConstraint] = {}
+        used: dict[str, dict[int, tuple[int, bool]]] | None = None
         out = []
         for w in workloads:
             if w.placements and None not in w.placements:
                 out.append(w)
                 continue
+            keys = ctx.pods_of[w.id]
+            domain = None
+            want = next((pods[k].topology for k in keys if pods[k].topology is not None), None)
+            if want is not None:
+                if used is None:
+                    used = _devices_used(workloads)
+                domain = self._domain(want, w, keys, pods, nodes, used)
             cs: list[NodeConstraint | None] = []
-            for key in ctx.pods_of[w.id]:
+            for key in keys:
                 p = pods[key]
                 assert p.request is not None
                 gpu = p.request.gpu.kind is not GpuKind.NONE
@@ -230,16 +239,44 @@ class SnapshotBuilder:
                     p.namespace, sp.labels if sp else tuple(sorted(p.labels.items()))))
                 if sp is None and symmetric:
                     sp = SchedulingSpec(p.namespace, tuple(sorted(p.labels.items())))
-                if sp is None and not any_closed:
+                if sp is None and not any_closed and domain is None:
                     cs.append(None)
                     continue
-                ckey = (sp, gpu, symmetric)
+                ckey = (sp, gpu, symmetric, domain)
                 c = cache.get(ckey)
                 if c is None:
-                    c = cache[ckey] = constraint_for(sp, gpu, view, symmetric)
+                    c = cache[ckey] = constraint_for(sp, gpu, view, symmetric, domain)
                 cs.append(c)
             out.append(replace(w, constraints=tuple(cs)) if any(c is not None for c in cs) else w)
         return out
+
+
+    def _domain(self, want: TopologyRequest, w: Workload, keys: list[PodKey],
+                pods: Mapping[PodKey, PodInfo], nodes: Mapping[str, NodeInfo],
+                used: Mapping[str, Mapping[int, tuple[int, bool]]]) -> Domain:
+        """The topology domain of a workload this cycle (tessera.kube.predicates.topology)."""
+        running = [pl.node for pl in w.placements if pl is not None] if w.placements else []
+        pending = [w.pods[i] for i in range(len(w.pods)) if not w.placements or w.placements[i] is None]
+        first = pods[keys[0]]
+        assert first.request is not None
+        base = constraint_for(first.sched, first.request.gpu.kind is not GpuKind.NONE, self.view)
+        core = {n: ni.node for n, ni in nodes.items() if ni.node is not None}
+        labels = {n: ni.labels for n, ni in nodes.items()}
+        return choose_domain(want, pending, running, core, labels, base.allows, used)
+
+
+def _devices_used(workloads: list[Workload]) -> dict[str, dict[int, tuple[int, bool]]]:
+    """node -> device -> (bytes held, exclusive), from the snapshot's placements."""
+    out: dict[str, dict[int, tuple[int, bool]]] = {}
+    for w in workloads:
+        for pl in w.placements:
+            if pl is None:
+                continue
+            devs = out.setdefault(pl.node, {})
+            for i, b in zip(pl.devices, pl.request_bytes, strict=True):
+                held, excl = devs.get(i, (0, False))
+                devs[i] = (held + b, excl or pl.exclusive)
+    return out
 
 
 def nodes_facts(nodes: Mapping[str, NodeInfo]) -> dict[str, NodeFacts]:

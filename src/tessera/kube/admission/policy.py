@@ -18,6 +18,7 @@ from tessera.kube import names
 from tessera.kube.admission import spellings as sp
 from tessera.kube.binder import configmap_name
 from tessera.kube.podspec import containers_of, gpu_request
+from tessera.kube.predicates.topology import topology_request
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 NO_DEVICES = ("void", "none")
@@ -92,10 +93,16 @@ def containers_with_refs(pod: Mapping[str, Any]
     return sp.all_containers(pod.get("spec") or {})
 
 
+def check_topology(pod: Mapping[str, Any]) -> None:
+    """A topology annotation names a known level (or, KAI's spelling, a node label key)."""
+    topology_request((pod.get("metadata") or {}).get("annotations") or {})
+
+
 def check_user_fields(pod: Mapping[str, Any]) -> None:
     """Rules on the pod as the user wrote it: tessera's placement annotations, device and
     isolation env are tessera's to write."""
     ann = ((pod.get("metadata") or {}).get("annotations") or {})
+    check_topology(pod)
     for key in PLACEMENT_ANNOTATIONS:
         if key in ann:
             raise refuse(sp.annotation_field(key),
@@ -166,6 +173,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
     meta = pod.get("metadata") or {}
     ann = meta.get("annotations") or {}
     spec = pod.get("spec") or {}
+    check_topology(pod)
     try:
         request = gpu_request(ann, containers_of(spec))
     except InvalidRequest as exc:

@@ -19,8 +19,10 @@ from tessera.kube.predicates.plugins import (
     node_affinity_score,
     pod_topology_spread_score,
     taint_toleration_score,
+    topology_placement_score,
 )
 from tessera.kube.predicates.spec import SchedulingSpec
+from tessera.kube.predicates.topology import Domain
 
 _UNKNOWN = NodeFacts("", {})
 
@@ -65,6 +67,7 @@ class KubeConstraint:
     def score(self, node: Node) -> float:
         facts = self._facts(node)
         parts = (
+            ("TopologyPlacement", topology_placement_score(self.pod, facts)),
             ("NodeAffinity", node_affinity_score(self.pod, facts)),
             ("TaintToleration", taint_toleration_score(self.pod, facts)
              if self.view.memo("soft-taints", lambda: any(
@@ -95,5 +98,5 @@ class KubeConstraint:
 
 
 def constraint_for(spec: SchedulingSpec | None, gpu: bool, view: ClusterView,
-                   symmetric: bool = False) -> KubeConstraint:
-    return KubeConstraint(Pod(spec or NO_SPEC, gpu), view, symmetric)
+                   symmetric: bool = False, domain: Domain | None = None) -> KubeConstraint:
+    return KubeConstraint(Pod(spec or NO_SPEC, gpu, domain), view, symmetric)

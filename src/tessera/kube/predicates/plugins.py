@@ -20,6 +20,7 @@ from tessera.kube.predicates.spec import (
     SpreadConstraint,
     Taint,
 )
+from tessera.kube.predicates.topology import Domain
 
 NO_SPEC = SchedulingSpec("", ())
 
@@ -31,6 +32,8 @@ class Pod:
     spec: SchedulingSpec
     gpu: bool
     """It asks for a GPU (whole or a share): tessera-node must be ready on its node."""
+    domain: Domain | None = None
+    """The topology domain chosen for its workload this cycle (tessera.kube.predicates.topology)."""
 
 
 StaticFilter = Callable[[Pod, NodeFacts], str | None]
@@ -76,8 +79,17 @@ def gpu_node_ready_filter(pod: Pod, node: NodeFacts) -> str | None:
     return None
 
 
+def topology_placement_filter(pod: Pod, node: NodeFacts) -> str | None:
+    """tessera's (KAI's topology-required-placement): the workload's pods in one domain."""
+    d = pod.domain
+    if d is not None and d.required and (d.value is None or node.labels.get(d.key) != d.value):
+        return d.text()
+    return None
+
+
 STATIC_FILTERS: tuple[StaticFilter, ...] = (
-    node_unschedulable_filter, node_affinity_filter, taint_toleration_filter, gpu_node_ready_filter)
+    node_unschedulable_filter, node_affinity_filter, taint_toleration_filter, gpu_node_ready_filter,
+    topology_placement_filter)
 
 
 # ---- dynamic filters ----------------------------------------------------------------------------
@@ -299,5 +311,13 @@ def pod_topology_spread_score(pod: Pod, node: NodeFacts, view: ClusterView) -> f
     return total / len(soft)
 
 
-WEIGHTS = {"NodeAffinity": 2.0, "TaintToleration": 3.0, "InterPodAffinity": 2.0, "PodTopologySpread": 2.0}
+def topology_placement_score(pod: Pod, node: NodeFacts) -> float | None:
+    """Preferred topology: the chosen domain's nodes first."""
+    d = pod.domain
+    if d is None or d.required or d.value is None:
+        return None
+    return 1.0 if node.labels.get(d.key) == d.value else 0.0
+
+
+WEIGHTS = {"TopologyPlacement": 4.0, "NodeAffinity": 2.0, "TaintToleration": 3.0, "InterPodAffinity": 2.0, "PodTopologySpread": 2.0}
 """kube-scheduler's default score plugin weights."""
