@@ -63,9 +63,10 @@ def test_chart_values_reach_the_components() -> None:
                                      "policy.minRuntimeSeconds=300", "scheduler.name=gpu-sched",
                                      "webhook.defaultProject=shared"))
     args = docs[("Deployment", "tessera-scheduler")]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--policy=binpack" in args
-    assert docs[("ConfigMap", "tessera-policy")]["data"] == {
-        "placement": "binpack", "reclaim": "false", "minRuntimeSeconds": "300"}
+    assert {"--policy=binpack", "--no-reclaim", "--min-runtime-seconds=300"} <= set(args)
+    assert "--reclaim" not in args
+    defaults = _args(kinds(local.helm_template()), "tessera-scheduler")
+    assert {"--policy=fgd", "--reclaim", "--min-runtime-seconds=60"} <= set(defaults)
     hook_args = docs[("Deployment", "tessera-webhook")]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--scheduler-name=gpu-sched" in hook_args and "--default-project=shared" in hook_args
     cel = docs[("MutatingWebhookConfiguration", "tessera")]["webhooks"][0]["matchConditions"][0]

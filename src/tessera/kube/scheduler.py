@@ -38,9 +38,11 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVo
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind
+from tessera.core.placement import DEFAULT_POLICY, POLICIES
 from tessera.core.state import Placement
 from tessera.kube import names
 from tessera.kube.binder import Writer
+from tessera.kube.health import start_health_server
 from tessera.kube.informer import Informer
 from tessera.kube.leader import LeaderElector, LostLeadership
 from tessera.kube.objects import (
@@ -84,6 +86,21 @@ class Options:
     uuid_timeout: float = 120.0
     reservation_image: str = "registry.k8s.io/pause:3.10"
     policy: str | None = None
+    reclaim: bool = True
+    """Run the reclaim action (GPUs lent over quota given back to a project below its share)."""
+    min_runtime: float = 0.0
+    """Seconds a pod runs before reclaim or preemption may evict it, unless its project (the
+    Project's reclaimMinRuntimeSeconds / preemptMinRuntimeSeconds) says otherwise."""
+
+    def cycle_config(self, evicting: bool) -> CycleConfig:
+        """The core's configuration for one cycle; while evictions are in flight, only allocate
+        and backfill (nothing is evicted twice)."""
+        actions: tuple[str, ...] = ACTIONS if not evicting else ("allocate", "backfill")
+        if not self.reclaim:
+            actions = tuple(a for a in actions if a != "reclaim")
+        kwargs: dict[str, Any] = {} if self.policy is None else {"policy": self.policy}
+        return CycleConfig(actions=actions, preempt_min_runtime=self.min_runtime,
+                           reclaim_min_runtime=self.min_runtime, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,9 +270,7 @@ class KubeScheduler:
             self.assumed, self.evicting, time.time(),
             {n: (v[0], v[1], v[2]) for n, v in self.foreign.items()},
             self.foreign_pods.items.values(), self.namespaces.items, self.claims.items)
-        actions = ACTIONS if not self.evicting else ("allocate", "backfill")
-        config = CycleConfig(actions=actions) if self.opts.policy is None else \
-            CycleConfig(actions=actions, policy=self.opts.policy)
+        config = self.opts.cycle_config(bool(self.evicting))
         try:
             plan = await asyncio.to_thread(run_cycle, snapshot, config)
         except InvalidRequest as exc:
@@ -417,13 +432,25 @@ class KubeScheduler:
 async def _main(args: argparse.Namespace) -> int:
     config = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else None
     client = AsyncClient(config, field_manager=names.COMPONENT, timeout=None, http2=args.http2)
-    opts = Options(system_namespace=args.system_namespace, concurrency=args.concurrency,
-                   reservation_image=args.reservation_image, policy=args.policy)
+    opts = options_from_args(args)
     identity = args.identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    health = start_health_server(args.health_address, args.health_port) \
+        if args.health_port else None
+    try:
+        return await _run(args, client, config, opts, identity, stop)
+    finally:
+        if health is not None:
+            health.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await health
+
+
+async def _run(args: argparse.Namespace, client: AsyncClient, config: Any, opts: Options,
+               identity: str, stop: asyncio.Event) -> int:
     elector = None
     if args.leader_elect:
         # Its own connection: renewals must not queue behind the scheduler's traffic.
@@ -467,7 +494,23 @@ async def _main(args: argparse.Namespace) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    return Options(system_namespace=args.system_namespace, concurrency=args.concurrency,
+                   reservation_image=args.reservation_image, policy=args.policy,
+                   reclaim=args.reclaim, min_runtime=args.min_runtime_seconds)
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera-scheduler",
                                      description="tessera's GPU-sharing Kubernetes scheduler")
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
@@ -480,13 +523,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--identity", default="", help="leader election identity")
     parser.add_argument("--concurrency", type=int, default=32, help="API writes in flight")
     parser.add_argument("--reservation-image", default="registry.k8s.io/pause:3.10")
-    parser.add_argument("--policy", default=None, help="placement policy (default: core's)")
+    parser.add_argument("--policy", default=None, choices=POLICIES,
+                        help=f"placement policy (default: {DEFAULT_POLICY})")
+    parser.add_argument("--reclaim", action=argparse.BooleanOptionalAction, default=True,
+                        help="give GPUs lent over quota back to projects below their share")
+    parser.add_argument("--min-runtime-seconds", type=_seconds, default=0.0, metavar="SECONDS",
+                        help="a pod runs at least this long before reclaim or preemption may "
+                        "evict it (a Project's own value wins)")
     parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=False,
                         help="one multiplexed HTTP/2 connection to the API server")
     parser.add_argument("--raw-http", action=argparse.BooleanOptionalAction, default=True,
                         help="lean HTTP/1.1 client for bindings, ConfigMaps and reservation pods")
+    parser.add_argument("--health-port", type=int, default=0,
+                        help="serve GET /healthz (liveness probe) on this port; 0: off")
+    parser.add_argument("--health-address", default="0.0.0.0")
     parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)

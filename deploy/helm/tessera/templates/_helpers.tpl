@@ -1,5 +1,47 @@
+{{/* The control-plane image: repository@digest when a digest is given, else repository:tag. */}}
 {{- define "tessera.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* The node-side image (tessera-node with libtessera-cuda.so). */}}
+{{- define "tessera.nodeImage" -}}
+{{- if .Values.image.nodeDigest -}}
+{{ .Values.image.nodeRepository }}@{{ .Values.image.nodeDigest }}
+{{- else -}}
+{{ .Values.image.nodeRepository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{- define "tessera.pullSecrets" -}}
+{{- with .Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level security for the control plane: the image's non-root user, RuntimeDefault seccomp. */}}
+{{- define "tessera.podSecurity" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  fsGroup: 65532
+  seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{- define "tessera.containerSecurity" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities: {drop: [ALL]}
 {{- end -}}
 
 {{- define "tessera.labels" -}}
