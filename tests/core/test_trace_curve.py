@@ -61,3 +61,29 @@ def test_table_compares_one_short_trace_with_the_paper() -> None:
     assert set(flagged) <= set(range(50, 61))
     for level in flagged:
         assert f"| {level} | " in out.stdout
+
+
+def test_dropped_demand_is_compared_free_of_arrival_noise() -> None:
+    """Below saturation tessera may sit a hair under the paper only because other pods arrived:
+    it dropped nothing, so it does not drop more. Above, dropping more than FGD is flagged."""
+    def curve(at_62: float, at_100: float) -> list[float]:
+        return [float(i) for i in range(62)] + [at_62] * 38 + [at_100]
+
+    paper = [curve(62.01, 90.0), curve(62.01, 90.2)]  # FGD dropped 0 at 62 and 9.9 at 100
+    ours = [curve(61.95, 89.0)] * 2
+    arrived = [curve(61.95, 100.0)] * 2
+    rows = compare(ours, paper, None, [62, 100], arrived)
+    assert rows[0].behind_beyond_tolerance and not rows[0].loses_more_than_fgd
+    assert rows[0].lost == 0.0
+    assert rows[1].loses_more_than_fgd and abs(rows[1].lost - 11.0) < 1e-9
+    text = "\n".join(render("t", rows, every=100))
+    assert "drops more than FGD (beyond 1 sd): 100." in text
+
+
+def test_arrived_curve_is_never_below_the_allocation_curve() -> None:
+    nodes = load_nodes(DATA / "openb_node_list_gpu_node.csv")[:100]
+    result = run_trace(nodes, load_pods(DATA / "openb_pod_list_gpushare40.csv"), "fgd", seed=5, arrive=1.2)
+    assert len(result.arrived_curve) == len(result.allocation_curve)
+    assert all(a >= b - 1e-9 for a, b in zip(result.arrived_curve, result.allocation_curve, strict=True))
+    assert all(abs(a - i) <= 1.5 for i, a in enumerate(result.arrived_curve[1:], 1))
+    assert result.arrived_curve[-1] - result.allocation_curve[-1] > 5, "a small cluster at 120% drops pods"

@@ -118,6 +118,9 @@ class TraceResult:
     allocation_curve: list[float]
     """Allocated GPU % at arrival level 0, 1, … %: the mean over the pods whose arrival put the
     arrived demand at that level when rounded (as the FGD artifact's expected-results curves)."""
+    arrived_curve: list[float]
+    """Arrived GPU demand % averaged over the same pods as ``allocation_curve``: the difference
+    is the demand dropped by then, free of the noise of which pods happened to arrive."""
 
 
 def run_trace(
@@ -135,6 +138,7 @@ def run_trace(
     at_100: float | None = None
     elapsed = 0.0
     sums: list[float] = []
+    arrived_sums: list[float] = []
     counts: list[int] = []
     for pod in arrivals(pods, rng):
         if arrived_milli >= arrive * capacity:
@@ -153,8 +157,10 @@ def run_trace(
         level = int(100 * arrived_milli / capacity + 0.5)
         while len(sums) <= level:
             sums.append(0.0)
+            arrived_sums.append(0.0)
             counts.append(0)
         sums[level] += 100 * placed_milli / capacity
+        arrived_sums[level] += 100 * arrived_milli / capacity
         counts[level] += 1
     allocated = round(state.gpus_allocated() * 1000)
     ratio = allocated / capacity
@@ -175,6 +181,7 @@ def run_trace(
         decisions_per_second=round(arrived / elapsed, 1) if elapsed else 0.0,
         unallocated_at_100=round(100 * (1 - at_100), 3),
         allocation_curve=_curve(sums, counts),
+        arrived_curve=_curve(arrived_sums, counts),
     )
 
 

@@ -108,12 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\n{name}: no published curve in {reference_path}")
             continue
         rows = compare([r.allocation_curve for r in results[(name, policy)]], fgd,
-                       reference.get((name, PAPER_POLICIES["best-fit"])), levels)
+                       reference.get((name, PAPER_POLICIES["best-fit"])), levels,
+                       [r.arrived_curve for r in results[(name, policy)]])
         print()
         print("\n".join(render(f"{name} ({policy})", rows)))
         summary[name][policy]["levels_behind_fgd_beyond_sd"] = [r.level for r in rows if r.behind_beyond_tolerance]
         summary[name][policy]["levels_behind_fgd"] = [r.level for r in rows if r.behind]
         summary[name][policy]["levels_not_above_best_fit"] = [r.level for r in rows if r.not_above_best_fit]
+        summary[name][policy]["levels_dropping_more_than_fgd"] = [r.level for r in rows if r.loses_more_than_fgd]
     print(json.dumps({"seeds": args.seeds, "arrive": args.arrive, "results": summary, "curves": curves}))
     return 0
 
