@@ -115,6 +115,7 @@ CUresult ts_hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     if (rc != CUDA_SUCCESS) return rc;
     if ((rc = reserve(mode, ord, size, &rdev, "cuMemAlloc")) != CUDA_SUCCESS) return rc;
     rc = real(dptr, size);
+    while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(dptr, size);
     if (rc != CUDA_SUCCESS || !dptr) {
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
@@ -134,6 +135,7 @@ CUresult ts_hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int 
     if (rc != CUDA_SUCCESS) return rc;
     if ((rc = reserve(mode, ord, size, &rdev, "cuMemAllocManaged")) != CUDA_SUCCESS) return rc;
     rc = real(dptr, size, flags);
+    while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(dptr, size, flags);
     if (rc != CUDA_SUCCESS || !dptr) {
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
@@ -205,6 +207,7 @@ static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t size,
     if (rc != CUDA_SUCCESS) return rc;
     if ((rc = reserve(mode, ord, size, &rdev, what)) != CUDA_SUCCESS) return rc;
     rc = real(dptr, size, s);
+    while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(dptr, size, s);
     if (rc != CUDA_SUCCESS || !dptr) {
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
@@ -241,6 +244,7 @@ static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t size, C
     else if ((rc = stream_ordinal(s, &ord)) != CUDA_SUCCESS) return rc;
     if ((rc = reserve(mode, ord, size, &rdev, "cuMemAllocFromPoolAsync")) != CUDA_SUCCESS) return rc;
     rc = real(dptr, size, pool, s);
+    while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(dptr, size, pool, s);
     if (rc != CUDA_SUCCESS || !dptr) {
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
@@ -333,6 +337,7 @@ CUresult ts_hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
     CUresult rc = reserve(mode, ord, size, &rdev, "cuMemCreate");
     if (rc != CUDA_SUCCESS) return rc;
     rc = real(handle, size, prop, flags);
+    while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(handle, size, prop, flags);
     if (rc != CUDA_SUCCESS || !handle) {
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;

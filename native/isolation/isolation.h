@@ -66,6 +66,10 @@ int ts_loans_configure(char *rest, char *err, size_t errlen); /* the `loans` lin
 void ts_loans_device(int rdev, int ordinal, const char *uuid, uint64_t request, uint64_t limit);
 int ts_loans_reserve(int rdev, uint64_t size); /* 1 charged, 0 refused; may wait for a reclaim */
 void ts_loans_release(int rdev, uint64_t size);
+/* After a driver CUDA_ERROR_OUT_OF_MEMORY: 1 (having slept a little) while this thread's last
+ * reservation waited for a reclaim and its wait has time left, so the caller calls the driver
+ * again — a killed process's memory is freed by the driver a moment after the process ends. */
+int ts_loans_retry_driver(int rdev);
 void ts_loans_detach_after_fork(void);
 
 /* ---- process-local tables (table.c) ---- */

@@ -409,7 +409,23 @@ static void charge(loan_dev *ld, uint64_t size) {
     e->demand_since_ns = 0;
 }
 
+/* The deadline of this thread's last reservation that waited for a reclaim (0: it did not). */
+static __thread uint64_t t_reclaim_deadline;
+
+int ts_loans_retry_driver(int rdev) {
+    if (rdev < 0 || rdev >= TS_MAX_DEVICES || g_dev[rdev].state != 1 || t_reclaim_deadline == 0)
+        return 0;
+    if (now_ns(CLOCK_MONOTONIC) >= t_reclaim_deadline) {
+        t_reclaim_deadline = 0;
+        return 0;
+    }
+    struct timespec pause = {0, 5000000}; /* 5 ms */
+    nanosleep(&pause, NULL);
+    return 1;
+}
+
 int ts_loans_reserve(int rdev, uint64_t size) {
+    t_reclaim_deadline = 0;
     if (rdev < 0 || rdev >= TS_MAX_DEVICES) return 1;
     loan_dev *ld = &g_dev[rdev];
     if (ld->state == 0) return 1;
@@ -429,6 +445,7 @@ int ts_loans_reserve(int rdev, uint64_t size) {
         if (r == FITS) {
             charge(ld, size);
             ledger_unlock(ld);
+            if (waited) t_reclaim_deadline = deadline;
             if (waited)
                 TS_INFO("allocation of %llu bytes on GPU %s served after the reclaim of loaned memory",
                         (unsigned long long)size, ld->uuid);

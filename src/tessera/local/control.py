@@ -34,6 +34,7 @@ from tessera.local.pods import PodProcesses
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
 from tessera.local.store import Project, Store, Workload
+from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
 
 
 class LocalBackend(TokenAuth):
@@ -66,6 +67,8 @@ class LocalBackend(TokenAuth):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reclaimer: ReclaimerThread | None = None
+        """Takes GPU memory on loan back when an owner needs its request (dynamic fractions)."""
         self._active: dict[str, Workload] = {}
         self._awaiting: dict[str, tuple[str, ...]] = {}
         """Pending workloads held back until the workloads evicted for them have stopped."""
@@ -83,14 +86,35 @@ class LocalBackend(TokenAuth):
             self.processes.recover()
         self._thread = threading.Thread(target=self._loop, name="tessera-control", daemon=True)
         self._thread.start()
+        if isinstance(self.isolation, isolation_hook.Library):
+            self._reclaimer = ReclaimerThread(prepare_directory(self.isolation.loans_dir),
+                                              self._on_reclaim).start()
 
     def stop(self) -> None:
+        if self._reclaimer is not None:
+            self._reclaimer.stop()
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.store.close()
         self.auth_store.close()
+
+    def _on_reclaim(self, r: Reclaim) -> None:
+        """A borrowing process was killed for an owner: say so on both workloads."""
+        with self._lock:
+            victim = self._workload_of_share(r.victim_share)
+            owner = self._workload_of_share(r.owner_share)
+            msg = r.message(owner=owner.name if owner else None,
+                            victim=victim.name if victim else None)
+            if victim is not None:
+                self.store.add_event(victim.id, "GPUMemoryLoanReclaimed", msg)
+            if owner is not None:
+                self.store.add_event(owner.id, "GPUMemoryLoanReturned", msg)
+
+    def _workload_of_share(self, key: str) -> Workload | None:
+        """A share's key is ``WORKLOAD_ID-POD_INDEX`` (tessera.local.pods)."""
+        return self._active.get(key.rpartition("-")[0])
 
     def stop_all_workloads(self) -> int:
         """Stop every running pod (``tessera down --stop-workloads``); they become Stopped."""

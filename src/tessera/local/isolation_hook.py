@@ -19,7 +19,8 @@ class Isolation(Protocol):
     def describe(self) -> str: ...
 
     def env(
-        self, key: str, uuids: list[str], placement: Placement, base: dict[str, str]
+        self, key: str, uuids: list[str], placement: Placement, base: dict[str, str],
+        priority: int = 0,
     ) -> dict[str, str]: ...
 
 
@@ -31,7 +32,8 @@ class Off:
         return f"off ({self.why}; shares are not enforced)"
 
     def env(
-        self, key: str, uuids: list[str], placement: Placement, base: dict[str, str]
+        self, key: str, uuids: list[str], placement: Placement, base: dict[str, str],
+        priority: int = 0,
     ) -> dict[str, str]:
         return {}
 
@@ -46,14 +48,21 @@ class Library:
         self.headroom = dict(headroom or {})
         """Bytes each GPU (by UUID) keeps for a CUDA context: charged per context a pod creates."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.loans_dir = data_dir / "loans"
+        """The node-wide ledger per GPU (one file per UUID) every share's processes write: memory
+        above a request is lent only from what nobody is guaranteed, and taken back by the
+        reclaimer (tessera.node.reclaim) when an owner needs it."""
 
     def describe(self) -> str:
         return f"on ({self.library.name} preloaded; caps each shared device at its limit)"
 
     def env(
-        self, key: str, uuids: list[str], placement: Placement, base: dict[str, str]
+        self, key: str, uuids: list[str], placement: Placement, base: dict[str, str],
+        priority: int = 0,
     ) -> dict[str, str]:
         from tessera.isolation import DeviceShare, process_environment, write_workload_files
+        from tessera.isolation.config import LoansConfig
+        from tessera.node.reclaim import DEFAULT_WAIT_MS, prepare_directory
 
         try:
             shares = [
@@ -63,7 +72,10 @@ class Library:
                 )
             ]
             overhead = max((self.headroom.get(u, 0) for u in uuids), default=0)
-            files = write_workload_files(self.dir / key, shares, context_overhead_bytes=overhead)
+            loans = LoansConfig(prepare_directory(self.loans_dir), share=key, priority=priority,
+                                wait_ms=DEFAULT_WAIT_MS, headroom_bytes=overhead)
+            files = write_workload_files(self.dir / key, shares, context_overhead_bytes=overhead,
+                                         loans=loans)
             env = process_environment(files, library=self.library, base=base)
         except Exception as exc:
             raise InvalidRequest(

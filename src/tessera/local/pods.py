@@ -206,7 +206,8 @@ class PodProcesses:
         env["TESSERA_ISOLATION"] = "off"
         if gpus and not p.exclusive:
             env.update(
-                self.isolation.env(f"{w.id}-{index}", [g.uuid for g in gpus], p, {**os.environ, **env})
+                self.isolation.env(f"{w.id}-{index}", [g.uuid for g in gpus], p,
+                                   {**os.environ, **env}, priority=w.priority)
             )
         return env
 

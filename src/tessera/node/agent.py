@@ -47,6 +47,7 @@ from tessera.node.nvml import Inventory, Nvml
 from tessera.node.observe import Observer
 from tessera.node.plugins import NodePlugin
 from tessera.node.podresources.client import PodResourcesError, gpus_by_pod, list_devices
+from tessera.node.reclaim import prepare_directory
 from tessera.node.usage import NodeUsage
 
 log = logging.getLogger("tessera.node")
@@ -81,6 +82,9 @@ class AgentOptions:
     headroom_bytes: int | None = None
     """Bytes kept back per GPU (--headroom); None: measured here, else the model's default."""
     measure_headroom: bool = True
+    loans_dir: Path | None = Path("/var/lib/tessera/loans")
+    """The node's loans ledger directory (this agent's view; share containers see it at
+    /run/tessera-loans); None: dynamic fractions' loans are not accounted."""
     plugin_options: dict[str, str] = field(default_factory=dict)
 
 
@@ -195,6 +199,12 @@ class KubeAgent:
             self.library_error = ""
         except (InstallError, LibraryNotBuilt) as exc:
             self.library_error = str(exc)
+        try:
+            if self.opts.loans_dir is not None:
+                prepare_directory(self.opts.loans_dir)
+        except OSError as exc:
+            self.dir_error = f"loans directory {self.opts.loans_dir} cannot be made: {exc}"
+            return
         try:
             self.opts.containers_dir.mkdir(parents=True, exist_ok=True)
             probe = self.opts.containers_dir / f".tmp-probe.{os.getpid()}"
@@ -344,7 +354,8 @@ class KubeAgent:
                 if not self.ready:
                     raise ShareFilesError(f"node {self.opts.node_name} is not ready for GPU "
                                           f"shares: {self.reason}")
-                files.write_share(self.opts.containers_dir, share, self.context_overhead(share))
+                files.write_share(self.opts.containers_dir, share, self.context_overhead(share),
+                                  loans_dir=self.opts.loans_dir)
                 shares[share.key] = share
                 self.share_errors.pop(p.uid, None)
             except (ShareFilesError, InvalidRequest) as exc:

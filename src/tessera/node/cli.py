@@ -119,7 +119,9 @@ def _run(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port, on_escape=on_escape, sync_interval=args.sync_interval,
         headroom_bytes=_headroom_option(args.headroom),
-        measure_headroom=not args.no_measure_headroom)
+        measure_headroom=not args.no_measure_headroom,
+        loans_dir=Path(args.loans_dir) if args.loans_dir else None,
+        plugin_options={"loans-dir": args.loans_dir} if args.loans_dir else {})
     nvml: Nvml | None = None
     error = ""
     try:
@@ -183,7 +185,7 @@ def _local(args: argparse.Namespace) -> int:
     shares_dir.mkdir(parents=True, exist_ok=True)
     agent = LocalAgent(args.node_name or socket.gethostname(), nvml, shares_dir,
                        on_escape=on_escape, sync_interval=args.sync_interval,
-                       plugin=load_plugin({}))
+                       plugin=load_plugin({"loans-dir": args.loans_dir}))
     server, _thread = start_http_server(args.metrics_port, args.metrics_address,
                                         registry=registry_for(agent.observer.collector))
     print(f"tessera-node (local): metrics on http://{args.metrics_address}:"
@@ -235,6 +237,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--on-escape", default="warn", help="warn | kill")
     run.add_argument("--sync-interval", type=float, default=1.0)
     _headroom_arguments(run)
+    run.add_argument("--loans-dir", default="/var/lib/tessera/loans",
+                     help="the node's loans ledger directory (dynamic fractions); share "
+                          "containers see it at /run/tessera-loans; '' turns loans off")
     run.set_defaults(func=_run)
     loc = sub.add_parser("local", help="run the node agent over shares in a directory "
                                        "(one machine, no Kubernetes)")
@@ -244,6 +249,8 @@ def parser() -> argparse.ArgumentParser:
     loc.add_argument("--metrics-port", type=int, default=9400, help="0: any free port")
     loc.add_argument("--on-escape", default="warn", help="warn | kill")
     loc.add_argument("--sync-interval", type=float, default=1.0)
+    loc.add_argument("--loans-dir", default="/var/lib/tessera/loans",
+                     help="the loans ledger directory the shares' processes write")
     loc.set_defaults(func=_local)
     return p
 

@@ -25,9 +25,19 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tessera.isolation.config import CONFIG_NAME, REGION_NAME, DeviceShare, render_config
+from tessera.core.workloads import PRIORITY_CLASSES
+from tessera.isolation.config import (
+    CONFIG_NAME,
+    REGION_NAME,
+    DeviceShare,
+    LoansConfig,
+    render_config,
+)
+from tessera.node.reclaim import DEFAULT_WAIT_MS
 
 CONTAINER_REGION_DIR = "/run/tessera"
+CONTAINER_LOANS_DIR = "/run/tessera-loans"
+"""Where a share container sees the node's loans ledger directory (the webhook mounts it)."""
 CONTAINER_CONFIG_DIR = "/etc/tessera"
 POD_FILE = "pod.json"
 _KEY = re.compile(r"^[0-9a-f]{16}$")
@@ -81,13 +91,25 @@ def region_path(root: Path, key: str) -> Path:
     return share_dir(root, key) / "region" / REGION_NAME
 
 
-def render(share: Share, context_overhead_bytes: int = 0, region: Path | None = None) -> str:
+def loans_for(share: Share, directory: Path, headroom_bytes: int) -> LoansConfig:
+    """The share's place in the node-wide loans ledger: every share joins it (its request is
+    guaranteed to it; memory above a request is lent only from what nobody is guaranteed), with
+    the priority of its class (the lowest loses its loan first)."""
+    pc = PRIORITY_CLASSES.get(share.priority_class)
+    return LoansConfig(directory, share=share.key, priority=pc.value if pc else 0,
+                       wait_ms=DEFAULT_WAIT_MS, headroom_bytes=headroom_bytes)
+
+
+def render(share: Share, context_overhead_bytes: int = 0, region: Path | None = None,
+           loans_dir: Path | None = None) -> str:
     """The config file's text; ``region`` is the region's path as the container's processes see
-    it (default: the mount point, ``/run/tessera/gpu-usage.region``)."""
+    it (default: the mount point, ``/run/tessera/gpu-usage.region``), ``loans_dir`` the loans
+    ledger directory as they see it (None: no loans accounting)."""
     devices = [DeviceShare(index=i, uuid=d.uuid, limit_bytes=d.limit_bytes,
                            request_bytes=d.request_bytes) for i, d in enumerate(share.devices)]
+    loans = loans_for(share, loans_dir, context_overhead_bytes) if loans_dir else None
     return render_config(devices, region or Path(CONTAINER_REGION_DIR) / REGION_NAME,
-                         context_overhead_bytes)
+                         context_overhead_bytes, loans)
 
 
 def _write(path: Path, text: str, mode: int) -> None:
@@ -98,13 +120,14 @@ def _write(path: Path, text: str, mode: int) -> None:
 
 
 def write_share(root: Path, share: Share, context_overhead_bytes: int = 0, *,
-                host_paths: bool = False) -> list[Path]:
+                host_paths: bool = False, loans_dir: Path | None = None) -> list[Path]:
     """Writes (or rewrites, unchanged content is left alone) the files of one share; returns the
     config files. ``host_paths``: the processes run on this host, not in a container (embedded
     mode, tests), so the config names the region by its host path. Raises ShareFilesError;
     InvalidRequest (from render_config) for bad values."""
     text = render(share, context_overhead_bytes,
-                  region_path(root, share.key).resolve() if host_paths else None)
+                  region_path(root, share.key).resolve() if host_paths else None,
+                  (loans_dir if host_paths else Path(CONTAINER_LOANS_DIR)) if loans_dir else None)
     base = share_dir(root, share.key)
     written: list[Path] = []
     try:

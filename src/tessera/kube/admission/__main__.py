@@ -28,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preload-host-file", default=d.preload_host_file)
     p.add_argument("--containers-host-dir", default=d.containers_host_dir,
                    help="where tessera-node writes each share container's isolation config")
+    p.add_argument("--loans-host-dir", default=d.loans_host_dir,
+                   help="the node's loans ledger directory (tessera-node --loans-dir)")
     p.add_argument("--default-project", default=None,
                    help="project for pods in namespaces no Project owns (default: refuse them)")
     p.add_argument("--ready-file", help="write the bound port here once serving")
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     config = WebhookConfig(
         scheduler_name=args.scheduler_name, scheduler_user=args.scheduler_user,
         library_host_dir=args.library_host_dir, library_mount=args.library_mount,
-        containers_host_dir=args.containers_host_dir,
+        containers_host_dir=args.containers_host_dir, loans_host_dir=args.loans_host_dir,
         preload_host_file=args.preload_host_file, default_project=args.default_project or None,
     )
     try:

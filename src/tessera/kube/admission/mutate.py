@@ -82,6 +82,7 @@ def _share_container(container: dict[str, Any], cm: str, t: sp.Translation,
         {"name": policy.LIBRARY_VOLUME, "mountPath": config.library_mount, "readOnly": True},
         {"name": policy.PRELOAD_VOLUME, "mountPath": policy.PRELOAD_PATH, "readOnly": True},
         {"name": policy.REGION_VOLUME, "mountPath": policy.REGION_DIR},
+        {"name": policy.LOANS_VOLUME, "mountPath": policy.LOANS_DIR},
         {"name": policy.CONFIG_VOLUME, "mountPath": policy.CONFIG_DIR, "readOnly": True},
     ]
     container["volumeMounts"] = mounts
@@ -105,6 +106,8 @@ def _volumes(config: WebhookConfig, key: str, container: str) -> list[dict[str, 
          "hostPath": {"path": f"{base}/conf/{container}", "type": "Directory"}},
         {"name": policy.REGION_VOLUME,
          "hostPath": {"path": f"{base}/region", "type": "Directory"}},
+        {"name": policy.LOANS_VOLUME,
+         "hostPath": {"path": config.loans_host_dir, "type": "Directory"}},
     ]
 
 

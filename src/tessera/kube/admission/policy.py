@@ -44,6 +44,10 @@ CONFIG_VOLUME = "tessera-gpu-config"
 REGION_VOLUME = "tessera-gpu-region"
 PRELOAD_PATH = "/etc/ld.so.preload"
 REGION_DIR = "/run/tessera"
+LOANS_VOLUME = "tessera-gpu-loans"
+LOANS_DIR = "/run/tessera-loans"
+"""The node's loans ledger directory (one file per GPU, written by every share's processes and
+read by tessera-node's reclaimer): dynamic fractions borrow only what nobody is guaranteed."""
 CONFIG_DIR = "/etc/tessera"
 """The container's isolation config (``gpu-isolation.conf``, written by tessera-node on the host
 under ``containers_host_dir/KEY/conf/CONTAINER``), mounted read-only over the image's
@@ -66,6 +70,8 @@ class WebhookConfig:
     preload_host_file: str = "/var/lib/tessera/isolation/ld.so.preload"
     """hostPath file (written by the node agent) naming the library; mounted over
     /etc/ld.so.preload."""
+    loans_host_dir: str = "/var/lib/tessera/loans"
+    """hostPath of the node's loans ledger directory (tessera-node --loans-dir)."""
     containers_host_dir: str = "/var/lib/tessera/containers"
     """hostPath directory where the node agent writes each share container's isolation config
     (``KEY/conf/CONTAINER``) and the pod's accounting region (``KEY/region``)."""
