@@ -73,6 +73,10 @@ def test_share_container_gets_its_config_file_from_the_node(stack: TestCluster, 
         mounts = {m.mountPath: m for m in pod.spec.containers[0].volumeMounts}
         assert mounts["/etc/tessera"].name == "tessera-gpu-config" and mounts["/etc/tessera"].readOnly
         assert mounts["/run/tessera"].name == "tessera-gpu-region"
+        # The node's loans ledger directory, read-write: every share's processes write it.
+        assert volumes["tessera-gpu-loans"].hostPath.path == "/var/lib/tessera/loans"
+        assert mounts["/run/tessera-loans"].name == "tessera-gpu-loans"
+        assert not mounts["/run/tessera-loans"].readOnly
 
         agent = agent_of(stack, pod.spec.nodeName)
         conf = agent.containers_dir / key / "conf" / container / "gpu-isolation.conf"
@@ -85,6 +89,9 @@ def test_share_container_gets_its_config_file_from_the_node(stack: TestCluster, 
         assert headroom > 0
         assert text.splitlines() == [
             CONFIG_HEADER, "region /run/tessera/gpu-usage.region", f"context-overhead {headroom}",
+            # Every share joins its node's loans ledger (mounted at /run/tessera-loans).
+            f"loans dir=/run/tessera-loans share={key} priority=50 wait-ms=10000 "
+            f"headroom={headroom}",
             f"device index=0 uuid={uuid} request={placement['request'][0]} "
             f"limit={placement['limit'][0]}"]
         assert (agent.containers_dir / key / "region" / "gpu-usage.region").is_file()

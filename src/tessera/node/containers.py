@@ -95,8 +95,8 @@ def loans_for(share: Share, directory: Path, headroom_bytes: int) -> LoansConfig
     """The share's place in the node-wide loans ledger: every share joins it (its request is
     guaranteed to it; memory above a request is lent only from what nobody is guaranteed), with
     the priority of its class (the lowest loses its loan first)."""
-    pc = PRIORITY_CLASSES.get(share.priority_class)
-    return LoansConfig(directory, share=share.key, priority=pc.value if pc else 0,
+    pc = PRIORITY_CLASSES.get(share.priority_class) or PRIORITY_CLASSES["train"]  # the default
+    return LoansConfig(directory, share=share.key, priority=pc.value,
                        wait_ms=DEFAULT_WAIT_MS, headroom_bytes=headroom_bytes)
 
 

@@ -172,6 +172,7 @@ def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Pat
              f"--pod-resources-socket={node_root / 'kubelet.sock'}",
              f"--library-dir={node_root / 'isolation'}",
              f"--containers-dir={node_root / 'containers'}",
+             f"--loans-dir={node_root / 'loans'}",
              # what the webhook's hostPath volumes name (its default)
              "--containers-host-dir=/var/lib/tessera/containers",
              "--metrics-address=127.0.0.1", f"--metrics-port={port}",

@@ -1,0 +1,69 @@
+"""A container's process on a simulated node: what a kubelet and container runtime would start.
+
+kwok runs no containers, so tests that need a pod's process (a CUDA program under the isolation
+library, with exactly the files the webhook mounted and tessera-node wrote) start one here: in a
+private mount namespace (``unshare --mount``), every hostPath volume the pod's container mounts
+is bind-mounted at its ``mountPath``, with the node's host paths translated to where that node's
+tessera-node keeps them in the test (each simulated node has its own directory). The library is
+preloaded with ``LD_PRELOAD`` (the file the pod mounts over ``/etc/ld.so.preload`` names it),
+and the fake driver of that node is on the library path. Mount points that do not exist are
+created empty on this machine (``/etc/tessera``, ``/run/tessera``, ``/run/tessera-loans``).
+
+This is a test double of the kubelet and runtime only; the pod spec, the files and the library
+are the real ones.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_HOST_DIRS = {
+    "/var/lib/tessera/containers": "containers",
+    "/var/lib/tessera/loans": "loans",
+    "/var/lib/tessera/isolation": "isolation",
+}
+"""The webhook's default hostPaths -> the directory under the simulated node's root."""
+
+
+def mounts_of(pod: Any, container: str, node_root: Path) -> list[tuple[Path, str, bool]]:
+    """(source on this machine, mountPath, read-only) for each hostPath directory the container
+    mounts; files (the preload file) are left to :func:`start`."""
+    spec = pod.spec
+    volumes = {v.name: v for v in spec.volumes or [] if v.hostPath is not None}
+    c = next(c for c in spec.containers if c.name == container)
+    out = []
+    for m in c.volumeMounts or []:
+        v = volumes.get(m.name)
+        if v is None or v.hostPath.type == "File":
+            continue
+        out.append((translate(v.hostPath.path, node_root), m.mountPath, bool(m.readOnly)))
+    return out
+
+
+def translate(host_path: str, node_root: Path) -> Path:
+    for prefix, sub in DEFAULT_HOST_DIRS.items():
+        if host_path == prefix or host_path.startswith(prefix + "/"):
+            return node_root / sub / host_path[len(prefix):].lstrip("/")
+    raise ValueError(f"hostPath {host_path} is not one tessera's webhook writes")
+
+
+def start(pod: Any, container: str, node_root: Path, argv: Sequence[str],
+          env: Mapping[str, str], library: Path) -> subprocess.Popen[str]:
+    """Starts ``argv`` as the container's process; stdin/stdout are pipes (text)."""
+    script = ["set -e"]
+    for source, target, read_only in mounts_of(pod, container, node_root):
+        script.append(f"mkdir -p {shlex.quote(target)}")
+        script.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+        if read_only:
+            script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+    script.append('exec "$@"')
+    full_env = {**env, "LD_PRELOAD": str(library)}
+    return subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script),
+         "pod-process", *argv],
+        env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, bufsize=1)
