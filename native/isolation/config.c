@@ -357,8 +357,53 @@ static void load_env(ts_config *cfg) {
     cfg->mode = (cfg->has_default || cfg->n_entries > 0) ? TS_MODE_LIMITED : TS_MODE_PASSTHROUGH;
 }
 
+/*
+ * The container's own file (TS_DEFAULT_CONFIG_PATH, mounted read-only by the webhook from what
+ * tessera-node wrote) is the authority: what the environment says can only lower its limits,
+ * never raise or remove them, so a process that loses or rewrites its environment stays capped.
+ */
+static void narrow(ts_config *cfg, const ts_config *by) {
+    for (int i = 0; i < cfg->n_entries; i++) {
+        ts_entry *e = &cfg->entries[i];
+        const ts_entry *m = ts_config_match(by, e->index, e->uuid);
+        uint64_t lower = m ? m->limit : by->has_default ? by->default_limit : 0;
+        if (lower && lower < e->limit) {
+            e->limit = lower;
+            if (e->request > lower) e->request = lower;
+        }
+    }
+}
+
+static void load_authoritative(ts_config *cfg) {
+    load_file(cfg, TS_DEFAULT_CONFIG_PATH);
+    if (cfg->mode == TS_MODE_FAILED) return;
+    static ts_config other; /* large: not on the stack; loaded once, at start-up */
+    memset(&other, 0, sizeof other);
+    /* TESSERA_GPU_CONFIG naming another file is not read: only TESSERA_GPU_MEMORY_LIMIT[_<i>]
+     * may lower a limit here (another file could name another region or ledger). */
+    load_env(&other);
+    if (other.mode == TS_MODE_FAILED) {
+        fail(cfg, "%s (the environment may only lower the limits of %s)", other.error, TS_DEFAULT_CONFIG_PATH);
+        return;
+    }
+    narrow(cfg, &other);
+}
+
 void ts_config_load(ts_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
+    if (access(TS_DEFAULT_CONFIG_PATH, F_OK) == 0) {
+        load_authoritative(cfg);
+        return;
+    }
+    if (access(TS_DEFAULT_CONFIG_DIR, F_OK) == 0) {
+        /* The directory is there (the webhook mounted it for a share) but not the file: never run
+         * such a container uncapped, whatever its environment says. */
+        snprintf(cfg->source, sizeof cfg->source, "%s", TS_DEFAULT_CONFIG_PATH);
+        fail(cfg, "%s is missing although %s exists (a GPU share whose configuration tessera-node "
+                  "has not written): every allocation is refused", TS_DEFAULT_CONFIG_PATH,
+             TS_DEFAULT_CONFIG_DIR);
+        return;
+    }
     const char *path = getenv("TESSERA_GPU_CONFIG");
     if (path && *path == '\0') {
         snprintf(cfg->source, sizeof cfg->source, "environment");
@@ -369,8 +414,6 @@ void ts_config_load(ts_config *cfg) {
             return;
         }
         load_file(cfg, path);
-    } else if (access(TS_DEFAULT_CONFIG_PATH, F_OK) == 0) {
-        load_file(cfg, TS_DEFAULT_CONFIG_PATH);
     } else {
         load_env(cfg);
     }

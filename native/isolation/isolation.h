@@ -43,7 +43,8 @@ typedef struct {
     char region[TS_PATH_LEN]; /* "" = private to this process */
 } ts_config;
 
-#define TS_DEFAULT_CONFIG_PATH "/etc/tessera/gpu-isolation.conf"
+#define TS_DEFAULT_CONFIG_DIR "/etc/tessera"
+#define TS_DEFAULT_CONFIG_PATH TS_DEFAULT_CONFIG_DIR "/gpu-isolation.conf"
 
 void ts_config_load(ts_config *cfg);
 /* Kubernetes quantity ("8G", "8Gi", "500M", "1e9", plain bytes) to bytes; 0 on error. */

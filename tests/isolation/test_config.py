@@ -208,3 +208,72 @@ def test_run_command_rejects_a_bad_limit_before_running_anything(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "limit:" in done.stderr
+
+
+class ContainerProbe:
+    """cuprobe started as in a share container: ``/etc/tessera`` (the file tessera-node wrote)
+    mounted in a private mount namespace, on an overlay of /etc so nothing changes on the host."""
+
+    def __init__(self, native, etc_tessera: Path | None, env: dict[str, str], tmp: Path) -> None:  # type: ignore[no-untyped-def]
+        from tests.isolation.conftest import Probe
+
+        script = ["set -e", f"mkdir -p {tmp}/u {tmp}/w",
+                  f"mount -t overlay overlay -o lowerdir=/etc,upperdir={tmp}/u,workdir={tmp}/w /etc"]
+        if etc_tessera is not None:
+            script += ["mkdir -p /etc/tessera", f"mount --bind {etc_tessera} /etc/tessera"]
+        script.append('exec "$@"')
+        self.probe = Probe.__new__(Probe)
+        self.probe.proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script),
+             "container", str(native.program("cuprobe")), "dlsym"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env, bufsize=1)
+
+
+def _container_env(native, **extra: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """What a process keeps after ``env -i`` in a share container (whose /etc/ld.so.preload
+    names the library): the library and the fake driver, nothing of tessera's."""
+    env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(native.library),
+           "LD_LIBRARY_PATH": str(native.fake_dir), "FAKE_GPU_DEVICES": V100X4}
+    env.update(extra)
+    return env
+
+
+def _total(native, tmp_path: Path, etc: Path | None, **env: str) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    (tmp_path / "ov").mkdir(exist_ok=True)
+    p = ContainerProbe(native, etc, _container_env(native, **env), tmp_path / "ov").probe
+    try:
+        assert p("init")["rc"] == 0
+        r = p("ctx 0")
+        if r["rc"] != 0:
+            return -1, p.stderr()
+        info = p("info")
+        alloc = p(f"alloc {2 * GiB}")
+        return (info["total"] if alloc["rc"] == 0 else -alloc["rc"]), ""
+    finally:
+        p.close()
+
+
+def test_the_containers_file_is_the_authority_env_may_only_narrow(native, tmp_path):  # type: ignore[no-untyped-def]
+    etc = tmp_path / "etc-tessera"
+    files = write_workload_files(etc, [DeviceShare(index=0, uuid=None, limit_bytes=4 * GiB)])
+    assert files.config_path == etc / "gpu-isolation.conf"
+    # env -i: nothing of tessera's in the environment, still capped by the file
+    assert _total(native, tmp_path, etc) == (4 * GiB, "")
+    # the environment cannot widen the limit...
+    assert _total(native, tmp_path, etc, TESSERA_GPU_MEMORY_LIMIT="100Gi") == (4 * GiB, "")
+    assert _total(native, tmp_path, etc, TESSERA_GPU_MEMORY_LIMIT_0="100Gi") == (4 * GiB, "")
+    # ...nor point the library at another file
+    other = tmp_path / "mine"
+    mine = write_workload_files(other, [DeviceShare(index=0, uuid=None, limit_bytes=100 * GiB)])
+    assert _total(native, tmp_path, etc, TESSERA_GPU_CONFIG=str(mine.config_path)) == (4 * GiB, "")
+    # but it may narrow it (below 2 GiB the 2 GiB allocation is refused: rc 2, out of memory)
+    assert _total(native, tmp_path, etc, TESSERA_GPU_MEMORY_LIMIT="3Gi") == (3 * GiB, "")
+    assert _total(native, tmp_path, etc, TESSERA_GPU_MEMORY_LIMIT_0="1Gi") == (-2, "")
+
+
+def test_a_share_container_without_its_file_fails_closed(native, tmp_path):  # type: ignore[no-untyped-def]
+    etc = tmp_path / "etc-tessera-empty"
+    etc.mkdir()
+    total, _ = _total(native, tmp_path, etc, TESSERA_GPU_MEMORY_LIMIT="100Gi")
+    assert total == -2  # every allocation refused, whatever the environment says

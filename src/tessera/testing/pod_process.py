@@ -6,8 +6,10 @@ private mount namespace (``unshare --mount``), every hostPath volume the pod's c
 is bind-mounted at its ``mountPath``, with the node's host paths translated to where that node's
 tessera-node keeps them in the test (each simulated node has its own directory). The library is
 preloaded with ``LD_PRELOAD`` (the file the pod mounts over ``/etc/ld.so.preload`` names it),
-and the fake driver of that node is on the library path. Mount points that do not exist are
-created empty on this machine (``/etc/tessera``, ``/run/tessera``, ``/run/tessera-loans``).
+and the fake driver of that node is on the library path. A mount point that does not exist on
+this machine (``/etc/tessera``, ``/run/tessera``, ``/run/tessera-loans``) is made inside the
+namespace only, on an overlay of its nearest existing parent: nothing is created on the host
+(an empty ``/etc/tessera`` there would change how the isolation library behaves).
 
 This is a test double of the kubelet and runtime only; the pod spec, the files and the library
 are the real ones.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,8 +57,21 @@ def translate(host_path: str, node_root: Path) -> Path:
 def start(pod: Any, container: str, node_root: Path, argv: Sequence[str],
           env: Mapping[str, str], library: Path) -> subprocess.Popen[str]:
     """Starts ``argv`` as the container's process; stdin/stdout are pipes (text)."""
+    scratch = Path(tempfile.mkdtemp(prefix="tessera-pod-mounts-"))
     script = ["set -e"]
+    overlaid: set[Path] = set()
     for source, target, read_only in mounts_of(pod, container, node_root):
+        parent = Path(target)
+        while not parent.exists():
+            parent = parent.parent
+        if parent != Path(target) and parent not in overlaid:
+            overlaid.add(parent)
+            upper, work = scratch / f"u{len(overlaid)}", scratch / f"w{len(overlaid)}"
+            upper.mkdir()
+            work.mkdir()
+            script.append(f"mount -t overlay overlay -o lowerdir={shlex.quote(str(parent))},"
+                          f"upperdir={shlex.quote(str(upper))},workdir={shlex.quote(str(work))} "
+                          f"{shlex.quote(str(parent))}")
         script.append(f"mkdir -p {shlex.quote(target)}")
         script.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
         if read_only:
