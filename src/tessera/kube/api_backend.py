@@ -7,7 +7,8 @@ controller: it creates the pods a workload is missing (after an eviction by recl
 preemption, or a resume) unless the workload is suspended or asked to fail when evicted.
 Projects are ``tessera.kube.cluster_projects``, reading workloads and their documents
 ``tessera.kube.cluster_workloads``, validation ``tessera.api.validation``; what stays here is
-submitting (PodGroup + pods), suspend/resume/delete, the reconcile loop, logs and exec.
+submitting (PodGroup + pods), suspend/resume/delete, the reconcile loop, logs and exec
+(about 480 lines: the ``Backend`` surface on Kubernetes, each method a few API calls).
 """
 
 from __future__ import annotations

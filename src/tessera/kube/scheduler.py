@@ -11,8 +11,8 @@ not give the same room away twice. See docs/kubernetes.md.
 
 Its own units: ``snapshot`` (caches -> the core's Snapshot), ``binder.Writer`` (API writes),
 ``reservations`` (reservation pods), ``reporting`` (conditions, project status, Events),
-``predicates`` (kube-scheduler filters). This file (~480 lines) is the event handlers, the loop,
-applying a plan, binding and cleanup, plus the process entry point (``main``).
+``predicates`` (kube-scheduler filters). This file (over 400 lines) is the event handlers, the
+loop, applying a plan, binding and cleanup, plus the process entry point and its flags (``main``).
 """
 
 from __future__ import annotations
