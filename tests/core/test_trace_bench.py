@@ -31,7 +31,7 @@ def test_short_replay_every_policy() -> None:
     for r in results.values():
         assert 0 < r.pods_placed <= r.pods_arrived
         assert 0 < r.gpu_milli_allocated <= r.gpu_milli_total
-        assert r.decisions_per_second > 0
+        assert r.decisions_per_second > 0 and r.decisions_per_cpu_second > 0
     assert results["fgd"].allocation_ratio >= results["random"].allocation_ratio
 
 
@@ -43,7 +43,7 @@ def test_command_line_prints_json_last() -> None:
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     for key in ("policy", "seed", "gpu_milli_total", "gpu_milli_allocated", "allocation_ratio",
-                "pods_arrived", "pods_placed", "decisions_per_second"):
+                "pods_arrived", "pods_placed", "decisions_per_second", "decisions_per_cpu_second"):
         assert key in result
     assert result["policy"] == "binpack" and result["seed"] == 3
     assert result["gpu_milli_total"] == 6_212_000

@@ -78,19 +78,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             alloc = statistics.fmean(100 * r.allocation_ratio for r in rs)
             unalloc = statistics.fmean(r.unallocated_gpu_percent_at_100 for r in rs)
             speed = statistics.fmean(r.decisions_per_second for r in rs)
+            cpu_speed = statistics.fmean(r.decisions_per_cpu_second for r in rs)
             summary.setdefault(name, {})[policy] = {
                 "allocated_percent": round(alloc, 3),
                 "allocated_percent_stdev": round(statistics.pstdev(100 * r.allocation_ratio for r in rs), 3),
                 "unallocated_percent_at_100": round(unalloc, 3),
                 "decisions_per_second": round(speed, 1),
+                "decisions_per_cpu_second": round(cpu_speed, 1),
             }
             cells.append(f"{alloc:.2f} ({unalloc:.2f})")
         print(f"| {name} | " + " | ".join(cells) + " |")
-    print("\nDecisions per second (mean):\n")
+    print("\nDecisions per second (mean; wall time / CPU time of the process):\n")
     print("| trace | " + " | ".join(policies) + " |")
     print("|---|" + "---:|" * len(policies))
     for name in names:
-        print(f"| {name} | " + " | ".join(f"{summary[name][p]['decisions_per_second']:.0f}" for p in policies) + " |")
+        print(f"| {name} | " + " | ".join(f"{summary[name][p]['decisions_per_second']:.0f} / {summary[name][p]['decisions_per_cpu_second']:.0f}"
+                                                   for p in policies) + " |")
     curves: dict[str, dict[str, list[float]]] = {}
     reference = load_reference(reference_path) if reference_path.is_file() else {}
     top = int(100 * args.arrive + 1e-9)
