@@ -13,7 +13,7 @@ from tessera.isolation import DeviceShare
 from tessera.isolation.build import NativeBuild
 from tessera.isolation.config import LoansConfig, write_workload_files
 from tessera.node.ledger import Ledger
-from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
+from tessera.node.reclaim import Reclaim, Reclaimer, ReclaimerThread, prepare_directory
 from tests.isolation.conftest import GiB, Probe, clean_env, fake_uuids
 
 GPU = "NVIDIA L4=24Gi"
@@ -82,3 +82,87 @@ def test_owner_waits_and_the_borrower_is_killed(native, tmp_path, gpu, probe):  
     assert r.victim_pid == borrower.proc.pid
     assert "GPU memory loan of 14 GiB reclaimed for owner on GPU-" in r.message()
     assert third("info")["rc"] == 0  # still answering
+
+
+def test_the_lowest_priority_loses_its_loan_first(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    low = started(probe, workload(native, tmp_path, "low", gpu, GiB, 20 * GiB, priority=10))
+    low.alloc(5 * GiB)  # 4 GiB on loan
+    high = started(probe, workload(native, tmp_path, "high", gpu, GiB, 20 * GiB, priority=100))
+    high.alloc(7 * GiB)  # 6 GiB on loan: the larger loan, but the higher priority
+    owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
+    owner.send(f"alloc {14 * GiB}")  # 11 GiB free: needs one reclaim
+    done: list[Reclaim] = []
+    thread = ReclaimerThread(tmp_path / "loans", done.append).start()
+    try:
+        assert "rc=0" in owner.raw("", timeout=10)
+    finally:
+        thread.stop()
+    assert low.proc.wait(timeout=5) == -signal.SIGKILL
+    assert high.proc.poll() is None and [r.victim_share for r in done] == ["low"]
+
+
+def test_equal_priority_the_largest_loan_goes_first(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    small = started(probe, workload(native, tmp_path, "small", gpu, GiB, 20 * GiB))
+    small.alloc(5 * GiB)  # 4 GiB on loan
+    large = started(probe, workload(native, tmp_path, "large", gpu, GiB, 20 * GiB))
+    large.alloc(7 * GiB)  # 6 GiB on loan
+    owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
+    owner.send(f"alloc {14 * GiB}")
+    thread = ReclaimerThread(tmp_path / "loans", lambda r: None).start()
+    try:
+        assert "rc=0" in owner.raw("", timeout=10)
+    finally:
+        thread.stop()
+    assert large.proc.wait(timeout=5) == -signal.SIGKILL
+    assert small.proc.poll() is None
+
+
+def test_a_reclaimer_killed_mid_reclaim_resumes_with_the_same_victim(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    first = started(probe, workload(native, tmp_path, "first", gpu, GiB, 20 * GiB))
+    first.alloc(7 * GiB)
+    second = started(probe, workload(native, tmp_path, "second", gpu, GiB, 20 * GiB))
+    second.alloc(5 * GiB)
+    owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
+    owner.send(f"alloc {14 * GiB}")
+    time.sleep(0.2)  # the demand is on the ledger
+    # A reclaimer that writes its decision and dies before the kill (kill -9 of the agent there).
+    dying = Reclaimer(tmp_path / "loans", kill=lambda pid, why: False)
+    decided = dying.poll()
+    dying.close()
+    assert [r.victim_share for r in decided] == ["first"] and first.proc.poll() is None
+    # The agent's next life: the same process is killed, no second victim is chosen.
+    again = Reclaimer(tmp_path / "loans")
+    try:
+        deadline = time.monotonic() + 10
+        while first.proc.poll() is None and time.monotonic() < deadline:
+            assert again.poll() == []  # resumed, not decided anew
+        assert "rc=0" in owner.raw("", timeout=10)
+        for _ in range(20):
+            assert again.poll() == []
+    finally:
+        again.close()
+    assert first.proc.wait(timeout=5) == -signal.SIGKILL
+    assert second.proc.poll() is None
+
+
+def test_a_loan_gone_before_the_restart_is_not_taken_again(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    first = started(probe, workload(native, tmp_path, "first", gpu, GiB, 20 * GiB))
+    first.alloc(7 * GiB)
+    second = started(probe, workload(native, tmp_path, "second", gpu, GiB, 20 * GiB))
+    second.alloc(5 * GiB)
+    owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
+    owner.send(f"alloc {14 * GiB}")
+    time.sleep(0.2)
+    dying = Reclaimer(tmp_path / "loans", kill=lambda pid, why: False)
+    assert [r.victim_share for r in dying.poll()] == ["first"]
+    dying.close()
+    first.close()  # the borrower ends by itself before the agent comes back: its loan is gone
+    first.proc.wait(timeout=5)
+    again = Reclaimer(tmp_path / "loans")
+    try:
+        assert "rc=0" in owner.raw("", timeout=10)  # served by the memory the borrower freed
+        for _ in range(20):
+            assert again.poll() == []
+    finally:
+        again.close()
+    assert second.proc.poll() is None  # nobody was killed for a loan that no longer exists
