@@ -13,6 +13,7 @@ must land on them select it, so other modules' nodes never stand in.
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -305,3 +306,79 @@ def test_an_unknown_topology_level_waits_naming_the_annotation(env: Env, kube_cl
     apply(env, ns, pod_yaml("shelf", annotations={"tessera.io/topology-required": "shelf"}))
     reason = pending_reason(kube_client, ns, "shelf")
     assert "tessera.io/topology-required" in reason and "shelf" in reason, reason
+
+
+# ---- consolidation -------------------------------------------------------------------------------
+
+def owned_pod(env: Env, ns: str, name: str, rs: dict[str, Any], labels: dict[str, str], portion: str) -> None:
+    """A pod as a ReplicaSet's controller would create it (the test cluster runs no controllers)."""
+    body = yaml.safe_load(pod_yaml(name, {"nodeSelector": {"nvidia.com/gpu.clique": "c1"}}, labels,
+                                   annotations={names.GPU_PORTION: portion, names.GPU_MODEL: "A100-80GB"},
+                                   cpu="100m"))
+    body["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                            "name": rs["metadata"]["name"], "uid": rs["metadata"]["uid"],
+                                            "controller": True}]
+    apply(env, ns, yaml.safe_dump(body))
+
+
+def replica_set(env: Env, ns: str, name: str, app: str) -> dict[str, Any]:
+    rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name},
+          "spec": {"replicas": 2, "selector": {"matchLabels": {"app": app}},
+                   "template": {"metadata": {"labels": {"app": app}}, "spec": {
+                       "schedulerName": "tessera", "containers": [{"name": "main", "image": "example.invalid/app:1"}]}}}}
+    apply(env, ns, yaml.safe_dump(rs))
+    out = env.cluster.kubectl("get", "replicaset", name, "-n", ns, "-o", "json").stdout
+    return dict(json.loads(out))
+
+
+def whole(name: str, host: str) -> str:
+    body = yaml.safe_load(pod_yaml(name, {"nodeSelector": {"kubernetes.io/hostname": host}},
+                                   annotations={names.GPU_MODEL: "A100-80GB"}, cpu="100m"))
+    body["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    return yaml.safe_dump(body)
+
+
+def events_of(client: Client, ns: str, name: str, reason: str) -> list[Event]:
+    return [e for e in client.list(Event, namespace=ns) if e.involvedObject.name == name and e.reason == reason]
+
+
+def test_consolidation_moves_a_replicaset_pod_unless_a_pdb_forbids(env: Env, kube_client: Client, ns: str) -> None:
+    # topo-1 full (two whole-GPU blockers); two 0.6 shares of ReplicaSet pods then take both GPUs of topo-0
+    apply(env, ns, whole("block-0", "cst-topo-1") + "---\n" + whole("block-1", "cst-topo-1"))
+    assert node_of(kube_client, ns, "block-1", timeout=60) == "cst-topo-1"
+
+    def fill(app: str) -> None:
+        rs = replica_set(env, ns, app, app)
+        for i in range(2):
+            owned_pod(env, ns, f"{app}-{i}", rs, {"app": app}, "0.6")
+        assert {node_of(kube_client, ns, f"{app}-{i}", timeout=60) for i in range(2)} == {"cst-topo-0"}
+
+    # (1) a PodDisruptionBudget forbids evicting them: nothing moves, the whole-GPU pod waits
+    fill("guarded")
+    apply(env, ns, yaml.safe_dump({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                                   "metadata": {"name": "guarded"},
+                                   "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}}))
+    kube_client.delete(Pod, "block-0", namespace=ns, grace_period=0)  # a free GPU on topo-1
+    apply(env, ns, whole("needs-whole", "cst-topo-0"))
+    refused = wait_until("NotMoved event", lambda: [e for i in range(2)
+                                                    for e in events_of(kube_client, ns, f"guarded-{i}", "NotMoved")], 60)
+    assert "disruption budget" in (refused[0].message or ""), refused[0].message
+    still_pending(kube_client, ns, "needs-whole", 3.0)
+    assert all(kube_client.get(Pod, f"guarded-{i}", namespace=ns).metadata.deletionTimestamp is None
+               for i in range(2))
+    for p in ("needs-whole", "guarded-0", "guarded-1"):
+        kube_client.delete(Pod, p, namespace=ns, grace_period=0)
+    wait_until("guarded pods gone", lambda: not [p for p in kube_client.list(Pod, namespace=ns)
+                                                 if p.metadata.name.startswith(("guarded", "needs"))])
+
+    # (2) without a budget: one is evicted (its ReplicaSet would recreate it) and the pod binds
+    apply(env, ns, whole("block-2", "cst-topo-1"))
+    assert node_of(kube_client, ns, "block-2", timeout=60) == "cst-topo-1"
+    fill("web")
+    kube_client.delete(Pod, "block-2", namespace=ns, grace_period=0)
+    apply(env, ns, whole("needs-whole-2", "cst-topo-0"))
+    assert node_of(kube_client, ns, "needs-whole-2", timeout=60) == "cst-topo-0"
+    moved = [i for i in range(2) if events_of(kube_client, ns, f"web-{i}", "Moved")]
+    assert len(moved) == 1, moved
+    message = events_of(kube_client, ns, f"web-{moved[0]}", "Moved")[0].message or ""
+    assert "needs-whole-2" in message and "ReplicaSet" in message, message

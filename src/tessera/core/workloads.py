@@ -74,6 +74,9 @@ class Workload:
     constraints: tuple[NodeConstraint | None, ...] = ()
     """Empty, or one entry per pod: where that pod may run and which nodes it prefers
     (``tessera.core.constraints``); None means any node."""
+    movable: bool = True
+    """Consolidation may move its pods (the adapter can restart a pod elsewhere: on
+    Kubernetes, a controller recreates an evicted pod; a bare pod cannot be moved)."""
 
     @classmethod
     def gang(

@@ -233,6 +233,23 @@ class Writer:
 
         await self._call(f"delete pod {namespace}/{name}", op)
 
+    async def evict_api(self, pod: PodInfo, reason: str, message: str) -> None:
+        """Evict through the Eviction API (pods/eviction), so PodDisruptionBudgets are honoured:
+        raises ApiError 429 when a budget forbids it (nothing is written then)."""
+        from lightkube.resources.core_v1 import PodEviction
+
+        async def op() -> None:
+            try:
+                await self.client.create(
+                    PodEviction(metadata=ObjectMeta(name=pod.name, namespace=pod.namespace)),
+                    name=pod.name, namespace=pod.namespace)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+
+        await op()
+        await self.event(pod, reason, message, "Normal")
+
     async def event(self, pod: PodInfo, reason: str, message: str, type_: str = "Normal") -> None:
         now = _now()
         obj = codecs.from_dict({

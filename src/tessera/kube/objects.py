@@ -77,6 +77,8 @@ class PodInfo:
     """What it states about its node beyond GPU/CPU/memory (None: nothing)."""
     sched_error: str | None = None
     topology: TopologyRequest | None = None
+    owner: str | None = None
+    """Kind of its controller (ownerReferences with controller: true), e.g. ReplicaSet."""
     """tessera.io/topology-required|preferred (or KAI's spelling) on the pod."""
     version: int = field(default_factory=lambda: next(_versions))
     """Changes with every event, so cached derivations know when to recompute: a number drawn
@@ -234,6 +236,7 @@ def pod_info(pod: Any) -> PodInfo:
         spec_priority_class=spec.priorityClassName if spec else None,
         scheduled_message=message,
         group=annotations.get(names.POD_GROUP) or labels.get(names.POD_GROUP),
+        owner=next((r.kind for r in meta.ownerReferences or () if r.controller), None),
     )
     if labels.get(names.RESERVATION_LABEL) == "true":
         try:

@@ -73,8 +73,12 @@ from tessera.kube.snapshot import (
 
 log = logging.getLogger("tessera.kube")
 
-ACTIONS = ("allocate", "reclaim", "preempt", "backfill")
-"""Consolidation is left out: it moves running pods, which a Kubernetes pod cannot do."""
+ACTIONS = ("allocate", "consolidate", "reclaim", "preempt", "backfill")
+"""Consolidation moves a pod by evicting it (Eviction API, so PodDisruptionBudgets hold) when
+its controller recreates it (ReplicaSet, StatefulSet, Job); bare pods are never moved."""
+
+UNMOVABLE_SECONDS = 300.0
+"""How long a pod whose eviction was refused (a PodDisruptionBudget) is not moved again."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,8 @@ class KubeScheduler:
         self.wake = asyncio.Event()
         self.assumed: dict[PodKey, Placement] = {}
         self.evicting: set[PodKey] = set()
+        self.unmovable: dict[PodKey, float] = {}
+        """Pods consolidation must not move before the given time (their eviction was refused)."""
         self.bind_failures: dict[PodKey, tuple[str, int, float]] = {}
         """Pods whose binding failed: (the error, failures in a row, no retry before).
         A binding refused for a wiring reason (webhook, RBAC) would otherwise be retried and
@@ -269,7 +275,8 @@ class KubeScheduler:
             self.nodes.items, self.pods.items, self.projects.items, self.pod_groups.items,
             self.assumed, self.evicting, time.time(),
             {n: (v[0], v[1], v[2]) for n, v in self.foreign.items()},
-            self.foreign_pods.items.values(), self.namespaces.items, self.claims.items)
+            self.foreign_pods.items.values(), self.namespaces.items, self.claims.items,
+            self._unmovable_now())
         config = self.opts.cycle_config(bool(self.evicting))
         try:
             plan = await asyncio.to_thread(run_cycle, snapshot, config)
@@ -289,8 +296,53 @@ class KubeScheduler:
         return plan
 
     # ---- applying a plan -----------------------------------------------------------------
+    def _unmovable_now(self) -> set[PodKey]:
+        now = time.monotonic()
+        for key in [k for k, until in self.unmovable.items() if until <= now]:
+            del self.unmovable[key]
+        return set(self.unmovable)
+
+    def _apply_moves(self, plan: Plan, ctx: Context) -> list[PodKey]:
+        """Evict the pods consolidation moves (their controllers recreate them, and the next
+        cycles place the new pods); returns them, for the bindings that need their room."""
+        moved: list[PodKey] = []
+        waiting_for = [b for b in plan.bindings if b.action == "consolidate"]
+        for m in plan.moves:
+            key = ctx.pods_of[m.workload_id][m.pod]
+            pod = self.pods.items.get(key)
+            if pod is None or key in self.evicting or not pod.node:
+                continue
+            self.evicting.add(key)
+            moved.append(key)
+            message = (f"{m.reason} (from {m.source.node} to {m.target.node}): evicted through the "
+                       f"Eviction API; its {pod.owner or 'controller'} recreates it")
+            self._spawn(self._move(pod, message, [ctx.pods_of[b.workload_id][pb.pod]
+                                                  for b in waiting_for for pb in b.pods]))
+        return moved
+
+    async def _move(self, pod: PodInfo, message: str, dependents: list[PodKey]) -> None:
+        try:
+            await self.writer.evict_api(pod, "Moved", message)
+        except Exception as exc:
+            # A PodDisruptionBudget (429) or anything else: the room is not made, so the
+            # bindings waiting for it are called off; the pod is not moved again for a while.
+            log.info("moving %s/%s refused: %r", pod.namespace, pod.name, exc)
+            self.evicting.discard(pod.key)
+            self.unmovable[pod.key] = time.monotonic() + UNMOVABLE_SECONDS
+            why = exc.status.message if isinstance(exc, ApiError) and exc.status else str(exc)
+            self._spawn(self.writer.event(pod, "NotMoved", f"consolidation wanted to move it but the "
+                                          f"eviction was refused: {why}; not tried again for "
+                                          f"{UNMOVABLE_SECONDS:.0f}s", "Warning"))
+            for key in dependents:
+                task = self.tasks.pop(key, None)
+                if task is not None:
+                    task.cancel()
+                self.assumed.pop(key, None)
+            self.wake.set()
+
     def apply(self, plan: Plan, ctx: Context) -> None:
         pods = self.pods.items
+        moved = self._apply_moves(plan, ctx)
         for e in plan.evictions:
             for key in ctx.pods_of.get(e.workload_id, []):
                 pod = pods.get(key)
@@ -308,6 +360,8 @@ class KubeScheduler:
         for b in plan.bindings:
             keys = ctx.pods_of[b.workload_id]
             victims = [k for wid in b.after_evictions for k in ctx.pods_of.get(wid, [])]
+            if b.action == "consolidate":
+                victims += moved
             for pb in b.pods:
                 key = keys[pb.pod]
                 pod = pods.get(key)

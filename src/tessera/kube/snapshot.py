@@ -8,7 +8,7 @@ but not yet seen bound), returns the snapshot plus what the adapter needs to app
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,6 +35,9 @@ from tessera.kube.predicates.spec import SchedulingSpec
 from tessera.kube.predicates.topology import Domain, TopologyRequest, choose_domain
 
 log = logging.getLogger(__name__)
+
+RECREATED_BY = frozenset({"ReplicaSet", "StatefulSet", "Job"})
+"""Controllers that recreate an evicted pod: only their pods are moved by consolidation."""
 
 FENCE_PROJECT = "tessera.io/unschedulable-nodes"
 FENCE_WORKLOAD = "tessera.io/unschedulable-nodes"
@@ -116,11 +119,13 @@ class SnapshotBuilder:
         foreign_pods: Iterable[ForeignPod | None] = (),
         namespaces: Mapping[str, Mapping[str, str]] | None = None,
         claims: Mapping[PodKey, str] | None = None,
+        unmovable: Collection[PodKey] = frozenset(),
     ) -> tuple[Snapshot, Context]:
         """``foreign``: node -> (whole GPUs, CPU millicores, memory bytes) that pods of other
         schedulers hold there; ``foreign_pods``: those pods (labels, affinity, ports) for the
         predicates; ``namespaces``: namespace -> labels; ``claims``: PersistentVolumeClaim
-        (namespace, name) -> phase."""
+        (namespace, name) -> phase; ``unmovable``: pods consolidation must not move now (an
+        eviction of theirs was refused, e.g. by a PodDisruptionBudget)."""
         claims = claims or {}
         ctx = Context()
         core_nodes: list[Node] = [ni.node for ni in nodes.values() if ni.node is not None]
@@ -166,11 +171,12 @@ class SnapshotBuilder:
             pg = pod_groups.get((gkey[1], gkey[2])) if gkey[0] == "g" else None
             sig = (None if pg is None else pg.version, owner.get(gkey[1]),
                    tuple((p.version, assumed.get(p.key)) for p in members),
-                   _claims_sig(members, claims))
+                   _claims_sig(members, claims), tuple(p.key in unmovable for p in members))
             cached = self._memo.get(gkey)
             if cached is None or cached[0] != sig:
                 members.sort(key=lambda p: p.name)
-                w, keys, waits = _workload(gkey, members, pg, owner, assumed, ctx, tree, now, claims)
+                w, keys, waits = _workload(gkey, members, pg, owner, assumed, ctx, tree, now, claims,
+                                           unmovable)
                 cached = (sig, w, keys, waits)
             memo[gkey] = cached
             _, w, keys, waits = cached
@@ -400,6 +406,7 @@ def _workload(
     tree: ProjectTree,
     now: float,
     claims: Mapping[PodKey, str] | None = None,
+    unmovable: Collection[PodKey] = frozenset(),
 ) -> tuple[Workload | None, list[PodKey], dict[PodKey, str]]:
     kind, ns, gname = gkey
     pending = [p for p in members if not p.node and p.key not in assumed]
@@ -459,6 +466,7 @@ def _workload(
         started_at=started,
         placements=tuple(placements),
         preemptible=False if terminating else None,
+        movable=all(p.owner in RECREATED_BY and p.key not in unmovable for p in members),
         name=gname,
     )
     try:

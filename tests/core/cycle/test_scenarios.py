@@ -410,6 +410,15 @@ def test_consolidation_never_moves_whole_gpu_or_non_preemptible_workloads() -> N
     assert plan.moves == ()
 
 
+def test_consolidation_never_moves_a_workload_its_adapter_cannot_move() -> None:
+    from dataclasses import replace
+
+    ns = nodes(2, gpus=1)
+    pinned = [replace(workload(ns, f"x{i}", "b", 0.5, on=[f"n{i}:0"]), movable=False) for i in (1, 2)]
+    plan = cycle(ns, [project("a", 1), project("b", 1)], [*pinned, workload(ns, "w", "a", 1)])
+    assert plan.moves == () and bound(plan) == {}
+
+
 # -- nested projects ----------------------------------------------------------------------------
 
 

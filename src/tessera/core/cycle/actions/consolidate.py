@@ -28,7 +28,7 @@ class Consolidate:
         movable = [
             v
             for v in session.workloads.values()
-            if session.evictable(v, "preempt") and all(r.gpu.shared for r in v.spec.pods)
+            if v.spec.movable and session.evictable(v, "preempt") and all(r.gpu.shared for r in v.spec.pods)
         ]
         if not movable:
             return
