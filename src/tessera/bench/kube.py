@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -31,8 +32,21 @@ from typing import Any
 
 import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
-from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.core_v1 import (
+    Affinity,
+    Container,
+    NodeAffinity,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    PodAntiAffinity,
+    PodSpec,
+    PreferredSchedulingTerm,
+    ResourceRequirements,
+    Toleration,
+)
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
 from tessera.kube import names
@@ -44,15 +58,56 @@ from tessera.testing.gpu_nodes import NodeShape
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _pod(ns: str, name: str, whole: bool) -> Pod:
+CONSTRAINT_KINDS = ("nodeSelector", "affinity", "tolerations", "anti-affinity")
+
+
+def _constraint(kind: str, i: int) -> tuple[dict[str, str], dict[str, Any]]:
+    """(labels, spec fields) of a constrained pod: satisfiable on every simulated node, so the
+    cluster still fills up, but each one goes through the predicates."""
+    if kind == "nodeSelector":
+        return {}, {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                                     "type": "kwok"}}
+    if kind == "affinity":
+        return {}, {"affinity": NodeAffinity_(i)}
+    if kind == "tolerations":
+        return {}, {"tolerations": [Toleration(key="dedicated", operator="Equal", value="gpu",
+                                               effect="NoSchedule"),
+                                    Toleration(key="node.kubernetes.io/unreachable", operator="Exists",
+                                               effect="NoExecute", tolerationSeconds=300)]}
+    group = f"g{i % 50}"
+    return {"app": group}, {"affinity": Affinity(podAntiAffinity=PodAntiAffinity(
+        requiredDuringSchedulingIgnoredDuringExecution=[PodAffinityTerm(
+            labelSelector=LabelSelector(matchLabels={"app": group}),
+            topologyKey="kubernetes.io/hostname")]))}
+
+
+def NodeAffinity_(i: int) -> Affinity:
+    return Affinity(nodeAffinity=NodeAffinity(
+        requiredDuringSchedulingIgnoredDuringExecution=NodeSelector(nodeSelectorTerms=[
+            NodeSelectorTerm(matchExpressions=[NodeSelectorRequirement(
+                key="nvidia.com/gpu.memory", operator="Gt", values=["40000"])])]),
+        preferredDuringSchedulingIgnoredDuringExecution=[PreferredSchedulingTerm(
+            weight=10, preference=NodeSelectorTerm(matchExpressions=[NodeSelectorRequirement(
+                key="kubernetes.io/hostname", operator="NotIn", values=[f"gpu-node-{i % 7}"])]))]))
+
+
+def _pod(ns: str, name: str, whole: bool, constraint: str | None = None, i: int = 0) -> Pod:
+    labels, extra = _constraint(constraint, i) if constraint else ({}, {})
     return Pod(
-        metadata=ObjectMeta(name=name, namespace=ns,
+        metadata=ObjectMeta(name=name, namespace=ns, labels=labels or None,
                             annotations=None if whole else {names.GPU_PORTION: "0.5"}),
         spec=PodSpec(schedulerName=names.SCHEDULER_NAME, containers=[Container(
             name="main", image="example.invalid/train:1",
             resources=ResourceRequirements(limits={names.GPU_RESOURCE: "1"}) if whole else None,
-        )]),
+        )], **extra),
     )
+
+
+def _kind_of(i: int, fraction: float) -> str | None:
+    """Every pod i with (i mod 100) < fraction*100 is constrained, kinds in turn."""
+    if (i % 100) >= round(fraction * 100):
+        return None
+    return CONSTRAINT_KINDS[i % len(CONSTRAINT_KINDS)]
 
 
 async def _submit(raw: RawApi, pods: list[Pod], concurrency: int = 32) -> float:
@@ -105,8 +160,8 @@ async def _wait_bound(client: AsyncClient, ns: str, want: int, timeout: float) -
 
 
 async def _phase(client: AsyncClient, raw: RawApi, ns: str, count: int, whole: bool, prefix: str,
-                 timeout: float) -> dict[str, float]:
-    pods = [_pod(ns, f"{prefix}-{i:05d}", whole) for i in range(count)]
+                 timeout: float, constrained: float = 0.0) -> dict[str, float]:
+    pods = [_pod(ns, f"{prefix}-{i:05d}", whole, _kind_of(i, constrained), i) for i in range(count)]
     t0 = time.monotonic()
     waiter = asyncio.create_task(_wait_bound(client, ns, count, timeout))
     submit = await _submit(raw, pods)
@@ -136,7 +191,8 @@ async def _run(cluster: TestCluster, args: argparse.Namespace) -> dict[str, Any]
     timeout = args.timeout
     if args.whole:
         print(f"phase 1: {args.whole} one-GPU pods", file=sys.stderr, flush=True)
-        result["whole"] = await _phase(client, raw, "bulk", args.whole, True, "whole", timeout)
+        result["whole"] = await _phase(client, raw, "bulk", args.whole, True, "whole", timeout,
+                                       args.constrained)
         print(f"  {result['whole']}", file=sys.stderr, flush=True)
         print("phase 2: reclaim one GPU for project starved", file=sys.stderr, flush=True)
         t0 = time.monotonic()
@@ -153,12 +209,18 @@ async def _run(cluster: TestCluster, args: argparse.Namespace) -> dict[str, Any]
         result["delete_seconds"] = round(time.monotonic() - t0, 2)
     if args.half:
         print(f"phase 3: {args.half} half-GPU pods", file=sys.stderr, flush=True)
-        result["half"] = await _phase(client, raw, "bulk", args.half, False, "half", timeout)
+        result["half"] = await _phase(client, raw, "bulk", args.half, False, "half", timeout,
+                                      args.constrained)
         print(f"  {result['half']}", file=sys.stderr, flush=True)
         res = [p async for p in client.list(Pod, namespace=names.SYSTEM_NAMESPACE,
                                             labels={names.RESERVATION_LABEL: "true"})]
         result["reservation_pods"] = len(res)
     return result
+
+
+def _cycle_times(log: str) -> list[float]:
+    """Durations of the cycles the scheduler logged (those that bound or evicted something)."""
+    return [float(m.group(1)) for m in re.finditer(r"waiting in ([0-9.]+)s \(core", log)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--whole", type=int, default=4000, help="one-GPU pods")
     parser.add_argument("--half", type=int, default=4000, help="half-GPU pods")
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--constrained", type=float, default=0.0, metavar="FRACTION",
+                        help="share of pods carrying a nodeSelector, node affinity (required Gt + "
+                             "preferred NotIn), tolerations or hostname anti-affinity (in turn)")
     parser.add_argument("--concurrency", type=int, default=32, help="scheduler's API writes")
     parser.add_argument("--profile", default=None, help="cProfile the scheduler into PATH")
     parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=False,
@@ -179,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     cluster = TestCluster(report=say)
+    log_text = ""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         cluster.start()
@@ -209,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                                           stdin=subprocess.DEVNULL))
         time.sleep(1.0)
         result = asyncio.run(_run(cluster, args))
+        log_text = (logs / "bench-scheduler.log").read_text(errors="replace")
         if args.logs:
             for p in procs:
                 p.terminate()
@@ -228,8 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     half = result.get("half", {}).get("seconds_to_all_bound", 0.0)
     pods = (args.whole if "whole" in result else 0) + (args.half if "half" in result else 0)
     total = whole + half
+    cycles = _cycle_times(log_text)
     out = {
         "nodes": args.nodes,
+        "constrained": args.constrained,
+        "cycles_logged": len(cycles),
+        "cycle_seconds_p50": round(sorted(cycles)[len(cycles) // 2], 3) if cycles else None,
+        "cycle_seconds_max": round(max(cycles), 3) if cycles else None,
         "http2": args.http2,
         "gpus": args.nodes * args.gpus_per_node,
         "pods": pods,

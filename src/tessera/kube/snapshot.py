@@ -104,7 +104,8 @@ class SnapshotBuilder:
         self._projects_sig: tuple[Any, ...] | None = None
         self.view = ClusterView()
         """What the Kubernetes predicates read while the cycle runs (see tessera.kube.predicates)."""
-        self._constraints: dict[tuple[Any, ...], KubeConstraint] = {}
+        self._others: dict[PodKey, tuple[tuple[Any, ...], OtherPod]] = {}
+        """The predicates' view of each snapshot pod, kept while the pod and its place are."""
 
     def build(
         self,
@@ -207,15 +208,23 @@ class SnapshotBuilder:
         constraint (tessera.kube.predicates)."""
         facts = nodes_facts(nodes)
         others: list[OtherPod] = []
+        known = self._others
+        fresh: dict[PodKey, tuple[tuple[Any, ...], OtherPod]] = {}
         for w in workloads:
             for i, key in enumerate(ctx.pods_of[w.id]):
                 p = pods[key]
                 pl = w.placement_of(i)
-                sp = p.sched
-                others.append(OtherPod(p.namespace, p.labels, sp, ref=(w.id, i),
-                                       start_node=None if pl is None else pl.node,
-                                       resources=dict(sp.resources) if sp else {},
-                                       ports=sp.host_ports if sp else ()))
+                start = None if pl is None else pl.node
+                sig = (p.version, w.id, i, start)
+                got = known.get(key)
+                if got is None or got[0] != sig:
+                    sp = p.sched
+                    got = (sig, OtherPod(p.namespace, p.labels, sp, ref=(w.id, i), start_node=start,
+                                         resources=dict(sp.resources) if sp else {},
+                                         ports=sp.host_ports if sp else ()))
+                fresh[key] = got
+                others.append(got[1])
+        self._others = fresh
         others += foreign_others(foreign_pods, facts)
         view = self.view
         view.reset(facts, namespaces, others)
