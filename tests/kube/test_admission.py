@@ -393,6 +393,27 @@ INVALID = {
     "isolation-env-by-hand": (
         _runai({"gpu-fraction": "0.5"}, env=[{"name": "TESSERA_GPU_MEMORY_LIMIT", "value": "80G"}]),
         "env[TESSERA_GPU_MEMORY_LIMIT]: is set by tessera"),
+    # issue 14: envFrom could set the isolation variables env may not (finding 5)
+    "isolation-env-from-configmap": (
+        _runai({"gpu-fraction": "0.5"}, envFrom=[{"configMapRef": {"name": "limits"}}]),
+        "spec.containers[bad].envFrom[0]: could set tessera's GPU isolation variables"),
+    "isolation-env-from-secret-bad-prefix": (
+        _runai({"gpu-fraction": "0.5"}, envFrom=[{"secretRef": {"name": "s"},
+                                                  "prefix": "TESSERA_"}]),
+        "spec.containers[bad].envFrom[0]: could set tessera's GPU isolation variables"),
+    "isolation-fault-env-by-hand": (
+        _runai({"gpu-fraction": "0.5"}, env=[{"name": "TESSERA_ISOLATION_FAULT",
+                                              "value": "stall-in-lock"}]),
+        "env[TESSERA_ISOLATION_FAULT]: is set by tessera"),
+    # issue 14: quantities that once took a minute to convert (finding 2)
+    "runai-memory-huge": (_runai({"gpu-memory": "9" * 5000}),
+                          "metadata.annotations[gpu-memory]: must be a positive whole number of MiB"),
+    "runai-memory-limit-env-huge": (
+        _runai({"gpu-memory": "5000"}, env=[{"name": "RUNAI_GPU_MEMORY_LIMIT",
+                                             "value": "1e999999"}]),
+        "env[RUNAI_GPU_MEMORY_LIMIT]: is out of range"),
+    "tessera-memory-huge": (_canon({names.GPU_MEMORY: "1e999999"}),
+                            "metadata.annotations[tessera.io/gpu-memory]: is out of range"),
     "placement-by-hand": (_runai({"gpu-fraction": "0.5", names.PLACEMENT: '{"node":"n","devices":[0]}'}),
                           "metadata.annotations[tessera.io/placement]: is written by tessera only"),
     "placement-by-hand-without-share": (_canon({names.PLACEMENT: "{}"}),
@@ -420,6 +441,14 @@ def test_invalid_request_is_refused_with_its_field(kube_client: Client, team: tu
     message = refused(kube_client, manifest, team[0])
     assert expected in message, message
     assert "denied the request" in message
+
+
+def test_env_from_with_a_safe_prefix_is_accepted(kube_client: Client,
+                                                  team: tuple[str, str]) -> None:
+    ns, _ = team
+    pod = create(kube_client, runai_pod("envfrom-ok", {"gpu-fraction": "0.5"}, envFrom=[
+        {"configMapRef": {"name": "app-settings"}, "prefix": "APP_"}]), ns)
+    assert pod.metadata.name == "envfrom-ok"
 
 
 def test_project_comes_from_the_namespace(kube_client: Client, team: tuple[str, str]) -> None:

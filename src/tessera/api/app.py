@@ -26,6 +26,7 @@ from tessera.api.backend import (
     WorkloadQuery,
     WorkloadSubmission,
 )
+from tessera.api.limits import BodyLimit
 from tessera.api.models import (
     CORE_TO_API,
     ExecRequest,
@@ -73,11 +74,22 @@ def _api_field(field: str) -> str:
     return field
 
 
+_TYPE_TAGS = frozenset({"int", "float", "str", "bool", "none", "constrained-str", "json-or-python"})
+
+
+def _type_tag(part: str) -> bool:
+    """A union member's name pydantic puts in an error's location (``int``,
+    ``function-after[_clean(), constrained-str]``), not a field the user wrote."""
+    return part in _TYPE_TAGS or "[" in part
+
+
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     parts = []
     details = []
+    seen: set[str] = set()
     for err in errors:
-        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path")]
+        loc = [str(x) for x in err.get("loc", ())
+               if x not in ("body", "query", "path") and not _type_tag(str(x))]
         ctx = err.get("ctx") or {}
         if err.get("type") == "invalid_request" and "field" in ctx:
             field = ".".join([*loc, ctx["field"]])
@@ -89,6 +101,9 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, list[dict[st
             if isinstance(given, int | float | str) and not isinstance(given, bool) \
                     and len(str(given)) <= 80 and err.get("type") != "missing":
                 message += f" (got {given!r})"
+        if field in seen:  # one message per field (a union's members each report one)
+            continue
+        seen.add(field)
         parts.append(message)
         details.append({"field": field, "message": message})
     return "; ".join(parts), details
@@ -103,6 +118,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         redoc_url=None,
     )
     mount_offline_docs(app)
+    app.add_middleware(BodyLimit)
     bearer = HTTPBearer(auto_error=False)
 
     def authorized(
@@ -157,6 +173,17 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
             raise ApiError(401, "wrong clientId or clientSecret")
         value, expires = backend.issue_token(body.clientId)
         return {"accessToken": value, "expiresAt": int(expires)}
+
+    @app.delete("/api/v1/token", status_code=204, tags=["auth"])
+    def revoke(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Response:
+        """Revoke the bearer token this request carries (``tessera logout``)."""
+        if creds is None or creds.scheme.lower() != "bearer" \
+                or not backend.revoke_token(creds.credentials):
+            raise ApiError(401, "authentication required: send the token to revoke as "
+                           "Authorization: Bearer <token>")
+        return Response(status_code=204)
 
     api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorized)])
 

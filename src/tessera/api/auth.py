@@ -21,6 +21,7 @@ class AuthStore(Protocol):
     def set_client(self, client_id: str, secret_hash: str) -> None: ...
     def add_token(self, token_hash: str, client_id: str, ttl: float) -> float: ...
     def token_client(self, token_hash: str) -> str | None: ...
+    def remove_token(self, token_hash: str) -> bool: ...
 
 
 def secret_hash(secret: str) -> str:
@@ -57,3 +58,7 @@ class TokenAuth:
 
     def token_valid(self, token: str) -> bool:
         return self.auth_store.token_client(secret_hash(token)) is not None
+
+    def revoke_token(self, token: str) -> bool:
+        """Forget a token (``tessera logout``, ``DELETE /api/v1/token``); it stops working at once."""
+        return self.auth_store.remove_token(secret_hash(token))

@@ -7,12 +7,14 @@ API's own field names in the message.
 
 from __future__ import annotations
 
+import re
 import shlex
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
+from tessera.core import text as tx
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.requests import parse_gpu_request
@@ -27,7 +29,54 @@ CORE_TO_API = {
     "gpu_model": "gpuModel",
 }
 
-Number = float | int | str
+
+
+def _clean(value: str) -> str:
+    problem = tx.text_problem(value)
+    if problem is not None:
+        raise PydanticCustomError("invalid_text", problem)
+    return value
+
+
+# String fields any process, file and response can carry: no NUL byte, no lone surrogate
+# (tessera.core.text), and a length bound for each kind of field.
+ShortText = Annotated[str, Field(max_length=tx.MAX_SHORT), AfterValidator(_clean)]
+NameText = Annotated[str, Field(min_length=1, max_length=tx.MAX_NAME), AfterValidator(_clean)]
+EnvNameText = Annotated[str, Field(min_length=1, max_length=tx.MAX_ENV_NAME,
+                                   pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"), AfterValidator(_clean)]
+ArgText = Annotated[str, Field(max_length=tx.MAX_ARG), AfterValidator(_clean)]
+CommandText = Annotated[str, Field(max_length=tx.MAX_COMMAND), AfterValidator(_clean)]
+PathText = Annotated[str, Field(max_length=tx.MAX_PATH), AfterValidator(_clean)]
+ImageText = Annotated[str, Field(max_length=tx.MAX_IMAGE), AfterValidator(_clean)]
+SecretText = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_clean)]
+Number = float | int | ShortText
+
+
+class Strict(BaseModel):
+    """Every request body refuses fields it does not know (a typo is an error, not a no-op)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+_PLAIN = re.compile(r"[^'\"\\]*")
+_BLANKS = re.compile(r"[ \t\r\n]+")
+
+
+def split_command(command: str, args: str) -> list[str]:
+    """``command`` and ``args`` split as a POSIX shell would (no expansion). Text with no quote
+    or backslash is split on blanks directly, in linear time; only quoted text goes through
+    ``shlex`` (bounded by the fields' lengths)."""
+    argv: list[str] = []
+    for field, line in (("spec.command", command), ("spec.args", args)):
+        if _PLAIN.fullmatch(line):
+            argv += [w for w in _BLANKS.split(line) if w]
+            continue
+        try:
+            argv += shlex.split(line)
+        except ValueError as exc:
+            raise InvalidRequest(field, f"must be shell-quoted correctly: {exc}") from None
+    tx.check_argv(argv)
+    return argv
 
 
 def invalid(field: str, rule: str, value: object = None) -> PydanticCustomError:
@@ -37,18 +86,18 @@ def invalid(field: str, rule: str, value: object = None) -> PydanticCustomError:
     )
 
 
-class Compute(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    gpuDevicesRequest: int | None = Field(default=None, description="Whole GPUs, or devices to share")
+class Compute(Strict):
+    gpuDevicesRequest: int | None = Field(default=None, ge=0, le=1024,
+                                          description="Whole GPUs, or devices to share")
     gpuRequestType: Literal["portion", "memory"] | None = None
     gpuPortionRequest: Number | None = Field(default=None, description="Share of one GPU, (0, 1)")
     gpuPortionLimit: Number | None = Field(default=None, description="Burst cap, (0, 1]")
-    gpuMemoryRequest: str | int | None = Field(default=None, description="e.g. 5G, 4Gi, 2500M")
-    gpuMemoryLimit: str | int | None = None
-    gpuModel: str | None = Field(default=None, description="Allowed models, e.g. V100-16GB|A100-40GB")
-    cpuCoreRequest: float | None = None
-    cpuMemoryRequest: str | None = None
+    gpuMemoryRequest: ShortText | int | None = Field(default=None, description="e.g. 5G, 4Gi, 2500M")
+    gpuMemoryLimit: ShortText | int | None = None
+    gpuModel: ShortText | None = Field(default=None,
+                                      description="Allowed models, e.g. V100-16GB|A100-40GB")
+    cpuCoreRequest: float | None = Field(default=None, ge=0, le=100_000)
+    cpuMemoryRequest: ShortText | None = None
 
     _gpu: GpuRequest = PrivateAttr(default_factory=GpuRequest.none)
 
@@ -82,26 +131,27 @@ class Compute(BaseModel):
         return self._gpu
 
 
-class EnvVar(BaseModel):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    value: str = ""
+class EnvVar(Strict):
+    name: EnvNameText
+    value: ArgText = ""
 
 
-class PortSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PortSpec(Strict):
     container: int = Field(ge=1, le=65535, description="Port the workload listens on")
     external: int | None = Field(default=None, ge=1, le=65535,
                                  description="Port on the host (default: the same)")
 
 
-class WorkloadSpec(BaseModel):
-    image: str = Field(default="", description="Container image; with no command its entrypoint "
-                       "runs (embedded mode: through podman or docker)")
-    command: str = Field(default="", description="Program to run (shell-quoted)")
-    args: str = Field(default="", description="Its arguments (shell-quoted)")
-    environmentVariables: list[EnvVar] = Field(default_factory=list)
-    workingDir: str | None = None
+class WorkloadSpec(Strict):
+    image: ImageText = Field(
+        default="", description="Container image; with no command its entrypoint runs "
+        "(embedded mode: through podman or docker)")
+    command: CommandText = Field(
+        default="", description="Program to run (shell-quoted)")
+    args: CommandText = Field(
+        default="", description="Its arguments (shell-quoted)")
+    environmentVariables: list[EnvVar] = Field(default_factory=list, max_length=tx.MAX_ENV)
+    workingDir: PathText | None = None
     compute: Compute = Field(default_factory=Compute)
     priorityClass: (
         Literal["train", "build-preemptible", "build", "interactive", "inference"] | None
@@ -114,36 +164,24 @@ class WorkloadSpec(BaseModel):
     ports: list[PortSpec] = Field(default_factory=list, max_length=16,
                                   description="Ports to expose; the URLs show in list/describe")
 
-    _argv: list[str] = PrivateAttr(default_factory=list)
-
     @model_validator(mode="after")
-    def _split(self) -> WorkloadSpec:
-        try:
-            argv = shlex.split(self.command)
-        except ValueError as exc:
-            raise invalid("command", f"must be shell-quoted correctly: {exc}") from None
-        try:
-            argv += shlex.split(self.args)
-        except ValueError as exc:
-            raise invalid("args", f"must be shell-quoted correctly: {exc}") from None
-        if not argv and not self.image:
-            raise invalid("command", "is required: the command to run (or an image, whose "
-                          "entrypoint runs)")
+    def _gang(self) -> WorkloadSpec:
         if self.minWorkers is not None and self.minWorkers > self.workers:
             raise invalid("minWorkers", f"must be at most workers ({self.workers})", self.minWorkers)
-        self._argv = argv
         return self
 
     @property
     def argv(self) -> list[str]:
-        return self._argv
+        """The command line split into arguments; done by the route (a worker thread), not
+        while the body is parsed on the event loop."""
+        return split_command(self.command, self.args)
 
 
-class WorkloadCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=63)
-    projectId: str | None = Field(default=None, description="Project id (or name)")
-    projectName: str | None = None
-    clusterId: str | None = None
+class WorkloadCreate(Strict):
+    name: NameText
+    projectId: ShortText | None = Field(default=None, description="Project id (or name)")
+    projectName: ShortText | None = None
+    clusterId: ShortText | None = None
     useGivenNameAsPrefix: bool = False
     spec: WorkloadSpec
 
@@ -157,59 +195,52 @@ class WorkloadCreate(BaseModel):
         return self.spec.model_dump(exclude={"compute"}, exclude_none=True)
 
 
-class ExecRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    command: list[str] = Field(min_length=1, max_length=1000, description="argv, not a shell line")
+class ExecRequest(Strict):
+    command: list[ArgText] = Field(
+        min_length=1, max_length=1000, description="argv, not a shell line")
     pod: int = Field(default=0, ge=0, le=63)
     timeoutSeconds: float = Field(default=60, gt=0, le=3600)
 
 
-class TokenRequest(BaseModel):
-    grantType: str = "client_credentials"
-    clientId: str = Field(min_length=1)
-    clientSecret: str = Field(min_length=1)
+class TokenRequest(Strict):
+    grantType: ShortText = "client_credentials"
+    clientId: SecretText
+    clientSecret: SecretText
 
 
-class GpuQuota(BaseModel):
+class GpuQuota(Strict):
     deserved: float = Field(default=0, ge=0, le=10_000)
     limit: float | None = Field(default=None, ge=0, le=10_000)
     overQuotaWeight: float = Field(default=1, ge=0, le=1000)
 
 
-class ProjectResources(BaseModel):
+class ProjectResources(Strict):
     gpu: GpuQuota = Field(default_factory=GpuQuota)
 
 
-class ProjectCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=63)
+class ProjectCreate(Strict):
+    name: NameText
     resources: ProjectResources = Field(default_factory=ProjectResources)
     priority: int = Field(default=50, ge=0, le=1000)
 
 
-class ProjectUpdate(BaseModel):
+class ProjectUpdate(Strict):
     resources: ProjectResources = Field(default_factory=ProjectResources)
     priority: int = Field(default=50, ge=0, le=1000)
 
 
-class GpuQuotaPatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class GpuQuotaPatch(Strict):
     deserved: float | None = Field(default=None, ge=0, le=10_000)
     limit: float | None = Field(default=None, ge=0, le=10_000, description="null: no limit")
     overQuotaWeight: float | None = Field(default=None, ge=0, le=1000)
 
 
-class ProjectResourcesPatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ProjectResourcesPatch(Strict):
     gpu: GpuQuotaPatch = Field(default_factory=GpuQuotaPatch)
 
 
-class ProjectPatch(BaseModel):
+class ProjectPatch(Strict):
     """A partial update: only the fields given change (``limit: null`` removes the limit)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     resources: ProjectResourcesPatch = Field(default_factory=ProjectResourcesPatch)
     priority: int | None = Field(default=None, ge=0, le=1000)

@@ -7,6 +7,7 @@ the Kubernetes backend needs from SQLite.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -24,11 +25,14 @@ class TokenStore:
     """Implements ``tessera.api.auth.AuthStore``; only hashes of secrets and tokens are kept."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        path.chmod(0o600)
         self.path = path
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
 
@@ -75,3 +79,9 @@ class TokenStore:
                 (token_hash, time.time()),
             ).fetchone()
         return row[0] if row else None
+
+    def remove_token(self, token_hash: str) -> bool:
+        """Revoke a token; whether it existed."""
+        with self._lock:
+            cur = self._db.execute("DELETE FROM tokens WHERE token_hash=?", (token_hash,))
+        return cur.rowcount > 0

@@ -17,10 +17,21 @@ from tessera.api.backend import ProjectFields, WorkloadSubmission
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuRequest, Node
 from tessera.core.requests import estimate_gpus
+from tessera.core.text import (
+    MAX_IMAGE,
+    MAX_NAME,
+    MAX_PATH,
+    MAX_SHORT,
+    check_argv,
+    check_env,
+    check_text,
+    shown,
+)
 from tessera.core.units import format_gpus
 from tessera.core.workloads import PRIORITY_CLASSES
 
-NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+"""A DNS label; always used with ``fullmatch`` (``$`` would let a trailing newline through)."""
 NAME_RULE = ("must be lowercase letters, digits and '-', start and end alphanumeric, "
              "at most 63 characters")
 DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "inference"}
@@ -29,8 +40,8 @@ DEFAULT_CLASS = {"Training": "train", "Workspace": "build", "Inference": "infere
 
 def check_name(name: str, field: str = "name") -> None:
     """A project or workload name: a DNS label (it becomes a namespace or an object name)."""
-    if not NAME.match(name) or len(name) > 63:
-        raise InvalidRequest(field, NAME_RULE, name)
+    if not isinstance(name, str) or len(name) > MAX_NAME or not NAME.fullmatch(name):
+        raise InvalidRequest(field, NAME_RULE, shown(str(name)))
 
 
 def check_project(f: ProjectFields) -> None:
@@ -55,8 +66,16 @@ class Admitted:
 
 
 def check_submission(s: WorkloadSubmission) -> Admitted:
-    """The checks that need nothing but the submission."""
+    """The checks that need nothing but the submission. Every text field is checked here too
+    (``tessera.core.text``), whatever front end built the submission, so a value no process
+    can receive is refused before it is stored."""
     check_name(s.name)
+    check_text(s.project, "projectId", MAX_SHORT)
+    check_argv(list(s.command), "spec.command")
+    check_env(dict(s.env), "spec.environmentVariables")
+    check_text(s.image, "spec.image", MAX_IMAGE)
+    if s.working_dir is not None:
+        check_text(s.working_dir, "spec.workingDir", MAX_PATH)
     if not s.command and not s.image:
         raise InvalidRequest("spec.command", "is required: the command to run (or an image, "
                              "whose entrypoint runs)")

@@ -206,3 +206,26 @@ def login(
     config.update({"url": target, "token": token, "backend": backend})
     save_config(config)
     typer.echo(f"logged in to {target} as {client_id} ({backend})")
+
+
+@cli.command()
+def logout() -> None:
+    """Revoke the saved API token on the server and forget it here."""
+    from tessera.cli.client import server_url
+
+    config = load_config()
+    token = config.get("token")
+    if not token:
+        typer.echo("not logged in (no saved token)")
+        return
+    target = str(config.get("url") or server_url(config)).rstrip("/")
+    try:
+        Client(target, token).delete("/api/v1/token")
+        note = "token revoked"
+    except CliError as exc:
+        if exc.status != 401:
+            raise
+        note = "the token was already invalid"
+    config.pop("token", None)
+    save_config(config)
+    typer.echo(f"logged out of {target} ({note})")

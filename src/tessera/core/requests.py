@@ -6,12 +6,14 @@ field the user wrote.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest, Node
+from tessera.core.text import MAX_SHORT, check_text
 from tessera.core.units import (
     GiB,
     format_bytes,
@@ -28,6 +30,8 @@ def parse_models(value: str | Iterable[str] | None, field: str = "gpu_model") ->
     """``V100M16|V100M32`` (or a list) to a set of allowed GPU models; empty means any."""
     if value is None:
         return frozenset()
+    if isinstance(value, str):
+        check_text(value, field, MAX_SHORT)
     parts = [p.strip() for p in (value.split("|") if isinstance(value, str) else value)]
     if any(not p for p in parts) and parts != [""]:
         raise InvalidRequest(field, "must be model names separated by '|', with none empty", value)
@@ -116,8 +120,9 @@ def cgpu_request(total_gib: object, gpu_count: object = None) -> GpuRequest:
 
 def _parse_devices(value: object, field: str = "gpu_devices") -> int:
     text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
-        raise InvalidRequest(field, "must be a whole number of devices, 1 or more", value)
+    if isinstance(value, bool) or not re.fullmatch(r"[0-9]{1,6}", text) or int(text) < 1:
+        raise InvalidRequest(field, "must be a whole number of devices, 1 or more",
+                             value if len(text) <= 20 else f"{text[:20]}…")
     return int(text)
 
 

@@ -31,7 +31,7 @@ _SUFFIX: dict[str, int] = {
     "Pi": 2**50,
     "Ei": 2**60,
 }
-_QUANTITY = re.compile(r"^([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_QUANTITY = re.compile(r"^([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?\Z")
 _QUANTITY_RULE = (
     "must be a Kubernetes quantity such as 5G (5·10^9 bytes), 5Gi (5·2^30 bytes), "
     "2500M or 500000000"
@@ -41,6 +41,31 @@ _QUANTITY_RULE = (
 # Common spellings beside Kubernetes' own: 5GB = 5G (10^9), 5GiB = 5Gi (2^30), 5KB/5kB = 5k.
 _SPELLED = re.compile(r"^(.*[0-9.])\s*(?:([KMGTPE]i)B|([MGTPE])B|[kK]B)$")
 _LOWER = re.compile(r"^([+]?[0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([mgtpe](?:i?b)?|[kK]ib|[MGTPE]ib|[kmgtpe]i)$")
+
+
+MAX_QUANTITY_TEXT = 64
+"""Characters of a number or quantity; longer text is refused before any arithmetic."""
+MAX_EXPONENT = 30
+"""Largest decimal exponent accepted (10^30 bytes is far past any GPU). ``1e999999`` must be
+refused, not converted: turning it into an integer took a minute of one CPU."""
+_NUMBER = re.compile(r"[+-]?(?:[0-9]*\.?[0-9]+|[0-9]+\.)(?:[eE]([+-]?[0-9]+))?")
+
+
+def check_number_size(text: str, field: str, value: object) -> None:
+    """Refuse a number too long or with too large an exponent before it is computed with."""
+    if len(text) > MAX_QUANTITY_TEXT:
+        raise InvalidRequest(field, f"must be at most {MAX_QUANTITY_TEXT} characters",
+                             f"{text[:20]}… ({len(text)} characters)")
+    m = _NUMBER.match(text)
+    if m is None:
+        return
+    exp_text = m.group(1)
+    mantissa = text[: m.start(1) - 1] if exp_text else text[: m.end()]
+    exponent = 0 if not exp_text else int(exp_text) if len(exp_text) <= 6 else 10**6
+    whole = mantissa.lstrip("+-").split(".")[0].lstrip("0")
+    if abs(exponent) > MAX_EXPONENT or len(whole) + exponent > MAX_EXPONENT:
+        raise InvalidRequest(field, f"is out of range: numbers below 10^{MAX_EXPONENT}, "
+                             f"exponents within ±{MAX_EXPONENT}", value)
 
 
 def _respell(text: str) -> str:
@@ -65,9 +90,13 @@ def parse_memory(value: object, field: str) -> int:
     if isinstance(value, bool):
         raise InvalidRequest(field, _QUANTITY_RULE, value)
     if isinstance(value, int):
+        if abs(value) > 10**MAX_EXPONENT:
+            raise InvalidRequest(field, f"is out of range: numbers up to 10^{MAX_EXPONENT}",
+                                 "a number of more than 30 digits")
         amount = Decimal(value)
     else:
         text = _respell(str(value).strip())
+        check_number_size(text, field, value)
         _lowercase_hint(text, field, value)
         match = _QUANTITY.match(text)
         if match is None:
@@ -96,6 +125,9 @@ def parse_gpu_memory(value: object, field: str) -> int:
 
 def _positive_int(value: object, field: str, unit: str) -> int:
     text = str(value).strip()
+    if len(text) > 15:
+        raise InvalidRequest(field, f"must be a positive whole number of {unit} of at most 15 "
+                             "digits", f"{text[:20]}… ({len(text)} characters)")
     if isinstance(value, bool) or not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
         raise InvalidRequest(field, f"must be a positive whole number of {unit}, with no suffix", value)
     return int(text)
@@ -114,6 +146,7 @@ def parse_aliyun_gpu_mem(value: object, field: str = "aliyun.com/gpu-mem") -> in
 def parse_decimal(value: object, field: str, rule: str) -> Decimal:
     if isinstance(value, bool):
         raise InvalidRequest(field, rule, value)
+    check_number_size(str(value).strip(), field, value)
     try:
         number = Decimal(str(value).strip())
     except InvalidOperation as exc:

@@ -100,7 +100,7 @@ class ClusterProjects:
         return [self.doc(o) for o in objs]
 
     def get(self, id_or_name: str) -> Any:
-        if NAME.match(id_or_name):
+        if NAME.fullmatch(id_or_name):
             try:
                 return self.client.get(ProjectResource, id_or_name)
             except ApiError as exc:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,17 @@ from typing import Any
 from tessera.api.backend import Conflict, NotFound
 from tessera.core.errors import InvalidRequest
 from tessera.core.state import Placement
-from tessera.local import containers
+from tessera.core.text import check_argv, check_env
+from tessera.local import containers, faultpoints
+from tessera.local.exec_run import run_capped
 from tessera.local.gpus import Machine
 from tessera.local.isolation_hook import Isolation
 from tessera.local.runner import Runner
 from tessera.local.store import Store, Workload
+
+START_KEY = "TESSERA_START_KEY"
+"""In every pod process's environment: WORKLOAD/ATTEMPT/POD, how a restarted server finds the
+processes of a start it was killed in."""
 
 
 class PodProcesses:
@@ -59,6 +66,8 @@ class PodProcesses:
         for w in self.store.active_workloads():
             self.active[w.id] = w
             if w.phase == "Pending":
+                if w.spec.get("_starting"):
+                    self.resume_start(w)
                 continue
             alive = [
                 p for p in w.pods
@@ -106,62 +115,139 @@ class PodProcesses:
                     start_new_session=True)
 
     def start(self, w: Workload, placements: Sequence[Placement], message: str) -> None:
-        node = self.machine.node
-        by_index = {g.index: g for g in node.gpus}
+        """Start the workload's pods: intent, then start, then confirm.
+
+        The pods to start (devices, environment, command) are written to the store first, with
+        an attempt id that every pod process carries in its environment
+        (``TESSERA_START_KEY``); only then are processes launched, and the pids are written
+        once all run. A server killed in between finds the intent on restart
+        (``resume_start``) and re-attaches to the attempt's processes or kills them, so a pod
+        is never left running untracked nor started twice. Anything that fails here fails
+        this workload only, never the cycle."""
+        attempt = uuid.uuid4().hex[:12]
+        try:
+            pods = self._planned(w, placements, attempt)
+        except Exception as exc:  # a bad stored spec fails its workload, not every cycle
+            self._fail_start(w, [], exc)
+            return
+        w.spec["_starting"] = attempt
+        w.pods = pods
+        self.store.save(w, ("Starting", f"starting {len(pods)} pod(s) (attempt {attempt})"))
+        faultpoints.hit("start-intent")
+        launched: list[dict[str, Any]] = []
+        try:
+            for pod in pods:
+                if launched:
+                    faultpoints.hit("start-between-pods")
+                proc = self.runner.start(f"{w.id}-{pod['index']}", pod.pop("argv"),
+                                         pod.pop("hostEnv"), pod.pop("cwd"))
+                pod.update(pid=proc.pid, startTicks=proc.start_ticks, log=proc.log,
+                           exitFile=proc.exit_file, phase="Running")
+                launched.append(pod)
+        except Exception as exc:
+            self._fail_start(w, launched, exc)
+            return
+        faultpoints.hit("start-launched")
+        self._confirm(w, message, ("Started", f"{message}; pid "
+                                   f"{', '.join(str(p['pid']) for p in pods)}"))
+
+    def _planned(self, w: Workload, placements: Sequence[Placement],
+                 attempt: str) -> list[dict[str, Any]]:
+        """The pod records to start (phase Starting, no pid yet), with what launching needs."""
+        by_index = {g.index: g for g in self.machine.node.gpus}
         argv = list(w.spec.get("_argv") or [])
         container = w.spec.get("_container")
         pods: list[dict[str, Any]] = []
-        try:
-            for i, p in enumerate(placements):
-                env = self.env(w, i, p)
-                pod_argv, cwd = argv, w.spec.get("workingDir")
-                if container:
-                    rt = containers.Runtime(container["runtime"], container["path"],
-                                            bool(container.get("cdi")))
-                    pod_argv = rt.run_argv(f"{w.id}-{i}", container["image"], env,
-                                           [by_index[d].uuid for d in p.devices],
-                                           containers.isolation_mounts(env),
-                                           ports=[tuple(x) for x in w.spec.get("_ports") or []])
-                    env["TESSERA_CONTAINER"] = f"{rt.name}:{rt.container_name(f'{w.id}-{i}')}"
-                    cwd = None
-                host_env = {**os.environ, **env}
-                if container:  # the preload is for the container's processes, not the runtime's
-                    host_env.pop("LD_PRELOAD", None)
-                proc = self.runner.start(f"{w.id}-{i}", pod_argv, host_env, cwd)
-                pods.append({
-                    "index": i,
-                    "phase": "Running",
-                    "node": p.node,
-                    "devices": list(p.devices),
-                    "uuids": [by_index[d].uuid for d in p.devices],
-                    "requestBytes": list(p.request_bytes),
-                    "limitBytes": list(p.limit_bytes),
-                    "exclusive": p.exclusive,
-                    "pid": proc.pid,
-                    "startTicks": proc.start_ticks,
-                    "log": proc.log,
-                    "exitFile": proc.exit_file,
-                    "env": env,
-                    "exitCode": None,
-                    "holds": True,
-                })
-        except (OSError, InvalidRequest) as exc:
-            for pod in pods:
-                self.terminate(pod, 0)
-            w.phase, w.phase_message, w.completed = "Failed", f"could not start: {exc}", time.time()
-            self.active.pop(w.id, None)
-            self.store.save(w, ("Failed", w.phase_message))
-            return
-        w.pods = pods
+        for i, p in enumerate(placements):
+            env = self.env(w, i, p)
+            env[START_KEY] = f"{w.id}/{attempt}/{i}"
+            pod_argv, cwd = argv, w.spec.get("workingDir")
+            if container:
+                rt = containers.Runtime(container["runtime"], container["path"],
+                                        bool(container.get("cdi")))
+                pod_argv = rt.run_argv(f"{w.id}-{i}", container["image"], env,
+                                       [by_index[d].uuid for d in p.devices],
+                                       containers.isolation_mounts(env),
+                                       ports=[tuple(x) for x in w.spec.get("_ports") or []])
+                env["TESSERA_CONTAINER"] = f"{rt.name}:{rt.container_name(f'{w.id}-{i}')}"
+                cwd = None
+            host_env = {**os.environ, **env}
+            if container:  # the preload is for the container's processes, not the runtime's
+                host_env.pop("LD_PRELOAD", None)
+            check_argv(list(pod_argv), "spec.command")
+            check_env(env, "spec.environmentVariables")
+            log, exit_file = self.runner.paths(f"{w.id}-{i}")
+            pods.append({
+                "index": i,
+                "phase": "Starting",
+                "node": p.node,
+                "devices": list(p.devices),
+                "uuids": [by_index[d].uuid for d in p.devices],
+                "requestBytes": list(p.request_bytes),
+                "limitBytes": list(p.limit_bytes),
+                "exclusive": p.exclusive,
+                "pid": None,
+                "startTicks": 0,
+                "log": str(log),
+                "exitFile": str(exit_file),
+                "env": env,
+                "exitCode": None,
+                "holds": True,
+                "argv": pod_argv,
+                "hostEnv": host_env,
+                "cwd": cwd,
+            })
+        return pods
+
+    def _fail_start(self, w: Workload, launched: list[dict[str, Any]], exc: Exception) -> None:
+        for pod in launched:
+            self.terminate(pod, 0)
+        reason = str(exc) if isinstance(exc, InvalidRequest | OSError) else repr(exc)
+        w.spec.pop("_starting", None)
+        w.pods = []
+        w.phase, w.phase_message, w.completed = "Failed", f"could not start: {reason}", time.time()
+        self.active.pop(w.id, None)
+        self.store.save(w, ("Failed", w.phase_message))
+
+    def _confirm(self, w: Workload, message: str, event: tuple[str, str]) -> None:
+        """The attempt's pods all run: the workload is Running (one write)."""
+        w.spec.pop("_starting", None)
+        for pod in w.pods:
+            for key in ("argv", "hostEnv", "cwd"):
+                pod.pop(key, None)
         w.phase = "Running"
         w.phase_message = message
         w.started = time.time()
         w.exit_code = None
-        w.node = ",".join(sorted({p.node for p in placements}))
-        w.devices = ",".join(str(d) for p in placements for d in p.devices)
-        w.gpus_allocated = sum(self.gpus_of(pod) for pod in pods)
-        pids = ", ".join(str(p["pid"]) for p in pods)
-        self.store.save(w, ("Started", f"{message}; pid {pids}"))
+        w.node = ",".join(sorted({p["node"] for p in w.pods}))
+        w.devices = ",".join(str(d) for p in w.pods for d in p["devices"])
+        w.gpus_allocated = sum(self.gpus_of(pod) for pod in w.pods)
+        self.store.save(w, event)
+
+    def resume_start(self, w: Workload) -> None:
+        """A start the server was killed in (its intent is stored): re-attach if every pod of
+        the attempt runs, else kill what runs of it and queue the workload again."""
+        attempt = w.spec.get("_starting")
+        found = self.runner.find_started(f"{w.id}/{attempt}/")
+        pods = [p for p in w.pods if p.get("phase") == "Starting"]
+        if pods and all(str(p["index"]) in found for p in pods):
+            for p in pods:
+                pid, ticks = found[str(p["index"])]
+                self.runner.adopt(pid, ticks)
+                p.update(pid=pid, startTicks=ticks, phase="Running")
+            self._confirm(w, w.phase_message or "started", (
+                "Reattached", f"server restarted during the start; re-attached to all "
+                f"{len(pods)} pod(s) of attempt {attempt}"))
+            return
+        for pid, _ in found.values():
+            self.runner.terminate(pid, 0)
+            self.runner.kill_now(pid)
+        w.spec.pop("_starting", None)
+        w.pods = []
+        w.phase = "Pending"
+        w.phase_message = "queued again: the server stopped while starting it"
+        self.store.save(w, ("Requeued", f"the server stopped during start attempt {attempt}; "
+                            f"{len(found)} of {len(pods)} pod(s) had started and were killed"))
 
     def gpus_of(self, pod: dict[str, Any]) -> float:
         if pod["exclusive"]:
@@ -334,13 +420,10 @@ class PodProcesses:
             rt_name, _, cname = pod_env["TESSERA_CONTAINER"].partition(":")
             container = w.spec.get("_container") or {}
             command = [str(container.get("path") or rt_name), "exec", "-i", cname, *command]
-        try:
-            done = subprocess.run(command, env={**os.environ, **pod_env},
-                                  capture_output=True, timeout=timeout,
-                                  cwd=w.spec.get("workingDir") or None)
-        except FileNotFoundError:
-            raise InvalidRequest("command", "not found", command[0]) from None
-        except subprocess.TimeoutExpired:
-            raise Conflict(f"the command did not finish within {timeout:g} s") from None
-        return {"exitCode": done.returncode, "stdout": done.stdout.decode(errors="replace"),
-                "stderr": done.stderr.decode(errors="replace")}
+        done = run_capped(command, {**os.environ, **pod_env}, w.spec.get("workingDir") or None,
+                          timeout)
+        out = {"exitCode": done.code, "stdout": done.stdout.decode(errors="replace"),
+               "stderr": done.stderr.decode(errors="replace")}
+        if done.truncated:
+            out["truncated"] = True
+        return out

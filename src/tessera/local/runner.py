@@ -53,8 +53,9 @@ class Runner:
     def __init__(self, data_dir: Path) -> None:
         self.logs = data_dir / "logs"
         self.run = data_dir / "run"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.run.mkdir(parents=True, exist_ok=True)
+        for d in (self.logs, self.run):  # logs may hold secrets: the server's user only
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            d.chmod(0o700)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._kills: dict[int, float] = {}
 
@@ -66,7 +67,7 @@ class Runner:
         exit_file.unlink(missing_ok=True)
         full_env = dict(env)
         full_env["TESSERA_EXIT_FILE"] = str(exit_file)
-        with open(log, "ab") as out:
+        with open(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as out:
             out.write(f"--- tessera: started {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
             out.flush()
             proc = subprocess.Popen(
@@ -138,6 +139,36 @@ class Runner:
             if now >= deadline:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
+
+    def kill_now(self, pid: int) -> None:
+        """SIGKILL the process group at once."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+    def find_started(self, key_prefix: str) -> dict[str, tuple[int, int]]:
+        """Pods whose group leader's environment holds ``TESSERA_START_KEY=PREFIX<index>``:
+        index -> (pid, start ticks). How a restarted server finds processes of a start that
+        was interrupted before their pids were written down."""
+        marker = f"TESSERA_START_KEY={key_prefix}".encode()
+        found: dict[str, tuple[int, int]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    raw = f.read()
+                fields = raw[raw.rindex(")") + 2 :].split()
+                if int(fields[2]) != pid or fields[0] == "Z":
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as fb:
+                    environ = fb.read()
+            except (OSError, ValueError, IndexError):
+                continue
+            for item in environ.split(b"\0"):
+                if item.startswith(marker):
+                    found[item[len(marker):].decode(errors="replace")] = (pid, int(fields[19]))
+        return found
 
     def group_alive(self, pid: int) -> bool:
         """Whether any live (non-zombie) process is left in the process group ``pid``."""

@@ -7,12 +7,23 @@ database, and writes ``server.json`` (pid, URL) for ``tessera down`` and the CLI
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import sys
 
 from tessera.api.serving import lock_data_dir, serve
 from tessera.core.errors import InvalidRequest
 from tessera.settings import DEFAULT_PORT, data_dir
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +37,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="fgd")
     parser.add_argument("--runtime", choices=("auto", "podman", "docker", "none"), default="auto",
                         help="container runtime for images with no command")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow a --host other than the loopback (plain HTTP: tokens and "
+                        "workloads' environment cross the network unencrypted)")
     args = parser.parse_args(argv)
+    if not is_loopback(args.host):
+        if not args.insecure:
+            print(f"tessera: --host {args.host} would serve plain HTTP (no TLS) beyond this "
+                  "machine: bearer tokens and environment values could be read on the network. "
+                  "Put a TLS proxy in front and keep --host 127.0.0.1, or add --insecure to "
+                  "serve it anyway.", file=sys.stderr)
+            return 2
+        print(f"tessera: WARNING: serving plain HTTP on {args.host} (--insecure): tokens and "
+              "environment values cross the network unencrypted", file=sys.stderr, flush=True)
 
 
     from tessera.local.control import LocalBackend

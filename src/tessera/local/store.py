@@ -9,6 +9,7 @@ worker threads and the control loop; local scale (thousands of workloads) does n
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -139,6 +140,12 @@ FILTERABLE = {
 }
 
 
+def private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) readable by this user only (0700)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+
+
 @dataclass
 class Project:
     id: int
@@ -203,12 +210,15 @@ def _workload(row: Sequence[Any]) -> Workload:
 
 class Store:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        path.chmod(0o600)  # env values and tokens' hashes: the server's user only
         self.path = path
         self._lock = threading.RLock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # FULL: a write the API acknowledged survives a power cut, not only a crash.
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(workloads)")}

@@ -29,6 +29,45 @@ CONFIGMAP_KEYS = (VISIBLE_DEVICES, LIMIT_ENV)
 """Keys of the per-pod ConfigMap (written by the scheduler) that a share container reads; a
 memory request's limit is known at admission and is given as a value instead (static_limit)."""
 RESERVED_ENV_PREFIX = "TESSERA_GPU_"
+RESERVED_PREFIXES = (RESERVED_ENV_PREFIX, "TESSERA_ISOLATION_")
+"""Variables the isolation library reads (limits, config path, region, test faults)."""
+RESERVED_NAMES = (VISIBLE_DEVICES,)
+
+
+def reserved(name: str) -> bool:
+    return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES)
+
+
+def prefix_is_safe(prefix: str) -> bool:
+    """Whether every variable ``envFrom`` with this prefix can produce is outside tessera's
+    reserved names: ``APP_`` is, none or ``TESSERA_`` or ``N`` is not."""
+    if not prefix:
+        return False
+    return not any(r.startswith(prefix) or prefix.startswith(r)
+                   for r in (*RESERVED_PREFIXES, *RESERVED_NAMES))
+
+
+def check_env_from(path: str, container: Mapping[str, Any]) -> None:
+    """``envFrom`` may not set tessera's isolation variables in a container with a GPU share.
+
+    The webhook cannot know what a ConfigMap or Secret will hold when the container starts
+    (it can be edited after the pod is admitted), so reading it now would prove nothing: an
+    ``envFrom`` entry is accepted only when its ``prefix`` makes a reserved name impossible."""
+    for i, source in enumerate(container.get("envFrom") or []):
+        if not isinstance(source, Mapping):
+            raise refuse(f"{path}.envFrom[{i}]", "must be an object")
+        prefix = str(source.get("prefix") or "")
+        if prefix_is_safe(prefix):
+            continue
+        ref = source.get("configMapRef") or source.get("secretRef") or {}
+        kind = "ConfigMap" if source.get("configMapRef") else "Secret"
+        raise refuse(
+            f"{path}.envFrom[{i}]",
+            f"could set tessera's GPU isolation variables (NVIDIA_VISIBLE_DEVICES, "
+            f"TESSERA_GPU_*, TESSERA_ISOLATION_*) from {kind} {ref.get('name', '?')} in a "
+            "container with a GPU share: give it a prefix such as APP_ (prefix: APP_), or list "
+            "the variables under env",
+            prefix or None)
 
 PLACEMENT_ANNOTATIONS = (names.PLACEMENT, names.CONFIGMAP, names.GPU_UUID, names.GPU_CONFIG_KEY)
 """Written only by tessera (the scheduler; the config key by this webhook)."""
@@ -122,7 +161,7 @@ def check_user_fields(pod: Mapping[str, Any]) -> None:
                     raise refuse(where, "may only be void or none: tessera gives GPUs to "
                                  "containers (a GPU share or nvidia.com/gpu limits)",
                                  e.get("value", "valueFrom"))
-            elif name.startswith(RESERVED_ENV_PREFIX):
+            elif reserved(name):
                 raise refuse(where, "is set by tessera (GPU isolation settings)", e.get("value"))
 
 
@@ -214,6 +253,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
         env = {str(e.get("name")): e for e in c.get("env") or []}
         where = f"{ref.path}.env[{VISIBLE_DEVICES}]"
         if ref == gpu_container:
+            check_env_from(ref.path, c)
             static = static_limit(request)
             for key in CONFIGMAP_KEYS:
                 if key == LIMIT_ENV and static is not None:
@@ -232,8 +272,14 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
             if not preload or preload.get("name") != PRELOAD_VOLUME:
                 raise refuse(f"{ref.path}.volumeMounts[{PRELOAD_PATH}]",
                              "must preload tessera's isolation library (no share without isolation)")
-            if CONFIG_ENV in env:
-                raise refuse(f"{ref.path}.env[{CONFIG_ENV}]", "is set by tessera only")
+            region = f"{REGION_DIR}/gpu-usage.region"
+            for name, entry in env.items():
+                if name == REGION_ENV and entry.get("value") == region \
+                        and entry.get("valueFrom") is None:
+                    continue
+                if reserved(name) and name not in CONFIGMAP_KEYS:
+                    raise refuse(f"{ref.path}.env[{name}]", "is set by tessera only",
+                                 entry.get("value"))
             conf = mounts.get(CONFIG_DIR)
             if not conf or conf.get("name") != CONFIG_VOLUME or conf.get("readOnly") is not True:
                 raise refuse(f"{ref.path}.volumeMounts[{CONFIG_DIR}]",
@@ -249,7 +295,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
             raise refuse(where, "must be void or none on a container without a GPU",
                          None if entry is None else entry.get("value", "valueFrom"))
         for name in env:
-            if name.startswith(RESERVED_ENV_PREFIX):
+            if reserved(name) and name != VISIBLE_DEVICES:
                 raise refuse(f"{ref.path}.env[{name}]", "is set by tessera only")
     if request.kind is not GpuKind.NONE:
         check_cluster(request, view, lambda e: refuse(
@@ -315,5 +361,6 @@ def check_ephemeral(pod: Mapping[str, Any]) -> None:
             raise refuse(f"{path}.env[{VISIBLE_DEVICES}]", "must be void or none: a debug "
                          "container gets no GPU", None if entry is None else entry.get("value"))
         for name in env:
-            if name.startswith(RESERVED_ENV_PREFIX):
+            if reserved(name) and name != VISIBLE_DEVICES:
                 raise refuse(f"{path}.env[{name}]", "is set by tessera only")
+        check_env_from(path, c)

@@ -12,14 +12,19 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.api.limits import declared_length, read_body, too_large
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import Node
 from tessera.kube.admission import mutate, policy
 from tessera.kube.admission.policy import ClusterView, WebhookConfig
+from tessera.kube.admission.shape import check_pod_shape
 
 log = logging.getLogger("tessera.webhook")
 
 EPHEMERAL = "ephemeralcontainers"
+MAX_REVIEW_BODY = 8 * 1024 * 1024
+"""An AdmissionReview carries the object and the old object, each at most the API server's
+3 MiB request limit; anything larger is not from the API server and is refused unread."""
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -125,28 +130,40 @@ class WebhookApp:
             await self._send(send, 404, b"not found", "text/plain")
             return
         t0 = time.perf_counter()
-        body = bytearray()
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        length = declared_length(scope)
+        body = None if length is not None and length > MAX_REVIEW_BODY else \
+            await read_body(receive, MAX_REVIEW_BODY)
+        if body is None:
+            await too_large(send, MAX_REVIEW_BODY, as_json=False)
+            return
         try:
             review = json.loads(body)
             request = review["request"]
+            if not isinstance(request, dict) or not isinstance(request.get("kind") or {}, dict) \
+                    or not isinstance(request.get("uid", ""), str):
+                raise TypeError
         except (ValueError, KeyError, TypeError):
             await self._send(send, 400, b"expected an AdmissionReview v1", "text/plain")
             return
         handler = review_mutate if path == "/mutate" else review_validate
+        uid = request.get("uid", "")
         try:
+            if (request.get("kind") or {}).get("kind") == "Pod":
+                for key in ("object", "oldObject"):
+                    if request.get(key) is not None:
+                        check_pod_shape(request[key])
             out = handler(request, self.view, self.config)
+        except InvalidRequest as exc:
+            out = _response(uid, allowed=False, message=str(exc))
         except Exception:  # a bug must refuse (fail closed), never admit unchecked
             log.exception("admission review failed")
-            out = _response(request.get("uid", ""), allowed=False,
+            out = _response(uid, allowed=False,
                             message="tessera-webhook: internal error (see the webhook's log)")
         if not out["response"]["allowed"]:
+            obj = request.get("object")
+            meta = obj.get("metadata") if isinstance(obj, dict) else None
             log.info("%s %s/%s refused: %s", path, request.get("namespace"),
-                     (request.get("object") or {}).get("metadata", {}).get("name")
+                     (meta.get("name") if isinstance(meta, dict) else None)
                      or request.get("name"), out["response"]["status"]["message"])
         await self._send(send, 200, json.dumps(out).encode(), "application/json")
         if self.record_latency:

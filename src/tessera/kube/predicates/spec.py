@@ -14,6 +14,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.units import check_number_size
 from tessera.kube.predicates.selectors import (
     LabelSelector,
     NodeSelectorTerm,
@@ -158,7 +159,7 @@ class SchedulingSpec:
 
 # ---- quantities ---------------------------------------------------------------------------------
 
-_QTY = re.compile(r"^([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_QTY = re.compile(r"^([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?\Z")
 _MULT = {None: Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6,
          "G": Decimal(10) ** 9, "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
          "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
@@ -167,6 +168,7 @@ _MULT = {None: Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": De
 
 def quantity_milli(value: object, field: str) -> int:
     """A Kubernetes quantity in thousandths (``500m`` -> 500, ``2Gi`` -> 2*2^30*1000)."""
+    check_number_size(str(value).strip(), field, value)
     m = _QTY.match(str(value).strip())
     if m is None:
         raise InvalidRequest(field, "must be a Kubernetes quantity such as 2, 500m or 1Gi", value)
