@@ -1,0 +1,216 @@
+"""Fault suite on Kubernetes: kill -9 tessera-scheduler while it binds GPU shares, restart it,
+and check that no GPU is over-committed and every pod ends placed or explained.
+
+``python -m tessera.bench.faults_kube [--trials 100] [--pods 12] [--seed 1]``
+
+One test cluster (real etcd + kube-apiserver, kwok nodes, one tessera-node per node on the fake
+driver: ``tessera.testing.cluster``) with 2 nodes of 4 x A100-40GB, a Project and the real
+``tessera-scheduler`` running as its ServiceAccount with the rules of deploy/rbac.yaml. Each
+trial creates ``--pods`` pods asking for a quarter or half of a GPU, kills the scheduler with
+SIGKILL at a random moment while it binds them (after 0 to all-but-one are bound), starts it
+again, waits until every pod is bound or marked unschedulable, and checks:
+
+1. no device over-committed: the bytes of all bound pods' placements on each GPU UUID are within
+   the device's memory (40 GiB);
+2. nothing duplicated or lost: each GPU is held by at most one reservation pod, and every bound
+   pod's ConfigMap names the devices of its placement;
+3. every pod placed or explained (bound, or PodScheduled=False with a reason).
+
+The pods are then deleted and the next trial starts. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[3]
+DEVICE_BYTES = 40960 * 2**20
+
+
+def _wait(check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+class Env:
+    def __init__(self, cluster: Any) -> None:
+        from tessera.kube import names
+
+        self.cluster = cluster
+        self.client = cluster.client()
+        cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds"))
+        cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                        "crd/projects.tessera.io", "crd/podgroups.tessera.io")
+        self.kubeconfig = cluster.service_account_kubeconfig(names.SYSTEM_NAMESPACE,
+                                                             "tessera-scheduler")
+        self.log = cluster.workdir / "logs" / "faults-scheduler.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start_scheduler(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tessera.kube.scheduler", f"--kubeconfig={self.kubeconfig}",
+             "--lease-duration=4", "--identity=faults"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def kill_scheduler(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def _pods(client: Any, ns: str) -> list[Any]:
+    from lightkube.resources.core_v1 import Pod
+
+    return list(client.list(Pod, namespace=ns))
+
+
+def _settled(pod: Any) -> bool:
+    if pod.spec and pod.spec.nodeName:
+        return True
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason
+               for c in (pod.status.conditions or []) if pod.status)
+
+
+def check(client: Any, ns: str) -> list[str]:
+    from lightkube.resources.core_v1 import ConfigMap, Pod
+
+    from tessera.kube import names
+
+    problems: list[str] = []
+    per_uuid: dict[str, int] = {}
+    pods = _pods(client, ns)
+    for p in pods:
+        if not _settled(p):
+            problems.append(f"pod {p.metadata.name} neither bound nor explained")
+        if not (p.spec and p.spec.nodeName):
+            continue
+        ann = p.metadata.annotations or {}
+        placement = json.loads(ann.get(names.PLACEMENT, "{}"))
+        uuids = [u for u in ann.get(names.NODE_GPU_UUIDS, "").split(",") if u]
+        if not placement or len(uuids) != len(placement.get("request", [])):
+            problems.append(f"pod {p.metadata.name} bound without a whole placement")
+            continue
+        for u, b in zip(uuids, placement["request"], strict=True):
+            per_uuid[u] = per_uuid.get(u, 0) + int(b)
+        try:
+            cm = client.get(ConfigMap, f"{p.metadata.name}-tessera-gpu", namespace=ns)
+            if (cm.data or {}).get("NVIDIA_VISIBLE_DEVICES") != ",".join(uuids):
+                problems.append(f"pod {p.metadata.name}: ConfigMap disagrees with its placement")
+        except Exception as exc:
+            problems.append(f"pod {p.metadata.name}: no ConfigMap ({exc})")
+    for u, b in per_uuid.items():
+        if b > DEVICE_BYTES:
+            problems.append(f"GPU {u} over-committed: {b} bytes")
+    holders: dict[str, int] = {}
+    for r in client.list(Pod, namespace=names.SYSTEM_NAMESPACE,
+                         labels={names.RESERVATION_LABEL: "true"}):
+        u = (r.metadata.annotations or {}).get(names.GPU_UUID)
+        if u:
+            holders[u] = holders.get(u, 0) + 1
+    if any(n > 1 for n in holders.values()):
+        problems.append(f"a GPU held by two reservation pods: {holders}")
+    return problems
+
+
+def trial(env: Env, ns: str, index: int, pods: int, rng: random.Random) -> dict[str, Any]:
+    from lightkube.models.core_v1 import Container, PodSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Pod
+
+    from tessera.kube import names
+
+    client = env.client
+    for i in range(pods):
+        portion = rng.choice(("0.25", "0.25", "0.5"))
+        client.create(Pod(
+            metadata=ObjectMeta(name=f"t{index}-{i}", namespace=ns, annotations={
+                names.GPU_PORTION: portion, names.GPU_MODEL: "A100-40GB"}),
+            spec=PodSpec(schedulerName=names.SCHEDULER_NAME, containers=[Container(
+                name="main", image="example.invalid/cuda:12")])))
+    target = rng.randint(0, pods - 1)
+    _wait(lambda: sum(1 for p in _pods(client, ns) if p.spec and p.spec.nodeName) >= target, 30)
+    env.kill_scheduler()
+    bound_at_kill = sum(1 for p in _pods(client, ns) if p.spec and p.spec.nodeName)
+    env.start_scheduler()
+    _wait(lambda: all(_settled(p) for p in _pods(client, ns)), 60)
+    problems = check(client, ns)
+    for p in _pods(client, ns):
+        with contextlib.suppress(Exception):
+            client.delete(Pod, p.metadata.name, namespace=ns, grace_period=0)
+    _wait(lambda: not _pods(client, ns), 60)
+    return {"bound_at_kill": bound_at_kill, "problems": problems}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tessera.bench.faults_kube")
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--pods", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Namespace
+
+    from tessera.kube.objects import ProjectResource
+    from tessera.testing.cluster import TestCluster
+    from tessera.testing.gpu_nodes import NodeShape
+
+    rng = random.Random(args.seed)
+    t0 = time.monotonic()
+    cluster = TestCluster()
+    cluster.start()
+    env: Env | None = None
+    try:
+        cluster.create_gpu_nodes(2, NodeShape(gpus=4, model="A100-40GB"), prefix="faults-")
+        env = Env(cluster)
+        ns = "faults"
+        env.client.create(Namespace(metadata=ObjectMeta(name=ns)))
+        env.client.create(ProjectResource(metadata=ObjectMeta(name=ns), spec={
+            "namespace": ns, "resources": {"gpu": {"deserved": 8}}}))
+        env.start_scheduler()
+        failed, first, kills_at = 0, None, []
+        for i in range(args.trials):
+            result = trial(env, ns, i, args.pods, rng)
+            kills_at.append(result["bound_at_kill"])
+            if result["problems"]:
+                failed += 1
+                first = first or f"trial {i}: {result['problems'][0]}"
+            print(f"scheduler trial {i}: killed with {result['bound_at_kill']} of {args.pods} "
+                  f"bound, {'; '.join(result['problems']) or 'ok'}", file=sys.stderr, flush=True)
+        summary = {"bench": "faults_kube", "scheduler": {
+            "trials": args.trials, "kills": args.trials, "pods_per_trial": args.pods,
+            "failed_trials": failed, "first_failure": first,
+            "bound_at_kill": {"min": min(kills_at, default=0), "max": max(kills_at, default=0)}},
+            "seconds": round(time.monotonic() - t0, 1), "ok": failed == 0}
+    finally:
+        if env is not None:
+            env.stop()
+        cluster.stop()
+    print(json.dumps(summary))
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
