@@ -43,7 +43,7 @@ def _refused(c: httpx.Client, body: dict[str, Any], field: str) -> str:
     assert r.status_code == 422, r.text
     message = r.json()["message"]
     assert field in message, message
-    assert _names(c) == before  # nothing half-created
+    assert not _names(c) - before  # nothing half-created
     return str(message)
 
 
