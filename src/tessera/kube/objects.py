@@ -1,4 +1,7 @@
-"""Kubernetes objects turned into the plain data the scheduler keeps: parsed once per event."""
+"""Kubernetes objects turned into the plain data the scheduler keeps: parsed once per event.
+
+Over 400 lines because it holds one small parser per kind the scheduler watches (pods, other
+schedulers' pods, nodes, Projects, PodGroups); each is short and they share the helpers."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ Restart safety: the agent keeps no state of its own. On start it lists the pods 
 finishes or undoes a half-done library install, rewrites every share's files (unchanged files
 are left alone) and removes the directories of pods that are gone. It never kills a process for
 a pod that no longer exists: decisions are made from the picture of this sync only.
+(About 420 lines: the sync's four steps above, each delegating to its own module.)
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ each locally-replaced module with its published version (``k8s.io/api v0.Y.Z`` f
 release's own go.mod, so it follows the release when the pin moves.
 
 Run ``python -m tessera.testing.binaries ensure`` to build what is missing and print the paths.
+(Test harness, about 500 lines: each pinned binary's build recipe, the cache and its lock.)
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ simulated GPU nodes (``tessera.testing.gpu_nodes``). What is on:
 
 
 Run ``python -m tessera.testing.cluster up --kubeconfig PATH`` for a cluster in the foreground.
+(Test harness, over 400 lines: one control plane's processes, certificates and kubeconfigs.)
 """
 
 from __future__ import annotations
