@@ -26,6 +26,7 @@ from tessera.api.backend import (
     WorkloadQuery,
     WorkloadSubmission,
 )
+from tessera.api.console import mount_console
 from tessera.api.limits import BodyLimit
 from tessera.api.models import (
     CORE_TO_API,
@@ -355,5 +356,6 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         backend.workload(workloadId, KINDS[kind])
         return backend.exec_command(workloadId, body.pod, body.command, body.timeoutSeconds)
 
+    mount_console(app, api, backend)
     app.include_router(api)
     return app

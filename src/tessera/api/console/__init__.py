@@ -1,0 +1,61 @@
+"""The web console at ``/``, ``GET /metrics`` and the routes the console reads
+(``/api/v1/overview``, ``/api/v1/metrics/history``), added to the REST API for both backends.
+
+The console is a small single-page app: plain HTML, CSS and JavaScript shipped inside this
+package (``static/``), with one vendored library (uPlot, MIT, for the time-series charts). It
+calls the same REST API as the CLI with the same bearer token (its login page takes a token or
+the client credentials), so it needs no server-side session and behaves the same on both
+backends. Nothing is loaded from the internet at run time.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, FastAPI, Query
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tessera.api.backend import Backend
+from tessera.api.history import History
+from tessera.api.prometheus import api_registry
+from tessera.api.telemetry import SnapshotCache
+
+STATIC = Path(__file__).parent / "static"
+
+
+def mount_console(app: FastAPI, api: APIRouter, backend: Backend) -> History:
+    """Adds the console, ``/metrics`` and the console's API routes (``api``: the authorized
+    ``/api/v1`` router, before it is included), and starts the history's sampler (a daemon
+    thread)."""
+    snapshots = SnapshotCache(backend)
+    history = History(snapshots).start()
+    registry = api_registry(snapshots)
+    app.mount("/console", StaticFiles(directory=STATIC), name="console")
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/overview", tags=["console"])
+    def overview() -> dict[str, Any]:
+        """GPUs allocated, free and loaned; workloads by phase; each project against its fair
+        share (``state``: over, at or under)."""
+        return snapshots.get().overview()
+
+    @api.get("/metrics/history", tags=["console"])
+    def metrics_history(
+        minutes: Annotated[float, Query(gt=0, le=24 * 60)] = 60,
+    ) -> dict[str, Any]:
+        """GPU allocation samples the server kept (every ``interval`` seconds): in all, per
+        project and per active workload, over the last ``minutes``."""
+        return history.document(time.time() - minutes * 60)
+
+    return history

@@ -1,0 +1,459 @@
+/* tessera console: a small single-page app over the REST API (same token as the CLI).
+   Pages: overview, gpus, projects, workloads (list + detail), submit, metrics, login.
+   DOM is built with h() (text nodes only, never innerHTML with data). */
+"use strict";
+
+const TOKEN_KEY = "tessera.token";
+const KIND_PATH = { Training: "trainings", Workspace: "workspaces", Inference: "inferences" };
+const main = document.getElementById("main");
+let timers = [];
+
+/* ---------- small helpers ---------- */
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "style" && typeof v === "object") Object.assign(el.style, v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+function fmtBytes(n) {
+  if (n === null || n === undefined) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0; let v = Number(n);
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return `${v >= 100 || i === 0 ? Math.round(v) : v.toFixed(1).replace(/\.0$/, "")} ${units[i]}`;
+}
+function fmtGpus(x) { return x === null || x === undefined ? "—" : Number(x).toFixed(2).replace(/\.?0+$/, "") || "0"; }
+function age(iso) {
+  if (!iso) return "—";
+  const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+  if (s < 60) return `${Math.round(s)}s`;
+  if (s < 3600) return `${Math.round(s / 60)}m`;
+  if (s < 86400) return `${Math.round(s / 3600)}h`;
+  return `${Math.round(s / 86400)}d`;
+}
+/* A stable colour per project or workload: a qualitative palette (distinct at a glance). */
+const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f", "#ff9da7", "#86bcb6"];
+function color(name) {
+  let x = 0;
+  for (const ch of String(name)) x = (x * 31 + ch.charCodeAt(0)) >>> 0;
+  return PALETTE[x % PALETTE.length];
+}
+/* replaceChildren with h()'s rules: arrays flattened, null/false dropped. */
+function put(el, ...children) { el.replaceChildren(...h("div", {}, ...children).childNodes); }
+function toast(msg) {
+  const t = h("div", {}, msg);
+  document.getElementById("toast").append(t);
+  setTimeout(() => t.remove(), 4000);
+}
+function every(ms, fn) { timers.push(setInterval(fn, ms)); }
+function clearTimers() { timers.forEach(clearInterval); timers = []; }
+
+/* ---------- the API ---------- */
+class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.message) || `HTTP ${status}`);
+    this.status = status; this.details = (body && body.details) || [];
+  }
+}
+async function api(path, opts = {}) {
+  const headers = { Accept: "application/json" };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (opts.body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, { method: opts.method || "GET", headers,
+    body: opts.body === undefined ? undefined : JSON.stringify(opts.body) });
+  if (r.status === 401 && !opts.login) { sessionStorage.removeItem(TOKEN_KEY); location.hash = "#/login"; throw new ApiError(401, {}); }
+  if (opts.text) { if (!r.ok) throw new ApiError(r.status, {}); return { text: await r.text(), next: r.headers.get("X-Next-Offset") }; }
+  const body = r.status === 204 ? null : await r.json().catch(() => null);
+  if (!r.ok) throw new ApiError(r.status, body);
+  return body;
+}
+
+/* ---------- pages ---------- */
+const pages = { login, overview, gpus, projects, workloads, workload, submit, metrics };
+
+async function route() {
+  clearTimers();
+  const [page, ...rest] = (location.hash.replace(/^#\/?/, "").split("?")[0] || "overview").split("/");
+  const authed = !!sessionStorage.getItem(TOKEN_KEY);
+  document.getElementById("logout").hidden = !authed;
+  document.getElementById("nav").hidden = !authed;
+  if (!authed && page !== "login") { location.hash = "#/login"; return; }
+  for (const a of document.querySelectorAll("#nav a")) {
+    a.classList.toggle("active", a.dataset.page === page || (page === "workload" && a.dataset.page === "workloads"));
+  }
+  const fn = pages[page] || overview;
+  put(main, h("p", { class: "muted" }, "Loading…"));
+  try { await fn(...rest); } catch (e) {
+    if (e.status !== 401) put(main, h("h1", {}, "Something went wrong"), h("p", { class: "err" }, e.message));
+  }
+  main.focus({ preventScroll: true });
+}
+
+async function login() {
+  const err = h("p", { class: "err", id: "login-error" });
+  const token = h("textarea", { id: "token", rows: 3, placeholder: "a token from tessera login, or leave empty" });
+  const cid = h("input", { id: "client-id", autocomplete: "username" });
+  const secret = h("input", { id: "client-secret", type: "password", autocomplete: "current-password" });
+  const form = h("form", { class: "panel login", onsubmit: async (ev) => {
+    ev.preventDefault(); err.textContent = "";
+    try {
+      let value = token.value.trim();
+      if (!value) {
+        const r = await api("/api/v1/token", { method: "POST", login: true,
+          body: { grantType: "client_credentials", clientId: cid.value, clientSecret: secret.value } });
+        value = r.accessToken;
+      }
+      sessionStorage.setItem(TOKEN_KEY, value);
+      await api("/api/v1/overview", { login: true });
+      location.hash = "#/overview";
+    } catch (e) { sessionStorage.removeItem(TOKEN_KEY); err.textContent = e.status === 401 ? "Wrong token or credentials." : e.message; }
+  } },
+    h("h1", {}, "Log in to tessera"),
+    h("label", {}, "Token", token),
+    h("p", { class: "muted" }, "or the client credentials (tessera's data directory keeps them in credentials.json):"),
+    h("label", {}, "Client id", cid), h("label", {}, "Client secret", secret),
+    h("div", { class: "row", style: { marginTop: "12px" } }, h("button", { class: "btn", type: "submit", id: "login-button" }, "Log in")),
+    err);
+  put(main, form);
+  token.focus();
+}
+
+function phaseBadge(phase) { return h("span", { class: `badge ${phase}` }, phase); }
+
+async function overview() {
+  const draw = async () => {
+    const o = await api("/api/v1/overview");
+    document.getElementById("sim").hidden = !o.simulated;
+    const g = o.gpus;
+    const cards = h("div", { class: "cards" },
+      card(fmtGpus(g.allocated), `of ${fmtGpus(g.total)} GPUs allocated`, "card-allocated"),
+      card(fmtGpus(g.free), "GPUs free", "card-free"),
+      card(fmtBytes(g.memoryAllocatedBytes), `of ${fmtBytes(g.memoryTotalBytes)} GPU memory allocated`),
+      card(fmtBytes(g.memoryLoanedBytes), "GPU memory on loan"));
+    const phases = h("div", { class: "row" }, Object.entries(o.workloadsByPhase).map(([p, n]) =>
+      h("a", { href: `#/workloads?phase=${p}`, class: `badge ${p}` }, `${p} ${n}`)));
+    const rows = o.projects.map((p) => h("tr", {},
+      h("td", {}, p.name),
+      h("td", {}, h("span", { class: `badge ${p.state}` }, p.state === "over" ? "over fair share" : p.state === "under" ? "under fair share" : "at fair share")),
+      h("td", {}, fmtGpus(p.allocated)), h("td", {}, fmtGpus(p.fairShare)), h("td", { class: "opt" }, fmtGpus(p.deserved)),
+      h("td", {}, shareBar(p.allocated, Math.max(p.fairShare, p.deserved, p.allocated, 1), p.fairShare, p.name))));
+    put(main, h("h1", {}, "Overview"), cards,
+      h("h2", {}, "Workloads by phase"), h("div", { class: "panel" }, Object.keys(o.workloadsByPhase).length ? phases : h("span", { class: "muted" }, "No workloads yet.")),
+      h("h2", {}, "Projects and their fair share"),
+      h("div", { class: "panel" }, h("table", { id: "overview-projects" },
+        h("thead", {}, h("tr", {}, ["Project", "State", "Allocated", "Fair share", "Deserved", ""].map((t, i) => h("th", { class: i === 4 ? "opt" : null }, t)))),
+        h("tbody", {}, rows))));
+  };
+  await draw();
+  every(5000, () => draw().catch(() => {}));
+}
+function card(n, label, id) { return h("div", { class: "card", id }, h("div", { class: "n" }, n), h("div", { class: "l" }, label)); }
+function shareBar(value, scale, mark, name) {
+  const bar = h("div", { class: "bar", title: `${fmtGpus(value)} GPUs` },
+    h("div", { class: "seg", style: { width: `${Math.min(100, (100 * value) / scale)}%`, background: color(name) } }));
+  if (mark !== null && mark !== undefined) bar.append(h("div", { class: "mark", title: `fair share ${fmtGpus(mark)}`, style: { left: `${Math.min(100, (100 * mark) / scale)}%` } }));
+  return bar;
+}
+
+async function gpus() {
+  const draw = async () => {
+    const [c, list] = await Promise.all([api("/api/v1/cluster"),
+      api("/api/v1/workloads?limit=10000&fields=name,projectName&shape=rows")]);
+    document.getElementById("sim").hidden = !c.simulated;
+    const projectOf = {};
+    for (const [name, project] of list.rows) projectOf[name] = project;
+    const used = new Set();
+    const nodes = c.nodes.map((n) => h("div", { class: "panel node", "data-node": n.name },
+      h("h2", { style: { marginTop: 0 } }, n.name),
+      n.gpus.map((g) => {
+        const usable = g.memoryBytes - (g.headroomBytes || 0);
+        const segs = g.workloads.map((w) => {
+          const project = projectOf[w.name] || "";
+          used.add(project);
+          const bytes = w.exclusive ? usable : w.bytes;
+          return h("div", { class: "seg share", "data-workload": w.name,
+            title: `${w.name}${project ? ` (${project})` : ""}: ${w.exclusive ? "whole GPU" : fmtBytes(w.bytes)}`,
+            style: { width: `${(100 * bytes) / g.memoryBytes}%`, background: color(project || w.name) } }, w.name);
+        });
+        if (g.headroomBytes) segs.push(h("div", { class: "seg headroom", title: `${fmtBytes(g.headroomBytes)} kept for the driver and CUDA contexts`,
+          style: { width: `${(100 * g.headroomBytes) / g.memoryBytes}%`, marginLeft: "auto" } }));
+        const held = g.workloads.some((w) => w.exclusive) ? usable : g.allocatedBytes;
+        return h("div", { class: "gpu", "data-uuid": g.uuid },
+          h("div", { class: "name" }, h("strong", {}, `GPU ${g.index}`), ` ${g.model}`, h("br"), h("span", { class: "muted" }, fmtBytes(g.memoryBytes))),
+          h("div", { class: "bar" }, segs),
+          h("div", { class: "num" }, `${fmtBytes(held)} / ${fmtBytes(usable)}`));
+      })));
+    const legend = h("div", { class: "legend" }, [...used].filter(Boolean).sort().map((p) => h("span", {}, h("i", { style: { background: color(p) } }), p)),
+      h("span", {}, h("i", { class: "seg headroom", style: { background: "repeating-linear-gradient(45deg,#cfd5df,#cfd5df 4px,#e3e7ee 4px,#e3e7ee 8px)" } }), "headroom"));
+    put(main, h("h1", {}, "GPUs"),
+      c.simulated ? h("p", { class: "badge warn" }, "These GPUs are simulated: no NVIDIA driver here.") : null,
+      h("p", { class: "muted" }, "Each bar is one GPU's memory, split into the shares placed on it (coloured by project); hover a share for its workload."),
+      legend, ...(nodes.length ? nodes : [h("p", { class: "muted" }, "No GPU nodes.")]));
+  };
+  await draw();
+  every(5000, () => draw().catch(() => {}));
+}
+
+/* Field errors from the API beside the input whose data-field the error names. */
+function showErrors(form, e) {
+  form.querySelectorAll(".err[data-for]").forEach((x) => { x.textContent = ""; });
+  form.querySelectorAll(".invalid").forEach((x) => x.classList.remove("invalid"));
+  let placed = false;
+  for (const d of e.details || []) {
+    const field = String(d.field || "");
+    for (const input of form.querySelectorAll("[data-field]")) {
+      const key = input.dataset.field;
+      if (field === key || field.endsWith(`.${key}`) || field.endsWith(key)) {
+        input.classList.add("invalid");
+        const slot = form.querySelector(`.err[data-for="${input.id}"]`);
+        if (slot) slot.textContent = d.message || e.message;
+        placed = true;
+      }
+    }
+  }
+  if (!placed) { const general = form.querySelector(".err.general"); if (general) general.textContent = e.message; }
+}
+function field(label, input, hint) {
+  return h("label", {}, label, input, hint ? h("span", { class: "muted" }, hint) : null, h("span", { class: "err", "data-for": input.id }));
+}
+
+async function projects() {
+  const list = (await api("/api/v1/org-unit/projects")).projects;
+  const over = await api("/api/v1/overview");
+  const byName = Object.fromEntries(over.projects.map((p) => [p.name, p]));
+  const rows = list.map((p) => {
+    const q = p.resources.gpu; const o = byName[p.name] || {};
+    return h("tr", { "data-project": p.name },
+      h("td", {}, h("strong", {}, p.name)), h("td", {}, fmtGpus(q.deserved)), h("td", {}, q.limit === null || q.limit === undefined ? "none" : fmtGpus(q.limit)),
+      h("td", { class: "opt" }, fmtGpus(q.overQuotaWeight)), h("td", { class: "opt" }, p.priority),
+      h("td", {}, fmtGpus(p.status.allocated.gpu)), h("td", {}, fmtGpus(o.fairShare)),
+      h("td", {}, shareBar(p.status.allocated.gpu, Math.max(q.deserved || 0, o.fairShare || 0, p.status.allocated.gpu, 1), o.fairShare, p.name)),
+      h("td", {}, h("button", { class: "btn secondary", type: "button", "data-edit": p.name, onclick: () => editProject(p) }, "Edit")));
+  });
+  put(main, h("h1", {}, "Projects"),
+    h("div", { class: "panel" }, h("table", { id: "projects" },
+      h("thead", {}, h("tr", {}, ["Project", "Deserved", "Limit", "Weight", "Priority", "Allocated", "Fair share", "", ""].map((t, i) => h("th", { class: i === 3 || i === 4 ? "opt" : null }, t)))),
+      h("tbody", {}, rows))),
+    h("div", { id: "project-editor" }), projectForm(null));
+}
+function projectForm(p) {
+  const q = p ? p.resources.gpu : {};
+  const name = h("input", { id: "p-name", "data-field": "name", value: p ? p.name : "", disabled: !!p, required: true });
+  const deserved = h("input", { id: "p-deserved", "data-field": "deserved", value: p ? q.deserved : "1", inputmode: "decimal" });
+  const limit = h("input", { id: "p-limit", "data-field": "limit", value: p && q.limit !== null && q.limit !== undefined ? q.limit : "", placeholder: "none", inputmode: "decimal" });
+  const weight = h("input", { id: "p-weight", "data-field": "overQuotaWeight", value: p ? q.overQuotaWeight : "1", inputmode: "decimal" });
+  const priority = h("input", { id: "p-priority", "data-field": "priority", value: p ? p.priority : "50", inputmode: "numeric" });
+  const initial = { deserved: deserved.value, limit: limit.value, overQuotaWeight: weight.value, priority: priority.value };
+  const num = (v) => (v === "" ? null : Number.isNaN(Number(v)) ? v : Number(v));
+  const form = h("form", { class: "panel", id: p ? "edit-project" : "create-project", onsubmit: async (ev) => {
+    ev.preventDefault();
+    try {
+      if (p) {
+        /* a partial update: only what changed is sent */
+        const gpu = {}; const body = {};
+        if (deserved.value !== String(initial.deserved)) gpu.deserved = num(deserved.value);
+        if (limit.value !== String(initial.limit)) gpu.limit = num(limit.value);
+        if (weight.value !== String(initial.overQuotaWeight)) gpu.overQuotaWeight = num(weight.value);
+        if (Object.keys(gpu).length) body.resources = { gpu };
+        if (priority.value !== String(initial.priority)) body.priority = num(priority.value);
+        if (!Object.keys(body).length) { toast("Nothing changed."); return; }
+        await api(`/api/v1/org-unit/projects/${encodeURIComponent(p.name)}`, { method: "PATCH", body });
+        toast(`Project ${p.name} updated.`);
+      } else {
+        const gpu = { deserved: num(deserved.value), overQuotaWeight: num(weight.value) };
+        if (limit.value !== "") gpu.limit = num(limit.value);
+        await api("/api/v1/org-unit/projects", { method: "POST", body: { name: name.value, resources: { gpu }, priority: num(priority.value) } });
+        toast(`Project ${name.value} created.`);
+      }
+      await projects();
+    } catch (e) { showErrors(form, e); }
+  } },
+    h("h2", { style: { marginTop: 0 } }, p ? `Edit ${p.name}` : "New project"),
+    h("div", { class: "grid", style: { display: "grid", gridTemplateColumns: "repeat(auto-fit, minmax(180px, 1fr))", gap: "12px 16px" } },
+      field("Name", name), field("Deserved GPUs", deserved), field("Limit (GPUs, empty: none)", limit),
+      field("Over-quota weight", weight), field("Priority", priority)),
+    h("p", { class: "err general" }),
+    h("div", { class: "row" }, h("button", { class: "btn", type: "submit", id: p ? "save-project" : "create-project-button" }, p ? "Save changes" : "Create project"),
+      p ? h("button", { class: "btn secondary", type: "button", onclick: () => document.getElementById("project-editor").replaceChildren() }, "Cancel") : null));
+  return form;
+}
+function editProject(p) {
+  const slot = document.getElementById("project-editor");
+  slot.replaceChildren(projectForm(p));
+  slot.querySelector("#p-deserved").focus();
+}
+
+async function workloads() {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const state = { search: params.get("search") || "", phase: params.get("phase") || "", project: params.get("project") || "", offset: Number(params.get("offset") || 0) };
+  const limit = 50;
+  const projectList = (await api("/api/v1/org-unit/projects")).projects.map((p) => p.name);
+  const search = h("input", { id: "w-search", placeholder: "name contains…", value: state.search, "aria-label": "Search by name" });
+  const phase = h("select", { id: "w-phase", "aria-label": "Phase" }, h("option", { value: "" }, "any phase"),
+    ["Pending", "Running", "Stopping", "Stopped", "Completed", "Failed"].map((p) => h("option", { value: p, selected: p === state.phase }, p)));
+  const project = h("select", { id: "w-project", "aria-label": "Project" }, h("option", { value: "" }, "any project"),
+    projectList.map((p) => h("option", { value: p, selected: p === state.project }, p)));
+  const table = h("tbody");
+  const pager = h("div", { class: "row" });
+  const go = () => {
+    const q = new URLSearchParams();
+    if (search.value) q.set("search", search.value);
+    if (phase.value) q.set("phase", phase.value);
+    if (project.value) q.set("project", project.value);
+    if (state.offset) q.set("offset", state.offset);
+    history.replaceState(null, "", `#/workloads?${q}`);
+    load().catch((e) => toast(e.message));
+  };
+  const load = async () => {
+    const q = new URLSearchParams({ limit, offset: state.offset, sortBy: "createdAt", sortOrder: "desc", shape: "rows",
+      fields: "workloadId,name,projectName,type,phase,gpus,nodeName,gpuDevices,createdAt,phaseMessage" });
+    if (search.value) q.set("search", search.value);
+    if (phase.value) q.append("filterBy", `phase==${phase.value}`);
+    if (project.value) q.append("filterBy", `projectName==${project.value}`);
+    const r = await api(`/api/v1/workloads?${q}`);
+    table.replaceChildren(...r.rows.map(([id, name, proj, type, ph, g, node, devices, created, message]) =>
+      h("tr", { class: "click", tabindex: 0, "data-workload": name, title: message || "",
+        onclick: () => { location.hash = `#/workload/${KIND_PATH[type]}/${id}`; },
+        onkeydown: (ev) => { if (ev.key === "Enter") location.hash = `#/workload/${KIND_PATH[type]}/${id}`; } },
+        h("td", {}, h("strong", {}, name)), h("td", {}, proj), h("td", { class: "opt" }, type), h("td", {}, phaseBadge(ph)),
+        h("td", {}, g ? g.request : ""), h("td", { class: "opt" }, node ? `${node} / ${devices}` : "—"), h("td", { class: "opt" }, age(created)))));
+    if (!r.rows.length) table.replaceChildren(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No workloads match.")));
+    pager.replaceChildren(h("span", { class: "muted", id: "w-count" }, `${r.total ? state.offset + 1 : 0}–${state.offset + r.rows.length} of ${r.total}`), h("span", { class: "spacer" }),
+      h("button", { class: "btn secondary", type: "button", disabled: state.offset === 0, onclick: () => { state.offset = Math.max(0, state.offset - limit); go(); } }, "Previous"),
+      h("button", { class: "btn secondary", type: "button", disabled: r.next === null, onclick: () => { state.offset = r.next; go(); } }, "Next"));
+  };
+  let debounce;
+  search.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(() => { state.offset = 0; go(); }, 250); });
+  phase.addEventListener("change", () => { state.offset = 0; go(); });
+  project.addEventListener("change", () => { state.offset = 0; go(); });
+  put(main, h("div", { class: "row" }, h("h1", {}, "Workloads"), h("span", { class: "spacer" }), h("a", { class: "btn", href: "#/submit", style: { textDecoration: "none" } }, "Submit a workload")),
+    h("div", { class: "row panel" }, search, phase, project),
+    h("div", { class: "panel" }, h("table", { id: "workloads" }, h("thead", {}, h("tr", {}, ["Name", "Project", "Type", "Status", "GPU request", "Node / GPU", "Age"].map((t, i) => h("th", { class: [2, 5, 6].includes(i) ? "opt" : null }, t)))), table), pager));
+  await load();
+  every(3000, () => load().catch(() => {}));
+}
+
+async function workload(kind, id) {
+  const log = h("pre", { class: "log", id: "log", "aria-live": "off" });
+  let offset = 0;
+  const tail = async () => {
+    const r = await api(`/api/v1/workloads/${kind}/${id}/logs?offset=${offset}`, { text: true });
+    if (r.text) { log.append(r.text); log.scrollTop = log.scrollHeight; }
+    offset = Number(r.next || offset);
+  };
+  const draw = async () => {
+    const w = await api(`/api/v1/workloads/${kind}/${id}`);
+    const act = (verb, label, cls) => h("button", { class: `btn ${cls || "secondary"}`, type: "button", id: `w-${verb}`, onclick: async () => {
+      if (verb === "delete" && !confirm(`Delete ${w.name}? Its pods are stopped.`)) return;
+      try {
+        if (verb === "delete") { await api(`/api/v1/workloads/${kind}/${id}`, { method: "DELETE" }); toast(`${w.name} deleted.`); location.hash = "#/workloads"; return; }
+        await api(`/api/v1/workloads/${kind}/${id}/${verb}`, { method: "POST" }); toast(`${w.name}: ${verb} requested.`); await draw();
+      } catch (e) { toast(e.message); }
+    } }, label);
+    const pods = (w.pods || []).map((p) => h("tr", {}, h("td", {}, p.index), h("td", {}, p.phase || "—"), h("td", {}, p.nodeName || "—"),
+      h("td", {}, (p.gpuDevices || []).map((d) => `GPU ${d.index} ${fmtBytes(d.requestBytes)}${d.limitBytes !== d.requestBytes ? ` (limit ${fmtBytes(d.limitBytes)})` : ""}`).join(", ") || (p.exclusive ? "whole" : "—"))));
+    const events = (w.events || []).slice(-30).reverse().map((e) => h("tr", {}, h("td", { class: "opt" }, (e.time || "").replace("T", " ").slice(0, 19)), h("td", {}, e.kind || e.reason || ""), h("td", { style: { whiteSpace: "normal" } }, e.message || "")));
+    put(main, 
+      h("div", { class: "row" }, h("h1", {}, w.name), phaseBadge(w.phase), h("span", { class: "spacer" }),
+        act("suspend", "Suspend"), act("resume", "Resume"), act("delete", "Delete", "danger")),
+      w.phase === "Pending" && w.phaseMessage ? h("div", { class: "panel", id: "why-pending" }, h("strong", {}, "Why pending: "), w.phaseMessage) : null,
+      h("div", { class: "panel" }, h("dl", { class: "kv" },
+        h("dt", {}, "Project"), h("dd", {}, w.projectName), h("dt", {}, "Type"), h("dd", {}, `${w.type}${w.preemptible ? " (preemptible)" : ""}`),
+        h("dt", {}, "GPU request"), h("dd", { id: "w-request" }, w.gpus ? w.gpus.request : "—"),
+        h("dt", {}, "GPUs allocated"), h("dd", {}, w.gpus ? `${fmtGpus(w.gpus.allocated)} of ${fmtGpus(w.gpus.requested)}` : "—"),
+        h("dt", {}, "Placement"), h("dd", {}, w.nodeName ? `${w.nodeName}, GPU ${w.gpuDevices}` : "not placed"),
+        h("dt", {}, "Image / command"), h("dd", {}, [w.image, w.spec && w.spec.command ? `${w.spec.command} ${w.spec.args || ""}` : ""].filter(Boolean).join(" — ") || "—"),
+        h("dt", {}, "Created"), h("dd", {}, `${age(w.createdAt)} ago`))),
+      h("h2", {}, "Pods"), h("div", { class: "panel" }, h("table", {}, h("thead", {}, h("tr", {}, ["#", "Phase", "Node", "GPU memory"].map((t) => h("th", {}, t)))), h("tbody", {}, pods))),
+      h("h2", {}, "Events"), h("div", { class: "panel" }, h("table", { id: "events" }, h("tbody", {}, events.length ? events : h("tr", {}, h("td", { class: "muted" }, "No events."))))),
+      h("h2", {}, "Log (live)"), log);
+  };
+  await draw();
+  await tail().catch(() => {});
+  every(1000, () => tail().catch(() => {}));
+  every(4000, () => { const keep = log; draw().then(() => { document.getElementById("log").replaceWith(keep); }).catch(() => {}); });
+}
+
+async function submit() {
+  const projectList = (await api("/api/v1/org-unit/projects")).projects.map((p) => p.name);
+  const kind = h("select", { id: "s-kind", "data-field": "type" }, h("option", { value: "trainings" }, "Training"), h("option", { value: "workspaces" }, "Workspace"), h("option", { value: "inferences" }, "Inference"));
+  const name = h("input", { id: "s-name", "data-field": "name", required: true, placeholder: "frac05" });
+  const project = h("select", { id: "s-project", "data-field": "projectId" }, projectList.map((p) => h("option", { value: p }, p)));
+  const mode = h("select", { id: "s-mode", "aria-label": "GPU request" }, h("option", { value: "portion" }, "a portion of a GPU"), h("option", { value: "memory" }, "GPU memory"), h("option", { value: "whole" }, "whole GPUs"), h("option", { value: "none" }, "no GPU"));
+  const portion = h("input", { id: "s-portion", "data-field": "gpuPortionRequest", value: "0.5", inputmode: "decimal" });
+  const portionLimit = h("input", { id: "s-portion-limit", "data-field": "gpuPortionLimit", placeholder: "same as request", inputmode: "decimal" });
+  const memory = h("input", { id: "s-memory", "data-field": "gpuMemoryRequest", placeholder: "5G or 4Gi" });
+  const memoryLimit = h("input", { id: "s-memory-limit", "data-field": "gpuMemoryLimit", placeholder: "same as request" });
+  const devices = h("input", { id: "s-devices", "data-field": "gpuDevicesRequest", value: "1", inputmode: "numeric" });
+  const image = h("input", { id: "s-image", "data-field": "image", placeholder: "optional" });
+  const command = h("input", { id: "s-command", "data-field": "command", placeholder: "python3" });
+  const args = h("input", { id: "s-args", "data-field": "args", placeholder: "train.py --epochs 3" });
+  const groups = { portion: [portion, portionLimit], memory: [memory, memoryLimit], whole: [], none: [] };
+  const sync = () => { for (const [m, inputs] of Object.entries(groups)) for (const i of inputs) i.closest("label").hidden = m !== mode.value; devices.closest("label").hidden = mode.value === "none"; };
+  mode.addEventListener("change", sync);
+  const num = (v) => (v === "" ? undefined : Number.isNaN(Number(v)) ? v : Number(v));
+  const form = h("form", { class: "panel", id: "submit-form", onsubmit: async (ev) => {
+    ev.preventDefault();
+    const compute = {};
+    if (mode.value === "portion") { compute.gpuRequestType = "portion"; compute.gpuPortionRequest = num(portion.value); if (portionLimit.value) compute.gpuPortionLimit = num(portionLimit.value); compute.gpuDevicesRequest = num(devices.value); }
+    if (mode.value === "memory") { compute.gpuRequestType = "memory"; compute.gpuMemoryRequest = memory.value; if (memoryLimit.value) compute.gpuMemoryLimit = memoryLimit.value; compute.gpuDevicesRequest = num(devices.value); }
+    if (mode.value === "whole") compute.gpuDevicesRequest = num(devices.value);
+    const body = { name: name.value, projectId: project.value, spec: { compute, image: image.value, command: command.value, args: args.value } };
+    try {
+      const r = await api(`/api/v1/workloads/${kind.value}`, { method: "POST", body });
+      toast(`${name.value} submitted.`);
+      location.hash = `#/workload/${kind.value}/${r.workloadId}`;
+    } catch (e) { showErrors(form, e); }
+  } },
+    h("div", { class: "grid", style: { display: "grid", gridTemplateColumns: "repeat(auto-fit, minmax(200px, 1fr))", gap: "12px 16px" } },
+      field("Kind", kind), field("Name", name), field("Project", project), field("GPU", mode),
+      field("Portion (0–1)", portion), field("Portion limit (burst)", portionLimit),
+      field("GPU memory", memory), field("GPU memory limit (burst)", memoryLimit),
+      field("GPUs (devices)", devices), field("Image", image, "with no command, its entrypoint runs"),
+      field("Command", command), field("Arguments", args)),
+    h("p", { class: "err general" }),
+    h("div", { class: "row" }, h("button", { class: "btn", type: "submit", id: "submit-button" }, "Submit")));
+  put(main, h("h1", {}, "Submit a workload"), form);
+  sync();
+  name.focus();
+}
+
+async function metrics() {
+  const minutes = h("select", { id: "m-minutes", "aria-label": "Time range" }, [15, 60, 180, 360].map((m) => h("option", { value: m, selected: m === 60 }, m < 60 ? `last ${m} min` : `last ${m / 60} h`)));
+  const byProject = h("div", { class: "chart", id: "chart-projects" });
+  const byWorkload = h("div", { class: "chart", id: "chart-workloads" });
+  put(main, h("div", { class: "row" }, h("h1", {}, "Metrics"), h("span", { class: "spacer" }), minutes),
+    h("p", { class: "muted" }, "GPUs allocated over time, from samples the server keeps (Prometheus scrapes /metrics for longer history)."),
+    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "By project"), byProject),
+    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "By workload (largest 10)"), byWorkload));
+  const plots = [];
+  const draw = async () => {
+    const d = await api(`/api/v1/metrics/history?minutes=${minutes.value}`);
+    plots.forEach((p) => p.destroy()); plots.length = 0;
+    const width = Math.max(300, main.clientWidth - 60);
+    const series = (names) => [{}, ...names.map((n) => ({ label: n, stroke: n === "all" ? "#151a24" : color(n), width: 2, spanGaps: true }))];
+    const projectNames = Object.keys(d.projects);
+    plots.push(new uPlot({ width, height: 260, series: series(["all", ...projectNames]), axes: [{}, { label: "GPUs" }] },
+      [d.time, d.allocated, ...projectNames.map((p) => d.projects[p])], byProject));
+    const top = Object.entries(d.workloads).sort((a, b) => Math.max(...b[1].map((x) => x || 0)) - Math.max(...a[1].map((x) => x || 0))).slice(0, 10);
+    plots.push(new uPlot({ width, height: 260, series: series(top.map(([n]) => n)), axes: [{}, { label: "GPUs" }] },
+      [d.time, ...top.map(([, v]) => v)], byWorkload));
+    byProject.dataset.points = String(d.time.length);
+  };
+  minutes.addEventListener("change", () => draw().catch((e) => toast(e.message)));
+  await draw();
+  every(10000, () => draw().catch(() => {}));
+}
+
+document.getElementById("logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); location.hash = "#/login"; });
+window.addEventListener("hashchange", route);
+route();

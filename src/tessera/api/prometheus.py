@@ -1,0 +1,93 @@
+"""The API server's Prometheus metrics (``GET /metrics``), for both backends.
+
+Read from the shared snapshot (:mod:`tessera.api.telemetry`) at scrape time, so a scrape costs
+one cached read. Names follow Prometheus conventions (base units, ``_seconds``, ``_total`` for
+counters); docs/metrics.md lists each one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tessera.api.telemetry import SnapshotCache
+
+PENDING_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
+
+
+class ApiCollector(Collector):
+    def __init__(self, snapshots: SnapshotCache, pending: Histogram) -> None:
+        self.snapshots = snapshots
+        self.pending = pending
+        self._observed: set[tuple[str, str, float]] = set()
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshots.get()
+        self._observe_started(snap.workloads)
+        gpus = GaugeMetricFamily("tessera_cluster_gpus", "GPUs in the cluster")
+        gpus.add_metric([], snap.gpus_total)
+        alloc = GaugeMetricFamily("tessera_cluster_gpus_allocated",
+                                  "GPUs allocated to workloads (fractions count their share)")
+        alloc.add_metric([], snap.gpus_allocated)
+        mem = GaugeMetricFamily("tessera_cluster_gpu_memory_bytes", "GPU memory by state",
+                                labels=["state"])
+        mem.add_metric(["total"], snap.gpu_memory_total)
+        mem.add_metric(["allocated"], snap.gpu_memory_allocated)
+        mem.add_metric(["loaned"], snap.gpu_memory_loaned)
+        yield from (gpus, alloc, mem)
+        fams = {
+            "deserved": GaugeMetricFamily("tessera_project_gpu_deserved",
+                                          "GPUs the project's quota guarantees", labels=["project"]),
+            "limit": GaugeMetricFamily("tessera_project_gpu_limit",
+                                       "the most GPUs the project may hold (absent: no limit)",
+                                       labels=["project"]),
+            "allocated": GaugeMetricFamily("tessera_project_gpu_allocated",
+                                           "GPUs the project's workloads hold", labels=["project"]),
+            "requested": GaugeMetricFamily("tessera_project_gpu_requested",
+                                           "GPUs the project's active workloads ask for",
+                                           labels=["project"]),
+            "fair": GaugeMetricFamily("tessera_project_gpu_fair_share",
+                                      "the project's fair share of the cluster's GPUs now",
+                                      labels=["project"]),
+            "weight": GaugeMetricFamily("tessera_project_over_quota_weight",
+                                        "weight of the project's share of idle GPUs",
+                                        labels=["project"]),
+        }
+        for p in snap.projects:
+            fams["deserved"].add_metric([p.name], p.deserved)
+            if p.limit is not None:
+                fams["limit"].add_metric([p.name], p.limit)
+            fams["allocated"].add_metric([p.name], p.allocated)
+            fams["requested"].add_metric([p.name], p.requested)
+            fams["fair"].add_metric([p.name], p.fair_share)
+            fams["weight"].add_metric([p.name], p.weight)
+        yield from fams.values()
+        phases = GaugeMetricFamily("tessera_workloads", "workloads by type and phase",
+                                   labels=["type", "phase"])
+        for (kind, phase), n in sorted(snap.phases.items()):
+            phases.add_metric([kind, phase], n)
+        yield phases
+
+    def _observe_started(self, workloads: tuple) -> None:  # type: ignore[type-arg]
+        """Time pending of each workload seen started for the first time."""
+        seen = set()
+        for w in workloads:
+            if w.started is None or w.created is None:
+                continue
+            key = (w.project, w.name, w.created)
+            seen.add(key)
+            if key not in self._observed:
+                self.pending.labels(w.type).observe(max(0.0, w.started - w.created))
+        self._observed = seen
+
+
+def api_registry(snapshots: SnapshotCache) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    pending = Histogram("tessera_workload_pending_seconds",
+                        "time from submission until a workload started", ["type"],
+                        buckets=PENDING_BUCKETS, registry=registry)
+    registry.register(ApiCollector(snapshots, pending))
+    return registry

@@ -1,0 +1,173 @@
+"""What the API server sees of the cluster at one moment, for the console, ``/metrics`` and the
+history it keeps: GPUs, projects (with their fair share) and workloads by phase.
+
+One snapshot is read from the backend through the same calls the REST API serves (so both
+backends, embedded and Kubernetes, give the same picture) and is cached for ``max_age`` seconds,
+so a console refresh, a Prometheus scrape and the sampler share one read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from tessera.api.backend import Backend, WorkloadQuery
+from tessera.core.fairshare import Claim, divide
+
+FIELDS = ("name", "projectName", "type", "phase", "gpus", "createdAt", "startedAt")
+ACTIVE = ("Pending", "Running", "Initializing", "Stopping")
+
+
+@dataclass(frozen=True)
+class ProjectView:
+    name: str
+    deserved: float
+    limit: float | None
+    weight: float
+    priority: int
+    allocated: float
+    requested: float
+    fair_share: float
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    name: str
+    project: str
+    type: str
+    phase: str
+    allocated: float
+    requested: float
+    created: float | None
+    started: float | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: float
+    simulated: bool
+    gpus_total: float
+    gpus_allocated: float
+    gpu_memory_total: int
+    gpu_memory_allocated: int
+    gpu_memory_loaned: int
+    projects: tuple[ProjectView, ...]
+    workloads: tuple[WorkloadView, ...]
+    phases: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(type, phase) -> number of workloads."""
+
+    def overview(self) -> dict[str, Any]:
+        """The console's Overview in one document."""
+        return {
+            "time": self.time,
+            "simulated": self.simulated,
+            "gpus": {"total": self.gpus_total, "allocated": round(self.gpus_allocated, 4),
+                     "free": round(max(self.gpus_total - self.gpus_allocated, 0.0), 4),
+                     "memoryTotalBytes": self.gpu_memory_total,
+                     "memoryAllocatedBytes": self.gpu_memory_allocated,
+                     "memoryLoanedBytes": self.gpu_memory_loaned},
+            "workloadsByPhase": _by_phase(self.phases),
+            "projects": [{"name": p.name, "deserved": p.deserved, "limit": p.limit,
+                          "overQuotaWeight": p.weight, "priority": p.priority,
+                          "allocated": round(p.allocated, 4), "requested": round(p.requested, 4),
+                          "fairShare": round(p.fair_share, 4),
+                          "state": _state(p)} for p in self.projects],
+        }
+
+
+def _state(p: ProjectView) -> str:
+    if p.allocated > p.fair_share + 1e-6:
+        return "over"
+    if p.allocated + 1e-6 < min(p.fair_share, p.requested):
+        return "under"
+    return "at"
+
+
+def _by_phase(phases: dict[tuple[str, str], int]) -> dict[str, int]:
+    out: Counter[str] = Counter()
+    for (_, phase), n in phases.items():
+        out[phase] += n
+    return dict(sorted(out.items()))
+
+
+def _time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def read(backend: Backend) -> Snapshot:
+    """One snapshot, read now."""
+    cluster = backend.cluster()
+    gpus = [g for n in cluster.get("nodes", []) for g in n.get("gpus", [])]
+    memory_total = sum(int(g.get("memoryBytes", 0)) for g in gpus)
+    memory_allocated = sum(int(g.get("allocatedBytes", 0)) for g in gpus)
+    loaned = sum(int(g.get("loanedBytes", 0)) for g in gpus)
+    rows_json, _ = backend.workloads_json(WorkloadQuery(limit=10**9, fields=FIELDS, rows=True))
+    workloads = []
+    phases: Counter[tuple[str, str]] = Counter()
+    for row in json.loads(rows_json):
+        name, project, kind, phase, g, created, started = row
+        g = g or {}
+        workloads.append(WorkloadView(name, project or "", kind, phase,
+                                      float(g.get("allocated") or 0.0),
+                                      float(g.get("requested") or 0.0),
+                                      _time(created), _time(started)))
+        phases[(kind, phase)] += 1
+    requested: dict[str, float] = {}
+    allocated: dict[str, float] = {}
+    for w in workloads:
+        if w.phase in ACTIVE:
+            requested[w.project] = requested.get(w.project, 0.0) + w.requested
+            allocated[w.project] = allocated.get(w.project, 0.0) + w.allocated
+    docs = backend.projects()
+    claims = []
+    for p in docs:
+        gpu = p["resources"]["gpu"]
+        deserved = float(gpu.get("deserved") or 0.0)
+        limit = gpu.get("limit")
+        claims.append(Claim(p["name"], deserved if deserved >= 0 else math.inf,
+                            math.inf if limit is None or limit < 0 else float(limit),
+                            float(gpu.get("overQuotaWeight") or 0.0), int(p.get("priority") or 0),
+                            requested.get(p["name"], 0.0)))
+    total = float(len(gpus))
+    fair = divide(total, claims)
+    projects = tuple(
+        ProjectView(c.name, c.deserved, None if math.isinf(c.limit) else c.limit, c.weight,
+                    c.priority, float(p.get("status", {}).get("allocated", {}).get("gpu")
+                                      or allocated.get(c.name, 0.0)),
+                    requested.get(c.name, 0.0), fair.get(c.name, 0.0))
+        for c, p in zip(claims, docs, strict=True))
+    return Snapshot(time=time.time(), simulated=bool(cluster.get("simulated")),
+                    gpus_total=total, gpus_allocated=sum(p.allocated for p in projects),
+                    gpu_memory_total=memory_total, gpu_memory_allocated=memory_allocated,
+                    gpu_memory_loaned=loaned, projects=projects, workloads=tuple(workloads),
+                    phases=dict(phases))
+
+
+class SnapshotCache:
+    """The last snapshot, read again when older than ``max_age`` seconds (thread-safe)."""
+
+    def __init__(self, backend: Backend, max_age: float = 1.0,
+                 reader: Callable[[Backend], Snapshot] = read) -> None:
+        self.backend = backend
+        self.max_age = max_age
+        self.reader = reader
+        self._lock = threading.Lock()
+        self._last: Snapshot | None = None
+
+    def get(self) -> Snapshot:
+        with self._lock:
+            if self._last is None or time.time() - self._last.time > self.max_age:
+                self._last = self.reader(self.backend)
+            return self._last
