@@ -260,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         sched = [sys.executable]
         if args.profile:
             sched += ["-m", "cProfile", "-o", args.profile]
+        # One replica: no leader election (on a loaded 2-core machine a renewal that times out
+        # would stop the scheduler in the middle of the run).
         sched += ["-m", "tessera.kube.scheduler", f"--kubeconfig={cluster.kubeconfig}",
+                  "--no-leader-elect",
                   f"--concurrency={args.concurrency}",
                   "--http2" if args.http2 else "--no-http2"]
         for name, cmd in (
