@@ -42,3 +42,30 @@ def test_unconstrained_pods_leave_the_scarce_model_to_the_pods_that_need_it() ->
         where = placer.place(t4_only)
         assert isinstance(where, Placement) and where.node == "t4"
         state.assign(f"t{i}", where)
+
+
+
+def test_stranding_keeps_cpu_heavy_pods_off_nodes_whose_gpus_still_need_the_cpu() -> None:
+    """Typical pod: 1 GPU + 2 CPU. Node a already lost 6 of its 16 CPU; a 4-CPU pod there
+    leaves CPU for 3 of its 4 free GPUs, on b for all 4. One more typical pod fits on either
+    (FGD alone sees a tie and takes the first node); the stranding term takes b."""
+    from tessera.core.placement.policies import FragmentationGradient
+
+    def node(name: str) -> Node:
+        return Node(name, tuple(GpuDevice(f"{name}-{i}", i, 16 * GiB, "T4") for i in range(4)), 16_000, 256 * GiB)
+
+    workload = [(ResourceRequest(GpuRequest.whole(1), 2000, GiB), 1.0)]
+    pod = ResourceRequest(GpuRequest.none(), 4000, GiB)
+    picks = {}
+    for strand in (0.0, 0.3):
+        state = ClusterState([node("a"), node("b")])
+        state.assign("x", Placement("a", cpu_milli=6000, memory=GiB))
+        placer = Placer(state, "fgd", workload=workload)
+        assert isinstance(placer.policy, FragmentationGradient)
+        placer.policy.strand = strand
+        a = state.by_name["a"]
+        assert placer.policy._stranded(a, a.free_cpu - 4000, a.free_mem - GiB, a.dev_used) == 1.0
+        where = placer.place(pod)
+        assert isinstance(where, Placement)
+        picks[strand] = where.node
+    assert picks == {0.0: "a", 0.3: "b"}

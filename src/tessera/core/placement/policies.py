@@ -163,23 +163,41 @@ class FragmentationGradient:
       between nodes in favour of fuller ones;
     * ``scarcity`` × Σ over the devices taken of (GPUs taken × the model's pressure): GPUs of a
       model that constrained pods are expected to need (``model_pressure``) cost more, so pods
-      that could run elsewhere leave them to the pods that cannot.
+      that could run elsewhere leave them to the pods that cannot;
+    * ``strand`` × the growth of the node's *stranded* GPUs: free GPUs its free CPU and memory
+      could not feed at the workload's CPU-per-GPU and memory-per-GPU ratios. FGD looks one pod
+      ahead (does a typical pod still fit?); stranding looks at what the node can still take in
+      total, so CPU-heavy pods stop exhausting the CPU of nodes whose GPUs are still free.
     """
 
     name = "fgd"
     randomised = False
     pack = 0.1
     scarcity = 1.0
+    strand = 0.3
     damping = 0.5
 
     def __init__(self, workload: Sequence[tuple[ResourceRequest, float]] | None = None) -> None:
         self.workload = list(workload or default_workload())
         self.fragmentation = Fragmentation(self.workload, self.damping)
         self.pressure: dict[str, float] = {}
+        gpus = sum(w * _gpus_of(r) for r, w in self.workload)
+        self.cpu_per_gpu = sum(w * r.cpu_milli for r, w in self.workload) / gpus if gpus else 0.0
+        self.mem_per_gpu = sum(w * r.memory for r, w in self.workload) / gpus if gpus else 0.0
 
     def observe_cluster(self, capacity: dict[str, int]) -> None:
         """The GPU count of every model in the cluster (for the scarcity term)."""
         self.pressure = model_pressure(self.workload, capacity)
+
+    def _stranded(self, ns: NodeState, free_cpu: int, free_mem: int, used: Sequence[int]) -> float:
+        """Free GPUs the node's free CPU and memory could not feed at the workload's ratios."""
+        free = sum((m - u) / m for m, u in zip(ns.dev_memory, used, strict=True))
+        usable = free
+        if self.cpu_per_gpu:
+            usable = min(usable, free_cpu / self.cpu_per_gpu)
+        if self.mem_per_gpu:
+            usable = min(usable, free_mem / self.mem_per_gpu)
+        return free - usable
 
     def evaluate(self, ns: NodeState, request: ResourceRequest) -> Choice | None:
         options = device_options(ns, request)
@@ -190,9 +208,12 @@ class FragmentationGradient:
         cpu, mem = ns.free_cpu - request.cpu_milli, ns.free_mem - request.memory
         best: Choice | None = None
         pressure = self.pressure
+        stranded_before = self._stranded(ns, ns.free_cpu, ns.free_mem, ns.dev_used) if self.strand else 0.0
         for devices in options:
             used = used_after(ns, request, devices)
             score = before - frag.measure(ns, cpu, mem, used) + self.pack * _gpu_util(ns, used)
+            if self.strand:
+                score -= self.strand * (self._stranded(ns, cpu, mem, used) - stranded_before)
             if self.scarcity and pressure:
                 score -= self.scarcity * sum(
                     (used[i] - ns.dev_used[i]) / ns.dev_memory[i] * pressure.get(ns.dev_models[i], 0.0)
