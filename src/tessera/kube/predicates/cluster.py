@@ -106,14 +106,32 @@ class ClusterView:
         found = self.cache[key] = compute()
         return found
 
+    def _candidates(self, term: PodAffinityTerm) -> list[OtherPod]:
+        """Pods that may match ``term``: those carrying one label it requires (``In`` with
+        one value, as matchLabels are), else all."""
+        sel = term.selector
+        if sel is not None:
+            for r in sel.requirements:
+                if r.operator == "In" and len(r.values) == 1:
+                    index = self.memo("label-index", self._label_index)
+                    return index.get((r.key, r.values[0]), [])
+        return self.pods
+
+    def _label_index(self) -> dict[tuple[str, str], list[OtherPod]]:
+        index: dict[tuple[str, str], list[OtherPod]] = {}
+        for p in self.pods:
+            for kv in p.labels.items():
+                index.setdefault(kv, []).append(p)
+        return index
+
     def matching(self, term: PodAffinityTerm) -> list[OtherPod]:
         """Pods a pod-affinity term selects (namespaces and labels)."""
         return self.memo(("term", term), lambda: [
-            p for p in self.pods if term.matches_pod(p.namespace, p.labels, self.namespaces)])
+            p for p in self._candidates(term) if term.matches_pod(p.namespace, p.labels, self.namespaces)])
 
     def matching_all(self, terms: tuple[PodAffinityTerm, ...]) -> list[OtherPod]:
         return self.memo(("all", terms), lambda: [
-            p for p in self.pods
+            p for p in (self._candidates(terms[0]) if terms else self.pods)
             if all(t.matches_pod(p.namespace, p.labels, self.namespaces) for t in terms)])
 
     def anti_holders(self) -> list[tuple[OtherPod, PodAffinityTerm]]:
