@@ -1,0 +1,53 @@
+"""Fixtures shared by the image tests and the Helm install test: the images built once per
+input hash (scripts/image_build.py, cached in ~/.cache/tessera/images) and unpacked."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.testing import oci
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def why_not() -> str | None:
+    """None where images can be built and run here, else the reason (printed by the skip)."""
+    why = oci.can_run()
+    if why is None and shutil.which("mmdebstrap") is None:
+        why = "mmdebstrap is missing (scripts/setup.d/40-image-tools.sh installs it)"
+    return why
+
+
+def skip_without_images(module: str) -> pytest.MarkDecorator:
+    why = why_not()
+    if why is not None:
+        print(f"\n{module} skipped: {why}", file=sys.stderr)
+    return pytest.mark.skipif(why is not None, reason=f"{module}: {why}")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("images")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "image_build.py"), "--json",
+                           "--out", str(out)], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def images(built: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[dict[str, oci.UnpackedImage]]:
+    root = tmp_path_factory.mktemp("unpacked")
+    out = {name: oci.unpack(Path(built["dir"]) / img["archive"], root / name)
+           for name, img in built["images"].items()}
+    yield out
+    shutil.rmtree(root, ignore_errors=True)
