@@ -50,17 +50,29 @@ struct CUctx_st {
 struct CUstream_st {
     unsigned magic;
     CUcontext ctx;
+    int capturing;          /* cuStreamBeginCapture: stream-ordered allocations become graph nodes */
+    uint64_t capture_bytes; /* bytes of the allocations captured so far */
 };
+/* Stream-ordered pools keep what is freed to them reserved (still taken from the device) until a
+ * synchronisation trims them down to the release threshold, or cuMemPoolTrimTo. */
 struct CUmemPoolHandle_st {
     unsigned magic;
     int dev; /* -1: host pool */
+    int destroyed;
+    uint64_t reserved;  /* bytes the pool holds on the device */
+    uint64_t used;      /* bytes of live allocations */
+    uint64_t threshold; /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
 };
+#define MAX_POOLS 256
+static CUmemoryPool g_pools[MAX_POOLS];
+static int g_npools;
 
 typedef struct alloc_rec {
     uint64_t key;
     uint64_t size;
     int dev; /* -1: not charged to a device */
     int refs;
+    CUmemoryPool pool; /* stream-ordered allocation from this pool */
     struct alloc_rec *next;
 } alloc_rec;
 
@@ -77,6 +89,10 @@ static int g_initialized;
 static struct CUctx_st g_primary[FAKE_MAX_DEVICES];
 static int g_primary_refs[FAKE_MAX_DEVICES];
 static struct CUmemPoolHandle_st g_default_pool[FAKE_MAX_DEVICES];
+static CUmemoryPool g_current_pool[FAKE_MAX_DEVICES]; /* cuDeviceSetMemPool; NULL: the default */
+static uint64_t g_graph_reserved[FAKE_MAX_DEVICES];   /* graph memory of launched executables */
+static uint64_t g_graph_idle[FAKE_MAX_DEVICES];       /* of destroyed ones, until cuDeviceGraphMemTrim */
+static uint64_t g_limits[FAKE_MAX_DEVICES][5];        /* cuCtxSetLimit values (0: default) */
 static __thread CUcontext t_stack[16];
 static __thread int t_depth;
 
@@ -93,6 +109,7 @@ static void rec_put(alloc_rec **table, uint64_t key, uint64_t size, int dev) {
     r->size = size;
     r->dev = dev;
     r->refs = 1;
+    r->pool = NULL;
     unsigned b = bucket(key);
     r->next = table[b];
     table[b] = r;
@@ -153,7 +170,13 @@ static CUresult charge(int dev, uint64_t size, unsigned long long *out, alloc_re
 static CUresult release(alloc_rec **table, uint64_t key) {
     pthread_mutex_lock(&g_mu);
     alloc_rec *r = rec_take(table, key);
-    if (r && r->dev >= 0) used_add(r->dev, -(int64_t)(r->size));
+    if (r && r->pool) {
+        r->pool->used -= r->size; /* stays reserved in the pool */
+        if (r->pool->destroyed) {
+            used_add(r->pool->dev, -(int64_t)r->size);
+            r->pool->reserved -= r->size;
+        }
+    } else if (r && r->dev >= 0) used_add(r->dev, -(int64_t)(r->size));
     pthread_mutex_unlock(&g_mu);
     if (!r) return CUDA_ERROR_INVALID_VALUE;
     free(r);
@@ -372,9 +395,12 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
     return CUDA_SUCCESS;
 }
 
+static void sync_pools(void);
+
 EXPORT CUresult cuCtxSynchronize(void) {
     NEED_CTX(c);
     (void)c;
+    sync_pools();
     return CUDA_SUCCESS;
 }
 
@@ -453,12 +479,78 @@ static int stream_dev(CUstream s, int *dev) {
     return 1;
 }
 
+static CUmemoryPool device_pool(int dev) {
+    if (g_current_pool[dev]) return g_current_pool[dev];
+    g_default_pool[dev].magic = POOL_MAGIC;
+    g_default_pool[dev].dev = dev;
+    return &g_default_pool[dev];
+}
+
+static void pool_register(CUmemoryPool p) {
+    for (int i = 0; i < g_npools; i++)
+        if (g_pools[i] == p) return;
+    if (g_npools < MAX_POOLS) g_pools[g_npools++] = p;
+}
+
+/* Serves size bytes from the pool's reserve, growing it from the device when needed. */
+static CUresult pool_alloc(CUmemoryPool pool, uint64_t size, CUdeviceptr *out) {
+    pthread_mutex_lock(&g_mu);
+    pool_register(pool);
+    uint64_t spare = pool->reserved - pool->used;
+    if (pool->dev >= 0 && spare < size) {
+        uint64_t need = size - spare;
+        fake_state_lock();
+        if (need > device_free(pool->dev)) {
+            fake_state_unlock();
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        used_add(pool->dev, (int64_t)need);
+        fake_state_unlock();
+        pool->reserved += need;
+    } else if (pool->dev < 0 && spare < size) {
+        pool->reserved += size - spare;
+    }
+    pool->used += size;
+    uint64_t key = ((uint64_t)(pool->dev + 2) << 52) | ((++g_counter) << 12);
+    rec_put(g_ptrs, key, size, -1);
+    find(g_ptrs, key)->pool = pool;
+    pthread_mutex_unlock(&g_mu);
+    *out = key;
+    return CUDA_SUCCESS;
+}
+
+/* Gives reserved memory beyond keep back to the device (caller holds g_mu). */
+static void pool_trim_locked(CUmemoryPool p, uint64_t keep) {
+    if (p->reserved <= keep) return;
+    uint64_t spare = p->reserved - p->used, drop = p->reserved - keep;
+    if (drop > spare) drop = spare;
+    p->reserved -= drop;
+    if (p->dev >= 0) used_add(p->dev, -(int64_t)drop);
+}
+
+/* A synchronisation: every pool releases what it holds above its release threshold. */
+static void sync_pools(void) {
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < g_npools; i++) pool_trim_locked(g_pools[i], g_pools[i]->threshold);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static CUresult capture_alloc(CUstream s, CUdeviceptr *dptr, size_t size) {
+    pthread_mutex_lock(&g_mu);
+    s->capture_bytes += size;
+    *dptr = (0x6ULL << 52) | ((++g_counter) << 12); /* allocated when the graph is launched */
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
     NEED_INIT();
     int dev;
     if (!stream_dev(s, &dev)) return CUDA_ERROR_INVALID_HANDLE;
     if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    return charge(dev, size, dptr, g_ptrs);
+    if ((uintptr_t)s > 2 && s->capturing) return capture_alloc(s, dptr, size);
+    return pool_alloc(device_pool(dev), size, dptr);
 }
 
 PTSZ_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
@@ -471,7 +563,8 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemory
     if (!stream_dev(s, &dev)) return CUDA_ERROR_INVALID_HANDLE;
     if (!pool || pool->magic != POOL_MAGIC) return CUDA_ERROR_INVALID_VALUE;
     if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    return charge(pool->dev, size, dptr, g_ptrs);
+    if ((uintptr_t)s > 2 && s->capturing) return capture_alloc(s, dptr, size);
+    return pool_alloc(pool, size, dptr);
 }
 
 PTSZ_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
@@ -483,6 +576,7 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
     NEED_INIT();
     int dev;
     if (!stream_dev(s, &dev)) return CUDA_ERROR_INVALID_HANDLE;
+    if ((uintptr_t)s > 2 && s->capturing && (ptr >> 52) == 0x6) return CUDA_SUCCESS; /* a captured free */
     return release(g_ptrs, ptr);
 }
 
@@ -501,15 +595,25 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     CUmemoryPool p = calloc(1, sizeof *p);
     p->magic = POOL_MAGIC;
     p->dev = dev;
+    pthread_mutex_lock(&g_mu);
+    pool_register(p);
+    pthread_mutex_unlock(&g_mu);
     *pool = p;
     return CUDA_SUCCESS;
 }
 
+/* The pool's reserve goes back to the device; live allocations keep theirs until freed (the
+ * struct is never freed, so their records stay valid). */
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     NEED_INIT();
-    if (!pool || pool->magic != POOL_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    if (!pool || pool->magic != POOL_MAGIC || pool->destroyed) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    pool_trim_locked(pool, 0);
+    pool->destroyed = 1;
     pool->magic = 0;
-    free(pool);
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+        if (g_current_pool[d] == pool) g_current_pool[d] = NULL;
+    pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
 
@@ -522,6 +626,307 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     *pool = &g_default_pool[dev];
     return CUDA_SUCCESS;
 }
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    NEED_INIT();
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *pool = device_pool(dev);
+    return CUDA_SUCCESS;
+}
+
+/* Like the real driver, the pool must be located on dev. */
+EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+    NEED_INIT();
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!pool || pool->magic != POOL_MAGIC || pool->dev != dev) return CUDA_ERROR_INVALID_VALUE;
+    g_current_pool[dev] = pool;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    NEED_INIT();
+    if (!pool || pool->magic != POOL_MAGIC || !value) return CUDA_ERROR_INVALID_VALUE;
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) pool->threshold = *(cuuint64_t *)value;
+    else if (attr < 1 || attr > 8) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    NEED_INIT();
+    if (!pool || pool->magic != POOL_MAGIC || !value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    cuuint64_t v;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = pool->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: v = pool->reserved; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: case CU_MEMPOOL_ATTR_USED_MEM_HIGH: v = pool->used; break;
+    default: pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&g_mu);
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    NEED_INIT();
+    if (!pool || pool->magic != POOL_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    pool_trim_locked(pool, keep);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* Not a driver API: what this process holds on a device, as the driver would count it (for
+ * adversarial tests to compare with the limit). */
+EXPORT CUresult fakeCudaHeldBytes(CUdevice dev, unsigned long long *bytes) {
+    if (!bytes || dev < 0 || dev >= FAKE_MAX_DEVICES) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    *bytes = g_used[dev];
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* ---- graphs: memory nodes are allocated from the device's graph pool at launch ---- */
+
+#define GRAPH_MAGIC 0x6A4A9Au
+struct CUgraph_st {
+    unsigned magic;
+    int dev;
+    uint64_t bytes;
+};
+struct CUgraphExec_st {
+    unsigned magic;
+    int dev;
+    uint64_t bytes;
+    int launched;
+};
+
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags) {
+    NEED_INIT();
+    (void)flags;
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    CUgraph n = calloc(1, sizeof *n);
+    n->magic = GRAPH_MAGIC;
+    CUcontext c = current();
+    n->dev = valid_ctx(c) ? c->dev : 0;
+    *g = n;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    NEED_INIT();
+    (void)deps; (void)n;
+    if (!node || !g || g->magic != GRAPH_MAGIC || !params || params->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(params->poolProps.location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    g->dev = params->poolProps.location.id;
+    g->bytes += params->bytesize;
+    params->dptr = (0x6ULL << 52) | ((++g_counter) << 12);
+    pthread_mutex_unlock(&g_mu);
+    *node = (CUgraphNode)g;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+    NEED_INIT();
+    if (!g || g->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    g->magic = 0;
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags) {
+    NEED_INIT();
+    (void)flags;
+    if (!exec || !g || g->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    CUgraphExec e = calloc(1, sizeof *e);
+    e->magic = GRAPH_MAGIC;
+    e->dev = g->dev;
+    e->bytes = g->bytes;
+    *exec = e;
+    return CUDA_SUCCESS;
+}
+
+/* The first launch takes the graph's memory from the device; it stays with the graph pool. */
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    NEED_INIT();
+    (void)s;
+    if (!e || e->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    if (e->launched || e->bytes == 0) return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_mu);
+    fake_state_lock();
+    CUresult rc = CUDA_SUCCESS;
+    if (e->bytes > device_free(e->dev)) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else {
+        used_add(e->dev, (int64_t)e->bytes);
+        g_graph_reserved[e->dev] += e->bytes;
+        e->launched = 1;
+    }
+    fake_state_unlock();
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
+    NEED_INIT();
+    if (!e || e->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (e->launched) {
+        g_graph_reserved[e->dev] -= e->bytes;
+        g_graph_idle[e->dev] += e->bytes;
+    }
+    pthread_mutex_unlock(&g_mu);
+    e->magic = 0;
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    NEED_INIT();
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    used_add(dev, -(int64_t)g_graph_idle[dev]);
+    g_graph_idle[dev] = 0;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    NEED_INIT();
+    (void)mode;
+    if (!s || (uintptr_t)s <= 2 || s->magic != STREAM_MAGIC || s->capturing) return CUDA_ERROR_INVALID_VALUE;
+    s->capturing = 1;
+    s->capture_bytes = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
+    NEED_INIT();
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    *status = ((uintptr_t)s > 2 && s->magic == STREAM_MAGIC && s->capturing) ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                                                               : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+    NEED_INIT();
+    if (!g || !s || (uintptr_t)s <= 2 || s->magic != STREAM_MAGIC || !s->capturing) return CUDA_ERROR_INVALID_VALUE;
+    CUgraph n = calloc(1, sizeof *n);
+    n->magic = GRAPH_MAGIC;
+    n->dev = s->ctx->dev;
+    n->bytes = s->capture_bytes;
+    s->capturing = 0;
+    *g = n;
+    return CUDA_SUCCESS;
+}
+
+/* ---- context limits: the malloc heap, printf FIFO and stack take device memory ---- */
+
+#define FAKE_SMS 132
+#define FAKE_THREADS_PER_SM 2048
+
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice dev) {
+    NEED_INIT();
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) *v = FAKE_SMS;
+    else if (attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) *v = FAKE_THREADS_PER_SM;
+    else return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+static uint64_t limit_bytes(int limit, uint64_t value) {
+    if (limit == CU_LIMIT_STACK_SIZE) return value * FAKE_SMS * FAKE_THREADS_PER_SM;
+    if (limit == CU_LIMIT_PRINTF_FIFO_SIZE || limit == CU_LIMIT_MALLOC_HEAP_SIZE) return value;
+    return 0;
+}
+
+EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
+    NEED_CTX(c);
+    if (limit < 0 || limit > 4) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    fake_state_lock();
+    uint64_t old = limit_bytes(limit, g_limits[c->dev][limit]), now = limit_bytes(limit, value);
+    CUresult rc = CUDA_SUCCESS;
+    if (now > old && now - old > device_free(c->dev)) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else {
+        used_add(c->dev, (int64_t)now - (int64_t)old);
+        g_limits[c->dev][limit] = value;
+    }
+    fake_state_unlock();
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, int limit) {
+    NEED_CTX(c);
+    if (!value || limit < 0 || limit > 4) return CUDA_ERROR_INVALID_VALUE;
+    *value = g_limits[c->dev][limit];
+    return CUDA_SUCCESS;
+}
+
+/* ---- the pre-CUDA-3.2 ABI (32-bit sizes and device pointers), still exported by drivers ---- */
+
+EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int size) {
+    NEED_CTX(c);
+    if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    fake_state_lock();
+    if (size > device_free(c->dev)) {
+        fake_state_unlock();
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    used_add(c->dev, (int64_t)size);
+    fake_state_unlock();
+    uint64_t key = 0x10000000ULL + ((++g_counter & 0xFFFFF) << 12);
+    rec_put(g_ptrs, key, size, c->dev);
+    pthread_mutex_unlock(&g_mu);
+    *dptr = (CUdeviceptr_v1)key;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFree(CUdeviceptr_v1 ptr) { return cuMemFree_v2((CUdeviceptr)ptr); }
+
+EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes) {
+    size_t f, t;
+    CUresult rc = cuMemGetInfo_v2(&f, &t);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
+    *free_bytes = f > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)f;
+    *total_bytes = t > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)t;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
+    size_t t;
+    CUresult rc = cuDeviceTotalMem_v2(&t, dev);
+    if (rc == CUDA_SUCCESS && bytes) *bytes = t > 0xFFFFFFFFu ? 0xFFFFFFFFu : (unsigned int)t;
+    return rc;
+}
+
+EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width, unsigned int height,
+                                unsigned int elem) {
+    NEED_CTX(c);
+    if (!dptr || !pitch || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+    (void)elem;
+    unsigned int p = (unsigned int)((width + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN);
+    uint64_t total = (uint64_t)p * height;
+    if (total > 0xFFFFFFFFu) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuMemAlloc(dptr, (unsigned int)total);
+    if (rc == CUDA_SUCCESS) *pitch = p;
+    return rc;
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
     NEED_CTX(c);
@@ -557,6 +962,7 @@ EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx) {
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
     (void)s;
     NEED_INIT();
+    sync_pools();
     return CUDA_SUCCESS;
 }
 
@@ -781,6 +1187,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
 /* Internal entry points with addresses distinct from the exports (FAKE_CUDA_PROC_INTERNAL=1). */
 static CUresult internal_cuMemAlloc_v2(CUdeviceptr *d, size_t s) { return cuMemAlloc_v2(d, s); }
 static CUresult internal_cuMemFree_v2(CUdeviceptr p) { return cuMemFree_v2(p); }
+static CUresult internal_cuMemAlloc_v3(CUdeviceptr *d, size_t s) { return cuMemAlloc_v3(d, s); }
 static CUresult internal_cuMemGetInfo_v2(size_t *f, size_t *t) { return cuMemGetInfo_v2(f, t); }
 static CUresult internal_cuDeviceTotalMem_v2(size_t *b, CUdevice d) { return cuDeviceTotalMem_v2(b, d); }
 static CUresult internal_cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t s, CUstream st) {
@@ -832,7 +1239,32 @@ static const proc_entry g_procs[] = {
     P("cuCtxSynchronize", 2000, 0, cuCtxSynchronize, NULL),
     P("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2, internal_cuMemGetInfo_v2),
     P("cuMemAlloc", 3020, 0, cuMemAlloc_v2, internal_cuMemAlloc_v2),
-    P("cuMemAlloc", 14000, 0, cuMemAlloc_v3, NULL),
+    P("cuMemAlloc", 14000, 0, cuMemAlloc_v3, internal_cuMemAlloc_v3),
+    P("cuMemAlloc", 2000, 0, cuMemAlloc, NULL),
+    P("cuMemFree", 2000, 0, cuMemFree, NULL),
+    P("cuMemGetInfo", 2000, 0, cuMemGetInfo, NULL),
+    P("cuDeviceTotalMem", 2000, 0, cuDeviceTotalMem, NULL),
+    P("cuMemAllocPitch", 2000, 0, cuMemAllocPitch, NULL),
+    P("cuCtxCreate", 2000, 0, cuCtxCreate, NULL),
+    P("cuCtxDestroy", 2000, 0, cuCtxDestroy, NULL),
+    P("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool, NULL),
+    P("cuDeviceSetMemPool", 11020, 0, cuDeviceSetMemPool, NULL),
+    P("cuMemPoolSetAttribute", 11020, 0, cuMemPoolSetAttribute, NULL),
+    P("cuMemPoolGetAttribute", 11020, 0, cuMemPoolGetAttribute, NULL),
+    P("cuMemPoolTrimTo", 11020, 0, cuMemPoolTrimTo, NULL),
+    P("cuGraphCreate", 10000, 0, cuGraphCreate, NULL),
+    P("cuGraphAddMemAllocNode", 11040, 0, cuGraphAddMemAllocNode, NULL),
+    P("cuGraphDestroy", 10000, 0, cuGraphDestroy, NULL),
+    P("cuGraphInstantiateWithFlags", 11040, 0, cuGraphInstantiateWithFlags, NULL),
+    P("cuGraphLaunch", 10000, 0, cuGraphLaunch, NULL),
+    P("cuGraphExecDestroy", 10000, 0, cuGraphExecDestroy, NULL),
+    P("cuDeviceGraphMemTrim", 11040, 0, cuDeviceGraphMemTrim, NULL),
+    P("cuStreamBeginCapture", 10010, 0, cuStreamBeginCapture_v2, NULL),
+    P("cuStreamIsCapturing", 10000, 0, cuStreamIsCapturing, NULL),
+    P("cuStreamEndCapture", 10000, 0, cuStreamEndCapture, NULL),
+    P("cuDeviceGetAttribute", 2000, 0, cuDeviceGetAttribute, NULL),
+    P("cuCtxSetLimit", 3010, 0, cuCtxSetLimit, NULL),
+    P("cuCtxGetLimit", 3010, 0, cuCtxGetLimit, NULL),
     P("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2, NULL),
     P("cuMemAllocManaged", 6000, 0, cuMemAllocManaged, NULL),
     P("cuMemFree", 3020, 0, cuMemFree_v2, internal_cuMemFree_v2),

@@ -43,9 +43,11 @@ static CUresult current_ordinal(int *ord) {
     return REAL(cuCtxGetDevice, ctx_get_device_fn)(ord);
 }
 
+CUresult ts_current_ordinal(int *ord) { return current_ordinal(ord); }
+
 /* The device a stream's work runs on: the current one for the special streams, else the
  * device of the stream's context. */
-static CUresult stream_ordinal(CUstream s, int *ord) {
+int ts_stream_ordinal(CUstream s, int *ord) {
     if ((uintptr_t)s <= 2 || !ts_real.cuStreamGetCtx || !ts_real.cuCtxGetCurrent || !ts_real.cuCtxPushCurrent_v2 ||
         !ts_real.cuCtxPopCurrent_v2)
         return current_ordinal(ord);
@@ -85,6 +87,21 @@ static CUresult reserve(int mode, int ordinal, uint64_t size, int *rdev, const c
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* An allocation refused at the limit settles the stream-ordered pools first (memory they have
+ * released since is given back) and tries once more. Never called with ts_tab_mu held. */
+static CUresult reserve_settling(int mode, int ordinal, uint64_t size, int *rdev, const char *what) {
+    CUresult rc = reserve(mode, ordinal, size, rdev, what);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && mode == TS_MODE_LIMITED && __atomic_load_n(&ts_pools.count, __ATOMIC_RELAXED)) {
+        ts_pools_settle_all();
+        rc = reserve(mode, ordinal, size, rdev, what);
+    }
+    return rc;
+}
+
+CUresult ts_reserve(int mode, int ordinal, uint64_t size, int *rdev, const char *what) {
+    return reserve_settling(mode, ordinal, size, rdev, what);
+}
+
 static void track(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind) {
     if (rdev < 0) return;
     pthread_mutex_lock(&ts_tab_mu);
@@ -100,6 +117,12 @@ static int untrack(ts_table *t, uint64_t key, ts_record *out) {
     return found;
 }
 
+void ts_track(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind) {
+    track(t, key, size, rdev, ordinal, kind);
+}
+
+int ts_untrack(ts_table *t, uint64_t key, ts_record *out) { return untrack(t, key, out); }
+
 static void retrack(ts_table *t, const ts_record *r) { track(t, r->key, r->size, r->rdev, r->ordinal, r->kind); }
 
 /* ---- synchronous allocations ---- */
@@ -113,7 +136,7 @@ CUresult ts_hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     int ord, rdev;
     CUresult rc = current_ordinal(&ord);
     if (rc != CUDA_SUCCESS) return rc;
-    if ((rc = reserve(mode, ord, size, &rdev, "cuMemAlloc")) != CUDA_SUCCESS) return rc;
+    if ((rc = reserve_settling(mode, ord, size, &rdev, "cuMemAlloc")) != CUDA_SUCCESS) return rc;
     rc = real(dptr, size);
     while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(dptr, size);
     if (rc != CUDA_SUCCESS || !dptr) {
@@ -133,7 +156,7 @@ CUresult ts_hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int 
     int ord, rdev;
     CUresult rc = current_ordinal(&ord);
     if (rc != CUDA_SUCCESS) return rc;
-    if ((rc = reserve(mode, ord, size, &rdev, "cuMemAllocManaged")) != CUDA_SUCCESS) return rc;
+    if ((rc = reserve_settling(mode, ord, size, &rdev, "cuMemAllocManaged")) != CUDA_SUCCESS) return rc;
     rc = real(dptr, size, flags);
     while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(dptr, size, flags);
     if (rc != CUDA_SUCCESS || !dptr) {
@@ -160,7 +183,7 @@ CUresult ts_hook_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t wid
     uint64_t row = width > UINT64_MAX - PITCH_GUESS ? UINT64_MAX : (width + PITCH_GUESS - 1) / PITCH_GUESS * PITCH_GUESS;
     uint64_t guess;
     if (__builtin_mul_overflow(row, (uint64_t)height, &guess)) return CUDA_ERROR_OUT_OF_MEMORY;
-    if ((rc = reserve(mode, ord, guess, &rdev, "cuMemAllocPitch")) != CUDA_SUCCESS) return rc;
+    if ((rc = reserve_settling(mode, ord, guess, &rdev, "cuMemAllocPitch")) != CUDA_SUCCESS) return rc;
     rc = real(dptr, pitch, width, height, elem);
     if (rc != CUDA_SUCCESS || !dptr || !pitch) {
         if (rdev >= 0) ts_region_release(rdev, guess);
@@ -199,116 +222,58 @@ CUresult ts_hook_cuMemFree_v2(CUdeviceptr ptr) {
 
 /* ---- stream-ordered allocations ---- */
 
-static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t size, CUstream s, const char *what) {
-    int mode = ts_mode();
-    if (mode == TS_MODE_PASSTHROUGH) return real(dptr, size, s);
-    int ord, rdev;
-    CUresult rc = stream_ordinal(s, &ord);
-    if (rc != CUDA_SUCCESS) return rc;
-    if ((rc = reserve(mode, ord, size, &rdev, what)) != CUDA_SUCCESS) return rc;
-    rc = real(dptr, size, s);
-    while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(dptr, size, s);
-    if (rc != CUDA_SUCCESS || !dptr) {
-        if (rdev >= 0) ts_region_release(rdev, size);
-        return rc;
-    }
-    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_ASYNC);
-    return rc;
-}
-
 CUresult ts_hook_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
     BIND_OR_FAIL();
     NEED_REAL(cuMemAllocAsync);
-    return alloc_async(REAL(cuMemAllocAsync, alloc_async_fn), dptr, size, s, "cuMemAllocAsync");
+    return ts_pool_alloc(ts_real.cuMemAllocAsync, 0, dptr, size, NULL, s, "cuMemAllocAsync");
 }
 
 CUresult ts_hook_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
     BIND_OR_FAIL();
     NEED_REAL(cuMemAllocAsync_ptsz);
-    return alloc_async(REAL(cuMemAllocAsync_ptsz, alloc_async_fn), dptr, size, s, "cuMemAllocAsync");
-}
-
-#define HOST_POOL (-2)
-
-static CUresult alloc_pool(alloc_pool_fn real, CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
-    int mode = ts_mode();
-    if (mode == TS_MODE_PASSTHROUGH) return real(dptr, size, pool, s);
-    int ord = -1, rdev;
-    pthread_mutex_lock(&ts_tab_mu);
-    const ts_record *pr = ts_table_find(&ts_pools, (uint64_t)(uintptr_t)pool);
-    int known = pr != NULL, pool_ord = pr ? pr->ordinal : -1;
-    pthread_mutex_unlock(&ts_tab_mu);
-    if (known && pool_ord == HOST_POOL) return real(dptr, size, pool, s); /* host memory */
-    CUresult rc = CUDA_SUCCESS;
-    if (known) ord = pool_ord;
-    else if ((rc = stream_ordinal(s, &ord)) != CUDA_SUCCESS) return rc;
-    if ((rc = reserve(mode, ord, size, &rdev, "cuMemAllocFromPoolAsync")) != CUDA_SUCCESS) return rc;
-    rc = real(dptr, size, pool, s);
-    while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(dptr, size, pool, s);
-    if (rc != CUDA_SUCCESS || !dptr) {
-        if (rdev >= 0) ts_region_release(rdev, size);
-        return rc;
-    }
-    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_ASYNC);
-    return rc;
+    return ts_pool_alloc(ts_real.cuMemAllocAsync_ptsz, 0, dptr, size, NULL, s, "cuMemAllocAsync");
 }
 
 CUresult ts_hook_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
     BIND_OR_FAIL();
     NEED_REAL(cuMemAllocFromPoolAsync);
-    return alloc_pool(REAL(cuMemAllocFromPoolAsync, alloc_pool_fn), dptr, size, pool, s);
+    return ts_pool_alloc(ts_real.cuMemAllocFromPoolAsync, 1, dptr, size, pool, s, "cuMemAllocFromPoolAsync");
 }
 
 CUresult ts_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
     BIND_OR_FAIL();
     NEED_REAL(cuMemAllocFromPoolAsync_ptsz);
-    return alloc_pool(REAL(cuMemAllocFromPoolAsync_ptsz, alloc_pool_fn), dptr, size, pool, s);
-}
-
-static CUresult free_async(free_async_fn real, CUdeviceptr ptr, CUstream s) {
-    ts_record r;
-    if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(&ts_ptrs, ptr, &r)) return real(ptr, s);
-    CUresult rc = real(ptr, s);
-    if (rc != CUDA_SUCCESS) retrack(&ts_ptrs, &r);
-    else ts_region_release(r.rdev, r.size);
-    return rc;
+    return ts_pool_alloc(ts_real.cuMemAllocFromPoolAsync_ptsz, 1, dptr, size, pool, s, "cuMemAllocFromPoolAsync");
 }
 
 CUresult ts_hook_cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
     BIND_OR_FAIL();
     NEED_REAL(cuMemFreeAsync);
-    return free_async(REAL(cuMemFreeAsync, free_async_fn), ptr, s);
+    return ts_pool_free(ts_real.cuMemFreeAsync, ptr, s);
 }
 
 CUresult ts_hook_cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) {
     BIND_OR_FAIL();
     NEED_REAL(cuMemFreeAsync_ptsz);
-    return free_async(REAL(cuMemFreeAsync_ptsz, free_async_fn), ptr, s);
+    return ts_pool_free(ts_real.cuMemFreeAsync_ptsz, ptr, s);
 }
+
+#define HOST_POOL (-2)
 
 CUresult ts_hook_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     BIND_OR_FAIL();
     NEED_REAL(cuMemPoolCreate);
     CUresult rc = REAL(cuMemPoolCreate, pool_create_fn)(pool, props);
     if (rc != CUDA_SUCCESS || !pool || !props || ts_mode() == TS_MODE_PASSTHROUGH) return rc;
-    int ord = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : HOST_POOL;
-    pthread_mutex_lock(&ts_tab_mu);
-    ts_table_put(&ts_pools, (uint64_t)(uintptr_t)*pool, 0, 0, ord, TS_KIND_OTHER);
-    pthread_mutex_unlock(&ts_tab_mu);
+    ts_pool_created(*pool, props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : HOST_POOL);
     return rc;
 }
 
 CUresult ts_hook_cuMemPoolDestroy(CUmemoryPool pool) {
     BIND_OR_FAIL();
     NEED_REAL(cuMemPoolDestroy);
-    ts_record r;
-    int known = untrack(&ts_pools, (uint64_t)(uintptr_t)pool, &r);
     CUresult rc = REAL(cuMemPoolDestroy, pool_destroy_fn)(pool);
-    if (rc != CUDA_SUCCESS && known) {
-        pthread_mutex_lock(&ts_tab_mu);
-        ts_table_put(&ts_pools, r.key, r.size, r.rdev, r.ordinal, r.kind);
-        pthread_mutex_unlock(&ts_tab_mu);
-    }
+    if (ts_mode() != TS_MODE_PASSTHROUGH) ts_pool_destroyed(pool, rc);
     return rc;
 }
 
@@ -334,7 +299,7 @@ CUresult ts_hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
     int ord = prop->location.id;
     if (ord < 0 || ord >= TS_MAX_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
     int rdev;
-    CUresult rc = reserve(mode, ord, size, &rdev, "cuMemCreate");
+    CUresult rc = reserve_settling(mode, ord, size, &rdev, "cuMemCreate");
     if (rc != CUDA_SUCCESS) return rc;
     rc = real(handle, size, prop, flags);
     while (rc == CUDA_ERROR_OUT_OF_MEMORY && ts_loans_retry_driver(rdev)) rc = real(handle, size, prop, flags);
@@ -489,6 +454,7 @@ CUresult ts_hook_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     if (mode == TS_MODE_LIMITED && current_ordinal(&ord) == CUDA_SUCCESS) {
         d = ts_device(ord);
         if (d && !d->limited) return rc;
+        if (__atomic_load_n(&ts_pools.count, __ATOMIC_RELAXED)) ts_pools_settle_all();
     }
     if (d) {
         limit = d->limit;
@@ -525,7 +491,14 @@ CUresult ts_hook_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 
 /* ---- contexts: each one is charged the configured overhead ---- */
 
-static int overhead_on(int mode) { return mode == TS_MODE_LIMITED && ts_cfg.context_overhead > 0; }
+/* Every context is charged on a limited device: the configured overhead, else the per-model
+ * default (state.c); never 0. */
+static int overhead_on(int mode) { return mode == TS_MODE_LIMITED; }
+
+static uint64_t overhead_of(int dev) {
+    ts_dev *d = ts_device(dev);
+    return d ? d->ctx_overhead : 0;
+}
 
 CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     BIND_OR_FAIL();
@@ -533,22 +506,22 @@ CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     retain_fn real = REAL(cuDevicePrimaryCtxRetain, retain_fn);
     int mode = ts_mode();
     if (!overhead_on(mode) || dev < 0 || dev >= TS_MAX_DEVICES) return real(pctx, dev);
-    ts_device(dev);
+    uint64_t overhead = overhead_of(dev);
     pthread_mutex_lock(&ts_tab_mu);
     int rdev = -1;
     CUresult rc = CUDA_SUCCESS;
-    if (ts_primary_refs[dev] == 0) rc = reserve(mode, dev, ts_cfg.context_overhead, &rdev, "primary context");
+    if (ts_primary_refs[dev] == 0) rc = reserve(mode, dev, overhead, &rdev, "primary context");
     if (rc == CUDA_SUCCESS) {
         rc = real(pctx, dev);
         if (rc == CUDA_SUCCESS) ts_primary_refs[dev]++;
-        else if (rdev >= 0) ts_region_release(rdev, ts_cfg.context_overhead);
+        else if (rdev >= 0) ts_region_release(rdev, overhead);
     }
     pthread_mutex_unlock(&ts_tab_mu);
     return rc;
 }
 
 static void release_overhead(ts_dev *d) {
-    if (d && d->rdev >= 0) ts_region_release(d->rdev, ts_cfg.context_overhead);
+    if (d && d->rdev >= 0) ts_region_release(d->rdev, d->ctx_overhead);
 }
 
 static CUresult primary_release(dev_fn real, CUdevice dev) {
@@ -612,17 +585,18 @@ static CUresult ctx_reserve(int dev, int *rdev) {
     int mode = ts_mode();
     if (mode != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return CUDA_SUCCESS;
     if (!overhead_on(mode)) return CUDA_SUCCESS;
-    return reserve(mode, dev, ts_cfg.context_overhead, rdev, "context creation");
+    return reserve_settling(mode, dev, overhead_of(dev), rdev, "context creation");
 }
 
 static void ctx_created(CUresult rc, CUcontext *pctx, int dev, int rdev) {
     if (rc != CUDA_SUCCESS || !pctx) {
-        if (rdev >= 0) ts_region_release(rdev, ts_cfg.context_overhead);
+        if (rdev >= 0) ts_region_release(rdev, overhead_of(dev));
         return;
     }
     if (ts_mode() != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return;
+    uint64_t overhead = overhead_of(dev);
     pthread_mutex_lock(&ts_tab_mu);
-    ts_table_put(&ts_ctxs, (uint64_t)(uintptr_t)*pctx, rdev >= 0 ? ts_cfg.context_overhead : 0, rdev, dev,
+    ts_table_put(&ts_ctxs, (uint64_t)(uintptr_t)*pctx, rdev >= 0 ? overhead : 0, rdev, dev,
                  TS_KIND_OTHER);
     ts_custom_ctxs[dev]++;
     pthread_mutex_unlock(&ts_tab_mu);

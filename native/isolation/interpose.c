@@ -14,24 +14,92 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "interpose.h"
+#include "state.h"
 
 typedef void *(*dlsym_fn)(void *, const char *);
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+typedef void *(*dlopen_fn)(const char *, int);
+typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
 static dlsym_fn g_real_dlsym;
+static dlvsym_fn g_real_dlvsym;
+static dlopen_fn g_real_dlopen;
+static dlmopen_fn g_real_dlmopen;
+
+/*
+ * The C library's own dl* functions. This library exports dlsym, dlvsym, dlopen and dlmopen, so
+ * any call to those names from here would reach our own; the C library's are found in its
+ * dynamic symbol table (GNU hash), through dl_iterate_phdr, which is not interposed.
+ */
+struct libc_lookup {
+    const char *name;
+    void *addr;
+};
+
+static uint32_t gnu_hash(const char *s) {
+    uint32_t h = 5381;
+    for (; *s; s++) h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+static int libc_lookup_cb(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    struct libc_lookup *q = data;
+    if (!info->dlpi_name || !strstr(info->dlpi_name, "/libc.so")) return 0;
+    const ElfW(Dyn) *dyn = NULL;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    if (!dyn) return 0;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const uint32_t *gnu = NULL;
+    for (; dyn->d_tag != DT_NULL; dyn++) {
+        ElfW(Addr) v = dyn->d_un.d_ptr;
+        if (v < info->dlpi_addr) v += info->dlpi_addr; /* not relocated in place on every architecture */
+        if (dyn->d_tag == DT_SYMTAB) symtab = (const ElfW(Sym) *)v;
+        else if (dyn->d_tag == DT_STRTAB) strtab = (const char *)v;
+        else if (dyn->d_tag == DT_GNU_HASH) gnu = (const uint32_t *)v;
+    }
+    if (!symtab || !strtab || !gnu) return 0;
+    uint32_t nbuckets = gnu[0], symoffset = gnu[1], bloom_size = gnu[2];
+    const uint32_t *buckets = gnu + 4 + bloom_size * (sizeof(ElfW(Addr)) / 4);
+    const uint32_t *chain = buckets + nbuckets;
+    uint32_t h = gnu_hash(q->name);
+    if (nbuckets == 0) return 0;
+    uint32_t i = buckets[h % nbuckets];
+    if (i < symoffset) return 1;
+    for (;; i++) {
+        uint32_t h2 = chain[i - symoffset];
+        const ElfW(Sym) *sym = &symtab[i];
+        if ((h | 1) == (h2 | 1) && sym->st_shndx != SHN_UNDEF && strcmp(strtab + sym->st_name, q->name) == 0) {
+            q->addr = (void *)(info->dlpi_addr + sym->st_value);
+            return 1;
+        }
+        if (h2 & 1) break;
+    }
+    return 1;
+}
+
+static void *libc_sym(const char *name) {
+    struct libc_lookup q = {name, NULL};
+    dl_iterate_phdr(libc_lookup_cb, &q);
+    return q.addr;
+}
 
 static dlsym_fn resolve_real_dlsym(void) {
-    static const char *versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0", NULL};
-    dlsym_fn f = NULL;
-    for (int i = 0; versions[i] && !f; i++) f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    dlsym_fn f = (dlsym_fn)libc_sym("dlsym");
     if (!f) {
         ts_log(TS_LOG_ERROR, "cannot find the C library's dlsym; driver lookups will fail");
         return NULL;
     }
+    __atomic_store_n(&g_real_dlvsym, (dlvsym_fn)libc_sym("dlvsym"), __ATOMIC_RELEASE);
+    __atomic_store_n(&g_real_dlopen, (dlopen_fn)libc_sym("dlopen"), __ATOMIC_RELEASE);
+    __atomic_store_n(&g_real_dlmopen, (dlmopen_fn)libc_sym("dlmopen"), __ATOMIC_RELEASE);
     __atomic_store_n(&g_real_dlsym, f, __ATOMIC_RELEASE);
     return f;
 }
@@ -110,16 +178,44 @@ int ts_bind(int lib) {
     return 0;
 }
 
-__attribute__((noinline)) static void *dlsym_hooked(void *handle, const char *name, const ts_hook *hk) {
-    void *p = ts_real_dlsym(handle, name);
+/* What a lookup of a hooked name resolved to (p) becomes. */
+static void *hooked_result(const char *name, void *p, const ts_hook *hk, const char *how) {
     if (p == NULL || p == hk->hook) return p;
     if (ts_bind(hk->lib) != 0) return p;
     if (p == *hk->real) {
-        TS_DEBUG("dlsym(%s): intercepted", name);
+        TS_DEBUG("%s(%s): intercepted", how, name);
         return hk->hook;
     }
-    ts_log(TS_LOG_WARN, "dlsym(%s) resolved outside the driver library; not intercepted", name);
-    return p;
+    /* Another copy of the driver (loaded by another path, in another namespace, or a library
+     * exporting a driver name): calling it would bypass the limits. */
+    if (ts_mode() == TS_MODE_PASSTHROUGH) return p;
+    Dl_info info;
+    const char *file = dladdr(p, &info) && info.dli_fname ? info.dli_fname : "an unknown object";
+    char key[96];
+    snprintf(key, sizeof key, "lookup:%s", name);
+    ts_log_once(key, "%s(%s) resolved to %s, not the driver this library is bound to; refused (fail closed)",
+                how, name, file);
+    return NULL;
+}
+
+__attribute__((noinline)) static void *dlsym_hooked(void *handle, const char *name, const ts_hook *hk) {
+    return hooked_result(name, ts_real_dlsym(handle, name), hk, "dlsym");
+}
+
+/* The dynamic-loading functions themselves: looking them up (dlsym(libc, "dlsym")) gives ours,
+ * so a program cannot reach the C library's dlsym and look the driver up around the hooks. */
+TS_EXPORT void *dlvsym(void *handle, const char *name, const char *version);
+TS_EXPORT void *dlopen(const char *file, int mode);
+TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode);
+TS_EXPORT void *dlsym(void *handle, const char *name);
+
+static void *dl_self(const char *n) {
+    if (n[0] != 'd' || n[1] != 'l') return NULL;
+    if (strcmp(n, "dlsym") == 0) return (void *)dlsym;
+    if (strcmp(n, "dlvsym") == 0) return (void *)dlvsym;
+    if (strcmp(n, "dlopen") == 0) return (void *)dlopen;
+    if (strcmp(n, "dlmopen") == 0) return (void *)dlmopen;
+    return NULL;
 }
 
 /*
@@ -131,9 +227,95 @@ TS_EXPORT void *dlsym(void *handle, const char *name) {
     __asm__("" : "+r"(n)); /* <dlfcn.h> says name is never NULL; a caller may still pass NULL */
     const ts_hook *hk = n ? hook_by_name(n) : NULL;
     if (__builtin_expect(hk != NULL, 0)) return dlsym_hooked(handle, name, hk);
+    if (__builtin_expect(n && n[0] == 'd' && n[1] == 'l', 0) && dl_self(n) && ts_real_dlsym(handle, name))
+        return dl_self(n);
     dlsym_fn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
     if (__builtin_expect(f == NULL, 0)) f = resolve_real_dlsym();
     return f(handle, name);
+}
+
+static dlvsym_fn real_dlvsym(void) {
+    if (!__atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE)) resolve_real_dlsym();
+    return __atomic_load_n(&g_real_dlvsym, __ATOMIC_ACQUIRE);
+}
+
+/* dlvsym: the same substitution as dlsym (the driver's names are unversioned, so any version
+ * finds them). */
+TS_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
+    dlvsym_fn f = real_dlvsym();
+    if (!f) return NULL;
+    const char *n = name;
+    __asm__("" : "+r"(n));
+    if (n) {
+        const ts_hook *hk = hook_by_name(name);
+        if (hk) return hooked_result(name, f(handle, name, version), hk, "dlvsym");
+        void *self = dl_self(name);
+        if (self && f(handle, name, version)) return self;
+    }
+    return f(handle, name, version);
+}
+
+static void refuse_deepbind(const char *file) {
+    ts_log_once("deepbind", "dlopen(%s, RTLD_DEEPBIND): RTLD_DEEPBIND dropped, so the library's driver calls "
+                "go through the GPU memory limits (a library bound deep would call the driver directly)",
+                file ? file : "NULL");
+}
+
+/*
+ * dlopen: with limits active, RTLD_DEEPBIND is dropped (a library bound deep resolves its driver
+ * calls inside its own dependencies, before this preloaded library). The call to the C library
+ * is a tail call, so it sees the original caller (its RUNPATH and namespace are used).
+ */
+TS_EXPORT void *dlopen(const char *file, int mode) {
+    if (__builtin_expect((mode & RTLD_DEEPBIND) != 0, 0) && ts_mode() != TS_MODE_PASSTHROUGH) {
+        refuse_deepbind(file);
+        mode &= ~RTLD_DEEPBIND;
+    }
+    dlopen_fn f = __atomic_load_n(&g_real_dlopen, __ATOMIC_ACQUIRE);
+    if (__builtin_expect(f == NULL, 0)) {
+        resolve_real_dlsym();
+        f = __atomic_load_n(&g_real_dlopen, __ATOMIC_ACQUIRE);
+        if (!f) return NULL;
+    }
+    return f(file, mode);
+}
+
+/* Does the namespace of handle hold a CUDA driver or NVML (any object exporting their entry points)? */
+static int holds_driver(void *handle) {
+    return ts_real_dlsym(handle, "cuGetProcAddress") || ts_real_dlsym(handle, "cuMemAlloc_v2") ||
+           ts_real_dlsym(handle, "nvmlDeviceGetMemoryInfo");
+}
+
+/*
+ * dlmopen: a driver loaded into another link-map namespace has none of the hooks (preloaded
+ * libraries live in the base namespace only). With limits active, a dlmopen into another
+ * namespace whose result holds the driver is undone and refused (NULL; dlerror says why).
+ */
+TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
+    dlmopen_fn f = __atomic_load_n(&g_real_dlmopen, __ATOMIC_ACQUIRE);
+    if (!f) {
+        resolve_real_dlsym();
+        f = __atomic_load_n(&g_real_dlmopen, __ATOMIC_ACQUIRE);
+        if (!f) return NULL;
+    }
+    if (lmid == LM_ID_BASE || ts_mode() == TS_MODE_PASSTHROUGH) {
+        if ((mode & RTLD_DEEPBIND) && lmid == LM_ID_BASE && ts_mode() != TS_MODE_PASSTHROUGH) {
+            refuse_deepbind(file);
+            mode &= ~RTLD_DEEPBIND;
+        }
+        return f(lmid, file, mode);
+    }
+    void *h = f(lmid, file, mode);
+    if (h && holds_driver(h)) {
+        dlclose(h);
+        ts_log_once("dlmopen", "dlmopen(%s) into another link-map namespace refused: it loads the CUDA driver "
+                    "without the GPU memory limits (fail closed)", file ? file : "NULL");
+        /* Leave a dlerror() that says so. */
+        dlopen_fn o = __atomic_load_n(&g_real_dlopen, __ATOMIC_ACQUIRE);
+        if (o) o("/tessera-isolation: refused: a CUDA driver in another link-map namespace is not limited", RTLD_NOW);
+        return NULL;
+    }
+    return h;
 }
 
 /* ---- cuGetProcAddress ---- */
@@ -180,9 +362,41 @@ static const ts_variant g_variants[] = {
     {"cuArrayDestroy", "cuArrayDestroy", 2000, 0},
     {"cuMipmappedArrayCreate", "cuMipmappedArrayCreate", 5000, 0},
     {"cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", 5000, 0},
+    {"cuMemAlloc", "cuMemAlloc", 2000, 0},
+    {"cuMemAllocPitch", "cuMemAllocPitch", 2000, 0},
+    {"cuMemFree", "cuMemFree", 2000, 0},
+    {"cuMemGetInfo", "cuMemGetInfo", 2000, 0},
+    {"cuDeviceTotalMem", "cuDeviceTotalMem", 2000, 0},
+    {"cuCtxCreate", "cuCtxCreate", 2000, 0},
+    {"cuCtxDestroy", "cuCtxDestroy", 2000, 0},
+    {"cuMemPoolTrimTo", "cuMemPoolTrimTo", 11020, 0},
+    {"cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode", 11040, 0},
+    {"cuGraphAddNode", "cuGraphAddNode", 12020, 0},
+    {"cuGraphAddNode", "cuGraphAddNode_v2", 12030, 0},
+    {"cuCtxSetLimit", "cuCtxSetLimit", 3010, 0},
     {"cuGetProcAddress", "cuGetProcAddress", 11030, 0},
     {"cuGetProcAddress", "cuGetProcAddress_v2", 12000, 0},
 };
+
+typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
+
+static int hooked_base(const char *symbol) {
+    for (size_t i = 0; i < sizeof g_variants / sizeof g_variants[0]; i++)
+        if (strcmp(g_variants[i].base, symbol) == 0) return 1;
+    return 0;
+}
+
+/* An entry point of a hooked call in an ABI this library does not know: refused (an error the
+ * CUDA runtime handles, as for a driver too old to have it), never the unhooked symbol or a hook
+ * of another ABI. NULL = refuse. */
+static void *refuse_abi(const char *symbol, int cudaVersion, const char *seen) {
+    if (ts_mode() == TS_MODE_PASSTHROUGH) return (void *)1;
+    char key[96];
+    snprintf(key, sizeof key, "gpa:%s:%d", symbol, cudaVersion);
+    ts_log_once(key, "cuGetProcAddress(%s, %d) refused: the driver gave %s, an ABI this library does not know, "
+                "whose memory it could not limit (update tessera)", symbol, cudaVersion, seen);
+    return NULL;
+}
 
 static void *substitute(const char *symbol, void *p, int cudaVersion, cuuint64_t flags) {
     for (size_t i = 0; i < N_HOOKS; i++)
@@ -191,15 +405,9 @@ static void *substitute(const char *symbol, void *p, int cudaVersion, cuuint64_t
         if (g_hooks[i].hook == p) return p;
     Dl_info info;
     if (dladdr(p, &info) && info.dli_sname && info.dli_saddr == p) {
-        /* An exported function we did not resolve (a newer ABI of a hooked call, or another
-         * library's): calling a hook of a different ABI would be worse than not hooking it. */
-        for (size_t i = 0; i < sizeof g_variants / sizeof g_variants[0]; i++) {
-            if (strcmp(g_variants[i].base, symbol) != 0) continue;
-            ts_log(TS_LOG_ERROR, "cuGetProcAddress(%s, %d) gave %s, an ABI this library does not know: "
-                   "memory obtained through it is not limited (update tessera)", symbol, cudaVersion,
-                   info.dli_sname);
-            break;
-        }
+        /* An exported function we did not resolve: a newer ABI of a hooked call is refused;
+         * another library's function is passed through. */
+        if (hooked_base(symbol)) return refuse_abi(symbol, cudaVersion, info.dli_sname) ? p : NULL;
         return p;
     }
     /* Not an exported address: decide by name, version and flags, as the driver does. */
@@ -213,8 +421,13 @@ static void *substitute(const char *symbol, void *p, int cudaVersion, cuuint64_t
     if (best) {
         const ts_hook *hk = hook_by_name(best->variant);
         if (hk) {
-            /* A driver that does not export this variant under its name: the address it gave
-             * is the real entry point of that ABI. */
+            /* Is p that ABI, or a newer one the driver has and we do not know? Ask the driver for
+             * the version that introduced our ABI: the same address means the same ABI. */
+            if (best->since < cudaVersion && ts_real.cuGetProcAddress) {
+                void *q = NULL;
+                if (((gpa_v1_fn)ts_real.cuGetProcAddress)(symbol, &q, best->since, flags) != CUDA_SUCCESS || q != p)
+                    return refuse_abi(symbol, cudaVersion, "a newer, non-exported entry point") ? p : NULL;
+            }
             void *expected = NULL;
             __atomic_compare_exchange_n(hk->real, &expected, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
             TS_DEBUG("cuGetProcAddress(%s, %d, %llu): driver address differs from %s; intercepted by name",
@@ -222,32 +435,37 @@ static void *substitute(const char *symbol, void *p, int cudaVersion, cuuint64_t
             return hk->hook;
         }
     }
-    if (hook_by_name(symbol) == NULL)
-        for (size_t i = 0; i < sizeof g_variants / sizeof g_variants[0]; i++)
-            if (strcmp(g_variants[i].base, symbol) == 0) {
-                TS_DEBUG("cuGetProcAddress(%s, %d): an ABI older than the hooked ones; passed through", symbol,
-                         cudaVersion);
-                break;
-            }
+    if (hooked_base(symbol)) return refuse_abi(symbol, cudaVersion, "an entry point of unknown ABI") ? p : NULL;
     return p;
 }
 
-typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
+/* Applies substitute to a successful lookup; a refusal reads as "version not sufficient". */
+static CUresult finish_lookup(CUresult rc, const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                              CUdriverProcAddressQueryResult *status) {
+    if (rc != CUDA_SUCCESS || !symbol || !pfn || !*pfn) return rc;
+    void *q = substitute(symbol, *pfn, cudaVersion, flags);
+    if (q) {
+        *pfn = q;
+        return rc;
+    }
+    *pfn = NULL;
+    if (status) *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
 typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
 CUresult ts_hook_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     if (ts_bind(TS_LIB_CUDA) != 0 || !ts_real.cuGetProcAddress) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = ((gpa_v1_fn)ts_real.cuGetProcAddress)(symbol, pfn, cudaVersion, flags);
-    if (rc == CUDA_SUCCESS && symbol && pfn && *pfn) *pfn = substitute(symbol, *pfn, cudaVersion, flags);
-    return rc;
+    return finish_lookup(rc, symbol, pfn, cudaVersion, flags, NULL);
 }
 
 CUresult ts_hook_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                                CUdriverProcAddressQueryResult *status) {
     if (ts_bind(TS_LIB_CUDA) != 0 || !ts_real.cuGetProcAddress_v2) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = ((gpa_v2_fn)ts_real.cuGetProcAddress_v2)(symbol, pfn, cudaVersion, flags, status);
-    if (rc == CUDA_SUCCESS && symbol && pfn && *pfn) *pfn = substitute(symbol, *pfn, cudaVersion, flags);
-    return rc;
+    return finish_lookup(rc, symbol, pfn, cudaVersion, flags, status);
 }
 
 TS_ALIAS(cuGetProcAddress)

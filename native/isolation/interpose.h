@@ -21,14 +21,20 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset)                                     \
     X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2)                    \
     X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuMipmappedArrayCreate) X(cuArrayDestroy)      \
-    X(cuMipmappedArrayDestroy)
+    X(cuMipmappedArrayDestroy)                                                                  \
+    X(cuMemAlloc) X(cuMemAllocPitch) X(cuMemFree) X(cuMemGetInfo) X(cuDeviceTotalMem)           \
+    X(cuCtxCreate) X(cuCtxDestroy)                                                              \
+    X(cuMemPoolTrimTo) X(cuGraphAddMemAllocNode) X(cuGraphAddNode) X(cuGraphAddNode_v2)         \
+    X(cuCtxSetLimit)
 
 #define TS_NVML_HOOKS(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 
 /* Driver entry points the hooks call but do not replace. */
 #define TS_CUDA_HELPERS(X)                                                                      \
     X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)           \
-    X(cuStreamGetCtx) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceGetCount)
+    X(cuStreamGetCtx) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceGetCount)              \
+    X(cuDeviceGetName) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolGetAttribute) \
+    X(cuStreamIsCapturing) X(cuCtxGetLimit) X(cuDeviceGetAttribute)
 
 #define TS_NVML_HELPERS(X) X(nvmlDeviceGetUUID) X(nvmlDeviceGetIndex)
 
@@ -48,6 +54,7 @@ typedef struct {
 } ts_hook;
 
 void *ts_real_dlsym(void *handle, const char *name);
+
 int ts_bind(int lib);
 void ts_bind_lock(void);
 void ts_bind_unlock(void);
@@ -93,6 +100,18 @@ CUresult ts_hook_cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 CUresult ts_hook_cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
 CUresult ts_hook_cuArrayDestroy(CUarray);
 CUresult ts_hook_cuMipmappedArrayDestroy(CUmipmappedArray);
+CUresult ts_hook_cuMemAlloc(CUdeviceptr_v1 *, unsigned int);
+CUresult ts_hook_cuMemAllocPitch(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int);
+CUresult ts_hook_cuMemFree(CUdeviceptr_v1);
+CUresult ts_hook_cuMemGetInfo(unsigned int *, unsigned int *);
+CUresult ts_hook_cuDeviceTotalMem(unsigned int *, CUdevice);
+CUresult ts_hook_cuCtxCreate(CUcontext *, unsigned int, CUdevice);
+CUresult ts_hook_cuCtxDestroy(CUcontext);
+CUresult ts_hook_cuMemPoolTrimTo(CUmemoryPool, size_t);
+CUresult ts_hook_cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult ts_hook_cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, void *);
+CUresult ts_hook_cuGraphAddNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, const void *, size_t, void *);
+CUresult ts_hook_cuCtxSetLimit(int, size_t);
 nvmlReturn_t ts_hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t ts_hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
 

@@ -17,6 +17,8 @@ enum { TS_LOG_OFF = -1, TS_LOG_ERROR = 0, TS_LOG_WARN = 1, TS_LOG_INFO = 2, TS_L
 extern int ts_log_level;
 void ts_log_init(void);
 void ts_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Logs at the default level the first time key is seen (refusals the user must see once). */
+void ts_log_once(const char *key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define TS_DEBUG(...) do { if (ts_log_level >= TS_LOG_DEBUG) ts_log(TS_LOG_DEBUG, __VA_ARGS__); } while (0)
 #define TS_INFO(...) do { if (ts_log_level >= TS_LOG_INFO) ts_log(TS_LOG_INFO, __VA_ARGS__); } while (0)
 
@@ -84,7 +86,7 @@ typedef struct {
     uint64_t aux;   /* VMM mappings: the handle mapped there */
 } ts_record;
 
-enum { TS_KIND_SYNC = 0, TS_KIND_ASYNC = 1, TS_KIND_OTHER = 2 };
+enum { TS_KIND_SYNC = 0, TS_KIND_ASYNC = 1, TS_KIND_OTHER = 2, TS_KIND_POOL = 3 };
 
 typedef struct {
     ts_record *slots;

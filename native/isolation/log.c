@@ -5,6 +5,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include "isolation.h"
 
 int ts_log_level = TS_LOG_ERROR;
@@ -33,4 +35,25 @@ void ts_log(int level, const char *fmt, ...) {
     buf[len++] = '\n';
     ssize_t w = write(STDERR_FILENO, buf, len);
     (void)w;
+}
+
+/* Refusals the user must see: logged once per key at the default level (error). */
+void ts_log_once(const char *key, const char *fmt, ...) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char seen[64][64];
+    static int n;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < n; i++)
+        if (strncmp(seen[i], key, sizeof seen[i] - 1) == 0) {
+            pthread_mutex_unlock(&mu);
+            return;
+        }
+    if (n < 64) snprintf(seen[n++], sizeof seen[0], "%s", key);
+    pthread_mutex_unlock(&mu);
+    char buf[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    ts_log(TS_LOG_ERROR, "%s", buf);
 }

@@ -82,7 +82,8 @@ static region_header *g_hdr;
 static region_slot *g_slots;
 static int g_fd = -1;        /* -1: private (anonymous) region */
 static int g_my_slot = -1;
-static int g_fault_stall;    /* TESSERA_ISOLATION_FAULT=stall-in-lock (tests only) */
+static int g_fault_stall;    /* TESSERA_ISOLATION_FAULT=stall-in-lock[=BYTES] (tests only) */
+static uint64_t g_fault_size;
 
 /* A refusal sweeps for dead processes at most this often per process: a workload pressing on its
  * limit (an allocator retrying after OOM) must not pay a liveness check per slot every time. */
@@ -158,19 +159,14 @@ static long lock_timeout_ms(void) {
     return g_lock_stuck ? (g_lock_timeout_ms < 100 ? g_lock_timeout_ms : 100) : g_lock_timeout_ms;
 }
 
-static int region_lock(void) {
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    long ms = lock_timeout_ms();
-    deadline.tv_sec += ms / 1000;
-    deadline.tv_nsec += (ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
-    int rc;
-    do rc = pthread_mutex_timedlock(&g_hdr->lock.mutex, &deadline);
-    while (rc == EINTR);
+static int32_t g_pid; /* getpid() is a system call: cached, reset after fork */
+
+static int32_t my_pid(void) {
+    if (!g_pid) g_pid = (int32_t)getpid();
+    return g_pid;
+}
+
+static int locked(int rc, long ms) {
     if (rc == EOWNERDEAD) {
         ts_log(TS_LOG_WARN, "a process died holding the shared region lock; recovering");
         sweep(1);
@@ -193,8 +189,26 @@ static int region_lock(void) {
         ts_log(TS_LOG_ERROR, "the shared region lock is free again; allocations are charged as before");
         g_lock_stuck = 0;
     }
-    __atomic_store_n(&g_hdr->holder_pid, (int32_t)getpid(), __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hdr->holder_pid, my_pid(), __ATOMIC_RELAXED);
     return 0;
+}
+
+static int region_lock(void) {
+    /* Fast path, uncontended: no clock read (some VM clock sources make it a system call). */
+    int rc = pthread_mutex_trylock(&g_hdr->lock.mutex);
+    if (rc != EBUSY) return locked(rc, 0);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    long ms = lock_timeout_ms();
+    deadline.tv_sec += ms / 1000;
+    deadline.tv_nsec += (ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    do rc = pthread_mutex_timedlock(&g_hdr->lock.mutex, &deadline);
+    while (rc == EINTR);
+    return locked(rc, ms);
 }
 
 static void region_unlock(void) {
@@ -232,7 +246,9 @@ static int check_header(const region_header *h, char *err, size_t errlen, const 
 
 int ts_region_attach(const char *path, char *err, size_t errlen) {
     const char *fault = getenv("TESSERA_ISOLATION_FAULT");
-    g_fault_stall = fault && strcmp(fault, "stall-in-lock") == 0;
+    /* stall-in-lock: at the first charge; stall-in-lock=BYTES: at a charge of exactly BYTES */
+    g_fault_stall = fault && strncmp(fault, "stall-in-lock", 13) == 0 && (fault[13] == '\0' || fault[13] == '=');
+    g_fault_size = g_fault_stall && fault[13] == '=' ? strtoull(fault + 14, NULL, 10) : 0;
     if (path[0] == '\0') {
         void *m = mmap(NULL, REGION_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
@@ -310,6 +326,7 @@ void ts_region_detach_after_fork(void) {
     g_fd = -1;
     g_my_slot = -1;
     g_swept = 0;
+    g_pid = 0;
 }
 
 static int take_slot_locked(void) {
@@ -373,7 +390,7 @@ static int region_reserve(int rdev, uint64_t size, uint64_t limit) {
     }
     if (ok) {
         g_slots[g_my_slot].used[rdev] += size;
-        if (g_fault_stall) {
+        if (g_fault_stall && (g_fault_size == 0 || g_fault_size == size)) {
             ssize_t w = write(STDERR_FILENO, "tessera-fault: stalled in lock\n", 31);
             (void)w;
             for (;;) pause();

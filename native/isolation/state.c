@@ -66,6 +66,39 @@ void ts_format_uuid(const unsigned char *u, char *out, size_t len) {
 }
 
 typedef CUresult (*uuid_fn)(CUuuid *, CUdevice);
+typedef CUresult (*name_fn)(char *, int, CUdevice);
+typedef CUresult (*total_fn)(size_t *, CUdevice);
+
+/*
+ * Bytes charged per CUDA context on a device: the configured context-overhead (tessera-node
+ * measures it by creating a context on the real GPU), else the default for the GPU's architecture
+ * (the same table as tessera.core.gpu_models.default_headroom: CUDA 12 contexts hold roughly
+ * 300-550 MiB), at most an eighth of the device, never 0.
+ */
+static uint64_t context_overhead(int ordinal) {
+    if (ts_cfg.context_overhead > 0) return ts_cfg.context_overhead;
+    static const struct { const char *token; unsigned mib; } models[] = {
+        {"GH200", 512}, {"GB200", 512}, {"H100", 512}, {"H200", 512}, {"H800", 512}, {"B200", 512},
+        {"A100", 448}, {"A800", 448}, {"A10", 448}, {"A30", 448}, {"A40", 448}, {"L40", 448}, {"L4", 448},
+        {"V100", 320}, {"T4", 320},
+    };
+    unsigned mib = 512;
+    char name[128] = "";
+    if (ts_real.cuDeviceGetName && ((name_fn)ts_real.cuDeviceGetName)(name, (int)sizeof name - 1, ordinal) == CUDA_SUCCESS) {
+        name[sizeof name - 1] = '\0';
+        for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+            if (strstr(name, models[i].token)) {
+                mib = models[i].mib;
+                break;
+            }
+    }
+    uint64_t bytes = (uint64_t)mib << 20;
+    size_t total = 0;
+    if (ts_real.cuDeviceTotalMem_v2 && ((total_fn)ts_real.cuDeviceTotalMem_v2)(&total, ordinal) == CUDA_SUCCESS &&
+        total / 8 < bytes)
+        bytes = total / 8;
+    return bytes ? bytes : 1;
+}
 
 ts_dev *ts_device(int ordinal) {
     if (ordinal < 0 || ordinal >= TS_MAX_DEVICES) return NULL;
@@ -77,6 +110,7 @@ ts_dev *ts_device(int ordinal) {
         uuid_fn get = (uuid_fn)(ts_real.cuDeviceGetUuid_v2 ? ts_real.cuDeviceGetUuid_v2 : ts_real.cuDeviceGetUuid);
         CUuuid u;
         if (get && get(&u, ordinal) == CUDA_SUCCESS) ts_format_uuid((unsigned char *)u.bytes, d->uuid, sizeof d->uuid);
+        d->ctx_overhead = context_overhead(ordinal);
         const ts_entry *e = ts_config_match(&ts_cfg, ordinal, d->uuid);
         d->rdev = -1;
         d->limited = 1;

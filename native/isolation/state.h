@@ -10,6 +10,7 @@ typedef struct {
     uint64_t limit;
     int rdev; /* region device index; -1 (limited) refuses everything */
     char uuid[TS_UUID_LEN];
+    uint64_t ctx_overhead; /* bytes charged per context on this device (never 0 when limited) */
 } ts_dev;
 
 extern ts_config ts_cfg;
@@ -31,5 +32,19 @@ int ts_mode(void);
 ts_dev *ts_device(int ordinal);
 void ts_report_refusal(const char *what);
 void ts_format_uuid(const unsigned char *u, char *out, size_t len);
+
+/* Shared by the hook files (hooks_cuda.c, hooks_extra.c). */
+CUresult ts_reserve(int mode, int ordinal, uint64_t size, int *rdev, const char *what);
+CUresult ts_current_ordinal(int *ord);
+void ts_track(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind);
+int ts_untrack(ts_table *t, uint64_t key, ts_record *out);
+/* Stream-ordered pools: what each pool holds is charged (pools.c). */
+CUresult ts_pool_alloc(void *real, int kind, CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s,
+                       const char *what);
+CUresult ts_pool_free(void *real, CUdeviceptr ptr, CUstream s);
+void ts_pool_created(CUmemoryPool pool, int ordinal);
+void ts_pool_destroyed(CUmemoryPool pool, CUresult rc);
+void ts_pools_settle_all(void);
+int ts_stream_ordinal(CUstream s, int *ord);
 
 #endif

@@ -295,6 +295,10 @@ int main(int argc, char **argv) {
             int missing = 0;
             for (size_t i = 0; i < sizeof g_entries / sizeof g_entries[0]; i++) missing += *g_entries[i].slot == NULL;
             printf("missing=%d\n", missing);
+        } else if (strcmp(c, "sync") == 0) { /* cuCtxSynchronize: pools trim to their release threshold */
+            void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+            CUresult (*sync)(void) = drv ? (CUresult(*)(void))dlsym(drv, "cuCtxSynchronize") : NULL;
+            printf("rc=%d\n", sync ? sync() : -1);
         } else if (strcmp(c, "init") == 0) {
             NEED(p_cuInit);
             printf("rc=%d\n", p_cuInit(0));

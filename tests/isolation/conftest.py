@@ -17,6 +17,10 @@ GiB = 2**30
 H100 = "NVIDIA H100 80GB HBM3=81559Mi"
 H100_BYTES = 81559 * 2**20
 V100X4 = ";".join(["Tesla V100-SXM2-16GB=16Gi"] * 4)
+# What the library charges per CUDA context when no context-overhead is configured (its
+# per-architecture default, docs/isolation.md "Context memory"): Hopper 512 MiB, Volta 320 MiB.
+CTX = 512 * 2**20
+CTX_V100 = 320 * 2**20
 
 
 @pytest.fixture(scope="session")

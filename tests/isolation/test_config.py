@@ -21,7 +21,7 @@ from tessera.isolation import (
 )
 from tessera.isolation import __main__ as cli
 from tessera.isolation import library as library_module
-from tests.isolation.conftest import V100X4, GiB, clean_env
+from tests.isolation.conftest import CTX_V100, V100X4, GiB, clean_env
 
 FAKE_UUIDS = [  # what the fake driver reports for devices 0..3
     "GPU-66616b65-313c-4752-5d68-737e89949faa",
@@ -43,13 +43,12 @@ def test_written_files_drive_the_library_by_uuid(native, probe, tmp_path):
     p = probe(file_env(native, files))
     assert p("init")["rc"] == 0
     assert p("ctx 0")["rc"] == 0  # UUID 0 is listed second: the UUID decides, not the index
-    assert p.info() == (GiB, GiB)
+    assert p.info() == (GiB - CTX_V100, GiB)  # the context is charged (model default, no overhead in the file)
     assert p("ctx 1")["rc"] == 0
-    assert p.info() == (3 * GiB, 3 * GiB)
-    p.alloc(3 * GiB)
-    assert p("ctx 2")["rc"] == 0  # not in the workload: nothing may be allocated there
+    assert p.info() == (3 * GiB - CTX_V100, 3 * GiB)
+    p.alloc(3 * GiB - CTX_V100)
+    assert p("ctx 2")["rc"] == 2  # not in the workload: not even a context may be made there
     assert p("alloc 1")["rc"] == 2
-    assert p.info() == (0, 0)
     usage = read_region(files.region_path)
     assert usage[FAKE_UUIDS[1]].used_bytes == 3 * GiB
     assert "is not in" in p.stderr()
@@ -59,7 +58,7 @@ def test_index_only_entries_and_file_beats_environment(native, probe, tmp_path):
     files = write_workload_files(tmp_path, [DeviceShare(index=0, uuid=None, limit_bytes=GiB)])
     env = file_env(native, files, TESSERA_GPU_MEMORY_LIMIT="100Gi")
     p = probe(env).start()
-    assert p.info() == (GiB, GiB)
+    assert p.info() == (GiB - CTX_V100, GiB)
 
 
 def test_context_overhead_from_the_file(native, probe, tmp_path):
@@ -119,8 +118,9 @@ def test_invalid_environment_fails_closed(native, probe, env):
     ("1e9", 10**9), ("8589934592", 8 * GiB), ("0.5Ki", 512),
 ])
 def test_environment_quantities(native, probe, text, expected):
-    p = probe(clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": text})).start()
-    assert p.info() == (expected, expected)
+    p = probe(clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": text}))
+    assert p("init")["rc"] == 0
+    assert p("total 0")["total"] == expected
 
 
 def test_foreign_region_file_fails_closed(native, probe, tmp_path):
@@ -174,7 +174,7 @@ def test_manual_environment_validates_like_the_library(native, probe):
     with pytest.raises(InvalidRequest):
         manual_environment(per_device={40: "1G"}, library=native.library)
     p = probe(clean_env(native, devices=V100X4, extra=env)).start(1)
-    assert p.info() == (10**9, 10**9)
+    assert p.info() == (10**9 - CTX_V100, 10**9)
 
 
 def test_path_command_prints_the_installed_library():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.isolation.conftest import H100_BYTES, GiB, clean_env, run
+from tests.isolation.conftest import CTX, H100_BYTES, GiB, clean_env, run
 
 LIMIT = {"TESSERA_GPU_MEMORY_LIMIT": "8Gi"}
 
@@ -28,13 +28,13 @@ def test_limit_enforced_on_every_lookup_path(native, probe, mode, version, extra
     p = probe(clean_env(native, extra={**LIMIT, **extra}), mode, version)
     assert p("resolved")["missing"] == 0 or mode == "linked"
     p.start()
-    assert p.info() == (8 * GiB, 8 * GiB)
+    assert p.info() == (8 * GiB - CTX, 8 * GiB)  # the context is charged
     a = p.alloc(5 * GiB)
     assert p(f"alloc {4 * GiB}")["rc"] == 2  # CUDA_ERROR_OUT_OF_MEMORY
     assert p(f"aalloc_ptsz {4 * GiB} ptds")["rc"] == 2
     assert p(f"aalloc {4 * GiB} legacy")["rc"] == 2
     assert p(f"free {a}")["rc"] == 0
-    p.alloc(8 * GiB)
+    p.alloc(8 * GiB - CTX)
 
 
 def test_without_the_library_the_fake_driver_allows_everything(native, probe):
@@ -106,9 +106,10 @@ def test_variant_the_driver_does_not_export_is_still_hooked(native, probe):
     a = p(f"aalloc_ptsz {5 * GiB} ptds")
     assert a["rc"] == 0
     assert p(f"aalloc_ptsz {4 * GiB} ptds")["rc"] == 2
-    assert p.info()[0] == 3 * GiB
+    assert p.info()[0] == 3 * GiB - CTX
     assert p(f"afree_ptsz {a['ptr']} ptds")["rc"] == 0
-    assert p.info()[0] == 8 * GiB
+    # freed to the device's pool, which keeps it reserved until a synchronisation: still charged
+    assert p.info()[0] == 3 * GiB - CTX
 
 
 @pytest.mark.parametrize("mode", ["dlsym", "gpa"])
@@ -124,11 +125,12 @@ def test_driver_loaded_by_path_is_the_one_hooked(native, probe, mode):
     assert p.stderr() == ""
 
 
-@pytest.mark.parametrize(("version", "owner"), [(12080, "libtessera-cuda.so"), (14000, "libcuda.so.1")])
+@pytest.mark.parametrize(("version", "owner"), [(12080, "libtessera-cuda.so"), (14000, "?")])
 def test_an_abi_newer_than_the_library_is_never_given_an_older_hook(native, probe, version, owner):
     # this fake driver has a cuMemAlloc_v3 for CUDA "14.0": the _v2 hook must not stand in for it
     env = clean_env(native, extra={**LIMIT, "FAKE_CUDA_DRIVER_VERSION": "14000"})
     p = probe(env, "gpa", version)
+    # CUDA 14.0 asks for an ABI the library does not know: refused (no entry point), said out loud
     assert p.raw("owner_alloc") == f"owner={owner}"
     warned = "an ABI this library does not know" in p.stderr()
     assert warned == (version == 14000)  # said out loud, even with logging at its default

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tessera.isolation import read_region
-from tests.isolation.conftest import H100_BYTES, V100X4, GiB, clean_env
+from tests.isolation.conftest import CTX, CTX_V100, H100_BYTES, V100X4, GiB, clean_env
 
 MiB = 2**20
 
@@ -13,14 +13,14 @@ def limited(native, limit="8Gi", **extra):
 
 
 def test_limit_reached_exactly_and_exceeded_by_one_byte(native, probe):
-    p = probe(limited(native)).start()
-    a = p.alloc(8 * GiB)
+    p = probe(limited(native)).start()  # the primary context is charged CTX
+    a = p.alloc(8 * GiB - CTX)
     assert p.info() == (0, 8 * GiB)
     assert p("alloc 1")["rc"] == 2
     assert p(f"free {a}")["rc"] == 0
-    assert p.info() == (8 * GiB, 8 * GiB)
+    assert p.info() == (8 * GiB - CTX, 8 * GiB)
     p.alloc(3 * GiB)
-    p.alloc(5 * GiB)
+    p.alloc(5 * GiB - CTX)
     assert p("alloc 1")["rc"] == 2
 
 
@@ -36,14 +36,14 @@ def test_refusals_are_quiet_by_default_and_logged_on_request(native, probe):
 def test_memory_queries_report_the_limit_and_are_null_safe(native, probe):
     p = probe(limited(native)).start()
     p.alloc(3 * GiB)
-    assert p.info() == (5 * GiB, 8 * GiB)
+    assert p.info() == (5 * GiB - CTX, 8 * GiB)
     assert p("total 0")["total"] == 8 * GiB
     # NULL arguments: the driver's answer comes back, nothing is written, nothing crashes
     for which in ("nullfree", "nulltotal", "nullboth"):
         assert p(f"info {which}")["rc"] == 1
     assert p("total 0 null")["rc"] == 1
     assert p(f"alloc_nullptr {GiB}")["rc"] == 1  # refused by the driver: nothing stays charged
-    assert p.info() == (5 * GiB, 8 * GiB)
+    assert p.info() == (5 * GiB - CTX, 8 * GiB)
 
 
 def test_free_never_exceeds_the_physically_free_memory(native, probe):
@@ -54,16 +54,16 @@ def test_free_never_exceeds_the_physically_free_memory(native, probe):
 
 def test_limit_above_the_device_reports_the_device(native, probe):
     p = probe(limited(native, limit="200Gi")).start()
-    assert p.info() == (H100_BYTES, H100_BYTES)
+    assert p.info() == (H100_BYTES - CTX, H100_BYTES)
     assert p("total 0")["total"] == H100_BYTES
 
 
 def test_usage_above_the_limit_clamps_free_to_zero(native, probe, tmp_path):
     region = str(tmp_path / "region")
+    # a process of the same workload with a smaller limit sees 6 GiB and two contexts used of 4 GiB
+    small = probe(limited(native, limit="4Gi", TESSERA_GPU_SHARED_REGION=region)).start()
     big = probe(limited(native, TESSERA_GPU_SHARED_REGION=region)).start()
     big.alloc(6 * GiB)
-    # a process of the same workload with a smaller limit sees 6 GiB used of 4 GiB
-    small = probe(limited(native, limit="4Gi", TESSERA_GPU_SHARED_REGION=region)).start()
     assert small.info() == (0, 4 * GiB)
     assert small("alloc 1")["rc"] == 2
 
@@ -72,18 +72,18 @@ def test_untracked_frees_go_to_the_driver_untouched(native, probe):
     p = probe(limited(native)).start()
     other = p(f"unhooked {GiB}")  # memory the library never saw
     assert other["rc"] == 0
-    assert p.info() == (8 * GiB, 8 * GiB)
+    assert p.info() == (8 * GiB - CTX, 8 * GiB)
     assert p(f"free {other['ptr']}")["rc"] == 0
-    assert p.info() == (8 * GiB, 8 * GiB)
+    assert p.info() == (8 * GiB - CTX, 8 * GiB)
     assert p("free 0x1234000")["rc"] == 1  # the driver's own error for a bad pointer
     a = p.alloc(GiB)
     assert p(f"free {a}")["rc"] == 0
     assert p(f"free {a}")["rc"] == 1  # double free: the driver answers
-    assert p.info() == (8 * GiB, 8 * GiB)
+    assert p.info() == (8 * GiB - CTX, 8 * GiB)
 
 
 def test_pitch_allocations_are_charged_by_the_pitch_the_driver_chose(native, probe):
-    p = probe(limited(native, limit="64Mi")).start()
+    p = probe(limited(native, limit="65Mi", TESSERA_GPU_CONTEXT_OVERHEAD="1Mi")).start()
     r = p("pitch 1000 1000 4")
     assert r["rc"] == 0 and r["pitch"] == 1024
     assert p.info()[0] == 64 * MiB - 1024 * 1000
@@ -97,9 +97,9 @@ def test_managed_memory_is_charged_to_the_current_device(native, probe):
     r = p(f"managed {6 * GiB}")
     assert r["rc"] == 0
     assert p(f"managed {3 * GiB}")["rc"] == 2
-    assert p.info()[0] == 2 * GiB
+    assert p.info()[0] == 2 * GiB - CTX
     assert p(f"free {r['ptr']}")["rc"] == 0
-    assert p.info()[0] == 8 * GiB
+    assert p.info()[0] == 8 * GiB - CTX
 
 
 def test_stream_ordered_allocation(native, probe):
@@ -114,7 +114,9 @@ def test_stream_ordered_allocation(native, probe):
     assert c["rc"] == 0
     assert p(f"palloc_ptsz {2 * GiB} {pool} ptds")["rc"] == 2
     default_pool = p("defpool 0")["pool"]
-    assert p(f"palloc {GiB} {default_pool} {s}")["rc"] == 0
+    assert p(f"palloc {GiB} {default_pool} {s}")["rc"] == 2  # the context holds CTX
+    d = p(f"palloc {GiB - CTX} {default_pool} {s}")
+    assert d["rc"] == 0
     host_pool = p("pool host")["pool"]
     host = p(f"palloc {20 * GiB} {host_pool} {s}")  # host memory: not the GPU's
     assert host["rc"] == 0
@@ -123,7 +125,12 @@ def test_stream_ordered_allocation(native, probe):
     assert p(f"afree_ptsz {b['ptr']} ptds")["rc"] == 0
     assert p(f"afree {c['ptr']} {s}")["rc"] == 0
     assert p(f"afree {host['ptr']} {s}")["rc"] == 0
+    # freed memory stays in the pools (reserved on the device) until a synchronisation
+    assert p.info()[0] == 0
+    assert p(f"alloc {GiB}")["rc"] == 2
+    assert p("sync")["rc"] == 0
     assert p.info()[0] == 7 * GiB
+    assert p(f"afree {d['ptr']} {s}")["rc"] == 0
     assert p(f"pooldestroy {pool}")["rc"] == 0
 
 
@@ -132,8 +139,8 @@ def test_vmm_allocations_are_charged_to_the_device_in_their_properties(native, p
     h1 = p(f"create {GiB} 1")  # current context is device 0; the memory lives on device 1
     assert h1["rc"] == 0
     assert p(f"create {GiB + 2 * MiB} 1")["rc"] == 2
-    assert p.info() == (2 * GiB, 2 * GiB)  # device 0 untouched
-    assert p(f"create {2 * GiB} 0")["rc"] == 0
+    assert p.info() == (2 * GiB - CTX_V100, 2 * GiB)  # device 0 untouched (but its context)
+    assert p(f"create {2 * GiB - CTX_V100} 0")["rc"] == 0
     assert p.info() == (0, 2 * GiB)
     assert p(f"create {4 * GiB} host")["rc"] == 0  # host memory is not charged
     assert p(f"create_nullprop {GiB}")["rc"] == 1  # driver's own error, no crash
@@ -142,8 +149,7 @@ def test_vmm_allocations_are_charged_to_the_device_in_their_properties(native, p
     assert p("releaseh 0x999")["rc"] == 1  # unknown handle: the driver answers
     p2 = p(f"create {2 * GiB} 1")
     assert p2["rc"] == 0
-    assert p("ctx 1")["rc"] == 0
-    assert p.info() == (0, 2 * GiB)
+    assert p("ctx 1")["rc"] == 2  # no room left on device 1 for a context
 
 
 def test_context_overhead_is_charged_per_context(native, probe):
@@ -178,7 +184,7 @@ def test_primary_context_reset_releases_its_allocations(native, probe):
     p.alloc(6 * GiB)
     assert p("reset 0")["rc"] == 0
     assert p("ctx 0")["rc"] == 0
-    assert p.info() == (8 * GiB, 8 * GiB)
+    assert p.info() == (8 * GiB - CTX, 8 * GiB)
 
 
 def test_four_devices_each_get_their_own_limit(native, probe):
@@ -189,9 +195,9 @@ def test_four_devices_each_get_their_own_limit(native, probe):
     for dev in range(4):
         assert p(f"ctx {dev}")["rc"] == 0
         expected = GiB if dev == 3 else 2 * GiB
-        assert p.info() == (expected, expected)
+        assert p.info() == (expected - CTX_V100, expected)
         assert p(f"total {dev}")["total"] == expected
-        p.alloc(expected)
+        p.alloc(expected - CTX_V100)
         assert p("alloc 1")["rc"] == 2
     assert p("ctx 0")["rc"] == 0
     assert p.info() == (0, 2 * GiB)
@@ -202,7 +208,7 @@ def test_per_index_limit_alone_leaves_other_devices_unlimited(native, probe):
     p = probe(env).start(0)
     assert p.info() == (16 * GiB, 16 * GiB)
     assert p("ctx 1")["rc"] == 0
-    assert p.info() == (GiB, GiB)
+    assert p.info() == (GiB - CTX_V100, GiB)
 
 
 def test_vmm_charge_lives_until_the_handle_and_every_mapping_are_gone(native, probe):
@@ -213,16 +219,16 @@ def test_vmm_charge_lives_until_the_handle_and_every_mapping_are_gone(native, pr
     assert p(f"map {va} {GiB} {h}")["rc"] == 0
     assert p(f"map {va + GiB} {GiB} {h}")["rc"] == 0
     assert p(f"releaseh {h}")["rc"] == 0
-    assert p.info()[0] == 2 * GiB  # still mapped: still charged
+    assert p.info()[0] == 2 * GiB - CTX  # still mapped: still charged
     assert p(f"create {3 * GiB} 0")["rc"] == 2
     again = p(f"retainh {va}")
     assert again["rc"] == 0 and again["handle"] == h
     assert p(f"unmap {va} {2 * GiB}")["rc"] == 0  # both mappings in one call
-    assert p.info()[0] == 2 * GiB  # the retained reference keeps it
+    assert p.info()[0] == 2 * GiB - CTX  # the retained reference keeps it
     assert p(f"releaseh {h}")["rc"] == 0
-    assert p.info()[0] == 4 * GiB
+    assert p.info()[0] == 4 * GiB - CTX
     assert p(f"releaseh {h}")["rc"] == 1  # already gone: the driver's answer, no double credit
-    assert p.info()[0] == 4 * GiB
+    assert p.info()[0] == 4 * GiB - CTX
 
 
 def test_vmm_unmap_of_memory_the_library_never_saw(native, probe):
@@ -232,7 +238,7 @@ def test_vmm_unmap_of_memory_the_library_never_saw(native, probe):
     assert p(f"map {va} {2 * GiB} {h}")["rc"] == 0
     assert p(f"unmap {va} {2 * GiB}")["rc"] == 0
     assert p(f"releaseh {h}")["rc"] == 0
-    assert p.info()[0] == 4 * GiB
+    assert p.info()[0] == 4 * GiB - CTX
 
 
 def test_pre_cuda_11_primary_context_release_and_reset(native, probe, tmp_path):
@@ -263,7 +269,7 @@ def estimated_array_bytes(w, h, d, elem, levels=1):
 
 
 def test_cuda_arrays_are_charged_an_estimate(native, probe):
-    p = probe(limited(native, limit="64Mi")).start()
+    p = probe(limited(native, limit="65Mi", TESSERA_GPU_CONTEXT_OVERHEAD="1Mi")).start()
     a = p("array 4096 4096 0x01 1")  # 16 MiB of uint8
     assert a["rc"] == 0
     assert p.info()[0] == 48 * MiB

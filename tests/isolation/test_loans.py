@@ -19,13 +19,15 @@ from tests.isolation.conftest import GiB, Probe, clean_env, fake_uuids
 GPU = "NVIDIA L4=24Gi"
 HEADROOM = 1 * GiB
 CAPACITY = 23 * GiB
+CTX = 256 * 2**20  # context-overhead written in each workload's file (charged like an allocation)
 
 
 def workload(native: NativeBuild, tmp: Path, name: str, uuid: str, request: int, limit: int,
              priority: int = 0, wait_ms: int = 10_000) -> dict[str, str]:
     loans = LoansConfig(tmp / "loans", share=name, priority=priority, wait_ms=wait_ms,
                         headroom_bytes=HEADROOM)
-    files = write_workload_files(tmp / name, [DeviceShare(0, uuid, limit, request)], loans=loans)
+    files = write_workload_files(tmp / name, [DeviceShare(0, uuid, limit, request)], loans=loans,
+                                 context_overhead_bytes=CTX)
     return clean_env(native, devices=GPU, extra={"TESSERA_GPU_CONFIG": str(files.config_path)})
 
 
@@ -44,10 +46,10 @@ def test_a_loan_comes_only_from_memory_nobody_is_guaranteed(native, tmp_path, gp
     b = started(probe, workload(native, tmp_path, "b", gpu, 10 * GiB, 20 * GiB))
     b.alloc(1 * GiB)  # b is on the ledger: its 10 GiB request is guaranteed
     # a may borrow what nobody is guaranteed: 23 - 10 (b) = 13 GiB in all.
-    a.alloc(13 * GiB)
+    a.alloc(13 * GiB - CTX)  # with its context
     assert a(f"alloc {1 * GiB}")["rc"] == 2  # CUDA_ERROR_OUT_OF_MEMORY: b's request is kept
     # b within its request: fits (a's loan came from unreserved memory only)
-    b.alloc(9 * GiB)
+    b.alloc(9 * GiB - CTX)
     led = Ledger(tmp_path / "loans" / f"{gpu}.ledger")
     with led.lock():
         pic = led.read()
@@ -60,9 +62,9 @@ def test_a_loan_comes_only_from_memory_nobody_is_guaranteed(native, tmp_path, gp
 
 def test_owner_waits_and_the_borrower_is_killed(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
     borrower = started(probe, workload(native, tmp_path, "borrower", gpu, 4 * GiB, 20 * GiB))
-    borrower.alloc(18 * GiB)  # 14 GiB on loan: nobody else is on the GPU yet
+    borrower.alloc(18 * GiB - CTX)  # with its context: 14 GiB on loan: nobody else is on the GPU yet
     third = started(probe, workload(native, tmp_path, "third", gpu, 2 * GiB, 2 * GiB))
-    third.alloc(2 * GiB)  # within its request, fits: 20 of 23 GiB used
+    third.alloc(2 * GiB - CTX)  # within its request, fits: 20 of 23 GiB used
     owner = started(probe, workload(native, tmp_path, "owner", gpu, 10 * GiB, 10 * GiB))
     owner.send(f"alloc {8 * GiB}")  # within its request, 3 GiB free: waits for a reclaim
     time.sleep(0.2)

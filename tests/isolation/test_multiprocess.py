@@ -8,7 +8,9 @@ import subprocess
 import time
 
 from tessera.isolation import read_region
-from tests.isolation.conftest import GiB, Probe, clean_env
+from tests.isolation.conftest import CTX, CTX_V100, GiB, Probe, clean_env
+
+MiB = 2**20
 
 KEY = "GPU-66616b65-313c-4752-5d68-737e89949faa"  # the fake H100's UUID
 
@@ -20,16 +22,16 @@ def shared(native, region, **extra):
 
 def test_two_processes_share_one_limit(native, probe, tmp_path):
     region = tmp_path / "region"
-    a = probe(shared(native, region)).start()
+    a = probe(shared(native, region)).start()  # each process's context is charged CTX
     b = probe(shared(native, region)).start()
     pa = a.alloc(5 * GiB)
-    assert b(f"alloc {4 * GiB}")["rc"] == 2
-    b.alloc(3 * GiB)
+    assert b(f"alloc {3 * GiB}")["rc"] == 2
+    b.alloc(2 * GiB)
     assert a.info() == (0, 8 * GiB)
     usage = read_region(region)[KEY]
     assert usage.used_bytes == 8 * GiB
     assert usage.limit_bytes == 8 * GiB
-    assert sorted(usage.processes.values()) == [3 * GiB, 5 * GiB]
+    assert sorted(usage.processes.values()) == [2 * GiB + CTX, 5 * GiB + CTX]
     assert a(f"free {pa}")["rc"] == 0
     b.alloc(5 * GiB)
     assert read_region(region)[KEY].used_bytes == 8 * GiB
@@ -42,26 +44,26 @@ def test_process_killed_mid_allocation_is_reclaimed(native, probe, tmp_path):
     a.alloc(2 * GiB)
     a.send(f"alloc {hang}")  # charged, then stuck inside the driver call
     a.wait_stderr_line("fake-cuda: hang")
-    assert read_region(region)[KEY].used_bytes == 5 * GiB
+    assert read_region(region)[KEY].used_bytes == 5 * GiB + CTX
     os.kill(a.proc.pid, signal.SIGKILL)
     a.proc.wait()
     b = probe(shared(native, region)).start()
-    assert b.info() == (8 * GiB, 8 * GiB)
-    b.alloc(8 * GiB)
+    assert b.info() == (8 * GiB - CTX, 8 * GiB)
+    b.alloc(8 * GiB - CTX)
     assert read_region(region)[KEY].processes == {b.proc.pid: 8 * GiB}
 
 
 def test_process_killed_while_holding_the_region_lock(native, probe, tmp_path):
     region = tmp_path / "region"
-    a = probe(shared(native, region, TESSERA_ISOLATION_FAULT="stall-in-lock")).start()
+    a = probe(shared(native, region, TESSERA_ISOLATION_FAULT=f"stall-in-lock={GiB}")).start()
     a.send(f"alloc {GiB}")  # stops inside the lock, between two updates
     a.wait_stderr_line("tessera-fault: stalled in lock")
     os.kill(a.proc.pid, signal.SIGKILL)
     a.proc.wait()
     b = probe(shared(native, region, TESSERA_ISOLATION_LOG="warn")).start()
-    b.alloc(8 * GiB)  # the lock is recovered and the half-made charge is gone
-    assert b("alloc 1")["rc"] == 2
     c = probe(shared(native, region)).start()
+    b.alloc(8 * GiB - 2 * CTX)  # the lock is recovered and the half-made charge is gone
+    assert b("alloc 1")["rc"] == 2
     assert c.info() == (0, 8 * GiB)
     assert "died holding the shared region lock" in b.stderr()
 
@@ -72,7 +74,7 @@ def test_exited_process_is_reclaimed(native, probe, tmp_path):
     a.alloc(6 * GiB)
     a.close()
     b = probe(shared(native, region)).start()
-    assert b.info() == (8 * GiB, 8 * GiB)
+    assert b.info() == (8 * GiB - CTX, 8 * GiB)
 
 
 def test_limits_are_per_device_in_the_region(native, probe, tmp_path):
@@ -82,10 +84,9 @@ def test_limits_are_per_device_in_the_region(native, probe, tmp_path):
                                                       "TESSERA_GPU_SHARED_REGION": str(region)})
     a = probe(env).start(0)
     b = probe(env).start(1)
-    a.alloc(2 * GiB)
-    b.alloc(2 * GiB)  # another device: its own 2 GiB
-    assert a("ctx 1")["rc"] == 0
-    assert a("alloc 1")["rc"] == 2  # device 1 is full, held by b
+    a.alloc(2 * GiB - CTX_V100)
+    b.alloc(2 * GiB - CTX_V100)  # another device: its own 2 GiB
+    assert a("ctx 1")["rc"] == 2  # device 1 is full, held by b: not even a context fits
     usage = read_region(region)
     assert len(usage) == 2
     assert {u.used_bytes for u in usage.values()} == {2 * GiB}
@@ -93,7 +94,7 @@ def test_limits_are_per_device_in_the_region(native, probe, tmp_path):
 
 def test_concurrent_threads_and_processes_lose_no_update(native, probe, tmp_path):
     region = tmp_path / "region"
-    env = clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": "2Gi",
+    env = clean_env(native, extra={"TESSERA_GPU_MEMORY_LIMIT": "2Gi", "TESSERA_GPU_CONTEXT_OVERHEAD": "1Mi",
                                    "TESSERA_GPU_SHARED_REGION": str(region)})
     a, b = probe(env), probe(env)
     for p in (a, b):
@@ -108,8 +109,9 @@ def test_concurrent_threads_and_processes_lose_no_update(native, probe, tmp_path
     # no fairness is promised between processes: one may be refused throughout
     assert all(o["errors"] == 0 for o in outcomes), outcomes
     assert sum(o["ok"] for o in outcomes) > 0 and sum(o["refused"] for o in outcomes) > 0, outcomes
-    assert read_region(region)[KEY].used_bytes == 0
-    assert read_region(region)[KEY].processes == {}
+    # what is left is each process's (still retained) primary context
+    assert read_region(region)[KEY].used_bytes == 2 * MiB
+    assert read_region(region)[KEY].processes == {a.proc.pid: MiB, b.proc.pid: MiB}
 
 
 def test_forked_child_has_its_own_slot_and_does_not_keep_the_parents_alive(native, probe, tmp_path):
@@ -122,18 +124,19 @@ def test_forked_child_has_its_own_slot_and_does_not_keep_the_parents_alive(nativ
         while child not in read_region(region)[KEY].processes and time.monotonic() < deadline:
             time.sleep(0.02)
         usage = read_region(region)[KEY]
-        assert usage.processes == {parent.proc.pid: 3 * GiB, child: GiB}
+        assert usage.processes == {parent.proc.pid: 3 * GiB + CTX, child: GiB}
         os.kill(parent.proc.pid, signal.SIGKILL)  # the child lives on, holding the inherited fd
         parent.proc.wait()
         other = probe(shared(native, region)).start()
-        assert other.info() == (7 * GiB, 8 * GiB)  # the parent's 3 GiB is back, the child's is not
+        # the parent's 3 GiB (and context) are back, the child's GiB is not; other's context is charged
+        assert other.info() == (7 * GiB - CTX, 8 * GiB)
     finally:
         os.kill(child, signal.SIGKILL)
 
 
 def test_many_processes_starting_together(native, tmp_path):
     region = tmp_path / "region"
-    env = shared(native, region)
+    env = shared(native, region, TESSERA_GPU_CONTEXT_OVERHEAD="1Mi")
     script = f"init\nctx 0\nalloc {200 * 2**20}\ninfo\nexit\n"
     procs = [subprocess.Popen([str(native.program("cuprobe")), "dlsym"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -145,8 +148,8 @@ def test_many_processes_starting_together(native, tmp_path):
         assert err == ""
     last = Probe(native, env).start()
     try:
-        assert last.info() == (8 * GiB, 8 * GiB)  # every exited process reclaimed
-        assert read_region(region)[KEY].processes == {}
+        assert last.info() == (8 * GiB - MiB, 8 * GiB)  # every exited process reclaimed
+        assert read_region(region)[KEY].processes == {last.proc.pid: MiB}
     finally:
         last.close()
 
@@ -157,11 +160,11 @@ def test_stopped_lock_holder_bounds_the_wait_and_refuses(native, probe, tmp_path
     bounded wait, then a clear error and the allocation refused; once the holder is gone the
     workload allocates again."""
     region = tmp_path / "region"
-    a = probe(shared(native, region, TESSERA_ISOLATION_FAULT="stall-in-lock")).start()
+    b = probe(shared(native, region, TESSERA_ISOLATION_LOCK_TIMEOUT_MS="300")).start()
+    a = probe(shared(native, region, TESSERA_ISOLATION_FAULT=f"stall-in-lock={GiB}")).start()
     a.send(f"alloc {GiB}")
     a.wait_stderr_line("tessera-fault: stalled in lock")
     os.kill(a.proc.pid, signal.SIGSTOP)
-    b = probe(shared(native, region, TESSERA_ISOLATION_LOCK_TIMEOUT_MS="300")).start()
     started = time.monotonic()
     assert b("alloc 1", )["rc"] == 2  # answered (Probe waits at most 10 s), refused
     assert b("alloc 1")["rc"] == 2  # later waits are short

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tessera.isolation import DeviceShare, process_environment, write_workload_files
-from tests.isolation.conftest import H100_BYTES, V100X4, GiB, clean_env, run
+from tests.isolation.conftest import CTX, H100_BYTES, V100X4, GiB, clean_env, run
 
 MiB = 2**20
 
@@ -37,8 +37,9 @@ def test_pynvml_sees_the_limit_and_the_workloads_usage(native, probe, tmp_path):
     holder = probe(env).start()
     holder.alloc(3 * GiB)
     view = nvml_view(env)[0]
-    assert view["v1"] == [8 * GiB, 3 * GiB, 5 * GiB]
-    assert view["v2"] == [8 * GiB, 3 * GiB, 5 * GiB, 0]
+    # the holder's context counts (the model default: no context-overhead in the file)
+    assert view["v1"] == [8 * GiB, 3 * GiB + CTX, 5 * GiB - CTX]
+    assert view["v2"] == [8 * GiB, 3 * GiB + CTX, 5 * GiB - CTX, 0]
     holder.close()
     assert nvml_view(env)[0]["v1"] == [8 * GiB, 0, 8 * GiB]  # the exited process is reclaimed
 

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tessera.isolation.build import NativeBuild
 from tessera.node.containers import Share, ShareDevice, config_dir, write_share
 from tessera.testing.cluster import free_ports
-from tests.isolation.conftest import Probe
+from tests.isolation.conftest import CTX, Probe
 from tests.node.conftest import H100, H100_BYTES, machine_env
 
 GiB = 2**30
@@ -140,23 +140,24 @@ def test_metrics_match_the_fake_driver(machine: Machine) -> None:
     assert one(m, "tessera_gpu_utilization_ratio", **g0) == pytest.approx(0.6)
     train = {"namespace": "team-a", "pod": "train-a", "container": "main", "workload": "train-a",
              "project": "team-a", **g0}
-    assert one(m, "tessera_container_gpu_memory_charged_bytes", **train) == 10 * GiB
+    # the library also charges each process's CUDA context (its per-model default, CTX)
+    assert one(m, "tessera_container_gpu_memory_charged_bytes", **train) == 10 * GiB + CTX
     assert one(m, "tessera_container_gpu_memory_used_bytes", **train) == 10 * GiB
     assert one(m, "tessera_container_gpu_memory_request_bytes", **train) == 8 * GiB
     assert one(m, "tessera_container_gpu_memory_limit_bytes", **train) == 16 * GiB
-    assert one(m, "tessera_container_gpu_memory_loaned_bytes", **train) == 2 * GiB
+    assert one(m, "tessera_container_gpu_memory_loaned_bytes", **train) == 2 * GiB + CTX
     assert one(m, "tessera_container_gpu_sm_utilization_ratio", **train) == pytest.approx(0.4)
     assert one(m, "tessera_container_gpu_loans_reclaimed_total", **train) == 0
     infer = {"pod": "infer-b", **g0}
-    assert one(m, "tessera_container_gpu_memory_charged_bytes", **infer) == 3 * GiB
+    assert one(m, "tessera_container_gpu_memory_charged_bytes", **infer) == 3 * GiB + CTX
     assert one(m, "tessera_container_gpu_memory_loaned_bytes", **infer) == 0
     assert one(m, "tessera_node_gpu_escaped_processes", node="box") == 0
     assert "tessera_node_gpu_escapes_total" not in m  # no escape yet: no series
     assert m["process_resident_memory_bytes"][0][1] > 0
     # A process frees memory: the next scrapes follow.
-    b("free " + hex(b.alloc(1 * GiB)))
+    b("free " + hex(b.alloc(GiB // 2)))  # what is left of its 4 GiB limit beside its context
     wait_until("the free seen", lambda: one(machine.metrics(),
-               "tessera_container_gpu_memory_charged_bytes", **infer) == 3 * GiB)
+               "tessera_container_gpu_memory_charged_bytes", **infer) == 3 * GiB + CTX)
 
 
 def test_escapes_are_flagged_and_killed(machine: Machine) -> None:
@@ -181,7 +182,7 @@ def test_escapes_are_flagged_and_killed(machine: Machine) -> None:
     wait_until("a killed", lambda: a.proc.poll() is not None)
     ev = [e for e in machine.events() if e["reason"] == "GPUIsolationEscape"]
     assert len(ev) == 1 and ev[0]["pod"] == "train-a"
-    assert f"more than the {2 * GiB} bytes the isolation library charged" in ev[0]["message"]
+    assert f"more than the {2 * GiB + CTX} bytes the isolation library charged" in ev[0]["message"]
     # Never a process within its share, never one on a GPU without shares.
     assert bystander.proc.poll() is None
 
