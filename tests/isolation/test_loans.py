@@ -92,7 +92,7 @@ def test_the_lowest_priority_loses_its_loan_first(native, tmp_path, gpu, probe):
     high = started(probe, workload(native, tmp_path, "high", gpu, GiB, 20 * GiB, priority=100))
     high.alloc(7 * GiB)  # 6 GiB on loan: the larger loan, but the higher priority
     owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
-    owner.send(f"alloc {14 * GiB}")  # 11 GiB free: needs one reclaim
+    owner.send(f"alloc {14 * GiB - CTX}")  # the rest of its 14 GiB beside its context: needs one reclaim
     done: list[Reclaim] = []
     thread = ReclaimerThread(tmp_path / "loans", done.append).start()
     try:
@@ -109,7 +109,7 @@ def test_equal_priority_the_largest_loan_goes_first(native, tmp_path, gpu, probe
     large = started(probe, workload(native, tmp_path, "large", gpu, GiB, 20 * GiB))
     large.alloc(7 * GiB)  # 6 GiB on loan
     owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
-    owner.send(f"alloc {14 * GiB}")
+    owner.send(f"alloc {14 * GiB - CTX}")
     thread = ReclaimerThread(tmp_path / "loans", lambda r: None).start()
     try:
         assert "rc=0" in owner.raw("", timeout=10)
@@ -125,7 +125,7 @@ def test_a_reclaimer_killed_mid_reclaim_resumes_with_the_same_victim(native, tmp
     second = started(probe, workload(native, tmp_path, "second", gpu, GiB, 20 * GiB))
     second.alloc(5 * GiB)
     owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
-    owner.send(f"alloc {14 * GiB}")
+    owner.send(f"alloc {14 * GiB - CTX}")
     time.sleep(0.2)  # the demand is on the ledger
     # A reclaimer that writes its decision and dies before the kill (kill -9 of the agent there).
     dying = Reclaimer(tmp_path / "loans", kill=lambda pid, why: False)
@@ -153,7 +153,7 @@ def test_a_loan_gone_before_the_restart_is_not_taken_again(native, tmp_path, gpu
     second = started(probe, workload(native, tmp_path, "second", gpu, GiB, 20 * GiB))
     second.alloc(5 * GiB)
     owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
-    owner.send(f"alloc {14 * GiB}")
+    owner.send(f"alloc {14 * GiB - CTX}")
     time.sleep(0.2)
     dying = Reclaimer(tmp_path / "loans", kill=lambda pid, why: False)
     assert [r.victim_share for r in dying.poll()] == ["first"]
