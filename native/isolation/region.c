@@ -261,7 +261,11 @@ int ts_region_attach(const char *path, char *err, size_t errlen) {
         init_header(g_hdr);
         return 0;
     }
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    /* Created here: group-shareable (processes of one pod may run as several UIDs of one
+     * group), never world-writable, whatever the umask. */
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
+    if (fd >= 0) fchmod(fd, 0660);
+    else if (errno == EEXIST) fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
         snprintf(err, errlen, "cannot open shared region %s: %s", path, strerror(errno));
         return -1;

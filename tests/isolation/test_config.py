@@ -161,7 +161,7 @@ def test_process_environment_keeps_an_existing_preload(tmp_path, native):
     env = process_environment(files, library=native.library, base={"LD_PRELOAD": "/x/libother.so"})
     assert env["LD_PRELOAD"] == f"{native.library}:/x/libother.so"
     assert env[CONFIG_ENV] == str(files.config_path)
-    assert oct(files.region_path.stat().st_mode & 0o777) == "0o666"
+    assert oct(files.region_path.stat().st_mode & 0o777) == "0o660"  # group-shareable, not world-writable
 
 
 def test_manual_environment_validates_like_the_library(native, probe):

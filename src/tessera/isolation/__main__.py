@@ -2,19 +2,28 @@
 
     python -m tessera.isolation --path
         print where libtessera-cuda.so is (exit 1 with a message if it is not built)
-    python -m tessera.isolation --limit 8G [--device-limit 1=4Gi] [--region FILE] -- CMD [ARGS...]
-        run CMD under the library with those limits (the environment-only form)
+    python -m tessera.isolation --limit 8G [--device-limit 1=4Gi] [--region FILE | --per-process]
+                                -- CMD [ARGS...]
+        run CMD under the library with those limits (the environment-only form). Every process
+        CMD starts shares one budget: a region file is created for the run (group-shareable,
+        mode 0660, in a 0750 directory under $XDG_RUNTIME_DIR or the temporary directory) and
+        removed when CMD ends; --region FILE uses that file instead (to share the budget with
+        processes started elsewhere); --per-process gives each process its own full limit.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tessera.core.errors import InvalidRequest
-from tessera.isolation.config import manual_environment
+from tessera.isolation.config import REGION_ENV, manual_environment
 from tessera.isolation.library import LibraryNotBuilt, library_path
 
 
@@ -34,8 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", help="limit for every visible GPU (8G, 8Gi, bytes)")
     parser.add_argument("--device-limit", type=_device_limit, action="append", default=[],
                         metavar="INDEX=QUANTITY", help="limit for one visible GPU; repeatable")
-    parser.add_argument("--region", type=Path,
-                        help="shared region file, to share the limit with other processes")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--region", type=Path,
+                       help="shared region file, to share the limit with processes started elsewhere")
+    where.add_argument("--per-process", action="store_true",
+                       help="give each process its own full limit (default: one budget for all)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...] to run")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -55,11 +67,51 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidRequest as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    region_dir: Path | None = None
+    if args.region is None and not args.per_process:
+        region_dir, region = _run_region()
+        env[REGION_ENV] = str(region)
+    if region_dir is None:
+        try:
+            os.execvpe(command[0], command, {**os.environ, **env})
+        except OSError as exc:
+            print(f"error: cannot run {command[0]}: {exc}", file=sys.stderr)
+            return 127
     try:
-        os.execvpe(command[0], command, {**os.environ, **env})
+        return _run_and_wait(command, {**os.environ, **env})
+    finally:
+        shutil.rmtree(region_dir, ignore_errors=True)
+
+
+def _run_region() -> tuple[Path, Path]:
+    """A fresh region for one run: a 0750 directory holding a 0660 file, so processes of the
+    run under other UIDs of the same group can share it, and nobody else can write it."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    directory = Path(tempfile.mkdtemp(prefix="tessera-isolation-", dir=base))
+    os.chmod(directory, 0o750)
+    region = directory / "gpu-usage.region"
+    fd = os.open(region, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o660)
+    os.fchmod(fd, 0o660)
+    os.close(fd)
+    return directory, region
+
+
+def _run_and_wait(command: list[str], env: dict[str, str]) -> int:
+    """Runs the command as a child (so the run's region can be removed afterwards), passing on
+    the signals a terminal or supervisor sends; returns its exit status (128+N for signal N)."""
+    try:
+        child = subprocess.Popen(command, env=env)
     except OSError as exc:
         print(f"error: cannot run {command[0]}: {exc}", file=sys.stderr)
         return 127
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, forward)
+    rc = child.wait()
+    return 128 - rc if rc < 0 else rc
 
 
 if __name__ == "__main__":

@@ -160,18 +160,19 @@ def write_workload_files(directory: Path, devices: Sequence[DeviceShare], *,
                          loans: LoansConfig | None = None) -> IsolationFiles:
     """Writes ``gpu-isolation.conf`` and creates an empty ``gpu-usage.region`` in directory.
 
-    The region is created empty and world-writable (0666) so processes of the workload running
-    as another user can attach; the library lays it out on first use. An existing region is kept
-    (processes of the workload may already be using it). Nothing is written if a value is invalid.
+    The region is created empty, group-shareable and not world-writable (0660), so processes of
+    the workload running as other users of its group can attach; the library lays it out on
+    first use. An existing region is kept (processes of the workload may already be using it).
+    Nothing is written if a value is invalid.
     """
     directory = Path(directory).resolve()
     region = directory / REGION_NAME
     text = render_config(devices, region, context_overhead_bytes, loans)
     directory.mkdir(parents=True, exist_ok=True)
     if not region.exists():
-        fd = os.open(region, os.O_CREAT | os.O_WRONLY, 0o666)
+        fd = os.open(region, os.O_CREAT | os.O_WRONLY, 0o660)
         os.close(fd)
-        os.chmod(region, 0o666)
+        os.chmod(region, 0o660)
     config = directory / CONFIG_NAME
     _write_atomic(config, text, 0o644)
     return IsolationFiles(config_path=config, region_path=region)
