@@ -35,6 +35,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scenarios", default="burst,start")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up servers and pods
     rng = random.Random(args.seed)
     summary: dict[str, Any] = {"bench": "faults", "gpus": GPUS, "seed": args.seed}
     t0 = time.monotonic()

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -163,12 +164,108 @@ def trial(env: Env, ns: str, index: int, pods: int, rng: random.Random) -> dict[
     return {"bound_at_kill": bound_at_kill, "problems": problems}
 
 
+def webhook_trials(cluster: Any, client: Any, trials: int, rng: random.Random) -> dict[str, Any]:
+    """kill -9 tessera-webhook while GPU pods are created, restart it on the same port: a GPU
+    pod is either refused (the webhook fails closed) or stored with its isolation wiring
+    (``policy.check_final`` on the pod as stored); never admitted unchecked."""
+    import threading
+
+    from lightkube import codecs
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Namespace, Pod
+
+    from tessera.core.errors import InvalidRequest
+    from tessera.core.model import GpuDevice, Node
+    from tessera.kube import names
+    from tessera.kube.admission import policy
+    from tessera.kube.objects import ProjectResource
+    from tessera.kube.podspec import containers_of, gpu_request
+    from tessera.testing import webhook as local
+
+    rbac = [d for d in local.helm_template() if d["kind"] in (
+        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    cluster.service_account_kubeconfig(names.SYSTEM_NAMESPACE, "tessera-scheduler")
+    kubeconfig = cluster.service_account_kubeconfig(names.SYSTEM_NAMESPACE, "tessera-webhook")
+    local.apply(cluster, rbac)
+    hook = local.start_webhook(cluster, kubeconfig=kubeconfig)
+    local.register(cluster, hook)
+    ns = "faults-webhook"
+    client.create(Namespace(metadata=ObjectMeta(name=ns)))
+    client.create(ProjectResource(metadata=ObjectMeta(name=ns), spec={
+        "namespace": ns, "resources": {"gpu": {"deserved": 8}}}))
+    shapes = [Node("n", tuple(GpuDevice(f"u{i}", i, DEVICE_BYTES, "A100-40GB")
+                              for i in range(4)))]
+    view = policy.ClusterView(nodes=lambda: shapes, project_of=lambda _n: ns)
+
+    admitted = refused = unchecked = 0
+    first = None
+    seq = iter(range(10**9))
+    try:
+        time.sleep(2)  # the webhook's informers see the Project
+        for t in range(trials):
+            stop = threading.Event()
+            created: list[str] = []
+            counts = {"refused": 0}
+
+            def creator(stop: threading.Event, created: list[str],
+                        counts: dict[str, int]) -> None:
+                while not stop.is_set():
+                    name = f"w{next(seq)}"
+                    manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                        "name": name, "annotations": {"gpu-fraction": "0.5"}},
+                        "spec": {"containers": [{"name": "main", "image": "x"}]}}
+                    try:
+                        client.create(codecs.from_dict(manifest), namespace=ns)
+                        created.append(name)
+                    except Exception:
+                        counts["refused"] += 1
+
+            th = threading.Thread(target=creator, args=(stop, created, counts))
+            th.start()
+            time.sleep(rng.uniform(0.05, 0.5))
+            assert hook.process.popen is not None
+            hook.process.popen.kill()
+            hook.process.popen.wait()
+            time.sleep(rng.uniform(0.0, 0.5))
+            hook = local.start_webhook(cluster, kubeconfig=kubeconfig, port=hook.port)
+            time.sleep(0.2)
+            stop.set()
+            th.join()
+            refused += counts["refused"]
+            for name in created:
+                pod = client.get(Pod, name, namespace=ns).to_dict()
+                try:
+                    request = gpu_request((pod["metadata"].get("annotations") or {}),
+                                          containers_of(pod["spec"]))
+                    if request.kind.value not in ("portion", "memory"):
+                        raise InvalidRequest("pod", "stored without its GPU share annotations")
+                    policy.check_final(pod, ns, view, policy.WebhookConfig())
+                    admitted += 1
+                except InvalidRequest as exc:
+                    unchecked += 1
+                    first = first or f"trial {t}: pod {name}: {exc}"
+            for name in created:
+                with contextlib.suppress(Exception):
+                    client.delete(Pod, name, namespace=ns, grace_period=0)
+            print(f"webhook trial {t}: {len(created)} admitted, {counts['refused']} refused, "
+                  f"{unchecked} unchecked so far", file=sys.stderr, flush=True)
+    finally:
+        local.unregister(cluster)
+        hook.stop()
+    return {"trials": trials, "kills": trials, "admitted": admitted, "refused": refused,
+            "admitted_unchecked": unchecked, "failed_trials": 1 if unchecked else 0,
+            "first_failure": first}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera.bench.faults_kube")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--pods", type=int, default=12)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scenarios", default="scheduler,webhook")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up servers and pods
+    scenarios = args.scenarios.split(",")
 
     from lightkube.models.meta_v1 import ObjectMeta
     from lightkube.resources.core_v1 import Namespace
@@ -189,21 +286,29 @@ def main(argv: list[str] | None = None) -> int:
         env.client.create(Namespace(metadata=ObjectMeta(name=ns)))
         env.client.create(ProjectResource(metadata=ObjectMeta(name=ns), spec={
             "namespace": ns, "resources": {"gpu": {"deserved": 8}}}))
-        env.start_scheduler()
-        failed, first, kills_at = 0, None, []
-        for i in range(args.trials):
-            result = trial(env, ns, i, args.pods, rng)
-            kills_at.append(result["bound_at_kill"])
-            if result["problems"]:
-                failed += 1
-                first = first or f"trial {i}: {result['problems'][0]}"
-            print(f"scheduler trial {i}: killed with {result['bound_at_kill']} of {args.pods} "
-                  f"bound, {'; '.join(result['problems']) or 'ok'}", file=sys.stderr, flush=True)
-        summary = {"bench": "faults_kube", "scheduler": {
-            "trials": args.trials, "kills": args.trials, "pods_per_trial": args.pods,
-            "failed_trials": failed, "first_failure": first,
-            "bound_at_kill": {"min": min(kills_at, default=0), "max": max(kills_at, default=0)}},
-            "seconds": round(time.monotonic() - t0, 1), "ok": failed == 0}
+        summary: dict[str, Any] = {"bench": "faults_kube"}
+        if "scheduler" in scenarios:
+            env.start_scheduler()
+            failed, first, kills_at = 0, None, []
+            for i in range(args.trials):
+                result = trial(env, ns, i, args.pods, rng)
+                kills_at.append(result["bound_at_kill"])
+                if result["problems"]:
+                    failed += 1
+                    first = first or f"trial {i}: {result['problems'][0]}"
+                print(f"scheduler trial {i}: killed with {result['bound_at_kill']} of "
+                      f"{args.pods} bound, {'; '.join(result['problems']) or 'ok'}",
+                      file=sys.stderr, flush=True)
+            env.stop()
+            summary["scheduler"] = {
+                "trials": args.trials, "kills": args.trials, "pods_per_trial": args.pods,
+                "failed_trials": failed, "first_failure": first,
+                "bound_at_kill": {"min": min(kills_at, default=0),
+                                  "max": max(kills_at, default=0)}}
+        if "webhook" in scenarios:
+            summary["webhook"] = webhook_trials(cluster, env.client, args.trials, rng)
+        summary["seconds"] = round(time.monotonic() - t0, 1)
+        summary["ok"] = all(summary[s]["failed_trials"] == 0 for s in scenarios)
     finally:
         if env is not None:
             env.stop()
