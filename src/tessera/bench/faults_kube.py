@@ -64,8 +64,14 @@ class Env:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tessera.kube.scheduler", f"--kubeconfig={self.kubeconfig}",
-             "--lease-duration=4", "--identity=faults"],
+             "--lease-duration=15", "--identity=faults"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def supervise(self) -> None:
+        """Start the scheduler again if it stopped by itself (it exits when it cannot renew
+        its lease, as on an overloaded machine), as its Deployment would."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.start_scheduler()
 
     def kill_scheduler(self) -> None:
         assert self.proc is not None
@@ -151,11 +157,21 @@ def trial(env: Env, ns: str, index: int, pods: int, rng: random.Random) -> dict[
             spec=PodSpec(schedulerName=names.SCHEDULER_NAME, containers=[Container(
                 name="main", image="example.invalid/cuda:12")])))
     target = rng.randint(0, pods - 1)
-    _wait(lambda: sum(1 for p in _pods(client, ns) if p.spec and p.spec.nodeName) >= target, 30)
+
+    def bound_enough() -> bool:
+        env.supervise()
+        return sum(1 for p in _pods(client, ns) if p.spec and p.spec.nodeName) >= target
+
+    _wait(bound_enough, 30)
     env.kill_scheduler()
     bound_at_kill = sum(1 for p in _pods(client, ns) if p.spec and p.spec.nodeName)
     env.start_scheduler()
-    _wait(lambda: all(_settled(p) for p in _pods(client, ns)), 60)
+
+    def settled() -> bool:
+        env.supervise()
+        return all(_settled(p) for p in _pods(client, ns))
+
+    _wait(settled, 90)
     problems = check(client, ns)
     for p in _pods(client, ns):
         with contextlib.suppress(Exception):
