@@ -10,7 +10,7 @@ memo and rankings are cleared mid-stream. After every step the real state must e
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from hypothesis import HealthCheck, settings
@@ -191,6 +191,36 @@ class PlacementMachine(RuleBasedStateMachine):
         except ValueError:  # pragma: no cover - a crash instead of a clear refusal
             raise AssertionError(f"assign crashed on {placement}") from None
         if placement not in self.model.allocations.values():
+            assert self._snapshot() == before, "a refused placement changed the state"
+
+    @rule(request=requests_st(), mutation=st.sampled_from(
+        ("model", "bigger", "twice", "whole", "zero", "short", "cpu", "none")))
+    def mutate(self, request: ResourceRequest, mutation: str) -> None:
+        """The placer's own placement with one thing broken: the state must refuse exactly those."""
+        where = self.placer.place(request)
+        if not isinstance(where, Placement) or not where.devices:
+            return
+        d = where.devices[0]
+        dev = self.model.device(where.node, d)
+        if mutation == "model":
+            where = replace(where, models=frozenset(m for m in MODELS if m != dev.model))
+        elif mutation == "bigger":
+            where = replace(where, request_bytes=(dev.memory + 1, *where.request_bytes[1:]),
+                            limit_bytes=(dev.memory + 1, *where.limit_bytes[1:]))
+        elif mutation == "twice":
+            where = replace(where, devices=(d, *where.devices), request_bytes=where.request_bytes[:1] * 2
+                            + where.request_bytes[1:], limit_bytes=where.limit_bytes[:1] * 2 + where.limit_bytes[1:])
+        elif mutation == "whole":
+            where = replace(where, exclusive=not where.exclusive)
+        elif mutation == "zero":
+            where = replace(where, request_bytes=(0, *where.request_bytes[1:]))
+        elif mutation == "short":
+            where = replace(where, limit_bytes=where.limit_bytes[1:])
+        elif mutation == "cpu":
+            where = replace(where, cpu_milli=-1)
+        before = self._snapshot()
+        self._assign(where)
+        if where not in self.model.allocations.values():
             assert self._snapshot() == before, "a refused placement changed the state"
 
     @precondition(lambda self: bool(self.model.allocations))
