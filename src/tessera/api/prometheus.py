@@ -7,6 +7,7 @@ counters); docs/metrics.md lists each one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -22,7 +23,8 @@ class ApiCollector(Collector):
     def __init__(self, snapshots: SnapshotCache, pending: Histogram) -> None:
         self.snapshots = snapshots
         self.pending = pending
-        self._observed: set[tuple[str, str, float]] = set()
+        self._watermark = time.time()
+        """Workloads that started before this server did are not counted."""
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshots.get()
@@ -72,22 +74,21 @@ class ApiCollector(Collector):
         yield phases
 
     def _observe_started(self, workloads: tuple) -> None:  # type: ignore[type-arg]
-        """Time pending of each workload seen started for the first time."""
-        seen = set()
+        """Time pending of each workload that started since the last scrape (a watermark on the
+        start time: one float comparison per workload, nothing kept per workload)."""
+        mark = self._watermark
         for w in workloads:
-            if w.started is None or w.created is None:
-                continue
-            key = (w.project, w.name, w.created)
-            seen.add(key)
-            if key not in self._observed:
+            if w.started is not None and w.started > mark and w.created is not None:
                 self.pending.labels(w.type).observe(max(0.0, w.started - w.created))
-        self._observed = seen
+                self._watermark = max(self._watermark, w.started)
 
 
 def api_registry(snapshots: SnapshotCache) -> CollectorRegistry:
     registry = CollectorRegistry()
     pending = Histogram("tessera_workload_pending_seconds",
                         "time from submission until a workload started", ["type"],
-                        buckets=PENDING_BUCKETS, registry=registry)
+                        buckets=PENDING_BUCKETS, registry=None)
+    # The collector first: it observes the workloads it sees started, then the histogram is read.
     registry.register(ApiCollector(snapshots, pending))
+    registry.register(pending)
     return registry

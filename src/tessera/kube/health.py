@@ -1,4 +1,5 @@
-"""The scheduler's probe endpoint: ``/healthz`` over plain HTTP (uvicorn, the webhook's server).
+"""The scheduler's probe endpoint: ``/healthz`` over plain HTTP (uvicorn, the webhook's server),
+and its Prometheus metrics at ``/metrics`` (:data:`tessera.kube.metrics.SCHEDULER`).
 
 Liveness means the scheduler's event loop answers: the endpoint runs on the same loop as the
 informers and the cycle, so a loop blocked for longer than the probe's timeout fails the probe
@@ -16,10 +17,21 @@ Scope = dict[str, Any]
 
 
 class HealthApp:
-    """ASGI app: ``GET /healthz`` -> 200 ``ok``; anything else 404."""
+    """ASGI app: ``GET /healthz`` -> 200 ``ok``; ``GET /metrics``; anything else 404."""
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
+            return
+        if scope["method"] == "GET" and scope["path"] == "/metrics":
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+            from tessera.kube.metrics import SCHEDULER
+
+            text = generate_latest(SCHEDULER)
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()),
+                                    (b"content-length", str(len(text)).encode())]})
+            await send({"type": "http.response.body", "body": text})
             return
         ok = scope["method"] == "GET" and scope["path"] in ("/healthz", "/readyz")
         body = b"ok" if ok else b"not found"

@@ -11,6 +11,8 @@ from typing import TypeVar
 import httpx2
 from lightkube import ApiError
 
+from tessera.kube import metrics
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -55,6 +57,7 @@ async def with_backoff(
             if attempt == attempts or not retry_on(exc):
                 raise
             log.info("%s: attempt %d failed (%s); retrying in %.2fs", what, attempt, exc, delay)
+            metrics.RETRIES.inc()
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(cap, delay * 2)
     raise AssertionError("unreachable")

@@ -40,7 +40,7 @@ from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind
 from tessera.core.placement import DEFAULT_POLICY, POLICIES
 from tessera.core.state import Placement
-from tessera.kube import names
+from tessera.kube import metrics, names
 from tessera.kube.binder import Writer
 from tessera.kube.health import start_health_server
 from tessera.kube.informer import Informer
@@ -288,6 +288,7 @@ class KubeScheduler:
         self.cycles += 1
         self.apply(plan, ctx)
         self.last_cycle_seconds = time.perf_counter() - t0
+        metrics.CYCLE_SECONDS.observe(self.last_cycle_seconds)
         if plan.bindings or plan.evictions:
             log.info("cycle %d: %d workloads, %d bindings, %d evictions, %d waiting in %.3fs "
                      "(core %.3fs)", self.cycles, len(snapshot.workloads), len(plan.bindings),
@@ -356,6 +357,7 @@ class KubeScheduler:
                 self.assumed.pop(key, None)
                 self.evicting.add(key)
                 reason = {"reclaim": "Reclaimed", "preempt": "Preempted"}.get(e.action, "Evicted")
+                metrics.EVICTIONS.labels(reason).inc()
                 self._spawn(self.writer.evict(pod, reason, e.reason))
         for b in plan.bindings:
             keys = ctx.pods_of[b.workload_id]
@@ -387,6 +389,7 @@ class KubeScheduler:
                 message = f"{message}; {agents_not_ready_text(ctx.agents_not_ready)}"
             if pod is not None:
                 self.report.waiting(pod, message)
+        metrics.set_pending(waits.values())
         self._evict_lost(ctx)
         self.report.projects(plan, self.projects.items)
 
@@ -396,6 +399,7 @@ class KubeScheduler:
                 continue
             self.evicting.add(pod.key)
             lost = pod in ctx.orphans
+            metrics.EVICTIONS.labels("NodeLost" if lost else "Conflict").inc()
             why = (f"node {pod.node} was deleted while the pod was bound to it" if lost
                    else "its recorded GPU placement collides with another pod")
             self._spawn(self.writer.evict(pod, "NodeLost" if lost else "Conflict", why))
@@ -431,6 +435,7 @@ class KubeScheduler:
                 annotations[names.NODE_GPU_UUIDS] = ",".join(uuids)
             await self.writer.bind(pod, placement, annotations)
             self.bound += 1
+            metrics.BINDINGS.inc()
             self.bind_failures.pop(key, None)
             self._spawn(self.report.event(pod, "Scheduled",
                                     f"Successfully assigned {pod.namespace}/{pod.name} to {placement.node}"))
@@ -440,6 +445,7 @@ class KubeScheduler:
             if self.assumed.get(key) is placement:
                 del self.assumed[key]
             log.warning("binding %s/%s to %s failed: %r", key[0], key[1], placement.node, exc)
+            metrics.BINDING_FAILURES.inc()
             pod = self.pods.items.get(key)
             error = str(exc)
             last, count, _ = self.bind_failures.get(key, ("", 0, 0.0))

@@ -12,9 +12,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from tessera.api.limits import declared_length, read_body, too_large
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import Node
+from tessera.kube import metrics
 from tessera.kube.admission import mutate, policy
 from tessera.kube.admission.policy import ClusterView, WebhookConfig
 from tessera.kube.admission.shape import check_pod_shape
@@ -121,6 +124,9 @@ class WebhookApp:
         if method == "GET" and path == "/healthz":
             await self._send(send, 200, b"ok", "text/plain")
             return
+        if method == "GET" and path == "/metrics":
+            await self._send(send, 200, generate_latest(metrics.WEBHOOK), CONTENT_TYPE_LATEST)
+            return
         if method == "GET" and path == "/readyz":
             ready = self.view.synced()
             await self._send(send, 200 if ready else 503, b"ok" if ready else b"caches not synced",
@@ -155,6 +161,7 @@ class WebhookApp:
             out = handler(request, self.view, self.config)
         except InvalidRequest as exc:
             out = _response(uid, allowed=False, message=str(exc))
+            metrics.REFUSALS.labels(path[1:], metrics.refusal_field(exc.field)).inc()
         except Exception:  # a bug must refuse (fail closed), never admit unchecked
             log.exception("admission review failed")
             out = _response(uid, allowed=False,
@@ -166,6 +173,7 @@ class WebhookApp:
                      (meta.get("name") if isinstance(meta, dict) else None)
                      or request.get("name"), out["response"]["status"]["message"])
         await self._send(send, 200, json.dumps(out).encode(), "application/json")
+        metrics.ADMISSION_SECONDS.labels(path[1:]).observe(time.perf_counter() - t0)
         if self.record_latency:
             self.latencies.append((path, time.perf_counter() - t0))
 

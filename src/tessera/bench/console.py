@@ -1,0 +1,128 @@
+"""The console's server side: what its pages ask of the API, and a ``/metrics`` scrape.
+
+``python -m tessera.bench.console [--workloads 10000] [--nodes 500] [--repeats 20]``
+
+1. Embedded mode with ``--workloads`` workload records (written in bulk as ``bench.api`` does):
+   the Workloads page's first data (``GET /api/v1/workloads``: 50 rows, newest first, the
+   console's fields), the Overview (``GET /api/v1/overview``) and ``GET /metrics`` — each read
+   cold (the shared snapshot expired first) and warm.
+2. Kubernetes backend on a test cluster (etcd + kube-apiserver + kwok) with ``--nodes`` nodes of
+   8 GPUs: the GPUs page's data (``GET /api/v1/cluster`` plus the workload names it colours by).
+
+Times are round trips over loopback from this process (the server's time plus a few hundred
+microseconds). The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tessera.bench.api import fill_store
+from tessera.testing.embedded import EmbeddedServer
+
+PAGE: dict[str, str | int] = {"limit": 50, "offset": 0, "sortBy": "createdAt", "sortOrder": "desc", "shape": "rows",
+        "fields": "workloadId,name,projectName,type,phase,gpus,nodeName,gpuDevices,createdAt,"
+                  "phaseMessage"}
+
+
+def _timed(get: Any, repeats: int, pause: float = 0.0) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        if pause:
+            time.sleep(pause)
+        t0 = time.perf_counter()
+        r = get()
+        times.append(time.perf_counter() - t0)
+        r.raise_for_status()
+    return times
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+
+
+def embedded(workloads: int, repeats: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="tessera-bench-console-") as tmp:
+        server = EmbeddedServer(Path(tmp), simulate=["2xH100-80GB"])
+        server.start()
+        try:
+            server.stop()
+            fill_store(server, workloads)
+            server.start()
+            out: dict[str, Any] = {}
+            with server.http() as c:
+                c.get("/api/v1/workloads", params=PAGE).raise_for_status()
+                page = _timed(lambda: c.get("/api/v1/workloads", params=PAGE), repeats)
+                # cold: the snapshot (max age 1 s) has expired before each read
+                over_cold = _timed(lambda: c.get("/api/v1/overview"), repeats // 4 or 1, 1.1)
+                over_warm = _timed(lambda: c.get("/api/v1/overview"), repeats)
+                metrics_cold = _timed(lambda: httpx.get(f"{server.url}/metrics"),
+                                      repeats // 4 or 1, 1.1)
+                metrics_warm = _timed(lambda: httpx.get(f"{server.url}/metrics"), repeats)
+            out.update(workloads_page_p50_ms=_p(page, 0.5), workloads_page_p95_ms=_p(page, 0.95),
+                       overview_cold_p50_ms=_p(over_cold, 0.5),
+                       overview_warm_p50_ms=_p(over_warm, 0.5),
+                       metrics_scrape_cold_p50_ms=_p(metrics_cold, 0.5),
+                       metrics_scrape_cold_max_ms=_p(metrics_cold, 1.0),
+                       metrics_scrape_warm_p50_ms=_p(metrics_warm, 0.5))
+            return out
+        finally:
+            server.cleanup()
+
+
+def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
+    from tessera.testing.cluster import TestCluster
+    from tessera.testing.gpu_nodes import NodeShape
+    from tessera.testing.kube_api import KubeApiServer
+
+    with TestCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+        cluster.create_gpu_nodes(nodes, NodeShape(gpus=8, model="H100-80GB"), node_agents=False)
+        server = KubeApiServer(Path(tmp), cluster.kubeconfig, interval=1.0).start()
+        try:
+            with server.http() as c:
+                deadline = time.monotonic() + 120
+                while len(c.get("/api/v1/cluster").json()["nodes"]) < nodes:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the API server did not see every node in 120 s")
+                    time.sleep(0.5)
+
+                def gpus_page() -> Any:
+                    r = c.get("/api/v1/cluster")
+                    c.get("/api/v1/workloads", params={"limit": 10000, "fields": "name,projectName",
+                                                       "shape": "rows"}).raise_for_status()
+                    return r
+
+                times = _timed(gpus_page, repeats)
+                gpus = sum(len(n["gpus"]) for n in c.get("/api/v1/cluster").json()["nodes"])
+        finally:
+            server.stop()
+    return {"nodes": nodes, "gpus": gpus, "gpus_page_p50_ms": _p(times, 0.5),
+            "gpus_page_p95_ms": _p(times, 0.95)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tessera.bench.console")
+    parser.add_argument("--workloads", type=int, default=10_000)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    if args.workloads < 1 or args.nodes < 0 or args.repeats < 1:
+        parser.error("--workloads >= 1, --nodes >= 0 (0: skip Kubernetes), --repeats >= 1")
+    result: dict[str, Any] = {"benchmark": "console", "workloads": args.workloads}
+    result.update(embedded(args.workloads, args.repeats))
+    if args.nodes:
+        result.update(kubernetes(args.nodes, max(5, args.repeats // 4)))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
