@@ -1161,6 +1161,17 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_D
                       !sparse);
 }
 
+EXPORT CUresult cuArrayCreate(CUarray *h, const CUDA_ARRAY_DESCRIPTOR_v1 *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array_make((struct CUarray_st **)h, d->Width, d->Height, 1, d->Format, d->NumChannels, 1, 1);
+}
+
+EXPORT CUresult cuArray3DCreate(CUarray *h, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    int sparse = (d->Flags & (TS_CUDA_ARRAY3D_SPARSE | TS_CUDA_ARRAY3D_DEFERRED_MAPPING)) != 0;
+    return array_make((struct CUarray_st **)h, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, 1, !sparse);
+}
+
 EXPORT CUresult cuArrayDestroy(CUarray h) { return array_free((struct CUarray_st *)h); }
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return array_free((struct CUarray_st *)h); }
 
@@ -1291,6 +1302,8 @@ static const proc_entry g_procs[] = {
     P("cuMemRetainAllocationHandle", 11000, 0, cuMemRetainAllocationHandle, NULL),
     P("cuGetErrorName", 6000, 0, cuGetErrorName, NULL),
     P("cuArrayCreate", 3020, 0, cuArrayCreate_v2, NULL),
+    P("cuArrayCreate", 2000, 0, cuArrayCreate, NULL),
+    P("cuArray3DCreate", 2000, 0, cuArray3DCreate, NULL),
     P("cuArray3DCreate", 3020, 0, cuArray3DCreate_v2, NULL),
     P("cuArrayDestroy", 2000, 0, cuArrayDestroy, NULL),
     P("cuMipmappedArrayCreate", 5000, 0, cuMipmappedArrayCreate, NULL),

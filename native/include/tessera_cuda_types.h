@@ -70,6 +70,14 @@ typedef struct {
     int Format;
     unsigned int NumChannels;
 } CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
 
 enum {
     CU_GET_PROC_ADDRESS_DEFAULT = 0,

@@ -154,6 +154,40 @@ CUresult ts_hook_cuMipmappedArrayDestroy(CUmipmappedArray handle) {
     return destroy((handle_destroy_fn)ts_real.cuMipmappedArrayDestroy, handle);
 }
 
+/* The pre-CUDA-3.2 ABI: 32-bit sizes in the descriptors, same estimate. */
+CUresult ts_hook_cuArrayCreate(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc) {
+    BIND_OR_FAIL();
+    NEED_REAL(cuArrayCreate);
+    CUresult (*real)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *) =
+        (CUresult(*)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *))ts_real.cuArrayCreate;
+    if (!desc || !handle) return real(handle, desc);
+    uint64_t bytes = ts_array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, 1);
+    int rdev, ord = -1;
+    CUresult rc = charge(bytes, &rdev, &ord, "cuArrayCreate (unversioned)");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = real(handle, desc);
+    settle(rc, rc == CUDA_SUCCESS ? (void *)*handle : NULL, bytes, rdev, ord);
+    return rc;
+}
+
+CUresult ts_hook_cuArray3DCreate(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc) {
+    BIND_OR_FAIL();
+    NEED_REAL(cuArray3DCreate);
+    CUresult (*real)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *) =
+        (CUresult(*)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *))ts_real.cuArray3DCreate;
+    if (!desc || !handle || (desc->Flags & (TS_CUDA_ARRAY3D_SPARSE | TS_CUDA_ARRAY3D_DEFERRED_MAPPING)))
+        return real(handle, desc);
+    uint64_t bytes = ts_array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1);
+    int rdev, ord = -1;
+    CUresult rc = charge(bytes, &rdev, &ord, "cuArray3DCreate (unversioned)");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = real(handle, desc);
+    settle(rc, rc == CUDA_SUCCESS ? (void *)*handle : NULL, bytes, rdev, ord);
+    return rc;
+}
+
+TS_ALIAS(cuArrayCreate)
+TS_ALIAS(cuArray3DCreate)
 TS_ALIAS(cuArrayCreate_v2)
 TS_ALIAS(cuArray3DCreate_v2)
 TS_ALIAS(cuMipmappedArrayCreate)

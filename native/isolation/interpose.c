@@ -369,6 +369,8 @@ static const ts_variant g_variants[] = {
     {"cuDeviceTotalMem", "cuDeviceTotalMem", 2000, 0},
     {"cuCtxCreate", "cuCtxCreate", 2000, 0},
     {"cuCtxDestroy", "cuCtxDestroy", 2000, 0},
+    {"cuArrayCreate", "cuArrayCreate", 2000, 0},
+    {"cuArray3DCreate", "cuArray3DCreate", 2000, 0},
     {"cuMemPoolTrimTo", "cuMemPoolTrimTo", 11020, 0},
     {"cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode", 11040, 0},
     {"cuGraphAddNode", "cuGraphAddNode", 12020, 0},

@@ -25,7 +25,7 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuMemAlloc) X(cuMemAllocPitch) X(cuMemFree) X(cuMemGetInfo) X(cuDeviceTotalMem)           \
     X(cuCtxCreate) X(cuCtxDestroy)                                                              \
     X(cuMemPoolTrimTo) X(cuGraphAddMemAllocNode) X(cuGraphAddNode) X(cuGraphAddNode_v2)         \
-    X(cuCtxSetLimit)
+    X(cuCtxSetLimit) X(cuArrayCreate) X(cuArray3DCreate)
 
 #define TS_NVML_HOOKS(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 
@@ -112,6 +112,8 @@ CUresult ts_hook_cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNod
 CUresult ts_hook_cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, void *);
 CUresult ts_hook_cuGraphAddNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, const void *, size_t, void *);
 CUresult ts_hook_cuCtxSetLimit(int, size_t);
+CUresult ts_hook_cuArrayCreate(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *);
+CUresult ts_hook_cuArray3DCreate(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *);
 nvmlReturn_t ts_hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t ts_hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
 

@@ -211,6 +211,21 @@ int main(int argc, char **argv) {
         unsigned int f = 0, t = 0;
         CALL(CUresult (*)(unsigned int *, unsigned int *), "cuMemGetInfo", &f, &t);
         fprintf(stderr, "legacy cuMemGetInfo free=%u total=%u\n", f, t);
+    } else if (strcmp(c, "legacy-array") == 0) {
+        start(0);
+        CUresult (*a)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *) =
+            (CUresult(*)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *))sym("cuArrayCreate");
+        CUresult (*a3)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *) =
+            (CUresult(*)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *))sym("cuArray3DCreate");
+        CUDA_ARRAY_DESCRIPTOR_v1 d = {8192, 8192, 0x01, 1};      /* 64 MiB of uint8 */
+        CUDA_ARRAY3D_DESCRIPTOR_v1 d3 = {4096, 4096, 4, 0x01, 1, 0}; /* 64 MiB */
+        CUarray arr;
+        for (uint64_t total = 0; total < CAP; total += 2 * STEP) {
+            if (a(&arr, &d) != 0 || a3(&arr, &d3) != 0) {
+                refused++;
+                break;
+            }
+        }
     } else if (strcmp(c, "deepbind") == 0 && argc > 2) {
         start(0);
         void *lib = dlopen(argv[2], RTLD_NOW | RTLD_DEEPBIND);

@@ -45,7 +45,7 @@ def test_plain_allocation_stays_within_the_limit(native):
 
 
 @pytest.mark.parametrize("cls", ["contexts", "pool-reserve", "default-pool-reserve", "foreign-pool",
-                                 "graph-node", "capture", "ctx-limit", "legacy"])
+                                 "graph-node", "capture", "ctx-limit", "legacy", "legacy-array"])
 def test_what_the_driver_holds_is_charged(native, cls):
     """#12 item 1: context memory, pool reserves, pools the program did not create, graph memory,
     context limits and the unversioned entry points."""
