@@ -168,3 +168,21 @@ def test_a_loan_gone_before_the_restart_is_not_taken_again(native, tmp_path, gpu
     finally:
         again.close()
     assert second.proc.poll() is None  # nobody was killed for a loan that no longer exists
+
+
+def test_a_held_ledger_lock_bounds_the_wait_and_refuses(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    """#12 item 5 for the loans ledger: a holder that never lets go (stopped) of the ledger's
+    lock must not freeze an allocation: a bounded wait, then refused with one clear line."""
+    env = workload(native, tmp_path, "w", gpu, 4 * GiB, 8 * GiB)
+    env["TESSERA_ISOLATION_LOCK_TIMEOUT_MS"] = "300"
+    w = started(probe, env)  # its context is on the ledger: the file exists
+    led = Ledger(tmp_path / "loans" / f"{gpu}.ledger")
+    try:
+        with led.lock():  # held by this test process for as long as the allocation tries
+            started_at = time.monotonic()
+            assert w(f"alloc {GiB}")["rc"] == 2
+            assert time.monotonic() - started_at < 8
+        w.alloc(GiB)  # the lock is free again: charged as usual
+    finally:
+        led.close()
+    assert "has been locked for more than 300 ms" in w.stderr()
