@@ -56,6 +56,24 @@ def configmap_name(pod: str) -> str:
     return dns_name(f"{pod}-tessera-gpu")
 
 
+NOTICE_BACKLOG = 2000
+"""Normal Events waiting to be posted beyond which new ones are dropped."""
+
+
+def _event_body(pod: PodInfo, reason: str, message: str, type_: str) -> dict[str, Any]:
+    now = _now()
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{pod.name[:200]}.", "namespace": pod.namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name,
+                           "namespace": pod.namespace, "uid": pod.uid},
+        "reason": reason, "message": message[:1000], "type": type_,
+        "source": {"component": names.COMPONENT},
+        "reportingComponent": names.COMPONENT, "reportingInstance": names.COMPONENT,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
+
+
 class Writer:
     def __init__(self, client: AsyncClient, *, concurrency: int = 32,
                  system_namespace: str = names.SYSTEM_NAMESPACE,
@@ -65,6 +83,9 @@ class Writer:
         self.raw = raw
         """Lean client for the binding path's POSTs (see rawapi.py); lightkube if None."""
         self.sem = asyncio.Semaphore(concurrency)
+        self.notice_sem = asyncio.Semaphore(4)
+        self.notices_pending = 0
+        self.notices_dropped = 0
         self.system_namespace = system_namespace
         self.reservation_image = reservation_image
         self.calls = 0
@@ -249,6 +270,26 @@ class Writer:
 
         await op()
         await self.event(pod, reason, message, "Normal")
+
+    async def notice(self, pod: PodInfo, reason: str, message: str) -> None:
+        """A Normal Event that no decision waits for (``Scheduled``): on its own few
+        connections, never taking a slot from bindings, one attempt, and dropped when more than
+        ``NOTICE_BACKLOG`` wait (as kube-scheduler's event recorder drops under pressure)."""
+        if self.notices_pending >= NOTICE_BACKLOG:
+            self.notices_dropped += 1
+            return
+        self.notices_pending += 1
+        try:
+            async with self.notice_sem:
+                body = _event_body(pod, reason, message, "Normal")
+                if self.raw is not None:
+                    await self.raw.request("POST", f"/api/v1/namespaces/{pod.namespace}/events", body)
+                else:
+                    await self.client.create(codecs.from_dict(body))
+        except Exception as exc:
+            log.debug("event %s on %s/%s not posted: %r", reason, pod.namespace, pod.name, exc)
+        finally:
+            self.notices_pending -= 1
 
     async def event(self, pod: PodInfo, reason: str, message: str, type_: str = "Normal") -> None:
         now = _now()

@@ -437,8 +437,8 @@ class KubeScheduler:
             self.bound += 1
             metrics.BINDINGS.inc()
             self.bind_failures.pop(key, None)
-            self._spawn(self.report.event(pod, "Scheduled",
-                                    f"Successfully assigned {pod.namespace}/{pod.name} to {placement.node}"))
+            self._spawn(self.writer.notice(
+                pod, "Scheduled", f"Successfully assigned {pod.namespace}/{pod.name} to {placement.node}"))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
