@@ -218,6 +218,24 @@ async def _run(cluster: TestCluster, args: argparse.Namespace) -> dict[str, Any]
     return result
 
 
+def _wait_agents_ready(cluster: TestCluster, nodes: int, timeout: float) -> None:
+    """Until every node carries tessera.io/node-ready=true (the kubelet double plays the
+    agents): pods submitted before would wait, and the reasons written for them, changing as
+    nodes come ready, would compete with the bindings for the API server."""
+    from lightkube.resources.core_v1 import Node
+
+    client = cluster.client()
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = sum(1 for n in client.list(Node)
+                    if (n.metadata.annotations or {}).get(names.NODE_READY) == "true")
+        if ready >= nodes:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{ready} of {nodes} nodes ready for GPU shares after {timeout:.0f}s")
+        time.sleep(1.0)
+
+
 def _cycle_times(log: str) -> list[float]:
     """Durations of the cycles the scheduler logged (those that bound or evicted something)."""
     return [float(m.group(1)) for m in re.finditer(r"waiting in ([0-9.]+)s \(core", log)]
@@ -277,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL))
         time.sleep(1.0)
+        t0 = time.monotonic()
+        _wait_agents_ready(cluster, args.nodes, timeout=max(120.0, args.nodes * 0.3))
+        say(f"tessera-node readiness on every node (kubelet double) in {time.monotonic() - t0:.1f} s")
         result = asyncio.run(_run(cluster, args))
         log_text = (logs / "bench-scheduler.log").read_text(errors="replace")
         if args.logs:
