@@ -22,7 +22,12 @@ from tessera.api.backend import Backend, WorkloadQuery
 from tessera.core.fairshare import Claim, divide
 
 FIELDS = ("name", "projectName", "type", "phase", "gpus", "createdAt", "startedAt")
-ACTIVE = ("Pending", "Running", "Initializing", "Stopping")
+ACTIVE = ("Pending", "Running", "Initializing", "Stopping", "Deleting")
+FINISHED = ("Completed", "Failed", "Stopped")
+TYPES = ("Training", "Workspace", "Inference")
+RECENT = 500
+"""Finished workloads read per snapshot (the most recently created): enough to see every one that
+started since the last scrape, without reading 10,000 records each time."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,36 @@ def _time(text: str | None) -> float | None:
         return None
 
 
+def _rows(backend: Backend, query: WorkloadQuery) -> tuple[list[WorkloadView], int]:
+    rows_json, total = backend.workloads_json(query)
+    out = []
+    for name, project, kind, phase, g, created, started in json.loads(rows_json):
+        g = g or {}
+        out.append(WorkloadView(name, project or "", kind, phase, float(g.get("allocated") or 0.0),
+                                float(g.get("requested") or 0.0), _time(created), _time(started)))
+    return out, total
+
+
+def _workloads(backend: Backend) -> tuple[list[WorkloadView], dict[tuple[str, str], int]]:
+    """Every unfinished workload, the most recently created finished ones, and the count of
+    workloads by (type, phase) — the finished ones counted without reading them."""
+    unfinished = tuple(("phase", "!=", p) for p in FINISHED)
+    active, _ = _rows(backend, WorkloadQuery(filters=unfinished, limit=10**9, fields=FIELDS,
+                                             rows=True))
+    recent, _ = _rows(backend, WorkloadQuery(sort_by="createdAt", descending=True, limit=RECENT,
+                                             fields=FIELDS, rows=True))
+    phases: Counter[tuple[str, str]] = Counter((w.type, w.phase) for w in active)
+    for kind in TYPES:
+        for phase in FINISHED:
+            _, n = _rows(backend, WorkloadQuery(filters=(("type", "==", kind), ("phase", "==", phase)),
+                                                limit=1, fields=FIELDS, rows=True))
+            if n:
+                phases[(kind, phase)] = n
+    seen = {(w.project, w.name, w.created) for w in active}
+    workloads = active + [w for w in recent if (w.project, w.name, w.created) not in seen]
+    return workloads, dict(phases)
+
+
 def read(backend: Backend) -> Snapshot:
     """One snapshot, read now."""
     cluster = backend.cluster()
@@ -113,17 +148,7 @@ def read(backend: Backend) -> Snapshot:
     memory_total = sum(int(g.get("memoryBytes", 0)) for g in gpus)
     memory_allocated = sum(int(g.get("allocatedBytes", 0)) for g in gpus)
     loaned = sum(int(g.get("loanedBytes", 0)) for g in gpus)
-    rows_json, _ = backend.workloads_json(WorkloadQuery(limit=10**9, fields=FIELDS, rows=True))
-    workloads = []
-    phases: Counter[tuple[str, str]] = Counter()
-    for row in json.loads(rows_json):
-        name, project, kind, phase, g, created, started = row
-        g = g or {}
-        workloads.append(WorkloadView(name, project or "", kind, phase,
-                                      float(g.get("allocated") or 0.0),
-                                      float(g.get("requested") or 0.0),
-                                      _time(created), _time(started)))
-        phases[(kind, phase)] += 1
+    workloads, phases = _workloads(backend)
     requested: dict[str, float] = {}
     allocated: dict[str, float] = {}
     for w in workloads:
@@ -152,7 +177,7 @@ def read(backend: Backend) -> Snapshot:
                     gpus_total=total, gpus_allocated=sum(p.allocated for p in projects),
                     gpu_memory_total=memory_total, gpu_memory_allocated=memory_allocated,
                     gpu_memory_loaned=loaned, projects=projects, workloads=tuple(workloads),
-                    phases=dict(phases))
+                    phases=phases)
 
 
 class SnapshotCache:
