@@ -84,6 +84,10 @@ def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
     from tessera.testing.kube_api import KubeApiServer
 
     with TestCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+        crds = Path(__file__).resolve().parents[3] / "deploy" / "crds"  # as the chart installs them
+        cluster.kubectl("apply", "-f", str(crds))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                        "crd/projects.tessera.io", "crd/podgroups.tessera.io")
         cluster.create_gpu_nodes(nodes, NodeShape(gpus=8, model="H100-80GB"), node_agents=False)
         server = KubeApiServer(Path(tmp), cluster.kubeconfig, interval=1.0).start()
         try:
