@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -170,12 +171,17 @@ async def _phase(client: AsyncClient, raw: RawApi, ns: str, count: int, whole: b
 
 
 async def _delete_all(client: AsyncClient, ns: str) -> None:
-    await client.deletecollection(Pod, namespace=ns, grace_period=0)
+    """Delete every pod of ``ns`` and wait until they are gone. A deletecollection of tens of
+    thousands of pods can outlast the API server's request timeout (it then drops the
+    connection, having deleted part of them): it is asked again until none is left."""
     while True:
-        left = [p async for p in client.list(Pod, namespace=ns)]
-        if not left:
-            return
-        await asyncio.sleep(0.5)
+        with contextlib.suppress(httpx2.HTTPError, ApiError):
+            await client.deletecollection(Pod, namespace=ns, grace_period=0)
+        for _ in range(20):
+            left = [p async for p in client.list(Pod, namespace=ns)]
+            if not left:
+                return
+            await asyncio.sleep(0.5)
 
 
 async def _run(cluster: TestCluster, args: argparse.Namespace) -> dict[str, Any]:
