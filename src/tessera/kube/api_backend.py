@@ -46,6 +46,7 @@ from tessera.kube import names
 from tessera.kube import workload_docs as wd
 from tessera.kube.cluster_projects import ClusterProjects, api_message, api_status
 from tessera.kube.cluster_workloads import ISOLATION, ClusterWorkloads
+from tessera.kube.node_cache import CachedNode, NodeCache
 from tessera.kube.objects import PodGroupResource, node_info
 from tessera.kube.podspec import pod_request_from_dict
 
@@ -71,6 +72,8 @@ class KubeBackend(TokenAuth):
         """Projects as Project objects and namespaces (tessera.kube.cluster_projects)."""
         self.workloads = ClusterWorkloads(client)
         """Reading workloads and their documents (tessera.kube.cluster_workloads)."""
+        self.node_cache = NodeCache(client)
+        """The Nodes, followed by a watch (not listed per request)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -83,6 +86,7 @@ class KubeBackend(TokenAuth):
 
     def stop(self) -> None:
         self._stop.set()
+        self.node_cache.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.auth_store.close()
@@ -98,18 +102,23 @@ class KubeBackend(TokenAuth):
 
     # -- reading the cluster ---------------------------------------------------------------------
 
-    def _nodes(self) -> tuple[dict[str, CoreNode], dict[str, tuple[str, ...]], bool, str | None]:
+    def _nodes(self, cached: bool = False
+               ) -> tuple[dict[str, CoreNode], dict[str, tuple[str, ...]], bool, str | None]:
+        """The GPU nodes; ``cached``: from the watch-fed cache (the console's views), else read
+        now (what a submission is checked against, or a pod's document is computed from)."""
         nodes: dict[str, CoreNode] = {}
         uuids: dict[str, tuple[str, ...]] = {}
         simulated = False
         driver = None
-        for obj in self.client.list(Node):
-            info = node_info(obj)
+        entries = (self.node_cache.items().values() if cached else
+                   (CachedNode(node_info(o), dict(o.metadata.labels or {}))
+                    for o in self.client.list(Node)))
+        for entry in entries:
+            info, labels = entry.info, entry.labels
             if info.node is None or not info.node.gpus:
                 continue
             nodes[info.name] = info.node
             uuids[info.name] = info.uuids
-            labels = obj.metadata.labels or {}
             simulated = simulated or labels.get(SIMULATED_LABEL) == "true"
             major = labels.get("nvidia.com/cuda.driver.major")
             if major and driver is None:
@@ -118,11 +127,11 @@ class KubeBackend(TokenAuth):
         return nodes, uuids, simulated, driver
 
     def simulated(self) -> bool:
-        return any((n.metadata.labels or {}).get(SIMULATED_LABEL) == "true"
-                   for n in self.client.list(Node))
+        return any(n.labels.get(SIMULATED_LABEL) == "true"
+                   for n in self.node_cache.items().values())
 
     def cluster(self) -> dict[str, Any]:
-        nodes, uuids, simulated, driver = self._nodes()
+        nodes, uuids, simulated, driver = self._nodes(cached=True)
         tenants: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for pod in self.client.list(Pod, namespace="*",
                                     fields={"spec.schedulerName": names.SCHEDULER_NAME}):
