@@ -186,3 +186,20 @@ def test_a_held_ledger_lock_bounds_the_wait_and_refuses(native, tmp_path, gpu, p
     finally:
         led.close()
     assert "has been locked for more than 300 ms" in w.stderr()
+
+
+def test_equal_priority_and_loan_the_newest_process_goes_first(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    old = started(probe, workload(native, tmp_path, "old", gpu, GiB, 20 * GiB))
+    old.alloc(6 * GiB)
+    time.sleep(0.05)  # a later start time
+    new = started(probe, workload(native, tmp_path, "new", gpu, GiB, 20 * GiB))
+    new.alloc(6 * GiB)  # the same loan and priority: only the age differs
+    owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
+    owner.send(f"alloc {12 * GiB}")  # within its request (its context is charged too)
+    thread = ReclaimerThread(tmp_path / "loans", lambda r: None).start()
+    try:
+        assert "rc=0" in owner.raw("", timeout=10)
+    finally:
+        thread.stop()
+    assert new.proc.wait(timeout=5) == -signal.SIGKILL
+    assert old.proc.poll() is None

@@ -83,7 +83,8 @@ def wait_for(what: str, check, timeout: float = 30):  # type: ignore[no-untyped-
 
 def test_a_loan_is_taken_back_for_the_owner(srv: FakeDriverServer) -> None:
     env = uuid_env(srv)
-    srv.cli("submit", "borrower", "-p", "team-a", "--gpu-memory-request", "2Gi",
+    # The borrower is a workspace (a notebook): its GPU process may be killed, never its pod.
+    srv.cli("submit", "borrower", "-p", "team-a", "--interactive", "--gpu-memory-request", "2Gi",
             "--gpu-memory-limit", "14Gi", *env, "--", *gpu_program(srv, [11 * GiB]))
     wait_for("the borrower's 11 GiB", lambda: sum(
         ln.startswith("rc=0") for ln in log_lines(srv, "borrower")) >= 3)
@@ -103,7 +104,8 @@ def test_a_loan_is_taken_back_for_the_owner(srv: FakeDriverServer) -> None:
     assert "reclaimed for owner on GPU-" in described and "of borrower" in described
     pid = int(re.search(r"process (\d+) of borrower", described).group(1))  # type: ignore[union-attr]
     assert not _running(pid)
-    assert srv.cli_json("describe", "borrower", "-p", "team-a")["phase"] == "Running"
+    borrower = srv.cli_json("describe", "borrower", "-p", "team-a")
+    assert (borrower["type"], borrower["phase"]) == ("Workspace", "Running")
     assert "GPUMemoryLoanReturned" in srv.cli("describe", "owner", "-p", "team-a").stdout
     small = srv.cli("describe", "small", "-p", "team-a").stdout
     assert "GPUMemoryLoan" not in small and "Running" in small
