@@ -203,3 +203,43 @@ def test_equal_priority_and_loan_the_newest_process_goes_first(native, tmp_path,
         thread.stop()
     assert new.proc.wait(timeout=5) == -signal.SIGKILL
     assert old.proc.poll() is None
+
+
+def _agent(native, tmp_path, fault: str | None):  # type: ignore[no-untyped-def]
+    """``tessera-node local`` (its reclaimer is the plugin of the real agent) on the fake GPU."""
+    import subprocess
+    import sys
+
+    from tessera.testing.embedded import free_port
+
+    env = clean_env(native, preload=False, devices=GPU)
+    if fault:
+        env["TESSERA_NODE_FAULT"] = fault
+    (tmp_path / "shares").mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "tessera.node", "local",
+                             f"--shares-dir={tmp_path / 'shares'}", f"--metrics-port={free_port()}",
+                             f"--loans-dir={tmp_path / 'loans'}", "--sync-interval=0.2"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_kill_9_of_the_agent_mid_reclaim(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    first = started(probe, workload(native, tmp_path, "first", gpu, GiB, 20 * GiB))
+    first.alloc(7 * GiB)
+    second = started(probe, workload(native, tmp_path, "second", gpu, GiB, 20 * GiB))
+    second.alloc(5 * GiB)
+    owner = started(probe, workload(native, tmp_path, "owner", gpu, 14 * GiB, 14 * GiB))
+    owner.send(f"alloc {12 * GiB}")
+    # The agent decides, writes its record, and is killed -9 before the kill is sent.
+    dying = _agent(native, tmp_path, "die-mid-reclaim")
+    assert dying.wait(timeout=30) == -signal.SIGKILL
+    assert first.proc.poll() is None and second.proc.poll() is None  # nobody killed yet
+    # Started again: the same victim is killed, no second one, the owner is served.
+    agent = _agent(native, tmp_path, None)
+    try:
+        assert "rc=0" in owner.raw("", timeout=15)
+        assert first.proc.wait(timeout=10) == -signal.SIGKILL
+        time.sleep(1.0)  # a few more reclaimer passes
+        assert second.proc.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(10)

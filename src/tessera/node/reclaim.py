@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tessera.node.reclaim")
 
 DEFAULT_WAIT_MS = 10_000
+FAULT_ENV = "TESSERA_NODE_FAULT"
+"""Tests only: ``die-mid-reclaim`` makes the process kill itself (SIGKILL) after a reclaim's
+record is written and before its victim is killed."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,8 @@ class Reclaimer:
                     continue
                 loan = charged[victim.share] - shares[victim.share].request
                 led.write_record(pid, victim, owner, victim.charged)
+                if os.environ.get(FAULT_ENV) == "die-mid-reclaim":  # tests: kill -9 right here
+                    os.kill(os.getpid(), signal.SIGKILL)
                 reclaim = Reclaim(gpu_uuid=pic.uuid, victim_share=victim.share, victim_pid=pid,
                                   victim_priority=victim.priority, loan_bytes=loan,
                                   process_bytes=victim.charged, owner_share=owner.share,
