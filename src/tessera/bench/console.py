@@ -93,7 +93,8 @@ def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
         try:
             with server.http() as c:
                 deadline = time.monotonic() + 120
-                while len(c.get("/api/v1/cluster").json()["nodes"]) < nodes:
+                while (len(c.get("/api/v1/cluster").json()["nodes"]) < nodes
+                       or c.get("/api/v1/workloads").status_code != 200):  # CRD storage ready
                     if time.monotonic() > deadline:
                         raise RuntimeError("the API server did not see every node in 120 s")
                     time.sleep(0.5)
