@@ -157,3 +157,31 @@ def test_every_dashboard_query_uses_exported_names(server: EmbeddedServer, tmp_p
             used |= set(re.findall(r"\btessera_[a-z0-9_]+", e))
     missing = sorted(n for n in used if n not in exported)
     assert not missing, f"dashboard queries name metrics nobody exports: {missing}"
+
+
+def test_time_pending_counts_each_start_once_at_whole_seconds() -> None:
+    """Start times come in whole seconds: two workloads started in the same second but seen in
+    two scrapes are both counted, and none is counted twice."""
+    from prometheus_client import Histogram
+
+    from tessera.api.prometheus import ApiCollector
+    from tessera.api.telemetry import Snapshot, WorkloadView
+
+    second = float(int(time.time())) + 5
+    a = WorkloadView("a", "p", "Training", "Running", 0.5, 0.5, second - 3, second)
+    b = WorkloadView("b", "p", "Training", "Running", 0.5, 0.5, second - 1, second)
+    c = WorkloadView("c", "p", "Training", "Running", 0.5, 0.5, second - 1, second + 1)
+    snaps = [(a,), (a, b), (a, b, c), (a, b, c)]
+
+    class Fixed:
+        def get(self) -> Snapshot:
+            ws = snaps.pop(0)
+            return Snapshot(time.time(), True, 1, 1, 0, 0, 0, (), ws, {})
+
+    hist = Histogram("pending_test_seconds", "test", ["type"], registry=None)
+    collector = ApiCollector(Fixed(), hist)  # type: ignore[arg-type]
+    for _ in range(4):
+        list(collector.collect())
+    sample = next(s for s in hist.collect()[0].samples if s.name.endswith("_count"))
+    total = next(s for s in hist.collect()[0].samples if s.name.endswith("_sum"))
+    assert sample.value == 3 and total.value == 3 + 1 + 2

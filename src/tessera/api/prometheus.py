@@ -23,8 +23,10 @@ class ApiCollector(Collector):
     def __init__(self, snapshots: SnapshotCache, pending: Histogram) -> None:
         self.snapshots = snapshots
         self.pending = pending
-        self._watermark = time.time()
-        """Workloads that started before this server did are not counted."""
+        self._watermark = float(int(time.time()))
+        """Workloads that started before this server did are not counted (start times are whole
+        seconds)."""
+        self._at_mark: set[tuple[str, str, float]] = set()
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshots.get()
@@ -74,13 +76,23 @@ class ApiCollector(Collector):
         yield phases
 
     def _observe_started(self, workloads: tuple) -> None:  # type: ignore[type-arg]
-        """Time pending of each workload that started since the last scrape (a watermark on the
-        start time: one float comparison per workload, nothing kept per workload)."""
-        mark = self._watermark
+        """Time pending of each workload that started since the last scrape: a watermark on the
+        start time (documents give whole seconds, so the workloads seen at the watermark's own
+        second are remembered, and nothing else is kept per workload)."""
+        mark, at_mark = self._watermark, self._at_mark
+        new_mark, new_at = mark, set(at_mark)
         for w in workloads:
-            if w.started is not None and w.started > mark and w.created is not None:
-                self.pending.labels(w.type).observe(max(0.0, w.started - w.created))
-                self._watermark = max(self._watermark, w.started)
+            if w.started is None or w.created is None or w.started < mark:
+                continue
+            key = (w.project, w.name, w.created)
+            if w.started == mark and key in at_mark:
+                continue
+            self.pending.labels(w.type).observe(max(0.0, w.started - w.created))
+            if w.started > new_mark:
+                new_mark, new_at = w.started, {key}
+            elif w.started == new_mark:
+                new_at.add(key)
+        self._watermark, self._at_mark = new_mark, new_at
 
 
 def api_registry(snapshots: SnapshotCache) -> CollectorRegistry:
