@@ -212,3 +212,15 @@ def test_cli_logout_revokes_the_saved_token(server: EmbeddedServer) -> None:
     assert "token" not in json.loads(server.config.read_text())
     r = httpx.get(f"{server.url}/api/v1/cluster", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 401
+
+
+def test_unicode_digits_are_not_ids(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """'²'.isdigit() is True but int('²') fails: a project id made of such digits is a name that
+    does not exist (404), never a server error (found by the OpenAPI fuzzer)."""
+    from tessera.local.store import Store
+
+    store = Store(tmp_path / "t.db")
+    try:
+        assert store.project("²") is None and store.project("١٢") is None
+    finally:
+        store.close()

@@ -161,7 +161,7 @@ def _submit(
 def _port(text: str) -> dict[str, int]:
     """``--port 8888`` or ``--port HOST:CONTAINER`` (8080:80), as Run:ai and docker write it."""
     parts = text.split(":")
-    if len(parts) > 2 or not all(p.isdigit() and 1 <= int(p) <= 65535 for p in parts):
+    if len(parts) > 2 or not all(p.isascii() and p.isdigit() and 1 <= int(p) <= 65535 for p in parts):
         raise CliError(f"--port: must be PORT or HOST_PORT:CONTAINER_PORT, each 1-65535 "
                        f"(got {text!r})")
     if len(parts) == 1:

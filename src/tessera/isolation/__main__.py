@@ -29,7 +29,7 @@ from tessera.isolation.library import LibraryNotBuilt, library_path
 
 def _device_limit(text: str) -> tuple[int, str]:
     index, sep, quantity = text.partition("=")
-    if not sep or not index.strip().isdigit() or not quantity.strip():
+    if not sep or not (index.strip().isascii() and index.strip().isdigit()) or not quantity.strip():
         raise argparse.ArgumentTypeError(f"{text!r}: expected INDEX=QUANTITY, such as 1=4Gi")
     return int(index), quantity.strip()
 

@@ -314,7 +314,7 @@ def _headroom(text: str, count: int, default: int) -> list[int]:
     """Per-device headroom from tessera-node's annotation; the model's default where it is
     absent or not one whole number of bytes per device."""
     parts = [p.strip() for p in text.split(",")] if text else []
-    if len(parts) != count or not all(p.isdigit() for p in parts):
+    if len(parts) != count or not all(p.isascii() and p.isdigit() for p in parts):
         return [default] * count
     return [int(p) for p in parts]
 
@@ -336,7 +336,7 @@ def node_info(obj: Any) -> NodeInfo:
         gpus: tuple[GpuDevice, ...] = ()
         if count:
             mem_label = labels.get("nvidia.com/gpu.memory")
-            if not mem_label or not mem_label.isdigit():
+            if not mem_label or not (mem_label.isascii() and mem_label.isdigit()):
                 return NodeInfo(name, None, "label nvidia.com/gpu.memory (MiB per GPU) is missing",
                                 uuids, unschedulable, ready)
             product = labels.get("nvidia.com/gpu.product", "")

@@ -83,7 +83,7 @@ def whole_gpus(containers: Sequence[ContainerResources]) -> int:
             continue
         field = f"containers[{c.name}].resources.limits.{names.GPU_RESOURCE}"
         text = str(raw).strip()
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             raise InvalidRequest(field, "must be a whole number of GPUs", raw)
         req = c.requests.get(names.GPU_RESOURCE)
         if req is not None and str(req).strip() != text:

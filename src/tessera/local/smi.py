@@ -39,7 +39,7 @@ def render(env: dict[str, str]) -> str:
         total = int(totals[i]) if i < len(totals) and totals[i] else 0
         limit = int(limits[i]) if i < len(limits) and limits[i] else total
         request = int(requests[i]) if i < len(requests) and requests[i] else limit
-        kept = int(headrooms[i]) if i < len(headrooms) and headrooms[i].isdigit() else 0
+        kept = int(headrooms[i]) if i < len(headrooms) and headrooms[i].isascii() and headrooms[i].isdigit() else 0
         usable = total - kept if 0 <= kept < total else total
         share = request / usable if usable else 0.0  # portions are of what the driver leaves
         name = (products[i] if i < len(products) else "?")[:32]

@@ -278,7 +278,7 @@ class Store:
 
     def project(self, id_or_name: str) -> Project | None:
         """A project by id (digits) or by name."""
-        if id_or_name.isdigit():
+        if id_or_name.isascii() and id_or_name.isdigit():  # not '²': int() refuses it
             rows = self._query("SELECT * FROM projects WHERE id=?", (int(id_or_name),))
             if rows:
                 return _project(rows[0])
