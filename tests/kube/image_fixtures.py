@@ -17,6 +17,16 @@ from tessera.testing import oci
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Every program the images hold, with something its --help must say.
+ENTRY_POINTS = [
+    ("tessera", ["tessera-scheduler", "--help"], "--min-runtime-seconds"),
+    ("tessera", ["tessera-webhook", "--help"], "--cert"),
+    ("tessera", ["python3", "-m", "tessera.kube.api_server", "--help"], "--data-dir"),
+    ("tessera", ["tessera", "--help"], "submit"),
+    ("tessera-node", ["tessera-node", "--help"], "run"),
+    ("tessera-node", ["tessera-node", "run", "--help"], "--pod-resources-socket"),
+]
+
 
 def why_not() -> str | None:
     """None where images can be built and run here, else the reason (printed by the skip)."""

@@ -1,5 +1,6 @@
-"""The Containerfiles (deploy/images/) cannot be built here (no container engine runs in this
-sandbox); these checks keep them in step with what `./dev image` builds and the chart expects:
+"""The Containerfiles (deploy/images/) are built by tests/kube/test_containerfile_build.py
+(buildah, chroot isolation); these quick checks keep them in step with what `./dev image` builds
+and the chart expects:
 every COPY source exists, the same user, venv and PATH, the node image built on the control
 plane's. tests/kube/test_images.py checks the images `./dev image` builds by running them."""
 

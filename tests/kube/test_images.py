@@ -134,14 +134,7 @@ def test_images_run_as_the_documented_users(images: dict[str, oci.UnpackedImage]
     assert "Read-only file system" in out.stdout  # the root is read-only, as the chart mounts it
 
 
-@pytest.mark.parametrize(("image", "argv", "says"), [
-    ("tessera", ["tessera-scheduler", "--help"], "--min-runtime-seconds"),
-    ("tessera", ["tessera-webhook", "--help"], "--cert"),
-    ("tessera", ["python3", "-m", "tessera.kube.api_server", "--help"], "--data-dir"),
-    ("tessera", ["tessera", "--help"], "submit"),
-    ("tessera-node", ["tessera-node", "--help"], "run"),
-    ("tessera-node", ["tessera-node", "run", "--help"], "--pod-resources-socket"),
-])
+@pytest.mark.parametrize(("image", "argv", "says"), image_fixtures.ENTRY_POINTS)
 def test_every_entry_point_starts_from_the_image(images: dict[str, oci.UnpackedImage],
                                                  image: str, argv: list[str], says: str) -> None:
     out = images[image].run(argv)
