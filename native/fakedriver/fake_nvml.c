@@ -10,6 +10,8 @@
  * 570.00.fake); FAKE_CUDA_DRIVER_VERSION (default 12080); FAKE_GPU_NVLINK=all|pairs (NVLink P2P
  * between every pair / between devices 2k and 2k+1; default none); topology: devices 2k and 2k+1
  * share a PCIe switch (SINGLE), devices in the same half share a NUMA node (NODE), else SYSTEM.
+ * FAKE_NVML_HOST_PIDS=1: processes are listed by the PID the host sees (PID + 1000000), as NVML
+ * lists them to a process inside a container with its own PID namespace.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,6 +213,12 @@ static int procs_on(fake_device *d, fake_proc *out, int max) {
     return k;
 }
 
+/* The PID NVML reports for a process (FAKE_NVML_HOST_PIDS: the host's, not the caller's). */
+static unsigned reported_pid(int pid) {
+    const char *h = getenv("FAKE_NVML_HOST_PIDS");
+    return (unsigned)pid + (h && strcmp(h, "1") == 0 ? 1000000u : 0u);
+}
+
 static nvmlReturn_t running(nvmlDevice_t device, unsigned int *count, void *infos, int v1) {
     if (!g_init) return NVML_ERROR_UNINITIALIZED;
     fake_device *d = dev_of(device);
@@ -225,11 +233,11 @@ static nvmlReturn_t running(nvmlDevice_t device, unsigned int *count, void *info
     for (int i = 0; i < n; i++) {
         if (v1) {
             nvmlProcessInfo_v1_t *o = &((nvmlProcessInfo_v1_t *)infos)[i];
-            o->pid = (unsigned)procs[i].pid;
+            o->pid = reported_pid(procs[i].pid);
             o->usedGpuMemory = procs[i].used[d->index];
         } else {
             nvmlProcessInfo_v2_t *o = &((nvmlProcessInfo_v2_t *)infos)[i];
-            o->pid = (unsigned)procs[i].pid;
+            o->pid = reported_pid(procs[i].pid);
             o->usedGpuMemory = procs[i].used[d->index];
             o->gpuInstanceId = NVML_VALUE_NOT_AVAILABLE_U32;
             o->computeInstanceId = NVML_VALUE_NOT_AVAILABLE_U32;

@@ -491,13 +491,80 @@ CUresult ts_hook_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 
 /* ---- contexts: each one is charged the configured overhead ---- */
 
-/* Every context is charged on a limited device: the configured overhead, else the per-model
- * default (state.c); never 0. */
+/* Every context is charged on a limited device: the configured overhead, else what the library
+ * measured at the first context on the device, else the per-model default (state.c); never 0. */
 static int overhead_on(int mode) { return mode == TS_MODE_LIMITED; }
 
 static uint64_t overhead_of(int dev) {
     ts_dev *d = ts_device(dev);
     return d ? d->ctx_overhead : 0;
+}
+
+/*
+ * The first context a process creates on a device whose context memory is not configured is
+ * measured (ctxmeasure.c): ts_measure_mu is held from before the driver call until the charge
+ * is settled, so every other context on the device is charged the measured amount.
+ */
+typedef struct {
+    int active;
+    ts_ctx_probe probe;
+} measuring;
+
+static void measure_begin(int mode, int dev, measuring *m) {
+    m->active = 0;
+    if (mode != TS_MODE_LIMITED) return;
+    ts_dev *d = ts_device(dev);
+    if (!d || !d->limited || d->rdev < 0 || __atomic_load_n(&d->ctx_fixed, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&ts_measure_mu);
+    if (__atomic_load_n(&d->ctx_fixed, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_unlock(&ts_measure_mu);
+        return;
+    }
+    m->active = 1;
+    ts_ctx_probe_before(d->uuid, &m->probe);
+}
+
+/*
+ * Ends a measuring creation. created: the driver made a new context, charged *charged bytes on
+ * rdev. Its measured size becomes the device's charge per context and this context's charge is
+ * settled to it (*charged updated). Returns 0 if the settled charge no longer fits the limit: the
+ * charge has then been given back entirely and the caller undoes the context.
+ */
+static int measure_end(measuring *m, int dev, int created, int rdev, uint64_t *charged) {
+    if (!m->active) return 1;
+    m->active = 0;
+    int fits = 1;
+    const char *how;
+    uint64_t bytes = ts_ctx_probe_after(&m->probe, dev, &how);
+    ts_dev *d = ts_device(dev);
+    if (created && d) {
+        if (bytes) {
+            TS_INFO("device %d: a CUDA context holds %llu bytes (measured from %s); each context is charged that",
+                    dev, (unsigned long long)bytes, how);
+        } else {
+            bytes = d->ctx_overhead;
+            TS_INFO("device %d: context memory not measured (%s); each context is charged the default %llu bytes",
+                    dev, how, (unsigned long long)bytes);
+        }
+        if (rdev >= 0 && bytes > *charged) {
+            if (ts_region_reserve(rdev, bytes - *charged, d->limit) == 1) {
+                *charged = bytes;
+            } else {
+                ts_region_release(rdev, *charged);
+                *charged = 0;
+                fits = 0;
+                TS_INFO("context creation on device %d refused: its %llu bytes exceed the workload's limit of %llu bytes",
+                        dev, (unsigned long long)bytes, (unsigned long long)d->limit);
+            }
+        } else if (rdev >= 0 && bytes < *charged) {
+            ts_region_release(rdev, *charged - bytes);
+            *charged = bytes;
+        }
+        d->ctx_overhead = bytes;
+        __atomic_store_n(&d->ctx_fixed, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&ts_measure_mu);
+    return fits;
 }
 
 CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
@@ -506,17 +573,30 @@ CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     retain_fn real = REAL(cuDevicePrimaryCtxRetain, retain_fn);
     int mode = ts_mode();
     if (!overhead_on(mode) || dev < 0 || dev >= TS_MAX_DEVICES) return real(pctx, dev);
+    measuring m;
+    measure_begin(mode, dev, &m);
     uint64_t overhead = overhead_of(dev);
     pthread_mutex_lock(&ts_tab_mu);
-    int rdev = -1;
+    int rdev = -1, creating = ts_primary_refs[dev] == 0;
     CUresult rc = CUDA_SUCCESS;
-    if (ts_primary_refs[dev] == 0) rc = reserve(mode, dev, overhead, &rdev, "primary context");
+    if (creating) rc = reserve(mode, dev, overhead, &rdev, "primary context");
     if (rc == CUDA_SUCCESS) {
         rc = real(pctx, dev);
-        if (rc == CUDA_SUCCESS) ts_primary_refs[dev]++;
-        else if (rdev >= 0) ts_region_release(rdev, overhead);
+        if (rc == CUDA_SUCCESS) {
+            ts_primary_refs[dev]++;
+            if (!measure_end(&m, dev, creating, rdev, &overhead)) {
+                dev_fn release = ts_real.cuDevicePrimaryCtxRelease_v2 ? REAL(cuDevicePrimaryCtxRelease_v2, dev_fn)
+                                                                      : REAL(cuDevicePrimaryCtxRelease, dev_fn);
+                if (release) release(dev);
+                ts_primary_refs[dev]--;
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        } else if (rdev >= 0) {
+            ts_region_release(rdev, overhead);
+        }
     }
     pthread_mutex_unlock(&ts_tab_mu);
+    measure_end(&m, dev, 0, -1, &overhead);
     return rc;
 }
 
@@ -580,59 +660,75 @@ CUresult ts_hook_cuDevicePrimaryCtxReset(CUdevice dev) {
     return primary_reset(REAL(cuDevicePrimaryCtxReset, dev_fn), dev);
 }
 
-static CUresult ctx_reserve(int dev, int *rdev) {
+/* Before the driver creates a context: charges the overhead (and starts measuring it when it
+ * is not known yet). *charged: the bytes charged on *rdev. */
+static CUresult ctx_reserve(int dev, int *rdev, uint64_t *charged, measuring *m) {
     *rdev = -1;
+    *charged = 0;
+    m->active = 0;
     int mode = ts_mode();
     if (mode != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return CUDA_SUCCESS;
     if (!overhead_on(mode)) return CUDA_SUCCESS;
-    return reserve_settling(mode, dev, overhead_of(dev), rdev, "context creation");
+    measure_begin(mode, dev, m);
+    *charged = overhead_of(dev);
+    CUresult rc = reserve_settling(mode, dev, *charged, rdev, "context creation");
+    if (rc != CUDA_SUCCESS) measure_end(m, dev, 0, -1, charged);
+    return rc;
 }
 
-static void ctx_created(CUresult rc, CUcontext *pctx, int dev, int rdev) {
+static CUresult ctx_created(CUresult rc, CUcontext *pctx, int dev, int rdev, uint64_t charged, measuring *m) {
     if (rc != CUDA_SUCCESS || !pctx) {
-        if (rdev >= 0) ts_region_release(rdev, overhead_of(dev));
-        return;
+        measure_end(m, dev, 0, -1, &charged);
+        if (rdev >= 0) ts_region_release(rdev, charged);
+        return rc;
     }
-    if (ts_mode() != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return;
-    uint64_t overhead = overhead_of(dev);
+    if (ts_mode() != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return rc;
+    if (!measure_end(m, dev, 1, rdev, &charged)) {
+        if (ts_real.cuCtxDestroy_v2) REAL(cuCtxDestroy_v2, ctx_destroy_fn)(*pctx);
+        *pctx = NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     pthread_mutex_lock(&ts_tab_mu);
-    ts_table_put(&ts_ctxs, (uint64_t)(uintptr_t)*pctx, rdev >= 0 ? overhead : 0, rdev, dev,
-                 TS_KIND_OTHER);
+    ts_table_put(&ts_ctxs, (uint64_t)(uintptr_t)*pctx, rdev >= 0 ? charged : 0, rdev, dev, TS_KIND_OTHER);
     ts_custom_ctxs[dev]++;
     pthread_mutex_unlock(&ts_tab_mu);
+    return rc;
 }
 
 CUresult ts_hook_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     BIND_OR_FAIL();
     NEED_REAL(cuCtxCreate_v2);
     int rdev;
-    CUresult rc = ctx_reserve(dev, &rdev);
+    uint64_t charged;
+    measuring m;
+    CUresult rc = ctx_reserve(dev, &rdev, &charged, &m);
     if (rc != CUDA_SUCCESS) return rc;
     rc = REAL(cuCtxCreate_v2, ctx_create_v2_fn)(pctx, flags, dev);
-    ctx_created(rc, pctx, dev, rdev);
-    return rc;
+    return ctx_created(rc, pctx, dev, rdev, charged, &m);
 }
 
 CUresult ts_hook_cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev) {
     BIND_OR_FAIL();
     NEED_REAL(cuCtxCreate_v3);
     int rdev;
-    CUresult rc = ctx_reserve(dev, &rdev);
+    uint64_t charged;
+    measuring m;
+    CUresult rc = ctx_reserve(dev, &rdev, &charged, &m);
     if (rc != CUDA_SUCCESS) return rc;
     rc = REAL(cuCtxCreate_v3, ctx_create_v3_fn)(pctx, params, n, flags, dev);
-    ctx_created(rc, pctx, dev, rdev);
-    return rc;
+    return ctx_created(rc, pctx, dev, rdev, charged, &m);
 }
 
 CUresult ts_hook_cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev) {
     BIND_OR_FAIL();
     NEED_REAL(cuCtxCreate_v4);
     int rdev;
-    CUresult rc = ctx_reserve(dev, &rdev);
+    uint64_t charged;
+    measuring m;
+    CUresult rc = ctx_reserve(dev, &rdev, &charged, &m);
     if (rc != CUDA_SUCCESS) return rc;
     rc = REAL(cuCtxCreate_v4, ctx_create_v4_fn)(pctx, params, flags, dev);
-    ctx_created(rc, pctx, dev, rdev);
-    return rc;
+    return ctx_created(rc, pctx, dev, rdev, charged, &m);
 }
 
 CUresult ts_hook_cuCtxDestroy_v2(CUcontext ctx) {

@@ -36,7 +36,9 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuDeviceGetName) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolGetAttribute) \
     X(cuStreamIsCapturing) X(cuCtxGetLimit) X(cuDeviceGetAttribute)
 
-#define TS_NVML_HELPERS(X) X(nvmlDeviceGetUUID) X(nvmlDeviceGetIndex)
+#define TS_NVML_HELPERS(X) X(nvmlDeviceGetUUID) X(nvmlDeviceGetIndex) X(nvmlInit_v2) X(nvmlShutdown)   \
+    X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetComputeRunningProcesses)                        \
+    X(nvmlDeviceGetComputeRunningProcesses_v3)
 
 typedef struct {
 #define X(name) void *name;

@@ -10,6 +10,7 @@
 ts_config ts_cfg;
 ts_dev ts_devs[TS_MAX_DEVICES];
 pthread_mutex_t ts_tab_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t ts_measure_mu = PTHREAD_MUTEX_INITIALIZER;
 ts_table ts_ptrs, ts_handles, ts_maps, ts_ctxs, ts_pools, ts_arrays;
 int ts_primary_refs[TS_MAX_DEVICES];
 int ts_custom_ctxs[TS_MAX_DEVICES];
@@ -71,7 +72,8 @@ typedef CUresult (*total_fn)(size_t *, CUdevice);
 
 /*
  * Bytes charged per CUDA context on a device: the configured context-overhead (tessera-node
- * measures it by creating a context on the real GPU), else the default for the GPU's architecture
+ * measures it by creating a context on the real GPU), else — until the library has measured the
+ * first context itself (ctxmeasure.c) and when it cannot — the default for the GPU's architecture
  * (the same table as tessera.core.gpu_models.default_headroom: CUDA 12 contexts hold roughly
  * 300-550 MiB), at most an eighth of the device, never 0.
  */
@@ -111,6 +113,7 @@ ts_dev *ts_device(int ordinal) {
         CUuuid u;
         if (get && get(&u, ordinal) == CUDA_SUCCESS) ts_format_uuid((unsigned char *)u.bytes, d->uuid, sizeof d->uuid);
         d->ctx_overhead = context_overhead(ordinal);
+        d->ctx_fixed = ts_cfg.context_overhead > 0; /* else measured at the first context */
         const ts_entry *e = ts_config_match(&ts_cfg, ordinal, d->uuid);
         d->rdev = -1;
         d->limited = 1;
@@ -150,6 +153,7 @@ ts_dev *ts_device(int ordinal) {
 }
 
 static void prepare(void) {
+    pthread_mutex_lock(&ts_measure_mu);
     ts_bind_lock();
     pthread_mutex_lock(&g_init_mu);
     pthread_mutex_lock(&ts_tab_mu);
@@ -159,11 +163,13 @@ static void parent(void) {
     pthread_mutex_unlock(&ts_tab_mu);
     pthread_mutex_unlock(&g_init_mu);
     ts_bind_unlock();
+    pthread_mutex_unlock(&ts_measure_mu);
 }
 
 static void child(void) {
     pthread_mutex_init(&ts_tab_mu, NULL);
     pthread_mutex_init(&g_init_mu, NULL);
+    pthread_mutex_init(&ts_measure_mu, NULL);
     ts_bind_reinit();
     ts_region_detach_after_fork();
     ts_loans_detach_after_fork();

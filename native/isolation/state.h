@@ -11,7 +11,22 @@ typedef struct {
     int rdev; /* region device index; -1 (limited) refuses everything */
     char uuid[TS_UUID_LEN];
     uint64_t ctx_overhead; /* bytes charged per context on this device (never 0 when limited) */
+    int ctx_fixed;         /* ctx_overhead is configured or measured; 0: measure at the next context */
 } ts_dev;
+
+/* Context memory measured through NVML at the first context on a device (ctxmeasure.c). */
+typedef struct {
+    int ok, initialized, have_free;
+    nvmlDevice_t dev;
+    uint64_t free_before;
+    const char *why; /* why nothing can be measured */
+} ts_ctx_probe;
+/* Taken just before the driver creates the context; NVML stays initialised until _after. */
+void ts_ctx_probe_before(const char *uuid, ts_ctx_probe *p);
+/* Bytes the new context holds, 0 when it could not be measured; *how says how (or why not). */
+uint64_t ts_ctx_probe_after(ts_ctx_probe *p, int ordinal, const char **how);
+/* Serialises the creations that measure (lock order: before the bind mutex and ts_tab_mu). */
+extern pthread_mutex_t ts_measure_mu;
 
 extern ts_config ts_cfg;
 extern pthread_mutex_t ts_tab_mu;

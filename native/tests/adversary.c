@@ -9,7 +9,10 @@
  * is done in 64 MiB steps until the library refuses, stopping at 4 GiB per device either way.
  *
  *   adversary CLASS [ARG]
- *   classes: contexts, pool-reserve, default-pool-reserve, foreign-pool, graph-node, capture,
+ *   four-contexts prints "charged=BYTES" before that line: what the library charges for four
+ *   contexts (the primary and three of cuCtxCreate), as the hooked cuMemGetInfo reports it.
+ *
+ *   classes: contexts, four-contexts, pool-reserve, default-pool-reserve, foreign-pool, graph-node, capture,
  *            ctx-limit, legacy, deepbind LIB, dlvsym, libc-dlsym, dlmopen, driver-copy PATH,
  *            gpa-newer, alloc
  */
@@ -128,6 +131,16 @@ int main(int argc, char **argv) {
             if (CALL(CUresult (*)(CUcontext *, unsigned, CUdevice), "cuCtxCreate_v2", &x, 0, 0) != 0) refused++;
         }
         fill((alloc_fn)sym("cuMemAlloc_v2"));
+    } else if (strcmp(c, "four-contexts") == 0) {
+        CUcontext primary = start(0);
+        for (int i = 0; i < 3; i++) {
+            CUcontext x;
+            if (CALL(CUresult (*)(CUcontext *, unsigned, CUdevice), "cuCtxCreate_v2", &x, 0, 0) != 0) refused++;
+        }
+        if (primary) CALL(CUresult (*)(CUcontext), "cuCtxSetCurrent", primary);
+        size_t free_b = 0, total_b = 0;
+        if (CALL(CUresult (*)(size_t *, size_t *), "cuMemGetInfo_v2", &free_b, &total_b) == 0)
+            printf("charged=%llu\n", (unsigned long long)(total_b - free_b));
     } else if (strcmp(c, "pool-reserve") == 0) {
         start(0);
         CUmemPoolProps props;

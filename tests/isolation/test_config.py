@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -277,3 +278,15 @@ def test_a_share_container_without_its_file_fails_closed(native, tmp_path):  # t
     etc.mkdir()
     total, _ = _total(native, tmp_path, etc, TESSERA_GPU_MEMORY_LIMIT="100Gi")
     assert total == -2  # every allocation refused, whatever the environment says
+
+
+def test_embedded_region_is_0660_in_a_0750_directory(tmp_path):
+    """Embedded mode's region (the server's own user runs every process): not world-readable or
+    writable, a directory it creates 0750; an existing directory is not changed."""
+    files = write_workload_files(tmp_path / "new" / "w1", [DeviceShare(index=0, uuid=None, limit_bytes=5)])
+    assert files.region_path.stat().st_mode & 0o7777 == 0o660
+    assert files.region_path.parent.stat().st_mode & 0o7777 == 0o750
+    (tmp_path / "mine").mkdir(mode=0o755)
+    os.chmod(tmp_path / "mine", 0o755)
+    write_workload_files(tmp_path / "mine", [DeviceShare(index=0, uuid=None, limit_bytes=5)])
+    assert (tmp_path / "mine").stat().st_mode & 0o7777 == 0o755

@@ -103,3 +103,39 @@ def test_mutated_pod_passes_its_own_validation_and_is_stable() -> None:
 def test_pods_without_gpu_are_left_alone() -> None:
     assert mutate.mutated(pod(), "ns", VIEW, WebhookConfig()) is None
     assert mutate.mutated(pod({"example.com/a": "b"}), "ns", VIEW, WebhookConfig()) is None
+
+
+@pytest.mark.parametrize(("pod_sc", "container_sc", "groups"), [
+    (None, None, [61000]),                                  # no group stated: one is added
+    ({"runAsUser": 1000, "supplementalGroups": []}, None, [61000]),
+    ({"fsGroup": 2000}, None, None),                         # stated: left alone
+    ({"supplementalGroups": [3000]}, None, [3000]),
+    (None, {"runAsGroup": 5000}, None),
+])
+def test_share_pods_always_have_a_group_for_their_region(pod_sc, container_sc, groups) -> None:
+    """tessera-node gives the pod's region (0660) to the group every process of the share
+    container has (tessera.core.podgroups); the webhook adds one where the pod states none."""
+    from tessera.core.podgroups import share_group
+
+    manifest = pod({"gpu-fraction": "0.5"}, **({"securityContext": container_sc} if container_sc else {}))
+    if pod_sc is not None:
+        manifest["spec"]["securityContext"] = pod_sc
+    out = mutate.mutated(manifest, "ns", VIEW, WebhookConfig())
+    assert out is not None
+    assert (out["spec"].get("securityContext") or {}).get("supplementalGroups") == groups
+    assert share_group(out["spec"], "main") is not None
+    policy.check_final(out, "ns", VIEW, WebhookConfig())
+    custom = mutate.mutated(manifest, "ns", VIEW, WebhookConfig(region_group=4242))
+    assert custom is not None and share_group(custom["spec"], "main") == (
+        4242 if groups == [61000] else share_group(out["spec"], "main"))
+
+
+def test_region_group_flag_is_checked() -> None:
+    from tessera.kube.admission.__main__ import parser
+
+    base = ["--cert", "c", "--key", "k"]
+    assert parser().parse_args(base).region_group == 61000
+    assert parser().parse_args([*base, "--region-group", "5000"]).region_group == 5000
+    for bad in ("-1", "x", "4294967295", "²"):
+        with pytest.raises(SystemExit):
+            parser().parse_args([*base, "--region-group", bad])

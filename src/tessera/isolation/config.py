@@ -162,13 +162,15 @@ def write_workload_files(directory: Path, devices: Sequence[DeviceShare], *,
 
     The region is created empty, group-shareable and not world-writable (0660), so processes of
     the workload running as other users of its group can attach; the library lays it out on
-    first use. An existing region is kept (processes of the workload may already be using it).
+    first use. A directory created here is 0750; an existing one is left as it is. An existing region is kept (processes of the workload may already be using it).
     Nothing is written if a value is invalid.
     """
     directory = Path(directory).resolve()
     region = directory / REGION_NAME
     text = render_config(devices, region, context_overhead_bytes, loans)
-    directory.mkdir(parents=True, exist_ok=True)
+    if not directory.is_dir():
+        directory.mkdir(parents=True)
+        os.chmod(directory, 0o750)  # the workload's group may read it; nobody else
     if not region.exists():
         fd = os.open(region, os.O_CREAT | os.O_WRONLY, 0o660)
         os.close(fd)

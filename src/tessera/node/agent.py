@@ -38,6 +38,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.podgroups import share_group
 from tessera.isolation.library import LibraryNotBuilt, library_path
 from tessera.node import containers as files
 from tessera.node import publish
@@ -98,6 +99,8 @@ class PodView:
     labels: dict[str, str]
     volumes: list[dict[str, Any]]
     deleting: bool
+    spec: dict[str, Any] = field(default_factory=dict)
+    """The pod's spec (for the group its share container's processes run with)."""
 
 
 def pod_view(pod: Any) -> PodView:
@@ -107,7 +110,9 @@ def pod_view(pod: Any) -> PodView:
     return PodView(namespace=meta.get("namespace", ""), name=meta.get("name", ""),
                    uid=meta.get("uid", ""), annotations=dict(meta.get("annotations") or {}),
                    labels=dict(meta.get("labels") or {}), volumes=list(spec.get("volumes") or []),
-                   deleting=meta.get("deletionTimestamp") is not None)
+                   deleting=meta.get("deletionTimestamp") is not None,
+                   spec={k: spec.get(k) for k in ("securityContext", "containers", "initContainers")
+                         if k in spec})
 
 
 def share_of(pod: PodView, containers_dir: Path) -> Share | None:
@@ -134,8 +139,11 @@ def share_of(pod: PodView, containers_dir: Path) -> Share | None:
     names = sorted({v["hostPath"]["path"][len(prefix):] for v in pod.volumes
                     if isinstance(v.get("hostPath"), dict)
                     and str(v["hostPath"].get("path", "")).startswith(prefix)})
+    containers = tuple(n for n in names if n and "/" not in n)
+    groups = {share_group(pod.spec, c) for c in containers}
     return Share(key=key, namespace=pod.namespace, pod=pod.name, uid=pod.uid,
-                 containers=tuple(n for n in names if n and "/" not in n),
+                 containers=containers,
+                 group=groups.pop() if len(groups) == 1 else None,
                  devices=tuple(ShareDevice(u, r, lim) for u, r, lim in
                                zip(uuids, request, limit, strict=True)),
                  workload=pod.annotations.get(POD_GROUP) or pod.labels.get(POD_GROUP) or pod.name,

@@ -6,8 +6,13 @@ mounts a stale file):
 
     ROOT/KEY/pod.json                                 who it is (for the agent: metrics, Events)
     ROOT/KEY/conf/CONTAINER/gpu-isolation.conf        0644, mounted read-only at /etc/tessera
-    ROOT/KEY/region/gpu-usage.region                  0666, mounted at /run/tessera (the pod's
-                                                      shared accounting region)
+    ROOT/KEY/region/                                  2770 root:GROUP, mounted at /run/tessera
+    ROOT/KEY/region/gpu-usage.region                  0660 root:GROUP (the pod's shared
+                                                      accounting region)
+
+GROUP is the group every process of the pod's share container runs with
+(:func:`tessera.core.podgroups.share_group`; the webhook adds one to a pod that states none): the
+pod's processes share the region whatever UIDs they run as, and no other user can open it.
 
 The webhook mounts the two directories as hostPath ``type: Directory``: the kubelet does not
 start the container until they exist, so a container is never started uncapped. Files are
@@ -69,6 +74,10 @@ class Share:
     project: str = ""
     priority_class: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    group: int | None = None
+    """The group every process of the share container has (owner group of the region); None:
+    the pod states none (the region is then root's alone, or the writer's group with
+    ``host_paths``)."""
 
 
 def check_key(key: str) -> str:
@@ -119,6 +128,42 @@ def _write(path: Path, text: str, mode: int) -> None:
     os.replace(tmp, path)
 
 
+REGION_DIR_MODE = 0o2770
+REGION_FILE_MODE = 0o660
+
+
+def _own(path: Path, gid: int, mode: int) -> None:
+    """``path`` in group ``gid`` with ``mode`` (chown first: it clears the set-group-ID bit)."""
+    if path.stat().st_gid != gid:
+        os.chown(path, -1, gid)
+    os.chmod(path, mode)
+
+
+def _region(root: Path, share: Share, host_paths: bool) -> None:
+    """The pod's region directory and empty region file, in the share's group: 2770 and 0660,
+    owned by this agent (root on a node). A new directory is built aside and renamed into place,
+    so the kubelet's ``type: Directory`` check never sees it unfinished; an existing one (a pod
+    already running, an older agent's 0777) is brought to the same owner and modes."""
+    gid = share.group
+    if gid is None:
+        gid = os.getegid() if host_paths else 0
+    region = region_path(root, share.key)
+    directory = region.parent
+    if not directory.is_dir():
+        staging = directory.with_name(f".tmp-region.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        _own(staging, gid, REGION_DIR_MODE)
+        os.close(os.open(staging / REGION_NAME, os.O_CREAT | os.O_WRONLY, REGION_FILE_MODE))
+        _own(staging / REGION_NAME, gid, REGION_FILE_MODE)
+        os.replace(staging, directory)
+        return
+    _own(directory, gid, REGION_DIR_MODE)
+    if not region.exists():
+        os.close(os.open(region, os.O_CREAT | os.O_WRONLY, REGION_FILE_MODE))
+    _own(region, gid, REGION_FILE_MODE)
+
+
 def write_share(root: Path, share: Share, context_overhead_bytes: int = 0, *,
                 host_paths: bool = False, loans_dir: Path | None = None) -> list[Path]:
     """Writes (or rewrites, unchanged content is left alone) the files of one share; returns the
@@ -131,13 +176,7 @@ def write_share(root: Path, share: Share, context_overhead_bytes: int = 0, *,
     base = share_dir(root, share.key)
     written: list[Path] = []
     try:
-        region = region_path(root, share.key)
-        region.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(region.parent, 0o777)  # processes of the pod may run as any user
-        if not region.exists():
-            fd = os.open(region, os.O_CREAT | os.O_WRONLY, 0o666)
-            os.close(fd)
-            os.chmod(region, 0o666)
+        _region(root, share, host_paths)
         _write(base / POD_FILE, json.dumps(asdict(share), sort_keys=True), 0o644)
         for container in share.containers:
             final = config_dir(root, share.key, container)

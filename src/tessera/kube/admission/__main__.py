@@ -8,7 +8,15 @@ import logging
 import signal
 import sys
 
+from tessera.core.podgroups import MAX_GID, valid_gid
 from tessera.kube.admission.policy import WebhookConfig
+
+
+def _gid(text: str) -> int:
+    gid = valid_gid(int(text)) if text.isascii() and text.isdigit() else None
+    if gid is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a group id, 0 to {MAX_GID}")
+    return gid
 
 
 def parser() -> argparse.ArgumentParser:
@@ -30,6 +38,10 @@ def parser() -> argparse.ArgumentParser:
                    help="where tessera-node writes each share container's isolation config")
     p.add_argument("--loans-host-dir", default=d.loans_host_dir,
                    help="the node's loans ledger directory (tessera-node --loans-dir)")
+    p.add_argument("--region-group", type=_gid, default=d.region_group, metavar="GID",
+                   help="supplemental group given to a share pod that states none (fsGroup, "
+                        "supplementalGroups, runAsGroup); its region file is shared with it "
+                        f"(default {d.region_group})")
     p.add_argument("--default-project", default=None,
                    help="project for pods in namespaces no Project owns (default: refuse them)")
     p.add_argument("--ready-file", help="write the bound port here once serving")
@@ -48,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         library_host_dir=args.library_host_dir, library_mount=args.library_mount,
         containers_host_dir=args.containers_host_dir, loans_host_dir=args.loans_host_dir,
         preload_host_file=args.preload_host_file, default_project=args.default_project or None,
+        region_group=args.region_group,
     )
     try:
         import uvloop  # libuv loop and its TLS: about half the webhook's CPU per review

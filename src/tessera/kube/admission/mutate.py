@@ -11,7 +11,11 @@ server would generate it):
   mounted over ``/etc/ld.so.preload``; the container's isolation config, read-only at
   ``/etc/tessera`` and the pod's accounting region at ``/run/tessera``, both hostPaths under
   ``containers_host_dir/KEY`` (KEY: the annotation ``tessera.io/gpu-config-key`` drawn here) that
-  tessera-node writes (``type: Directory``: the container does not start before they exist).
+  tessera-node writes (``type: Directory``: the container does not start before they exist);
+- a supplemental group (``WebhookConfig.region_group``) when the pod states no group that every
+  process of that container has: tessera-node gives the region to that group, mode 0660, so the
+  pod's processes share it whatever UIDs they run as and nobody else can open it
+  (:mod:`tessera.core.podgroups`).
 
 Every other container gets ``NVIDIA_VISIBLE_DEVICES=void`` (a CUDA image would otherwise see
 every GPU of the node through the NVIDIA runtime).
@@ -24,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.podgroups import share_group
 from tessera.kube import names
 from tessera.kube.admission import policy
 from tessera.kube.admission import spellings as sp
@@ -156,6 +161,10 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
         gpu_c = (spec.get(t.container.kind) or [])[t.container.index]
         spec["volumes"] = list(spec.get("volumes") or []) + _volumes(
             config, key, str(gpu_c.get("name") or ""))
+        if share_group(spec, str(gpu_c.get("name") or "")) is None:
+            sc = dict(spec.get("securityContext") or {})
+            sc["supplementalGroups"] = [*(sc.get("supplementalGroups") or []), config.region_group]
+            spec["securityContext"] = sc
     for kind in ("containers", "initContainers"):
         for i, c in enumerate(spec.get(kind) or []):
             if t.container is not None and (kind, i) == (t.container.kind, t.container.index):

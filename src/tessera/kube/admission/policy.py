@@ -13,6 +13,7 @@ from typing import Any
 
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest, Node
+from tessera.core.podgroups import DEFAULT_REGION_GROUP
 from tessera.core.requests import check_against_cluster
 from tessera.kube import names
 from tessera.kube.admission import spellings as sp
@@ -117,6 +118,10 @@ class WebhookConfig:
     default_project: str | None = None
     """Project for pods in a namespace no Project owns; None refuses them."""
     replaceable_schedulers: frozenset[str] = REPLACEABLE_SCHEDULERS
+    region_group: int = DEFAULT_REGION_GROUP
+    """Supplemental group added to a share pod that states no group (fsGroup,
+    supplementalGroups, runAsGroup): tessera-node gives the pod's region to that group
+    (:mod:`tessera.core.podgroups`)."""
 
 
 @dataclass
