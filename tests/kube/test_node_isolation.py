@@ -6,6 +6,7 @@ uncapped)."""
 from __future__ import annotations
 
 import json
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,7 +95,14 @@ def test_share_container_gets_its_config_file_from_the_node(stack: TestCluster, 
             f"headroom={headroom}",
             f"device index=0 uuid={uuid} request={placement['request'][0]} "
             f"limit={placement['limit'][0]}"]
-        assert (agent.containers_dir / key / "region" / "gpu-usage.region").is_file()
+        # The region: root (the agent) and the group the webhook gave the pod (it stated none),
+        # shared by every UID of the pod, not world-writable.
+        assert pod.spec.securityContext.supplementalGroups == [61000]
+        region = agent.containers_dir / key / "region" / "gpu-usage.region"
+        assert region.is_file()
+        assert (stat.S_IMODE(region.stat().st_mode), region.stat().st_gid) == (0o660, 61000)
+        assert (stat.S_IMODE(region.parent.stat().st_mode), region.parent.stat().st_gid) == (0o2770, 61000)
+        assert json.loads((agent.containers_dir / key / "pod.json").read_text())["group"] == 61000
         identity = json.loads((agent.containers_dir / key / "pod.json").read_text())
         assert (identity["namespace"], identity["pod"], identity["uid"]) == (
             ns, "frac05", pod.metadata.uid)
@@ -118,3 +126,24 @@ def test_agent_config_dir_matches_the_webhook_default() -> None:
 
     assert WebhookConfig().containers_host_dir == CONTAINERS_HOST_DIR
     assert AgentOptions(node_name="n").containers_host_dir == Path(CONTAINERS_HOST_DIR)
+
+
+def test_region_belongs_to_the_group_the_pod_states(stack: TestCluster,  # noqa: F811
+                                                    kube_client: Client) -> None:
+    """A pod with its own fsGroup keeps it (the webhook adds nothing) and its region is that
+    group's."""
+    ns, _ = create_project_namespace(kube_client, "iso-group")
+    wait_webhook_sees_project(kube_client, ns)
+    try:
+        manifest = runai_pod("fsgroup", {"gpu-fraction": "0.25"})
+        manifest["spec"]["securityContext"] = {"runAsUser": 1000, "fsGroup": 4242}
+        create(kube_client, manifest, ns)
+        pod = wait_until("bound", lambda: (p := kube_client.get(Pod, "fsgroup", namespace=ns))
+                         .spec.nodeName and p)
+        assert pod.spec.securityContext.supplementalGroups is None
+        key = pod.metadata.annotations[names.GPU_CONFIG_KEY]
+        region = agent_of(stack, pod.spec.nodeName).containers_dir / key / "region" / "gpu-usage.region"
+        wait_until("the region", region.is_file)
+        assert (stat.S_IMODE(region.stat().st_mode), region.stat().st_gid) == (0o660, 4242)
+    finally:
+        delete_pods(kube_client, ns)
