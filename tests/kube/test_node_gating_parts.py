@@ -57,3 +57,25 @@ def test_nothing_new_on_a_node_whose_agent_is_not_ready() -> None:
     nodes["a"] = NodeInfo("a", node("a"))
     _, ctx = SnapshotBuilder().build(nodes, pods, projects, {}, {}, set(), 5.0)
     assert ctx.agents_not_ready == {}
+
+
+def test_node_info_reads_nvlink_islands_from_the_agent_inventory() -> None:
+    """The inventory tessera-node publishes (tessera.node.publish.inventory_json) gives the
+    scheduler its NVLink islands; an absent or malformed one gives no preference (None), never
+    an error that would keep the node out of placement."""
+    import json
+
+    def inventory(links: object, gpus: int = 4) -> dict[str, str]:
+        return {names.NODE_GPU_INVENTORY: json.dumps({"gpus": [{"index": i} for i in range(gpus)],
+                                                      "links": links})}
+
+    pairs = [{"a": a, "b": b, "ancestor": "single", "nvlink": a // 2 == b // 2}
+             for a in range(4) for b in range(a + 1, 4)]
+    node = node_info(_node_obj("nv", 4, inventory(pairs))).node
+    assert node is not None and node.nvlink == (0, 0, 1, 1)
+    for bad in ({names.NODE_GPU_INVENTORY: "{not json"}, inventory("links"),
+                inventory([{"a": "0", "b": 1, "nvlink": True}]), inventory(pairs, gpus=8), {}):
+        info = node_info(_node_obj("x", 4, bad))
+        assert info.node is not None and info.node.nvlink in (None, (0, 1, 2, 3)), bad
+    none = node_info(_node_obj("y", 4, inventory(pairs[:0]))).node
+    assert none is not None and none.nvlink == (0, 1, 2, 3)  # known: PCIe only

@@ -123,3 +123,18 @@ def test_headroom_falls_back_to_the_model_default_never_zero(native: NativeBuild
     assert r.returncode != 0 and "--headroom" in r.stderr
     r = node_cli(env, "inventory", "--headroom", "lots")
     assert r.returncode != 0 and "--headroom" in r.stderr
+
+
+def test_embedded_mode_reads_nvlink_islands_from_nvml(native: NativeBuild) -> None:
+    """NVLink between devices 0+1 and 2+3 (the fake's `pairs`) becomes two islands in the node
+    the embedded scheduler places on; with no NVLink every device is its own island."""
+    import subprocess
+    import sys
+    code = "from tessera.local.gpus import discover; print(discover(None, 's').node.nvlink)"
+    seen = {}
+    for nvlink in ("pairs", "none", "all"):
+        env = machine_env(native, None, devices=";".join([H100] * 4),
+                          extra={"FAKE_GPU_NVLINK": nvlink})
+        seen[nvlink] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                      text=True, timeout=60, check=True).stdout.strip()
+    assert seen == {"pairs": "(0, 0, 1, 1)", "none": "(0, 1, 2, 3)", "all": "(0, 0, 0, 0)"}

@@ -53,6 +53,8 @@ class Node:
     memory: int = 0
     """Bytes of host memory."""
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    nvlink: tuple[int, ...] | None = None
+    """NVLink island of each device, by index (:mod:`tessera.core.nvlink`); None: unknown."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -61,6 +63,9 @@ class Node:
             raise InvalidRequest(f"node {self.name}", "cpu and memory must be 0 or more")
         if sorted(g.index for g in self.gpus) != list(range(len(self.gpus))):
             raise InvalidRequest(f"node {self.name}.gpus", "indices must be 0..n-1, each once")
+        if self.nvlink is not None and len(self.nvlink) != len(self.gpus):
+            raise InvalidRequest(f"node {self.name}.nvlink", "must give one island per GPU",
+                                 len(self.nvlink))
 
 
 class GpuKind(enum.StrEnum):

@@ -105,6 +105,7 @@ class ClusterState:
             node.cpu_milli,
             node.memory,
             tuple((g.schedulable, g.model) for g in sorted(node.gpus, key=lambda g: g.index)),
+            node.nvlink,
         )
         static_id = self._statics.setdefault(static, len(self._statics))
         ns = NodeState(node, len(self.nodes), static_id)

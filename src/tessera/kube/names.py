@@ -35,6 +35,8 @@ GPU_UUID = "tessera.io/gpu-uuid"
 from the kubelet pod-resources API; the kubelet double serves that API on kwok nodes)."""
 NODE_GPU_UUIDS = "tessera.io/gpu-uuids"
 NODE_GPU_HEADROOM = "tessera.io/gpu-headroom"
+NODE_GPU_INVENTORY = "tessera.io/gpu-inventory"
+"""tessera-node's inventory (JSON); the scheduler reads its NVLink links."""
 """Bytes tessera-node keeps back per GPU (device-index order); absent: the model's default."""
 GPU_CONFIG_KEY = "tessera.io/gpu-config-key"
 """Annotation on a share pod, drawn by the admission webhook (16 hex digits): the host directory

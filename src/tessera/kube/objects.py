@@ -14,6 +14,7 @@ from typing import Any
 
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
+from tessera.core import nvlink
 from tessera.core.errors import InvalidRequest
 from tessera.core.gpu_models import default_headroom, model_of_product
 from tessera.core.model import GpuDevice, Node, ResourceRequest
@@ -319,6 +320,24 @@ def _headroom(text: str, count: int, default: int) -> list[int]:
     return [int(p) for p in parts]
 
 
+def _nvlink(text: str, count: int) -> tuple[int, ...] | None:
+    """NVLink islands from tessera-node's inventory annotation; None (no preference) where it is
+    absent, malformed or names another number of GPUs: a bad annotation must not stop placement."""
+    if not text or count < 2:
+        return None
+    try:
+        inventory = json.loads(text)
+        gpus, links = inventory["gpus"], inventory["links"]
+        if not isinstance(gpus, list) or len(gpus) != count or not isinstance(links, list):
+            return None
+        pairs = [(link["a"], link["b"]) for link in links
+                 if isinstance(link, dict) and link.get("nvlink") is True
+                 and type(link.get("a")) is int and type(link.get("b")) is int]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return nvlink.islands(count, pairs)
+
+
 def node_info(obj: Any) -> NodeInfo:
     meta = obj.metadata
     name = meta.name
@@ -352,7 +371,9 @@ def node_info(obj: Any) -> NodeInfo:
         cpu = parse_cpu_milli(alloc.get("cpu", "0"), "node.allocatable.cpu")
         mem_text = str(alloc.get("memory", "0"))
         memory = 0 if mem_text == "0" else parse_memory(mem_text, "node.allocatable.memory")
-        info = NodeInfo(name, Node(name, gpus, cpu, memory, labels), None, uuids, unschedulable,
+        islands = _nvlink(annotations.get(names.NODE_GPU_INVENTORY, ""), len(gpus))
+        info = NodeInfo(name, Node(name, gpus, cpu, memory, labels, nvlink=islands), None, uuids,
+                        unschedulable,
                         ready, labels=labels, taints=taints, resources=others)
         if gpus:
             info.agent_ready = annotations.get(names.NODE_READY) == "true"

@@ -7,6 +7,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 
+from tessera.core import nvlink
 from tessera.core.errors import InvalidRequest
 from tessera.core.gpu_models import default_headroom
 from tessera.core.model import GpuDevice, Node
@@ -79,7 +80,9 @@ def nvml_machine() -> Machine | None:
         return None
     gpus = tuple(GpuDevice(uuid=g.uuid, index=g.index, memory=g.memory_total, model=g.model,
                            product=g.name, headroom=room[g.index].bytes) for g in inventory.gpus)
-    return Machine(Node(name=_hostname(), gpus=gpus), simulated=False,
+    islands = nvlink.islands(len(gpus), [(link.a, link.b) for link in inventory.links
+                                         if link.nvlink])
+    return Machine(Node(name=_hostname(), gpus=gpus, nvlink=islands), simulated=False,
                    driver=inventory.driver_version)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tessera.core import nvlink
 from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
 from tessera.core.state import NodeState, Placement
 
@@ -48,6 +49,10 @@ def device_options(ns: NodeState, request: ResourceRequest) -> list[tuple[int, .
     Whole GPUs: idle devices are interchangeable, so one set. One shared device: one candidate
     per distinct (free, size, model) state. Several shared devices: the tightest and the
     loosest set, which is where packing and spreading differ.
+
+    On a node with more than one NVLink island (:mod:`tessera.core.nvlink`), a multi-device set
+    is taken inside one island whenever one can hold it, and one whole GPU is taken from the
+    island with the fewest idle GPUs, so intact islands stay free for multi-GPU pods.
     """
     if not host_fits(ns, request):
         return []
@@ -57,6 +62,13 @@ def device_options(ns: NodeState, request: ResourceRequest) -> list[tuple[int, .
     fit = fitting_devices(ns, gpu)
     if len(fit) < gpu.devices:
         return []
+    islands = ns.node.nvlink
+    if islands is not None and nvlink.split(islands):
+        return _island_options(ns, gpu, fit, islands)
+    return _options(ns, gpu, fit)
+
+
+def _options(ns: NodeState, gpu: GpuRequest, fit: list[int]) -> list[tuple[int, ...]]:
     if gpu.kind is GpuKind.WHOLE:
         return [tuple(fit[: gpu.devices])]
     if gpu.devices == 1:
@@ -68,6 +80,30 @@ def device_options(ns: NodeState, request: ResourceRequest) -> list[tuple[int, .
     tight = tuple(sorted(by_free[: gpu.devices]))
     loose = tuple(sorted(by_free[-gpu.devices :]))
     return [tight] if tight == loose else [tight, loose]
+
+
+def _island_options(ns: NodeState, gpu: GpuRequest, fit: list[int],
+                    islands: tuple[int, ...]) -> list[tuple[int, ...]]:
+    groups: dict[int, list[int]] = {}
+    for i in fit:
+        groups.setdefault(islands[i], []).append(i)
+    if gpu.kind is GpuKind.WHOLE:
+        # Best fit: the island with the fewest fitting devices that still holds the request
+        # (for one GPU: a partly used island before an intact one).
+        holding = [g for g in groups.values() if len(g) >= gpu.devices]
+        if holding:
+            best = min(holding, key=lambda g: (len(g), g[0]))
+            return [tuple(best[: gpu.devices])]
+        # No island holds it: span as few islands as possible, largest groups first.
+        spanning = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
+        return [tuple(sorted([i for g in spanning for i in g][: gpu.devices]))]
+    if gpu.devices == 1:
+        return _options(ns, gpu, fit)
+    options: list[tuple[int, ...]] = []
+    for group in groups.values():
+        if len(group) >= gpu.devices:
+            options += [o for o in _options(ns, gpu, group) if o not in options]
+    return options or _options(ns, gpu, fit)
 
 
 def make_placement(ns: NodeState, request: ResourceRequest, devices: tuple[int, ...]) -> Placement:

@@ -20,12 +20,19 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tessera.core import nvlink
 from tessera.core.constraints import PREFERENCE_WEIGHT, NodeConstraint, PlacedPods
 from tessera.core.model import ResourceRequest
 from tessera.core.placement.devices import could_ever_fit, make_placement
 from tessera.core.placement.explain import explain_no_fit
 from tessera.core.placement.policies import DEFAULT_POLICY, Choice, Policy, make_policy
 from tessera.core.state import ClusterState, Placement
+
+NVLINK_SPAN_PENALTY = 2.0
+"""Subtracted from a node's score when the devices a multi-GPU request would get there span
+NVLink islands (known topology only). Policy scores are in GPUs (fragmentation, free GPUs left)
+or fractions of a node, so a node where the set stays on NVLink ranks first unless the policy
+prefers the other by more than two GPUs' worth; it never makes a node infeasible."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +175,9 @@ class Placer:
             self._memo.clear()
             self._request_ids.clear()
         choice = self.policy.evaluate(ns, request)
+        if (choice is not None and len(choice[1]) > 1 and ns.node.nvlink is not None
+                and not nvlink.one_island(ns.node.nvlink, choice[1])):
+            choice = (choice[0] - NVLINK_SPAN_PENALTY, choice[1])
         self._memo[key] = choice
         return choice
 
