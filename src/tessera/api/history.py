@@ -1,11 +1,13 @@
-"""GPU allocation over time, kept by the API server for the console's Metrics page.
+"""GPU allocation and utilisation over time, kept by the API server for the console's Metrics
+page.
 
 A daemon thread takes a sample every ``interval`` seconds (``TESSERA_HISTORY_INTERVAL``, default
-10 s) from the shared snapshot: GPUs allocated in all, per project, and per active workload.
-Retention is bounded (``TESSERA_HISTORY_HOURS``, default 6 h; at most 100 workloads per sample,
-the largest first), so memory stays flat however long the server runs. Where a Prometheus server
-is configured, the console's charts can come from it instead; without one, these samples are
-what there is.
+10 s) from the shared snapshot: GPUs allocated in all, per project and per active workload; and,
+from the node agents' reports (:mod:`tessera.api.usage`), GPU utilisation in all, per project
+and per workload (in GPUs' worth: a workload using 40% of one GPU is 0.4) and GPU memory used
+per project. Retention is bounded (``TESSERA_HISTORY_HOURS``, default 6 h; at most 100 workloads
+per sample and series, the largest first), so memory stays flat however long the server runs.
+For longer history, Prometheus scrapes the same figures from the API server and the agents.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import contextlib
 import os
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api.telemetry import ACTIVE, SnapshotCache
@@ -30,6 +32,13 @@ class Sample:
     projects: dict[str, float]
     workloads: dict[str, float]
     """``project/name`` -> GPUs allocated."""
+    busy: float | None = None
+    """GPUs' worth of utilisation in all (None: no node reported usage)."""
+    projects_busy: dict[str, float] = field(default_factory=dict)
+    workloads_busy: dict[str, float] = field(default_factory=dict)
+    """``project/name`` -> GPUs' worth of its processes' utilisation (at most 100, the busiest)."""
+    projects_used: dict[str, int] = field(default_factory=dict)
+    """project -> GPU memory its workloads' processes use (bytes)."""
 
 
 class History:
@@ -46,9 +55,14 @@ class History:
         snap = self.snapshots.get()
         active = sorted((w for w in snap.workloads if w.phase in ACTIVE and w.allocated > 0),
                         key=lambda w: -w.allocated)[:MAX_WORKLOADS]
+        busiest = sorted(snap.workloads_busy.items(), key=lambda kv: -kv[1])[:MAX_WORKLOADS]
         s = Sample(snap.time, round(snap.gpus_allocated, 4), snap.gpus_total,
                    {p.name: round(p.allocated, 4) for p in snap.projects},
-                   {f"{w.project}/{w.name}": round(w.allocated, 4) for w in active})
+                   {f"{w.project}/{w.name}": round(w.allocated, 4) for w in active},
+                   None if snap.gpus_busy is None else round(snap.gpus_busy, 4),
+                   {p: round(v, 4) for p, v in snap.projects_busy().items()},
+                   {f"{p}/{n}": round(v, 4) for (p, n), v in busiest},
+                   snap.projects_used())
         self.samples.append(s)
         return s
 
@@ -72,6 +86,9 @@ class History:
         picked = [s for s in list(self.samples) if s.time >= since]
         projects = sorted({k for s in picked for k in s.projects})
         workloads = sorted({k for s in picked for k in s.workloads})
+        busy_projects = sorted({k for s in picked for k in s.projects_busy})
+        busy_workloads = sorted({k for s in picked for k in s.workloads_busy})
+        used_projects = sorted({k for s in picked for k in s.projects_used})
         return {
             "interval": self.interval,
             "time": [round(s.time, 3) for s in picked],
@@ -79,4 +96,13 @@ class History:
             "total": [s.total for s in picked],
             "projects": {p: [s.projects.get(p) for s in picked] for p in projects},
             "workloads": {w: [s.workloads.get(w) for s in picked] for w in workloads},
+            "utilization": {
+                "all": [s.busy for s in picked],
+                "projects": {p: [s.projects_busy.get(p) for s in picked] for p in busy_projects},
+                "workloads": {w: [s.workloads_busy.get(w) for s in picked]
+                              for w in busy_workloads},
+            },
+            "memoryUsed": {
+                "projects": {p: [s.projects_used.get(p) for s in picked] for p in used_projects},
+            },
         }

@@ -41,6 +41,8 @@ class ApiCollector(Collector):
         mem.add_metric(["total"], snap.gpu_memory_total)
         mem.add_metric(["allocated"], snap.gpu_memory_allocated)
         mem.add_metric(["loaned"], snap.gpu_memory_loaned)
+        if snap.gpu_memory_used is not None:  # only where the node agents report it
+            mem.add_metric(["used"], snap.gpu_memory_used)
         yield from (gpus, alloc, mem)
         fams = {
             "deserved": GaugeMetricFamily("tessera_project_gpu_deserved",

@@ -1,5 +1,6 @@
 """What the API server sees of the cluster at one moment, for the console, ``/metrics`` and the
-history it keeps: GPUs, projects (with their fair share) and workloads by phase.
+history it keeps: GPUs, projects (with their fair share), workloads by phase, and — where the
+node agents report it (:mod:`tessera.api.usage`) — GPU memory used, loans and utilisation.
 
 One snapshot is read from the backend through the same calls the REST API serves (so both
 backends, embedded and Kubernetes, give the same picture) and is cached for ``max_age`` seconds,
@@ -19,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from tessera.api.backend import Backend, WorkloadQuery
+from tessera.api.usage import busy
 from tessera.core.fairshare import Claim, divide
 
 FIELDS = ("name", "projectName", "type", "phase", "gpus", "createdAt", "startedAt")
@@ -67,6 +69,27 @@ class Snapshot:
     workloads: tuple[WorkloadView, ...]
     phases: dict[tuple[str, str], int] = field(default_factory=dict)
     """(type, phase) -> number of workloads."""
+    usage_known: bool = False
+    """Some node's agent reported usage (else the figures below are absent, not zero)."""
+    gpus_busy: float | None = None
+    """GPUs' worth of utilisation: the sum of the reporting GPUs' utilisation (0 to 1 each)."""
+    gpu_memory_used: int | None = None
+    workloads_busy: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(project, workload) -> GPUs' worth of its processes' utilisation."""
+    workloads_used: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(project, workload) -> GPU memory its processes use (bytes)."""
+
+    def projects_busy(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (project, _), v in self.workloads_busy.items():
+            out[project] = out.get(project, 0.0) + v
+        return out
+
+    def projects_used(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (project, _), v in self.workloads_used.items():
+            out[project] = out.get(project, 0) + v
+        return out
 
     def overview(self) -> dict[str, Any]:
         """The console's Overview in one document."""
@@ -77,7 +100,9 @@ class Snapshot:
                      "free": round(max(self.gpus_total - self.gpus_allocated, 0.0), 4),
                      "memoryTotalBytes": self.gpu_memory_total,
                      "memoryAllocatedBytes": self.gpu_memory_allocated,
-                     "memoryLoanedBytes": self.gpu_memory_loaned},
+                     "memoryLoanedBytes": self.gpu_memory_loaned,
+                     "memoryUsedBytes": self.gpu_memory_used,
+                     "busy": None if self.gpus_busy is None else round(self.gpus_busy, 4)},
             "workloadsByPhase": _by_phase(self.phases),
             "projects": [{"name": p.name, "deserved": p.deserved, "limit": p.limit,
                           "overQuotaWeight": p.weight, "priority": p.priority,
@@ -148,7 +173,19 @@ def read(backend: Backend) -> Snapshot:
     memory_total = sum(int(g.get("memoryBytes", 0)) for g in gpus)
     memory_allocated = sum(int(g.get("allocatedBytes", 0)) for g in gpus)
     loaned = sum(int(g.get("loanedBytes", 0)) for g in gpus)
+    use = busy(cluster)
     workloads, phases = _workloads(backend)
+    project_of: dict[str, str] = {}
+    for w in workloads:  # a share's project where its document did not say (a name used twice:
+        if w.phase in ACTIVE:  # the first active one)
+            project_of.setdefault(w.name, w.project)
+
+    def keyed(values: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
+        out: dict[tuple[str, str], Any] = {}
+        for (project, name), v in values.items():
+            key = (project or project_of.get(name, ""), name)
+            out[key] = out.get(key, 0) + v
+        return out
     requested: dict[str, float] = {}
     allocated: dict[str, float] = {}
     for w in workloads:
@@ -177,7 +214,11 @@ def read(backend: Backend) -> Snapshot:
                     gpus_total=total, gpus_allocated=sum(p.allocated for p in projects),
                     gpu_memory_total=memory_total, gpu_memory_allocated=memory_allocated,
                     gpu_memory_loaned=loaned, projects=projects, workloads=tuple(workloads),
-                    phases=phases)
+                    phases=phases, usage_known=use.known,
+                    gpus_busy=use.gpus_busy if use.known else None,
+                    gpu_memory_used=use.memory_used if use.known else None,
+                    workloads_busy=keyed(use.workloads_busy),
+                    workloads_used=keyed(use.workloads_used))
 
 
 class SnapshotCache:

@@ -38,12 +38,14 @@ from tessera.api.backend import (
     WorkloadSubmission,
 )
 from tessera.api.token_store import TokenStore
+from tessera.api.usage import merge
 from tessera.api.validation import check_limit, check_submission
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import Node as CoreNode
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
 from tessera.kube import names
 from tessera.kube import workload_docs as wd
+from tessera.kube.agent_usage import AgentPoller
 from tessera.kube.cluster_projects import ClusterProjects, api_message, api_status
 from tessera.kube.cluster_workloads import ISOLATION, ClusterWorkloads
 from tessera.kube.node_cache import CachedNode, NodeCache
@@ -74,6 +76,8 @@ class KubeBackend(TokenAuth):
         """Reading workloads and their documents (tessera.kube.cluster_workloads)."""
         self.node_cache = NodeCache(client)
         """The Nodes, followed by a watch (not listed per request)."""
+        self.usage = AgentPoller(self._agent_urls)
+        """GPU memory used, loans and utilisation from each node's tessera-node (polled)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -87,6 +91,7 @@ class KubeBackend(TokenAuth):
     def stop(self) -> None:
         self._stop.set()
         self.node_cache.stop()
+        self.usage.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.auth_store.close()
@@ -126,6 +131,11 @@ class KubeBackend(TokenAuth):
                                   for k in ("major", "minor", "rev"))
         return nodes, uuids, simulated, driver
 
+    def _agent_urls(self) -> dict[str, str]:
+        """GPU node -> the address its agent published ('' when none)."""
+        return {name: e.agent_url for name, e in self.node_cache.items().items()
+                if e.info.node is not None and e.info.node.gpus}
+
     def simulated(self) -> bool:
         return any(n.labels.get(SIMULATED_LABEL) == "true"
                    for n in self.node_cache.items().values())
@@ -138,10 +148,12 @@ class KubeBackend(TokenAuth):
             doc = wd.pod_doc(pod, nodes, uuids)
             if doc["phase"] in ("Succeeded", "Failed") or not doc["gpuDevices"]:
                 continue
-            holder = (pod.metadata.labels or {}).get(wd.WORKLOAD) or pod.metadata.name
+            labels = pod.metadata.labels or {}
+            holder = labels.get(wd.WORKLOAD) or pod.metadata.name
             for d in doc["gpuDevices"]:
                 tenants.setdefault((doc["nodeName"], d["index"]), []).append({
-                    "name": holder, "pod": f"{pod.metadata.namespace}/{pod.metadata.name}",
+                    "name": holder, "project": labels.get(names.PROJECT, ""),
+                    "pod": f"{pod.metadata.namespace}/{pod.metadata.name}",
                     "bytes": d["requestBytes"], "exclusive": doc["exclusive"]})
         out_nodes = []
         for name in sorted(nodes):
@@ -153,14 +165,14 @@ class KubeBackend(TokenAuth):
                              "product": g.product, "memoryBytes": g.memory,
                              "headroomBytes": g.headroom, "allocatedBytes": allocated, "workloads": held})
             out_nodes.append({"name": name, "gpus": gpus})
-        return {
+        return merge({
             "backend": "kubernetes",
             "simulated": simulated,
             "driver": driver,
             "scheduler": f"{names.COMPONENT} (schedulerName: {names.SCHEDULER_NAME})",
             "isolation": ISOLATION,
             "nodes": out_nodes,
-        }
+        }, self.usage.reports())
 
     # -- projects --------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
 from tessera.kube.objects import NodeInfo, node_info
+from tessera.node.publish import AGENT_URL
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 class CachedNode:
     info: NodeInfo
     labels: dict[str, str]
+    agent_url: str = ""
+    """Where its tessera-node serves ``/usage`` (annotation ``tessera.io/node-agent-url``)."""
 
 
 class NodeCache:
@@ -59,7 +62,9 @@ class NodeCache:
 
     @staticmethod
     def _entry(obj: Any) -> CachedNode:
-        return CachedNode(node_info(obj), dict((obj.metadata.labels if obj.metadata else None) or {}))
+        meta = obj.metadata
+        return CachedNode(node_info(obj), dict((meta.labels if meta else None) or {}),
+                          ((meta.annotations if meta else None) or {}).get(AGENT_URL, ""))
 
     def _run(self) -> None:
         while not self._stop.is_set():

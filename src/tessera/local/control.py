@@ -23,11 +23,13 @@ from typing import Any
 from tessera.api.auth import TokenAuth
 from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadQuery, WorkloadSubmission
 from tessera.api.token_store import TokenStore
+from tessera.api.usage import merge
 from tessera.api.validation import check_limit, check_project, check_submission
 from tessera.core.cycle import Plan
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
+from tessera.isolation.config import REGION_NAME
 from tessera.local import containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
@@ -36,6 +38,8 @@ from tessera.local.pods import PodProcesses
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
 from tessera.local.store import Project, Store, Workload
+from tessera.local.usage import LocalUsage
+from tessera.node.containers import Share, ShareDevice
 from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
 
 
@@ -78,6 +82,9 @@ class LocalBackend(TokenAuth):
                                       data_dir / "sim-bin", self._active, self._wake)
         """Starting, watching and stopping the workloads' processes."""
         self.cycles = 0
+        self.usage = LocalUsage(machine.node.name, machine.simulated, self._usage_shares,
+                                self._region_of)
+        """GPU memory used, loans and utilisation, read by the node agent's code here."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -88,11 +95,13 @@ class LocalBackend(TokenAuth):
             self.processes.recover()
         self._thread = threading.Thread(target=self._loop, name="tessera-control", daemon=True)
         self._thread.start()
+        self.usage.start()
         if isinstance(self.isolation, isolation_hook.Library):
             self._reclaimer = ReclaimerThread(prepare_directory(self.isolation.loans_dir),
                                               self._on_reclaim).start()
 
     def stop(self) -> None:
+        self.usage.stop()
         if self._reclaimer is not None:
             self._reclaimer.stop()
         self._stop.set()
@@ -231,9 +240,9 @@ class LocalBackend(TokenAuth):
 
     def cluster(self) -> dict[str, Any]:
         with self._lock:
-            held = [(w.name, pod) for w in self._active.values() for pod in w.pods
-                    if pod.get("holds")]
-        return {
+            held = [(w.name, w.project_name, pod) for w in self._active.values()
+                    for pod in w.pods if pod.get("holds")]
+        return merge({
             "backend": "embedded",
             "simulated": self.machine.simulated,
             "driver": self.machine.driver,
@@ -242,7 +251,32 @@ class LocalBackend(TokenAuth):
             "containerRuntime": self.runtime.name if self.runtime else None,
             "containerRuntimeNote": self.runtime_note if self.runtime is None else "",
             "nodes": [node_doc(self.machine.node, held)],
-        }
+        }, self.usage.reports())
+
+    def _usage_shares(self) -> tuple[list[Share], dict[int, str]]:
+        """The running pods' GPU shares as the usage reader joins them (tessera.local.usage):
+        key ``WORKLOAD_ID-INDEX`` (its isolation directory), pod ``NAME-INDEX`` in namespace
+        PROJECT; and each pod's session (its first process's pid) -> key."""
+        shares: list[Share] = []
+        sessions: dict[int, str] = {}
+        with self._lock:
+            for w in self._active.values():
+                for pod in w.pods:
+                    if not pod.get("holds") or pod.get("exclusive") or not pod.get("pid"):
+                        continue
+                    key = f"{w.id}-{pod['index']}"
+                    sessions[int(pod["pid"])] = key
+                    shares.append(Share(
+                        key=key, namespace=w.project_name, pod=f"{w.name}-{pod['index']}",
+                        uid="", containers=(), workload=w.name, project=w.project_name,
+                        devices=tuple(ShareDevice(u, r, lim) for u, r, lim in zip(
+                            pod["uuids"], pod["requestBytes"], pod["limitBytes"], strict=True))))
+        return shares, sessions
+
+    def _region_of(self, share: Share) -> Path:
+        base = self.isolation.dir if isinstance(self.isolation, isolation_hook.Library) \
+            else self.data_dir / "isolation"
+        return base / share.key / REGION_NAME
 
     # -- projects --------------------------------------------------------------------------------
 

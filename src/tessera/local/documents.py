@@ -105,13 +105,16 @@ def project_doc(p: Project, allocated: float) -> dict[str, Any]:
     }
 
 
-def node_doc(node: Node, held: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The machine's GPUs and who holds what on each; ``held``: (workload name, pod record) for
-    every pod holding GPUs."""
-    used: dict[int, list[tuple[str, int, bool]]] = {g.index: [] for g in node.gpus}
-    for name, pod in held:
+def node_doc(node: Node, held: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+    """The machine's GPUs and who holds what on each; ``held``: (workload name, project, pod
+    record) for every pod holding GPUs. Each share names its pod as ``PROJECT/NAME-INDEX``, the
+    name the usage reader gives it (tessera.local.usage)."""
+    used: dict[int, list[dict[str, Any]]] = {g.index: [] for g in node.gpus}
+    for name, project, pod in held:
         for d, b in zip(pod["devices"], pod["requestBytes"], strict=True):
-            used[d].append((name, b, pod["exclusive"]))
+            used[d].append({"name": name, "project": project,
+                            "pod": f"{project}/{name}-{pod['index']}", "bytes": b,
+                            "exclusive": pod["exclusive"]})
     gpus = []
     for g in node.gpus:
         tenants = used[g.index]
@@ -122,7 +125,7 @@ def node_doc(node: Node, held: list[tuple[str, dict[str, Any]]]) -> dict[str, An
             "product": g.product,
             "memoryBytes": g.memory,
             "headroomBytes": g.headroom,
-            "allocatedBytes": sum(b for _, b, _ in tenants),
-            "workloads": [{"name": n, "bytes": b, "exclusive": e} for n, b, e in tenants],
+            "allocatedBytes": sum(t["bytes"] for t in tenants),
+            "workloads": tenants,
         })
     return {"name": node.name, "gpus": gpus}

@@ -78,6 +78,9 @@ class AgentOptions:
     """The same directory as pods' hostPath volumes name it (the webhook's --containers-host-dir)."""
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 9400
+    advertise_url: str = ""
+    """Where the API server reaches this agent's ``/usage`` (published on the Node; empty:
+    not published)."""
     on_escape: str = "warn"
     sync_interval: float = 1.0
     escape_tolerance: float = 0.05
@@ -232,7 +235,8 @@ class KubeAgent:
         return "; ".join(r for r in (self.nvml_error, self.library_error, self.dir_error) if r)
 
     async def publish_node(self) -> None:
-        ann = publish.node_annotations(self.inventory, self.ready, self.reason, self.headroom)
+        ann = publish.node_annotations(self.inventory, self.ready, self.reason, self.headroom,
+                                       self.opts.advertise_url)
         labels: dict[str, str] = {}
         if self.inventory is not None:
             node = await self.client.get(Node, self.opts.node_name)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 
 from tessera.node.nvml import Nvml, NvmlUnavailable
+
+_URL = re.compile(r"^https?://[^\s/?#]+/?$")
 
 
 def _headroom_option(text: str | None) -> int | None:
@@ -86,11 +89,10 @@ def _run(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from prometheus_client import start_http_server
-
     from tessera.node.agent import AgentOptions, KubeAgent, load_plugin, make_client
     from tessera.node.escapes import check_on_escape
     from tessera.node.metrics import registry_for
+    from tessera.node.report import advertised_url, start_server, usage_document
 
     try:
         on_escape = check_on_escape(args.on_escape)
@@ -105,6 +107,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.sync_interval <= 0:
         print(f"tessera-node: --sync-interval: must be > 0 (got {args.sync_interval})",
               file=sys.stderr)
+        return 2
+    if args.advertise_url and not _URL.match(args.advertise_url):
+        print(f"tessera-node: --advertise-url: must be http://HOST:PORT or https://HOST:PORT "
+              f"(got {args.advertise_url!r})", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -133,10 +139,15 @@ def _run(args: argparse.Namespace) -> int:
         client = make_client(opts.kubeconfig)
         agent = KubeAgent(opts, client, nvml, error, plugin=load_plugin(opts.plugin_options))
         registry = registry_for(agent.collector)
-        server, _thread = start_http_server(opts.metrics_port, opts.metrics_address,
-                                            registry=registry)
+        server, _thread = start_server(
+            opts.metrics_port, opts.metrics_address, registry,
+            lambda: usage_document(node, agent.collector.usage, agent.ready, agent.reason))
+        opts.advertise_url = advertised_url(args.advertise_url, opts.metrics_address,
+                                            server.server_port, os.environ.get("POD_IP", ""))
         print(f"tessera-node {node}: metrics on http://{opts.metrics_address}:"
-              f"{server.server_port}/metrics", flush=True)
+              f"{server.server_port}/metrics, usage on /usage"
+              f"{f' (published as {opts.advertise_url})' if opts.advertise_url else ''}",
+              flush=True)
         task = asyncio.create_task(agent.run())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -161,12 +172,11 @@ def _local(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
-    from prometheus_client import start_http_server
-
     from tessera.node.agent import load_plugin
     from tessera.node.escapes import check_on_escape
     from tessera.node.local_agent import LocalAgent
     from tessera.node.metrics import registry_for
+    from tessera.node.report import start_server, usage_document
 
     try:
         on_escape = check_on_escape(args.on_escape)
@@ -186,10 +196,13 @@ def _local(args: argparse.Namespace) -> int:
     agent = LocalAgent(args.node_name or socket.gethostname(), nvml, shares_dir,
                        on_escape=on_escape, sync_interval=args.sync_interval,
                        plugin=load_plugin({"loans-dir": args.loans_dir}))
-    server, _thread = start_http_server(args.metrics_port, args.metrics_address,
-                                        registry=registry_for(agent.observer.collector))
+    collector = agent.observer.collector
+    name = args.node_name or socket.gethostname()
+    server, _thread = start_server(
+        args.metrics_port, args.metrics_address, registry_for(collector),
+        lambda: usage_document(name, collector.usage, collector.ready))
     print(f"tessera-node (local): metrics on http://{args.metrics_address}:"
-          f"{server.server_port}/metrics", flush=True)
+          f"{server.server_port}/metrics, usage on /usage", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -234,6 +247,10 @@ def parser() -> argparse.ArgumentParser:
                           "(default: --containers-dir)")
     run.add_argument("--metrics-address", default="0.0.0.0")
     run.add_argument("--metrics-port", type=int, default=9400, help="0: any free port")
+    run.add_argument("--advertise-url", default="",
+                     help="where the API server reaches this agent's /usage, published on the "
+                          "Node as tessera.io/node-agent-url (default: http://METRICS-ADDRESS:PORT, "
+                          "or http://$POD_IP:PORT when listening on every address)")
     run.add_argument("--on-escape", default="warn", help="warn | kill")
     run.add_argument("--sync-interval", type=float, default=1.0)
     _headroom_arguments(run)

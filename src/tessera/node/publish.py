@@ -12,7 +12,10 @@ Annotations (always written, the agent owns them):
   device is its memory less this;
 - ``tessera.io/node-ready``: ``"true"`` when the agent can enforce shares here (NVML read, the
   isolation library installed, the config directory writable), else ``"false"``;
-- ``tessera.io/node-ready-reason``: one line saying why not (empty when ready).
+- ``tessera.io/node-ready-reason``: one line saying why not (empty when ready);
+- ``tessera.io/node-agent-url``: where the agent serves ``/metrics`` and ``/usage``
+  (:mod:`tessera.node.report`), for the API server's console; written with the rest, so only
+  when it changes (never per sync: a Node write wakes every Node informer in the cluster).
 
 Labels in the names NVIDIA's GPU feature discovery uses, written only where absent (GFD, when it
 runs, stays the authority): ``nvidia.com/gpu.present``, ``gpu.product``, ``gpu.memory`` (MiB),
@@ -33,6 +36,7 @@ GPU_HEADROOM = "tessera.io/gpu-headroom"
 INVENTORY = "tessera.io/gpu-inventory"
 READY = "tessera.io/node-ready"
 READY_REASON = "tessera.io/node-ready-reason"
+AGENT_URL = "tessera.io/node-agent-url"
 
 
 def inventory_json(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None = None) -> str:
@@ -52,8 +56,11 @@ def inventory_json(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None
 
 
 def node_annotations(inv: Inventory | None, ready: bool, reason: str,
-                     headroom: Mapping[int, DeviceHeadroom] | None = None) -> dict[str, str]:
+                     headroom: Mapping[int, DeviceHeadroom] | None = None,
+                     agent_url: str = "") -> dict[str, str]:
     out = {READY: "true" if ready else "false", READY_REASON: "" if ready else reason}
+    if agent_url:
+        out[AGENT_URL] = agent_url
     if inv is not None:
         out[GPU_UUIDS] = ",".join(g.uuid for g in inv.gpus)
         out[INVENTORY] = inventory_json(inv, headroom)

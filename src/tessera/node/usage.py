@@ -94,7 +94,11 @@ def ns_pid_of(pid: int, read: Callable[[str], str] = _read_text) -> int:
 
 def snapshot(gpus: Sequence[GpuUsage], models: Mapping[str, str], shares: Sequence[Share],
              region_of: Callable[[Share], Path], *,
-             read: Callable[[str], str] = _read_text) -> NodeUsage:
+             read: Callable[[str], str] = _read_text,
+             owner_of: Callable[[int], str | None] | None = None) -> NodeUsage:
+    """``owner_of``: the share key of a host pid neither its cgroup nor a region names (embedded
+    mode: the pod's session, so a workload's processes are counted without the isolation
+    library too)."""
     errors: list[str] = []
     regions: dict[str, dict[str, DeviceUsage]] = {}
     for share in shares:
@@ -121,6 +125,8 @@ def snapshot(gpus: Sequence[GpuUsage], models: Mapping[str, str], shares: Sequen
                 key = owner.key if owner is not None else None
             elif owners.get(p.pid):
                 key = owners[p.pid][0]
+            elif owner_of is not None:
+                key = owner_of(p.pid)
             charged = 0
             if key is not None:
                 region_dev = regions.get(key, {}).get(g.uuid)

@@ -54,8 +54,11 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend) -> History:
     def metrics_history(
         minutes: Annotated[float, Query(gt=0, le=24 * 60)] = 60,
     ) -> dict[str, Any]:
-        """GPU allocation samples the server kept (every ``interval`` seconds): in all, per
-        project and per active workload, over the last ``minutes``."""
+        """Samples the server kept (every ``interval`` seconds) over the last ``minutes``, one
+        list per series: GPUs allocated in all, per project and per active workload; under
+        ``utilization``, GPUs' worth of utilisation in all, per project and per workload (from
+        the node agents; ``null`` where no agent reported); under ``memoryUsed``, GPU memory
+        used per project (bytes)."""
         return history.document(time.time() - minutes * 60)
 
     return history

@@ -164,6 +164,17 @@ function shareBar(value, scale, mark, name) {
   return bar;
 }
 
+/* The node agent's state on a node: nothing when it reported, else why there are no numbers. */
+function agentNote(n) {
+  const a = n.agent || { state: "waiting", message: "" };
+  if (a.state === "ok") return h("span", { class: "muted agent", "data-agent-state": "ok" }, `usage from tessera-node, ${a.ageSeconds ?? 0}s ago`);
+  const what = { unreachable: "node agent not answering", "no-agent": "no node agent", "not-ready": "node agent has no usage",
+    waiting: "waiting for the node agent", simulated: "simulated GPUs: no usage to read" }[a.state] || a.state;
+  return h("span", { class: `badge ${a.state === "simulated" ? "" : "warn"} agent`, "data-agent-state": a.state, title: a.message || "" },
+    `${what}${a.message && a.state !== "simulated" ? `: ${a.message}` : ""}`);
+}
+function pct(x) { return x === null || x === undefined ? "—" : `${Math.round(100 * x)}%`; }
+
 async function gpus() {
   const draw = async () => {
     const [c, list] = await Promise.all([api("/api/v1/cluster"),
@@ -172,31 +183,53 @@ async function gpus() {
     const projectOf = {};
     for (const [name, project] of list.rows) projectOf[name] = project;
     const used = new Set();
+    let anyLoan = false;
     const nodes = c.nodes.map((n) => h("div", { class: "panel node", "data-node": n.name },
-      h("h2", { style: { marginTop: 0 } }, n.name),
+      h("div", { class: "row", style: { marginBottom: "6px" } }, h("h2", { style: { margin: 0 } }, n.name), agentNote(n)),
       n.gpus.map((g) => {
         const usable = g.memoryBytes - (g.headroomBytes || 0);
+        const known = g.usedBytes !== undefined;
         const segs = g.workloads.map((w) => {
-          const project = projectOf[w.name] || "";
+          const project = w.project || projectOf[w.name] || "";
           used.add(project);
           const bytes = w.exclusive ? usable : w.bytes;
-          return h("div", { class: "seg share", "data-workload": w.name,
-            title: `${w.name}${project ? ` (${project})` : ""}: ${w.exclusive ? "whole GPU" : fmtBytes(w.bytes)}`,
+          const usage = w.usedBytes !== undefined && w.usedBytes !== null
+            ? `; using ${fmtBytes(w.usedBytes)}${w.utilization !== null && w.utilization !== undefined ? `, ${pct(w.utilization)} busy` : ""}` : "";
+          const seg = h("div", { class: "seg share", "data-workload": w.name, "data-used": w.usedBytes ?? "",
+            title: `${w.name}${project ? ` (${project})` : ""}: ${w.exclusive ? "whole GPU" : fmtBytes(w.bytes)}${usage}`,
             style: { width: `${(100 * bytes) / g.memoryBytes}%`, background: color(project || w.name) } }, w.name);
+          if (w.usedBytes !== undefined && w.usedBytes !== null && bytes > 0) {
+            seg.append(h("i", { class: "fill", style: { width: `${Math.min(100, (100 * Math.min(w.usedBytes, w.chargedBytes ?? w.usedBytes, bytes)) / bytes)}%` } }));
+          }
+          return seg;
         });
+        for (const w of g.workloads) {
+          if (!w.loanedBytes) continue;
+          anyLoan = true;
+          segs.push(h("div", { class: "seg loan", "data-loan": w.name, "data-bytes": w.loanedBytes,
+            title: `${w.name} holds ${fmtBytes(w.loanedBytes)} above its request: on loan, taken back when an owner needs it`,
+            style: { width: `${(100 * w.loanedBytes) / g.memoryBytes}%` } }, "loan"));
+        }
         if (g.headroomBytes) segs.push(h("div", { class: "seg headroom", title: `${fmtBytes(g.headroomBytes)} kept for the driver and CUDA contexts`,
           style: { width: `${(100 * g.headroomBytes) / g.memoryBytes}%`, marginLeft: "auto" } }));
         const held = g.workloads.some((w) => w.exclusive) ? usable : g.allocatedBytes;
-        return h("div", { class: "gpu", "data-uuid": g.uuid },
+        const usedBar = h("div", { class: "usedbar", title: known ? `${fmtBytes(g.usedBytes)} in use (NVML) of ${fmtBytes(g.memoryBytes)}` : "memory in use: no report" },
+          known ? h("i", { style: { width: `${Math.min(100, (100 * g.usedBytes) / g.memoryBytes)}%` } }) : null);
+        return h("div", { class: "gpu", "data-uuid": g.uuid, "data-used": known ? g.usedBytes : "" },
           h("div", { class: "name" }, h("strong", {}, `GPU ${g.index}`), ` ${g.model}`, h("br"), h("span", { class: "muted" }, fmtBytes(g.memoryBytes))),
-          h("div", { class: "bar" }, segs),
-          h("div", { class: "num" }, `${fmtBytes(held)} / ${fmtBytes(usable)}`));
+          h("div", {}, h("div", { class: "bar" }, segs), usedBar),
+          h("div", { class: "num" },
+            h("span", { class: "alloc" }, `${fmtBytes(held)} / ${fmtBytes(usable)} allocated`), h("br"),
+            h("span", { class: "use" }, known ? `${fmtBytes(g.usedBytes)} used, ${pct(g.utilization)} busy` : "used: —"),
+            g.loanedBytes ? h("span", { class: "loaned" }, h("br"), `${fmtBytes(g.loanedBytes)} on loan`) : null));
       })));
     const legend = h("div", { class: "legend" }, [...used].filter(Boolean).sort().map((p) => h("span", {}, h("i", { style: { background: color(p) } }), p)),
-      h("span", {}, h("i", { class: "seg headroom", style: { background: "repeating-linear-gradient(45deg,#cfd5df,#cfd5df 4px,#e3e7ee 4px,#e3e7ee 8px)" } }), "headroom"));
+      h("span", {}, h("i", { class: "key-used" }), "in use (NVML)"),
+      anyLoan ? h("span", {}, h("i", { class: "key-loan" }), "on loan") : null,
+      h("span", {}, h("i", { class: "key-headroom" }), "headroom"));
     put(main, h("h1", {}, "GPUs"),
       c.simulated ? h("p", { class: "badge warn" }, "These GPUs are simulated: no NVIDIA driver here.") : null,
-      h("p", { class: "muted" }, "Each bar is one GPU's memory, split into the shares placed on it (coloured by project); hover a share for its workload."),
+      h("p", { class: "muted" }, "Each bar is one GPU's memory, split into the shares placed on it (coloured by project; the dark line in a share is the memory its processes use); memory a dynamic fraction holds above its request is marked as a loan. The thin bar below is the memory in use on the GPU, as the node agent reads it."),
       legend, ...(nodes.length ? nodes : [h("p", { class: "muted" }, "No GPU nodes.")]));
   };
   await draw();
@@ -431,23 +464,38 @@ async function metrics() {
   const minutes = h("select", { id: "m-minutes", "aria-label": "Time range" }, [15, 60, 180, 360].map((m) => h("option", { value: m, selected: m === 60 }, m < 60 ? `last ${m} min` : `last ${m / 60} h`)));
   const byProject = h("div", { class: "chart", id: "chart-projects" });
   const byWorkload = h("div", { class: "chart", id: "chart-workloads" });
+  const utilProject = h("div", { class: "chart", id: "chart-util-projects" });
+  const utilWorkload = h("div", { class: "chart", id: "chart-util-workloads" });
+  const utilNote = h("p", { class: "muted", id: "util-note" });
   put(main, h("div", { class: "row" }, h("h1", {}, "Metrics"), h("span", { class: "spacer" }), minutes),
-    h("p", { class: "muted" }, "GPUs allocated over time, from samples the server keeps (Prometheus scrapes /metrics for longer history)."),
-    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "By project"), byProject),
-    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "By workload (largest 10)"), byWorkload));
+    h("p", { class: "muted" }, "From samples the server keeps (Prometheus scrapes /metrics and the node agents for longer history). Utilisation is in GPUs' worth: a workload keeping 40% of one GPU busy counts 0.4."),
+    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPUs allocated, by project"), byProject),
+    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPUs allocated, by workload (largest 10)"), byWorkload),
+    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPU utilisation, by project"), utilNote, utilProject),
+    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPU utilisation, by workload (busiest 10)"), utilWorkload));
   const plots = [];
+  const peak = (v) => Math.max(0, ...v.map((x) => x || 0));
   const draw = async () => {
     const d = await api(`/api/v1/metrics/history?minutes=${minutes.value}`);
     plots.forEach((p) => p.destroy()); plots.length = 0;
     const width = Math.max(300, main.clientWidth - 60);
     const series = (names) => [{}, ...names.map((n) => ({ label: n, stroke: n === "all" ? "#151a24" : color(n), width: 2, spanGaps: true }))];
+    const chart = (el, names, columns, label) => {
+      plots.push(new uPlot({ width, height: 260, series: series(names), axes: [{}, { label }] }, [d.time, ...columns], el));
+      el.dataset.points = String(d.time.length);
+      el.dataset.values = String(columns.flat().filter((x) => x !== null && x !== undefined && x > 0).length);
+    };
     const projectNames = Object.keys(d.projects);
-    plots.push(new uPlot({ width, height: 260, series: series(["all", ...projectNames]), axes: [{}, { label: "GPUs" }] },
-      [d.time, d.allocated, ...projectNames.map((p) => d.projects[p])], byProject));
-    const top = Object.entries(d.workloads).sort((a, b) => Math.max(...b[1].map((x) => x || 0)) - Math.max(...a[1].map((x) => x || 0))).slice(0, 10);
-    plots.push(new uPlot({ width, height: 260, series: series(top.map(([n]) => n)), axes: [{}, { label: "GPUs" }] },
-      [d.time, ...top.map(([, v]) => v)], byWorkload));
-    byProject.dataset.points = String(d.time.length);
+    chart(byProject, ["all", ...projectNames], [d.allocated, ...projectNames.map((p) => d.projects[p])], "GPUs");
+    const top = Object.entries(d.workloads).sort((a, b) => peak(b[1]) - peak(a[1])).slice(0, 10);
+    chart(byWorkload, top.map(([n]) => n), top.map(([, v]) => v), "GPUs");
+    const u = d.utilization || { all: [], projects: {}, workloads: {} };
+    const reported = u.all.some((x) => x !== null && x !== undefined);
+    utilNote.textContent = reported ? "" : "No GPU usage reported in this range: the GPUs are simulated, or no node agent answered (see the GPUs page).";
+    const busyProjects = Object.keys(u.projects);
+    chart(utilProject, ["all", ...busyProjects], [u.all, ...busyProjects.map((p) => u.projects[p])], "GPUs busy");
+    const busiest = Object.entries(u.workloads).sort((a, b) => peak(b[1]) - peak(a[1])).slice(0, 10);
+    chart(utilWorkload, busiest.map(([n]) => n), busiest.map(([, v]) => v), "GPUs busy");
   };
   minutes.addEventListener("change", () => draw().catch((e) => toast(e.message)));
   await draw();

@@ -1,0 +1,149 @@
+"""GPU memory used, loans and utilisation, as the node agents report them, joined to the
+cluster's document (``GET /api/v1/cluster``) for both backends.
+
+Each backend has a :class:`UsageSource` that answers at once from what it last read — embedded
+mode reads NVML in the server's process (:mod:`tessera.local.usage`), the Kubernetes backend
+polls each node's agent (:mod:`tessera.kube.agent_usage`) — so a request never waits for a GPU
+or an agent. :func:`merge` adds to the document:
+
+- on each node, ``agent``: ``{state, message, ageSeconds}``; ``state`` is ``ok``, ``unreachable``
+  (the agent did not answer: no numbers are shown rather than zeros), ``no-agent`` (no agent
+  published an address), ``not-ready`` (it answered without usage, e.g. no NVML), ``waiting``
+  (not asked yet) or ``simulated`` (no GPU to read);
+- on each GPU where the agent reported it: ``usedBytes`` (NVML), ``utilization`` (0 to 1),
+  ``loanedBytes`` (what dynamic fractions hold above their requests);
+- on each share: ``usedBytes`` (NVML, its processes), ``chargedBytes`` (the isolation library),
+  ``loanedBytes`` and ``utilization`` (its processes' SM utilisation, 0 to 1; a whole GPU: the
+  GPU's).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+STATES = ("ok", "unreachable", "no-agent", "not-ready", "waiting", "simulated")
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: str
+    state: str
+    message: str
+    time: float
+    """When the report was read (or the failure seen)."""
+    document: dict[str, Any] | None = None
+    """The agent's ``/usage`` document (:mod:`tessera.node.report`), when ``state`` is ok."""
+
+
+class UsageSource(Protocol):
+    def reports(self) -> dict[str, NodeReport]:
+        """The latest report per node, at once (never waits for an agent or NVML)."""
+        ...
+
+
+def report_of(node: str, document: Any, now: float | None = None) -> NodeReport:
+    """A node's report from what its agent answered (checked: a malformed answer is a failure,
+    not a crash)."""
+    now = time.time() if now is None else now
+    if not isinstance(document, dict):
+        return NodeReport(node, "unreachable", "the agent's /usage answer is not a JSON object",
+                          now)
+    gpus = document.get("gpus")
+    if gpus is None:
+        return NodeReport(node, "not-ready", str(document.get("message") or
+                                                 "the agent reports no GPU usage"), now)
+    if not isinstance(gpus, list) or not isinstance(document.get("shares", []), list) or not all(
+            isinstance(g, dict) for g in gpus):
+        return NodeReport(node, "unreachable", "the agent's /usage answer is malformed", now)
+    return NodeReport(node, "ok", "", now, document)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def merge(cluster: dict[str, Any], reports: dict[str, NodeReport],
+          now: float | None = None) -> dict[str, Any]:
+    """Adds the reports to the cluster document (in place; returned for convenience)."""
+    now = time.time() if now is None else now
+    for node in cluster.get("nodes", []):
+        r = reports.get(node["name"])
+        if r is None:
+            node["agent"] = {"state": "waiting", "message": "no report from this node's agent "
+                             "yet", "ageSeconds": None}
+            continue
+        node["agent"] = {"state": r.state, "message": r.message,
+                         "ageSeconds": round(max(0.0, now - r.time), 1)}
+        if r.state != "ok" or r.document is None:
+            continue
+        gpus = {g.get("uuid"): g for g in r.document.get("gpus") or []}
+        shares: dict[tuple[Any, str], dict[str, Any]] = {}
+        for s in r.document.get("shares") or []:
+            if isinstance(s, dict):
+                shares[(s.get("gpuUuid"), f"{s.get('namespace')}/{s.get('pod')}")] = s
+        for g in node.get("gpus", []):
+            u = gpus.get(g.get("uuid"))
+            if u is None:
+                continue
+            used, util = _number(u.get("memoryUsedBytes")), _number(u.get("utilization"))
+            if used is not None:
+                g["usedBytes"] = int(used)
+            g["utilization"] = util
+            loaned = 0
+            for w in g.get("workloads", []):
+                if w.get("exclusive"):
+                    w["usedBytes"] = g.get("usedBytes")
+                    w["utilization"] = util
+                    continue
+                s = shares.get((g.get("uuid"), str(w.get("pod", ""))))
+                if s is None:
+                    continue
+                for key in ("usedBytes", "chargedBytes", "loanedBytes"):
+                    v = _number(s.get(key))
+                    if v is not None:
+                        w[key] = int(v)
+                w["utilization"] = _number(s.get("smUtilization"))
+                loaned += int(w.get("loanedBytes") or 0)
+            g["loanedBytes"] = loaned
+    return cluster
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Utilisation and memory in use, summed from a merged cluster document. ``known``: some
+    node reported usage (else every figure is absent, not 0)."""
+
+    known: bool
+    gpus_busy: float
+    """GPUs' worth of utilisation: the sum of every reporting GPU's utilisation (0 to 1 each)."""
+    memory_used: int
+    memory_loaned: int
+    workloads_busy: dict[tuple[str, str], float]
+    """(project, workload) -> GPUs' worth of its processes' utilisation."""
+    workloads_used: dict[tuple[str, str], int]
+    """(project, workload) -> bytes its processes use (NVML)."""
+
+
+def busy(cluster: dict[str, Any]) -> Busy:
+    known = False
+    gpus_busy = 0.0
+    used = loaned = 0
+    w_busy: dict[tuple[str, str], float] = {}
+    w_used: dict[tuple[str, str], int] = {}
+    for node in cluster.get("nodes", []):
+        if (node.get("agent") or {}).get("state") != "ok":
+            continue
+        known = True
+        for g in node.get("gpus", []):
+            gpus_busy += float(g.get("utilization") or 0.0)
+            used += int(g.get("usedBytes") or 0)
+            loaned += int(g.get("loanedBytes") or 0)
+            for w in g.get("workloads", []):
+                key = (str(w.get("project") or ""), str(w.get("name") or ""))
+                if w.get("utilization") is not None:
+                    w_busy[key] = w_busy.get(key, 0.0) + float(w["utilization"])
+                if w.get("usedBytes") is not None:
+                    w_used[key] = w_used.get(key, 0) + int(w["usedBytes"])
+    return Busy(known, gpus_busy, used, loaned, w_busy, w_used)

@@ -1,0 +1,123 @@
+"""The Kubernetes API server's view of GPU usage: each node's tessera-node, polled.
+
+Every agent publishes where it serves ``/usage`` on its Node, once
+(``tessera.io/node-agent-url``, :mod:`tessera.node.publish`; no Node write per interval, which
+would wake every Node informer in the cluster). A daemon thread here reads those addresses from
+the watch-fed Node cache and asks every agent for ``/usage`` every ``TESSERA_USAGE_INTERVAL``
+seconds (default 5), with bounded concurrency (``TESSERA_USAGE_WORKERS``, default 16), a
+timeout per agent (``TESSERA_USAGE_TIMEOUT``, default 2 s) and a cap on the answer's size. A
+request reads the last reports and never waits for an agent: a slow or dead agent only makes
+its own node's report ``unreachable`` (the console says so instead of showing zeros).
+
+The thread starts on first use (the console, ``/metrics`` or the history), so an API server
+nobody looks at polls nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+import httpx
+
+from tessera.api.usage import NodeReport, report_of
+
+log = logging.getLogger(__name__)
+
+MAX_ANSWER = 4 * 2**20
+"""Bytes read of one agent's answer at most (8 GPUs and a hundred shares are ~30 KB)."""
+_URL = re.compile(r"^https?://[^\s/?#]+/?$")
+
+
+class AgentPoller:
+    def __init__(self, urls: Callable[[], dict[str, str]], interval: float | None = None,
+                 timeout: float | None = None, workers: int | None = None) -> None:
+        """``urls``: node -> the address its agent published ('' when none)."""
+        self.urls = urls
+        self.interval = interval or float(os.environ.get("TESSERA_USAGE_INTERVAL", "5"))
+        self.timeout = timeout or float(os.environ.get("TESSERA_USAGE_TIMEOUT", "2"))
+        self.workers = workers or int(os.environ.get("TESSERA_USAGE_WORKERS", "16"))
+        self._reports: dict[str, NodeReport] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0
+        self.last_round_seconds = 0.0
+
+    def reports(self) -> dict[str, NodeReport]:
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="tessera-agent-usage",
+                                                    daemon=True)
+                    self._thread.start()
+        with self._lock:
+            return dict(self._reports)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        limits = httpx.Limits(max_connections=self.workers, max_keepalive_connections=self.workers)
+        timeout = httpx.Timeout(self.timeout, connect=min(1.0, self.timeout))
+        with httpx.Client(timeout=timeout, limits=limits, follow_redirects=False) as client, \
+                ThreadPoolExecutor(self.workers, thread_name_prefix="tessera-agent-usage") as pool:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    self.poll(client, pool)
+                except Exception as exc:  # the Node cache not loaded yet, ...: try again
+                    log.warning("polling the node agents failed: %r", exc)
+                self.last_round_seconds = time.monotonic() - t0
+                self.rounds += 1
+                self._stop.wait(max(0.5, self.interval - self.last_round_seconds))
+
+    def poll(self, client: httpx.Client, pool: ThreadPoolExecutor) -> None:
+        """One round: every node's report, each stored as soon as its agent answers."""
+        urls = self.urls()
+        now = time.time()
+        fresh: dict[str, NodeReport] = {}
+        for node, url in urls.items():
+            if not url:
+                fresh[node] = NodeReport(node, "no-agent", "no tessera-node has published its "
+                                         "address on this Node (tessera.io/node-agent-url)", now)
+            elif not _URL.match(url):
+                fresh[node] = NodeReport(node, "unreachable", f"the Node's tessera.io/node-agent-"
+                                         f"url is not http(s)://HOST:PORT: {url[:100]!r}", now)
+        with self._lock:
+            self._reports = {**{n: r for n, r in self._reports.items() if n in urls}, **fresh}
+        asks = {pool.submit(self.ask, client, node, url): node
+                for node, url in urls.items() if node not in fresh}
+        for done in as_completed(asks):
+            report = done.result()
+            with self._lock:
+                self._reports[report.node] = report
+
+    def ask(self, client: httpx.Client, node: str, url: str) -> NodeReport:
+        try:
+            with client.stream("GET", f"{url.rstrip('/')}/usage") as r:
+                if r.status_code != 200:
+                    return NodeReport(node, "unreachable", f"the agent at {url} answered "
+                                      f"HTTP {r.status_code}", time.time())
+                body = bytearray()
+                for chunk in r.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_ANSWER:
+                        return NodeReport(node, "unreachable", f"the agent at {url} answered more "
+                                          f"than {MAX_ANSWER} bytes", time.time())
+            return report_of(node, json.loads(body))
+        except httpx.TimeoutException:
+            return NodeReport(node, "unreachable", f"the agent at {url} did not answer within "
+                              f"{self.timeout:g} s", time.time())
+        except httpx.HTTPError as exc:
+            return NodeReport(node, "unreachable", f"the agent at {url} cannot be reached: "
+                              f"{exc}", time.time())
+        except ValueError:
+            return NodeReport(node, "unreachable", f"the agent at {url} did not answer JSON",
+                              time.time())
