@@ -6,25 +6,14 @@ test's temporary directory, printed) so they can be looked at."""
 from __future__ import annotations
 
 import os
-import shutil
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
 from tessera.testing.embedded import EmbeddedServer
-
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
-if not (CHROMIUM and CHROMEDRIVER):  # scripts/setup.d installs them; say so instead of passing
-    pytest.fail("Debian's chromium and chromium-driver are needed (./dev setup installs them)",
-                pytrace=False)
-
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import Select  # noqa: E402
+from tests.console.browsing import go, login, shoot, until
 
 
 @pytest.fixture(scope="module")
@@ -43,64 +32,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
     finally:
         os.environ.pop("TESSERA_HISTORY_INTERVAL", None)
         s.cleanup()
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    where = Path(os.environ.get("TESSERA_ARTIFACTS") or tmp_path_factory.mktemp("screens"))
-    where.mkdir(parents=True, exist_ok=True)
-    print(f"console screenshots: {where}")
-    return where
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
-                 "--window-size=1280,900"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(options=opts, service=webdriver.ChromeService(str(CHROMEDRIVER)))
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # the page is still drawing
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} ({last})")
-
-
-def shoot(browser: webdriver.Chrome, artifacts: Path, name: str) -> None:
-    browser.save_screenshot(str(artifacts / f"{name}.png"))
-
-
-def go(browser: webdriver.Chrome, server: EmbeddedServer, page: str) -> None:
-    browser.get(f"{server.url}/#/{page}")
-
-
-def login(browser: webdriver.Chrome, server: EmbeddedServer) -> None:
-    browser.get(f"{server.url}/")
-    until("the login page", lambda: browser.find_element(By.ID, "login-button"))
-    creds = server.credentials()
-    browser.find_element(By.ID, "client-id").send_keys(creds["clientId"])
-    browser.find_element(By.ID, "client-secret").send_keys(creds["clientSecret"])
-    browser.find_element(By.ID, "login-button").click()
-    until("the overview", lambda: browser.find_element(By.ID, "card-allocated"))
 
 
 def test_1_login_refuses_wrong_credentials_then_logs_in(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
