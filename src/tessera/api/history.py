@@ -53,6 +53,8 @@ class History:
 
     def sample(self) -> Sample:
         snap = self.snapshots.get()
+        if self.samples and self.samples[-1].time == snap.time:
+            return self.samples[-1]  # the same snapshot (shared, cached up to 1 s): no news
         active = sorted((w for w in snap.workloads if w.phase in ACTIVE and w.allocated > 0),
                         key=lambda w: -w.allocated)[:MAX_WORKLOADS]
         busiest = sorted(snap.workloads_busy.items(), key=lambda kv: -kv[1])[:MAX_WORKLOADS]

@@ -184,12 +184,14 @@ async function gpus() {
     for (const [name, project] of list.rows) projectOf[name] = project;
     const used = new Set();
     let anyLoan = false;
+    let anyUsed = false;
     const nodes = c.nodes.map((n) => h("div", { class: "panel node", "data-node": n.name },
       h("div", { class: "row", style: { marginBottom: "6px" } }, h("h2", { style: { margin: 0 } }, n.name), agentNote(n)),
       n.gpus.map((g) => {
         const usable = g.memoryBytes - (g.headroomBytes || 0);
         const known = g.usedBytes !== undefined;
-        const segs = g.workloads.map((w) => {
+        anyUsed = anyUsed || known;
+        const segs = g.workloads.flatMap((w) => {
           const project = w.project || projectOf[w.name] || "";
           used.add(project);
           const bytes = w.exclusive ? usable : w.bytes;
@@ -199,17 +201,14 @@ async function gpus() {
             title: `${w.name}${project ? ` (${project})` : ""}: ${w.exclusive ? "whole GPU" : fmtBytes(w.bytes)}${usage}`,
             style: { width: `${(100 * bytes) / g.memoryBytes}%`, background: color(project || w.name) } }, w.name);
           if (w.usedBytes !== undefined && w.usedBytes !== null && bytes > 0) {
-            seg.append(h("i", { class: "fill", style: { width: `${Math.min(100, (100 * Math.min(w.usedBytes, w.chargedBytes ?? w.usedBytes, bytes)) / bytes)}%` } }));
+            seg.append(h("i", { class: "fill", style: { width: `${Math.min(100, (100 * Math.min(w.usedBytes, bytes)) / bytes)}%` } }));
           }
-          return seg;
-        });
-        for (const w of g.workloads) {
-          if (!w.loanedBytes) continue;
-          anyLoan = true;
-          segs.push(h("div", { class: "seg loan", "data-loan": w.name, "data-bytes": w.loanedBytes,
+          if (!w.loanedBytes) return [seg];
+          anyLoan = true;  /* the loan right after its share: memory it holds above its request */
+          return [seg, h("div", { class: "seg loan", "data-loan": w.name, "data-bytes": w.loanedBytes,
             title: `${w.name} holds ${fmtBytes(w.loanedBytes)} above its request: on loan, taken back when an owner needs it`,
-            style: { width: `${(100 * w.loanedBytes) / g.memoryBytes}%` } }, "loan"));
-        }
+            style: { width: `${(100 * w.loanedBytes) / g.memoryBytes}%` } }, "loan")];
+        });
         if (g.headroomBytes) segs.push(h("div", { class: "seg headroom", title: `${fmtBytes(g.headroomBytes)} kept for the driver and CUDA contexts`,
           style: { width: `${(100 * g.headroomBytes) / g.memoryBytes}%`, marginLeft: "auto" } }));
         const held = g.workloads.some((w) => w.exclusive) ? usable : g.allocatedBytes;
@@ -224,7 +223,7 @@ async function gpus() {
             g.loanedBytes ? h("span", { class: "loaned" }, h("br"), `${fmtBytes(g.loanedBytes)} on loan`) : null));
       })));
     const legend = h("div", { class: "legend" }, [...used].filter(Boolean).sort().map((p) => h("span", {}, h("i", { style: { background: color(p) } }), p)),
-      h("span", {}, h("i", { class: "key-used" }), "in use (NVML)"),
+      anyUsed ? h("span", {}, h("i", { class: "key-used" }), "in use (NVML)") : null,
       anyLoan ? h("span", {}, h("i", { class: "key-loan" }), "on loan") : null,
       h("span", {}, h("i", { class: "key-headroom" }), "headroom"));
     put(main, h("h1", {}, "GPUs"),
