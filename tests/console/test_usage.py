@@ -285,3 +285,10 @@ def test_a_malformed_or_empty_answer_is_a_state_not_a_crash(answer: Any, state: 
     cluster = merge(_cluster(), {"a": r})
     assert cluster["nodes"][0]["agent"]["state"] == state
     assert not busy(cluster).known
+
+
+def test_the_agent_and_the_api_server_name_the_same_annotation() -> None:
+    from tessera.kube import names
+    from tessera.node import publish
+
+    assert names.AGENT_URL == publish.AGENT_URL == "tessera.io/node-agent-url"

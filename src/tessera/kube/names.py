@@ -21,6 +21,8 @@ GPU_MODEL = "tessera.io/gpu-model"
 POD_GROUP = "tessera.io/pod-group"
 PRIORITY_CLASS = "tessera.io/priority-class"
 PROJECT = "tessera.io/project"
+AGENT_URL = "tessera.io/node-agent-url"
+"""On a Node: where its tessera-node serves /usage (tessera.node.publish writes it)."""
 
 # What the scheduler writes on a pod when it binds it (the source of truth on restart).
 PLACEMENT = "tessera.io/placement"

@@ -17,8 +17,8 @@ from typing import Any
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
+from tessera.kube.names import AGENT_URL
 from tessera.kube.objects import NodeInfo, node_info
-from tessera.node.publish import AGENT_URL
 
 log = logging.getLogger(__name__)
 
