@@ -12,7 +12,7 @@
  *   four-contexts prints "charged=BYTES" before that line: what the library charges for four
  *   contexts (the primary and three of cuCtxCreate), as the hooked cuMemGetInfo reports it.
  *
- *   classes: contexts, four-contexts, pool-reserve, default-pool-reserve, foreign-pool, graph-node, capture,
+ *   classes: contexts, four-contexts, pool-reserve, set-pool, static-runtime, default-pool-reserve, foreign-pool, graph-node, capture,
  *            ctx-limit, legacy, deepbind LIB, dlvsym, libc-dlsym, dlmopen, driver-copy PATH,
  *            gpa-newer, alloc
  */
@@ -151,6 +151,32 @@ int main(int argc, char **argv) {
         CUmemoryPool pool;
         if (CALL(CUresult (*)(CUmemoryPool *, const CUmemPoolProps *), "cuMemPoolCreate", &pool, &props) != 0) return 5;
         pool_then_fill(pool, 1);
+    } else if (strcmp(c, "set-pool") == 0) {
+        /* A pool of the program's made device 0's current pool: cuMemAllocAsync allocates from it. */
+        start(0);
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = 1;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = 0;
+        CUmemoryPool pool;
+        if (CALL(CUresult (*)(CUmemoryPool *, const CUmemPoolProps *), "cuMemPoolCreate", &pool, &props) != 0) return 5;
+        if (CALL(CUresult (*)(CUdevice, CUmemoryPool), "cuDeviceSetMemPool", 0, pool) != 0) return 5;
+        pool_then_fill(pool, 0);
+    } else if (strcmp(c, "static-runtime") == 0) {
+        /* What libcudart_static does: dlopen libcuda, dlsym cuGetProcAddress_v2, then fetch every
+         * entry point through it (here cuMemAlloc for CUDA 12.0). */
+        start(0);
+        CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+            (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))sym(
+                "cuGetProcAddress_v2");
+        void *f = NULL;
+        CUdriverProcAddressQueryResult q;
+        if (gpa("cuMemAlloc", &f, 12000, 0, &q) != CUDA_SUCCESS || !f) {
+            fprintf(stderr, "adversary: cuGetProcAddress_v2(cuMemAlloc, 12000) failed\n");
+            return 5;
+        }
+        fill((alloc_fn)f);
     } else if (strcmp(c, "default-pool-reserve") == 0) {
         start(0);
         CUmemoryPool pool;

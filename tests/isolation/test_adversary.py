@@ -44,8 +44,9 @@ def test_plain_allocation_stays_within_the_limit(native):
     assert out["held0"] > LIMIT // 2  # it did allocate up to about the limit
 
 
-@pytest.mark.parametrize("cls", ["contexts", "pool-reserve", "default-pool-reserve", "foreign-pool",
-                                 "graph-node", "capture", "ctx-limit", "legacy", "legacy-array"])
+@pytest.mark.parametrize("cls", ["contexts", "pool-reserve", "set-pool", "default-pool-reserve",
+                                 "foreign-pool", "graph-node", "capture", "ctx-limit", "legacy",
+                                 "legacy-array"])
 def test_what_the_driver_holds_is_charged(native, cls):
     """#12 item 1: context memory, pool reserves, pools the program did not create, graph memory,
     context limits and the unversioned entry points."""
@@ -60,7 +61,7 @@ def test_deepbind_library_goes_through_the_hooks(native):
     assert "RTLD_DEEPBIND" in err  # said once, at the default log level
 
 
-@pytest.mark.parametrize("cls", ["dlvsym", "libc-dlsym"])
+@pytest.mark.parametrize("cls", ["dlvsym", "libc-dlsym", "static-runtime"])
 def test_other_lookups_go_through_the_hooks(native, cls):
     out, err = attack(native, cls)
     assert_held(out)

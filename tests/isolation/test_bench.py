@@ -17,3 +17,5 @@ def test_benchmark_prints_one_json_object_last(capsys):
         assert result[key] > 0
     assert result["overhead_ns_per_pair"] == round(
         result["shared_region_ns_per_pair"] - result["baseline_ns_per_pair"], 1)
+    for key in ("overhead_paired_median_ns_per_pair", "overhead_fastest_ns_per_pair"):
+        assert isinstance(result[key], float)
