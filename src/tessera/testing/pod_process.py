@@ -11,6 +11,11 @@ this machine (``/etc/tessera``, ``/run/tessera``, ``/run/tessera-loans``) is mad
 namespace only, on an overlay of its nearest existing parent: nothing is created on the host
 (an empty ``/etc/tessera`` there would change how the isolation library behaves).
 
+The process runs as the container's user and groups, as a runtime starts it: ``runAsUser`` and
+``runAsGroup`` (the container's, else the pod's; a user without a group gets group 0), plus the
+pod's ``supplementalGroups`` and ``fsGroup`` as supplementary groups (``setpriv``). A pod that
+states none of them runs as this (root) user, as before.
+
 This is a test double of the kubelet and runtime only; the pod spec, the files and the library
 are the real ones.
 """
@@ -47,6 +52,25 @@ def mounts_of(pod: Any, container: str, node_root: Path) -> list[tuple[Path, str
     return out
 
 
+def identity_of(pod: Any, container: str) -> tuple[int | None, int | None, list[int]]:
+    """(uid, gid, supplementary groups) the runtime gives the container's processes; None: not
+    stated (the process keeps this one's)."""
+    spec = pod.spec
+    psc = spec.securityContext
+    c = next(c for c in [*(spec.containers or []), *(spec.initContainers or [])] if c.name == container)
+    csc = c.securityContext
+    uid = csc.runAsUser if csc and csc.runAsUser is not None else (
+        psc.runAsUser if psc and psc.runAsUser is not None else None)
+    gid = csc.runAsGroup if csc and csc.runAsGroup is not None else (
+        psc.runAsGroup if psc and psc.runAsGroup is not None else None)
+    if uid is not None and gid is None:
+        gid = 0
+    groups = list(psc.supplementalGroups or []) if psc else []
+    if psc and psc.fsGroup is not None:
+        groups.append(psc.fsGroup)
+    return uid, gid, groups
+
+
 def translate(host_path: str, node_root: Path) -> Path:
     for prefix, sub in DEFAULT_HOST_DIRS.items():
         if host_path == prefix or host_path.startswith(prefix + "/"):
@@ -76,7 +100,13 @@ def start(pod: Any, container: str, node_root: Path, argv: Sequence[str],
         script.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
         if read_only:
             script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
-    script.append('exec "$@"')
+    uid, gid, groups = identity_of(pod, container)
+    if uid is None and gid is None and not groups:
+        script.append('exec "$@"')
+    else:
+        ids = ([f"--reuid={uid}"] if uid is not None else []) + ([f"--regid={gid}"] if gid is not None else [])
+        ids += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
+        script.append(f'exec setpriv {" ".join(ids)} -- "$@"')
     full_env = {**env, "LD_PRELOAD": str(library)}
     return subprocess.Popen(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script),
