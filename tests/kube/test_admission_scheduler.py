@@ -8,10 +8,8 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import Client
@@ -30,17 +28,7 @@ from tests.kube.test_admission import (
     runai_pod,
     wait_webhook_sees_project,
 )
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

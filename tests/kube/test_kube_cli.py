@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import ApiError, Client
@@ -27,6 +26,7 @@ from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.kube_api import KubeApiServer
 from tessera.testing.kwok_io import cri_log, start_io_nodes
 from tests.shares import share
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOP = "import time; [time.sleep(1) for _ in iter(int, 1)]"
@@ -35,15 +35,6 @@ IO_MODEL = "H200-141GB"
 A100_BYTES = 81920 * 2**20
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

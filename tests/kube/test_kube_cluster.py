@@ -8,7 +8,7 @@ import os
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -27,14 +27,7 @@ from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from tessera.testing import binaries
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import GPU_RESOURCE, GPU_UUIDS_ANNOTATION
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+from tests.waiting import wait_until
 
 
 def test_api_server_reports_pinned_version(kube_cluster: TestCluster) -> None:

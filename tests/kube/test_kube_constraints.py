@@ -17,7 +17,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +31,12 @@ from tessera.kube import names
 from tessera.kube.objects import ProjectResource
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MINE = {"tessera-test": "constraints"}
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 class Env:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import stat
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +25,11 @@ from tests.kube.test_admission import (
     wait_webhook_sees_project,
 )
 from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
+from tests.waiting import wait_until
 
 CONTAINERS_HOST_DIR = "/var/lib/tessera/containers"
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def agent_of(cluster: TestCluster, node: str) -> Any:

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +34,12 @@ from tessera.kube.objects import PodGroupResource, ProjectResource
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tests.shares import share
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 H100_BYTES = 81559 * 2**20
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 class SchedulerEnv:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tessera.isolation.build import NativeBuild
 from tessera.node.containers import Share, ShareDevice, config_dir, write_share
 from tessera.testing.cluster import free_ports
+from tests import waiting
 from tests.isolation.conftest import CTX, Probe
 from tests.node.conftest import H100, H100_BYTES, machine_env
 
@@ -33,14 +33,7 @@ INFER = Share(key="b" * 16, namespace="team-b", pod="infer-b", uid="uid-b", cont
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    return waiting.wait_until(what, check, timeout)
 
 
 class Machine:
