@@ -1,0 +1,124 @@
+"""The console's GPU usage on the Kubernetes backend: a real API server, kwok nodes, one real
+tessera-node per node on its own fake NVML machine, and the real ``tessera.kube.api_server``.
+
+Each agent publishes where it serves ``/usage`` on its Node; the API server polls the agents and
+joins their reports to ``GET /api/v1/cluster``. A node without an agent, and a node whose agent
+stops answering (SIGSTOP: the connection is accepted, no answer comes), say so instead of showing
+zeros, and the request is answered all the same."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.resources.core_v1 import Node
+
+from tessera.testing.cluster import TestCluster
+from tessera.testing.gpu_nodes import NodeShape
+from tessera.testing.kube_api import KubeApiServer
+from tessera.testing.node_agents import NodeAgent
+
+
+class PollingApiServer(KubeApiServer):
+    @property
+    def env(self) -> dict[str, str]:
+        return {**super().env, "TESSERA_USAGE_INTERVAL": "0.3", "TESSERA_USAGE_TIMEOUT": "0.5"}
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def setup(kube_cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[tuple[PollingApiServer, dict[str, NodeAgent], str]]:
+    with_agents = kube_cluster.create_gpu_nodes(2, NodeShape(gpus=2, model="L4-24GB"),
+                                                prefix="usage-node-")
+    group = kube_cluster.node_agents[-1]
+    agents = {name: group.agents[name] for name in with_agents}
+    (bare,) = kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="L4-24GB"),
+                                            prefix="usage-bare-", node_agents=False)
+    server = PollingApiServer(tmp_path_factory.mktemp("kube-usage"), kube_cluster.kubeconfig)
+    server.start()
+    try:
+        yield server, agents, bare
+    finally:
+        server.cleanup()
+        for a in agents.values():
+            if a.process.popen is not None and a.process.popen.poll() is None:
+                os.kill(a.process.popen.pid, signal.SIGCONT)
+        group.stop()
+        client = kube_cluster.client()
+        for n in [*with_agents, bare]:
+            client.delete(Node, n)
+
+
+def nodes(server: KubeApiServer) -> dict[str, dict[str, Any]]:
+    with server.http() as c:
+        r = c.get("/api/v1/cluster", timeout=10)
+    r.raise_for_status()
+    return {n["name"]: n for n in r.json()["nodes"]}
+
+
+def test_each_agent_publishes_its_address_once(setup: Any, kube_client: Client) -> None:
+    _, agents, bare = setup
+    for name, agent in agents.items():
+        ann = kube_client.get(Node, name).metadata.annotations  # type: ignore[union-attr]
+        assert ann["tessera.io/node-agent-url"] == f"http://127.0.0.1:{agent.metrics_port}"
+    bare_ann = kube_client.get(Node, bare).metadata.annotations or {}  # type: ignore[union-attr]
+    assert "tessera.io/node-agent-url" not in bare_ann
+
+
+def test_cluster_document_has_each_nodes_usage_or_says_why_not(setup: Any) -> None:
+    server, agents, bare = setup
+    got = wait_until("the agents' reports", lambda: (n := nodes(server)) and all(
+        n[a]["agent"]["state"] == "ok" for a in agents) and n)
+    for name, agent in agents.items():
+        gpus = got[name]["gpus"]
+        assert [g["uuid"] for g in gpus] == agent.uuids
+        assert all(g["usedBytes"] == 0 and g["utilization"] == 0.0 for g in gpus)
+    b = got[bare]["agent"]
+    assert b["state"] == "no-agent" and "tessera.io/node-agent-url" in b["message"]
+    assert all("usedBytes" not in g for g in got[bare]["gpus"])
+
+
+def test_a_stuck_agent_is_reported_and_does_not_hold_the_request(setup: Any) -> None:
+    server, agents, _ = setup
+    name = sorted(agents)[0]
+    popen = agents[name].process.popen
+    assert popen is not None
+    wait_until("its report", lambda: nodes(server)[name]["agent"]["state"] == "ok")
+    os.kill(popen.pid, signal.SIGSTOP)
+    try:
+        # every request is answered (within the client's 10 s) while the agent hangs
+        stuck = wait_until("the stuck agent's report", lambda: (n := nodes(server)[name])[
+            "agent"]["state"] == "unreachable" and n)
+        assert "did not answer within 0.5 s" in stuck["agent"]["message"]
+        assert all("usedBytes" not in g for g in stuck["gpus"])  # no numbers, not zeros
+        other = sorted(agents)[1]
+        assert nodes(server)[other]["agent"]["state"] == "ok"
+    finally:
+        os.kill(popen.pid, signal.SIGCONT)
+    wait_until("its recovery", lambda: nodes(server)[name]["agent"]["state"] == "ok")
+
+
+def test_the_node_is_written_once_not_per_sync(setup: Any) -> None:
+    """The address is published with the readiness annotations, and the agent patches its Node
+    only when they change (it logs each patch): after many syncs and polls, one write."""
+    server, agents, _ = setup
+    name = sorted(agents)[1]
+    wait_until("polls", lambda: nodes(server)[name]["agent"]["state"] == "ok")
+    log = agents[name].process.log_path.read_text()
+    assert log.count(f"node {name}: ready=") == 1, log
