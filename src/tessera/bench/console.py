@@ -7,7 +7,11 @@
    console's fields), the Overview (``GET /api/v1/overview``) and ``GET /metrics`` — each read
    cold (the shared snapshot expired first) and warm.
 2. Kubernetes backend on a test cluster (etcd + kube-apiserver + kwok) with ``--nodes`` nodes of
-   8 GPUs: the GPUs page's data (``GET /api/v1/cluster`` plus the workload names it colours by).
+   8 GPUs: the GPUs page's data (``GET /api/v1/cluster`` plus the workload names it colours by),
+   with every node's usage joined in: each Node carries a ``tessera.io/node-agent-url`` and the
+   API server polls it as it polls tessera-node. The agents are stand-ins (one HTTP server in
+   this process answering each node's ``/usage`` with a document built by the agent's own
+   :func:`tessera.node.report.usage_document`): 500 agent processes do not fit this machine.
 
 Times are round trips over loopback from this process (the server's time plus a few hundred
 microseconds). The last line printed is one JSON object.
@@ -78,9 +82,50 @@ def embedded(workloads: int, repeats: int) -> dict[str, Any]:
             server.cleanup()
 
 
+class _AgentStandIns:
+    """``GET /NODE/usage`` for every node, each a document of its 8 GPUs in use."""
+
+    def __init__(self, uuids: dict[str, list[str]]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from tessera.node.nvml import GpuUsage
+        from tessera.node.report import usage_document
+        from tessera.node.usage import NodeUsage
+
+        docs: dict[str, bytes] = {}
+        for node, ids in uuids.items():
+            gpus = tuple(GpuUsage(u, i, 80 * 2**30, (i + 1) * 2**30, 10 * i)
+                         for i, u in enumerate(ids))
+            usage = NodeUsage(gpus, {}, (), ())
+            docs[f"/{node}/usage"] = json.dumps(usage_document(node, usage, True)).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = docs.get(self.path)
+                self.send_response(200 if body else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
 def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
+    from lightkube.resources.core_v1 import Node
+    from lightkube.types import PatchType
+
+    from tessera.kube.names import AGENT_URL
     from tessera.testing.cluster import TestCluster
-    from tessera.testing.gpu_nodes import NodeShape
+    from tessera.testing.gpu_nodes import GPU_UUIDS_ANNOTATION, NodeShape
     from tessera.testing.kube_api import KubeApiServer
 
     with TestCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
@@ -88,7 +133,16 @@ def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
         cluster.kubectl("apply", "-f", str(crds))
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
                         "crd/projects.tessera.io", "crd/podgroups.tessera.io")
-        cluster.create_gpu_nodes(nodes, NodeShape(gpus=8, model="H100-80GB"), node_agents=False)
+        names = cluster.create_gpu_nodes(nodes, NodeShape(gpus=8, model="H100-80GB"),
+                                         node_agents=False)
+        client = cluster.client()
+        uuids = {str(n.metadata.name): (n.metadata.annotations or {})[GPU_UUIDS_ANNOTATION]
+                 .split(",") for n in client.list(Node)
+                 if n.metadata and str(n.metadata.name) in set(names)}
+        agents = _AgentStandIns(uuids)
+        for name in names:
+            client.patch(Node, name, {"metadata": {"annotations": {AGENT_URL: f"{agents.url}/{name}"}}},
+                         patch_type=PatchType.MERGE)
         server = KubeApiServer(Path(tmp), cluster.kubeconfig, interval=1.0).start()
         try:
             with server.http() as c:
@@ -99,6 +153,14 @@ def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
                         raise RuntimeError("the API server did not see every node in 120 s")
                     time.sleep(0.5)
 
+                t0 = time.monotonic()
+                while sum((n.get("agent") or {}).get("state") == "ok"
+                          for n in c.get("/api/v1/cluster").json()["nodes"]) < nodes:
+                    if time.monotonic() - t0 > 120:
+                        raise RuntimeError("the API server had not every node's usage in 120 s")
+                    time.sleep(0.2)
+                first_round = time.monotonic() - t0
+
                 def gpus_page() -> Any:
                     r = c.get("/api/v1/cluster")
                     c.get("/api/v1/workloads", params={"limit": 10000, "fields": "name,projectName",
@@ -106,11 +168,17 @@ def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
                     return r
 
                 times = _timed(gpus_page, repeats)
-                gpus = sum(len(n["gpus"]) for n in c.get("/api/v1/cluster").json()["nodes"])
+                final = c.get("/api/v1/cluster").json()["nodes"]
+                gpus = sum(len(n["gpus"]) for n in final)
+                reporting = sum((n.get("agent") or {}).get("state") == "ok" for n in final)
+                with_usage = sum("usedBytes" in g for n in final for g in n["gpus"])
         finally:
             server.stop()
+            agents.stop()
     return {"nodes": nodes, "gpus": gpus, "gpus_page_p50_ms": _p(times, 0.5),
-            "gpus_page_p95_ms": _p(times, 0.95)}
+            "gpus_page_p95_ms": _p(times, 0.95), "nodes_reporting_usage": reporting,
+            "gpus_with_usage": with_usage,
+            "usage_all_nodes_after_s": round(first_round, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 MAX_ANSWER = 4 * 2**20
 """Bytes read of one agent's answer at most (8 GPUs and a hundred shares are ~30 KB)."""
-_URL = re.compile(r"^https?://[^\s/?#]+/?$")
+_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 
 
 class AgentPoller:
@@ -89,7 +89,7 @@ class AgentPoller:
                                          "address on this Node (tessera.io/node-agent-url)", now)
             elif not _URL.match(url):
                 fresh[node] = NodeReport(node, "unreachable", f"the Node's tessera.io/node-agent-"
-                                         f"url is not http(s)://HOST:PORT: {url[:100]!r}", now)
+                                         f"url is not http(s)://HOST:PORT[/PATH]: {url[:100]!r}", now)
         with self._lock:
             self._reports = {**{n: r for n, r in self._reports.items() if n in urls}, **fresh}
         asks = {pool.submit(self.ask, client, node, url): node

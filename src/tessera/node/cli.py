@@ -16,7 +16,7 @@ import sys
 
 from tessera.node.nvml import Nvml, NvmlUnavailable
 
-_URL = re.compile(r"^https?://[^\s/?#]+/?$")
+_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 
 
 def _headroom_option(text: str | None) -> int | None:
@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.advertise_url and not _URL.match(args.advertise_url):
-        print(f"tessera-node: --advertise-url: must be http://HOST:PORT or https://HOST:PORT "
+        print(f"tessera-node: --advertise-url: must be http(s)://HOST:PORT, optionally with a path "
               f"(got {args.advertise_url!r})", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO,
