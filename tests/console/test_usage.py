@@ -292,3 +292,15 @@ def test_the_agent_and_the_api_server_name_the_same_annotation() -> None:
     from tessera.node import publish
 
     assert names.AGENT_URL == publish.AGENT_URL == "tessera.io/node-agent-url"
+
+
+def test_one_missed_answer_keeps_the_last_report_until_it_is_stale() -> None:
+    poller = AgentPoller(lambda: {}, interval=5, timeout=1)
+    good = NodeReport("n", "ok", "", 100.0, {"gpus": [], "shares": []})
+    miss = NodeReport("n", "unreachable", "the agent at http://x did not answer within 1 s", 104.0)
+    kept = poller._keep_recent(good, miss)
+    assert kept.state == "ok" and kept.time == 100.0 and kept.document == good.document
+    assert "did not answer" in kept.message  # said, with the age, on the page
+    late = NodeReport("n", "unreachable", "the agent at http://x did not answer within 1 s", 116.0)
+    assert poller._keep_recent(kept, late) is late  # 16 s > 3 intervals: no numbers any more
+    assert poller._keep_recent(None, miss) is miss

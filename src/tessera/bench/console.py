@@ -111,12 +111,31 @@ class _AgentStandIns:
             def log_message(self, *_: Any) -> None:
                 pass
 
+        self.docs = docs
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
         self.server.shutdown()
+
+
+def _merge_cost(cluster: dict[str, Any], docs: dict[str, bytes], repeats: int = 10) -> float:
+    """What joining every node's report to the cluster document costs (in this process, so the
+    figure is the join alone, not the round trip)."""
+    import copy
+
+    from tessera.api.usage import merge, report_of
+
+    reports = {n["name"]: report_of(n["name"], json.loads(docs[f"/{n['name']}/usage"]))
+               for n in cluster["nodes"] if f"/{n['name']}/usage" in docs}
+    copies = [copy.deepcopy(cluster) for _ in range(repeats)]
+    times = []
+    for doc in copies:
+        t0 = time.perf_counter()
+        merge(doc, reports)
+        times.append(time.perf_counter() - t0)
+    return _p(times, 0.5)
 
 
 def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
@@ -168,6 +187,7 @@ def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
                     return r
 
                 times = _timed(gpus_page, repeats)
+                merge_ms = _merge_cost(c.get("/api/v1/cluster").json(), agents.docs)
                 final = c.get("/api/v1/cluster").json()["nodes"]
                 gpus = sum(len(n["gpus"]) for n in final)
                 reporting = sum((n.get("agent") or {}).get("state") == "ok" for n in final)
@@ -177,7 +197,7 @@ def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
             agents.stop()
     return {"nodes": nodes, "gpus": gpus, "gpus_page_p50_ms": _p(times, 0.5),
             "gpus_page_p95_ms": _p(times, 0.95), "nodes_reporting_usage": reporting,
-            "gpus_with_usage": with_usage,
+            "gpus_with_usage": with_usage, "usage_merge_p50_ms": merge_ms,
             "usage_all_nodes_after_s": round(first_round, 1)}
 
 

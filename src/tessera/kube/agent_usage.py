@@ -7,7 +7,8 @@ the watch-fed Node cache and asks every agent for ``/usage`` every ``TESSERA_USA
 seconds (default 5), with bounded concurrency (``TESSERA_USAGE_WORKERS``, default 16), a
 timeout per agent (``TESSERA_USAGE_TIMEOUT``, default 2 s) and a cap on the answer's size. A
 request reads the last reports and never waits for an agent: a slow or dead agent only makes
-its own node's report ``unreachable`` (the console says so instead of showing zeros).
+its own node's report ``unreachable`` (the console says so instead of showing zeros) once its
+last answer is older than three intervals (one missed answer shows the last one, with its age).
 
 The thread starts on first use (the console, ``/metrics`` or the history), so an API server
 nobody looks at polls nothing.
@@ -43,6 +44,9 @@ class AgentPoller:
         self.interval = interval or float(os.environ.get("TESSERA_USAGE_INTERVAL", "5"))
         self.timeout = timeout or float(os.environ.get("TESSERA_USAGE_TIMEOUT", "2"))
         self.workers = workers or int(os.environ.get("TESSERA_USAGE_WORKERS", "16"))
+        self.stale_after = 3 * self.interval
+        """A node's last good report stands this long after a failed poll, then it is
+        ``unreachable``."""
         self._reports: dict[str, NodeReport] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -97,7 +101,18 @@ class AgentPoller:
         for done in as_completed(asks):
             report = done.result()
             with self._lock:
-                self._reports[report.node] = report
+                self._reports[report.node] = self._keep_recent(self._reports.get(report.node),
+                                                               report)
+
+    def _keep_recent(self, last: NodeReport | None, new: NodeReport) -> NodeReport:
+        """One missed answer (a busy node, a busy API server) does not blank a node: its last
+        report stands, with its age, until it is older than ``stale_after``."""
+        if new.state == "ok" or last is None or last.state != "ok" or last.document is None:
+            return new
+        if new.time - last.time > self.stale_after:
+            return new
+        return NodeReport(last.node, "ok", f"the last poll failed ({new.message}); showing the "
+                          f"report of {new.time - last.time:.0f} s ago", last.time, last.document)
 
     def ask(self, client: httpx.Client, node: str, url: str) -> NodeReport:
         try:

@@ -167,7 +167,7 @@ function shareBar(value, scale, mark, name) {
 /* The node agent's state on a node: nothing when it reported, else why there are no numbers. */
 function agentNote(n) {
   const a = n.agent || { state: "waiting", message: "" };
-  if (a.state === "ok") return h("span", { class: "muted agent", "data-agent-state": "ok" }, `usage from tessera-node, ${a.ageSeconds ?? 0}s ago`);
+  if (a.state === "ok") return h("span", { class: "muted agent", "data-agent-state": "ok", title: a.message || "" }, `usage from tessera-node, ${a.ageSeconds ?? 0}s ago`);
   const what = { unreachable: "node agent not answering", "no-agent": "no node agent", "not-ready": "node agent has no usage",
     waiting: "waiting for the node agent", simulated: "simulated GPUs: no usage to read" }[a.state] || a.state;
   return h("span", { class: `badge ${a.state === "simulated" ? "" : "warn"} agent`, "data-agent-state": a.state, title: a.message || "" },
