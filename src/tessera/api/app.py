@@ -7,6 +7,7 @@ token. Errors are ``{code, message, details}``; a refused request changes nothin
 
 import dataclasses
 import json
+import logging
 import re
 import secrets
 from typing import Annotated, Any, Literal
@@ -53,6 +54,9 @@ BRIEF_KEYS = (
     "preemptible", "nodeName", "gpuDevices", "workers", "minWorkers", "runningPods", "gpus",
     "simulated", "image", "serviceUrls",
 )
+
+
+log = logging.getLogger("tessera.api")
 
 
 class ApiError(Exception):
@@ -152,6 +156,16 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
     @app.exception_handler(Upstream)
     async def _upstream(_: Request, exc: Upstream) -> JSONResponse:
         return _error(502, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        """What a route did not expect: the backend's dependency failing (502, said in words)
+        or a fault of tessera's (500, logged with its traceback)."""
+        upstream = backend.upstream(exc)
+        if upstream is not None:
+            return _error(502, str(upstream))
+        log.error("internal error", exc_info=exc)
+        return _error(500, "internal error; the server's log has the details")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -73,6 +73,12 @@ class ProjectFields:
 class Backend(Protocol):
     def cluster(self) -> dict[str, Any]: ...
 
+    def upstream(self, exc: Exception) -> Upstream | None:
+        """What an error nothing else caught means to a client, when it comes from what the
+        backend relies on (the Kubernetes API server unreachable, a resource type not
+        installed); None for a fault of tessera itself (answered 500)."""
+        ...
+
     def simulated(self) -> bool:
         """Whether the GPUs are simulated (said in every listing); cheaper than ``cluster``."""
         ...

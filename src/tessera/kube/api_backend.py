@@ -51,6 +51,7 @@ from tessera.kube.cluster_workloads import ISOLATION, ClusterWorkloads
 from tessera.kube.node_cache import CachedNode, NodeCache
 from tessera.kube.objects import PodGroupResource, node_info
 from tessera.kube.podspec import pod_request_from_dict
+from tessera.kube.upstream import explain
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,9 @@ class KubeBackend(TokenAuth):
         """GPU node -> the address its agent published ('' when none)."""
         return {name: e.agent_url for name, e in self.node_cache.items().items()
                 if e.info.node is not None and e.info.node.gpus}
+
+    def upstream(self, exc: Exception) -> Upstream | None:
+        return explain(exc, str(self.client.config.cluster.server))
 
     def simulated(self) -> bool:
         return any(n.labels.get(SIMULATED_LABEL) == "true"

@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from tessera.api.auth import TokenAuth
-from tessera.api.backend import Conflict, NotFound, ProjectFields, WorkloadQuery, WorkloadSubmission
+from tessera.api.backend import (
+    Conflict,
+    NotFound,
+    ProjectFields,
+    Upstream,
+    WorkloadQuery,
+    WorkloadSubmission,
+)
 from tessera.api.token_store import TokenStore
 from tessera.api.usage import merge
 from tessera.api.validation import check_limit, check_project, check_submission
@@ -237,6 +244,9 @@ class LocalBackend(TokenAuth):
 
     def simulated(self) -> bool:
         return self.machine.simulated
+
+    def upstream(self, exc: Exception) -> Upstream | None:
+        return None  # embedded mode relies on nothing a client could be told to fix
 
     def cluster(self) -> dict[str, Any]:
         with self._lock:
