@@ -43,14 +43,18 @@ def skip_without_images(module: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(why is not None, reason=f"{module}: {why}")
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("images")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "image_build.py"), "--json",
+def run_build(script: str, out: Path, *args: str) -> dict[str, Any]:
+    """Run one of the image build scripts (scripts/SCRIPT) into ``out``; its last line (JSON)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args,
                            "--out", str(out)], capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_build("image_build.py", tmp_path_factory.mktemp("images"), "--json")
 
 
 @pytest.fixture(scope="module")

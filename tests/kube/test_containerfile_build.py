@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
-import subprocess
 import sys
 import tarfile
 from collections.abc import Iterator
@@ -25,7 +23,7 @@ from typing import Any
 import pytest
 
 from tessera.testing import oci
-from tests.kube.image_fixtures import ENTRY_POINTS
+from tests.kube.image_fixtures import ENTRY_POINTS, run_build
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,12 +45,7 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"Containerfile build: 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("containerfile-images")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "containerfile_build.py"),
-                           "--out", str(out)], capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return run_build("containerfile_build.py", tmp_path_factory.mktemp("containerfile-images"))
 
 
 @pytest.fixture(scope="module")
