@@ -26,6 +26,7 @@ by scripts/setup.d/40-image-tools.sh).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -267,6 +268,16 @@ def compressed_size(archive: Path) -> int:
 
 
 def build(out: Path, use_cache: bool = True) -> dict[str, object]:
+    """Build (or take from the cache) and copy into ``out``. Builds on one machine take turns
+    (a lock file beside the cache): two at once used to share one temporary directory, and one
+    deleted it under the other; the second now finds the first's build in the cache."""
+    (CACHE / "images").mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "images.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(out, use_cache)
+
+
+def _build_locked(out: Path, use_cache: bool) -> dict[str, object]:
     key = input_hash()
     cached = CACHE / "images" / key
     if use_cache and (cached / "images.json").exists():
