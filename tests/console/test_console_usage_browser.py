@@ -36,8 +36,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGpuServer]:
         s.cleanup()
 
 
-def test_gpus_page_draws_memory_used_and_marks_the_loan(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
+def test_overview_shows_memory_in_use_and_on_loan(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
     login(browser, server)
+    used = until("the usage card", lambda: (c := browser.find_element(By.ID, "card-used")) and
+                 c.text.startswith("11 GiB") and c)
+    assert "0.8 GPUs' worth busy" in used.text  # 40% + 15% + 25%
+    assert "GiB" in browser.find_element(By.ID, "card-loaned").text
+    shoot(browser, artifacts, "overview-usage")
+
+
+def test_gpus_page_draws_memory_used_and_marks_the_loan(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
     go(browser, server, "gpus")
     seg = until("the notebook's share with its usage", lambda: [
         s for s in browser.find_elements(By.CSS_SELECTOR, '.seg.share[data-workload="notebook"]')

@@ -138,7 +138,9 @@ async function overview() {
       card(fmtGpus(g.allocated), `of ${fmtGpus(g.total)} GPUs allocated`, "card-allocated"),
       card(fmtGpus(g.free), "GPUs free", "card-free"),
       card(fmtBytes(g.memoryAllocatedBytes), `of ${fmtBytes(g.memoryTotalBytes)} GPU memory allocated`),
-      card(fmtBytes(g.memoryLoanedBytes), "GPU memory on loan"));
+      card(fmtBytes(g.memoryLoanedBytes), "GPU memory on loan", "card-loaned"),
+      g.memoryUsedBytes === null || g.memoryUsedBytes === undefined ? null
+        : card(fmtBytes(g.memoryUsedBytes), `GPU memory in use; ${fmtGpus(g.busy)} GPUs' worth busy`, "card-used"));
     const phases = h("div", { class: "row" }, Object.entries(o.workloadsByPhase).map(([p, n]) =>
       h("a", { href: `#/workloads?phase=${p}`, class: `badge ${p}` }, `${p} ${n}`)));
     const rows = o.projects.map((p) => h("tr", {},
