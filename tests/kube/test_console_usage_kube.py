@@ -22,6 +22,7 @@ from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.kube_api import KubeApiServer
 from tessera.testing.node_agents import NodeAgent
+from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
 
 
 class PollingApiServer(KubeApiServer):
@@ -122,3 +123,68 @@ def test_the_node_is_written_once_not_per_sync(setup: Any) -> None:
     wait_until("polls", lambda: nodes(server)[name]["agent"]["state"] == "ok")
     log = agents[name].process.log_path.read_text()
     assert log.count(f"node {name}: ready=") == 1, log
+
+
+def test_a_dynamic_fraction_on_a_node_shows_its_usage_and_loan(
+        setup: Any, stack: TestCluster, kube_client: Client) -> None:  # noqa: F811
+    """A Run:ai manifest admitted by the webhook and bound by tessera-scheduler; its container's
+    process (cuprobe on the node's fake driver, with exactly the pod's mounts) takes 6 GiB against
+    a 2 GiB request: the API server's cluster document shows it, joined by namespace/pod."""
+    from tessera.isolation.build import ensure_built
+    from tessera.testing import pod_process
+    from tests.kube.test_admission import (
+        create,
+        create_project_namespace,
+        runai_pod,
+        wait_webhook_sees_project,
+    )
+    from tests.kube.test_node_isolation import agent_of
+    from tests.kube.test_node_loans import Process
+
+    server = setup[0]
+    (node,) = stack.create_gpu_nodes(1, NodeShape(gpus=1, model="L4-24GB"), prefix="usage-dyn-")
+    agent = agent_of(stack, node)
+    ns, _ = create_project_namespace(kube_client, "usage")
+    wait_webhook_sees_project(kube_client, ns)
+    manifest = runai_pod("dyn", {"gpu-memory": "2048", "gpu-memory-limit": "10240"})
+    manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    create(kube_client, manifest, ns)
+    proc: Process | None = None
+    try:
+        from lightkube.resources.core_v1 import Pod
+
+        pod = wait_until("the pod bound", lambda: (
+            p := kube_client.get(Pod, "dyn", namespace=ns)).spec.nodeName and p)
+        wait_until("its config", lambda: any(
+            (agent.containers_dir / pod.metadata.annotations["tessera.io/gpu-config-key"]).glob(
+                "conf/*/gpu-isolation.conf")))
+        native = ensure_built()
+        env = {**agent.env, "CUDA_VISIBLE_DEVICES": agent.uuids[0], "FAKE_GPU_SM_UTIL": "30"}
+        proc = Process(pod_process.start(pod, pod.spec.containers[0].name, agent.root,
+                                         [str(native.program("cuprobe")), "dlsym"], env,
+                                         agent.library_dir / "libtessera-cuda.so"))
+        assert proc("init").startswith("rc=0") and proc("ctx 0").startswith("rc=0")
+        assert proc(f"alloc {6 * 2**30}").startswith("rc=0")
+
+        def share() -> dict[str, Any] | None:
+            gpu = nodes(server)[node]["gpus"][0]
+            mine = [w for w in gpu["workloads"] if w.get("pod") == f"{ns}/dyn"]
+            return {**mine[0], "gpu": gpu} if mine and mine[0].get("usedBytes") else None
+
+        got = wait_until("the share's usage", share)
+        assert got["usedBytes"] == 6 * 2**30 and got["utilization"] == 0.3
+        assert got["chargedBytes"] > 6 * 2**30  # and its CUDA context
+        assert got["loanedBytes"] == got["chargedBytes"] - 2 * 2**30
+        assert got["gpu"]["usedBytes"] == 6 * 2**30 and got["gpu"]["loanedBytes"] == got["loanedBytes"]
+    finally:
+        if proc is not None and proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait()
+        import contextlib
+
+        from lightkube.resources.core_v1 import Pod
+
+        with contextlib.suppress(Exception):
+            kube_client.delete(Pod, "dyn", namespace=ns, grace_period=0)
+        with contextlib.suppress(Exception):
+            kube_client.delete(Node, node)

@@ -202,10 +202,14 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
 
     api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorized)])
 
-    @api.get("/cluster", tags=["cluster"])
-    def cluster() -> dict[str, Any]:
-        """Nodes and GPUs, with what each device holds; ``simulated`` says if they are real."""
-        return backend.cluster()
+    @api.get("/cluster", tags=["cluster"], response_model=dict[str, Any])
+    def cluster() -> Response:
+        """Nodes and GPUs, with what each device holds, and where the node agents report it
+        memory used, loans and utilisation; ``simulated`` says if they are real."""
+        # Serialised here: the document is JSON-ready (the backend contract), and FastAPI's
+        # generic encoder took ~10x json.dumps on 500 nodes x 8 GPUs (the console's GPUs page).
+        return Response(content=json.dumps(backend.cluster(), separators=(",", ":")),
+                        media_type="application/json")
 
     # -- projects ----------------------------------------------------------------------------
 

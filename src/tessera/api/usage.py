@@ -20,7 +20,7 @@ or an agent. :func:`merge` adds to the document:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 STATES = ("ok", "unreachable", "no-agent", "not-ready", "waiting", "simulated")
@@ -35,6 +35,10 @@ class NodeReport:
     """When the report was read (or the failure seen)."""
     document: dict[str, Any] | None = None
     """The agent's ``/usage`` document (:mod:`tessera.node.report`), when ``state`` is ok."""
+    gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """uuid -> the fields :func:`merge` sets on that GPU (checked once, when the report came)."""
+    shares: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(gpu uuid, ``namespace/pod``) -> the fields :func:`merge` sets on that share."""
 
 
 class UsageSource(Protocol):
@@ -57,7 +61,30 @@ def report_of(node: str, document: Any, now: float | None = None) -> NodeReport:
     if not isinstance(gpus, list) or not isinstance(document.get("shares", []), list) or not all(
             isinstance(g, dict) for g in gpus):
         return NodeReport(node, "unreachable", "the agent's /usage answer is malformed", now)
-    return NodeReport(node, "ok", "", now, document)
+    return NodeReport(node, "ok", "", now, document, *_index(document))
+
+
+def _index(document: dict[str, Any]) -> tuple[dict[str, dict[str, Any]],
+                                              dict[tuple[str, str], dict[str, Any]]]:
+    """What a request joins, built once per report: a page of 500 nodes then only looks up."""
+    gpus: dict[str, dict[str, Any]] = {}
+    for g in document.get("gpus") or []:
+        used = _number(g.get("memoryUsedBytes"))
+        fields: dict[str, Any] = {"utilization": _number(g.get("utilization"))}
+        if used is not None:
+            fields["usedBytes"] = int(used)
+        gpus[str(g.get("uuid"))] = fields
+    shares: dict[tuple[str, str], dict[str, Any]] = {}
+    for sh in document.get("shares") or []:
+        if not isinstance(sh, dict):
+            continue
+        out: dict[str, Any] = {"utilization": _number(sh.get("smUtilization"))}
+        for key in ("usedBytes", "chargedBytes", "loanedBytes"):
+            v = _number(sh.get(key))
+            if v is not None:
+                out[key] = int(v)
+        shares[(str(sh.get("gpuUuid")), f"{sh.get('namespace')}/{sh.get('pod')}")] = out
+    return gpus, shares
 
 
 def _number(value: Any) -> float | None:
@@ -76,36 +103,24 @@ def merge(cluster: dict[str, Any], reports: dict[str, NodeReport],
             continue
         node["agent"] = {"state": r.state, "message": r.message,
                          "ageSeconds": round(max(0.0, now - r.time), 1)}
-        if r.state != "ok" or r.document is None:
+        if r.state != "ok":
             continue
-        gpus = {g.get("uuid"): g for g in r.document.get("gpus") or []}
-        shares: dict[tuple[Any, str], dict[str, Any]] = {}
-        for s in r.document.get("shares") or []:
-            if isinstance(s, dict):
-                shares[(s.get("gpuUuid"), f"{s.get('namespace')}/{s.get('pod')}")] = s
         for g in node.get("gpus", []):
-            u = gpus.get(g.get("uuid"))
+            uuid = g.get("uuid")
+            u = r.gpus.get(uuid)
             if u is None:
                 continue
-            used, util = _number(u.get("memoryUsedBytes")), _number(u.get("utilization"))
-            if used is not None:
-                g["usedBytes"] = int(used)
-            g["utilization"] = util
+            g.update(u)
             loaned = 0
             for w in g.get("workloads", []):
                 if w.get("exclusive"):
-                    w["usedBytes"] = g.get("usedBytes")
-                    w["utilization"] = util
+                    w["usedBytes"] = u.get("usedBytes")
+                    w["utilization"] = u["utilization"]
                     continue
-                s = shares.get((g.get("uuid"), str(w.get("pod", ""))))
-                if s is None:
-                    continue
-                for key in ("usedBytes", "chargedBytes", "loanedBytes"):
-                    v = _number(s.get(key))
-                    if v is not None:
-                        w[key] = int(v)
-                w["utilization"] = _number(s.get("smUtilization"))
-                loaned += int(w.get("loanedBytes") or 0)
+                sh = r.shares.get((uuid, w.get("pod", "")))
+                if sh is not None:
+                    w.update(sh)
+                    loaned += sh.get("loanedBytes", 0)
             g["loanedBytes"] = loaned
     return cluster
 

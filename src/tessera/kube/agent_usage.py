@@ -16,6 +16,8 @@ nobody looks at polls nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import http.client
 import json
 import logging
 import os
@@ -24,8 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-
-import httpx
+from urllib.parse import urlsplit
 
 from tessera.api.usage import NodeReport, report_of
 
@@ -68,21 +69,18 @@ class AgentPoller:
         self._stop.set()
 
     def _run(self) -> None:
-        limits = httpx.Limits(max_connections=self.workers, max_keepalive_connections=self.workers)
-        timeout = httpx.Timeout(self.timeout, connect=min(1.0, self.timeout))
-        with httpx.Client(timeout=timeout, limits=limits, follow_redirects=False) as client, \
-                ThreadPoolExecutor(self.workers, thread_name_prefix="tessera-agent-usage") as pool:
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="tessera-agent-usage") as pool:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 try:
-                    self.poll(client, pool)
+                    self.poll(pool)
                 except Exception as exc:  # the Node cache not loaded yet, ...: try again
                     log.warning("polling the node agents failed: %r", exc)
                 self.last_round_seconds = time.monotonic() - t0
                 self.rounds += 1
                 self._stop.wait(max(0.5, self.interval - self.last_round_seconds))
 
-    def poll(self, client: httpx.Client, pool: ThreadPoolExecutor) -> None:
+    def poll(self, pool: ThreadPoolExecutor) -> None:
         """One round: every node's report, each stored as soon as its agent answers."""
         urls = self.urls()
         now = time.time()
@@ -96,7 +94,7 @@ class AgentPoller:
                                          f"url is not http(s)://HOST:PORT[/PATH]: {url[:100]!r}", now)
         with self._lock:
             self._reports = {**{n: r for n, r in self._reports.items() if n in urls}, **fresh}
-        asks = {pool.submit(self.ask, client, node, url): node
+        asks = {pool.submit(self.ask, node, url): node
                 for node, url in urls.items() if node not in fresh}
         for done in as_completed(asks):
             report = done.result()
@@ -111,28 +109,44 @@ class AgentPoller:
             return new
         if new.time - last.time > self.stale_after:
             return new
-        return NodeReport(last.node, "ok", f"the last poll failed ({new.message}); showing the "
-                          f"report of {new.time - last.time:.0f} s ago", last.time, last.document)
+        return dataclasses.replace(last, message=f"the last poll failed ({new.message}); showing "
+                                   f"the report of {new.time - last.time:.0f} s ago")
 
-    def ask(self, client: httpx.Client, node: str, url: str) -> NodeReport:
+    def ask(self, node: str, url: str) -> NodeReport:
+        """GET ``url/usage`` within ``timeout`` in all (connect, each read and the whole answer).
+        http.client rather than an HTTP library: a round of 500 agents every few seconds runs in
+        the API server's process, beside its requests, and should cost it little."""
+        parts = urlsplit(url)
+        deadline = time.monotonic() + self.timeout
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = kind(parts.hostname or "", parts.port, timeout=min(1.0, self.timeout))
         try:
-            with client.stream("GET", f"{url.rstrip('/')}/usage") as r:
-                if r.status_code != 200:
-                    return NodeReport(node, "unreachable", f"the agent at {url} answered "
-                                      f"HTTP {r.status_code}", time.time())
-                body = bytearray()
-                for chunk in r.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_ANSWER:
-                        return NodeReport(node, "unreachable", f"the agent at {url} answered more "
-                                          f"than {MAX_ANSWER} bytes", time.time())
+            conn.request("GET", f"{parts.path.rstrip('/')}/usage", headers={"Accept": "application/json"})
+            if conn.sock is not None:
+                conn.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            r = conn.getresponse()
+            if r.status != 200:
+                return NodeReport(node, "unreachable", f"the agent at {url} answered HTTP {r.status}",
+                                  time.time())
+            body = bytearray()
+            while chunk := r.read1(65536):
+                body += chunk
+                if len(body) > MAX_ANSWER:
+                    return NodeReport(node, "unreachable", f"the agent at {url} answered more "
+                                      f"than {MAX_ANSWER} bytes", time.time())
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                if conn.sock is not None:
+                    conn.sock.settimeout(max(0.01, deadline - time.monotonic()))
             return report_of(node, json.loads(body))
-        except httpx.TimeoutException:
+        except TimeoutError:
             return NodeReport(node, "unreachable", f"the agent at {url} did not answer within "
                               f"{self.timeout:g} s", time.time())
-        except httpx.HTTPError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             return NodeReport(node, "unreachable", f"the agent at {url} cannot be reached: "
                               f"{exc}", time.time())
         except ValueError:
             return NodeReport(node, "unreachable", f"the agent at {url} did not answer JSON",
                               time.time())
+        finally:
+            conn.close()
