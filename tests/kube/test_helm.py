@@ -44,7 +44,9 @@ def test_chart_renders_every_component() -> None:
                 ("ValidatingWebhookConfiguration", "tessera"),
                 ("DaemonSet", "tessera-node-agent"),
                 ("ClusterRole", "tessera-scheduler"), ("ClusterRole", "tessera-webhook"),
-                ("Role", "tessera-scheduler-leader-election"),
+                ("Role", "tessera-scheduler"),
+                ("ValidatingAdmissionPolicy", "tessera-gpu-configmaps"),
+                ("ValidatingAdmissionPolicy", "tessera-api-project-namespaces"),
                 ("PriorityClass", "train"), ("PriorityClass", "build"),
                 ("PriorityClass", "inference")]:
         assert key in docs, key
@@ -126,13 +128,16 @@ def _rule_set(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 def test_scheduler_rbac_is_exactly_what_the_scheduler_declares() -> None:
     """The chart grants the scheduler the rules of deploy/rbac.yaml (what tessera-scheduler's own
-    tests run it with), the Lease narrowed to the release namespace."""
+    tests run it with): the same ClusterRole, and the same Role in the release namespace
+    (creating reservation pods, the Lease)."""
     docs = kinds(local.helm_template())
-    chart = _rule_set(docs[("ClusterRole", "tessera-scheduler")]["rules"]) | _rule_set(
-        docs[("Role", "tessera-scheduler-leader-election")]["rules"])
-    declared = next(d for d in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text())
-                    if d and d["kind"] == "ClusterRole")
-    assert chart == _rule_set(declared["rules"])
+    declared = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text())
+                if d and d["kind"] in ("ClusterRole", "Role")}
+    assert _rule_set(docs[("ClusterRole", "tessera-scheduler")]["rules"]) == _rule_set(
+        declared["ClusterRole"]["rules"])
+    assert _rule_set(docs[("Role", "tessera-scheduler")]["rules"]) == _rule_set(
+        declared["Role"]["rules"])
+    assert ("", "pods", "create") not in _rule_set(declared["ClusterRole"]["rules"])
 
 
 def test_api_rbac_is_exactly_what_the_api_backend_declares() -> None:

@@ -163,3 +163,38 @@ def generate(directory: Path, *, hosts: list[str] | None = None) -> ClusterPKI:
     for key_file in (pki.ca_key, pki.serving_key, pki.admin_key, pki.sa_private_key):
         key_file.chmod(0o600)
     return pki
+
+
+def generate_client_ca(directory: Path, client_name: str) -> tuple[Path, Path, Path]:
+    """A CA of its own and one client certificate it signed (CN ``client_name``): for a server
+    that accepts only that client, e.g. tessera-webhook --client-ca with the API server's
+    admission kubeconfig. Returns (ca certificate, client certificate, client key)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = _key()
+    ca_name = _name(f"{client_name}-ca")
+    ca = (
+        _builder(ca_name, ca_name, ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True,
+                content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = _key()
+    cert = (
+        _builder(_name(client_name), ca_name, key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = (directory / f"{client_name}-ca.crt", directory / f"{client_name}.crt",
+             directory / f"{client_name}.key")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(_key_pem(key))
+    paths[2].chmod(0o600)
+    return paths

@@ -60,10 +60,13 @@ class LocalWebhook:
 
 def start_webhook(cluster: TestCluster, *, name: str = "tessera-webhook",
                   kubeconfig: Path | None = None, extra_args: list[str] | None = None,
-                  timeout: float = 30.0, wait_ready: bool = True, port: int = 0) -> LocalWebhook:
+                  timeout: float = 30.0, wait_ready: bool = True, port: int = 0,
+                  client_cert: tuple[Path, Path] | None = None) -> LocalWebhook:
     """Start ``python -m tessera.kube.admission`` on a free loopback port (or ``port``, so a
     restart keeps the registered URL) with a serving certificate from the cluster's CA; return
-    once it reports ready (caches synced), or only serving (``wait_ready=False``)."""
+    once it reports ready (caches synced), or only serving (``wait_ready=False``).
+    ``client_cert`` (certificate, key): what the readiness check presents, for a webhook
+    started with ``--client-ca``."""
     assert cluster.workdir is not None
     cert, key, ca = cluster.issue_serving_cert(name)
     ready_file = cluster.workdir / f"{name}.port"
@@ -87,6 +90,8 @@ def start_webhook(cluster: TestCluster, *, name: str = "tessera-webhook",
             try:
                 assert cluster.pki is not None
                 verify = ssl.create_default_context(cafile=str(cluster.pki.ca_cert))
+                if client_cert is not None:
+                    verify.load_cert_chain(str(client_cert[0]), str(client_cert[1]))
                 r = httpx.get(f"https://127.0.0.1:{port}/readyz", verify=verify, timeout=2)
                 if r.status_code == 200 or not wait_ready:
                     return LocalWebhook(proc, port, ca)

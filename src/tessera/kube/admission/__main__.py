@@ -25,6 +25,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster service account)")
     p.add_argument("--cert", required=True, help="TLS certificate (PEM)")
     p.add_argument("--key", required=True, help="TLS private key (PEM)")
+    p.add_argument("--client-ca", metavar="PEM",
+                   help="accept reviews only from callers with a client certificate signed by "
+                        "this CA (the API server's, set in its AdmissionConfiguration; "
+                        "docs/admission.md); probes then need --probe-port")
+    p.add_argument("--probe-port", type=int, default=None,
+                   help="also serve /healthz, /readyz and /metrics over plain HTTP on this port")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8443, help="0 picks a free port")
     p.add_argument("--scheduler-name", default=d.scheduler_name)
@@ -52,7 +58,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.client_ca:
+        try:
+            import ssl
+            ssl.create_default_context(cafile=args.client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            p.error(f"--client-ca {args.client_ca}: not a readable PEM CA certificate ({exc})")
+    if args.probe_port is not None and not 0 <= args.probe_port <= 65535:
+        p.error(f"--probe-port {args.probe_port}: must be 0-65535")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = WebhookConfig(
@@ -90,7 +105,8 @@ async def _run(args: argparse.Namespace, config: WebhookConfig) -> int:
     try:
         await serve(host=args.host, port=args.port, certfile=args.cert, keyfile=args.key,
                     config=config, client=client, ready=ready,
-                    record_latencies=args.record_latencies)
+                    record_latencies=args.record_latencies, client_ca=args.client_ca,
+                    probe_port=args.probe_port)
     except asyncio.CancelledError:
         return 0
     finally:

@@ -245,19 +245,52 @@ def distinct_shapes(nodes: Iterable[Node]) -> list[Node]:
     return list(seen.values())
 
 
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+@dataclass
+class ProbesOnly:
+    """The app's probe and metrics routes, nothing else: what the plain-HTTP probe port serves
+    while the review port asks every caller for a client certificate."""
+
+    app: WebhookApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in PROBE_PATHS:
+            await self.app._send(send, 404, b"reviews are served on the TLS port", "text/plain")
+            return
+        await self.app(scope, receive, send)
+
+
 async def serve(*, host: str, port: int, certfile: str, keyfile: str, config: WebhookConfig,
                 client: Any, ready: Callable[[int], None] | None = None,
-                record_latencies: str | None = None) -> None:
-    """Run the informers and the HTTPS server until cancelled or told to stop (SIGTERM)."""
+                record_latencies: str | None = None, client_ca: str | None = None,
+                probe_port: int | None = None) -> None:
+    """Run the informers and the HTTPS server until cancelled or told to stop (SIGTERM).
+
+    ``client_ca``: the TLS handshake requires a client certificate signed by it (the API
+    server's, from its admission configuration), so nobody else can send reviews.
+    ``probe_port``: also serve /healthz, /readyz and /metrics over plain HTTP there (kubelet
+    probes carry no client certificate)."""
+    import ssl
+
     import uvicorn
 
     informers = InformerView(client)
     app = WebhookApp(informers.as_view(), config, record_latency=bool(record_latencies))
+    tls: dict[str, Any] = {}
+    if client_ca:
+        tls = {"ssl_ca_certs": client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
     uv = uvicorn.Config(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile,
                         log_level="warning", access_log=False, lifespan="on",
-                        timeout_keep_alive=60)
+                        timeout_keep_alive=60, **tls)
+    probes = None if probe_port is None else uvicorn.Server(uvicorn.Config(
+        ProbesOnly(app), host=host, port=probe_port, log_level="warning", access_log=False,
+        lifespan="off"))
     server = uvicorn.Server(uv)
     tasks = [asyncio.ensure_future(t) for t in informers.tasks()]
+    if probes is not None:
+        tasks.append(asyncio.ensure_future(probes.serve()))
     try:
         serving = asyncio.ensure_future(server.serve())
         while not server.started and not serving.done():
@@ -268,7 +301,8 @@ async def serve(*, host: str, port: int, certfile: str, keyfile: str, config: We
         for s in server.servers:
             for sock in s.sockets:
                 bound = sock.getsockname()[1]
-        log.info("tessera-webhook listening on https://%s:%d", host, bound)
+        log.info("tessera-webhook listening on https://%s:%d%s", host, bound,
+                 f" (client certificates signed by {client_ca} only)" if client_ca else "")
         if ready:
             ready(bound)
         await serving
