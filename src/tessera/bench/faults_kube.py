@@ -16,7 +16,22 @@ again, waits until every pod is bound or marked unschedulable, and checks:
    pod's ConfigMap names the devices of its placement;
 3. every pod placed or explained (bound, or PodScheduled=False with a reason).
 
-The pods are then deleted and the next trial starts. The last line is one JSON object.
+The pods are then deleted and the next trial starts.
+
+Other faults, the same trial and checks (``--scenarios``):
+
+* ``apiserver``: kube-apiserver itself is killed with SIGKILL while the scheduler binds, down
+  for 0-3 s, and started again on the same etcd (``TestCluster.restart_apiserver``): the
+  scheduler's watches and writes recover by themselves (or, if it exited, it is started again
+  as its Deployment would; counted);
+* ``node-agent``: the tessera-node of one node is killed with SIGKILL while shares are bound
+  on it, some pods are deleted while it is down, and it is started again after 0-2 s. On top
+  of the checks above: it resumes (the Node is ready for shares again), every bound share pod
+  on that node has its isolation file, and once the trial's pods are deleted no pod's files
+  are left on any node (no leaked files);
+* ``webhook``: kill -9 of tessera-webhook while GPU pods are created (below).
+
+The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -59,6 +74,10 @@ class Env:
                                                              "tessera-scheduler")
         self.log = cluster.workdir / "logs" / "faults-scheduler.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        """Times the scheduler exited by itself and was started again (supervise)."""
+        self.agents: dict[str, Any] = {n: a for group in cluster.node_agents
+                                       for n, a in group.agents.items()}
 
     def start_scheduler(self) -> None:
         out = self.log.open("ab")
@@ -71,6 +90,7 @@ class Env:
         """Start the scheduler again if it stopped by itself (it exits when it cannot renew
         its lease, as on an overloaded machine), as its Deployment would."""
         if self.proc is not None and self.proc.poll() is not None:
+            self.restarts += 1
             self.start_scheduler()
 
     def kill_scheduler(self) -> None:
@@ -141,21 +161,60 @@ def check(client: Any, ns: str) -> list[str]:
     return problems
 
 
-def trial(env: Env, ns: str, index: int, pods: int, rng: random.Random) -> dict[str, Any]:
-    from lightkube.models.core_v1 import Container, PodSpec
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import Pod
+def _share_pod(name: str, ns: str, portion: str, key: str) -> dict[str, Any]:
+    """A share pod as the webhook leaves it: the share, and the key and hostPath of the
+    directory tessera-node writes its isolation file into (tessera.kube.admission.mutate)."""
+    from tessera.kube import names
+
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "annotations": {
+                names.GPU_PORTION: portion, names.GPU_MODEL: "A100-40GB",
+                names.GPU_CONFIG_KEY: key}},
+            "spec": {"schedulerName": names.SCHEDULER_NAME,
+                     "containers": [{"name": "main", "image": "example.invalid/cuda:12"}],
+                     "volumes": [{"name": "tessera-gpu-config", "hostPath": {
+                         "path": f"/var/lib/tessera/containers/{key}/conf/main",
+                         "type": "Directory"}}]}}
+
+
+def _conf(agent: Any, key: str) -> Any:
+    return agent.containers_dir / key / "conf" / "main" / "gpu-isolation.conf"
+
+
+def _agent_problems(env: Env, ns: str, node: str) -> list[str]:
+    """After a node agent's restart: it is ready again and every bound share pod on its node
+    has its isolation file."""
+    from lightkube.resources.core_v1 import Node
 
     from tessera.kube import names
 
+    agent = env.agents[node]
+    problems: list[str] = []
+
+    def caught_up() -> bool:
+        return all(_conf(agent, (p.metadata.annotations or {})[names.GPU_CONFIG_KEY]).is_file()
+                   for p in _pods(env.client, ns) if p.spec and p.spec.nodeName == node)
+
+    if not _wait(caught_up, 30):
+        problems.append(f"tessera-node on {node} did not write every bound pod's file")
+    ready = (env.client.get(Node, node).metadata.annotations or {}).get(names.NODE_READY)
+    if ready != "true":
+        problems.append(f"{node} not ready for shares after the agent's restart ({ready})")
+    return problems
+
+
+def trial(env: Env, ns: str, index: int, pods: int, rng: random.Random,
+          fault: str = "scheduler") -> dict[str, Any]:
+    """One trial; ``fault``: scheduler | apiserver | node-agent (see the module's docstring)."""
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Pod
+
     client = env.client
+    keys = {}
     for i in range(pods):
-        portion = rng.choice(("0.25", "0.25", "0.5"))
-        client.create(Pod(
-            metadata=ObjectMeta(name=f"t{index}-{i}", namespace=ns, annotations={
-                names.GPU_PORTION: portion, names.GPU_MODEL: "A100-40GB"}),
-            spec=PodSpec(schedulerName=names.SCHEDULER_NAME, containers=[Container(
-                name="main", image="example.invalid/cuda:12")])))
+        keys[f"t{index}-{i}"] = f"{rng.getrandbits(64):016x}"
+        client.create(codecs.from_dict(_share_pod(f"t{index}-{i}", ns, rng.choice(
+            ("0.25", "0.25", "0.5")), keys[f"t{index}-{i}"])))
     target = rng.randint(0, pods - 1)
 
     def bound_enough() -> bool:
@@ -163,9 +222,25 @@ def trial(env: Env, ns: str, index: int, pods: int, rng: random.Random) -> dict[
         return sum(1 for p in _pods(client, ns) if p.spec and p.spec.nodeName) >= target
 
     _wait(bound_enough, 30)
-    env.kill_scheduler()
+    restarts_before = env.restarts
     bound_at_kill = sum(1 for p in _pods(client, ns) if p.spec and p.spec.nodeName)
-    env.start_scheduler()
+    victim = ""
+    if fault == "scheduler":
+        env.kill_scheduler()
+    elif fault == "apiserver":
+        env.cluster.restart_apiserver(kill=True, down_seconds=rng.uniform(0.0, 3.0))
+    elif fault == "node-agent":
+        victim = rng.choice(sorted(env.agents))
+        env.agents[victim].kill9()
+    if fault == "scheduler":
+        env.start_scheduler()
+    elif fault == "node-agent":
+        # Pods come and go while the agent is down: one bound on its node is deleted.
+        gone = [p for p in _pods(client, ns) if p.spec and p.spec.nodeName == victim][:1]
+        for p in gone:
+            client.delete(Pod, p.metadata.name, namespace=ns, grace_period=0)
+        time.sleep(rng.uniform(0.0, 2.0))
+        env.agents[victim].restart()
 
     def settled() -> bool:
         env.supervise()
@@ -173,11 +248,21 @@ def trial(env: Env, ns: str, index: int, pods: int, rng: random.Random) -> dict[
 
     _wait(settled, 90)
     problems = check(client, ns)
+    if fault == "node-agent":
+        problems += _agent_problems(env, ns, victim)
     for p in _pods(client, ns):
         with contextlib.suppress(Exception):
             client.delete(Pod, p.metadata.name, namespace=ns, grace_period=0)
     _wait(lambda: not _pods(client, ns), 60)
-    return {"bound_at_kill": bound_at_kill, "problems": problems}
+    if env.agents:
+        def no_files() -> bool:
+            return not any(_conf(a, k).parent.parent.parent.exists()
+                           for a in env.agents.values() for k in keys.values())
+
+        if not _wait(no_files, 30):
+            problems.append("isolation files of deleted pods left on a node (leaked)")
+    return {"bound_at_kill": bound_at_kill, "problems": problems,
+            "scheduler_restarts": env.restarts - restarts_before}
 
 
 def webhook_trials(cluster: Any, client: Any, trials: int, rng: random.Random) -> dict[str, Any]:
@@ -273,22 +358,60 @@ def webhook_trials(cluster: Any, client: Any, trials: int, rng: random.Random) -
             "first_failure": first}
 
 
+FAULTS = ("scheduler", "apiserver", "node-agent")
+
+
+def setup(cluster: Any) -> tuple[Env, str]:
+    """On a started test cluster: 2 nodes of 4 x A100-40GB with their tessera-node, tessera's
+    CRDs and the scheduler's RBAC, a namespace and its Project. Returns (env, namespace)."""
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Namespace
+
+    from tessera.kube.objects import ProjectResource
+    from tessera.testing.gpu_nodes import NodeShape
+
+    cluster.create_gpu_nodes(2, NodeShape(gpus=4, model="A100-40GB"), prefix="faults-")
+    env = Env(cluster)
+    ns = "faults"
+    env.client.create(Namespace(metadata=ObjectMeta(name=ns)))
+    env.client.create(ProjectResource(metadata=ObjectMeta(name=ns), spec={
+        "namespace": ns, "resources": {"gpu": {"deserved": 8}}}))
+    return env, ns
+
+
+def run_fault(env: Env, ns: str, fault: str, trials: int, pods: int, rng: random.Random
+              ) -> dict[str, Any]:
+    """``trials`` trials of one fault with the scheduler running; the summary of them."""
+    env.start_scheduler()
+    failed, first, kills_at, restarts = 0, None, [], 0
+    try:
+        for i in range(trials):
+            result = trial(env, ns, i, pods, rng, fault)
+            kills_at.append(result["bound_at_kill"])
+            restarts += result["scheduler_restarts"]
+            if result["problems"]:
+                failed += 1
+                first = first or f"trial {i}: {result['problems'][0]}"
+            print(f"{fault} trial {i}: killed with {result['bound_at_kill']} of {pods} bound, "
+                  f"{'; '.join(result['problems']) or 'ok'}", file=sys.stderr, flush=True)
+    finally:
+        env.stop()
+    return {"trials": trials, "kills": trials, "pods_per_trial": pods, "failed_trials": failed,
+            "first_failure": first, "scheduler_exits_restarted": restarts,
+            "bound_at_kill": {"min": min(kills_at, default=0), "max": max(kills_at, default=0)}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera.bench.faults_kube")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--pods", type=int, default=12)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--scenarios", default="scheduler,webhook")
+    parser.add_argument("--scenarios", default="scheduler,apiserver,node-agent,webhook")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up servers and pods
     scenarios = args.scenarios.split(",")
 
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import Namespace
-
-    from tessera.kube.objects import ProjectResource
     from tessera.testing.cluster import TestCluster
-    from tessera.testing.gpu_nodes import NodeShape
 
     rng = random.Random(args.seed)
     t0 = time.monotonic()
@@ -296,31 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     cluster.start()
     env: Env | None = None
     try:
-        cluster.create_gpu_nodes(2, NodeShape(gpus=4, model="A100-40GB"), prefix="faults-")
-        env = Env(cluster)
-        ns = "faults"
-        env.client.create(Namespace(metadata=ObjectMeta(name=ns)))
-        env.client.create(ProjectResource(metadata=ObjectMeta(name=ns), spec={
-            "namespace": ns, "resources": {"gpu": {"deserved": 8}}}))
+        env, ns = setup(cluster)
         summary: dict[str, Any] = {"bench": "faults_kube"}
-        if "scheduler" in scenarios:
-            env.start_scheduler()
-            failed, first, kills_at = 0, None, []
-            for i in range(args.trials):
-                result = trial(env, ns, i, args.pods, rng)
-                kills_at.append(result["bound_at_kill"])
-                if result["problems"]:
-                    failed += 1
-                    first = first or f"trial {i}: {result['problems'][0]}"
-                print(f"scheduler trial {i}: killed with {result['bound_at_kill']} of "
-                      f"{args.pods} bound, {'; '.join(result['problems']) or 'ok'}",
-                      file=sys.stderr, flush=True)
-            env.stop()
-            summary["scheduler"] = {
-                "trials": args.trials, "kills": args.trials, "pods_per_trial": args.pods,
-                "failed_trials": failed, "first_failure": first,
-                "bound_at_kill": {"min": min(kills_at, default=0),
-                                  "max": max(kills_at, default=0)}}
+        for fault in [s for s in scenarios if s in FAULTS]:
+            summary[fault] = run_fault(env, ns, fault, args.trials, args.pods, rng)
         if "webhook" in scenarios:
             summary["webhook"] = webhook_trials(cluster, env.client, args.trials, rng)
         summary["seconds"] = round(time.monotonic() - t0, 1)

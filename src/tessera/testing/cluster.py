@@ -394,6 +394,26 @@ class TestCluster:
         kwok.check_alive()
         self.startup_seconds["kwok"] = time.monotonic() - t
 
+    def restart_apiserver(self, *, kill: bool = True, down_seconds: float = 0.0) -> float:
+        """Stop kube-apiserver (SIGKILL, or SIGTERM when ``kill`` is False), wait
+        ``down_seconds``, start it again with the same flags on the same port (etcd keeps the
+        data) and wait until it is ready. Returns the seconds it was unreachable."""
+        proc = next(p for p in self.processes if p.name == "kube-apiserver")
+        t0 = time.monotonic()
+        assert proc.popen is not None
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+            proc.popen.wait(10)
+        else:
+            proc.stop()
+        time.sleep(down_seconds)
+        proc.start()
+        _wait_for("kube-apiserver /readyz after restart",
+                  lambda: self._get("/readyz").status_code == 200,
+                  timeout=self.startup_timeout, processes=[proc], interval=0.1)
+        return time.monotonic() - t0
+
     def check_alive(self) -> None:
         """Raise ClusterError if any of the cluster's processes has exited."""
         for proc in self.processes:

@@ -1,0 +1,73 @@
+"""The short form of the Kubernetes fault suite (``python -m tessera.bench.faults_kube``) in the
+test suite, on a cluster of its own (the webhook trial registers a webhook, which must not
+refuse the shared cluster's pods): one kill -9 trial of tessera-scheduler, of kube-apiserver
+and of a node's tessera-node, and one of tessera-webhook, each followed by the suite's
+invariant checks. The full runs are in docs/benchmarks.md (fault suite)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tessera.bench import faults_kube
+from tessera.testing.cluster import TestCluster
+
+
+@pytest.fixture(scope="module")
+def fault_env() -> Iterator[tuple[Any, str]]:
+    cluster = TestCluster()
+    cluster.start()
+    env = None
+    try:
+        env, ns = faults_kube.setup(cluster)
+        yield env, ns
+    finally:
+        if env is not None:
+            env.stop()
+        cluster.stop()
+
+
+@pytest.mark.parametrize("fault", faults_kube.FAULTS)
+def test_kill_trial_keeps_the_invariants(fault_env: tuple[Any, str], fault: str) -> None:
+    env, ns = fault_env
+    summary = faults_kube.run_fault(env, ns, fault, 1, 6, random.Random(7))
+    assert summary["failed_trials"] == 0, summary
+
+
+def test_webhook_kill_trial_admits_nothing_unchecked(fault_env: tuple[Any, str]) -> None:
+    env, _ = fault_env
+    summary = faults_kube.webhook_trials(env.cluster, env.client, 1, random.Random(7))
+    assert summary["admitted_unchecked"] == 0, summary
+    assert summary["admitted"] + summary["refused"] > 0
+
+
+def test_check_sees_an_over_committed_gpu(fault_env: tuple[Any, str]) -> None:
+    """The invariant check itself can fail: two pods bound by hand onto one GPU, 30 GiB each
+    on a 40 GiB device, are reported."""
+    import json
+
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Pod
+
+    from tessera.kube import names
+
+    env, ns = fault_env
+    node = sorted(env.agents)[0]
+    uuid = env.agents[node].uuids[0]
+    placement = {"node": node, "devices": [0], "request": [30 * 2**30], "limit": [30 * 2**30],
+                 "exclusive": False, "cpu": 0, "memory": 0}
+    for name in ("over-a", "over-b"):
+        env.client.create(codecs.from_dict({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "annotations": {
+                names.PLACEMENT: json.dumps(placement), names.NODE_GPU_UUIDS: uuid}},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]}}))
+    try:
+        problems = faults_kube.check(env.client, ns)
+        assert any("over-committed" in p for p in problems), problems
+    finally:
+        for name in ("over-a", "over-b"):
+            env.client.delete(Pod, name, namespace=ns, grace_period=0)
