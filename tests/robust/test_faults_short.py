@@ -41,3 +41,18 @@ def test_check_sees_an_untracked_pod(tmp_path: Path) -> None:
         assert any("lost 1 acknowledged" in p for p in problems), problems
     finally:
         trial.cleanup()
+
+
+def test_disk_full_trial_loses_nothing_and_half_applies_nothing(tmp_path: Path) -> None:
+    """The data directory on a 1 MiB tmpfs, filled through the API: every write on the full
+    disk is acknowledged or a 507 naming the data directory, a refused one changes nothing,
+    the server goes on once there is room, and after kill -9 and a restart every
+    acknowledged write is there (faults.disk_full)."""
+    try:
+        result = faults.run_trial("diskfull", 0, random.Random(3), tmp_path)
+    except faults.CannotMount as exc:
+        print(f"disk-full trial skipped: {exc}")
+        pytest.skip(str(exc))
+    assert result["problems"] == [], result
+    assert result["codes"].get(507, 0) > 0 and result["acked"] > 0, result
+    assert set(result["codes"]) <= {200, 202, 507}, result

@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import secrets
+import sqlite3
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -39,6 +40,7 @@ from tessera.api.models import (
     WorkloadCreate,
 )
 from tessera.api.offline_docs import mount_offline_docs
+from tessera.api.storage import storage_error
 from tessera.core.errors import InvalidRequest
 
 KINDS = {"trainings": "Training", "workspaces": "Workspace", "inferences": "Inference"}
@@ -171,6 +173,14 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, details = _validation_message(list(exc.errors()))
         return _error(422, message, details)
+
+    @app.exception_handler(sqlite3.Error)
+    @app.exception_handler(OSError)
+    async def _storage(_: Request, exc: Exception) -> JSONResponse:
+        answer = storage_error(exc)
+        if answer is None:
+            raise exc
+        return _error(*answer)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

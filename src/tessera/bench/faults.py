@@ -25,7 +25,18 @@ cycles, the invariants are checked:
 4. every workload placed or explained: each active workload is Running, or Pending with the
    reason the cycle gave.
 
-A trial that breaks one is counted and its first message kept. The last line is one JSON object.
+A trial that breaks one is counted and its first message kept.
+
+* ``diskfull``: the data directory is a 1 MiB tmpfs (mounted for the trial; needs root, else
+  the scenario is skipped with the reason printed). Workloads are submitted until the disk is
+  full, then submits, suspends and deletes are tried on the full disk: each is acknowledged or
+  refused with 507 (503 for other write errors) naming the data directory; never a 500 or a
+  dropped connection; ``/healthz`` and reads keep working; a refused request leaves nothing
+  behind (the live server lists exactly the acknowledged workloads, with the states the
+  acknowledged requests gave them). Then the disk grows (remount), a submit is acknowledged
+  again, the server is killed with SIGKILL and restarted, and the four checks above run.
+
+The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -60,6 +72,10 @@ class Trial:
         self.server = EmbeddedServer(root, simulate=[GPUS], grace=0.5, interval=0.05)
         self.fault_point = fault_point
         self.acked: set[str] = set()
+        self.problems: list[str] = []
+        self.mounted = False
+        self.expected: dict[str, str] = {}
+        self.refused: list[str] = []
 
     def start(self) -> None:
         if self.fault_point:
@@ -76,6 +92,8 @@ class Trial:
         if self.server.proc is not None and self.server.proc.poll() is None:
             self.server.kill()
         kill_all(self.server.data)
+        if self.mounted:
+            unmount(self.server.data)
         shutil.rmtree(self.server.root, ignore_errors=True)
 
 
@@ -198,22 +216,145 @@ def check(trial: Trial, state: dict[str, Any]) -> list[str]:
     return problems
 
 
+class CannotMount(RuntimeError):
+    """The disk-full scenario cannot mount its small filesystem here (not root)."""
+
+
+def mount_small(path: Path, size: str) -> None:
+    """A tmpfs of ``size`` at ``path`` (the trial's data directory); raises CannotMount."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        raise CannotMount("mounting a small filesystem needs root (the disk-full scenario "
+                          "makes the data directory a 1 MiB tmpfs)")
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700",
+                          "tessera-faults", str(path)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise CannotMount(f"mount -t tmpfs failed: {out.stderr.strip() or out.returncode}")
+
+
+def unmount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def disk_full(trial: Trial, rng: random.Random) -> dict[str, Any]:
+    """Fill the data directory through the API, then try every kind of write on the full disk.
+    Returns what was seen; problems go to ``trial.problems``."""
+    token = trial.server.token()
+    codes: Counter[int] = Counter()
+    expected: dict[str, str] = {}  # acknowledged workload -> the phase family it must be in
+    refused: list[str] = []
+    pad = "x" * 4000
+    with httpx.Client(base_url=trial.server.url, timeout=30,
+                      headers={"Authorization": f"Bearer {token}"}) as c:
+
+        def submit(name: str) -> int:
+            body = submit_body(name, "p", gpuPortionRequest=str(rng.choice((0.05, 0.1))))
+            body["spec"]["environmentVariables"] = [{"name": "PAD", "value": pad}]
+            try:
+                r = c.post("/api/v1/workloads/trainings", json=body)
+            except httpx.HTTPError as exc:
+                trial.problems.append(f"submit {name}: connection failed ({exc!r})")
+                return 0
+            codes[r.status_code] += 1
+            if r.status_code == 202:
+                trial.acked.add(r.json()["workloadId"])
+                expected[r.json()["workloadId"]] = "active"
+            elif r.status_code in (503, 507):
+                if "data directory" not in r.json().get("message", ""):
+                    trial.problems.append(f"{r.status_code} without a clear message: {r.text}")
+                refused.append(name)
+            else:
+                trial.problems.append(f"submit {name}: {r.status_code} {r.text[:200]}")
+            return r.status_code
+
+        i = 0
+        while i < 5000 and submit(f"f{i}") == 202:
+            i += 1
+        if not refused:
+            trial.problems.append("the disk never filled")
+            return {"codes": dict(codes)}
+        # On the full disk: more submits, and suspends and deletes of acknowledged workloads.
+        for k in range(5):
+            submit(f"full{k}")
+        for wid in rng.sample(sorted(expected), min(6, len(expected))):
+            verb = rng.choice(("suspend", "delete"))
+            try:
+                r = (c.post(f"/api/v1/workloads/trainings/{wid}/suspend") if verb == "suspend"
+                     else c.delete(f"/api/v1/workloads/trainings/{wid}"))
+            except httpx.HTTPError as exc:
+                trial.problems.append(f"{verb} on a full disk: connection failed ({exc!r})")
+                continue
+            codes[r.status_code] += 1
+            if r.status_code in (200, 202):
+                expected[wid] = "suspended" if verb == "suspend" else "deleted"
+            elif r.status_code not in (503, 507) or "data directory" not in r.text:
+                trial.problems.append(f"{verb} on a full disk: {r.status_code} {r.text[:200]}")
+        if c.get("/healthz").status_code != 200:
+            trial.problems.append("/healthz failed on a full disk")
+        _check_states(trial, c, expected, refused, "on the full disk")
+        # More room: the server goes on by itself.
+        out = subprocess.run(["mount", "-o", "remount,size=64m", str(trial.server.data)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            trial.problems.append(f"remount failed: {out.stderr.strip()}")
+        if submit("after") != 202:
+            trial.problems.append("a submit after space was freed was not acknowledged")
+        refused = [n for n in refused if n != "after"]
+    trial.server.kill()
+    trial.expected, trial.refused = expected, refused
+    return {"codes": dict(codes), "acknowledged_before_full": i}
+
+
+def _check_states(trial: Trial, c: httpx.Client, expected: dict[str, str], refused: list[str],
+                  when: str) -> None:
+    """Exactly the acknowledged workloads exist, in the state acknowledged requests gave them."""
+    listing = c.get("/api/v1/workloads", params={"limit": 10000}).json()["workloads"]
+    by_id = {w["workloadId"]: w for w in listing}
+    names = {w["name"] for w in listing}
+    half = [n for n in refused if n in names]
+    if half:
+        trial.problems.append(f"{when}: {len(half)} refused submit(s) stored, e.g. {half[0]}")
+    for wid, state in expected.items():
+        w = by_id.get(wid)
+        if state == "deleted":
+            if w is not None and w["phase"] not in ("Deleting",):
+                trial.problems.append(f"{when}: deleted {wid} still {w['phase']}")
+        elif w is None:
+            trial.problems.append(f"{when}: acknowledged {wid} missing")
+        elif state == "active" and w["phase"] in ("Suspended", "Deleting", "Stopping"):
+            trial.problems.append(f"{when}: {wid} {w['phase']} by a refused request")
+
+
 def run_trial(scenario: str, index: int, rng: random.Random, root: Path) -> dict[str, Any]:
     point = None
     if scenario == "start" and index % 2 == 0:
         point = START_POINTS[(index // 2) % len(START_POINTS)]
     trial = Trial(root / f"{scenario}-{index}", point)
+    if scenario == "diskfull":
+        mount_small(trial.server.data, "1m")  # CannotMount: the caller reports the skip
+        trial.mounted = True
     try:
         trial.start()
         with trial.client() as c:
             c.post("/api/v1/org-unit/projects", json={"name": "p", "resources": {"gpu": {
                 "deserved": 4}}}).raise_for_status()
-        (burst if scenario == "burst" else start_crash)(trial, rng)
+        extra: dict[str, Any] = {}
+        if scenario == "diskfull":
+            extra = disk_full(trial, rng)
+            point = "disk-full"
+        else:
+            (burst if scenario == "burst" else start_crash)(trial, rng)
         trial.fault_point = None
         trial.start()
-        problems = check(trial, settle(trial))
+        state = settle(trial)
+        problems = trial.problems + check(trial, state)
+        if scenario == "diskfull":
+            with trial.client() as c:
+                before = len(trial.problems)
+                _check_states(trial, c, trial.expected, trial.refused, "after the restart")
+                problems += trial.problems[before:]
         return {"scenario": scenario, "point": point or "random", "acked": len(trial.acked),
-                "problems": problems}
+                "problems": problems, **extra}
     finally:
         trial.cleanup()
 
@@ -222,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera.bench.faults")
     parser.add_argument("--trials", type=int, default=100, help="kill -9 trials per scenario")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--scenarios", default="burst,start")
+    parser.add_argument("--scenarios", default="burst,start,diskfull")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up servers and pods
     rng = random.Random(args.seed)
@@ -232,18 +373,31 @@ def main(argv: list[str] | None = None) -> int:
         for scenario in args.scenarios.split(","):
             failed, acked, first = 0, 0, None
             points: Counter[str] = Counter()
+            skipped = None
+            answers: Counter[str] = Counter()
             for i in range(args.trials):
-                result = run_trial(scenario, i, rng, Path(tmp))
+                try:
+                    result = run_trial(scenario, i, rng, Path(tmp))
+                except CannotMount as exc:
+                    skipped = str(exc)
+                    print(f"{scenario}: skipped: {skipped}", file=sys.stderr, flush=True)
+                    break
                 acked += result["acked"]
+                answers.update({str(k): v for k, v in result.get("codes", {}).items()})
                 points[result["point"]] += 1
                 if result["problems"]:
                     failed += 1
                     first = first or f"trial {i} ({result['point']}): {result['problems'][0]}"
                 print(f"{scenario} trial {i}: {result['point']}, {result['acked']} acknowledged, "
                       f"{'; '.join(result['problems']) or 'ok'}", file=sys.stderr, flush=True)
-            summary[scenario] = {"trials": args.trials, "kills": args.trials,
+            summary[scenario] = {"trials": 0 if skipped else args.trials,
+                                 "kills": 0 if skipped else args.trials,
                                  "acknowledged": acked, "failed_trials": failed,
                                  "first_failure": first, "kill_points": dict(points)}
+            if answers:
+                summary[scenario]["answers"] = dict(sorted(answers.items()))
+            if skipped:
+                summary[scenario]["skipped"] = skipped
     summary["seconds"] = round(time.monotonic() - t0, 1)
     summary["ok"] = all(summary[s]["failed_trials"] == 0 for s in args.scenarios.split(","))
     print(json.dumps(summary))

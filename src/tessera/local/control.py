@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from tessera.local.gpus import Machine
 from tessera.local.pods import PodProcesses
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
-from tessera.local.store import Project, Store, Workload
+from tessera.local.store import Project, Store, Workload, all_or_nothing
 from tessera.local.usage import LocalUsage
 from tessera.node.containers import Share, ShareDevice
 from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
@@ -155,6 +156,7 @@ class LocalBackend(TokenAuth):
         self._wake.set()
 
     def _loop(self) -> None:
+        last, since = "", 0.0
         while not self._stop.is_set():
             self._wake.wait(self.interval)
             self._wake.clear()
@@ -163,7 +165,16 @@ class LocalBackend(TokenAuth):
             try:
                 self.cycle()
             except Exception as exc:
-                print(f"tessera: control cycle failed: {exc!r}", file=sys.stderr, flush=True)
+                # The same failure every cycle (a full disk) is said once, then every 30 s:
+                # twenty lines a second would fill what little space is left.
+                if repr(exc) != last or time.monotonic() - since > 30:
+                    print(f"tessera: control cycle failed: {exc!r}", file=sys.stderr, flush=True)
+                    traceback.print_exc(limit=4)
+                    last, since = repr(exc), time.monotonic()
+            else:
+                if last:
+                    print("tessera: control cycle works again", file=sys.stderr, flush=True)
+                last = ""
 
     # -- the cycle -------------------------------------------------------------------------------
 
@@ -237,8 +248,9 @@ class LocalBackend(TokenAuth):
         for wid, reason in waiting.items():
             w = self._active.get(wid)
             if w is not None and w.phase == "Pending" and w.phase_message != reason:
-                w.phase_message = reason
-                self.store.save(w, ("Waiting", reason))
+                with all_or_nothing(w, self._active):
+                    w.phase_message = reason
+                    self.store.save(w, ("Waiting", reason))
 
     # -- cluster ---------------------------------------------------------------------------------
 
@@ -435,8 +447,8 @@ class LocalBackend(TokenAuth):
                 self.store.delete_workload(w.id)
                 return
             if active.phase == "Pending":
+                self.store.delete_workload(w.id)  # first: a full disk changes nothing
                 self._active.pop(w.id, None)
-                self.store.delete_workload(w.id)
                 self._wake.set()
                 return
             self.processes.begin_stop(active, "Deleted", "deleted by user")
@@ -448,9 +460,10 @@ class LocalBackend(TokenAuth):
             if active is None or active.phase in ("Stopping", "Deleting"):
                 raise Conflict(f"workload {w.name} is {w.phase}; only Pending or Running suspend")
             if active.phase == "Pending":
-                active.phase, active.phase_message = "Stopped", "suspended by user"
-                self._active.pop(w.id, None)
-                self.store.save(active, ("Stopped", "suspended by user"))
+                with all_or_nothing(active, self._active):
+                    active.phase, active.phase_message = "Stopped", "suspended by user"
+                    self._active.pop(w.id, None)
+                    self.store.save(active, ("Stopped", "suspended by user"))
             else:
                 self.processes.begin_stop(active, "Stopped", "suspended by user")
             return self.workload_dict(active)
@@ -460,11 +473,12 @@ class LocalBackend(TokenAuth):
             w = self._get(workload_id, kind)
             if w.phase != "Stopped":
                 raise Conflict(f"workload {w.name} is {w.phase}; only Stopped workloads resume")
-            w.phase, w.phase_message, w.pods = "Pending", "resumed by user", []
-            w.completed = None
-            w.exit_code = None
-            self._active[w.id] = w
-            self.store.save(w, ("Resumed", "resumed by user"))
+            with all_or_nothing(w, self._active):
+                w.phase, w.phase_message, w.pods = "Pending", "resumed by user", []
+                w.completed = None
+                w.exit_code = None
+                self._active[w.id] = w
+                self.store.save(w, ("Resumed", "resumed by user"))
         self._wake.set()
         return self.workload_dict(w)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.api.backend import Conflict, NotFound
+from tessera.api.storage import storage_error
 from tessera.core.errors import InvalidRequest
 from tessera.core.state import Placement
 from tessera.core.text import check_argv, check_env
@@ -30,7 +32,7 @@ from tessera.local.exec_run import run_capped
 from tessera.local.gpus import Machine
 from tessera.local.isolation_hook import Isolation
 from tessera.local.runner import Runner
-from tessera.local.store import Store, Workload
+from tessera.local.store import Store, Workload, all_or_nothing
 
 START_KEY = "TESSERA_START_KEY"
 """In every pod process's environment: WORKLOAD/ATTEMPT/POD, how a restarted server finds the
@@ -128,11 +130,15 @@ class PodProcesses:
         try:
             pods = self._planned(w, placements, attempt)
         except Exception as exc:  # a bad stored spec fails its workload, not every cycle
-            self._fail_start(w, [], exc)
+            if storage_error(exc) is not None:
+                self._requeue_start(w, [], exc)
+            else:
+                self._fail_start(w, [], exc)
             return
-        w.spec["_starting"] = attempt
-        w.pods = pods
-        self.store.save(w, ("Starting", f"starting {len(pods)} pod(s) (attempt {attempt})"))
+        with all_or_nothing(w, self.active):
+            w.spec["_starting"] = attempt
+            w.pods = pods
+            self.store.save(w, ("Starting", f"starting {len(pods)} pod(s) (attempt {attempt})"))
         faultpoints.hit("start-intent")
         launched: list[dict[str, Any]] = []
         try:
@@ -145,7 +151,10 @@ class PodProcesses:
                            exitFile=proc.exit_file, phase="Running")
                 launched.append(pod)
         except Exception as exc:
-            self._fail_start(w, launched, exc)
+            if storage_error(exc) is not None:
+                self._requeue_start(w, launched, exc)
+            else:
+                self._fail_start(w, launched, exc)
             return
         faultpoints.hit("start-launched")
         self._confirm(w, message, ("Started", f"{message}; pid "
@@ -199,15 +208,30 @@ class PodProcesses:
             })
         return pods
 
+    def _requeue_start(self, w: Workload, launched: list[dict[str, Any]], exc: Exception) -> None:
+        """The data directory is full (a pod's log cannot be created): not the workload's
+        fault. What was launched is stopped and the workload waits for the next cycle. If even
+        that cannot be stored, the stored intent stays, which a restart resolves the same way
+        (resume_start)."""
+        for pod in launched:
+            self.terminate(pod, 0)
+        reason = f"waiting: could not start ({storage_error(exc)[1]})"  # type: ignore[index]
+        w.spec.pop("_starting", None)
+        w.pods = []
+        w.phase, w.phase_message = "Pending", reason
+        with contextlib.suppress(sqlite3.Error, OSError):
+            self.store.save(w, ("Waiting", reason))
+
     def _fail_start(self, w: Workload, launched: list[dict[str, Any]], exc: Exception) -> None:
         for pod in launched:
             self.terminate(pod, 0)
         reason = str(exc) if isinstance(exc, InvalidRequest | OSError) else repr(exc)
-        w.spec.pop("_starting", None)
-        w.pods = []
-        w.phase, w.phase_message, w.completed = "Failed", f"could not start: {reason}", time.time()
-        self.active.pop(w.id, None)
-        self.store.save(w, ("Failed", w.phase_message))
+        with all_or_nothing(w, self.active):
+            w.spec.pop("_starting", None)
+            w.pods = []
+            w.phase, w.phase_message, w.completed = "Failed", f"could not start: {reason}", time.time()
+            self.active.pop(w.id, None)
+            self.store.save(w, ("Failed", w.phase_message))
 
     def _confirm(self, w: Workload, message: str, event: tuple[str, str]) -> None:
         """The attempt's pods all run: the workload is Running (one write)."""
@@ -222,7 +246,15 @@ class PodProcesses:
         w.node = ",".join(sorted({p["node"] for p in w.pods}))
         w.devices = ",".join(str(d) for p in w.pods for d in p["devices"])
         w.gpus_allocated = sum(self.gpus_of(pod) for pod in w.pods)
-        self.store.save(w, event)
+        try:
+            self.store.save(w, event)
+        except Exception as exc:
+            # The pods run: memory says so (never start them again); the store keeps the
+            # intent, which a restart re-attaches to; check() stores this every cycle until
+            # the disk takes it.
+            if storage_error(exc) is None:
+                raise
+            w.spec["_unsaved"] = list(event)
 
     def resume_start(self, w: Workload) -> None:
         """A start the server was killed in (its intent is stored): re-attach if every pod of
@@ -298,6 +330,14 @@ class PodProcesses:
         return env
 
     def check(self, w: Workload, restarted: bool = False) -> None:
+        unsaved = w.spec.pop("_unsaved", None)
+        if unsaved:  # a start confirmed while the disk was full: store it now
+            try:
+                self.store.save(w, (unsaved[0], unsaved[1]))
+            except Exception as exc:
+                w.spec["_unsaved"] = unsaved
+                if storage_error(exc) is None:
+                    raise
         changed = False
         failed: tuple[int | None, str] | None = None
         for pod in w.pods:
@@ -346,16 +386,17 @@ class PodProcesses:
 
     def begin_stop(self, w: Workload, target: str, reason: str, kind: str = "Stopping") -> None:
         """Send SIGTERM to every pod; ``finish_stop`` completes once their groups are gone."""
-        w.spec["_after_stop"] = target
-        if target == "Deleted":
-            w.phase = "Deleting"
-        else:
-            w.phase = "Stopping"
-        w.phase_message = reason
+        with all_or_nothing(w, self.active):  # stored before any pod is signalled
+            w.spec["_after_stop"] = target
+            if target == "Deleted":
+                w.phase = "Deleting"
+            else:
+                w.phase = "Stopping"
+            w.phase_message = reason
+            self.store.save(w, (kind, reason))
         for pod in w.pods:
             if pod.get("phase") == "Running":
                 self.terminate(pod, self.grace)
-        self.store.save(w, (kind, reason))
         self.finish_stop(w)
         self.wake.set()
 
@@ -370,29 +411,31 @@ class PodProcesses:
                 pod["exitCode"] = None if ended is None else ended.code
         if any(p.get("phase") == "Running" for p in w.pods):
             return
-        target = w.spec.pop("_after_stop", "Stopped")
+        target = w.spec.get("_after_stop", "Stopped")
         if target == "Deleted":
+            self.store.delete_workload(w.id)  # first: on a full disk it stays Deleting, retried
             self.active.pop(w.id, None)
-            self.store.delete_workload(w.id)
             self.wake.set()
             return
-        w.gpus_allocated = 0.0
-        w.node = ""
-        w.devices = ""
-        if target == "Pending":
-            w.phase = "Pending"
-            w.pods = []
-            self.store.save(w, ("Requeued", f"requeued after: {w.phase_message}"))
-        elif target == "Failed":
-            w.phase = "Failed"
-            w.completed = time.time()
-            self.active.pop(w.id, None)
-            self.store.save(w, ("Failed", w.phase_message))
-        else:
-            w.phase = "Stopped"
-            w.completed = time.time()
-            self.active.pop(w.id, None)
-            self.store.save(w, ("Stopped", "all pods stopped"))
+        with all_or_nothing(w, self.active):
+            w.spec.pop("_after_stop", None)
+            w.gpus_allocated = 0.0
+            w.node = ""
+            w.devices = ""
+            if target == "Pending":
+                w.phase = "Pending"
+                w.pods = []
+                self.store.save(w, ("Requeued", f"requeued after: {w.phase_message}"))
+            elif target == "Failed":
+                w.phase = "Failed"
+                w.completed = time.time()
+                self.active.pop(w.id, None)
+                self.store.save(w, ("Failed", w.phase_message))
+            else:
+                w.phase = "Stopped"
+                w.completed = time.time()
+                self.active.pop(w.id, None)
+                self.store.save(w, ("Stopped", "all pods stopped"))
         self.wake.set()
 
     def log(self, w: Workload, pod: int, offset: int) -> tuple[bytes, int]:

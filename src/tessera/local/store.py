@@ -8,6 +8,8 @@ worker threads and the control loop; local scale (thousands of workloads) does n
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import sqlite3
@@ -188,6 +190,25 @@ class Workload:
     running_pods: int = 0
 
 
+@contextmanager
+def all_or_nothing(w: Workload, active: dict[str, Workload]) -> Iterator[None]:
+    """Changes made to ``w`` inside the block, and whether it is in ``active``, are undone when
+    the block raises, e.g. because the store could not write them (a full disk): memory never
+    runs ahead of what is stored, so a refused request changes nothing."""
+    before = copy.deepcopy(w)
+    was_active = active.get(w.id) is w
+    try:
+        yield
+    except BaseException:
+        for f in dataclasses.fields(w):
+            setattr(w, f.name, getattr(before, f.name))
+        if was_active:
+            active[w.id] = w
+        elif active.get(w.id) is w:
+            del active[w.id]
+        raise
+
+
 @dataclass(frozen=True)
 class Event:
     time: float
@@ -238,10 +259,13 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                # COMMIT can fail too (disk full while the WAL grows); SQLite then leaves the
+                # transaction open, so it is rolled back here like any other failure.
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
