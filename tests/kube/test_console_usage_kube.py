@@ -22,6 +22,7 @@ from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.kube_api import KubeApiServer
 from tessera.testing.node_agents import NodeAgent
+from tests.console.conftest import artifacts, browser  # noqa: F401 (Chromium, screenshots)
 from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
 
 
@@ -188,3 +189,45 @@ def test_a_dynamic_fraction_on_a_node_shows_its_usage_and_loan(
             kube_client.delete(Pod, "dyn", namespace=ns, grace_period=0)
         with contextlib.suppress(Exception):
             kube_client.delete(Node, node)
+
+
+def test_the_gpus_page_says_which_agent_does_not_answer(setup: Any, browser: Any, artifacts: Any,  # noqa: F811
+                                                         ) -> None:
+    """In Chromium: the Kubernetes API server's GPUs page shows usage for answering agents, and
+    *node agent not answering* / *no node agent* (no numbers) for the others."""
+    from selenium.webdriver.common.by import By
+
+    from tests.console.browsing import go, login, shoot, until
+
+    server, agents, bare = setup
+    stuck, fine = sorted(agents)
+    popen = agents[stuck].process.popen
+    assert popen is not None
+    os.kill(popen.pid, signal.SIGSTOP)
+    try:
+        wait_until("the stuck agent's report", lambda: nodes(server)[stuck]["agent"]["state"]
+                   == "unreachable")
+        browser.get(f"{server.url}/")
+        until("the login page", lambda: browser.find_element(By.ID, "login-button"))
+        login(browser, server)
+        go(browser, server, "gpus")
+
+        def badge(node: str) -> Any:
+            return browser.find_element(By.CSS_SELECTOR, f'.node[data-node="{node}"] .agent')
+
+        until("the badges", lambda: badge(stuck).get_attribute("data-agent-state") == "unreachable")
+        assert "node agent not answering" in badge(stuck).text
+        assert "did not answer within" in badge(stuck).text
+        assert badge(bare).get_attribute("data-agent-state") == "no-agent"
+        assert "no node agent" in badge(bare).text
+        assert badge(fine).get_attribute("data-agent-state") == "ok"
+        for node in (stuck, bare):  # no numbers rather than zeros
+            gpus = browser.find_elements(By.CSS_SELECTOR, f'.node[data-node="{node}"] .gpu')
+            assert gpus and all(g.get_attribute("data-used") == "" for g in gpus)
+            assert all("used: —" in g.text for g in gpus)
+        ok_gpus = browser.find_elements(By.CSS_SELECTOR, f'.node[data-node="{fine}"] .gpu')
+        assert ok_gpus and all(g.get_attribute("data-used") == "0" for g in ok_gpus)
+        browser.execute_script("arguments[0].scrollIntoView()", badge(stuck))
+        shoot(browser, artifacts, "kube-gpus-agents")
+    finally:
+        os.kill(popen.pid, signal.SIGCONT)
