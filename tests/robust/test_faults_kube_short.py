@@ -71,3 +71,33 @@ def test_check_sees_an_over_committed_gpu(fault_env: tuple[Any, str]) -> None:
     finally:
         for name in ("over-a", "over-b"):
             env.client.delete(Pod, name, namespace=ns, grace_period=0)
+
+
+def test_scheduler_started_while_the_api_server_is_down_waits_for_it(
+        fault_env: tuple[Any, str]) -> None:
+    """A scheduler (re)started during a control-plane outage waits for the API server instead
+    of exiting (which a Deployment turns into a crash loop with a growing back-off), then
+    schedules. It used to exit at its first request."""
+    import time
+
+    from lightkube import codecs
+
+    env, ns = fault_env
+    env.stop()
+    restarts = env.restarts
+    env.cluster.restart_apiserver(kill=True, down_seconds=4.0, while_down=env.start_scheduler)
+    time.sleep(1.0)
+    try:
+        assert env.proc is not None and env.proc.poll() is None, "the scheduler exited"
+        env.client.create(codecs.from_dict(faults_kube._share_pod(
+            "after-outage", ns, "0.25", "ab" * 8)))
+        bound = faults_kube._wait(lambda: any(
+            p.metadata.name == "after-outage" and p.spec.nodeName
+            for p in faults_kube._pods(env.client, ns)), 60)
+        assert bound, "not bound after the outage"
+        assert env.restarts == restarts and env.proc.poll() is None
+    finally:
+        from lightkube.resources.core_v1 import Pod
+
+        env.client.delete(Pod, "after-outage", namespace=ns, grace_period=0)
+        env.stop()

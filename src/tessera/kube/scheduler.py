@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -64,6 +65,7 @@ from tessera.kube.objects import (
 from tessera.kube.rawapi import RawApi
 from tessera.kube.reporting import Reporter
 from tessera.kube.reservations import Reservations
+from tessera.kube.retry import is_transient, status_code
 from tessera.kube.snapshot import (
     Context,
     SnapshotBuilder,
@@ -224,15 +226,35 @@ class KubeScheduler:
             self.wake.set()
 
     # ---- the loop ------------------------------------------------------------------------------
-    async def ensure_system_namespace(self) -> None:
-        try:
-            await self.client.get(Namespace, self.opts.system_namespace)
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
-            with contextlib.suppress(ApiError):
-                await self.client.create(
-                    Namespace(metadata=ObjectMeta(name=self.opts.system_namespace)))
+    async def ensure_system_namespace(self, forbidden_for: float = 60.0) -> None:
+        """The first request: waits (jittered backoff up to 5 s) while the API server cannot
+        be reached or answers 5xx, so a scheduler started during a control-plane outage waits
+        for it instead of exiting into a crash loop's growing back-off. A 403 is retried for
+        ``forbidden_for`` seconds (an API server that has just started refuses requests until
+        its RBAC caches are filled), then raised: missing rules are not waited for forever."""
+        forbidden_until: float | None = None
+        delay = 0.2
+        while True:
+            try:
+                try:
+                    await self.client.get(Namespace, self.opts.system_namespace)
+                except ApiError as exc:
+                    if exc.status.code != 404:
+                        raise
+                    with contextlib.suppress(ApiError):  # the release namespace exists
+                        await self.client.create(
+                            Namespace(metadata=ObjectMeta(name=self.opts.system_namespace)))
+                return
+            except Exception as exc:
+                if status_code(exc) == 403:
+                    forbidden_until = forbidden_until or time.monotonic() + forbidden_for
+                    if time.monotonic() > forbidden_until:
+                        raise
+                elif not is_transient(exc):
+                    raise
+                log.warning("waiting for the API server: %s; retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(5.0, delay * 2)
 
     async def run(self) -> None:
         await self.ensure_system_namespace()

@@ -394,10 +394,13 @@ class TestCluster:
         kwok.check_alive()
         self.startup_seconds["kwok"] = time.monotonic() - t
 
-    def restart_apiserver(self, *, kill: bool = True, down_seconds: float = 0.0) -> float:
-        """Stop kube-apiserver (SIGKILL, or SIGTERM when ``kill`` is False), wait
-        ``down_seconds``, start it again with the same flags on the same port (etcd keeps the
-        data) and wait until it is ready. Returns the seconds it was unreachable."""
+    def restart_apiserver(self, *, kill: bool = True, down_seconds: float = 0.0,
+                          while_down: Callable[[], None] | None = None) -> float:
+        """Stop kube-apiserver (SIGKILL, or SIGTERM when ``kill`` is False), call
+        ``while_down``, wait ``down_seconds``, start it again with the same flags on the same
+        port (etcd keeps the data) and wait until it is ready. Returns the seconds it was
+        unreachable. Call it from a thread that outlives the cluster: the API server is
+        started with PR_SET_PDEATHSIG, which fires when the starting thread ends."""
         proc = next(p for p in self.processes if p.name == "kube-apiserver")
         t0 = time.monotonic()
         assert proc.popen is not None
@@ -407,6 +410,8 @@ class TestCluster:
             proc.popen.wait(10)
         else:
             proc.stop()
+        if while_down is not None:
+            while_down()
         time.sleep(down_seconds)
         proc.start()
         _wait_for("kube-apiserver /readyz after restart",
