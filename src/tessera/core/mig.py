@@ -1,0 +1,256 @@
+"""MIG (Multi-Instance GPU) geometry and the choice of where a partition goes.
+
+A GPU in MIG mode is cut into GPU instances of fixed *profiles* (``3g.20gb``: 3 of 7 compute
+slices, 20 GB). Each profile may start only at certain memory slots (eighths of the memory), and
+an instance covers ``slots`` consecutive ones; instances never overlap and together use at most
+the GPU's 7 compute slices. The tables are NVIDIA's (MIG user guide, "Supported MIG Profiles";
+the placements are what ``nvidia-smi mig -lgipp`` lists): the same geometry on the A100 and the
+H100, with the memory in the names scaled to the product.
+
+:func:`choose` is pure: given the partitions that exist on a node's MIG GPUs (busy or idle), it
+says which idle partition to reuse, or where to create one, and which idle partitions must go
+first when nothing else fits. It never touches a busy partition and never removes an idle one
+while a free placement exists, so a partition another workload could use now stays (seed 003:
+"the partition isn't removed until the scheduler determines that it's needed elsewhere").
+Among the free placements it makes the fewest free slots unusable (a free slot is unusable when
+no profile could be created on it: none starts there, or the GPU's compute is spent), keeps the
+largest contiguous run of free slots (what the largest profiles need), and packs GPUs that are
+already cut before cutting an intact one.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tessera.core.errors import InvalidRequest
+
+SLOTS = 8
+"""Memory slots of a MIG GPU (placements are in these units)."""
+COMPUTE = 7
+"""Compute slices of a MIG GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    name: str
+    """``3g.20gb``."""
+    compute: int
+    """Compute slices (of 7)."""
+    slots: int
+    """Memory slots it covers (of 8)."""
+    starts: tuple[int, ...]
+    """The memory slots it may start at."""
+
+    @property
+    def fraction(self) -> float:
+        """What quota and fair share count it as: its share of the GPU's compute."""
+        return round(self.compute / COMPUTE, 3)
+
+
+def _table(gb: tuple[int, int, int, int, int]) -> dict[str, MigProfile]:
+    one, one_double, two, three_four, seven = gb
+    rows = [
+        (f"1g.{one}gb", 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+        (f"1g.{one_double}gb", 1, 2, (0, 2, 4, 6)),
+        (f"2g.{two}gb", 2, 2, (0, 2, 4)),
+        (f"3g.{three_four}gb", 3, 4, (0, 4)),
+        (f"4g.{three_four}gb", 4, 4, (0,)),
+        (f"7g.{seven}gb", 7, 8, (0,)),
+    ]
+    return {name: MigProfile(name, compute, slots, starts) for name, compute, slots, starts in rows}
+
+
+PROFILES: dict[str, dict[str, MigProfile]] = {
+    "A100-40GB": _table((5, 10, 10, 20, 40)),
+    "A100-80GB": _table((10, 20, 20, 40, 80)),
+    "H100-80GB": _table((10, 20, 20, 40, 80)),
+    "H100-94GB": _table((12, 24, 24, 47, 94)),
+    "H200-141GB": _table((18, 35, 35, 71, 141)),
+}
+"""MIG-capable models tessera knows, by the short model name of :mod:`tessera.core.gpu_models`."""
+
+_NAME = re.compile(r"(?:nvidia\.com/)?(?:mig[- ])?(\d)g\.(\d{1,3})gb", re.IGNORECASE)
+
+
+def parse_profile(text: object, field: str = "gpuMigProfile") -> str:
+    """The canonical profile name from any spelling users write: ``3g.20gb``, ``mig-3g.20gb``,
+    ``MIG 3g.20gb`` or the GPU operator's resource ``nvidia.com/mig-3g.20gb``."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidRequest(field, "must be a MIG profile such as 3g.20gb", text)
+    m = _NAME.fullmatch(text.strip())
+    if m is None:
+        raise InvalidRequest(field, "must be a MIG profile such as 1g.10gb or 3g.40gb "
+                                    "(COMPUTEg.MEMORYgb)", text)
+    name = f"{m.group(1)}g.{int(m.group(2))}gb"
+    if not any(name in table for table in PROFILES.values()):
+        known = sorted({n for table in PROFILES.values() for n in table}, key=_order)
+        raise InvalidRequest(field, f"is not a MIG profile of any GPU tessera knows "
+                                    f"({', '.join(known)})", text)
+    return name
+
+
+def _order(name: str) -> tuple[int, int]:
+    compute, memory = name.split("g.", 1)
+    return int(compute), int(memory.removesuffix("gb"))
+
+
+def profile_of(model: str, name: str) -> MigProfile | None:
+    return PROFILES.get(model, {}).get(name)
+
+
+def supported_text(models: Iterable[str]) -> str:
+    """What the given models offer, for a reason a person can act on."""
+    parts = [f"{m}: {', '.join(sorted(PROFILES[m], key=_order))}" for m in sorted(set(models))
+             if m in PROFILES]
+    return "; ".join(parts) if parts else "no MIG-capable GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """One GPU instance that exists on a GPU."""
+
+    profile: str
+    start: int
+    busy: bool
+    """A workload holds it."""
+    uuid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MigGpu:
+    """A GPU in MIG mode and the partitions on it."""
+
+    key: str
+    """Node and index, as the caller names it (``node-1/0``)."""
+    model: str
+    partitions: tuple[Partition, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MigChoice:
+    gpu: str
+    start: int
+    reuse: Partition | None = None
+    """An idle partition of the profile, taken as it is."""
+    destroy: tuple[Partition, ...] = ()
+    """Idle partitions to remove first (only when no free placement exists anywhere)."""
+
+
+def _used(partitions: Iterable[Partition], model: str) -> tuple[list[bool], int]:
+    taken = [False] * SLOTS
+    compute = 0
+    table = PROFILES[model]
+    for p in partitions:
+        prof = table[p.profile]
+        for s in range(p.start, p.start + prof.slots):
+            taken[s] = True
+        compute += prof.compute
+    return taken, compute
+
+
+def free_placements(model: str, partitions: Sequence[Partition], profile: MigProfile) -> list[int]:
+    """Starts where ``profile`` can be created now next to ``partitions``."""
+    taken, compute = _used(partitions, model)
+    if compute + profile.compute > COMPUTE:
+        return []
+    return [s for s in profile.starts if not any(taken[s:s + profile.slots])]
+
+
+def _longest_free(taken: Sequence[bool]) -> int:
+    best = run = 0
+    for t in taken:
+        run = 0 if t else run + 1
+        best = max(best, run)
+    return best
+
+
+def unusable_slots(model: str, partitions: Sequence[Partition]) -> int:
+    """Free memory slots that no profile could be created on, given what exists: the
+    fragmentation figure of the MIG benchmark."""
+    taken, _ = _used(partitions, model)
+    coverable = [False] * SLOTS
+    for prof in PROFILES[model].values():
+        for start in free_placements(model, partitions, prof):
+            for s in range(start, start + prof.slots):
+                coverable[s] = True
+    return sum(1 for s in range(SLOTS) if not taken[s] and not coverable[s])
+
+
+def _score(model: str, partitions: Sequence[Partition], profile: MigProfile,
+           start: int) -> tuple[int, int, int, int]:
+    after = (*partitions, Partition(profile.name, start, True))
+    taken_before, _ = _used(partitions, model)
+    taken_after, compute_after = _used(after, model)
+    # Larger is better: the fewest free slots made unusable for every profile (the benchmark's
+    # fragmentation figure), then the least loss of the GPU's longest free run (what the
+    # largest profiles need), then the fullest GPU by compute (pack), then the lower slot.
+    return (unusable_slots(model, partitions) - unusable_slots(model, after),
+            _longest_free(taken_after) - _longest_free(taken_before),
+            compute_after, -start)
+
+
+def choose(gpus: Sequence[MigGpu], name: str) -> MigChoice | None:
+    """Where a partition of profile ``name`` goes on these GPUs; None when nothing, not even
+    removing idle partitions, makes room. Idle partitions of the profile are reused first (on
+    the GPU with the most busy slots), then the free placement that makes the fewest free
+    slots unusable, costs its GPU the least of its longest free run, and packs cut GPUs first."""
+    for gpu in sorted(gpus, key=lambda g: -sum(PROFILES[g.model][p.profile].slots
+                                                for p in g.partitions if p.busy)):
+        for p in gpu.partitions:
+            if p.profile == name and not p.busy:
+                return MigChoice(gpu.key, p.start, reuse=p)
+    best: tuple[tuple[int, int, int, int], MigChoice] | None = None
+    for gpu in gpus:
+        found = _best_start(gpu.model, tuple(sorted((p.profile, p.start) for p in gpu.partitions)),
+                            name)
+        if found is not None and (best is None or found[0] > best[0]):
+            best = (found[0], MigChoice(gpu.key, found[1]))
+    if best is not None:
+        return best[1]
+    return _by_removing_idle(gpus, name)
+
+
+@functools.lru_cache(maxsize=65536)
+def _best_start(model: str, layout: tuple[tuple[str, int], ...],
+                name: str) -> tuple[tuple[int, int, int, int], int] | None:
+    """The best free start for ``name`` on a GPU with this layout, and its score. GPUs of a
+    fleet share few layouts (most are empty or cut alike), so this is asked once per layout."""
+    profile = profile_of(model, name)
+    if profile is None:
+        return None
+    partitions = tuple(Partition(prof, start, True) for prof, start in layout)
+    best: tuple[tuple[int, int, int, int], int] | None = None
+    for start in free_placements(model, partitions, profile):
+        score = _score(model, partitions, profile, start)
+        if best is None or score > best[0]:
+            best = (score, start)
+    return best
+
+
+def _by_removing_idle(gpus: Sequence[MigGpu], name: str) -> MigChoice | None:
+    """The placement that removes the fewest idle partitions (then the fewest slots of them)."""
+    best: tuple[tuple[int, int], MigChoice] | None = None
+    for gpu in gpus:
+        profile = profile_of(gpu.model, name)
+        if profile is None:
+            continue
+        busy = [p for p in gpu.partitions if p.busy]
+        idle = [p for p in gpu.partitions if not p.busy]
+        for start in free_placements(gpu.model, busy, profile):
+            end = start + profile.slots
+            table = PROFILES[gpu.model]
+            overlapping = [p for p in idle if p.start < end and start < p.start + table[p.profile].slots]
+            keep = [p for p in idle if p not in overlapping]
+            # The kept idle ones must still leave compute for the new partition.
+            while keep and start not in free_placements(gpu.model, busy + keep, profile):
+                keep.sort(key=lambda p: table[p.profile].compute)
+                overlapping.append(keep.pop())
+            if start not in free_placements(gpu.model, busy + keep, profile):
+                continue
+            cost = (len(overlapping), sum(table[p.profile].slots for p in overlapping))
+            if best is None or cost < best[0]:
+                best = (cost, MigChoice(gpu.key, start, destroy=tuple(overlapping)))
+    return best[1] if best is not None else None
