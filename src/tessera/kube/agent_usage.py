@@ -4,7 +4,7 @@ Every agent publishes where it serves ``/usage`` on its Node, once
 (``tessera.io/node-agent-url``, :mod:`tessera.node.publish`; no Node write per interval, which
 would wake every Node informer in the cluster). A daemon thread here reads those addresses from
 the watch-fed Node cache and asks every agent for ``/usage`` every ``TESSERA_USAGE_INTERVAL``
-seconds (default 5), with bounded concurrency (``TESSERA_USAGE_WORKERS``, default 16), a
+seconds (default 5; the asks spread over the interval), with bounded concurrency (``TESSERA_USAGE_WORKERS``, default 16), a
 timeout per agent (``TESSERA_USAGE_TIMEOUT``, default 2 s) and a cap on the answer's size. A
 request reads the last reports and never waits for an agent: a slow or dead agent only makes
 its own node's report ``unreachable`` (the console says so instead of showing zeros) once its
@@ -25,7 +25,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from urllib.parse import urlsplit
 
 from tessera.api.usage import NodeReport, report_of
@@ -94,13 +94,24 @@ class AgentPoller:
                                          f"url is not http(s)://HOST:PORT[/PATH]: {url[:100]!r}", now)
         with self._lock:
             self._reports = {**{n: r for n, r in self._reports.items() if n in urls}, **fresh}
-        asks = {pool.submit(self.ask, node, url): node
-                for node, url in urls.items() if node not in fresh}
-        for done in as_completed(asks):
-            report = done.result()
-            with self._lock:
-                self._reports[report.node] = self._keep_recent(self._reports.get(report.node),
-                                                               report)
+        todo = [(node, url) for node, url in urls.items() if node not in fresh]
+        # Spread over the interval, not all at once: the asks run in the API server's process,
+        # and a burst of 16 busy threads would take the interpreter from its requests for a
+        # second every round; one ask every few milliseconds costs them almost nothing.
+        gap = 0.8 * self.interval / len(todo) if todo else 0.0
+        asks = []
+        for node, url in todo:
+            ask = pool.submit(self.ask, node, url)
+            ask.add_done_callback(self._store)
+            asks.append(ask)
+            if self._stop.wait(gap):
+                break
+        wait(asks)
+
+    def _store(self, ask: Future[NodeReport]) -> None:
+        report = ask.result()
+        with self._lock:
+            self._reports[report.node] = self._keep_recent(self._reports.get(report.node), report)
 
     def _keep_recent(self, last: NodeReport | None, new: NodeReport) -> NodeReport:
         """One missed answer (a busy node, a busy API server) does not blank a node: its last
