@@ -161,7 +161,7 @@ def _merge_cost(cluster: dict[str, Any], docs: dict[str, bytes], repeats: int = 
     return _p(times, 0.5)
 
 
-def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
+def kubernetes(nodes: int, repeats: int, usage: bool = True) -> dict[str, Any]:
     from lightkube.resources.core_v1 import Node
     from lightkube.types import PatchType
 
@@ -181,8 +181,8 @@ def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
         uuids = {str(n.metadata.name): (n.metadata.annotations or {})[GPU_UUIDS_ANNOTATION]
                  .split(",") for n in client.list(Node)
                  if n.metadata and str(n.metadata.name) in set(names)}
-        agents = _AgentStandIns(uuids, Path(tmp))
-        for name in names:
+        agents = _AgentStandIns(uuids if usage else {}, Path(tmp))
+        for name in names if usage else ():
             client.patch(Node, name, {"metadata": {"annotations": {AGENT_URL: f"{agents.url}/{name}"}}},
                          patch_type=PatchType.MERGE)
         server = KubeApiServer(Path(tmp), cluster.kubeconfig, interval=1.0).start()
@@ -196,8 +196,8 @@ def kubernetes(nodes: int, repeats: int) -> dict[str, Any]:
                     time.sleep(0.5)
 
                 t0 = time.monotonic()
-                while sum((n.get("agent") or {}).get("state") == "ok"
-                          for n in c.get("/api/v1/cluster").json()["nodes"]) < nodes:
+                while usage and sum((n.get("agent") or {}).get("state") == "ok"
+                                    for n in c.get("/api/v1/cluster").json()["nodes"]) < nodes:
                     if time.monotonic() - t0 > 120:
                         raise RuntimeError("the API server had not every node's usage in 120 s")
                     time.sleep(0.2)
@@ -229,13 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--no-usage", action="store_true",
+                        help="Kubernetes part: no node publishes an agent address (nothing polled)")
     args = parser.parse_args(argv)
     if args.workloads < 1 or args.nodes < 0 or args.repeats < 1:
         parser.error("--workloads >= 1, --nodes >= 0 (0: skip Kubernetes), --repeats >= 1")
     result: dict[str, Any] = {"benchmark": "console", "workloads": args.workloads}
     result.update(embedded(args.workloads, args.repeats))
     if args.nodes:
-        result.update(kubernetes(args.nodes, max(5, args.repeats // 4)))
+        result.update(kubernetes(args.nodes, max(5, args.repeats // 4), usage=not args.no_usage))
     print(json.dumps(result), flush=True)
     return 0
 
