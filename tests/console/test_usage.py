@@ -304,3 +304,35 @@ def test_one_missed_answer_keeps_the_last_report_until_it_is_stale() -> None:
     late = NodeReport("n", "unreachable", "the agent at http://x did not answer within 1 s", 116.0)
     assert poller._keep_recent(kept, late) is late  # 16 s > 3 intervals: no numbers any more
     assert poller._keep_recent(None, miss) is miss
+
+
+def test_history_keeps_bounded_samples_and_the_busiest_workloads() -> None:
+    """Retention is a fixed number of samples (hours / interval) and at most MAX_WORKLOADS
+    workloads' utilisation per sample, the busiest; a snapshot sampled twice is kept once."""
+    from tessera.api.history import MAX_WORKLOADS, History
+    from tessera.api.telemetry import Snapshot, SnapshotCache
+
+    base = int(time.time()) - 100  # snapshot times near now: the cache ages them by the clock
+    clock = iter(range(base, base + 1000))
+
+    def reader(_: Any) -> Snapshot:
+        busy_ = {("p", f"w{i}"): i / 1000 for i in range(MAX_WORKLOADS + 50)}
+        return Snapshot(float(next(clock)), False, 8, 1, 0, 0, 0, (), (), {}, True, 2.5, 0,
+                        busy_, {})
+
+    cache = SnapshotCache(None, max_age=-1, reader=reader)  # type: ignore[arg-type]
+    history = History(cache, interval=1, hours=10 / 3600)
+    for _ in range(25):
+        history.sample()
+    doc = history.document(0)
+    assert len(doc["time"]) == 10 and doc["time"][0] == base + 15  # the newest ten
+    workloads = doc["utilization"]["workloads"]
+    assert len(workloads) == MAX_WORKLOADS
+    assert "p/w149" in workloads and "p/w49" not in workloads  # the busiest kept
+    assert doc["utilization"]["all"] == [2.5] * 10
+    assert doc["utilization"]["projects"]["p"][-1] == pytest.approx(
+        sum(range(MAX_WORKLOADS + 50)) / 1000)
+    cache.max_age = 3600  # the same snapshot again: no new sample
+    history.sample()
+    history.sample()
+    assert len(history.document(0)["time"]) == 10 and history.samples[-1].time == base + 24
