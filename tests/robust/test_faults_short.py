@@ -56,3 +56,16 @@ def test_disk_full_trial_loses_nothing_and_half_applies_nothing(tmp_path: Path) 
     assert result["problems"] == [], result
     assert result["codes"].get(507, 0) > 0 and result["acked"] > 0, result
     assert set(result["codes"]) <= {200, 202, 507}, result
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_node_agent_killed_mid_reclaim_reclaims_once(tmp_path: Path, index: int) -> None:
+    """tessera-node killed -9 at the reclaim point (0) or at a random moment (1), started
+    again: the owner is served and exactly one borrower is killed (faults_node)."""
+    from tessera.bench import faults_node
+    from tessera.isolation.build import ensure_built
+
+    native = ensure_built()
+    result = faults_node.run_trial(native, faults_node.gpu_uuid(native), index,
+                                   random.Random(index), tmp_path)
+    assert result["problems"] == [], result
