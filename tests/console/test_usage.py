@@ -336,3 +336,86 @@ def test_history_keeps_bounded_samples_and_the_busiest_workloads() -> None:
     history.sample()
     history.sample()
     assert len(history.document(0)["time"]) == 10 and history.samples[-1].time == base + 24
+
+
+# -- the same reports from a real Prometheus (TESSERA_PROMETHEUS_URL) ---------------------------
+
+def test_prometheus_source_reports_what_the_agent_exported(native: Any, tmp_path: Path) -> None:
+    """Debian's Prometheus scrapes a real ``tessera-node local`` (fake NVML, two share processes
+    with the isolation library); the API server's Prometheus source builds the same report the
+    agent's ``/usage`` gives; a node Prometheus has no series of is ``no-agent``; once the agent is
+    gone and its last sample ages, ``unreachable``; Prometheus down: every node says so."""
+    import shutil
+
+    from tessera.kube.prometheus_usage import PrometheusUsage
+    from tests.isolation.conftest import CTX
+    from tests.node.test_metrics_escapes import INFER, TRAIN, UUIDS, Machine
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("Debian's prometheus is needed (./dev setup installs it)", pytrace=False)
+    m = Machine(native, tmp_path)
+    from tessera.node.containers import write_share
+
+    for share in (TRAIN, INFER):
+        write_share(m.shares, share, host_paths=True)
+    prom: subprocess.Popen[bytes] | None = None
+    try:
+        a = m.share_process(TRAIN, sm=40)
+        a.alloc(10 * GiB)  # 2 GiB (and its context) above its 8 GiB request
+        m.share_process(INFER, sm=20).alloc(3 * GiB)
+        m.start_agent("warn")
+        (port,) = free_ports(1)
+        (tmp_path / "prometheus.yml").write_text(
+            "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: tessera-node\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{m.port}']}}]\n")
+        prom = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        source = PrometheusUsage(f"http://127.0.0.1:{port}", lambda: ["box", "ghost"],
+                                 interval=0.5, timeout=2, stale_after=3)
+
+        def shares_seen() -> Any:
+            try:
+                r = source.read()
+            except Exception:
+                return None
+            box = r["box"]
+            return r if box.state == "ok" and len(box.shares) == 2 else None
+
+        got = wait_for("Prometheus to have scraped the agent", shares_seen, timeout=60)
+        box = got["box"]
+        g0 = box.gpus[UUIDS[0]]
+        assert g0["usedBytes"] == 13 * GiB and g0["utilization"] == pytest.approx(0.6)
+        train = box.shares[(UUIDS[0], "team-a/train-a")]
+        assert train["usedBytes"] == 10 * GiB and train["loanedBytes"] == 2 * GiB + CTX
+        assert train["utilization"] == pytest.approx(0.4)
+        assert got["ghost"].state == "no-agent" and "no tessera-node metrics" in got["ghost"].message
+        cluster = merge({"nodes": [{"name": "box", "gpus": [{"uuid": UUIDS[0], "workloads": [
+            {"name": "train-a", "project": "team-a", "pod": "team-a/train-a", "bytes": 8 * GiB,
+             "exclusive": False}]}]}]}, got)
+        assert cluster["nodes"][0]["gpus"][0]["loanedBytes"] == 2 * GiB + CTX
+        assert m.agent is not None
+        m.agent.terminate()
+        m.agent.wait(10)
+        gone = wait_for("the agent's samples to age", lambda: (
+            r := source.read()["box"]).state == "unreachable" and r, timeout=30)
+        assert "has not scraped this node's agent" in gone.message
+        prom.terminate()
+        prom.wait(10)
+        down = source.read()
+        assert {r.state for r in down.values()} == {"unreachable"}
+        assert "did not answer" in down["ghost"].message
+        bad = PrometheusUsage("ftp://x", lambda: ["box"]).read()["box"]
+        assert bad.state == "unreachable" and "TESSERA_PROMETHEUS_URL" in bad.message
+    finally:
+        m.stop()
+        if prom is not None and prom.poll() is None:
+            prom.kill()
+            prom.wait()
+
+
+@pytest.fixture
+def native() -> Any:
+    return ensure_built()

@@ -231,3 +231,49 @@ def test_the_gpus_page_says_which_agent_does_not_answer(setup: Any, browser: Any
         shoot(browser, artifacts, "kube-gpus-agents")
     finally:
         os.kill(popen.pid, signal.SIGCONT)
+
+
+def test_with_prometheus_configured_the_usage_comes_from_it(
+        setup: Any, kube_cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """TESSERA_PROMETHEUS_URL: the API server reads the agents' metrics from Debian's Prometheus
+    (scraping the real agents) instead of polling them; same document, same states."""
+    import shutil
+    import subprocess
+
+    from tessera.testing.cluster import free_ports
+
+    _, agents, bare = setup
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("Debian's prometheus is needed (./dev setup installs it)", pytrace=False)
+    root = tmp_path_factory.mktemp("prometheus")
+    targets = ", ".join(f"'127.0.0.1:{a.metrics_port}'" for a in agents.values())
+    (root / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: tessera-node\n"
+        f"    static_configs: [{{targets: [{targets}]}}]\n")
+    (port,) = free_ports(1)
+    prom = subprocess.Popen([binary, f"--config.file={root / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={root / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    class FromPrometheus(PollingApiServer):
+        @property
+        def env(self) -> dict[str, str]:
+            return {**super().env, "TESSERA_PROMETHEUS_URL": f"http://127.0.0.1:{port}"}
+
+    server = FromPrometheus(root / "api", kube_cluster.kubeconfig)
+    server.start()
+    try:
+        got = wait_until("usage from Prometheus", lambda: (n := nodes(server)) and all(
+            n[a]["agent"]["state"] == "ok" for a in agents) and n, timeout=60)
+        for name, agent in agents.items():
+            gpus = got[name]["gpus"]
+            assert [g["uuid"] for g in gpus] == agent.uuids
+            assert all(g["usedBytes"] == 0 and g["utilization"] == 0.0 for g in gpus)
+        b = got[bare]["agent"]
+        assert b["state"] == "no-agent" and "Prometheus" in b["message"]
+    finally:
+        server.cleanup()
+        prom.terminate()
+        prom.wait(10)

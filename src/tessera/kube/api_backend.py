@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -51,6 +52,7 @@ from tessera.kube.cluster_workloads import ISOLATION, ClusterWorkloads
 from tessera.kube.node_cache import CachedNode, NodeCache
 from tessera.kube.objects import PodGroupResource, node_info
 from tessera.kube.podspec import pod_request_from_dict
+from tessera.kube.prometheus_usage import PrometheusUsage
 from tessera.kube.upstream import explain
 
 log = logging.getLogger(__name__)
@@ -77,8 +79,12 @@ class KubeBackend(TokenAuth):
         """Reading workloads and their documents (tessera.kube.cluster_workloads)."""
         self.node_cache = NodeCache(client)
         """The Nodes, followed by a watch (not listed per request)."""
-        self.usage = AgentPoller(self._agent_urls)
-        """GPU memory used, loans and utilisation from each node's tessera-node (polled)."""
+        prometheus = os.environ.get("TESSERA_PROMETHEUS_URL", "")
+        self.usage: AgentPoller | PrometheusUsage = (
+            PrometheusUsage(prometheus, lambda: list(self._agent_urls())) if prometheus
+            else AgentPoller(self._agent_urls))
+        """GPU memory used, loans and utilisation: each node's tessera-node polled, or the
+        Prometheus that scrapes them (TESSERA_PROMETHEUS_URL)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
