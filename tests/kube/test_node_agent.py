@@ -270,6 +270,8 @@ def test_agent_runs_with_the_charts_rbac(kube_cluster: TestCluster, kube_client:
         kube_client.create(share_pod("bad", kube_namespace, node, "GPU-elsewhere", "4" * 16))
         wait_until("Event", lambda: [e for e in events(kube_client, kube_namespace, "bad")
                                      if e.reason == "GPUIsolationFailed"])
+        wait_until("its ResourceSlice", lambda: resource_slice(kube_client, node))
+        assert "not written" not in agent.process.log_tail(200)
         assert "Forbidden" not in agent.process.log_tail(200)
         assert "403" not in agent.process.log_tail(200)
     finally:
@@ -278,3 +280,96 @@ def test_agent_runs_with_the_charts_rbac(kube_cluster: TestCluster, kube_client:
                 kube_client.delete(Pod, name, namespace=ns, grace_period=0)
         group.stop()
         kube_client.delete(Node, node)
+
+
+# ---- DRA: the node's ResourceSlice (issue 19, docs/dra.md) -----------------------------------
+def resource_slice(client: Client, node: str) -> Any:
+    """The node's slice; None while there is none."""
+    from tessera.node.resourceslice import ResourceSlice, slice_name
+    try:
+        return client.get(ResourceSlice, slice_name(node))
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+
+
+def test_node_publishes_its_resource_slice(agents: NodeAgents, kube_client: Client) -> None:
+    """One ResourceSlice per node for gpu.tessera.io, accepted by the API server's validation
+    (with DRAConsumableCapacity on: the capacity request policies survive the round trip), its
+    devices what NVML on that node says."""
+    from tessera.core import nvlink
+    from tessera.node.resourceslice import DeviceClass
+    for name, agent in agents.agents.items():
+        node = kube_client.get(Node, name)
+        ann = node.metadata.annotations
+        inv = json.loads(ann["tessera.io/gpu-inventory"])
+        headroom = [int(x) for x in ann["tessera.io/gpu-headroom"].split(",")]
+        obj = wait_until(f"{name}'s slice", lambda n=name: resource_slice(kube_client, n))
+        spec = obj.spec
+        assert spec["driver"] == "gpu.tessera.io" and spec["nodeName"] == name
+        assert spec["pool"]["name"] == name and spec["pool"]["resourceSliceCount"] == 1
+        assert obj.metadata.ownerReferences[0].uid == node.metadata.uid
+        devs = spec["devices"]
+        assert [d["name"] for d in devs] == [f"gpu-{i}" for i in range(4)]
+        assert [d["attributes"]["uuid"]["string"] for d in devs] == agent.uuids
+        islands = nvlink.islands(4, [(lk["a"], lk["b"]) for lk in inv["links"] if lk["nvlink"]])
+        for d, g, room, island in zip(devs, inv["gpus"], headroom, islands, strict=True):
+            assert d["attributes"]["model"] == {"string": "A100-40GB"}
+            assert d["attributes"]["memory"] == {"int": 40960 * 2**20}
+            assert d["attributes"]["index"] == {"int": g["index"]}
+            assert d["attributes"]["nvlinkIsland"] == {"int": island}
+            assert d["allowMultipleAllocations"] is True
+            mem = d["capacity"]["memory"]
+            usable = (g["memory"] - room) // 2**20 * 2**20
+            assert parse_quantity(mem["value"]) == usable
+            assert parse_quantity(mem["requestPolicy"]["default"]) == usable
+            assert {k: parse_quantity(v) for k, v in mem["requestPolicy"]["validRange"].items()
+                    } == {"min": 2**20, "step": 2**20}
+            assert parse_quantity(d["capacity"]["shares"]["value"]) == 100
+    # The test cluster installs the chart's DeviceClasses.
+    classes = {c.metadata.name for c in kube_client.list(DeviceClass)}
+    assert {"gpu.tessera.io", "share.gpu.tessera.io"} <= classes
+
+
+def parse_quantity(text: str) -> int:
+    from tessera.core.units import parse_memory
+    return parse_memory(text, "quantity")
+
+
+def test_resource_slice_is_repaired_and_not_rewritten_on_restart(
+        agents: NodeAgents, kube_client: Client) -> None:
+    """Killed with -9; meanwhile its slice is edited (a device dropped) and an older agent's
+    slice for the same node appears. On restart the agent replaces its slice (the pool's
+    generation one up) and deletes the other; a second restart with nothing changed writes
+    nothing."""
+    from tessera.node.resourceslice import ResourceSlice
+    node = sorted(agents.agents)[0]
+    agent = agents.agents[node]
+    before = wait_until("slice", lambda: resource_slice(kube_client, node))
+    agent.kill9()
+    edited = before.to_dict()
+    edited["spec"]["devices"] = edited["spec"]["devices"][:2]
+    edited["spec"]["pool"]["generation"] = generation = before.spec["pool"]["generation"] + 5
+    kube_client.replace(codecs.from_dict(edited))
+    stale = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+             "metadata": {"name": f"{node}-old-agent"},
+             "spec": {**{k: edited["spec"][k] for k in ("driver", "nodeName", "devices")},
+                      "pool": {"name": f"{node}-old", "generation": 1, "resourceSliceCount": 1}}}
+    kube_client.create(codecs.from_dict(stale))
+    agent.restart()
+    fixed = wait_until("the slice repaired", lambda: (
+        s := resource_slice(kube_client, node)) and len(s.spec["devices"]) == 4 and s)
+    assert fixed.spec["pool"]["generation"] == generation + 1
+    assert [d["attributes"]["uuid"]["string"] for d in fixed.spec["devices"]] == agent.uuids
+    wait_until("the old agent's slice removed", lambda: f"{node}-old-agent" not in {
+        s.metadata.name for s in kube_client.list(ResourceSlice)})
+
+    agent.kill9()
+    logged = agent.process.log_tail(10_000).count("ready=True")
+    agent.restart()
+    wait_until("a sync after the restart",
+               lambda: agent.process.log_tail(10_000).count("ready=True") > logged)
+    time.sleep(1.5)  # more syncs (interval 1 s at most): none of them may write the slice
+    after = resource_slice(kube_client, node)
+    assert after.metadata.resourceVersion == fixed.metadata.resourceVersion

@@ -42,6 +42,7 @@ from tessera.core.podgroups import share_group
 from tessera.isolation.library import LibraryNotBuilt, library_path
 from tessera.node import containers as files
 from tessera.node import publish
+from tessera.node import resourceslice as dra
 from tessera.node.containers import Share, ShareDevice, ShareFilesError
 from tessera.node.headroom import DeviceHeadroom, headroom_for
 from tessera.node.install import InstallError, install_library
@@ -63,6 +64,7 @@ PROJECT = "tessera.io/project"
 POD_GROUP = "tessera.io/pod-group"
 PRIORITY_CLASS = "tessera.io/priority-class"
 COMPONENT = "tessera-node"
+SLICE_RETRY_SECONDS = 30
 
 
 @dataclass
@@ -189,6 +191,12 @@ class KubeAgent:
         self.usage: NodeUsage | None = None
         self.shares: dict[str, Share] = {}
         self.headroom: dict[int, DeviceHeadroom] = {}
+        self.slice_digest: str | None = None
+        """Digest of the devices last written to this node's ResourceSlice ("" when it was
+        deleted; None before the first sync)."""
+        self.slice_writes = 0
+        self.slice_error = ""
+        self.slice_retry_at = 0.0
 
     # ---- readiness ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -253,6 +261,58 @@ class KubeAgent:
         self.collector.ready = self.ready
         log.info("node %s: ready=%s%s", self.opts.node_name, self.ready,
                  f" ({self.reason})" if not self.ready else "")
+
+    # ---- DRA: this node's ResourceSlice (tessera.node.resourceslice, docs/dra.md) ----------
+    async def publish_slice(self) -> None:
+        """Keeps one ResourceSlice for driver gpu.tessera.io on this node: written when its
+        devices change (the pool's generation goes up), deleted while the node is not ready
+        (nothing would enforce a share allocated here), slices of this driver for this node
+        under other names removed (an older agent's). No write when nothing changed."""
+        devices = (dra.devices(self.inventory, self.headroom)
+                   if self.ready and self.inventory is not None else [])
+        digest = dra.devices_digest(devices) if devices else ""
+        if digest == self.slice_digest:
+            return
+        name = dra.slice_name(self.opts.node_name)
+        current: Any = None
+        async for obj in self.client.list(dra.ResourceSlice,
+                                          fields={"spec.nodeName": self.opts.node_name,
+                                                  "spec.driver": dra.DRIVER}):
+            other = (obj.metadata.name if obj.metadata else None) or ""
+            if other == name:
+                current = obj
+            elif other:
+                with contextlib.suppress(ApiError):
+                    await self.client.delete(dra.ResourceSlice, other)
+                log.info("removed ResourceSlice %s (not this agent's name)", other)
+        if not devices:
+            if current is not None:
+                with contextlib.suppress(ApiError):
+                    await self.client.delete(dra.ResourceSlice, name)
+                log.info("removed ResourceSlice %s: node not ready for GPU shares", name)
+            self.slice_digest = ""
+            return
+        assert self.inventory is not None
+        if current is not None and dra.devices_digest(
+                (current.spec or {}).get("devices") or []) == digest:
+            self.slice_digest = digest  # a restarted agent: the slice is already right
+            return
+        node = await self.client.get(Node, self.opts.node_name)
+        uid = (node.metadata.uid if node.metadata else None) or ""
+        generation = 1
+        if current is not None:
+            generation = int(((current.spec or {}).get("pool") or {}).get("generation", 0)) + 1
+        want = dra.resource_slice(self.opts.node_name, uid, self.inventory, self.headroom,
+                                  generation)
+        if current is None:
+            await self.client.create(codecs.from_dict(want))
+        else:
+            want["metadata"]["resourceVersion"] = current.metadata.resourceVersion
+            await self.client.replace(codecs.from_dict(want))
+        self.slice_digest = digest
+        self.slice_writes += 1
+        log.info("ResourceSlice %s: %d GPU(s), pool generation %d", name, len(devices),
+                 generation)
 
     # ---- pods -------------------------------------------------------------------------------
     async def _list_pods(self) -> None:
@@ -396,6 +456,19 @@ class KubeAgent:
 
     async def sync_once(self) -> None:
         await self.publish_node()
+        if time.monotonic() >= self.slice_retry_at:
+            try:
+                await self.publish_slice()
+                self.slice_error = ""
+            except (ApiError, OSError, ValueError) as exc:
+                # No DRA API (an older cluster), RBAC without resourceslices, a slice the API
+                # server refuses: shares by annotation still work, so this never stops the sync.
+                msg = str(getattr(getattr(exc, "status", None), "message", "") or exc)
+                if msg != self.slice_error:
+                    log.warning("ResourceSlice for node %s not written (retried every %d s): "
+                                "%s", self.opts.node_name, SLICE_RETRY_SECONDS, msg)
+                self.slice_error = msg
+                self.slice_retry_at = time.monotonic() + SLICE_RETRY_SECONDS
         await self.report_gpu_uuids()
         shares = await self.write_share_files()
         self.shares = shares

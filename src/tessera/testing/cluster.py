@@ -343,6 +343,11 @@ class TestCluster:
                 "--max-mutating-requests-inflight=500",
                 "--profiling=false",
                 "--v=0",
+                # Dynamic Resource Allocation (issue 19, docs/dra.md): resource.k8s.io/v1 is on
+                # by default since 1.34; consumable capacity (KEP-5075) is beta in 1.36 and is
+                # named here so the cluster does not depend on the gate's default.
+                "--runtime-config=resource.k8s.io/v1=true",
+                "--feature-gates=DRAConsumableCapacity=true",
                 *self.apiserver_extra_args,
             ],
             wd / "logs" / "kube-apiserver.log",
@@ -373,6 +378,7 @@ class TestCluster:
         )
         self.kubeconfig.chmod(0o600)
         self.startup_seconds["kube-apiserver"] = time.monotonic() - t
+        self._create_device_classes()
 
         t = time.monotonic()
         kwok = ManagedProcess(
@@ -433,6 +439,21 @@ class TestCluster:
         if self.workdir is not None and self._owns_workdir and not keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
+
+    def _create_device_classes(self) -> None:
+        """The DeviceClasses of DRA driver gpu.tessera.io, as the chart installs them (a
+        source checkout's deploy/helm/tessera/files/deviceclasses.yaml; docs/dra.md)."""
+        if not DEVICE_CLASSES.is_file():
+            return
+        assert self._ssl is not None
+        for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
+            if not doc:
+                continue
+            with httpx.Client(verify=self._ssl, base_url=self.server, timeout=10) as c:
+                r = c.post("/apis/resource.k8s.io/v1/deviceclasses", json=doc)
+            if r.status_code not in (201, 404, 409):  # 404: DRA turned off by extra args
+                raise ClusterError(f"DeviceClass {doc['metadata']['name']}: {r.status_code} "
+                                   f"{r.text[:300]}")
 
     # ---- access ----------------------------------------------------------------------------
     def _get(self, path: str) -> httpx.Response:
@@ -582,6 +603,10 @@ class TestCluster:
 
         _wait_for(f"{len(names)} node(s) Ready", all_ready, timeout=timeout,
                   processes=self.processes, interval=0.2)
+
+
+DEVICE_CLASSES = (Path(__file__).resolve().parents[3] / "deploy" / "helm" / "tessera" / "files"
+                  / "deviceclasses.yaml")
 
 
 # ---- scheduler hook ----------------------------------------------------------------------------

@@ -1,0 +1,57 @@
+"""DRA (issue 19, docs/dra.md) on the real API server: the example claims of docs/dra.md are
+accepted as written and keep their capacity requests (DRAConsumableCapacity on); a capacity that
+is not a quantity is refused by the API server."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import ApiError, Client, codecs
+from lightkube.generic_resource import create_namespaced_resource
+
+from tessera.testing.cluster import TestCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim",
+                                           "resourceclaims")
+
+
+def doc_claims() -> list[dict[str, Any]]:
+    text = (ROOT / "docs" / "dra.md").read_text()
+    docs: list[dict[str, Any]] = []
+    for block in re.findall(r"^```yaml\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+        if "kind: ResourceClaim" in block:  # the slice's block is abridged (…), not YAML
+            docs += [d for d in yaml.safe_load_all(block) if d and d["kind"] == "ResourceClaim"]
+    return docs
+
+
+def test_docs_example_claims_are_accepted(kube_client: Client, kube_namespace: str) -> None:
+    claims = doc_claims()
+    assert {c["metadata"]["name"] for c in claims} == {"five-gib", "four-by-two", "quarter",
+                                                       "whole"}
+    for c in claims:
+        c["metadata"]["namespace"] = kube_namespace
+        kube_client.create(codecs.from_dict(c))
+    got = kube_client.get(ResourceClaim, "five-gib", namespace=kube_namespace)
+    exactly = got.spec["devices"]["requests"][0]["exactly"]
+    assert exactly["capacity"] == {"requests": {"memory": "5Gi"}}  # dropped if the gate is off
+    assert exactly["deviceClassName"] == "share.gpu.tessera.io"
+
+
+def test_capacity_that_is_not_a_quantity_is_refused(kube_cluster: TestCluster,
+                                                     kube_namespace: str) -> None:
+    claim = doc_claims()[0]
+    claim["metadata"] = {"name": "bad", "namespace": kube_namespace}
+    claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "lots"
+    assert kube_cluster.workdir is not None
+    path = kube_cluster.workdir / "bad-claim.yaml"
+    path.write_text(yaml.safe_dump(claim))
+    out = kube_cluster.kubectl("create", "-f", str(path), check=False)
+    assert out.returncode != 0
+    assert "quantities must match" in out.stderr
+    with pytest.raises(ApiError):
+        kube_cluster.client().get(ResourceClaim, "bad", namespace=kube_namespace)
