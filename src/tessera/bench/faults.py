@@ -29,7 +29,8 @@ A trial that breaks one is counted and its first message kept.
 
 * ``diskfull``: the data directory is a 1 MiB tmpfs (mounted for the trial; needs root, else
   the scenario is skipped with the reason printed). Workloads are submitted until the disk is
-  full, then submits, suspends and deletes are tried on the full disk: each is acknowledged or
+  full, then submits, suspends, deletes and a new token are tried on the full disk: each is
+  acknowledged or
   refused with 507 (503 for other write errors) naming the data directory; never a 500 or a
   dropped connection; ``/healthz`` and reads keep working; a refused request leaves nothing
   behind (the live server lists exactly the acknowledged workloads, with the states the
@@ -76,6 +77,7 @@ class Trial:
         self.mounted = False
         self.expected: dict[str, str] = {}
         self.refused: list[str] = []
+        self.new_token: str | None = None
 
     def start(self) -> None:
         if self.fault_point:
@@ -289,6 +291,19 @@ def disk_full(trial: Trial, rng: random.Random) -> dict[str, Any]:
                 expected[wid] = "suspended" if verb == "suspend" else "deleted"
             elif r.status_code not in (503, 507) or "data directory" not in r.text:
                 trial.problems.append(f"{verb} on a full disk: {r.status_code} {r.text[:200]}")
+        # A new token is a write to the token store (tessera.api.token_store, the same for
+        # the REST API on Kubernetes): refused the same way, and the old token still works.
+        try:
+            r = httpx.post(f"{trial.server.url}/api/v1/token", timeout=30, json={
+                "grantType": "client_credentials", **trial.server.credentials()})
+            codes[r.status_code] += 1
+            if r.status_code == 200:  # it fitted: it must work, now and after the restart
+                trial.new_token = r.json()["accessToken"]
+            if r.status_code not in (200, 507) or (
+                    r.status_code == 507 and "data directory" not in r.text):
+                trial.problems.append(f"token on a full disk: {r.status_code} {r.text[:200]}")
+        except httpx.HTTPError as exc:
+            trial.problems.append(f"token on a full disk: connection failed ({exc!r})")
         if c.get("/healthz").status_code != 200:
             trial.problems.append("/healthz failed on a full disk")
         _check_states(trial, c, expected, refused, "on the full disk")
@@ -353,6 +368,11 @@ def run_trial(scenario: str, index: int, rng: random.Random, root: Path) -> dict
                 before = len(trial.problems)
                 _check_states(trial, c, trial.expected, trial.refused, "after the restart")
                 problems += trial.problems[before:]
+            if trial.new_token and httpx.get(
+                    f"{trial.server.url}/api/v1/workloads", timeout=30,
+                    headers={"Authorization": f"Bearer {trial.new_token}"}).status_code != 200:
+                problems.append("a token issued (200) on the full disk does not work after "
+                                "the restart")
         return {"scenario": scenario, "point": point or "random", "acked": len(trial.acked),
                 "problems": problems, **extra}
     finally:
