@@ -55,3 +55,36 @@ def test_capacity_that_is_not_a_quantity_is_refused(kube_cluster: TestCluster,
     assert "quantities must match" in out.stderr
     with pytest.raises(ApiError):
         kube_cluster.client().get(ResourceClaim, "bad", namespace=kube_namespace)
+
+
+def test_allocation_status_is_accepted(kube_cluster: TestCluster, kube_client: Client,
+                                       kube_namespace: str) -> None:
+    """The status tessera.kube.claims writes for an allocation (devices, consumedCapacity,
+    shareID, node selector, reservedFor) passes the API server's validation and is stored as
+    written (fields of a disabled gate would be dropped)."""
+    import json
+
+    from tessera.core.model import GpuRequest
+    from tessera.core.state import Placement
+    from tessera.kube.claims import allocation_status, claim_gpu_request
+
+    c = doc_claims()[1]  # four-by-two
+    c["metadata"]["namespace"] = kube_namespace
+    created = kube_client.create(codecs.from_dict(c)).to_dict()
+    gpu = claim_gpu_request([created])
+    assert gpu == GpuRequest.of_memory(2 * 2**30, devices=4)
+    placement = Placement("node-x", devices=(0, 1, 2, 5), request_bytes=(2 * 2**30,) * 4,
+                          limit_bytes=(2 * 2**30,) * 4)
+    status = allocation_status(created, "gpus", placement, gpu, [("pod-x", "0b0b0b0b-1")])
+    out = kube_cluster.kubectl("patch", "resourceclaim", "four-by-two", "-n", kube_namespace,
+                               "--subresource=status", "--type=merge",
+                               "-p", json.dumps({"status": status}), check=False)
+    assert out.returncode == 0, out.stderr
+    got = kube_client.get(ResourceClaim, "four-by-two", namespace=kube_namespace).status
+    results = got["allocation"]["devices"]["results"]
+    assert [r["device"] for r in results] == ["gpu-0", "gpu-1", "gpu-2", "gpu-5"]
+    assert [r["shareID"] for r in results] == [
+        r["shareID"] for r in status["allocation"]["devices"]["results"]]
+    from tessera.core.units import parse_memory
+    assert {parse_memory(r["consumedCapacity"]["memory"], "memory") for r in results} == {2**31}
+    assert got["reservedFor"] == [{"resource": "pods", "name": "pod-x", "uid": "0b0b0b0b-1"}]

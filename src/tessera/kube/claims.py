@@ -1,0 +1,158 @@
+"""ResourceClaims for tessera's DRA driver ``gpu.tessera.io``: what they ask, as the core's
+GpuRequest, and the ``status`` that records an allocation (issue 19, docs/dra.md).
+
+Pure (claims as plain dicts in, requests and status dicts out); the scheduler's wiring is not
+built yet. A claim's request becomes the same request an annotation would make, so placement,
+quota and fair share treat both alike:
+
+- class ``gpu.tessera.io``: ``count`` whole GPUs (no capacity; a capacity there is refused);
+- class ``share.gpu.tessera.io``: ``count`` devices each with ``capacity.requests.memory``
+  (bytes, rounded up to whole MiB as the slice's request policy does) or
+  ``capacity.requests.shares`` (hundredths of a GPU: a portion).
+
+What tessera-scheduler does not allocate is refused with a reason naming the field (the pod
+waits; nothing is half-allocated): another driver's class beside tessera's, ``firstAvailable``,
+``allocationMode: All``, selectors, constraints, config, admin access, more than one tessera
+request per pod.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuRequest
+from tessera.core.state import Placement
+from tessera.core.units import parse_memory
+
+DRIVER = "gpu.tessera.io"
+WHOLE_CLASS = "gpu.tessera.io"
+SHARE_CLASS = "share.gpu.tessera.io"
+CLASSES = frozenset({WHOLE_CLASS, SHARE_CLASS})
+MiB = 2**20
+SHARES = 100
+_UNSUPPORTED = ("selectors", "adminAccess", "tolerations")
+
+
+def _field(claim: Mapping[str, Any], rest: str) -> str:
+    name = (claim.get("metadata") or {}).get("name", "?")
+    return f"resourceclaim {name}: {rest}"
+
+
+def _round_mib(nbytes: int) -> int:
+    return -(-nbytes // MiB) * MiB
+
+
+def claim_gpu_request(claims: Sequence[Mapping[str, Any]]) -> GpuRequest | None:
+    """The GPU request of a pod's ResourceClaims; None when none names a tessera class.
+    Raises InvalidRequest naming the claim and field."""
+    found: list[tuple[Mapping[str, Any], int, Mapping[str, Any]]] = []
+    foreign: list[str] = []
+    for claim in claims:
+        devices = (claim.get("spec") or {}).get("devices") or {}
+        for i, req in enumerate(devices.get("requests") or []):
+            if "firstAvailable" in req:
+                classes = {s.get("deviceClassName") for s in req["firstAvailable"] or []}
+                if classes & CLASSES:
+                    raise InvalidRequest(_field(claim, f"spec.devices.requests[{i}].firstAvailable"),
+                                         "is not allocated by tessera-scheduler yet; give "
+                                         "exactly")
+                foreign += sorted(c for c in classes if c)
+                continue
+            exactly = req.get("exactly") or {}
+            cls = exactly.get("deviceClassName", "")
+            if cls in CLASSES:
+                found.append((claim, i, req))
+            else:
+                foreign.append(cls)
+        if found and (devices.get("constraints") or devices.get("config")):
+            key = "constraints" if devices.get("constraints") else "config"
+            raise InvalidRequest(_field(claim, f"spec.devices.{key}"),
+                                 "is not supported for gpu.tessera.io claims yet")
+    if not found:
+        return None
+    if foreign:
+        raise InvalidRequest(_field(found[0][0], "spec.devices.requests"),
+                             f"mixes {DRIVER} device classes with {', '.join(foreign)} of "
+                             "another driver: tessera-scheduler allocates only "
+                             f"{DRIVER}; put the other devices in a pod of their own")
+    if len(found) > 1:
+        raise InvalidRequest(_field(found[1][0], "spec.devices.requests"),
+                             "one gpu.tessera.io request per pod (several share sizes on one "
+                             "pod are not placed yet)")
+    claim, i, req = found[0]
+    return _request(claim, i, req)
+
+
+def _request(claim: Mapping[str, Any], i: int, req: Mapping[str, Any]) -> GpuRequest:
+    exactly = req["exactly"]
+    where = f"spec.devices.requests[{i}].exactly"
+    for key in _UNSUPPORTED:
+        if exactly.get(key):
+            raise InvalidRequest(_field(claim, f"{where}.{key}"),
+                                 "is not supported for gpu.tessera.io claims yet")
+    mode = exactly.get("allocationMode", "ExactCount")
+    if mode != "ExactCount":
+        raise InvalidRequest(_field(claim, f"{where}.allocationMode"),
+                             "must be ExactCount for gpu.tessera.io (All is not allocated)", mode)
+    count = exactly.get("count", 1)
+    if type(count) is not int or count < 1:
+        raise InvalidRequest(_field(claim, f"{where}.count"), "must be a whole number >= 1",
+                             count)
+    capacity = dict(((exactly.get("capacity") or {}).get("requests")) or {})
+    if exactly["deviceClassName"] == WHOLE_CLASS:
+        if capacity:
+            raise InvalidRequest(_field(claim, f"{where}.capacity"),
+                                 f"class {WHOLE_CLASS} gives whole GPUs; ask for part of one "
+                                 f"with class {SHARE_CLASS}")
+        return GpuRequest.whole(count)
+    unknown = sorted(set(capacity) - {"memory", "shares"})
+    if unknown:
+        raise InvalidRequest(_field(claim, f"{where}.capacity.requests.{unknown[0]}"),
+                             "is not a capacity of gpu.tessera.io devices (memory, shares)")
+    if ("memory" in capacity) == ("shares" in capacity):
+        raise InvalidRequest(_field(claim, f"{where}.capacity.requests"),
+                             f"class {SHARE_CLASS} needs memory (a quantity, 5Gi) or shares "
+                             "(hundredths of a GPU), one of them")
+    if "memory" in capacity:
+        nbytes = parse_memory(capacity["memory"], _field(claim, f"{where}.capacity.requests.memory"))
+        return GpuRequest.of_memory(_round_mib(nbytes), devices=count)
+    field = _field(claim, f"{where}.capacity.requests.shares")
+    text = str(capacity["shares"]).strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= SHARES:
+        raise InvalidRequest(field, f"must be a whole number of hundredths, 1 to {SHARES}",
+                             capacity["shares"])
+    return GpuRequest.fraction(Decimal(int(text)) / SHARES, devices=count)
+
+
+def share_id(claim_uid: str, device: int) -> str:
+    """Stable per claim and device, so a retried status write is the same write."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"tessera:{claim_uid}:{device}"))
+
+
+def allocation_status(claim: Mapping[str, Any], request_name: str, placement: Placement,
+                      gpu: GpuRequest, pods: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """``status`` of a claim allocated at ``placement``: one result per device with the memory
+    and shares it consumes and its shareID, the node selector, and ``reservedFor`` the pods
+    (name, uid) that use it."""
+    uid = (claim.get("metadata") or {}).get("uid", "")
+    results = []
+    for dev, nbytes in zip(placement.devices, placement.request_bytes, strict=True):
+        shares = SHARES if placement.exclusive else (
+            int(gpu.portion * SHARES) if gpu.portion is not None else 0)
+        results.append({"request": request_name, "driver": DRIVER, "pool": placement.node,
+                        "device": f"gpu-{dev}", "shareID": share_id(uid, dev),
+                        "consumedCapacity": {"memory": str(_round_mib(nbytes)),
+                                             "shares": str(shares)}})
+    return {
+        "allocation": {
+            "devices": {"results": results},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [placement.node]}]}]},
+        },
+        "reservedFor": [{"resource": "pods", "name": name, "uid": pod_uid}
+                        for name, pod_uid in pods],
+    }

@@ -1,0 +1,89 @@
+"""tessera.kube.claims, the pure part: claims to the core's request, refusals naming the field,
+the allocation status (its acceptance by the API server: tests/kube/test_dra.py)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuKind, GpuRequest
+from tessera.core.state import Placement
+from tessera.kube.claims import allocation_status, claim_gpu_request, share_id
+
+
+def claim(*requests: dict[str, Any], name: str = "c", **devices: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": "u-1"},
+            "spec": {"devices": {"requests": list(requests), **devices}}}
+
+
+def exactly(cls: str, name: str = "gpu", **kw: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": cls, **kw}}
+
+
+def share(**capacity: Any) -> dict[str, Any]:
+    return exactly("share.gpu.tessera.io", capacity={"requests": capacity})
+
+
+def test_memory_share_whole_and_portion() -> None:
+    r = claim_gpu_request([claim(share(memory="5Gi"))])
+    assert r == GpuRequest.of_memory(5 * 2**30)
+    r = claim_gpu_request([claim(exactly("share.gpu.tessera.io", count=4,
+                                         capacity={"requests": {"memory": "2000001k"}}))])
+    assert r is not None and r.devices == 4 and r.memory == 1908 * 2**20  # rounded up to MiB
+    assert claim_gpu_request([claim(exactly("gpu.tessera.io", count=2))]) == GpuRequest.whole(2)
+    r = claim_gpu_request([claim(share(shares="25"))])
+    assert r is not None and r.kind is GpuKind.PORTION and r.portion == Decimal("0.25")
+
+
+def test_claims_of_other_drivers_are_not_tesseras() -> None:
+    assert claim_gpu_request([claim(exactly("gpu.nvidia.com"))]) is None
+    assert claim_gpu_request([]) is None
+
+
+@pytest.mark.parametrize("claims, field, words", [
+    ([claim(share(memory="lots"))], "capacity.requests.memory", "quantity"),
+    ([claim(share(memory="5Gi", shares="10"))], "capacity.requests", "one of them"),
+    ([claim(share())], "capacity.requests", "memory"),
+    ([claim(share(shares="150"))], "capacity.requests.shares", "1 to 100"),
+    ([claim(share(cores="2"))], "capacity.requests.cores", "not a capacity"),
+    ([claim(exactly("gpu.tessera.io", capacity={"requests": {"memory": "1Gi"}}))],
+     "capacity", "whole GPUs"),
+    ([claim(exactly("gpu.tessera.io", allocationMode="All"))], "allocationMode", "ExactCount"),
+    ([claim(share(memory="1Gi"), exactly("gpu.nvidia.com", name="n"))], "spec.devices.requests",
+     "mixes gpu.tessera.io device classes with gpu.nvidia.com"),
+    ([claim(share(memory="1Gi")), claim(exactly("gpu.nvidia.com"), name="d")],
+     "spec.devices.requests", "another driver"),
+    ([claim(share(memory="1Gi"), constraints=[{"requests": ["gpu"]}])], "constraints",
+     "not supported"),
+    ([claim({"name": "f", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.tessera.io"}]})],
+     "firstAvailable", "exactly"),
+    ([claim(share(memory="1Gi")), claim(share(memory="2Gi"), name="d")], "resourceclaim d",
+     "one gpu.tessera.io request"),
+])
+def test_bad_claims_name_the_field(claims: list[dict[str, Any]], field: str, words: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        claim_gpu_request(claims)
+    assert field in str(err.value) and words in str(err.value)
+
+
+def test_allocation_status() -> None:
+    c = claim(share(memory="5Gi"))
+    p = Placement("node-a", devices=(1, 3), request_bytes=(5 * 2**30, 5 * 2**30),
+                  limit_bytes=(5 * 2**30, 5 * 2**30))
+    st = allocation_status(c, "gpu", p, GpuRequest.of_memory(5 * 2**30, devices=2),
+                           [("pod-a", "pu-1")])
+    results = st["allocation"]["devices"]["results"]
+    assert [r["device"] for r in results] == ["gpu-1", "gpu-3"]
+    assert {r["pool"] for r in results} == {"node-a"}
+    assert results[0]["consumedCapacity"] == {"memory": str(5 * 2**30), "shares": "0"}
+    assert results[0]["shareID"] == share_id("u-1", 1) != share_id("u-1", 3)
+    assert st["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
+        "values"] == ["node-a"]
+    assert st["reservedFor"] == [{"resource": "pods", "name": "pod-a", "uid": "pu-1"}]
+    whole = Placement("node-a", devices=(0,), request_bytes=(80 * 2**30,),
+                      limit_bytes=(80 * 2**30,), exclusive=True)
+    st = allocation_status(c, "gpu", whole, GpuRequest.whole(1), [])
+    assert st["allocation"]["devices"]["results"][0]["consumedCapacity"]["shares"] == "100"
