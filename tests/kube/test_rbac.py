@@ -7,6 +7,7 @@ account's own token (docs/robustness.md, "Least privilege")."""
 from __future__ import annotations
 
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,16 @@ def chart_rbac(kube_cluster: TestCluster) -> dict[tuple[str, str], dict[str, Any
         except ApiError as exc:
             if exc.status.code != 409:
                 raise
+    # A new admission policy takes effect a moment after it is stored: wait until it refuses.
+    api = kube_cluster.client(kube_cluster.service_account_kubeconfig(NS, "tessera-api",
+                                                                      create=False))
+    deadline = time.monotonic() + 30
+    while True:
+        _, msg = _status(lambda: api.create(_pod("rbac-probe"), namespace=OTHER_NS,
+                                            dry_run=True))
+        if "tessera-api acts only" in msg or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
@@ -251,6 +262,13 @@ def test_only_the_scheduler_deletes_per_pod_configmaps(
         sched.create(ConfigMap(metadata=ObjectMeta(name=name, labels=lab),
                                data={"TESSERA_GPU_MEMORY_LIMIT": "8589934592"}), namespace=ns)
     as_alice = ("--as=alice", "-n", ns)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the policy takes effect a moment after it is stored
+        out = kube_cluster.kubectl(*as_alice, "delete", "configmap", "labelled",
+                                   "--dry-run=server", check=False)
+        if "only tessera-scheduler deletes it" in out.stderr:
+            break
+        time.sleep(0.2)
     for name in ("train-tessera-gpu", "legacy-tessera-gpu", "labelled"):
         out = kube_cluster.kubectl(*as_alice, "delete", "configmap", name, check=False)
         assert out.returncode != 0 and "only tessera-scheduler deletes it" in out.stderr, \
