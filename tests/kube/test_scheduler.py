@@ -177,6 +177,88 @@ def scheduled_false(client: Client, ns: str, pod: str) -> str | None:
     return None
 
 
+# ---- DRA: pods with ResourceClaims (issue 19, docs/dra.md) -------------------------------------
+def make_claim(client: Client, ns: str, name: str, cls: str, count: int = 1,
+               capacity: dict[str, str] | None = None) -> None:
+    exactly: dict[str, Any] = {"deviceClassName": cls, "count": count}
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    client.create(codecs.from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}))
+
+
+def make_claim_pod(client: Client, ns: str, name: str, *claims: str) -> None:
+    client.create(codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+        "spec": {"schedulerName": names.SCHEDULER_NAME,
+                 "resourceClaims": [{"name": f"c{i}", "resourceClaimName": c}
+                                    for i, c in enumerate(claims)],
+                 "containers": [{"name": "main", "image": "example.invalid/cuda:12",
+                                 "resources": {"claims": [{"name": f"c{i}"}
+                                                          for i in range(len(claims))]}}]}}))
+
+
+def claim_status(client: Client, ns: str, name: str) -> dict[str, Any]:
+    from tessera.kube.claims import ResourceClaim
+    return dict(client.get(ResourceClaim, name, namespace=ns).to_dict().get("status") or {})
+
+
+def test_claims_are_placed_and_allocated_before_binding(kube_client: Client, project: str
+                                                        ) -> None:
+    """5 GiB of one GPU and 2 whole GPUs asked with ResourceClaims: placed by the same core
+    (the placement annotation says so), each claim's status.allocation (device, pool,
+    consumedCapacity, shareID, node selector) and reservedFor written for the pod."""
+    from tessera.core.units import parse_memory
+    ns = project
+    make_claim(kube_client, ns, "five-gib", "share.gpu.tessera.io", capacity={"memory": "5Gi"})
+    make_claim(kube_client, ns, "two-whole", "gpu.tessera.io", count=2)
+    make_claim_pod(kube_client, ns, "share", "five-gib")
+    make_claim_pod(kube_client, ns, "whole", "two-whole")
+    share_pod, whole_pod = bound(kube_client, ns, "share", "whole")
+    p = placement(share_pod)
+    assert p["request"] == [5 * 2**30] and not p["exclusive"]
+    st = claim_status(kube_client, ns, "five-gib")
+    (result,) = st["allocation"]["devices"]["results"]
+    assert result["driver"] == "gpu.tessera.io" and result["request"] == "gpu"
+    assert result["pool"] == share_pod.spec.nodeName
+    assert result["device"] == f"gpu-{p['devices'][0]}"
+    assert parse_memory(result["consumedCapacity"]["memory"], "m") == 5 * 2**30
+    assert result["shareID"]
+    assert st["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
+        "values"] == [share_pod.spec.nodeName]
+    assert st["reservedFor"] == [{"resource": "pods", "name": "share",
+                                  "uid": share_pod.metadata.uid}]
+    w = placement(whole_pod)
+    assert w["exclusive"] and len(w["devices"]) == 2
+    results = claim_status(kube_client, ns, "two-whole")["allocation"]["devices"]["results"]
+    assert [r["device"] for r in results] == [f"gpu-{d}" for d in w["devices"]]
+    assert {r["consumedCapacity"]["shares"] for r in results} == {"100"}
+
+
+def test_bad_claims_leave_the_pod_pending_with_the_reason(kube_client: Client, project: str
+                                                          ) -> None:
+    ns = project
+    make_claim(kube_client, ns, "huge", "share.gpu.tessera.io", capacity={"memory": "500Gi"})
+    make_claim(kube_client, ns, "nv", "gpu.nvidia.com")
+    make_claim(kube_client, ns, "ok", "share.gpu.tessera.io", capacity={"memory": "1Gi"})
+    make_claim(kube_client, ns, "whole-cap", "gpu.tessera.io", capacity={"memory": "1Gi"})
+    make_claim_pod(kube_client, ns, "too-big", "huge")
+    make_claim_pod(kube_client, ns, "mixed", "ok", "nv")
+    make_claim_pod(kube_client, ns, "missing", "nowhere")
+    make_claim_pod(kube_client, ns, "whole-with-capacity", "whole-cap")
+    want = {"too-big": "500", "mixed": "mixes gpu.tessera.io device classes with gpu.nvidia.com",
+            "missing": "resourceclaim nowhere: not found",
+            "whole-with-capacity": "gives whole GPUs"}
+    for pod, words in want.items():
+        msg = wait_until(f"{pod}'s reason", lambda p=pod: scheduled_false(kube_client, ns, p))
+        assert words in msg, msg
+        assert not get_pod(kube_client, ns, pod).spec.nodeName
+    for c in ("huge", "ok", "whole-cap"):
+        assert "allocation" not in claim_status(kube_client, ns, c)
+
+
 # ---- the seed scenarios ------------------------------------------------------------------------
 def test_frac05_and_frac03_share_one_gpu_with_one_reservation_pod(
     kube_client: Client, project: str

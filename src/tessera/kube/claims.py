@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+from lightkube.generic_resource import create_namespaced_resource
+
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuRequest
 from tessera.core.state import Placement
@@ -35,6 +37,42 @@ CLASSES = frozenset({WHOLE_CLASS, SHARE_CLASS})
 MiB = 2**20
 SHARES = 100
 _UNSUPPORTED = ("selectors", "adminAccess", "tolerations")
+
+ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim",
+                                           "resourceclaims")
+
+
+def tessera_request(claim: Mapping[str, Any]) -> str | None:
+    """The name of the claim's request for a tessera class, if it has one."""
+    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if (req.get("exactly") or {}).get("deviceClassName") in CLASSES:
+            return str(req.get("name", ""))
+    return None
+
+
+def pod_claims_request(claims: Sequence[Mapping[str, Any] | None], names: Sequence[str],
+                       pod_uid: str) -> GpuRequest:
+    """The GPU request of a pod naming ``names`` (claims as read, None where missing);
+    InvalidRequest when it cannot be placed by tessera: a claim missing, one of another
+    driver only, one already allocated to another pod."""
+    for name, claim in zip(names, claims, strict=True):
+        if claim is None:
+            raise InvalidRequest(f"resourceclaim {name}", "not found (create it before the pod "
+                                 "can be placed)")
+    present = [c for c in claims if c is not None]
+    gpu = claim_gpu_request(present)
+    if gpu is None:
+        raise InvalidRequest(f"resourceclaim {names[0]}",
+                             f"names no {DRIVER} device class; tessera-scheduler allocates only "
+                             f"{', '.join(sorted(CLASSES))}")
+    for c in present:
+        st = c.get("status") or {}
+        users = {r.get("uid") for r in st.get("reservedFor") or []}
+        if tessera_request(c) is not None and st.get("allocation") and users - {pod_uid}:
+            raise InvalidRequest(_field(c, "status.reservedFor"),
+                                 "is allocated to another pod; claims shared by several pods "
+                                 "are not placed by tessera-scheduler yet")
+    return gpu
 
 
 def _field(claim: Mapping[str, Any], rest: str) -> str:

@@ -33,6 +33,7 @@ class Informer(Generic[T]):
         fields: dict[str, Any] | None = None,
         name: str = "",
         same: Callable[[T, T], bool] | None = None,
+        optional: bool = False,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -45,6 +46,9 @@ class Informer(Generic[T]):
         self.name = name or getattr(resource, "__name__", "?")
         self.same = same
         """``same(old, new)``: the change does not matter; keep ``old`` and report nothing."""
+        self.optional = optional
+        """An API the cluster may not serve (resource.k8s.io on a cluster before 1.34): a 404
+        counts as synced with nothing in it, listed again every minute."""
         self.items: dict[Any, T] = {}
         self.synced = asyncio.Event()
 
@@ -100,7 +104,13 @@ class Informer(Generic[T]):
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
-                if exc.status.code != 410:
+                if self.optional and exc.status.code == 404:
+                    if not self.synced.is_set():
+                        log.info("%s: not served by this API server; treated as empty",
+                                 self.name)
+                    self.synced.set()
+                    await asyncio.sleep(60.0)
+                elif exc.status.code != 410:
                     log.warning("watch %s failed: %s; relisting in %.1fs", self.name, exc, delay)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)

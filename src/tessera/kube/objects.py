@@ -38,6 +38,11 @@ PodGroupResource = create_namespaced_resource(names.GROUP, names.VERSION, "PodGr
 
 _versions = itertools.count(1)
 
+
+def new_version() -> int:
+    """A fresh ``PodInfo.version`` for a copy whose derived fields were changed."""
+    return next(_versions)
+
 PodKey = tuple[str, str]
 DeviceKey = tuple[str, int]
 
@@ -83,6 +88,11 @@ class PodInfo:
     topology: TopologyRequest | None = None
     owner: str | None = None
     """Kind of its controller (ownerReferences with controller: true), e.g. ReplicaSet."""
+    claim_names: tuple[str, ...] = ()
+    """ResourceClaims it names (spec.resourceClaims[].resourceClaimName; docs/dra.md)."""
+    base_request: ResourceRequest | None = None
+    """Its request before its claims were read (the scheduler replaces ``request`` with the
+    one its claims make, tessera.kube.claims)."""
     """tessera.io/topology-required|preferred (or KAI's spelling) on the pod."""
     version: int = field(default_factory=lambda: next(_versions))
     """Changes with every event, so cached derivations know when to recompute: a number drawn
@@ -256,6 +266,14 @@ def pod_info(pod: Any) -> PodInfo:
         )
     except InvalidRequest as exc:
         info.error = str(exc)
+    for i, rc in enumerate((spec.resourceClaims if spec else None) or []):
+        if rc.resourceClaimName:
+            info.claim_names += (rc.resourceClaimName,)
+        elif info.error is None:
+            info.error = (f"spec.resourceClaims[{i}].resourceClaimTemplateName: claim templates "
+                          "are not turned into claims by tessera-scheduler yet; create the "
+                          "ResourceClaim and name it with resourceClaimName")
+    info.base_request = info.request
     try:
         info.sched = _sched(info.namespace, labels, spec)
         info.topology = topology_request(annotations)

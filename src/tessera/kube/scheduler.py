@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -35,12 +36,14 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.operators import not_equal
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVolumeClaim, Pod
+from lightkube.types import PatchType
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind
 from tessera.core.placement import DEFAULT_POLICY, POLICIES
 from tessera.core.state import Placement
+from tessera.kube import claims as dra
 from tessera.kube import metrics, names
 from tessera.kube.binder import Writer
 from tessera.kube.health import start_health_server
@@ -56,6 +59,7 @@ from tessera.kube.objects import (
     ProjectInfo,
     ProjectResource,
     foreign_pod,
+    new_version,
     node_info,
     pod_group_info,
     pod_info,
@@ -178,7 +182,11 @@ class KubeScheduler:
             client, PersistentVolumeClaim, lambda o: (o.metadata.namespace, o.metadata.name),
             lambda o: (o.status.phase if o.status else None) or "Pending", self._on_other,
             name="persistentvolumeclaims", same=lambda a, b: a == b)
-        self.informers: list[Informer[Any]] = [self.foreign_pods, self.nodes, self.pods, self.projects, self.pod_groups, self.configmaps, self.namespaces, self.claims]
+        self.resource_claims: Informer[dict[str, Any]] = Informer(
+            client, dra.ResourceClaim, lambda o: (o.metadata.namespace, o.metadata.name),
+            lambda o: o.to_dict(), self._on_other, name="resourceclaims",
+            same=lambda a, b: a == b, optional=True)
+        self.informers: list[Informer[Any]] = [self.foreign_pods, self.nodes, self.pods, self.projects, self.pod_groups, self.configmaps, self.namespaces, self.claims, self.resource_claims]
 
     # ---- cache events --------------------------------------------------------------------
     def _on_node(self, key: Any, old: NodeInfo | None, new: NodeInfo | None) -> None:
@@ -291,8 +299,51 @@ class KubeScheduler:
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
+    def _apply_claims(self) -> None:
+        """Pending pods naming ResourceClaims get the request their claims make
+        (tessera.kube.claims), or the reason they cannot be placed; recomputed each cycle, as
+        claims come and change."""
+        for key, pod in list(self.pods.items.items()):
+            if not pod.claim_names or pod.node or pod.reservation is not None:
+                continue
+            if pod.error is not None and pod.request is None:
+                continue  # a claim template, or the pod's own request is invalid
+            base = pod.base_request
+            request, error = base, None
+            try:
+                gpu = dra.pod_claims_request(
+                    [self.resource_claims.items.get((pod.namespace, n)) for n in pod.claim_names],
+                    pod.claim_names, pod.uid)
+                if base is not None and base.gpu.kind is not GpuKind.NONE:
+                    raise InvalidRequest("spec.resourceClaims", "the pod asks for GPUs with "
+                                         "annotations or limits as well as with a claim; give "
+                                         "one of them")
+                if base is not None:
+                    request = dataclasses.replace(base, gpu=gpu)
+            except InvalidRequest as exc:
+                request, error = None, str(exc)
+            if (request, error) != (pod.request, pod.error):
+                self.pods.items[key] = dataclasses.replace(
+                    pod, request=request, error=error, version=new_version())
+
+    async def _allocate_claims(self, pod: PodInfo, placement: Placement) -> None:
+        """Writes each tessera claim's status (allocation and reservedFor this pod) before the
+        pod is bound, as kube-scheduler does; a retried write is the same write."""
+        for name in pod.claim_names:
+            claim = self.resource_claims.items.get((pod.namespace, name))
+            if claim is None:
+                raise RuntimeError(f"resourceclaim {name} went away")
+            request = dra.tessera_request(claim)
+            if request is None or pod.request is None:
+                continue
+            status = dra.allocation_status(claim, request, placement, pod.request.gpu,
+                                           [(pod.name, pod.uid)])
+            await self.client.patch(dra.ResourceClaim.Status, name, {"status": status},
+                                    namespace=pod.namespace, patch_type=PatchType.MERGE)
+
     async def cycle(self) -> Plan | None:
         t0 = time.perf_counter()
+        self._apply_claims()
         snapshot, ctx = self.snapshots.build(
             self.nodes.items, self.pods.items, self.projects.items, self.pod_groups.items,
             self.assumed, self.evicting, time.time(),
@@ -455,6 +506,8 @@ class KubeScheduler:
                     return
                 annotations[names.CONFIGMAP] = await self.writer.write_configmap(pod, data)
                 annotations[names.NODE_GPU_UUIDS] = ",".join(uuids)
+            if pod.claim_names:
+                await self._allocate_claims(pod, placement)
             await self.writer.bind(pod, placement, annotations)
             self.bound += 1
             metrics.BINDINGS.inc()
