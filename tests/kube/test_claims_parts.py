@@ -87,3 +87,16 @@ def test_allocation_status() -> None:
                       limit_bytes=(80 * 2**30,), exclusive=True)
     st = allocation_status(c, "gpu", whole, GpuRequest.whole(1), [])
     assert st["allocation"]["devices"]["results"][0]["consumedCapacity"]["shares"] == "100"
+
+
+def test_released_only_for_tesseras_own_allocations_without_live_pods() -> None:
+    from tessera.kube.claims import released
+    c = claim(share(memory="5Gi"))
+    p = Placement("node-a", devices=(2,), request_bytes=(5 * 2**30,), limit_bytes=(5 * 2**30,))
+    c["status"] = allocation_status(c, "gpu", p, GpuRequest.of_memory(5 * 2**30), [("a", "pa")])
+    assert not released(c, {"pa", "other"})
+    assert released(c, {"other"})
+    theirs = {**c, "status": {**c["status"], "allocation": {"devices": {"results": [
+        {**c["status"]["allocation"]["devices"]["results"][0], "shareID": "1-2-3"}]}}}}
+    assert not released(theirs, set())  # kube-scheduler's allocation: never deallocated here
+    assert not released(claim(share(memory="1Gi")), set())  # not allocated

@@ -209,7 +209,8 @@ def test_claims_are_placed_and_allocated_before_binding(kube_client: Client, pro
                                                         ) -> None:
     """5 GiB of one GPU and 2 whole GPUs asked with ResourceClaims: placed by the same core
     (the placement annotation says so), each claim's status.allocation (device, pool,
-    consumedCapacity, shareID, node selector) and reservedFor written for the pod."""
+    consumedCapacity, shareID, node selector) and reservedFor written for the pod; when the
+    pod goes, its claim is deallocated."""
     from tessera.core.units import parse_memory
     ns = project
     make_claim(kube_client, ns, "five-gib", "share.gpu.tessera.io", capacity={"memory": "5Gi"})
@@ -235,6 +236,12 @@ def test_claims_are_placed_and_allocated_before_binding(kube_client: Client, pro
     results = claim_status(kube_client, ns, "two-whole")["allocation"]["devices"]["results"]
     assert [r["device"] for r in results] == [f"gpu-{d}" for d in w["devices"]]
     assert {r["consumedCapacity"]["shares"] for r in results} == {"100"}
+    # The pod goes: its claim is deallocated; the other claim keeps its allocation.
+    kube_client.delete(Pod, "share", namespace=ns, grace_period=0)
+    wait_until("five-gib deallocated", lambda: "allocation" not in claim_status(
+        kube_client, ns, "five-gib"))
+    assert "reservedFor" not in claim_status(kube_client, ns, "five-gib")
+    assert "allocation" in claim_status(kube_client, ns, "two-whole")
 
 
 def test_bad_claims_leave_the_pod_pending_with_the_reason(kube_client: Client, project: str

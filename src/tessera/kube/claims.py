@@ -194,3 +194,20 @@ def allocation_status(claim: Mapping[str, Any], request_name: str, placement: Pl
         "reservedFor": [{"resource": "pods", "name": name, "uid": pod_uid}
                         for name, pod_uid in pods],
     }
+
+
+def released(claim: Mapping[str, Any], live_pods: set[str]) -> bool:
+    """Whether the claim holds an allocation tessera-scheduler made (every result's shareID is
+    the one :func:`share_id` gives) that no live pod uses any more: it can be deallocated.
+    Allocations of others (kube-scheduler's, on tessera's slices) are never touched."""
+    st = claim.get("status") or {}
+    results = ((st.get("allocation") or {}).get("devices") or {}).get("results") or []
+    if not results:
+        return False
+    uid = (claim.get("metadata") or {}).get("uid", "")
+    for r in results:
+        device = str(r.get("device", ""))
+        if r.get("driver") != DRIVER or not device.startswith("gpu-") \
+                or not device[4:].isdigit() or r.get("shareID") != share_id(uid, int(device[4:])):
+            return False
+    return not ({r.get("uid") for r in st.get("reservedFor") or []} & live_pods)

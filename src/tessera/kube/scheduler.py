@@ -143,6 +143,8 @@ class KubeScheduler:
         A binding refused for a wiring reason (webhook, RBAC) would otherwise be retried and
         reported every cycle."""
         self.tasks: dict[PodKey, asyncio.Task[None]] = {}
+        self.releasing: set[PodKey] = set()
+        """ResourceClaims being deallocated (tessera.kube.claims.released)."""
         self.background: set[asyncio.Task[Any]] = set()
         self.reservations = Reservations(self.writer, self.opts.uuid_timeout)
         self.report = Reporter(self.writer, self._spawn, self.wake)
@@ -340,6 +342,20 @@ class KubeScheduler:
                                            [(pod.name, pod.uid)])
             await self.client.patch(dra.ResourceClaim.Status, name, {"status": status},
                                     namespace=pod.namespace, patch_type=PatchType.MERGE)
+
+    async def _release_claim(self, key: PodKey) -> None:
+        """Deallocates a claim of tessera's whose pods are gone or finished (kube-scheduler
+        does the same for its own allocations)."""
+        try:
+            await self.client.patch(dra.ResourceClaim.Status, key[1],
+                                    {"status": {"reservedFor": None, "allocation": None}},
+                                    namespace=key[0], patch_type=PatchType.MERGE)
+            log.info("resourceclaim %s/%s deallocated: its pods are gone", *key)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                log.warning("deallocating resourceclaim %s/%s: %s", *key, exc.status.message)
+        finally:
+            self.releasing.discard(key)
 
     async def cycle(self) -> Plan | None:
         t0 = time.perf_counter()
@@ -550,6 +566,11 @@ class KubeScheduler:
                                and (ns, cm.pod) not in self.tasks):
                 self.configmaps.items.pop((ns, name), None)
                 self._spawn(self.writer.delete_configmap(ns, name))
+        live = {p.uid for p in self.pods.items.values() if not p.finished}
+        for key, claim in list(self.resource_claims.items.items()):
+            if key not in self.releasing and dra.released(claim, live):
+                self.releasing.add(key)
+                self._spawn(self._release_claim(key))
         for pod in list(self.pods.items.values()):
             if (pod.reservation is not None or not pod.node or pod.placement is None
                     or pod.placement.exclusive or pod.finished or pod.key in self.evicting):
