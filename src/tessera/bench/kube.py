@@ -13,6 +13,11 @@ pods (2,000 GPUs) cannot run beside them. The benchmark therefore runs in phases
 3. delete the bulk pods (not timed), then submit ``--half`` half-GPU pods and time until all are
    bound (reservation pods, UUIDs from the kubelet double playing the agents, ConfigMaps, bindings).
 
+``--claims``: the same pods ask through DRA instead (issue 19, docs/dra.md): each pod names its
+own ResourceClaim (class ``gpu.tessera.io`` for one GPU, ``share.gpu.tessera.io`` with
+``shares: 50`` for half of one), created just before it in the timed window; the scheduler
+writes each claim's allocation before binding.
+
 Pods are submitted by 32 concurrent creates. The scheduler and the kubelet double (--play-agents)
 run as their own processes, as in a cluster. The last line printed is one JSON object.
 """
@@ -104,6 +109,23 @@ def _pod(ns: str, name: str, whole: bool, constraint: str | None = None, i: int 
     )
 
 
+def _claim_body(ns: str, name: str, whole: bool) -> dict[str, Any]:
+    exactly: dict[str, Any] = ({"deviceClassName": "gpu.tessera.io"} if whole else
+                               {"deviceClassName": "share.gpu.tessera.io",
+                                "capacity": {"requests": {"shares": "50"}}})
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+def _claim_pod_body(ns: str, name: str, claim: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"schedulerName": names.SCHEDULER_NAME,
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "main", "image": "example.invalid/train:1",
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
 def _kind_of(i: int, fraction: float) -> str | None:
     """Every pod i with (i mod 100) < fraction*100 is constrained, kinds in turn."""
     if (i % 100) >= round(fraction * 100):
@@ -111,18 +133,22 @@ def _kind_of(i: int, fraction: float) -> str | None:
     return CONSTRAINT_KINDS[i % len(CONSTRAINT_KINDS)]
 
 
-async def _submit(raw: RawApi, pods: list[Pod], concurrency: int = 32) -> float:
+async def _submit(raw: RawApi, pods: list[Pod], concurrency: int = 32,
+                  bodies: list[tuple[str, dict[str, Any]]] | None = None) -> float:
     """Create the pods, ``concurrency`` at a time, through the lean client (so the load
-    generator's own CPU stays small next to the scheduler's on a 2-core machine)."""
-    bodies = [(p.metadata.namespace, {"apiVersion": "v1", "kind": "Pod", **p.to_dict()})
-              for p in pods if p.metadata is not None]
+    generator's own CPU stays small next to the scheduler's on a 2-core machine). ``bodies``:
+    (path, object) to create instead, in order (claims before their pods)."""
+    if bodies is None:
+        bodies = [(f"/api/v1/namespaces/{p.metadata.namespace}/pods",
+                   {"apiVersion": "v1", "kind": "Pod", **p.to_dict()})
+                  for p in pods if p.metadata is not None]
     it = iter(bodies)
 
     async def worker() -> None:
-        for ns, body in it:
+        for path, body in it:
             for attempt in range(5):
                 try:
-                    await raw.request("POST", f"/api/v1/namespaces/{ns}/pods", body)
+                    await raw.request("POST", path, body)
                     break
                 except KubeHTTPError as exc:
                     if exc.code == 409 or attempt == 4:
@@ -161,19 +187,32 @@ async def _wait_bound(client: AsyncClient, ns: str, want: int, timeout: float) -
 
 
 async def _phase(client: AsyncClient, raw: RawApi, ns: str, count: int, whole: bool, prefix: str,
-                 timeout: float, constrained: float = 0.0) -> dict[str, float]:
+                 timeout: float, constrained: float = 0.0, claims: bool = False
+                 ) -> dict[str, float]:
     pods = [_pod(ns, f"{prefix}-{i:05d}", whole, _kind_of(i, constrained), i) for i in range(count)]
+    bodies: list[tuple[str, dict[str, Any]]] | None = None
+    if claims:
+        bodies = []
+        for i in range(count):
+            name = f"{prefix}-{i:05d}"
+            bodies.append((f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+                           _claim_body(ns, name, whole)))
+            bodies.append((f"/api/v1/namespaces/{ns}/pods", _claim_pod_body(ns, name, name)))
     t0 = time.monotonic()
     waiter = asyncio.create_task(_wait_bound(client, ns, count, timeout))
-    submit = await _submit(raw, pods)
+    submit = await _submit(raw, pods, bodies=bodies)
     done = await waiter
     return {"submit_seconds": round(submit, 2), "seconds_to_all_bound": round(done - t0, 2)}
 
 
 async def _delete_all(client: AsyncClient, ns: str) -> None:
-    """Delete every pod of ``ns`` and wait until they are gone. A deletecollection of tens of
-    thousands of pods can outlast the API server's request timeout (it then drops the
-    connection, having deleted part of them): it is asked again until none is left."""
+    """Delete every pod (and ResourceClaim) of ``ns`` and wait until the pods are gone. A
+    deletecollection of tens of thousands of pods can outlast the API server's request timeout
+    (it then drops the connection, having deleted part of them): it is asked again until none
+    is left."""
+    from tessera.kube.claims import ResourceClaim
+    with contextlib.suppress(httpx2.HTTPError, ApiError):
+        await client.deletecollection(ResourceClaim, namespace=ns)
     while True:
         with contextlib.suppress(httpx2.HTTPError, ApiError):
             await client.deletecollection(Pod, namespace=ns, grace_period=0)
@@ -198,7 +237,7 @@ async def _run(cluster: TestCluster, args: argparse.Namespace) -> dict[str, Any]
     if args.whole:
         print(f"phase 1: {args.whole} one-GPU pods", file=sys.stderr, flush=True)
         result["whole"] = await _phase(client, raw, "bulk", args.whole, True, "whole", timeout,
-                                       args.constrained)
+                                       args.constrained, args.claims)
         print(f"  {result['whole']}", file=sys.stderr, flush=True)
         print("phase 2: reclaim one GPU for project starved", file=sys.stderr, flush=True)
         t0 = time.monotonic()
@@ -216,7 +255,7 @@ async def _run(cluster: TestCluster, args: argparse.Namespace) -> dict[str, Any]
     if args.half:
         print(f"phase 3: {args.half} half-GPU pods", file=sys.stderr, flush=True)
         result["half"] = await _phase(client, raw, "bulk", args.half, False, "half", timeout,
-                                      args.constrained)
+                                      args.constrained, args.claims)
         print(f"  {result['half']}", file=sys.stderr, flush=True)
         res = [p async for p in client.list(Pod, namespace=names.SYSTEM_NAMESPACE,
                                             labels={names.RESERVATION_LABEL: "true"})]
@@ -258,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of pods carrying a nodeSelector, node affinity (required Gt + "
                              "preferred NotIn), tolerations or hostname anti-affinity (in turn)")
     parser.add_argument("--concurrency", type=int, default=32, help="scheduler's API writes")
+    parser.add_argument("--claims", action="store_true",
+                        help="pods ask through ResourceClaims (DRA) instead of limits/annotations")
     parser.add_argument("--profile", default=None, help="cProfile the scheduler into PATH")
     parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=False,
                         help="scheduler's lightkube client talks HTTP/2")
@@ -329,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "nodes": args.nodes,
         "constrained": args.constrained,
+        "claims": args.claims,
         "cycles_logged": len(cycles),
         "cycle_seconds_p50": round(sorted(cycles)[len(cycles) // 2], 3) if cycles else None,
         "cycle_seconds_max": round(max(cycles), 3) if cycles else None,

@@ -243,6 +243,24 @@ class Writer:
 
         await self._call(f"bind {pod.namespace}/{pod.name}", op, retry_on=retry)
 
+    async def claim_status(self, namespace: str, name: str, status: dict[str, Any] | None
+                           ) -> None:
+        """Merge-patches a ResourceClaim's status (an allocation before binding; None fields
+        deallocate), through the lean client where there is one (docs/dra.md)."""
+        from tessera.kube.claims import ResourceClaim
+        body = {"status": status}
+
+        async def op() -> None:
+            if self.raw is not None:
+                await self.raw.request(
+                    "PATCH", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/"
+                    f"{name}/status", body, content_type="application/merge-patch+json")
+                return
+            await self.client.patch(ResourceClaim.Status, name, body, namespace=namespace,
+                                    patch_type=PatchType.MERGE)
+
+        await self._call(f"resourceclaim {namespace}/{name} status", op)
+
     # ---- evictions, events, conditions -------------------------------------------------------
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
         async def op() -> None:

@@ -36,7 +36,6 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.operators import not_equal
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVolumeClaim, Pod
-from lightkube.types import PatchType
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
@@ -340,20 +339,18 @@ class KubeScheduler:
                 continue
             status = dra.allocation_status(claim, request, placement, pod.request.gpu,
                                            [(pod.name, pod.uid)])
-            await self.client.patch(dra.ResourceClaim.Status, name, {"status": status},
-                                    namespace=pod.namespace, patch_type=PatchType.MERGE)
+            await self.writer.claim_status(pod.namespace, name, status)
 
     async def _release_claim(self, key: PodKey) -> None:
         """Deallocates a claim of tessera's whose pods are gone or finished (kube-scheduler
         does the same for its own allocations)."""
         try:
-            await self.client.patch(dra.ResourceClaim.Status, key[1],
-                                    {"status": {"reservedFor": None, "allocation": None}},
-                                    namespace=key[0], patch_type=PatchType.MERGE)
+            await self.writer.claim_status(key[0], key[1], {"reservedFor": None,
+                                                            "allocation": None})
             log.info("resourceclaim %s/%s deallocated: its pods are gone", *key)
-        except ApiError as exc:
-            if exc.status.code != 404:
-                log.warning("deallocating resourceclaim %s/%s: %s", *key, exc.status.message)
+        except Exception as exc:
+            if status_code(exc) != 404:
+                log.warning("deallocating resourceclaim %s/%s: %r", *key, exc)
         finally:
             self.releasing.discard(key)
 
