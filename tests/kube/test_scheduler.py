@@ -266,6 +266,25 @@ def test_bad_claims_leave_the_pod_pending_with_the_reason(kube_client: Client, p
         assert "allocation" not in claim_status(kube_client, ns, c)
 
 
+def test_claims_count_against_the_projects_quota(env: SchedulerEnv, kube_client: Client,
+                                                  kube_namespace: str) -> None:
+    """A project limited to 1 GPU: a whole-GPU claim pod runs, a second waits on the limit (the
+    claim's request is charged as an ordinary one), and runs once the first is gone."""
+    ns = kube_namespace
+    make_project(kube_client, ns, ns, deserved=1, limit=1)
+    for n in ("one", "two"):
+        make_claim(kube_client, ns, n, "gpu.tessera.io")
+    make_claim_pod(kube_client, ns, "first", "one")
+    bound(kube_client, ns, "first")
+    make_claim_pod(kube_client, ns, "second", "two")
+    msg = wait_until("second's reason", lambda: scheduled_false(kube_client, ns, "second"))
+    assert "limit" in msg, msg
+    assert not get_pod(kube_client, ns, "second").spec.nodeName
+    kube_client.delete(Pod, "first", namespace=ns, grace_period=0)
+    bound(kube_client, ns, "second")
+    kube_client.delete(Pod, "second", namespace=ns, grace_period=0)
+
+
 # ---- the seed scenarios ------------------------------------------------------------------------
 def test_frac05_and_frac03_share_one_gpu_with_one_reservation_pod(
     kube_client: Client, project: str
