@@ -285,6 +285,48 @@ def test_claims_count_against_the_projects_quota(env: SchedulerEnv, kube_client:
     kube_client.delete(Pod, "second", namespace=ns, grace_period=0)
 
 
+def test_claim_template_pod_waits_for_its_claim_then_is_placed(kube_client: Client,
+                                                               project: str) -> None:
+    """A pod naming a ResourceClaimTemplate waits, saying for what, until its claim exists and
+    is recorded in status.resourceClaimStatuses — the job of kube-controller-manager's
+    resourceclaim controller, which the test cluster does not run, so the test does it here
+    (as kwok stands in for kubelets) — then it is placed and the made claim allocated."""
+    ns = project
+    kube_client.create(codecs.from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "three-gib", "namespace": ns},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "share.gpu.tessera.io",
+            "capacity": {"requests": {"memory": "3Gi"}}}}]}}}}))
+    kube_client.create(codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "templated", "namespace": ns},
+        "spec": {"schedulerName": names.SCHEDULER_NAME,
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "three-gib"}],
+                 "containers": [{"name": "main", "image": "example.invalid/cuda:12",
+                                 "resources": {"claims": [{"name": "gpu"}]}}]}}))
+    msg = wait_until("the reason", lambda: scheduled_false(kube_client, ns, "templated"))
+    assert "waiting for the ResourceClaim of template three-gib" in msg, msg
+    # What the resourceclaim controller does: the claim from the template, owned by the pod,
+    # and its name in the pod's status.
+    pod = get_pod(kube_client, ns, "templated")
+    kube_client.create(codecs.from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "templated-gpu-x1y2z", "namespace": ns,
+                     "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "templated",
+                                          "uid": pod.metadata.uid, "controller": True}]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "share.gpu.tessera.io",
+            "capacity": {"requests": {"memory": "3Gi"}}}}]}}}))
+    kube_client.patch(Pod.Status, "templated", {"status": {"resourceClaimStatuses": [
+        {"name": "gpu", "resourceClaimName": "templated-gpu-x1y2z"}]}}, namespace=ns,
+        patch_type=PatchType.MERGE)
+    (placed,) = bound(kube_client, ns, "templated")
+    assert placement(placed)["request"] == [3 * 2**30]
+    st = claim_status(kube_client, ns, "templated-gpu-x1y2z")
+    assert st["reservedFor"][0]["uid"] == placed.metadata.uid
+
+
 # ---- the seed scenarios ------------------------------------------------------------------------
 def test_frac05_and_frac03_share_one_gpu_with_one_reservation_pod(
     kube_client: Client, project: str

@@ -116,7 +116,8 @@ def same_for_scheduling(old: PodInfo, new: PodInfo) -> bool:
             and old.finished == new.finished and old.annotations == new.annotations
             and old.labels == new.labels and old.scheduled_message == new.scheduled_message
             and old.uid == new.uid and old.request == new.request and old.error == new.error
-            and old.sched == new.sched and old.sched_error == new.sched_error)
+            and old.sched == new.sched and old.sched_error == new.sched_error
+            and old.claim_names == new.claim_names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,13 +267,19 @@ def pod_info(pod: Any) -> PodInfo:
         )
     except InvalidRequest as exc:
         info.error = str(exc)
+    made = {c.name: c.resourceClaimName for c in
+            (status.resourceClaimStatuses if status else None) or [] if c.resourceClaimName}
     for i, rc in enumerate((spec.resourceClaims if spec else None) or []):
         if rc.resourceClaimName:
             info.claim_names += (rc.resourceClaimName,)
+        elif rc.name in made:  # from a template, by kube-controller-manager's claim controller
+            info.claim_names += (made[rc.name],)
         elif info.error is None:
-            info.error = (f"spec.resourceClaims[{i}].resourceClaimTemplateName: claim templates "
-                          "are not turned into claims by tessera-scheduler yet; create the "
-                          "ResourceClaim and name it with resourceClaimName")
+            info.error = (f"spec.resourceClaims[{i}].resourceClaimTemplateName: waiting for the "
+                          f"ResourceClaim of template {rc.resourceClaimTemplateName} "
+                          "(kube-controller-manager's resourceclaim controller makes it and "
+                          "records it in status.resourceClaimStatuses)")
+            info.request = None
     info.base_request = info.request
     try:
         info.sched = _sched(info.namespace, labels, spec)
