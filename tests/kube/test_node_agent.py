@@ -373,3 +373,28 @@ def test_resource_slice_is_repaired_and_not_rewritten_on_restart(
     time.sleep(1.5)  # more syncs (interval 1 s at most): none of them may write the slice
     after = resource_slice(kube_client, node)
     assert after.metadata.resourceVersion == fixed.metadata.resourceVersion
+
+
+def test_resource_slice_is_withdrawn_while_the_node_is_not_ready(
+        agents: NodeAgents, kube_client: Client) -> None:
+    """Fails closed: an agent that cannot enforce shares (its containers directory unusable)
+    deletes its node's slice, so nothing allocates a GPU there; ready again, it publishes it."""
+    node = sorted(agents.agents)[0]
+    agent = agents.agents[node]
+    wait_until("slice", lambda: resource_slice(kube_client, node))
+    agent.kill9()
+    aside = agent.containers_dir.with_name("containers.aside")
+    agent.containers_dir.rename(aside)
+    try:
+        agent.containers_dir.write_text("not a directory")
+        agent.restart()
+        wait_until("not ready", lambda: (kube_client.get(Node, node).metadata.annotations or {})
+                   .get("tessera.io/node-ready") == "false")
+        wait_until("slice withdrawn", lambda: resource_slice(kube_client, node) is None)
+    finally:
+        agent.kill9()
+        agent.containers_dir.unlink()
+        aside.rename(agent.containers_dir)
+        agent.restart()
+    back = wait_until("slice back", lambda: resource_slice(kube_client, node))
+    assert len(back.spec["devices"]) == 4
