@@ -158,6 +158,10 @@ def test_kubelet_plugin_prepares_and_unprepares_over_grpc(
             spec = json.loads(spec_file.read_text())
             env = spec["devices"][2]["containerEdits"]["env"]
             assert f"{LIMIT_ENV}={2 * 2**30}" in env and "NVIDIA_VISIBLE_DEVICES=GPU-2aaa" in env
+            assert any(e.startswith("LD_PRELOAD=/usr/local/tessera/libtessera-cuda.so")
+                       for e in env), env
+            assert spec["devices"][2]["containerEdits"]["mounts"][0]["hostPath"] == str(
+                cfg.library_dir)
             assert not (cfg.cdi_dir / f"gpu.tessera.io-{uids['there']}.json").exists()
             stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=claims[:1]))
             assert not spec_file.exists()

@@ -31,6 +31,7 @@ import grpc
 from tessera.core.errors import InvalidRequest
 from tessera.core.units import parse_memory
 from tessera.isolation.config import manual_environment
+from tessera.isolation.library import LIBRARY_NAME
 from tessera.node.draplugin import dra_pb2, dra_pb2_grpc, registration_pb2, registration_pb2_grpc
 
 DRIVER = "gpu.tessera.io"
@@ -47,7 +48,8 @@ class PluginConfig:
     library_dir: Path
     """Host directory of the isolation library (tessera-node installs it)."""
     library_mount: str = "/usr/local/tessera"
-    library_name: str = "libtessera-isolation.so"
+    library_name: str = LIBRARY_NAME
+    """The file tessera-node installs there (a symlink to the current build, tessera.node.install)."""
 
 
 def cdi_spec(claim: Mapping[str, Any], cfg: PluginConfig) -> tuple[dict[str, Any], list[Any]]:
