@@ -241,7 +241,7 @@ def install(built: dict[str, Any], images: dict[str, oci.UnpackedImage],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
     work = tmp_path_factory.mktemp("install")
     work.chmod(0o755)
-    cluster = TestCluster()
+    cluster = TestCluster(device_classes=False)  # the chart installs them
     cluster.start()
     try:
         nodes = cluster.create_gpu_nodes(1, NodeShape(gpus=1, model=MODEL), prefix="t4-",

@@ -234,6 +234,9 @@ class TestCluster:
     binary_overrides: dict[str, Path] = field(default_factory=dict)
     """Use these executables instead of the built ones (e.g. ``{"etcd": Path(...)}``)."""
     report: Callable[[str], None] | None = None
+    device_classes: bool = True
+    """Create the chart's DRA DeviceClasses at start (off where the chart itself is installed,
+    since Helm refuses to adopt objects it did not create)."""
 
     server: str = field(init=False, default="")
     kubeconfig: Path = field(init=False, default=Path())
@@ -378,7 +381,8 @@ class TestCluster:
         )
         self.kubeconfig.chmod(0o600)
         self.startup_seconds["kube-apiserver"] = time.monotonic() - t
-        self._create_device_classes()
+        if self.device_classes:
+            self._create_device_classes()
 
         t = time.monotonic()
         kwok = ManagedProcess(
