@@ -139,7 +139,7 @@ static void used_add(int dev, int64_t delta) {
 
 static uint64_t device_free(int dev) {
     fake_device *d = fake_cuda_device(dev);
-    uint64_t busy = g_used[dev] + d->other_used + fake_state_others(d->index);
+    uint64_t busy = g_used[dev] + d->other_used + fake_state_others_on(d);
     return busy >= d->total ? 0 : d->total - busy;
 }
 

@@ -19,8 +19,9 @@ static fake_device g_devices[FAKE_MAX_DEVICES];
 static int g_count;
 static uint64_t g_context_bytes;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_visible[FAKE_MAX_DEVICES];
+static fake_device *g_visible[FAKE_MAX_DEVICES];
 static int g_visible_count;
+static fake_device g_mig_view[FAKE_MAX_DEVICES]; /* MIG devices named in CUDA_VISIBLE_DEVICES */
 
 static uint64_t parse_size(const char *text, int *ok) {
     char *end = NULL;
@@ -57,8 +58,13 @@ static void add_device(const char *name, uint64_t total) {
              u[13], u[14], u[15]);
     char key[32];
     d->index = g_count;
+    d->mig_gi = d->mig_ci = -1;
     snprintf(key, sizeof key, "FAKE_GPU_MIG_%d", g_count);
-    d->mig = getenv(key) && strcmp(getenv(key), "1") == 0;
+    int n_profiles = 0;
+    fake_mig_profiles(d, &n_profiles);
+    d->mig = n_profiles > 0 && getenv(key) && strcmp(getenv(key), "1") == 0;
+    if (getenv(key) && strcmp(getenv(key), "1") == 0 && n_profiles == 0)
+        fprintf(stderr, "fake driver: %s: %s has no MIG; the device stays whole\n", key, d->name);
     snprintf(key, sizeof key, "FAKE_GPU_UTIL_%d", g_count);
     d->util = getenv(key) ? atoi(getenv(key)) : -1;
     if (d->util > 100) d->util = 100;
@@ -124,23 +130,48 @@ static void load(void) {
     apply_uuids();
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     if (!cvd) {
-        for (int i = 0; i < g_count; i++) g_visible[i] = i;
+        for (int i = 0; i < g_count; i++) g_visible[i] = &g_devices[i];
         g_visible_count = g_count;
     } else {
         char *list = strdup(cvd), *save2 = NULL;
         for (char *t = strtok_r(list, ",", &save2); t && g_visible_count < FAKE_MAX_DEVICES;
              t = strtok_r(NULL, ",", &save2)) {
             while (isspace((unsigned char)*t)) t++;
-            int found = -1;
+            fake_device *found = NULL;
+            int phys;
+            unsigned gi, ci;
             if (isdigit((unsigned char)*t)) {
                 char *end;
                 long v = strtol(t, &end, 10);
-                if (*end == '\0' && v >= 0 && v < g_count) found = (int)v;
+                if (*end == '\0' && v >= 0 && v < g_count) found = &g_devices[v];
             } else if (strncmp(t, "GPU-", 4) == 0) {
-                for (int i = 0; i < g_count && found < 0; i++)
-                    if (strncmp(g_devices[i].uuid_str, t, strlen(t)) == 0) found = i;
+                for (int i = 0; i < g_count && !found; i++)
+                    if (strncmp(g_devices[i].uuid_str, t, strlen(t)) == 0) found = &g_devices[i];
+            } else if (strncmp(t, "MIG-", 4) == 0 && fake_mig_find(t, &phys, &gi, &ci)) {
+                /* A MIG device: its GPU instance's memory, its own UUID, charged to the GPU. */
+                fake_device *m = &g_mig_view[g_visible_count];
+                *m = g_devices[phys];
+                fake_state_lock();
+                fake_gi *g = NULL;
+                for (int k = 0; k < FAKE_MIG_MAX_GI; k++) {
+                    fake_gi *x = &fake_mig_state_get()->gi[phys][k];
+                    if (x->live && x->id == gi) g = x;
+                }
+                int n;
+                const fake_mig_profile *table = fake_mig_profiles(m, &n);
+                if (g) {
+                    unsigned char bytes[16];
+                    m->total = table[g->profile].memory_mib << 20;
+                    fake_mig_uuid(m, g->ci_serial[ci], m->uuid_str, sizeof m->uuid_str, bytes);
+                    memcpy(m->uuid, bytes, 16);
+                }
+                fake_state_unlock();
+                m->other_used = 0;
+                m->mig_gi = (int)gi;
+                m->mig_ci = (int)ci;
+                found = g ? m : NULL;
             }
-            if (found < 0) break;
+            if (!found) break;
             g_visible[g_visible_count++] = found;
         }
         free(list);
@@ -177,7 +208,7 @@ int fake_cuda_count(void) {
 fake_device *fake_cuda_device(int ordinal) {
     fake_devices_load();
     if (ordinal < 0 || ordinal >= g_visible_count) return NULL;
-    return &g_devices[g_visible[ordinal]];
+    return g_visible[ordinal];
 }
 
 /* ---- cross-process state (FAKE_GPU_STATE) ---- */
@@ -186,9 +217,10 @@ typedef struct {
     uint64_t magic;
     uint64_t reserved[7];
     fake_proc slots[FAKE_STATE_SLOTS];
+    fake_mig_state mig;
 } state_file;
 
-#define STATE_MAGIC 0x3174617473656b66ULL /* "fkstat1" */
+#define STATE_MAGIC 0x3274617473656b66ULL /* "fkstat2" */
 
 static pthread_once_t g_state_once = PTHREAD_ONCE_INIT;
 static state_file *g_state;
@@ -280,6 +312,26 @@ void fake_state_unlock(void) {
     pthread_mutex_unlock(&g_state_mu);
 }
 
+static uint32_t mig_tag(const fake_device *d) {
+    return d->mig_gi < 0 ? 0 : ((uint32_t)d->mig_gi << 8 | (uint32_t)d->mig_ci) + 1;
+}
+
+uint64_t fake_state_others_on(const fake_device *d) {
+    if (d->mig_gi < 0) return fake_state_others(d->index);
+    if (!fake_state_enabled()) return 0;
+    uint64_t sum = 0;
+    int me = getpid();
+    for (int s = 0; s < FAKE_STATE_SLOTS; s++) {
+        fake_proc *p = &g_state->slots[s];
+        int pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
+        uint32_t tag = __atomic_load_n(&p->mig[d->index], __ATOMIC_RELAXED);
+        if (pid == 0 || pid == me || tag == 0 || (tag - 1) >> 8 != (uint32_t)d->mig_gi || !pid_alive(pid))
+            continue;
+        sum += __atomic_load_n(&p->used[d->index], __ATOMIC_RELAXED);
+    }
+    return sum;
+}
+
 uint64_t fake_state_others(int phys) {
     if (!fake_state_enabled() || phys < 0 || phys >= FAKE_MAX_DEVICES) return 0;
     uint64_t sum = 0;
@@ -306,6 +358,9 @@ static fake_proc *own_slot(void) {
     if (found >= 0) {
         fake_proc *p = &g_state->slots[found];
         memset(p->used, 0, sizeof p->used);
+        memset(p->mig, 0, sizeof p->mig);
+        for (int v = 0; v < g_visible_count; v++)
+            if (g_visible[v]->mig_gi >= 0) p->mig[g_visible[v]->index] = mig_tag(g_visible[v]);
         const char *sm = getenv("FAKE_GPU_SM_UTIL");
         p->sm_util = sm ? (unsigned)atoi(sm) : 0;
         if (p->sm_util > 100) p->sm_util = 100;
@@ -336,10 +391,128 @@ int fake_state_procs(fake_proc *out, int max) {
         copy.sm_util = p->sm_util;
         int any = 0;
         for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
+            copy.mig[d] = __atomic_load_n(&p->mig[d], __ATOMIC_RELAXED);
             copy.used[d] = __atomic_load_n(&p->used[d], __ATOMIC_RELAXED);
             any |= copy.used[d] != 0;
         }
         if (any) out[n++] = copy;
     }
     return n;
+}
+
+/* ---- MIG ---- */
+
+/* Starts as bit masks (bit s: memory slot s). */
+#define S_ALL 0x7fu    /* 0..6 */
+#define S_EVEN4 0x55u  /* 0, 2, 4, 6 */
+#define S_EVEN3 0x15u  /* 0, 2, 4 */
+#define S_HALF 0x11u   /* 0, 4 */
+#define S_ZERO 0x01u   /* 0 */
+
+/* NVML_GPU_INSTANCE_PROFILE_* and the profile ids the A100 and H100 report (nvidia-smi mig -lgip):
+ * 1g (19), 1g+me (20), 1g with two memory slots (15), 2g (14), 3g (9), 4g (5), 7g (0). */
+#define ROW(name, index, id, compute, slots, starts, count, sms, mib) \
+    {name, index, id, compute, slots, starts, count, sms, mib}
+
+static const fake_mig_profile A100_40[] = {
+    ROW("1g.5gb", 0, 19, 1, 1, S_ALL, 7, 14, 4864),
+    ROW("1g.5gb+me", 7, 20, 1, 1, S_ALL, 1, 14, 4864),
+    ROW("1g.10gb", 9, 15, 1, 2, S_EVEN4, 4, 14, 9856),
+    ROW("2g.10gb", 1, 14, 2, 2, S_EVEN3, 3, 28, 9856),
+    ROW("3g.20gb", 2, 9, 3, 4, S_HALF, 2, 42, 19968),
+    ROW("4g.20gb", 3, 5, 4, 4, S_ZERO, 1, 56, 19968),
+    ROW("7g.40gb", 4, 0, 7, 8, S_ZERO, 1, 98, 40192),
+};
+static const fake_mig_profile A100_80[] = {
+    ROW("1g.10gb", 0, 19, 1, 1, S_ALL, 7, 14, 9728),
+    ROW("1g.10gb+me", 7, 20, 1, 1, S_ALL, 1, 14, 9728),
+    ROW("1g.20gb", 9, 15, 1, 2, S_EVEN4, 4, 14, 19968),
+    ROW("2g.20gb", 1, 14, 2, 2, S_EVEN3, 3, 28, 19968),
+    ROW("3g.40gb", 2, 9, 3, 4, S_HALF, 2, 42, 40192),
+    ROW("4g.40gb", 3, 5, 4, 4, S_ZERO, 1, 56, 40192),
+    ROW("7g.80gb", 4, 0, 7, 8, S_ZERO, 1, 98, 80896),
+};
+static const fake_mig_profile H100_80[] = {
+    ROW("1g.10gb", 0, 19, 1, 1, S_ALL, 7, 16, 9984),
+    ROW("1g.10gb+me", 7, 20, 1, 1, S_ALL, 1, 16, 9984),
+    ROW("1g.20gb", 9, 15, 1, 2, S_EVEN4, 4, 26, 20096),
+    ROW("2g.20gb", 1, 14, 2, 2, S_EVEN3, 3, 32, 20096),
+    ROW("3g.40gb", 2, 9, 3, 4, S_HALF, 2, 60, 40448),
+    ROW("4g.40gb", 3, 5, 4, 4, S_ZERO, 1, 64, 40448),
+    ROW("7g.80gb", 4, 0, 7, 8, S_ZERO, 1, 132, 81152),
+};
+static const fake_mig_profile H100_94[] = {
+    ROW("1g.12gb", 0, 19, 1, 1, S_ALL, 7, 16, 11776),
+    ROW("1g.12gb+me", 7, 20, 1, 1, S_ALL, 1, 16, 11776),
+    ROW("1g.24gb", 9, 15, 1, 2, S_EVEN4, 4, 26, 23808),
+    ROW("2g.24gb", 1, 14, 2, 2, S_EVEN3, 3, 32, 23808),
+    ROW("3g.47gb", 2, 9, 3, 4, S_HALF, 2, 60, 47872),
+    ROW("4g.47gb", 3, 5, 4, 4, S_ZERO, 1, 64, 47872),
+    ROW("7g.94gb", 4, 0, 7, 8, S_ZERO, 1, 132, 95744),
+};
+static const fake_mig_profile H200_141[] = {
+    ROW("1g.18gb", 0, 19, 1, 1, S_ALL, 7, 16, 16384),
+    ROW("1g.18gb+me", 7, 20, 1, 1, S_ALL, 1, 16, 16384),
+    ROW("1g.35gb", 9, 15, 1, 2, S_EVEN4, 4, 26, 32768),
+    ROW("2g.35gb", 1, 14, 2, 2, S_EVEN3, 3, 32, 32768),
+    ROW("3g.71gb", 2, 9, 3, 4, S_HALF, 2, 60, 65536),
+    ROW("4g.71gb", 3, 5, 4, 4, S_ZERO, 1, 64, 65536),
+    ROW("7g.141gb", 4, 0, 7, 8, S_ZERO, 1, 132, 143360),
+};
+#define N_ROWS 7
+
+const fake_mig_profile *fake_mig_profiles(const fake_device *d, int *n) {
+    uint64_t gib = d->total >> 30;
+    const fake_mig_profile *t = NULL;
+    if (strstr(d->name, "A100")) t = gib < 60 ? A100_40 : A100_80;
+    else if (strstr(d->name, "H100")) t = gib < 88 ? H100_80 : H100_94;
+    else if (strstr(d->name, "H200")) t = H200_141;
+    *n = t ? N_ROWS : 0;
+    return t;
+}
+
+static fake_mig_state g_local_mig; /* without FAKE_GPU_STATE: this process's own */
+
+fake_mig_state *fake_mig_state_get(void) {
+    return fake_state_enabled() ? &g_state->mig : &g_local_mig;
+}
+
+void fake_mig_uuid(const fake_device *d, uint64_t serial, char *out, size_t len, unsigned char b[16]) {
+    /* The parent's UUID bytes stirred with the machine-wide serial of the compute instance: a
+     * partition created again gets a new UUID, as on a real GPU. */
+    uint64_t h = 0xcbf29ce484222325ULL ^ serial;
+    for (int i = 0; i < 16; i++) {
+        h = (h ^ d->uuid[i]) * 0x100000001b3ULL;
+        b[i] = (unsigned char)(h >> 29);
+    }
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x50);
+    snprintf(out, len, "MIG-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+}
+
+int fake_mig_find(const char *uuid, int *phys, unsigned *gi, unsigned *ci) {
+    int found = 0;
+    fake_state_lock();
+    fake_mig_state *st = fake_mig_state_get();
+    for (int d = 0; d < g_count && !found; d++) {
+        for (int k = 0; k < FAKE_MIG_MAX_GI && !found; k++) {
+            fake_gi *g = &st->gi[d][k];
+            if (!g->live) continue;
+            for (int c = 0; c < FAKE_MIG_MAX_CI && !found; c++) {
+                if (!g->ci_live[c]) continue;
+                char text[48];
+                unsigned char bytes[16];
+                fake_mig_uuid(&g_devices[d], g->ci_serial[c], text, sizeof text, bytes);
+                if (strcmp(text, uuid) == 0) {
+                    *phys = d;
+                    *gi = g->id;
+                    *ci = (unsigned)c;
+                    found = 1;
+                }
+            }
+        }
+    }
+    fake_state_unlock();
+    return found;
 }

@@ -2,6 +2,7 @@
 #ifndef FAKE_DEVICES_H
 #define FAKE_DEVICES_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define FAKE_MAX_DEVICES 16
@@ -15,6 +16,8 @@ typedef struct {
     int index;             /* physical (NVML) index */
     int mig;               /* MIG mode (FAKE_GPU_MIG_<i>=1) */
     int util;              /* FAKE_GPU_UTIL_<i> (percent), -1: derived from the processes */
+    int mig_gi, mig_ci;    /* a MIG device of the CUDA view (CUDA_VISIBLE_DEVICES=MIG-...): its GPU
+                            * and compute instance on physical device `index`; -1 for a whole GPU */
 } fake_device;
 
 /* Parses FAKE_GPU_DEVICES once ("NAME=SIZE;NAME=SIZE", SIZE with optional K/M/G/T/Ki/Mi/Gi/Ti).
@@ -40,15 +43,65 @@ typedef struct {
     int pid;
     unsigned sm_util;   /* FAKE_GPU_SM_UTIL of that process (percent) */
     uint64_t used[FAKE_MAX_DEVICES];
+    uint32_t mig[FAKE_MAX_DEVICES]; /* the MIG device it runs on: (gi << 8 | ci) + 1; 0: whole GPU */
 } fake_proc;
 int fake_state_enabled(void);
 void fake_state_lock(void);    /* cross-process lock for check-then-charge */
 void fake_state_unlock(void);
 /* Bytes live processes other than this one hold on physical device phys. */
 uint64_t fake_state_others(int phys);
+/* Bytes live processes other than this one hold on what device d of the CUDA view covers: the
+ * whole GPU, or for a MIG device its GPU instance (the memory its compute instances share). */
+uint64_t fake_state_others_on(const fake_device *d);
 /* Adds delta to this process's bytes on physical device phys. */
 void fake_state_add(int phys, int64_t delta);
 /* Live processes (with bytes on some device) into out[0..max); returns how many. */
 int fake_state_procs(fake_proc *out, int max);
+
+/* ---- MIG (Multi-Instance GPU) ----
+ * A device whose product is MIG-capable (A100, H100, H200) and whose FAKE_GPU_MIG_<i> is 1 is in
+ * MIG mode; the fake never changes the mode (an operator's choice, as on a real node). GPU and
+ * compute instances live in the cross-process state (FAKE_GPU_STATE), so the instances one
+ * process creates are what another process sees; without it they live in the process. The
+ * geometry is NVIDIA's (MIG user guide, "Supported MIG Profiles", and the placements
+ * `nvidia-smi mig -lgipp` lists), the same table tessera.core.mig holds. */
+#define FAKE_MIG_SLOTS 8      /* memory slots; placements are in these units */
+#define FAKE_MIG_COMPUTE 7    /* compute slices */
+#define FAKE_MIG_MAX_GI 8
+#define FAKE_MIG_MAX_CI 8
+#define FAKE_MIG_IDS 16       /* GPU instance ids are 1..15 */
+
+typedef struct {
+    const char *name;     /* "1g.5gb", as NVML names it after "MIG " */
+    unsigned index;       /* NVML_GPU_INSTANCE_PROFILE_* */
+    unsigned id;          /* the profile id NVML reports and creation takes */
+    unsigned compute;     /* compute slices */
+    unsigned slots;       /* memory slots covered (the placement size) */
+    unsigned starts;      /* bit s set: may start at memory slot s */
+    unsigned max_count;   /* instances of this profile one GPU holds at most */
+    unsigned sms;         /* multiprocessors */
+    unsigned long long memory_mib;
+} fake_mig_profile;
+
+typedef struct {
+    uint32_t live, id, profile, start;      /* profile: index into the model's table */
+    uint32_t ci_live[FAKE_MIG_MAX_CI];      /* compute instance ids are the array index */
+    uint32_t ci_slices[FAKE_MIG_MAX_CI], ci_start[FAKE_MIG_MAX_CI];
+    uint64_t ci_serial[FAKE_MIG_MAX_CI];    /* from the machine-wide counter: the MIG UUID */
+} fake_gi;
+
+typedef struct {
+    uint64_t serial;
+    fake_gi gi[FAKE_MAX_DEVICES][FAKE_MIG_MAX_GI];
+} fake_mig_state;
+
+/* The device's MIG profile table (NULL, *n = 0 when the product has no MIG). */
+const fake_mig_profile *fake_mig_profiles(const fake_device *d, int *n);
+/* The shared MIG state; call between fake_state_lock and fake_state_unlock. */
+fake_mig_state *fake_mig_state_get(void);
+/* "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of a compute instance (serial), and its bytes. */
+void fake_mig_uuid(const fake_device *d, uint64_t serial, char *out, size_t len, unsigned char bytes[16]);
+/* The physical device, GI and CI of a MIG UUID that exists now; 0 when none. */
+int fake_mig_find(const char *uuid, int *phys, unsigned *gi, unsigned *ci);
 
 #endif
