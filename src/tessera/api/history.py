@@ -54,6 +54,7 @@ class History:
         self.snapshots = snapshots
         self.interval = interval or float(os.environ.get("TESSERA_HISTORY_INTERVAL", "10"))
         hours = hours or float(os.environ.get("TESSERA_HISTORY_HOURS", "6"))
+        self.hours = hours
         self.samples: deque[Sample] = deque(maxlen=max(1, int(hours * 3600 / self.interval)))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,6 +100,7 @@ class History:
         busy_workloads = sorted({k for s in picked for k in s.workloads_busy})
         used_projects = sorted({k for s in picked for k in s.projects_used})
         return {
+            "retentionHours": self.hours,
             "interval": self.interval,
             "time": [round(s.time, 3) for s in picked],
             "allocated": [s.allocated for s in picked],

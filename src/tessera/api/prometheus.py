@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tessera.api.telemetry import SnapshotCache
+from tessera.api.telemetry import ACTIVE, SnapshotCache
 
 PENDING_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
 
@@ -71,6 +71,13 @@ class ApiCollector(Collector):
             fams["fair"].add_metric([p.name], p.fair_share)
             fams["weight"].add_metric([p.name], p.weight)
         yield from fams.values()
+        held = GaugeMetricFamily("tessera_workload_gpu_allocated",
+                                 "GPUs an active workload holds (fractions count their share)",
+                                 labels=["project", "workload"])
+        for w in snap.workloads:
+            if w.phase in ACTIVE and w.allocated > 0:
+                held.add_metric([w.project, w.name], w.allocated)
+        yield held
         phases = GaugeMetricFamily("tessera_workloads", "workloads by type and phase",
                                    labels=["type", "phase"])
         for (kind, phase), n in sorted(snap.phases.items()):

@@ -10,6 +10,7 @@ backends. Nothing is loaded from the internet at run time.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tessera.api.backend import Backend
 from tessera.api.history import History
 from tessera.api.prometheus import api_registry
+from tessera.api.prometheus_history import PrometheusHistory
 from tessera.api.telemetry import SnapshotCache
 
 STATIC = Path(__file__).parent / "static"
@@ -33,6 +35,8 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend) -> History:
     thread)."""
     snapshots = SnapshotCache(backend)
     history = History(snapshots).start()
+    prometheus = os.environ.get("TESSERA_PROMETHEUS_URL", "")
+    source = PrometheusHistory(prometheus, history) if prometheus else history
     registry = api_registry(snapshots)
     app.mount("/console", StaticFiles(directory=STATIC), name="console")
 
@@ -58,7 +62,8 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend) -> History:
         list per series: GPUs allocated in all, per project and per active workload; under
         ``utilization``, GPUs' worth of utilisation in all, per project and per workload (from
         the node agents; ``null`` where no agent reported); under ``memoryUsed``, GPU memory
-        used per project (bytes)."""
-        return history.document(time.time() - minutes * 60)
+        used per project (bytes). With ``TESSERA_PROMETHEUS_URL`` set, the same series come
+        from that Prometheus (``source: prometheus``; docs/console.md)."""
+        return source.document(time.time() - minutes * 60)
 
     return history

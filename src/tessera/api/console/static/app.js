@@ -462,14 +462,15 @@ async function submit() {
 }
 
 async function metrics() {
-  const minutes = h("select", { id: "m-minutes", "aria-label": "Time range" }, [15, 60, 180, 360].map((m) => h("option", { value: m, selected: m === 60 }, m < 60 ? `last ${m} min` : `last ${m / 60} h`)));
+  const minutes = h("select", { id: "m-minutes", "aria-label": "Time range" }, [15, 60, 180, 360, 1440].map((m) => h("option", { value: m, selected: m === 60 }, m < 60 ? `last ${m} min` : `last ${m / 60} h`)));
   const byProject = h("div", { class: "chart", id: "chart-projects" });
   const byWorkload = h("div", { class: "chart", id: "chart-workloads" });
   const utilProject = h("div", { class: "chart", id: "chart-util-projects" });
   const utilWorkload = h("div", { class: "chart", id: "chart-util-workloads" });
   const utilNote = h("p", { class: "muted", id: "util-note" });
+  const sourceNote = h("p", { class: "muted", id: "source-note" });
   put(main, h("div", { class: "row" }, h("h1", {}, "Metrics"), h("span", { class: "spacer" }), minutes),
-    h("p", { class: "muted" }, "From samples the server keeps (Prometheus scrapes /metrics and the node agents for longer history). Utilisation is in GPUs' worth: a workload keeping 40% of one GPU busy counts 0.4."),
+    sourceNote,
     h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPUs allocated, by project"), byProject),
     h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPUs allocated, by workload (largest 10)"), byWorkload),
     h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPU utilisation, by project"), utilNote, utilProject),
@@ -479,6 +480,8 @@ async function metrics() {
   const draw = async () => {
     const d = await api(`/api/v1/metrics/history?minutes=${minutes.value}`);
     plots.forEach((p) => p.destroy()); plots.length = 0;
+    const whence = d.source === "prometheus" ? "From Prometheus (TESSERA_PROMETHEUS_URL)." : `From samples the server keeps (the last ${d.retentionHours} h; Prometheus, when configured, keeps more).${d.note ? " " + d.note + "." : ""}`;
+    sourceNote.textContent = `${whence} Utilisation is in GPUs' worth: a workload keeping 40% of one GPU busy counts 0.4.`;
     const width = Math.max(300, main.clientWidth - 60);
     const series = (names) => [{}, ...names.map((n) => ({ label: n, stroke: n === "all" ? "#151a24" : color(n), width: 2, spanGaps: true }))];
     const chart = (el, names, columns, label) => {
