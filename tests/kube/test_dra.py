@@ -156,12 +156,13 @@ def test_kubelet_plugin_prepares_and_unprepares_over_grpc(
                 assert "UID" in got.claims["stale-uid"].error
             spec_file = cfg.cdi_dir / f"gpu.tessera.io-{uids['here']}.json"
             spec = json.loads(spec_file.read_text())
-            env = spec["devices"][2]["containerEdits"]["env"]
-            assert f"{LIMIT_ENV}={2 * 2**30}" in env and "NVIDIA_VISIBLE_DEVICES=GPU-2aaa" in env
-            assert any(e.startswith("LD_PRELOAD=/usr/local/tessera/libtessera-cuda.so")
-                       for e in env), env
-            assert spec["devices"][2]["containerEdits"]["mounts"][0]["hostPath"] == str(
-                cfg.library_dir)
+            # claim-wide: every GPU of the claim, in its order, and the library
+            env = spec["containerEdits"]["env"]
+            assert "NVIDIA_VISIBLE_DEVICES=GPU-0aaa,GPU-1aaa,GPU-2aaa,GPU-3aaa" in env
+            assert "LD_PRELOAD=/usr/local/tessera/libtessera-cuda.so" in env, env
+            assert spec["containerEdits"]["mounts"][0]["hostPath"] == str(cfg.library_dir)
+            # per device: its limit at its visible index
+            assert spec["devices"][2]["containerEdits"]["env"] == [f"{LIMIT_ENV}_2={2 * 2**30}"]
             assert not (cfg.cdi_dir / f"gpu.tessera.io-{uids['there']}.json").exists()
             stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=claims[:1]))
             assert not spec_file.exists()

@@ -183,3 +183,28 @@ def test_scheduler_refuses_bad_policy_arguments_naming_the_flag(
         sched.parser().parse_args([bad])
     assert info.value.code == 2
     assert bad.split("=")[0] in capsys.readouterr().err
+
+
+def test_node_agent_serves_the_dra_plugin_where_the_kubelet_looks() -> None:
+    """The node DaemonSet mounts the kubelet's plugin directories and the CDI directory at the
+    paths its arguments name (tessera-node parses them); dra.kubeletPlugin=false passes
+    --no-dra-plugin and mounts none of them."""
+    from tessera.node.cli import parser as node_parser
+
+    def agent(*sets: str) -> tuple[Any, dict[str, str], dict[str, str]]:
+        docs = _kinds(local.helm_template(*sets))
+        c = _container(docs, "DaemonSet", "tessera-node-agent")
+        spec = docs[("DaemonSet", "tessera-node-agent")]["spec"]["template"]["spec"]
+        host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+        mounts = {m["mountPath"]: host[m["name"]] for m in c["volumeMounts"]}
+        return node_parser().parse_args(["run", *c["args"]]), mounts, host
+
+    args, mounts, _ = agent("dra.kubeletDir=/data/kubelet", "dra.cdiDir=/etc/cdi")
+    assert not args.no_dra_plugin
+    for flag, path in ((args.dra_registration_dir, "/data/kubelet/plugins_registry"),
+                       (args.dra_plugin_dir, "/data/kubelet/plugins/gpu.tessera.io"),
+                       (args.cdi_dir, "/etc/cdi")):
+        assert flag == path and mounts[path] == path  # the host's path, seen at the same path
+    args, mounts, host = agent("dra.kubeletPlugin=false")
+    assert args.no_dra_plugin
+    assert not {"dra-registry", "dra-plugin", "cdi"} & set(host)

@@ -44,6 +44,7 @@ from tessera.node import containers as files
 from tessera.node import publish
 from tessera.node import resourceslice as dra
 from tessera.node.containers import Share, ShareDevice, ShareFilesError
+from tessera.node.draplugin.cdi import PluginConfig
 from tessera.node.headroom import DeviceHeadroom, headroom_for
 from tessera.node.install import InstallError, install_library
 from tessera.node.nvml import Inventory, Nvml
@@ -65,6 +66,9 @@ POD_GROUP = "tessera.io/pod-group"
 PRIORITY_CLASS = "tessera.io/priority-class"
 COMPONENT = "tessera-node"
 SLICE_RETRY_SECONDS = 30
+CLAIMS_SUBDIR = "claims"
+"""Under the containers directory: the isolation files of prepared claims (by claim UID; the
+share directories beside them are 16 hex digits, so neither side removes the other's)."""
 
 
 @dataclass
@@ -93,6 +97,9 @@ class AgentOptions:
     """The node's loans ledger directory (this agent's view; share containers see it at
     /run/tessera-loans); None: dynamic fractions' loans are not accounted."""
     plugin_options: dict[str, str] = field(default_factory=dict)
+    dra_slices: bool = True
+    """Publish this node's ResourceSlice (False: the kubelet plugin is not serving here, so a
+    claim allocated on this node could not be prepared; any slice of this node is deleted)."""
 
 
 @dataclass
@@ -269,7 +276,8 @@ class KubeAgent:
         (nothing would enforce a share allocated here), slices of this driver for this node
         under other names removed (an older agent's). No write when nothing changed."""
         devices = (dra.devices(self.inventory, self.headroom)
-                   if self.ready and self.inventory is not None else [])
+                   if self.ready and self.inventory is not None and self.opts.dra_slices
+                   else [])
         digest = dra.devices_digest(devices) if devices else ""
         if digest == self.slice_digest:
             return
@@ -313,6 +321,20 @@ class KubeAgent:
         self.slice_writes += 1
         log.info("ResourceSlice %s: %d GPU(s), pool generation %d", name, len(devices),
                  generation)
+
+    def plugin_config(self, cdi_dir: Path) -> PluginConfig:
+        """The node as the kubelet plugin prepares claims on it (tessera.node.draplugin): the
+        GPUs NVML lists, the headroom, the directories; ``not_ready`` while shares cannot be
+        enforced here."""
+        gpus = self.inventory.gpus if self.inventory is not None else []
+        return PluginConfig(
+            node=self.opts.node_name, uuids={g.index: g.uuid for g in gpus}, cdi_dir=cdi_dir,
+            library_dir=self.opts.library_dir, library_mount=self.opts.library_mount,
+            claims_dir=self.opts.containers_dir / CLAIMS_SUBDIR,
+            claims_host_dir=self.opts.containers_host_dir / CLAIMS_SUBDIR,
+            loans_host_dir=self.opts.loans_dir,  # the chart mounts it at its host path
+            headroom={h.uuid: h.bytes for h in self.headroom.values()},
+            not_ready="" if self.ready else (self.reason or "starting"))
 
     # ---- pods -------------------------------------------------------------------------------
     async def _list_pods(self) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import re
 import sys
+from typing import Any
 
 from tessera.node.nvml import Nvml, NvmlUnavailable
 
@@ -112,6 +113,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"tessera-node: --advertise-url: must be http(s)://HOST:PORT, optionally with a path "
               f"(got {args.advertise_url!r})", file=sys.stderr)
         return 2
+    for flag in ("dra_registration_dir", "dra_plugin_dir", "cdi_dir"):
+        if not os.path.isabs(getattr(args, flag)):
+            print(f"tessera-node: --{flag.replace('_', '-')}: must be an absolute path "
+                  f"(got {getattr(args, flag)!r})", file=sys.stderr)
+            return 2
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -138,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     async def main_async() -> None:
         client = make_client(opts.kubeconfig)
         agent = KubeAgent(opts, client, nvml, error, plugin=load_plugin(opts.plugin_options))
+        dra = _start_dra_plugin(args, opts, agent)
         registry = registry_for(agent.collector)
         server, _thread = start_server(
             opts.metrics_port, opts.metrics_address, registry,
@@ -158,11 +165,46 @@ def _run(args: argparse.Namespace) -> int:
             pass
         finally:
             server.shutdown()
+            if dra is not None:
+                dra.stop()
 
     asyncio.run(main_async())
     if nvml is not None:
         nvml.close()
     return 0
+
+
+def _start_dra_plugin(args: argparse.Namespace, opts: Any, agent: Any) -> Any:
+    """The kubelet's DRA plugin (tessera.node.draplugin.service), or None when it is turned off,
+    the API server does not serve DRA, or its sockets cannot be made; in those cases the agent
+    publishes no ResourceSlice (nothing here would prepare a claim allocated on this node)."""
+    import logging
+    from pathlib import Path
+
+    from tessera.node.draplugin.service import DraPaths, DraService, dra_served, sync_client
+
+    log = logging.getLogger("tessera.node.dra")
+    if args.no_dra_plugin:
+        opts.dra_slices = False
+        log.info("DRA kubelet plugin off (--no-dra-plugin): no ResourceSlice is published")
+        return None
+    paths = DraPaths(Path(args.dra_registration_dir), Path(args.dra_plugin_dir),
+                     Path(args.cdi_dir))
+    client = sync_client(opts.kubeconfig)
+    served, why = dra_served(client)
+    if not served:
+        opts.dra_slices = False
+        log.info("DRA kubelet plugin not started: %s", why)
+        return None
+    service = DraService(paths, client, lambda: agent.plugin_config(paths.cdi_dir))
+    try:
+        service.start()
+    except (OSError, RuntimeError) as exc:
+        opts.dra_slices = False
+        log.warning("DRA kubelet plugin not started (no ResourceSlice is published): sockets %s, "
+                    "%s: %s", paths.registration_socket, paths.plugin_socket, exc)
+        return None
+    return service
 
 
 def _local(args: argparse.Namespace) -> int:
@@ -257,6 +299,16 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--loans-dir", default="/var/lib/tessera/loans",
                      help="the node's loans ledger directory (dynamic fractions); share "
                           "containers see it at /run/tessera-loans; '' turns loans off")
+    run.add_argument("--no-dra-plugin", action="store_true",
+                     help="do not serve the kubelet's DRA plugin for gpu.tessera.io (and publish "
+                          "no ResourceSlice); default: served when the API server serves "
+                          "resource.k8s.io/v1")
+    run.add_argument("--dra-registration-dir", default="/var/lib/kubelet/plugins_registry",
+                     help="the kubelet's plugin registration directory (gpu.tessera.io-reg.sock)")
+    run.add_argument("--dra-plugin-dir", default="/var/lib/kubelet/plugins/gpu.tessera.io",
+                     help="directory of the plugin's socket (dra.sock)")
+    run.add_argument("--cdi-dir", default="/var/run/cdi",
+                     help="where the container runtime reads CDI specs (one per prepared claim)")
     run.set_defaults(func=_run)
     loc = sub.add_parser("local", help="run the node agent over shares in a directory "
                                        "(one machine, no Kubernetes)")

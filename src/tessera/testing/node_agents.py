@@ -57,6 +57,15 @@ class NodeAgent:
         return self.root / "isolation"
 
     @property
+    def registration_socket(self) -> Path:
+        """The kubelet DRA plugin's registration socket (the node's plugins_registry)."""
+        return self.root / "plugins_registry" / "gpu.tessera.io-reg.sock"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
+
+    @property
     def gpu_state(self) -> Path:
         return self.root / "gpu.state"
 
@@ -176,6 +185,10 @@ def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Pat
              # what the webhook's hostPath volumes name (its default)
              "--containers-host-dir=/var/lib/tessera/containers",
              "--metrics-address=127.0.0.1", f"--metrics-port={port}",
+             # the kubelet's directories, per node (the DRA plugin's sockets, CDI specs)
+             f"--dra-registration-dir={node_root / 'plugins_registry'}",
+             f"--dra-plugin-dir={node_root / 'plugins' / 'gpu.tessera.io'}",
+             f"--cdi-dir={node_root / 'cdi'}",
              f"--on-escape={on_escape}", f"--sync-interval={sync_interval}",
              *(extra_args or [])],
             logs / f"tessera-node-{name}.log")
