@@ -10,6 +10,8 @@
  * 570.00.fake); FAKE_CUDA_DRIVER_VERSION (default 12080); FAKE_GPU_NVLINK=all|pairs (NVLink P2P
  * between every pair / between devices 2k and 2k+1; default none); topology: devices 2k and 2k+1
  * share a PCIe switch (SINGLE), devices in the same half share a NUMA node (NODE), else SYSTEM.
+ * FAKE_GPU_MIG_<i>=1 on an A100/H100/H200: MIG mode (GPU and compute instances in FAKE_GPU_STATE);
+ * FAKE_NVML_FAIL=FUNCTION=CODE,...: that MIG call fails with that NVML error.
  * FAKE_NVML_HOST_PIDS=1: processes are listed by the PID the host sees (PID + 1000000), as NVML
  * lists them to a process inside a container with its own PID namespace.
  */
@@ -523,6 +525,19 @@ typedef struct {
 } nvmlComputeInstanceInfo_t;
 
 static struct nvmlGpuInstance_st g_gi_handles[FAKE_MAX_DEVICES][FAKE_MIG_IDS];
+
+/* FAKE_NVML_FAIL="FUNCTION=CODE,...": that MIG call fails with that NVML error in this process
+ * (a driver error a test cannot otherwise provoke, e.g. a compute instance that cannot be made). */
+static nvmlReturn_t injected(const char *fn) {
+    const char *spec = getenv("FAKE_NVML_FAIL");
+    size_t len = strlen(fn);
+    for (const char *at = spec; at && *at;) {
+        if (strncmp(at, fn, len) == 0 && at[len] == '=') return (nvmlReturn_t)atoi(at + len + 1);
+        at = strchr(at, ',');
+        if (at) at++;
+    }
+    return NVML_SUCCESS;
+}
 static struct nvmlComputeInstance_st g_ci_handles[FAKE_MAX_DEVICES][FAKE_MIG_IDS][FAKE_MIG_MAX_CI];
 
 /* Compute instance profiles NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE (ids 0..4). */
@@ -744,6 +759,7 @@ EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device
     if (!g_init) return NVML_ERROR_UNINITIALIZED;
     fake_device *d = dev_of(device);
     if (!d || !placement || !gpuInstance) return NVML_ERROR_INVALID_ARGUMENT;
+    if (injected("nvmlDeviceCreateGpuInstanceWithPlacement")) return injected("nvmlDeviceCreateGpuInstanceWithPlacement");
     int n;
     if (!fake_mig_profiles(d, &n) || !d->mig) return NVML_ERROR_NOT_SUPPORTED;
     const fake_mig_profile *p = profile_by_id(d, profileId);
@@ -800,6 +816,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devic
 
 EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance) {
     if (!g_init) return NVML_ERROR_UNINITIALIZED;
+    if (injected("nvmlGpuInstanceDestroy")) return injected("nvmlGpuInstanceDestroy");
     fake_state_lock();
     fake_gi *g = gi_of(gpuInstance);
     nvmlReturn_t r = NVML_SUCCESS;
@@ -937,6 +954,7 @@ EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuIn
                                                          nvmlComputeInstance_t *computeInstance) {
     if (!g_init) return NVML_ERROR_UNINITIALIZED;
     if (!computeInstance || profileId >= CI_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    if (injected("nvmlGpuInstanceCreateComputeInstance")) return injected("nvmlGpuInstanceCreateComputeInstance");
     fake_state_lock();
     nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_RESOURCES;
     fake_gi *g = gi_of(gpuInstance);

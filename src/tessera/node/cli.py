@@ -4,6 +4,8 @@
     tessera-node local --shares-dir DIR [--on-escape warn|kill] ...   one machine, no Kubernetes
     tessera-node inventory [--json]      what NVML reports (exit 1 with one line without NVML)
     tessera-node usage [--json]          memory, utilisation and processes per GPU, now
+    tessera-node mig [show|reconcile|create GPU PROFILE START|remove GPU GI] [--journal P] [--json]
+                                         MIG mode, profiles and partitions; make or remove one
 """
 
 from __future__ import annotations
@@ -255,6 +257,52 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mig(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tessera.node.mig import MigError, MigNode, state_doc
+
+    try:
+        with Nvml() as nvml:
+            node = MigNode(nvml, Path(args.journal))
+            gpus = {str(g.index): g.uuid for g in nvml.inventory().gpus}
+            gpu = gpus.get(args.gpu or "", args.gpu or "")
+            if args.action == "reconcile":
+                for line in node.reconcile():
+                    print(line)
+                return 0
+            if args.action == "create":
+                if args.profile is None or args.start is None:
+                    print("tessera-node: mig create needs GPU PROFILE START", file=sys.stderr)
+                    return 2
+                p = node.create(gpu, args.profile, int(args.start), owner=args.owner)
+                print(json.dumps(dataclasses.asdict(p)) if args.json else p.uuid)
+                return 0
+            elif args.action == "remove":
+                if args.profile is None:
+                    print("tessera-node: mig remove needs GPU GI (the GPU instance id)",
+                          file=sys.stderr)
+                    return 2
+                node.destroy(gpu, int(args.profile))
+                return 0
+            states = node.state()
+    except (NvmlUnavailable, MigError, ValueError) as exc:
+        print(f"tessera-node: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(state_doc(states)))
+        return 0
+    for s in states:
+        mode = {None: "no MIG", True: "MIG mode", False: "MIG off"}[s.mig_enabled]
+        print(f"{s.index}  {s.uuid}  {s.model}  {mode}"
+              + (f"  profiles {', '.join(p.name for p in s.profiles)}" if s.profiles else ""))
+        for part in s.partitions:
+            who = part.owner or ("idle" if part.managed else "not made by tessera")
+            print(f"   {part.profile} at slot {part.start} (GPU instance {part.gi})  "
+                  f"{part.uuid or 'no compute instance'}  {who}")
+    return 0
+
+
 def _headroom_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--headroom", default=None, metavar="QUANTITY",
                    help="GPU memory kept back per device for the driver and CUDA contexts, e.g. "
@@ -273,6 +321,20 @@ def parser() -> argparse.ArgumentParser:
     use = sub.add_parser("usage", help="print memory, utilisation and processes per GPU")
     use.add_argument("--json", action="store_true")
     use.set_defaults(func=_usage)
+    mig = sub.add_parser("mig", help="MIG mode, profiles and partitions per GPU; create or "
+                                     "remove a partition (never changes MIG mode)")
+    mig.add_argument("action", nargs="?", default="show",
+                     choices=("show", "reconcile", "create", "remove"))
+    mig.add_argument("gpu", nargs="?", help="GPU index or UUID (create, remove)")
+    mig.add_argument("profile", nargs="?", help="create: the profile (3g.20gb); remove: the "
+                                                "GPU instance id")
+    mig.add_argument("start", nargs="?", help="create: the memory slot it starts at")
+    mig.add_argument("--owner", default=None, help="create: the workload that holds it")
+    mig.add_argument("--journal", default="/var/lib/tessera/mig-journal.json",
+                     help="the record of the partitions tessera made (written before and after "
+                          "each create and remove)")
+    mig.add_argument("--json", action="store_true")
+    mig.set_defaults(func=_mig)
     run = sub.add_parser("run", help="run the node agent (Kubernetes)")
     run.add_argument("--node-name", default="", help="this node (default: $NODE_NAME)")
     run.add_argument("--kubeconfig", default=None, help="default: in-cluster ServiceAccount")

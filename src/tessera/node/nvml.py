@@ -134,6 +134,17 @@ class Nvml:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def lib(self) -> Any:
+        """The open pynvml module (for tessera.node.mig's calls)."""
+        if self._nv is None:
+            raise NvmlUnavailable("NVML is not open")
+        return self._nv
+
+    def handle(self, index: int) -> Any:
+        """The device handle of GPU ``index``."""
+        return self._handles[index]
+
     def _optional(self, fn: Any, *args: Any) -> Any:
         """A call an older driver or GPU may not support: None instead of an error."""
         try:
