@@ -339,6 +339,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
                 workers=body.spec.workers,
                 min_workers=body.spec.minWorkers,
                 spec=body.spec_doc(),
+                mig_profile=body.spec.compute.gpuMigProfile,
             )
         )
 

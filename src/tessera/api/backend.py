@@ -42,6 +42,8 @@ class WorkloadSubmission:
     min_workers: int | None = None
     spec: dict[str, Any] = field(default_factory=dict)
     """The request body's ``spec`` as given, kept for display."""
+    mig_profile: str | None = None
+    """A MIG partition (canonical profile name, ``3g.20gb``) instead of ``gpu``."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from tessera.core import text as tx
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import parse_profile
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.requests import parse_gpu_request
 
@@ -96,6 +97,9 @@ class Compute(Strict):
     gpuMemoryLimit: ShortText | int | None = None
     gpuModel: ShortText | None = Field(default=None,
                                       description="Allowed models, e.g. V100-16GB|A100-40GB")
+    gpuMigProfile: ShortText | None = Field(
+        default=None, description="A MIG partition instead of a GPU share, e.g. 3g.20gb "
+        "(also mig-3g.20gb, nvidia.com/mig-3g.20gb); on GPUs an operator put in MIG mode")
     cpuCoreRequest: float | None = Field(default=None, ge=0, le=100_000)
     cpuMemoryRequest: ShortText | None = None
 
@@ -103,6 +107,18 @@ class Compute(Strict):
 
     @model_validator(mode="after")
     def _parse(self) -> Compute:
+        if self.gpuMigProfile is not None:
+            others = [f for f in ("gpuDevicesRequest", "gpuRequestType", "gpuPortionRequest",
+                                  "gpuPortionLimit", "gpuMemoryRequest", "gpuMemoryLimit",
+                                  "gpuModel") if getattr(self, f) is not None]
+            if others:
+                raise invalid(others[0], "must be empty with gpuMigProfile (a MIG partition is "
+                              "the whole GPU request)")
+            try:
+                self.gpuMigProfile = parse_profile(self.gpuMigProfile, "gpuMigProfile")
+            except InvalidRequest as exc:
+                raise invalid(exc.field, exc.rule, exc.value) from None
+            return self
         kind = self.gpuRequestType
         if kind == "portion" and self.gpuPortionRequest is None:
             raise invalid("gpuPortionRequest", "is required when gpuRequestType is portion")

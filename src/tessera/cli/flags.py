@@ -69,6 +69,7 @@ def _submit_fields(gpu_memory_flag: str) -> dict[str, str]:
         "spec.compute.gpuMemoryRequest": gpu_memory_flag,
         "spec.compute.gpuMemoryLimit": "--gpu-memory-limit",
         "spec.compute.gpuModel": "--gpu-model",
+        "spec.compute.gpuMigProfile": "--gpu-mig-profile",
         "spec.compute": next((w for w in RAW_ARGV if w.split("=")[0] in GPU_FLAGS), "-g"),
     }
 

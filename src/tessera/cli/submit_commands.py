@@ -21,6 +21,7 @@ from tessera.cli.flags import (
     typed,
 )
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import parse_profile
 from tessera.core.requests import parse_gpu_request
 
 # -- submit --------------------------------------------------------------------------------------
@@ -83,6 +84,7 @@ def _submit(
     environment: list[str] | None, workers: int, min_workers: int | None, image: str,
     working_dir: str | None, output: str, on_eviction: str = "requeue",
     name_prefix: str | None = None, ports: list[str] | None = None,
+    mig_profile: str | None = None,
 ) -> None:
     fmt = _fmt(output)
     if TRAILING:
@@ -107,8 +109,24 @@ def _submit(
     port_specs = [_port(p) for p in ports or []]
     if priority is not None and priority not in PRIORITY_NAMES:
         raise CliError(f"--priority: must be one of {', '.join(PRIORITY_NAMES)} (got {priority!r})")
-    compute = _compute(gpu, gpu_devices, gpu_memory, portion, portion_limit, memory_request,
-                       memory_limit, gpu_model)
+    if mig_profile is not None:
+        given = [f for f, v in (("-g/--gpu", gpu), ("--gpu-devices", gpu_devices),
+                                ("--gpu-memory", gpu_memory), ("--gpu-portion-request", portion),
+                                ("--gpu-portion-limit", portion_limit),
+                                ("--gpu-memory-request", memory_request),
+                                ("--gpu-memory-limit", memory_limit), ("--gpu-model", gpu_model))
+                 if v is not None]
+        if given:
+            raise CliError(f"--gpu-mig-profile: give a MIG profile or {given[0]}, not both "
+                           "(a MIG partition is the whole GPU request)")
+        try:
+            compute: dict[str, Any] = {"gpuMigProfile": parse_profile(mig_profile,
+                                                                      "--gpu-mig-profile")}
+        except InvalidRequest as exc:
+            raise CliError(str(exc)) from None
+    else:
+        compute = _compute(gpu, gpu_devices, gpu_memory, portion, portion_limit, memory_request,
+                           memory_limit, gpu_model)
     client, config = connect()
     spec: dict[str, Any] = {
         "image": image,
@@ -196,12 +214,13 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> No
         on_eviction: Annotated[str, typer.Option("--on-eviction", help="requeue or fail when evicted")] = "requeue",
         name_prefix: Annotated[str | None, typer.Option("--job-name-prefix", help="Prefix of the generated name")] = None,
         ports: Annotated[list[str] | None, typer.Option("--port", help="Expose a port: 8888 or HOST:CONTAINER; the URL shows in list and describe (SERVICE URL)")] = None,
+        gpu_mig_profile: Annotated[str | None, typer.Option("--gpu-mig-profile", help="A MIG partition instead of a share: 3g.20gb (GPUs in MIG mode; docs/mig.md)")] = None,
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
                 portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
                 environment, workers, min_workers, image, working_dir, output, on_eviction,
-                name_prefix, ports)
+                name_prefix, ports, gpu_mig_profile)
 
     submit.__doc__ = help_text
     group.command("submit")(submit)

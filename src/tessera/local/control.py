@@ -33,21 +33,24 @@ from tessera.api.backend import (
 from tessera.api.token_store import TokenStore
 from tessera.api.usage import merge
 from tessera.api.validation import check_limit, check_project, check_submission
-from tessera.core.cycle import Plan
+from tessera.core.cycle import Plan, Waiting
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
+from tessera.core.state import Placement
 from tessera.isolation.config import REGION_NAME
 from tessera.local import containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
 from tessera.local.gpus import Machine
+from tessera.local.mig import LocalMig
 from tessera.local.pods import PodProcesses
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
 from tessera.local.store import Project, Store, Workload, all_or_nothing
 from tessera.local.usage import LocalUsage
 from tessera.node.containers import Share, ShareDevice
+from tessera.node.mig import MigError
 from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
 
 
@@ -93,6 +96,8 @@ class LocalBackend(TokenAuth):
         self.usage = LocalUsage(machine.node.name, machine.simulated, self._usage_shares,
                                 self._region_of)
         """GPU memory used, loans and utilisation, read by the node agent's code here."""
+        self.mig = LocalMig(machine, data_dir / "mig-journal.json")
+        """Partitions of the GPUs in MIG mode, for workloads that ask for a profile."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -100,6 +105,8 @@ class LocalBackend(TokenAuth):
         if self.machine.simulated:
             self.processes.write_sim_bin()
         with self._lock:
+            for line in self.mig.start():
+                print(f"tessera: MIG: {line}", file=sys.stderr, flush=True)
             self.processes.recover()
         self._thread = threading.Thread(target=self._loop, name="tessera-control", daemon=True)
         self._thread.start()
@@ -116,6 +123,8 @@ class LocalBackend(TokenAuth):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        with self._lock:
+            self.mig.stop()
         self.store.close()
         self.auth_store.close()
 
@@ -198,7 +207,41 @@ class LocalBackend(TokenAuth):
                 except InvalidRequest as exc:
                     plan = refused(pending, f"the scheduling cycle refused this machine's state: {exc}")
             self._apply(plan, {w.id for w in pending})
+            self._mig_cycle()
             return plan
+
+    def _mig_cycle(self) -> None:
+        """Workloads asking for a MIG profile (tessera.local.mig): partitions of ended ones
+        become idle; pending ones get one (in submission order) or wait with the reason."""
+        mig = [w for w in self._active.values() if w.spec.get("_mig")]
+        if not mig:
+            self.mig.release(set())
+            return
+        self.mig.release({w.id for w in mig if w.phase in ("Running", "Stopping", "Deleting")
+                          or w.spec.get("_starting")})
+        waiting: dict[str, str] = {}
+        for w in sorted((w for w in mig if w.phase == "Pending" and not w.spec.get("_starting")),
+                        key=lambda w: w.created):
+            project = self.store.project(w.project_name)
+            if project is not None and project.limit is not None:
+                used = sum(x.gpus_allocated for x in self._active.values()
+                           if x.project_id == w.project_id and x.id != w.id)
+                if used + w.gpus_requested > project.limit + 1e-9:
+                    waiting[w.id] = (f"waiting: project {project.name} uses {used:g} of its "
+                                     f"limit {project.limit:g} GPUs; MIG {w.spec['_mig']} counts "
+                                     f"as {w.gpus_requested:g}")
+                    continue
+            try:
+                device, message = self.mig.place(w.id, w.spec["_mig"])
+            except MigError as exc:
+                waiting[w.id] = f"waiting: {exc}"
+                continue
+            w.spec["_migDevice"] = device
+            self.processes.start(w, [Placement(node=self.machine.node.name, exclusive=True)],
+                                 message)
+        self._apply(Plan((), (), (), tuple(Waiting(wid, "", "unschedulable", reason)
+                                           for wid, reason in waiting.items()), {}),
+                    set(waiting))
 
     def _workloads(self, now: float) -> list[CoreWorkload]:
         """The active workloads as the cycle sees them: pending ones (except those waiting for
@@ -209,6 +252,8 @@ class LocalBackend(TokenAuth):
             if not any(v in self._active and self._active[v].phase != "Pending" for v in victims):
                 del self._awaiting[wid]
         for w in self._active.values():
+            if w.spec.get("_mig"):
+                continue  # MIG partitions are placed by _mig_cycle, outside the cycle
             if w.phase == "Pending":
                 if w.id not in self._awaiting:
                     out.append(core_workload(w, None, now))
@@ -366,13 +411,21 @@ class LocalBackend(TokenAuth):
         if s.spec.get("ports") and s.workers > 1:
             raise InvalidRequest("spec.ports", "needs a single pod (workers 1): every pod would "
                                  "listen on the same port of this machine", s.workers)
+        fraction = self._check_mig(s) if s.mig_profile is not None else None
         check_against_cluster(s.gpu, [self.machine.node])
         with self._lock:
             project = self.store.project(s.project)
             if project is None:
                 raise InvalidRequest("projectId", "no project with this id or name", s.project)
-            estimate = check_limit(s.gpu, [self.machine.node], s.workers, project.name,
-                                   project.limit)
+            if fraction is not None:
+                if project.limit is not None and fraction > project.limit:
+                    raise InvalidRequest("spec.compute.gpuMigProfile", f"counts as {fraction:g} "
+                                         f"GPU, more than project {project.name}'s limit "
+                                         f"{project.limit:g}", s.mig_profile)
+                estimate = fraction
+            else:
+                estimate = check_limit(s.gpu, [self.machine.node], s.workers, project.name,
+                                       project.limit)
             if self.store.workload_by_name(project.id, s.name) is not None:
                 raise Conflict(f"a workload named {s.name} already exists in project {project.name}")
             spec = {k: v for k, v in s.spec.items() if not k.startswith("_")}
@@ -386,6 +439,8 @@ class LocalBackend(TokenAuth):
                 spec["_container"] = {"runtime": self.runtime.name, "path": self.runtime.path,
                                       "cdi": self.runtime.cdi, "image": s.image}
             spec["_env"] = dict(s.env)
+            if s.mig_profile is not None:
+                spec["_mig"] = s.mig_profile
             if s.working_dir:
                 spec["workingDir"] = s.working_dir
             now = time.time()
@@ -413,12 +468,27 @@ class LocalBackend(TokenAuth):
                 created=now,
                 started=None,
                 completed=None,
-                request_text=s.gpu.describe(),
+                request_text=(f"MIG {s.mig_profile}" if s.mig_profile is not None
+                              else s.gpu.describe()),
             )
             self.store.insert_workload(w, f"submitted to project {project.name}: {s.gpu.describe()}")
             self._active[w.id] = w
         self._wake.set()
         return self.workload_dict(w)
+
+    def _check_mig(self, s: WorkloadSubmission) -> float:
+        """A MIG request this machine can serve: its GPU fraction; else a refusal naming the
+        field and what exists."""
+        field = "spec.compute.gpuMigProfile"
+        assert s.mig_profile is not None
+        if s.workers != 1:
+            raise InvalidRequest("spec.workers", "must be 1 with gpuMigProfile (one partition, "
+                                 "one pod)", s.workers)
+        if not s.command:
+            raise InvalidRequest(field, "needs a command (an image's container is not given a "
+                                 "MIG device in embedded mode yet)", s.mig_profile)
+        with self._lock:
+            return self.mig.check(s.mig_profile)
 
     def _get(self, workload_id: str, kind: str | None) -> Workload:
         with self._lock:

@@ -28,6 +28,7 @@ def pod_doc(p: dict[str, Any]) -> dict[str, Any]:
             )
         ],
         "exclusive": p["exclusive"],
+        "migDevice": p.get("mig"),
         "pid": p.get("pid"),
         "exitCode": p.get("exitCode"),
         "logPath": p.get("log"),
@@ -41,7 +42,8 @@ def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
     """A workload as the API shows it; ``brief``: the listing's fields only (the same keys as
     ``store.BRIEF_FIELDS``)."""
     gpu = gpu_request_from_dict(w.request)
-    compute = compute_doc(gpu)
+    mig = w.spec.get("_mig")
+    compute = {"gpuMigProfile": mig} if mig else compute_doc(gpu)
     out: dict[str, Any] = {
         "workloadId": w.id,
         "name": w.name,
@@ -65,7 +67,7 @@ def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
         "gpus": {
             "requested": round(w.gpus_requested, 4),
             "allocated": round(w.gpus_allocated, 4),
-            "request": gpu.describe(),
+            "request": f"MIG {mig}" if mig else gpu.describe(),
         },
         "simulated": simulated,
         "image": w.spec.get("image") or "",

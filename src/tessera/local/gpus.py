@@ -21,10 +21,22 @@ SIM_RULE = "must look like 1xV100-16GB or 2xH100-80GB (COUNTxMODEL-MEMORYGB)"
 
 
 @dataclass(frozen=True, slots=True)
+class MigGpu:
+    """A GPU an operator put in MIG mode: served by MIG partitions (tessera.local.mig), not
+    offered to the scheduling cycle as a whole or shared GPU."""
+
+    uuid: str
+    index: int
+    """NVML's index."""
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
 class Machine:
     node: Node
     simulated: bool
     driver: str = ""
+    mig: tuple[MigGpu, ...] = ()
 
 
 def parse_simulate(specs: list[str]) -> list[tuple[int, str, int]]:
@@ -78,12 +90,19 @@ def nvml_machine() -> Machine | None:
             room = headroom_for(inventory, nvml)
     except NvmlUnavailable:
         return None
-    gpus = tuple(GpuDevice(uuid=g.uuid, index=g.index, memory=g.memory_total, model=g.model,
-                           product=g.name, headroom=room[g.index].bytes) for g in inventory.gpus)
-    islands = nvlink.islands(len(gpus), [(link.a, link.b) for link in inventory.links
-                                         if link.nvlink])
+    # GPUs in MIG mode are left out of the node (a process cannot use one whole); the others
+    # are numbered 0..n-1 for the cycle (pods name devices by UUID, never by NVML index).
+    whole = [g for g in inventory.gpus if not g.mig_enabled]
+    renumber = {g.index: i for i, g in enumerate(whole)}
+    gpus = tuple(GpuDevice(uuid=g.uuid, index=renumber[g.index], memory=g.memory_total,
+                           model=g.model, product=g.name, headroom=room[g.index].bytes)
+                 for g in whole)
+    islands = nvlink.islands(len(gpus), [(renumber[link.a], renumber[link.b])
+                                         for link in inventory.links if link.nvlink
+                                         and link.a in renumber and link.b in renumber])
+    mig = tuple(MigGpu(g.uuid, g.index, g.model) for g in inventory.gpus if g.mig_enabled)
     return Machine(Node(name=_hostname(), gpus=gpus, nvlink=islands), simulated=False,
-                   driver=inventory.driver_version)
+                   driver=inventory.driver_version, mig=mig)
 
 
 def discover(simulate: list[str] | None, seed: str) -> Machine:

@@ -186,7 +186,9 @@ class PodProcesses:
             check_argv(list(pod_argv), "spec.command")
             check_env(env, "spec.environmentVariables")
             log, exit_file = self.runner.paths(f"{w.id}-{i}")
+            mig = w.spec.get("_migDevice")
             pods.append({
+                **({"mig": dict(mig)} if mig else {}),
                 "index": i,
                 "phase": "Starting",
                 "node": p.node,
@@ -282,6 +284,8 @@ class PodProcesses:
                             f"{len(found)} of {len(pods)} pod(s) had started and were killed"))
 
     def gpus_of(self, pod: dict[str, Any]) -> float:
+        if pod.get("mig"):
+            return float(pod["mig"]["fraction"])  # a MIG partition: its share of the GPU
         if pod["exclusive"]:
             return float(len(pod["devices"]))
         mem = {g.index: g.schedulable for g in self.machine.node.gpus}
@@ -313,6 +317,10 @@ class PodProcesses:
                 "TESSERA_SHARE_LIMIT_BYTES": ",".join(str(b) for b in p.limit_bytes),
                 "TESSERA_SHARE_EXCLUSIVE": "1" if p.exclusive else "0",
             })
+        mig = w.spec.get("_migDevice")
+        if mig:  # a MIG partition (tessera.local.mig): the process sees only that MIG device
+            env.update({"CUDA_VISIBLE_DEVICES": mig["uuid"], "NVIDIA_VISIBLE_DEVICES": mig["uuid"],
+                        "TESSERA_MIG_PROFILE": mig["profile"], "TESSERA_MIG_GPU": mig["gpu"]})
         ports = w.spec.get("_ports") or []
         if ports:
             env["PORT"] = str(ports[0][0])

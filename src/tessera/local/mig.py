@@ -1,0 +1,139 @@
+"""MIG partitions for embedded mode: a workload that asks for a profile (``--gpu-mig-profile
+3g.20gb``) gets a partition of a GPU an operator put in MIG mode, chosen by
+``tessera.core.mig.choose`` (an idle partition of the profile first, else the placement that
+fragments least, removing idle partitions only when nothing else fits) and made or removed by
+``tessera.node.mig`` (journaled, so a restart neither leaks nor makes one twice).
+
+A partition stays when its workload ends (idle, in the journal without an owner) until a later
+request reuses it or needs its room. MIG workloads are outside the scheduling cycle: their
+project's limit counts each profile as ``MigProfile.fraction`` of a GPU, but fair share, reclaim
+and preemption do not see them yet (docs/mig.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.mig import PROFILES, MigGpu, Partition, choose, profile_of, supported_text
+from tessera.local.gpus import Machine
+from tessera.node.mig import MigError, MigGpuState, MigNode
+from tessera.node.nvml import Nvml, NvmlUnavailable
+
+FIELD = "spec.compute.gpuMigProfile"
+
+
+def _geometry(name: str) -> str:
+    """The profile whose geometry a listed one has (``1g.5gb+me`` is placed like ``1g.5gb``)."""
+    return name.removesuffix("+me")
+
+
+class LocalMig:
+    """The machine's MIG GPUs and the partitions on them (use under the backend's lock)."""
+
+    def __init__(self, machine: Machine, journal: Path) -> None:
+        self.gpus = machine.mig
+        self.journal_path = journal
+        self._nvml: Nvml | None = None
+        self.node: MigNode | None = None
+
+    def start(self) -> list[str]:
+        """Opens NVML and repairs what a crash left (the journal); lines to log."""
+        if not self.gpus:
+            return []
+        try:
+            self._nvml = Nvml().open()
+            self.node = MigNode(self._nvml, self.journal_path)
+            return self.node.reconcile()
+        except (NvmlUnavailable, MigError) as exc:
+            self.stop()
+            return [f"MIG partitions unavailable: {exc}"]
+
+    def stop(self) -> None:
+        if self._nvml is not None:
+            self._nvml.close()
+        self._nvml = None
+        self.node = None
+
+    def check(self, profile: str) -> float:
+        """Refuses a profile this machine cannot serve (naming what it has); its GPU fraction."""
+        if not self.gpus:
+            raise InvalidRequest(FIELD, "this machine has no GPU in MIG mode (MIG mode is an "
+                                        "operator's choice, set with nvidia-smi -mig 1; tessera "
+                                        "never switches it)", profile)
+        if self.node is None:
+            raise InvalidRequest(FIELD, "this machine's MIG GPUs cannot be managed now (NVML did "
+                                        "not open; see the server's log)", profile)
+        models = {g.model for g in self.gpus}
+        fits = [profile_of(m, profile) for m in models if profile_of(m, profile) is not None]
+        if not fits:
+            raise InvalidRequest(FIELD, f"no MIG GPU here has this profile (MIG profiles here: "
+                                        f"{supported_text(models)})", profile)
+        return min(p.fraction for p in fits if p is not None)
+
+    def _layout(self, states: list[MigGpuState]) -> list[MigGpu]:
+        out = []
+        for s in states:
+            if not s.mig_enabled or s.model not in PROFILES:
+                continue
+            out.append(MigGpu(s.uuid, s.model, tuple(
+                Partition(_geometry(p.profile), p.start, p.busy or p.uuid is None, p.uuid or "")
+                for p in s.partitions if _geometry(p.profile) in PROFILES[s.model])))
+        return out
+
+    @staticmethod
+    def _summary(states: list[MigGpuState]) -> str:
+        parts = []
+        for s in states:
+            if not s.mig_enabled:
+                continue
+            cut = ", ".join(f"{p.profile} {'busy' if p.busy else 'idle'}" for p in s.partitions)
+            parts.append(f"GPU {s.index} {s.model}: {cut or 'not cut'}")
+        return "; ".join(parts)
+
+    def place(self, workload_id: str, profile: str) -> tuple[dict[str, Any], str]:
+        """A partition of ``profile`` held by ``workload_id``: reused, or made (after removing
+        idle ones only when nothing else fits). MigError (the reason to wait) when none can be
+        had; nothing half-made stays."""
+        if self.node is None:
+            raise MigError("this machine's MIG GPUs cannot be managed now (NVML did not open)")
+        try:
+            return self._place(self.node, workload_id, profile)
+        except MigError:
+            raise
+        except Exception as exc:  # an NVML read failing: this workload waits, the cycle goes on
+            raise MigError(f"reading the MIG GPUs failed: {exc!r}") from None
+
+    def _place(self, node: MigNode, workload_id: str, profile: str) -> tuple[dict[str, Any], str]:
+        states = node.state()
+        choice = choose(self._layout(states), profile)
+        if choice is None:
+            raise MigError(f"no room for MIG {profile} on this machine's MIG GPUs "
+                           f"({self._summary(states)})")
+        by_uuid = {p.uuid: p for s in states for p in s.partitions if p.uuid}
+        for gone in choice.destroy:
+            old = by_uuid[gone.uuid]
+            node.destroy(old.gpu_uuid, old.gi)
+        state = next(s for s in states if s.uuid == choice.gpu)
+        if choice.reuse is not None:
+            part = by_uuid[choice.reuse.uuid]
+            node.assign(part.gpu_uuid, part.gi, workload_id)
+            how = "an idle partition reused"
+        else:
+            part = node.create(choice.gpu, profile, choice.start, owner=workload_id)
+            how = f"made at memory slot {choice.start}" + (
+                f" after removing {len(choice.destroy)} idle partition(s)" if choice.destroy else "")
+        prof = PROFILES[state.model][profile]
+        device = {"uuid": part.uuid, "gpu": part.gpu_uuid, "gpuIndex": part.gpu_index,
+                  "gi": part.gi, "profile": profile, "start": part.start,
+                  "fraction": prof.fraction}
+        return device, f"MIG {profile} on GPU {part.gpu_index} ({how}): {part.uuid}"
+
+    def release(self, holders: set[str]) -> None:
+        """Partitions whose workload no longer runs become idle (kept for reuse)."""
+        if self.node is None:
+            return
+        for rec in list(self.node.journal.partitions):
+            if rec.get("owner") and rec["owner"] not in holders:
+                self.node.assign(rec["gpu"], rec["gi"], None)

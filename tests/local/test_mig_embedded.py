@@ -1,0 +1,222 @@
+"""MIG in embedded mode, end to end: a real ``tessera up`` on the fake NVML with an A100-40GB an
+operator put in MIG mode and a V100 that is whole; requests through the real CLI and REST API;
+partitions made, reused and left idle by the server through NVML; workload processes that see
+only their MIG device; refusals and waits that say why; a server killed mid-create."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tessera.isolation.build import NativeBuild, ensure_built
+from tessera.testing.embedded import EmbeddedServer
+from tests.node.test_fake_mig import A100_40, nvml
+
+V100 = "Tesla V100-SXM2-16GB=16Gi"
+HOLD = ["sh", "-c", "sleep 600"]
+
+
+class MigServer(EmbeddedServer):
+    def __init__(self, root: Path, native: NativeBuild, **extra: str) -> None:
+        super().__init__(root, simulate=())
+        self.native = native
+        self.extra = extra
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = super().env
+        env.update({"LD_LIBRARY_PATH": str(self.native.fake_dir),
+                    "FAKE_GPU_DEVICES": f"{A100_40};{V100}", "FAKE_GPU_MIG_0": "1",
+                    "FAKE_GPU_STATE": str(self.root / "gpu.state"), **self.extra})
+        return env
+
+    def machine_env(self) -> dict[str, str]:
+        """The machine's NVML as another process reads it (without the server's fault knobs)."""
+        return {k: v for k, v in self.env.items()
+                if k not in ("FAKE_NVML_FAIL", "TESSERA_FAULT_POINT")}
+
+    def submit(self, name: str, *args: str, project: str = "team-a") -> subprocess.CompletedProcess[str]:
+        return self.cli("submit", name, "-p", project, *args, "--", *HOLD, check=False)
+
+    def workload(self, client: httpx.Client, name: str) -> dict[str, Any]:
+        wid = next(w["workloadId"] for w in client.get("/api/v1/workloads").json()["workloads"]
+                   if w["name"] == name)
+        doc: dict[str, Any] = client.get(f"/api/v1/workloads/trainings/{wid}").json()
+        return doc
+
+    def wait_for(self, client: httpx.Client, name: str, phase: str,
+                 message: str = "") -> dict[str, Any]:
+        wid = self.workload(client, name)["workloadId"]
+        w = self.wait_phase(client, "trainings", wid, phase)
+        while message not in w["phaseMessage"]:
+            w = self.wait_phase(client, "trainings", wid, phase)
+        return w
+
+    def partitions(self) -> list[dict[str, Any]]:
+        r = subprocess.run([sys.executable, "-m", "tessera.node", "mig", "--json", "--journal",
+                            str(self.data / "mig-journal.json")], env=self.machine_env(),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        parts: list[dict[str, Any]] = json.loads(r.stdout)[0]["partitions"]
+        return parts
+
+
+@pytest.fixture(scope="module")
+def native() -> NativeBuild:
+    return ensure_built()
+
+
+@pytest.fixture
+def server(native: NativeBuild, tmp_path: Path) -> Iterator[MigServer]:
+    s = MigServer(tmp_path, native)
+    s.start()
+    try:
+        s.cli("login")
+        s.cli("project", "create", "team-a", "--gpu", "1")
+        yield s
+    finally:
+        s.cleanup()
+
+
+def env_of(w: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = w["pods"][0]["env"]
+    return env
+
+
+def test_partitions_are_made_reused_and_kept_idle(server: MigServer) -> None:
+    with server.http() as client:
+        assert server.submit("m1", "--gpu-mig-profile", "3g.20gb").returncode == 0
+        m1 = server.wait_for(client, "m1", "Running")
+        uuid1 = env_of(m1)["NVIDIA_VISIBLE_DEVICES"]
+        assert uuid1.startswith("MIG-") and env_of(m1)["CUDA_VISIBLE_DEVICES"] == uuid1
+        assert m1["spec"]["compute"] == {"gpuMigProfile": "3g.20gb"}
+        assert m1["gpus"] == {"requested": 0.429, "allocated": 0.429, "request": "MIG 3g.20gb"}
+        assert "MIG 3g.20gb on GPU 0 (made at memory slot" in m1["phaseMessage"]
+        # The GPU operator's spelling through the REST API.
+        r = client.post("/api/v1/workloads/trainings", json={
+            "name": "m2", "projectId": "team-a",
+            "spec": {"command": "sleep", "args": "600",
+                     "compute": {"gpuMigProfile": "nvidia.com/mig-3g.20gb"}}})
+        assert r.status_code == 202, r.text
+        uuid2 = env_of(server.wait_for(client, "m2", "Running"))["NVIDIA_VISIBLE_DEVICES"]
+        assert uuid2 != uuid1
+        assert server.submit("m3", "--gpu-mig-profile", "MIG 3g.20gb").returncode == 0
+        waits = server.wait_for(client, "m3", "Pending", "no room")
+        assert waits["phaseMessage"] == (
+            "waiting: no room for MIG 3g.20gb on this machine's MIG GPUs (GPU 0 A100-40GB: "
+            "3g.20gb busy, 3g.20gb busy)")
+        # Quota counts each 3g.20gb as 3/7 of a GPU.
+        assert client.get("/api/v1/org-unit/projects/team-a").json()["status"]["allocated"]["gpu"] == 0.858
+        # A shared request goes to the whole V100, never to the MIG GPU.
+        assert server.cli("submit", "s1", "-p", "team-a", "-g", "0.5", "--", *HOLD).returncode == 0
+        s1 = server.wait_for(client, "s1", "Running")
+        v100 = nvml(server.machine_env(), "out = nv.nvmlDeviceGetUUID("
+                                          "nv.nvmlDeviceGetHandleByIndex(1))")
+        assert [d["uuid"] for d in s1["pods"][0]["gpuDevices"]] == [v100]
+        # m1 ends: its partition stays, idle, and m3 gets it as it is.
+        server.cli("delete", "m1", "-p", "team-a")
+        m3 = server.wait_for(client, "m3", "Running")
+        assert env_of(m3)["NVIDIA_VISIBLE_DEVICES"] == uuid1
+        assert "an idle partition reused" in m3["phaseMessage"]
+        owners = {p["uuid"]: p["owner"] for p in server.partitions()}
+        assert owners == {uuid1: m3["workloadId"],
+                          uuid2: server.workload(client, "m2")["workloadId"]}
+        # Ended workloads leave idle partitions; a profile that needs their room removes them.
+        server.cli("delete", "m2", "-p", "team-a")
+        server.cli("delete", "m3", "-p", "team-a")
+        assert server.submit("big", "--gpu-mig-profile", "7g.40gb").returncode == 0
+        big = server.wait_for(client, "big", "Running")
+        assert "after removing 2 idle partition(s)" in big["phaseMessage"]
+        assert [(p["profile"], p["owner"]) for p in server.partitions()] == [
+            ("7g.40gb", big["workloadId"])]
+
+
+def test_bad_requests_are_refused_naming_the_flag_and_what_exists(server: MigServer) -> None:
+    r = server.submit("x", "--gpu-mig-profile", "5g.20gb")
+    assert r.returncode != 0
+    assert "--gpu-mig-profile: is not a MIG profile of any GPU tessera knows (1g.5gb," in r.stderr
+    r = server.submit("x", "--gpu-mig-profile", "3g.40gb")
+    assert r.returncode != 0
+    assert ("--gpu-mig-profile: no MIG GPU here has this profile (MIG profiles here: A100-40GB: "
+            "1g.5gb, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb) (got '3g.40gb')") in r.stderr
+    r = server.submit("x", "-g", "0.5", "--gpu-mig-profile", "3g.20gb")
+    assert "--gpu-mig-profile: give a MIG profile or -g/--gpu, not both" in r.stderr
+    r = server.submit("x", "--gpu-mig-profile", "1g.5gb", "--workers", "2")
+    assert "--workers: must be 1 with gpuMigProfile" in r.stderr
+    with server.http() as client:
+        r = client.post("/api/v1/workloads/trainings", json={
+            "name": "x", "projectId": "team-a", "spec": {"command": "true", "compute": {
+                "gpuMigProfile": "3g.20gb", "gpuPortionRequest": 0.5}}})
+        assert r.status_code == 422 and "gpuPortionRequest: must be empty with gpuMigProfile" in \
+            r.json()["message"]
+        server.cli("project", "create", "small", "--gpu", "0.5", "--limit", "0.5")
+        r4 = server.submit("x", "--gpu-mig-profile", "4g.20gb", project="small")
+        assert "--gpu-mig-profile: counts as 0.571 GPU, more than project small's limit 0.5" in \
+            r4.stderr
+        assert server.submit("q1", "--gpu-mig-profile", "3g.20gb", project="small").returncode == 0
+        server.wait_for(client, "q1", "Running")
+        assert server.submit("q2", "--gpu-mig-profile", "1g.5gb", project="small").returncode == 0
+        q2 = server.wait_for(client, "q2", "Pending", "limit")
+        assert q2["phaseMessage"] == ("waiting: project small uses 0.429 of its limit 0.5 GPUs; "
+                                      "MIG 1g.5gb counts as 0.143")
+
+
+def test_no_mig_gpu_on_the_machine(tmp_path: Path) -> None:
+    s = EmbeddedServer(tmp_path).start()  # a simulated V100: no MIG
+    try:
+        s.cli("login")
+        s.cli("project", "create", "team-a", "--gpu", "1")
+        r = s.cli("submit", "x", "-p", "team-a", "--gpu-mig-profile", "1g.5gb", "--", "true",
+                  check=False)
+        assert r.returncode != 0
+        assert ("--gpu-mig-profile: this machine has no GPU in MIG mode (MIG mode is an "
+                "operator's choice") in r.stderr
+    finally:
+        s.cleanup()
+
+
+def test_an_nvml_error_is_the_reason_and_nothing_is_left(native: NativeBuild,
+                                                         tmp_path: Path) -> None:
+    s = MigServer(tmp_path, native,
+                  FAKE_NVML_FAIL="nvmlGpuInstanceCreateComputeInstance=23").start()
+    try:
+        s.cli("login")
+        s.cli("project", "create", "team-a", "--gpu", "1")
+        assert s.submit("m", "--gpu-mig-profile", "2g.10gb").returncode == 0
+        with s.http() as client:
+            w = s.wait_for(client, "m", "Pending", "NVML")
+        assert w["phaseMessage"].startswith(
+            "waiting: creating the compute instance of 2g.10gb on GPU 0 (GPU-")
+        assert w["phaseMessage"].endswith("NVML error: Insufficient resources")
+        assert s.partitions() == []
+    finally:
+        s.cleanup()
+
+
+def test_a_server_killed_mid_create_adopts_the_partition_once(native: NativeBuild,
+                                                             tmp_path: Path) -> None:
+    s = MigServer(tmp_path, native, TESSERA_FAULT_POINT="mig-create-gi").start()
+    try:
+        s.cli("login")
+        s.cli("project", "create", "team-a", "--gpu", "1")
+        s.submit("m", "--gpu-mig-profile", "3g.20gb")
+        assert s.proc is not None and s.proc.wait(timeout=30) == -9
+        assert [(p["managed"], p["uuid"]) for p in s.partitions()] == [(False, None)]
+        s.extra = {}
+        s.start()
+        with s.http() as client:
+            w = s.wait_for(client, "m", "Running")
+        parts = s.partitions()
+        assert len(parts) == 1 and parts[0]["managed"]
+        assert env_of(w)["NVIDIA_VISIBLE_DEVICES"] == parts[0]["uuid"]
+        assert "an idle partition reused" in w["phaseMessage"]
+        assert "adopted the 3g.20gb partition" in (tmp_path / "server.log").read_text()
+    finally:
+        s.cleanup()
