@@ -69,3 +69,28 @@ def test_stranding_keeps_cpu_heavy_pods_off_nodes_whose_gpus_still_need_the_cpu(
         assert isinstance(where, Placement)
         picks[strand] = where.node
     assert picks == {0.0: "a", 0.3: "b"}
+
+
+def test_stranding_weight_follows_the_share_of_gpu_demand_that_is_shared() -> None:
+    """Off where whole GPUs carry the demand (the free whole GPUs stranding spends are what they
+    need), full where shared GPUs carry 40% or more of it, a straight line between; the policy
+    built for a mix takes that weight."""
+    from tessera.core.placement.policies import FragmentationGradient as F
+
+    half = ResourceRequest(GpuRequest.fraction(Decimal("0.5")), 4000, GiB)
+    whole = ResourceRequest(GpuRequest.whole(1), 8000, GiB)
+    cpu_only = ResourceRequest(GpuRequest.none(), 2000, GiB)
+
+    def weight(halves: float, wholes: float) -> float:  # GPU demand: halves × 0.5 + wholes
+        return F.strand_weight([(half, halves), (whole, wholes), (cpu_only, 50.0)])
+
+    assert weight(0, 10) == 0.0
+    assert weight(6, 7) == 0.0  # 3 of 10 GPUs shared: 30%
+    assert abs(weight(7, 6.5) - 0.15) < 1e-9  # 35%
+    assert abs(weight(8, 6) - F.strand_max) < 1e-9  # 40%
+    assert weight(20, 0) == F.strand_max
+    assert F.strand_weight([(cpu_only, 1.0)]) == 0.0  # no GPU demand at all
+    state = ClusterState([_node("g", "T4", 4)])
+    placer = Placer(state, "fgd", workload=[(half, 20.0)])
+    assert isinstance(placer.policy, F) and placer.policy.strand == F.strand_max
+    assert Placer(state, "fgd", workload=[(whole, 1.0)]).policy.strand == 0.0  # type: ignore[attr-defined]

@@ -168,15 +168,22 @@ class FragmentationGradient:
       could not feed at the workload's CPU-per-GPU and memory-per-GPU ratios. FGD looks one pod
       ahead (does a typical pod still fit?); stranding looks at what the node can still take in
       total, so CPU-heavy pods stop exhausting the CPU of nodes whose GPUs are still free.
-      Off by default (0): at 0.3 it allocates more at 100% and 130% arrived on every trace but
-      drops pods below saturation on cpu050/multigpu20/multigpu30 (docs/placement.md).
+      Its weight follows the workload's mix (``strand_weight``): ``strand_max`` where shared
+      GPUs carry 40% or more of the GPU demand, nothing at 30% or less, a straight line
+      between. Where most demand is fractional, CPU and memory run out before GPUs and
+      stranding decides how much is placed (gpushare40/100: +0.4–0.6 points at 130%, no longer
+      behind the paper's FGD); where whole and multi-GPU pods carry the demand, the free whole
+      GPUs that stranding would spend are what they need (cpu050/multigpu20/30 dropped pods
+      below saturation with it), so it stays off (docs/placement.md has the ablation).
     """
 
     name = "fgd"
     randomised = False
     pack = 0.1
     scarcity = 1.0
-    strand = 0.0
+    strand_max = 0.3
+    strand_from, strand_full = 0.3, 0.4
+    """The shared share of GPU demand where the stranding term starts and where it is whole."""
     damping = 0.5
 
     def __init__(self, workload: Sequence[tuple[ResourceRequest, float]] | None = None) -> None:
@@ -186,6 +193,17 @@ class FragmentationGradient:
         gpus = sum(w * _gpus_of(r) for r, w in self.workload)
         self.cpu_per_gpu = sum(w * r.cpu_milli for r, w in self.workload) / gpus if gpus else 0.0
         self.mem_per_gpu = sum(w * r.memory for r, w in self.workload) / gpus if gpus else 0.0
+        self.strand = self.strand_weight(self.workload)
+
+    @classmethod
+    def strand_weight(cls, workload: Sequence[tuple[ResourceRequest, float]]) -> float:
+        """The stranding term's weight for this mix (see the class docstring)."""
+        gpus = sum(w * _gpus_of(r) for r, w in workload)
+        shared = sum(w * _gpus_of(r) for r, w in workload if r.gpu.kind is not GpuKind.WHOLE)
+        if not gpus:
+            return 0.0
+        ramp = (shared / gpus - cls.strand_from) / (cls.strand_full - cls.strand_from)
+        return cls.strand_max * min(1.0, max(0.0, ramp))
 
     def observe_cluster(self, capacity: dict[str, int]) -> None:
         """The GPU count of every model in the cluster (for the scarcity term)."""
