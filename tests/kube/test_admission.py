@@ -315,6 +315,28 @@ def test_canonical_whole_gpu_and_cpu_pods(kube_client: Client, team: tuple[str, 
     assert_share_wiring(pod, "main", project)
 
 
+def test_gpu_operator_mig_resources_keep_their_devices(kube_client: Client,
+                                                     team: tuple[str, str]) -> None:
+    """A tessera-scheduled pod asking for nvidia.com/mig-3g.20gb: the device plugin gives that
+    container its MIG device, so it gets no NVIDIA_VISIBLE_DEVICES=void (its sidecar does); a MIG
+    resource together with a share is refused (docs/mig.md)."""
+    ns, project = team
+    mig = "nvidia.com/mig-3g.20gb"
+    create(kube_client, plain_pod("mig", schedulerName="tessera", containers=[
+        {"name": "gpu", "image": "x", "resources": {"limits": {mig: "1"}}},
+        {"name": "side", "image": "busybox"}]), ns)
+    pod = kube_client.get(Pod, "mig", namespace=ns)
+    assert pod.metadata.annotations[names.PROJECT] == project
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(pod.spec.containers[0])
+    assert env_of(pod.spec.containers[1])["NVIDIA_VISIBLE_DEVICES"].value == "void"
+    both = plain_pod("mig-share", containers=[
+        {"name": "main", "image": "x", "resources": {"limits": {mig: "1"}}}])
+    both["metadata"]["annotations"] = {names.GPU_PORTION: "0.5"}
+    message = refused(kube_client, both, ns)
+    assert (f"containers[main].resources.limits.{mig}: give a MIG partition ({mig}) or a share "
+            f"({names.GPU_PORTION}), not both") in message, message
+
+
 def test_pods_without_gpu_are_not_touched(kube_client: Client, team: tuple[str, str]) -> None:
     ns, _ = team
     create(kube_client, plain_pod("cpu-only"), ns)

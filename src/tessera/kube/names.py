@@ -10,6 +10,9 @@ COMPONENT = "tessera-scheduler"
 LEASE_NAME = "tessera-scheduler"
 
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+"""The GPU operator's MIG resources (``nvidia.com/mig-3g.20gb``, mixed strategy): placed like any
+extended resource a node advertises (docs/mig.md)."""
 
 # What users (or the admission webhook) write on a pod.
 GPU_PORTION = "tessera.io/gpu-portion"

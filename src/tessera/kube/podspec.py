@@ -9,7 +9,9 @@ GPU spellings (after the webhook has translated Run:ai / cGPU ones):
   each device's memory;
 - ``tessera.io/gpu-memory: "5G"`` (Kubernetes quantity; optionally ``tessera.io/gpu-memory-limit``);
 - ``tessera.io/gpu-devices: "2"``: the same share on that many devices of one node;
-- ``tessera.io/gpu-model: "H100-80GB|A100-80GB"``: allowed models.
+- ``tessera.io/gpu-model: "H100-80GB|A100-80GB"``: allowed models;
+- ``nvidia.com/mig-3g.20gb: 1`` in container limits (the GPU operator's MIG resources): an
+  extended resource the scheduler places where a node advertises it; not with a share.
 """
 
 from __future__ import annotations
@@ -92,6 +94,11 @@ def whole_gpus(containers: Sequence[ContainerResources]) -> int:
     return total
 
 
+def mig_resources(c: ContainerResources) -> list[str]:
+    """The GPU operator's MIG resources a container asks for (``nvidia.com/mig-3g.20gb``)."""
+    return sorted({k for k in (*c.limits, *c.requests) if k.startswith(names.MIG_RESOURCE_PREFIX)})
+
+
 def gpu_request(
     annotations: Mapping[str, str], containers: Sequence[ContainerResources]
 ) -> GpuRequest:
@@ -100,6 +107,11 @@ def gpu_request(
     given: dict[str, Any] = {k: annotations[v] for k, v in _FIELD_TO_ANNOTATION.items()
              if k != "gpu" and v in annotations}
     fractional = any(k in given for k in ("gpu_portion", "gpu_memory"))
+    mig = [(c.name, r) for c in containers for r in mig_resources(c)]
+    if mig and fractional:
+        key = names.GPU_PORTION if "gpu_portion" in given else names.GPU_MEMORY
+        raise InvalidRequest(f"containers[{mig[0][0]}].resources.limits.{mig[0][1]}",
+                             f"give a MIG partition ({mig[0][1]}) or a share ({key}), not both")
     if whole and fractional:
         key = names.GPU_PORTION if "gpu_portion" in given else names.GPU_MEMORY
         raise InvalidRequest(

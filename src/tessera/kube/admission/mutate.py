@@ -171,9 +171,8 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
                 assert cm is not None
                 _share_container(c, cm, t, config)
                 continue
-            has_whole = names.GPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})
             present, _ = sp.env_value(c, policy.VISIBLE_DEVICES)
-            if not has_whole and not present:
+            if not policy.device_plugin_gpus(c) and not present:
                 _set_env(c, [{"name": policy.VISIBLE_DEVICES, "value": "void"}])
     policy.check_final(out, namespace, view, config)
     return out

@@ -35,6 +35,15 @@ RESERVED_PREFIXES = (RESERVED_ENV_PREFIX, "TESSERA_ISOLATION_")
 RESERVED_NAMES = (VISIBLE_DEVICES,)
 
 
+def device_plugin_gpus(container: Mapping[str, Any]) -> bool:
+    """Whether the device plugin gives this container its GPUs: whole ``nvidia.com/gpu`` or a
+    GPU operator MIG resource (``nvidia.com/mig-3g.20gb``); it is not given NVIDIA_VISIBLE_DEVICES
+    =void then."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return any(k == names.GPU_RESOURCE or str(k).startswith(names.MIG_RESOURCE_PREFIX)
+               for k in limits)
+
+
 def reserved(name: str) -> bool:
     return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES)
 
@@ -292,8 +301,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
                              "read-only (no share without its limits)")
             continue
         entry = env.get(VISIBLE_DEVICES)
-        has_whole = names.GPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})
-        if has_whole and entry is None:
+        if device_plugin_gpus(c) and entry is None:
             continue
         if entry is None or entry.get("valueFrom") is not None \
                 or str(entry.get("value", "")) not in NO_DEVICES:
