@@ -142,6 +142,17 @@ def test_a_body_over_the_limit_is_413_and_the_server_stays_responsive(
     server.wait_phase(client, "trainings", r.json()["workloadId"], "Completed")
 
 
+def test_project_ids_past_sqlite_integers_are_names_not_errors(client: httpx.Client) -> None:
+    """Found by the schema fuzzer: PATCH .../projects/9223372036854775808 was a 500 (SQLite
+    cannot bind an integer past 2**63 - 1); a 5,000-digit id would pass int()'s limit too."""
+    for ref in ("9223372036854775808", "9" * 5000):
+        for method in ("GET", "PATCH", "PUT", "DELETE"):
+            body = {} if method == "PATCH" else {"resources": {"gpu": {"deserved": 1}}}
+            r = client.request(method, f"/api/v1/org-unit/projects/{ref}",
+                               json=None if method in ("GET", "DELETE") else body)
+            assert r.status_code == 404, (method, len(ref), r.status_code, r.text[:200])
+
+
 def test_unknown_fields_are_refused_everywhere(client: httpx.Client) -> None:
     r = client.post("/api/v1/org-unit/projects", json={"name": "extra", "colour": "red"})
     assert r.status_code == 422 and r.json()["message"].startswith("colour:")

@@ -302,7 +302,9 @@ class Store:
 
     def project(self, id_or_name: str) -> Project | None:
         """A project by id (digits) or by name."""
-        if id_or_name.isascii() and id_or_name.isdigit():  # not '²': int() refuses it
+        if (id_or_name.isascii() and id_or_name.isdigit() and len(id_or_name) <= 19
+                and int(id_or_name) < 2**63):
+            # not '²' (int() refuses it), nor past SQLite's INTEGER (binding it raises)
             rows = self._query("SELECT * FROM projects WHERE id=?", (int(id_or_name),))
             if rows:
                 return _project(rows[0])
