@@ -68,7 +68,9 @@ def test_mig_resources_are_placed_where_a_node_advertises_them(
     mig_pod(kube_client, project, "mig-none", "nvidia.com/mig-2g.10gb")
     none = wait_until("mig-none pending with a reason",
                       lambda: scheduled_false(kube_client, project, "mig-none"))
-    assert "Insufficient nvidia.com/mig-2g.10gb" in none
+    assert ("Insufficient nvidia.com/mig-2g.10gb (no node has this MIG profile; MIG resources "
+            "the nodes advertise: nvidia.com/mig-3g.20gb)") in none
+    assert "(no node has" not in full
     kube_client.delete(Pod, "mig-a", namespace=project, grace_period=0)
     assert [p.spec.nodeName for p in bound(kube_client, project, "mig-c") if p.spec] == [mig_node]
     assert get_pod(kube_client, project, "mig-none").spec.nodeName is None

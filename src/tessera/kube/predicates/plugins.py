@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tessera.core.constraints import PlacedPods
+from tessera.kube.names import MIG_RESOURCE_PREFIX
 from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod, domains
 from tessera.kube.predicates.spec import (
     TAINT_UNSCHEDULABLE,
@@ -118,8 +119,21 @@ def node_resources_fit_filter(pod: Pod, node: NodeFacts, view: ClusterView, plac
             used.update(other.resources)
     for name, amount in pod.spec.resources:
         if amount + used[name] > node.resources.get(name, 0):
+            if name.startswith(MIG_RESOURCE_PREFIX):
+                return _mig_insufficient(name, view)
             return f"Insufficient {name}"
     return None
+
+
+def _mig_insufficient(name: str, view: ClusterView) -> str:
+    """A GPU operator MIG resource no node has at all is said so, with the MIG resources the
+    nodes do advertise (an unknown or mistyped profile otherwise reads like a busy one)."""
+    known = view.memo("mig-resources", lambda: sorted(
+        {k for n in view.nodes.values() for k in n.resources if k.startswith(MIG_RESOURCE_PREFIX)}))
+    if name in known:
+        return f"Insufficient {name}"
+    return (f"Insufficient {name} (no node has this MIG profile; MIG resources the nodes "
+            f"advertise: {', '.join(known) or 'none'})")
 
 
 def inter_pod_affinity_filter(pod: Pod, node: NodeFacts, view: ClusterView, placed: PlacedPods | None) -> str | None:
