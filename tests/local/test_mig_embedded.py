@@ -220,3 +220,20 @@ def test_a_server_killed_mid_create_adopts_the_partition_once(native: NativeBuil
         assert "adopted the 3g.20gb partition" in (tmp_path / "server.log").read_text()
     finally:
         s.cleanup()
+
+
+def test_a_restart_keeps_running_workloads_partitions(server: MigServer) -> None:
+    with server.http() as client:
+        assert server.submit("m1", "--gpu-mig-profile", "3g.20gb").returncode == 0
+        uuid1 = env_of(server.wait_for(client, "m1", "Running"))["NVIDIA_VISIBLE_DEVICES"]
+    server.stop(stop_workloads=False)
+    server.start()
+    with server.http() as client:
+        m1 = server.wait_for(client, "m1", "Running")
+        assert env_of(m1)["NVIDIA_VISIBLE_DEVICES"] == uuid1
+        assert server.submit("m2", "--gpu-mig-profile", "3g.20gb").returncode == 0
+        uuid2 = env_of(server.wait_for(client, "m2", "Running"))["NVIDIA_VISIBLE_DEVICES"]
+        assert uuid2 != uuid1
+        owners = {p["uuid"]: p["owner"] for p in server.partitions()}
+        assert owners == {uuid1: m1["workloadId"],
+                          uuid2: server.workload(client, "m2")["workloadId"]}
