@@ -100,3 +100,26 @@ def test_released_only_for_tesseras_own_allocations_without_live_pods() -> None:
         {**c["status"]["allocation"]["devices"]["results"][0], "shareID": "1-2-3"}]}}}}
     assert not released(theirs, set())  # kube-scheduler's allocation: never deallocated here
     assert not released(claim(share(memory="1Gi")), set())  # not allocated
+
+
+def test_a_pod_allocates_joins_or_waits_for_its_claim() -> None:
+    """claim_use: an unallocated claim is allocated by one pod (the others wait naming it); an
+    allocation reserved for other live pods is joined on its node; one whose pods are all gone
+    waits for the deallocation; another scheduler's allocation is not joined."""
+    from tessera.kube.claims import allocated_placement, claim_use
+    c = claim(share(memory="5Gi"))
+    assert claim_use(c, "pb", {"pa", "pb"}, None) == ("allocate", "")
+    use, why = claim_use(c, "pb", {"pa", "pb"}, "a")
+    assert use == "wait" and "being allocated for pod a" in why
+    p = Placement("node-a", devices=(2,), request_bytes=(5 * 2**30,), limit_bytes=(5 * 2**30,))
+    c["status"] = allocation_status(c, "gpu", p, GpuRequest.of_memory(5 * 2**30), [("a", "pa")])
+    assert claim_use(c, "pb", {"pa", "pb"}, None) == ("join", "node-a")
+    use, why = claim_use(c, "pb", {"pb"}, None)
+    assert use == "wait" and "being deallocated" in why
+    assert claim_use(c, "pa", {"pa"}, None) == ("allocate", "")  # its own, a bind not finished
+    assert allocated_placement(c) == p
+    theirs = {**c, "status": {**c["status"], "allocation": {"devices": {"results": [
+        {**c["status"]["allocation"]["devices"]["results"][0], "shareID": "1-2-3"}]}}}}
+    use, why = claim_use(theirs, "pb", {"pa", "pb"}, None)
+    assert use == "wait" and "allocated by another scheduler" in why
+    assert allocated_placement(theirs) is None

@@ -285,6 +285,53 @@ def test_claims_count_against_the_projects_quota(env: SchedulerEnv, kube_client:
     kube_client.delete(Pod, "second", namespace=ns, grace_period=0)
 
 
+def test_a_claim_shared_by_pods_is_allocated_once_and_charged_once(
+        env: SchedulerEnv, kube_client: Client, kube_namespace: str) -> None:
+    """Three pods name one whole-GPU claim in a project limited to 1 GPU: the claim is
+    allocated once, the pods run on its node and are all in its reservedFor, and the project
+    is charged 1 GPU (a pod of a second claim waits on the limit). The first pod goes: it
+    leaves reservedFor, the claim keeps its GPU and its charge (the second claim still waits).
+    All go: the claim is deallocated and the other pod runs."""
+    ns = kube_namespace
+    make_project(kube_client, ns, ns, deserved=1, limit=1)
+    make_claim(kube_client, ns, "shared", "gpu.tessera.io")
+    for n in ("a", "b", "c"):
+        make_claim_pod(kube_client, ns, n, "shared")
+    pods = bound(kube_client, ns, "a", "b", "c")
+    assert len({p.spec.nodeName for p in pods}) == 1
+    st = claim_status(kube_client, ns, "shared")
+    (result,) = st["allocation"]["devices"]["results"]
+    assert result["pool"] == pods[0].spec.nodeName
+    assert sorted(r["uid"] for r in st["reservedFor"]) == sorted(p.metadata.uid for p in pods)
+    charged = [p for p in pods if placement(p)["devices"]]
+    assert len(charged) == 1 and placement(charged[0])["exclusive"]
+    assert f"gpu-{placement(charged[0])['devices'][0]}" == result["device"]
+    make_claim(kube_client, ns, "other", "gpu.tessera.io")
+    make_claim_pod(kube_client, ns, "d", "other")
+    msg = wait_until("d's reason", lambda: scheduled_false(kube_client, ns, "d"))
+    assert "limit" in msg, msg
+    first = charged[0].metadata.name
+    kube_client.delete(Pod, first, namespace=ns, grace_period=0)
+    rest = sorted(p.metadata.uid for p in pods if p.metadata.name != first)
+    wait_until("the gone pod out of reservedFor", lambda: sorted(
+        r["uid"] for r in claim_status(kube_client, ns, "shared").get("reservedFor", [])) == rest)
+    assert claim_status(kube_client, ns, "shared")["allocation"] == st["allocation"]
+    # A pod that joins now is placed by a cycle that also saw d: d still waits (the claim's
+    # GPU is charged to a pod that holds it now).
+    make_claim_pod(kube_client, ns, "e", "shared")
+    (e,) = bound(kube_client, ns, "e")
+    assert e.spec.nodeName == pods[0].spec.nodeName
+    assert not get_pod(kube_client, ns, "d").spec.nodeName
+    assert "limit" in (scheduled_false(kube_client, ns, "d") or "")
+    for p in [*pods, e]:
+        if p.metadata.name != first:
+            kube_client.delete(Pod, p.metadata.name, namespace=ns, grace_period=0)
+    wait_until("shared deallocated", lambda: "allocation" not in claim_status(
+        kube_client, ns, "shared"))
+    bound(kube_client, ns, "d")
+    kube_client.delete(Pod, "d", namespace=ns, grace_period=0)
+
+
 def test_claim_template_pod_waits_for_its_claim_then_is_placed(kube_client: Client,
                                                                project: str) -> None:
     """A pod naming a ResourceClaimTemplate waits, saying for what, until its claim exists and

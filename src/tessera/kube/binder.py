@@ -261,6 +261,24 @@ class Writer:
 
         await self._call(f"resourceclaim {namespace}/{name} status", op)
 
+    async def claim_status_ops(self, namespace: str, name: str, ops: list[dict[str, Any]]
+                               ) -> None:
+        """JSON-patches a ResourceClaim's status: appending to ``reservedFor`` needs no
+        resourceVersion (pods joining a shared claim at once do not conflict); a ``test`` op
+        makes a replace conditional (422 when it fails, not retried)."""
+        from tessera.kube.claims import ResourceClaim
+
+        async def op() -> None:
+            if self.raw is not None:
+                await self.raw.request(
+                    "PATCH", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/"
+                    f"{name}/status", ops, content_type="application/json-patch+json")
+                return
+            await self.client.patch(ResourceClaim.Status, name, ops, namespace=namespace,
+                                    patch_type=PatchType.JSON)
+
+        await self._call(f"resourceclaim {namespace}/{name} status", op)
+
     # ---- evictions, events, conditions -------------------------------------------------------
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
         async def op() -> None:

@@ -54,7 +54,8 @@ def pod_claims_request(claims: Sequence[Mapping[str, Any] | None], names: Sequen
                        pod_uid: str) -> GpuRequest:
     """The GPU request of a pod naming ``names`` (claims as read, None where missing);
     InvalidRequest when it cannot be placed by tessera: a claim missing, one of another
-    driver only, one already allocated to another pod."""
+    driver only. Whether the pod allocates its claim or joins an allocation is
+    :func:`claim_use`."""
     for name, claim in zip(names, claims, strict=True):
         if claim is None:
             raise InvalidRequest(f"resourceclaim {name}", "not found (create it before the pod "
@@ -65,14 +66,36 @@ def pod_claims_request(claims: Sequence[Mapping[str, Any] | None], names: Sequen
         raise InvalidRequest(f"resourceclaim {names[0]}",
                              f"names no {DRIVER} device class; tessera-scheduler allocates only "
                              f"{', '.join(sorted(CLASSES))}")
-    for c in present:
-        st = c.get("status") or {}
-        users = {r.get("uid") for r in st.get("reservedFor") or []}
-        if tessera_request(c) is not None and st.get("allocation") and users - {pod_uid}:
-            raise InvalidRequest(_field(c, "status.reservedFor"),
-                                 "is allocated to another pod; claims shared by several pods "
-                                 "are not placed by tessera-scheduler yet")
     return gpu
+
+
+def claim_use(claim: Mapping[str, Any], pod_uid: str, live: set[str],
+              claimant: str | None) -> tuple[str, str]:
+    """How a pending pod uses its tessera claim: ``("allocate", "")``, ``("join", NODE)`` (the
+    claim is allocated and reserved for other live pods: this pod goes to its node, is added to
+    ``reservedFor`` and charged nothing more), or ``("wait", REASON)``. ``live``: UIDs of the
+    pods not finished; ``claimant``: the pod that is allocating the claim now (bound, being
+    bound, or first in line), None when none is."""
+    name = (claim.get("metadata") or {}).get("name", "?")
+    st = claim.get("status") or {}
+    if st.get("allocation"):
+        if not ours(claim):
+            return "wait", (f"resourceclaim {name}: allocated by another scheduler (not by "
+                            "tessera-scheduler); tessera places only pods of claims it "
+                            "allocates")
+        others = [r for r in reserved_for(claim) if r.get("uid") != pod_uid]
+        if any(r.get("uid") in live for r in others):
+            placement = allocated_placement(claim)
+            assert placement is not None
+            return "join", placement.node
+        if others:
+            return "wait", (f"resourceclaim {name}: being deallocated (the pods it was "
+                            "reserved for are gone)")
+        return "allocate", ""  # reserved for this pod alone: a binding that did not finish
+    if claimant is not None:
+        return "wait", (f"resourceclaim {name}: being allocated for pod {claimant}; this pod "
+                        "shares it once it is")
+    return "allocate", ""
 
 
 def _field(claim: Mapping[str, Any], rest: str) -> str:
@@ -196,10 +219,9 @@ def allocation_status(claim: Mapping[str, Any], request_name: str, placement: Pl
     }
 
 
-def released(claim: Mapping[str, Any], live_pods: set[str]) -> bool:
-    """Whether the claim holds an allocation tessera-scheduler made (every result's shareID is
-    the one :func:`share_id` gives) that no live pod uses any more: it can be deallocated.
-    Allocations of others (kube-scheduler's, on tessera's slices) are never touched."""
+def ours(claim: Mapping[str, Any]) -> bool:
+    """Whether the claim holds an allocation tessera-scheduler made: every result's shareID is
+    the one :func:`share_id` gives (kube-scheduler's allocations on tessera's slices are not)."""
     st = claim.get("status") or {}
     results = ((st.get("allocation") or {}).get("devices") or {}).get("results") or []
     if not results:
@@ -210,4 +232,43 @@ def released(claim: Mapping[str, Any], live_pods: set[str]) -> bool:
         if r.get("driver") != DRIVER or not device.startswith("gpu-") \
                 or not device[4:].isdigit() or r.get("shareID") != share_id(uid, int(device[4:])):
             return False
-    return not ({r.get("uid") for r in st.get("reservedFor") or []} & live_pods)
+    return True
+
+
+def reserved_for(claim: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The pods the claim is reserved for, in order: ``{"resource", "name", "uid"}``."""
+    return [dict(r) for r in (claim.get("status") or {}).get("reservedFor") or []
+            if r.get("resource", "pods") == "pods"]
+
+
+def allocated_placement(claim: Mapping[str, Any]) -> Placement | None:
+    """Where an allocation tessera made holds its GPUs (node, devices, the memory consumed on
+    each; whole GPUs exclusive), for charging it to the pod that now holds it; None when the
+    claim holds none of tessera's."""
+    if not ours(claim):
+        return None
+    results = claim["status"]["allocation"]["devices"]["results"]
+    devices = tuple(int(str(r["device"])[4:]) for r in results)
+    nbytes = tuple(_consumed(r) for r in results)
+    exclusive = any((req.get("exactly") or {}).get("deviceClassName") == WHOLE_CLASS
+                    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests")
+                    or [])
+    return Placement(str(results[0].get("pool", "")), devices=devices, request_bytes=nbytes,
+                     limit_bytes=nbytes, exclusive=exclusive)
+
+
+def _consumed(result: Mapping[str, Any]) -> int:
+    text = (result.get("consumedCapacity") or {}).get("memory")
+    try:
+        return parse_memory(text, "consumedCapacity.memory") if text else 0
+    except InvalidRequest:
+        return 0
+
+
+def released(claim: Mapping[str, Any], live_pods: set[str]) -> bool:
+    """Whether the claim holds an allocation tessera-scheduler made that no live pod uses any
+    more: it can be deallocated. Allocations of others (kube-scheduler's, on tessera's slices)
+    are never touched."""
+    if not ours(claim):
+        return False
+    return not ({r.get("uid") for r in reserved_for(claim)} & live_pods)

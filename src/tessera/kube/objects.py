@@ -93,6 +93,11 @@ class PodInfo:
     base_request: ResourceRequest | None = None
     """Its request before its claims were read (the scheduler replaces ``request`` with the
     one its claims make, tessera.kube.claims)."""
+    base_sched: SchedulingSpec | None = None
+    """``sched`` as the pod states it (a pod joining a shared claim is held to its node)."""
+    base_placement: Placement | None = None
+    """``placement`` as recorded (of the pods sharing a claim, the first live one in its
+    ``reservedFor`` is charged its GPUs, the others nothing)."""
     """tessera.io/topology-required|preferred (or KAI's spelling) on the pod."""
     version: int = field(default_factory=lambda: next(_versions))
     """Changes with every event, so cached derivations know when to recompute: a number drawn
@@ -300,6 +305,7 @@ def pod_info(pod: Any) -> PodInfo:
                                    memory=info.request.memory)
     elif info.node:
         info.placement_error = f"bound to {info.node} without {names.PLACEMENT}"
+    info.base_sched, info.base_placement = info.sched, info.placement
     return info
 
 

@@ -39,9 +39,10 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVo
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import GpuKind
+from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.placement import DEFAULT_POLICY, POLICIES
 from tessera.core.state import Placement
+from tessera.core.units import portion_bytes
 from tessera.kube import claims as dra
 from tessera.kube import metrics, names
 from tessera.kube.binder import Writer
@@ -65,6 +66,8 @@ from tessera.kube.objects import (
     project_info,
     same_for_scheduling,
 )
+from tessera.kube.predicates.selectors import NodeSelectorTerm, Requirement
+from tessera.kube.predicates.spec import SchedulingSpec
 from tessera.kube.rawapi import RawApi
 from tessera.kube.reporting import Reporter
 from tessera.kube.reservations import Reservations
@@ -117,6 +120,32 @@ class ConfigMapInfo:
     namespace: str
     name: str
     pod: str | None
+
+
+def _on_node(pod: PodInfo, node: str) -> SchedulingSpec:
+    """The pod's scheduling spec held to ``node`` as well (required node affinity on
+    metadata.name, ANDed into each of its terms)."""
+    base = pod.base_sched or SchedulingSpec(pod.namespace, tuple(sorted(pod.labels.items())))
+    req = Requirement("metadata.name", "In", (node,))
+    terms = base.required_terms if base.required_terms is not None else (NodeSelectorTerm(),)
+    return dataclasses.replace(base, required_terms=tuple(
+        dataclasses.replace(t, fields=(*t.fields, req)) for t in terms))
+
+
+def _held_bytes(held: Placement, gpu: GpuRequest, node: Any) -> tuple[int, ...]:
+    """What the core would hold on each device of a claim's allocation (as its first pod's
+    placement had it): the schedulable memory of whole GPUs, a portion of it, or the memory
+    asked."""
+    out = []
+    for d, consumed in zip(held.devices, held.request_bytes, strict=True):
+        dev = node.gpus[d]
+        if held.exclusive:
+            out.append(dev.schedulable)
+        elif gpu.portion is not None:
+            out.append(portion_bytes(gpu.portion, dev.schedulable))
+        else:
+            out.append(min(consumed, dev.schedulable))
+    return tuple(out)
 
 
 def _cm_info(obj: Any) -> ConfigMapInfo:
@@ -301,35 +330,104 @@ class KubeScheduler:
         task.add_done_callback(self.background.discard)
 
     def _apply_claims(self) -> None:
-        """Pending pods naming ResourceClaims get the request their claims make
-        (tessera.kube.claims), or the reason they cannot be placed; recomputed each cycle, as
-        claims come and change."""
-        for key, pod in list(self.pods.items.items()):
-            if not pod.claim_names or pod.node or pod.reservation is not None:
+        """Pods naming ResourceClaims get the request their claims make (tessera.kube.claims),
+        or the reason they wait; recomputed each cycle, as claims come and change.
+
+        A claim is allocated once, for the first pod that uses it; a pending pod whose claim is
+        allocated and reserved for other live pods joins it: it asks for no GPU and is held to
+        the allocation's node. Of the bound pods sharing a claim, the first live one in its
+        ``reservedFor`` is charged the claim's GPUs, the others nothing, so quota, fair share
+        and placement count a shared claim once for as long as any of its pods lives."""
+        claim_pods = [p for p in self.pods.items.values()
+                      if p.claim_names and p.reservation is None and not p.finished]
+        if not claim_pods:
+            return
+        live = {p.uid for p in self.pods.items.values() if not p.finished}
+        wanted = {(p.namespace, n) for p in claim_pods if not p.node for n in p.claim_names}
+        claimant: dict[PodKey, str] = {}
+        for p in sorted((p for p in claim_pods
+                         if any((p.namespace, n) in wanted for n in p.claim_names)),
+                        key=lambda p: (not (p.node or p.key in self.assumed
+                                            or p.key in self.tasks), p.created, p.name)):
+            for n in p.claim_names:
+                claimant.setdefault((p.namespace, n), p.name)
+        for pod in claim_pods:
+            if pod.node:
+                self._charge_bound(pod, live)
                 continue
             if pod.error is not None and pod.request is None:
                 continue  # a claim template, or the pod's own request is invalid
             base = pod.base_request
-            request, error = base, None
+            request, error, sched = base, None, pod.base_sched
             try:
-                gpu = dra.pod_claims_request(
-                    [self.resource_claims.items.get((pod.namespace, n)) for n in pod.claim_names],
-                    pod.claim_names, pod.uid)
+                found = [self.resource_claims.items.get((pod.namespace, n))
+                         for n in pod.claim_names]
+                gpu = dra.pod_claims_request(found, pod.claim_names, pod.uid)
                 if base is not None and base.gpu.kind is not GpuKind.NONE:
                     raise InvalidRequest("spec.resourceClaims", "the pod asks for GPUs with "
                                          "annotations or limits as well as with a claim; give "
                                          "one of them")
+                for n, c in zip(pod.claim_names, found, strict=True):
+                    if c is None or dra.tessera_request(c) is None:
+                        continue
+                    other = claimant.get((pod.namespace, n))
+                    use, detail = dra.claim_use(c, pod.uid, live,
+                                                None if other == pod.name else other)
+                    if use == "wait":
+                        raise InvalidRequest(f"resourceclaim {n}", detail.split(": ", 1)[-1])
+                    if use == "join":
+                        gpu = GpuRequest.none()
+                        sched = _on_node(pod, detail)
                 if base is not None:
                     request = dataclasses.replace(base, gpu=gpu)
             except InvalidRequest as exc:
                 request, error = None, str(exc)
-            if (request, error) != (pod.request, pod.error):
-                self.pods.items[key] = dataclasses.replace(
-                    pod, request=request, error=error, version=new_version())
+            if (request, error, sched) != (pod.request, pod.error, pod.sched):
+                self.pods.items[pod.key] = dataclasses.replace(
+                    pod, request=request, error=error, sched=sched, version=new_version())
+
+    def _charge_bound(self, pod: PodInfo, live: set[str]) -> None:
+        """A bound pod of a shared claim: charged the claim's GPUs if it is the first live pod
+        the claim is reserved for, else nothing (its CPU and memory stay its own)."""
+        base = pod.base_placement
+        if base is None or pod.base_request is None:
+            return
+        placement, request = base, pod.base_request
+        for n in pod.claim_names:
+            c = self.resource_claims.items.get((pod.namespace, n))
+            if c is None or (base.devices and len((c.get("status") or {}).get("reservedFor")
+                                                  or ()) <= 1):
+                continue  # not shared: charged as its placement records
+            held = dra.allocated_placement(c)
+            if held is None or held.node != pod.node:
+                continue
+            holders = [r.get("uid") for r in dra.reserved_for(c) if r.get("uid") in live]
+            if pod.uid not in holders:
+                continue
+            if holders[0] == pod.uid:
+                gpu = dra.claim_gpu_request([c])
+                ni = self.nodes.items.get(pod.node)
+                if not base.devices and gpu is not None and ni is not None \
+                        and ni.node is not None:  # it took over from a pod now gone
+                    nbytes = _held_bytes(held, gpu, ni.node)
+                    placement = dataclasses.replace(base, devices=held.devices,
+                                                    request_bytes=nbytes, limit_bytes=nbytes,
+                                                    exclusive=held.exclusive)
+                    request = dataclasses.replace(request, gpu=gpu)
+            elif base.devices:
+                placement = dataclasses.replace(base, devices=(), request_bytes=(),
+                                                limit_bytes=(), exclusive=False)
+                request = dataclasses.replace(request, gpu=GpuRequest.none())
+        if (placement, request) != (pod.placement, pod.request):
+            self.pods.items[pod.key] = dataclasses.replace(
+                pod, placement=placement, request=request, version=new_version())
 
     async def _allocate_claims(self, pod: PodInfo, placement: Placement) -> None:
         """Writes each tessera claim's status (allocation and reservedFor this pod) before the
-        pod is bound, as kube-scheduler does; a retried write is the same write."""
+        pod is bound, as kube-scheduler does; a retried write is the same write. A claim
+        already allocated and reserved for other live pods gets this pod appended to its
+        ``reservedFor`` (a JSON patch append: pods joining at once do not conflict)."""
+        live = {p.uid for p in self.pods.items.values() if not p.finished}
         for name in pod.claim_names:
             claim = self.resource_claims.items.get((pod.namespace, name))
             if claim is None:
@@ -337,6 +435,20 @@ class KubeScheduler:
             request = dra.tessera_request(claim)
             if request is None or pod.request is None:
                 continue
+            use, node = dra.claim_use(claim, pod.uid, live, None)
+            if use == "join":
+                if node != placement.node:
+                    raise RuntimeError(f"resourceclaim {name} is allocated on {node}, not "
+                                       f"{placement.node}")
+                refs = dra.reserved_for(claim)
+                if any(r.get("uid") == pod.uid for r in refs):
+                    continue
+                await self.writer.claim_status_ops(pod.namespace, name, [
+                    {"op": "add", "path": "/status/reservedFor/-",
+                     "value": {"resource": "pods", "name": pod.name, "uid": pod.uid}}])
+                continue
+            if use == "wait":
+                raise RuntimeError(f"resourceclaim {name}: {node}")
             status = dra.allocation_status(claim, request, placement, pod.request.gpu,
                                            [(pod.name, pod.uid)])
             await self.writer.claim_status(pod.namespace, name, status)
@@ -351,6 +463,20 @@ class KubeScheduler:
         except Exception as exc:
             if status_code(exc) != 404:
                 log.warning("deallocating resourceclaim %s/%s: %r", *key, exc)
+        finally:
+            self.releasing.discard(key)
+
+    async def _prune_claim(self, key: PodKey, keep: list[dict[str, str]], rv: str | None
+                           ) -> None:
+        """Drops the pods that are gone from a shared claim's ``reservedFor`` (kube-controller-
+        manager's resourceclaim controller does this for kube-scheduler's claims)."""
+        try:
+            await self.writer.claim_status_ops(key[0], key[1], [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                {"op": "replace", "path": "/status/reservedFor", "value": keep}])
+        except Exception as exc:
+            if status_code(exc) not in (404, 409, 422):
+                log.warning("updating reservedFor of resourceclaim %s/%s: %r", *key, exc)
         finally:
             self.releasing.discard(key)
 
@@ -563,11 +689,21 @@ class KubeScheduler:
                                and (ns, cm.pod) not in self.tasks):
                 self.configmaps.items.pop((ns, name), None)
                 self._spawn(self.writer.delete_configmap(ns, name))
+        self._apply_claims()  # who is charged a shared claim, before reservations are judged
         live = {p.uid for p in self.pods.items.values() if not p.finished}
         for key, claim in list(self.resource_claims.items.items()):
-            if key not in self.releasing and dra.released(claim, live):
+            if key in self.releasing:
+                continue
+            if dra.released(claim, live):
                 self.releasing.add(key)
                 self._spawn(self._release_claim(key))
+            elif dra.ours(claim):
+                refs = dra.reserved_for(claim)
+                keep = [r for r in refs if r.get("uid") in live]
+                if len(keep) < len(refs):
+                    self.releasing.add(key)
+                    self._spawn(self._prune_claim(
+                        key, keep, (claim.get("metadata") or {}).get("resourceVersion")))
         for pod in list(self.pods.items.values()):
             if (pod.reservation is not None or not pod.node or pod.placement is None
                     or pod.placement.exclusive or pod.finished or pod.key in self.evicting):
