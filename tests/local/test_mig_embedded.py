@@ -91,6 +91,9 @@ def env_of(w: dict[str, Any]) -> dict[str, str]:
 
 
 def test_partitions_are_made_reused_and_kept_idle(server: MigServer) -> None:
+    # The V100 is the cycle's GPU 0; the A100 (NVML's 0) is served by partitions.
+    assert "NVML GPUs: 0:V100-16GB; in MIG mode: 0:A100-40GB" in \
+        (server.root / "server.log").read_text()
     with server.http() as client:
         assert server.submit("m1", "--gpu-mig-profile", "3g.20gb").returncode == 0
         m1 = server.wait_for(client, "m1", "Running")

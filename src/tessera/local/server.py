@@ -93,9 +93,12 @@ def main(argv: list[str] | None = None) -> int:
             {"index": g.index, "model": g.model, "uuid": g.uuid, "memory": g.memory}
             for g in machine.node.gpus
         ],
+        "migGpus": [{"index": g.index, "model": g.model, "uuid": g.uuid} for g in machine.mig],
     }
     kind = "SIMULATED" if machine.simulated else "NVML"
-    gpus = ", ".join(f"{g.index}:{g.model}" for g in machine.node.gpus)
+    gpus = ", ".join(f"{g.index}:{g.model}" for g in machine.node.gpus) or "none whole"
+    if machine.mig:  # NVML indexes: served by MIG partitions (docs/mig.md), not shared
+        gpus += "; in MIG mode: " + ", ".join(f"{g.index}:{g.model}" for g in machine.mig)
 
     def stop_workloads_if_asked() -> None:
         flag = directory / "stop-workloads"
