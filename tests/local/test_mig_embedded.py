@@ -240,3 +240,19 @@ def test_a_restart_keeps_running_workloads_partitions(server: MigServer) -> None
         owners = {p["uuid"]: p["owner"] for p in server.partitions()}
         assert owners == {uuid1: m1["workloadId"],
                           uuid2: server.workload(client, "m2")["workloadId"]}
+
+
+def test_the_cycle_counts_running_partitions_in_the_projects_quota(server: MigServer) -> None:
+    """A running 3g.20gb counts as 3/7 of a GPU for the scheduling cycle too: a share that
+    would take the project past its limit waits, one that fits starts."""
+    server.cli("project", "create", "lim", "--gpu", "1", "--limit", "1")
+    with server.http() as client:
+        assert server.submit("m", "--gpu-mig-profile", "3g.20gb", project="lim").returncode == 0
+        server.wait_for(client, "m", "Running")
+        assert server.cli("submit", "big", "-p", "lim", "-g", "0.75", "--",
+                          *HOLD).returncode == 0
+        big = server.wait_for(client, "big", "Pending", "limit")
+        assert big["phaseMessage"] == ("project lim is at its limit of 1 GPU: 0.43 in use, this "
+                                       "needs 0.75 more")
+        assert server.cli("submit", "half", "-p", "lim", "-g", "0.5", "--", *HOLD).returncode == 0
+        server.wait_for(client, "half", "Running")

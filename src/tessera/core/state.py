@@ -30,6 +30,9 @@ class Placement:
     memory: int = 0
     models: frozenset[str] = frozenset()
     """GPU models the request allows on its devices; empty: any model."""
+    gpus: float | None = None
+    """GPUs it counts as for quota and fair share when its GPU is none of the node's devices
+    (a MIG partition: the profile's fraction, tessera.core.mig); None: counted from devices."""
 
 
 class NodeState:

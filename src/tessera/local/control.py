@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -252,7 +253,7 @@ class LocalBackend(TokenAuth):
             if not any(v in self._active and self._active[v].phase != "Pending" for v in victims):
                 del self._awaiting[wid]
         for w in self._active.values():
-            if w.spec.get("_mig"):
+            if w.spec.get("_mig") and w.phase == "Pending":
                 continue  # MIG partitions are placed by _mig_cycle, outside the cycle
             if w.phase == "Pending":
                 if w.id not in self._awaiting:
@@ -263,7 +264,11 @@ class LocalBackend(TokenAuth):
                     if p.get("holds", True)
                     and all(here.get(d) == u for d, u in zip(p["devices"], p["uuids"], strict=True))
                 ]
-                if placements:
+                if placements and w.spec.get("_mig"):
+                    # Counted by quota and fair share as its fraction; never a victim: the
+                    # cycle cannot make room on a MIG GPU (it is not one of its devices).
+                    out.append(replace(core_workload(w, placements, now), preemptible=False))
+                elif placements:
                     out.append(core_workload(w, placements, now))
         return out
 

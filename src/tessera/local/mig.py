@@ -5,9 +5,9 @@ fragments least, removing idle partitions only when nothing else fits) and made 
 ``tessera.node.mig`` (journaled, so a restart neither leaks nor makes one twice).
 
 A partition stays when its workload ends (idle, in the journal without an owner) until a later
-request reuses it or needs its room. MIG workloads are outside the scheduling cycle: their
-project's limit counts each profile as ``MigProfile.fraction`` of a GPU, but fair share, reclaim
-and preemption do not see them yet (docs/mig.md).
+request reuses it or needs its room. Pending MIG workloads are placed here, after the scheduling
+cycle; running ones are in the cycle's snapshot counting as ``MigProfile.fraction`` of a GPU
+(quota, fair share) and are never its victims (docs/mig.md).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ def pod_placement(pod: dict[str, Any]) -> Placement:
         request_bytes=tuple(pod["requestBytes"]),
         limit_bytes=tuple(pod["limitBytes"]),
         exclusive=pod["exclusive"],
+        gpus=float(pod["mig"]["fraction"]) if pod.get("mig") else None,
     )
 
 

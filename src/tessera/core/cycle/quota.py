@@ -92,6 +92,8 @@ class QuotaLedger:
         return d
 
     def placement_vector(self, p: Placement) -> Vector:
+        if p.gpus is not None:
+            return (p.gpus, float(p.cpu_milli), float(p.memory))
         if p.exclusive:
             gpus = float(len(p.devices))
         else:
