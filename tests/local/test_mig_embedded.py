@@ -131,6 +131,11 @@ def test_partitions_are_made_reused_and_kept_idle(server: MigServer) -> None:
         owners = {p["uuid"]: p["owner"] for p in server.partitions()}
         assert owners == {uuid1: m3["workloadId"],
                           uuid2: server.workload(client, "m2")["workloadId"]}
+        top = server.cli("top").stdout
+        slots = {p["uuid"]: p["start"] for p in server.partitions()}
+        shown = sorted([f"3g.20gb@{slots[uuid1]} m3", f"3g.20gb@{slots[uuid2]} m2"],
+                       key=lambda t: t.split("@")[1])
+        assert f"NVML GPU 0 A100-40GB in MIG mode: {', '.join(shown)}" in top, top
         # Ended workloads leave idle partitions; a profile that needs their room removes them.
         server.cli("delete", "m2", "-p", "team-a")
         server.cli("delete", "m3", "-p", "team-a")

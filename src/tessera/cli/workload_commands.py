@@ -351,6 +351,11 @@ def top(output: Output = "table") -> None:
                 f"  GPU {g['index']} {g['model']:<12} {render.size(g['memoryBytes']):>7} "
                 f"[{render.bar(frac)}] {render.size(allocated)}/{render.size(usable)} "
                 f"{frac:4.0%}  {holders}")
+        for g in node.get("migGpus") or []:  # embedded mode's GPUs in MIG mode (docs/mig.md)
+            parts = ", ".join(f"{p['profile']}@{p['start']} {p['workload'] or 'idle'}"
+                              + ("" if p["managed"] else " (not tessera's)")
+                              for p in g["partitions"] or []) or "not cut"
+            lines.append(f"  NVML GPU {g['index']} {g['model']} in MIG mode: {parts}")
         if any(g.get("headroomBytes") for n in c["nodes"] for g in n["gpus"]):
             lines.append("(each GPU keeps back headroom for the driver and CUDA contexts: "
                          "shares come out of the rest)")

@@ -314,6 +314,8 @@ class LocalBackend(TokenAuth):
         with self._lock:
             held = [(w.name, w.project_name, pod) for w in self._active.values()
                     for pod in w.pods if pod.get("holds")]
+            mig = self.mig.describe({w.id: w.name for w in self._active.values()}) \
+                if self.machine.mig else []
         return merge({
             "backend": "embedded",
             "simulated": self.machine.simulated,
@@ -322,7 +324,7 @@ class LocalBackend(TokenAuth):
             "isolation": self.isolation.describe(),
             "containerRuntime": self.runtime.name if self.runtime else None,
             "containerRuntimeNote": self.runtime_note if self.runtime is None else "",
-            "nodes": [node_doc(self.machine.node, held)],
+            "nodes": [{**node_doc(self.machine.node, held), "migGpus": mig}],
         }, self.usage.reports())
 
     def _usage_shares(self) -> tuple[list[Share], dict[int, str]]:

@@ -137,3 +137,18 @@ class LocalMig:
         for rec in list(self.node.journal.partitions):
             if rec.get("owner") and rec["owner"] not in holders:
                 self.node.assign(rec["gpu"], rec["gi"], None)
+
+    def describe(self, names: dict[str, str]) -> list[dict[str, Any]]:
+        """The MIG GPUs and their partitions for the cluster document; ``names``: workload id ->
+        name (the partitions' holders)."""
+        if self.node is None:
+            return [{"index": g.index, "uuid": g.uuid, "model": g.model, "partitions": None}
+                    for g in self.gpus]
+        try:
+            states = self.node.state()
+        except Exception:  # NVML failing now: the document says nothing rather than failing
+            states = []
+        return [{"index": s.index, "uuid": s.uuid, "model": s.model, "partitions": [
+            {"profile": p.profile, "start": p.start, "uuid": p.uuid, "managed": p.managed,
+             "workload": names.get(p.owner or "", p.owner), "processes": p.processes}
+            for p in s.partitions]} for s in states if s.mig_enabled]
