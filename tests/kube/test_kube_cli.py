@@ -221,6 +221,9 @@ def test_bad_input_same_messages(server: KubeApiServer) -> None:
         (["describe", "ghost", "-p", "cli-bad"], "no workload ghost"),
         (["project", "create", "cli-bad"], "project cli-bad already exists"),
         (["project", "create", "Bad_Name"], "NAME: must be lowercase letters"),
+        (["submit", "x", "-p", "cli-bad", "--gpu-mig-profile", "3g.20gb", "--", "true"],
+         "--gpu-mig-profile: is served in embedded mode only so far (docs/mig.md); on "
+         "Kubernetes request the GPU operator's nvidia.com/mig-3g.20gb in the pod"),
     ]
     for args, needle in cases:
         r = server.cli(*args, check=False)
