@@ -526,6 +526,64 @@ def test_reclaim_when_second_project_claims_its_quota(
         kube_client.delete(Node, "reclaim-t4-0")
 
 
+def test_reclaim_evicts_a_claim_holding_pod_and_its_claim_is_deallocated(
+    kube_cluster: TestCluster, kube_client: Client, project: str
+) -> None:
+    """Claim pods of a project with no deserved GPUs borrow both GPUs of a node; a project
+    asking for its deserved GPU with a claim gets one back: a borrower is evicted (Reclaimed),
+    its claim deallocated, and the new claim allocated on the GPU it held."""
+    hog = project
+    node = "reclaim-claims-t4-0"
+    kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="T4-16GB"),
+                                  prefix="reclaim-claims-t4-")
+    kube_client.patch(ProjectResource, hog, {"spec": {"resources": {"gpu": {"deserved": 0}}}},
+                      patch_type=PatchType.MERGE)
+
+    def pinned_claim_pod(ns: str, name: str, claim_name: str) -> None:
+        make_claim(kube_client, ns, claim_name, "gpu.tessera.io")
+        kube_client.create(codecs.from_dict({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"schedulerName": names.SCHEDULER_NAME,
+                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                                   {"nodeSelectorTerms": [{"matchFields": [
+                                                       {"key": "metadata.name", "operator": "In",
+                                                        "values": [node]}]}]}}},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+                     "containers": [{"name": "main", "image": "example.invalid/cuda:12",
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}))
+
+    pinned_claim_pod(hog, "hog-0", "c0")
+    pinned_claim_pod(hog, "hog-1", "c1")
+    bound(kube_client, hog, "hog-0", "hog-1")
+    starved = f"{hog}-b"
+    kube_cluster.kubectl("create", "namespace", starved)
+    make_project(kube_client, starved, starved, deserved=1)
+    try:
+        pinned_claim_pod(starved, "taker", "mine")
+        (pod,) = bound(kube_client, starved, "taker")
+        assert pod.spec is not None and pod.spec.nodeName == node
+        left = [p.metadata.name for p in kube_client.list(Pod, namespace=hog)]  # type: ignore[union-attr]
+        assert len(left) == 1, left
+        victim = ({"hog-0", "hog-1"} - set(left)).pop()
+        wait_until("the Reclaimed event", lambda: "Reclaimed" in [
+            e.reason for e in events(kube_client, hog, victim)])
+        lost = {"hog-0": "c0", "hog-1": "c1"}[victim]
+        wait_until("the victim's claim deallocated",
+                   lambda: "allocation" not in claim_status(kube_client, hog, lost))
+        kept = claim_status(kube_client, hog, {"hog-0": "c1", "hog-1": "c0"}[victim])
+        (mine,) = claim_status(kube_client, starved, "mine")["allocation"]["devices"]["results"]
+        (theirs,) = kept["allocation"]["devices"]["results"]
+        assert mine["pool"] == node and mine["device"] != theirs["device"]
+        assert f"gpu-{placement(pod)['devices'][0]}" == mine["device"]
+    finally:
+        with contextlib.suppress(ApiError):
+            kube_client.delete(Pod, "taker", namespace=starved, grace_period=0)
+        for n in ("hog-0", "hog-1"):
+            with contextlib.suppress(ApiError):
+                kube_client.delete(Pod, n, namespace=hog, grace_period=0)
+        kube_client.delete(Node, node)
+
+
 def test_pod_without_project_or_with_bad_request_is_explained(
     kube_client: Client, project: str
 ) -> None:
