@@ -57,8 +57,9 @@ class PrometheusHistory:
     def document(self, since: float) -> dict[str, Any]:
         now = self.clock()
         step = max(self.fallback.interval, math.ceil((now - since) / MAX_POINTS))
-        start = math.floor(since / step) * step
-        grid = [round(start + k * step, 3) for k in range(int((now - start) // step) + 1)]
+        points = int((now - since) // step) + 1
+        start = now - (points - 1) * step  # the grid ends now: the last point is the newest
+        grid = [round(start + k * step, 3) for k in range(points)]
         try:
             got = {name: self._range(expr, start, grid[-1], step) for name, expr in QUERIES.items()}
         except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:

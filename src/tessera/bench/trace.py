@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
+from tessera.bench.replay_moves import Mover
 from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
-from tessera.core.placement import POLICIES, Placement, Placer
+from tessera.core.placement import POLICIES, NoFit, Placement, Placer
 from tessera.core.placement.fragmentation import typical_workload
 from tessera.core.requests import parse_models
 from tessera.core.state import ClusterState
@@ -124,6 +125,14 @@ class TraceResult:
     arrived_curve: list[float]
     """Arrived GPU demand % averaged over the same pods as ``allocation_curve``: the difference
     is the demand dropped by then, free of the noise of which pods happened to arrive."""
+    max_moves: int = 0
+    """``--moves``: fractional pods that may move to make room for one arriving pod (0: none)."""
+    moves: int = 0
+    """Pods moved in all (:mod:`tessera.bench.replay_moves`)."""
+    placed_by_moves: int = 0
+    """Pods placed only because others moved."""
+    moves_at_100: int = 0
+    """Pods moved by the time the arrived GPU demand reached 100% of capacity."""
 
 
 def run_trace(
@@ -132,9 +141,12 @@ def run_trace(
     policy: str,
     seed: int = 42,
     arrive: float = 1.3,
+    max_moves: int = 0,
 ) -> TraceResult:
     state = ClusterState(nodes)
     placer = Placer(state, policy, seed=seed, workload=typical_workload(p.request for p in pods))
+    mover = Mover(state, placer, max_moves)
+    moves_at_100: int | None = None
     capacity = state.gpus_total() * 1000
     rng = random.Random(seed)
     arrived_milli = arrived = placed = placed_milli = 0
@@ -148,13 +160,20 @@ def run_trace(
             break
         if at_100 is None and arrived_milli >= capacity:
             at_100 = state.gpus_allocated() * 1000 / capacity
+            moves_at_100 = mover.moves
         arrived += 1
         arrived_milli += pod.gpu_milli
         start = time.perf_counter()
         start_cpu = time.process_time()
-        where = placer.place(pod.request, explain=False)
+        where: Placement | NoFit | None = placer.place(pod.request, explain=False)
+        alloc_id = f"{pod.name}#{arrived}"
         if isinstance(where, Placement):
-            state.assign(f"{pod.name}#{arrived}", where)
+            state.assign(alloc_id, where)
+        elif max_moves:
+            where = mover.make_room(alloc_id, pod.request)  # assigned there when it succeeds
+        if isinstance(where, Placement):
+            if max_moves:
+                mover.placed(alloc_id, pod.request, where)
             placed += 1
             placed_milli += pod.gpu_milli
         cpu += time.process_time() - start_cpu
@@ -188,6 +207,10 @@ def run_trace(
         unallocated_at_100=round(100 * (1 - at_100), 3),
         allocation_curve=_curve(sums, counts),
         arrived_curve=_curve(arrived_sums, counts),
+        max_moves=max_moves,
+        moves=mover.moves,
+        placed_by_moves=mover.rescued,
+        moves_at_100=mover.moves if moves_at_100 is None else moves_at_100,
     )
 
 
@@ -208,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", default="fgd", choices=POLICIES)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--arrive", type=float, default=1.3, help="stop when arrived GPU demand reaches this × capacity")
+    parser.add_argument("--moves", type=int, default=0, metavar="N",
+                        help="consolidation in the replay: move up to N placed fractional pods "
+                             "to make room for a pod that finds none (default 0: never)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args(argv)
     if args.arrive <= 0:
@@ -215,10 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in (args.nodes, args.pods):
         if path is not None and not path.is_file():
             parser.error(f"{path}: no such file")
+    if not 0 <= args.moves <= 64:
+        parser.error("--moves: must be 0 to 64")
     if args.synthetic_nodes is not None and args.synthetic_nodes < 1:
         parser.error("--synthetic-nodes: must be 1 or more")
     nodes = load_nodes(args.nodes) if args.nodes else synthetic_nodes(args.synthetic_nodes)
-    result = run_trace(nodes, load_pods(args.pods), args.policy, args.seed, args.arrive)
+    result = run_trace(nodes, load_pods(args.pods), args.policy, args.seed, args.arrive, args.moves)
     if not args.json:
         print(
             f"{result.policy} seed {result.seed}: {result.pods_placed}/{result.pods_arrived} pods placed on "
