@@ -122,6 +122,11 @@ class ConfigMapInfo:
     pod: str | None
 
 
+CLAIM_GRACE_SECONDS = 5.0
+"""How long a new pod's missing ResourceClaim is taken for one whose watch event has not arrived
+yet (created just before the pod) before the pod is told it is missing."""
+
+
 def _on_node(pod: PodInfo, node: str) -> SchedulingSpec:
     """The pod's scheduling spec held to ``node`` as well (required node affinity on
     metadata.name, ANDed into each of its terms)."""
@@ -171,6 +176,9 @@ class KubeScheduler:
         A binding refused for a wiring reason (webhook, RBAC) would otherwise be retried and
         reported every cycle."""
         self.tasks: dict[PodKey, asyncio.Task[None]] = {}
+        self.claims_unseen: set[PodKey] = set()
+        """Pending pods whose claim this scheduler has not seen yet, created moments ago (the
+        claim's watch event is on its way): they wait without a condition or Event."""
         self.releasing: set[PodKey] = set()
         """ResourceClaims being deallocated (tessera.kube.claims.released)."""
         self.background: set[asyncio.Task[Any]] = set()
@@ -338,6 +346,8 @@ class KubeScheduler:
         the allocation's node. Of the bound pods sharing a claim, the first live one in its
         ``reservedFor`` is charged the claim's GPUs, the others nothing, so quota, fair share
         and placement count a shared claim once for as long as any of its pods lives."""
+        quiet: set[PodKey] = set()
+        self.claims_unseen = quiet
         claim_pods = [p for p in self.pods.items.values()
                       if p.claim_names and p.reservation is None and not p.finished]
         if not claim_pods:
@@ -382,6 +392,10 @@ class KubeScheduler:
                     request = dataclasses.replace(base, gpu=gpu)
             except InvalidRequest as exc:
                 request, error = None, str(exc)
+                if (any((pod.namespace, n) not in self.resource_claims.items
+                        for n in pod.claim_names)
+                        and time.time() - pod.created < CLAIM_GRACE_SECONDS):
+                    quiet.add(pod.key)
             if (request, error, sched) != (pod.request, pod.error, pod.sched):
                 self.pods.items[pod.key] = dataclasses.replace(
                     pod, request=request, error=error, sched=sched, version=new_version())
@@ -427,7 +441,6 @@ class KubeScheduler:
         pod is bound, as kube-scheduler does; a retried write is the same write. A claim
         already allocated and reserved for other live pods gets this pod appended to its
         ``reservedFor`` (a JSON patch append: pods joining at once do not conflict)."""
-        live = {p.uid for p in self.pods.items.values() if not p.finished}
         for name in pod.claim_names:
             claim = self.resource_claims.items.get((pod.namespace, name))
             if claim is None:
@@ -435,6 +448,8 @@ class KubeScheduler:
             request = dra.tessera_request(claim)
             if request is None or pod.request is None:
                 continue
+            live = ({p.uid for p in self.pods.items.values() if not p.finished}
+                    if (claim.get("status") or {}).get("allocation") else set())
             use, node = dra.claim_use(claim, pod.uid, live, None)
             if use == "join":
                 if node != placement.node:
@@ -599,7 +614,7 @@ class KubeScheduler:
             if pod is not None and ctx.agents_not_ready and pod.request is not None \
                     and pod.request.gpu.kind is not GpuKind.NONE:
                 message = f"{message}; {agents_not_ready_text(ctx.agents_not_ready)}"
-            if pod is not None:
+            if pod is not None and key not in self.claims_unseen:
                 self.report.waiting(pod, message)
         metrics.set_pending(waits.values())
         self._evict_lost(ctx)
@@ -643,7 +658,10 @@ class KubeScheduler:
                 if pod is None or pod.node:
                     self.assumed.pop(key, None)
                     return
-                annotations[names.CONFIGMAP] = await self.writer.write_configmap(pod, data)
+                if not pod.claim_names:
+                    # A claim's container gets its GPU and limit from the kubelet plugin's CDI
+                    # edits, not from this ConfigMap (docs/dra.md): one write fewer.
+                    annotations[names.CONFIGMAP] = await self.writer.write_configmap(pod, data)
                 annotations[names.NODE_GPU_UUIDS] = ",".join(uuids)
             if pod.claim_names:
                 await self._allocate_claims(pod, placement)
