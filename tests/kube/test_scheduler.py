@@ -526,6 +526,53 @@ def test_reclaim_when_second_project_claims_its_quota(
         kube_client.delete(Node, "reclaim-t4-0")
 
 
+def make_pinned_claim_pod(client: Client, ns: str, name: str, claim_name: str, node: str,
+                          annotations: dict[str, str] | None = None) -> None:
+    """A pod of one whole-GPU claim (made here), held to ``node`` by required node affinity."""
+    make_claim(client, ns, claim_name, "gpu.tessera.io")
+    client.create(codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
+        "spec": {"schedulerName": names.SCHEDULER_NAME,
+                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                               {"nodeSelectorTerms": [{"matchFields": [
+                                                   {"key": "metadata.name", "operator": "In",
+                                                    "values": [node]}]}]}}},
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+                 "containers": [{"name": "main", "image": "example.invalid/cuda:12",
+                                 "resources": {"claims": [{"name": "gpu"}]}}]}}))
+
+
+def test_preemption_evicts_a_claim_holding_pod_and_its_claim_is_deallocated(
+    kube_cluster: TestCluster, kube_client: Client, project: str
+) -> None:
+    """Two train pods hold both GPUs of a node through claims; an inference pod's claim for
+    that node preempts one (Preempted), whose claim is deallocated, and is allocated the GPU."""
+    ns = project
+    node = "preempt-claims-t4-0"
+    kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="T4-16GB"),
+                                  prefix="preempt-claims-t4-")
+    try:
+        for i in range(2):
+            make_pinned_claim_pod(kube_client, ns, f"train-{i}", f"t{i}", node,
+                                  {names.PRIORITY_CLASS: "train"})
+        bound(kube_client, ns, "train-0", "train-1")
+        make_pinned_claim_pod(kube_client, ns, "serve", "s", node,
+                              {names.PRIORITY_CLASS: "inference"})
+        (pod,) = bound(kube_client, ns, "serve")
+        left = {p.metadata.name for p in kube_client.list(Pod, namespace=ns)}  # type: ignore[union-attr]
+        (victim,) = {"train-0", "train-1"} - left
+        wait_until("the Preempted event", lambda: "Preempted" in [
+            e.reason for e in events(kube_client, ns, victim)])
+        wait_until("the victim's claim deallocated", lambda: "allocation" not in claim_status(
+            kube_client, ns, {"train-0": "t0", "train-1": "t1"}[victim]))
+        (mine,) = claim_status(kube_client, ns, "s")["allocation"]["devices"]["results"]
+        assert mine["pool"] == node
+        assert f"gpu-{placement(pod)['devices'][0]}" == mine["device"]
+    finally:
+        kube_client.delete(Node, node)
+
+
 def test_reclaim_evicts_a_claim_holding_pod_and_its_claim_is_deallocated(
     kube_cluster: TestCluster, kube_client: Client, project: str
 ) -> None:
@@ -540,17 +587,7 @@ def test_reclaim_evicts_a_claim_holding_pod_and_its_claim_is_deallocated(
                       patch_type=PatchType.MERGE)
 
     def pinned_claim_pod(ns: str, name: str, claim_name: str) -> None:
-        make_claim(kube_client, ns, claim_name, "gpu.tessera.io")
-        kube_client.create(codecs.from_dict({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-            "spec": {"schedulerName": names.SCHEDULER_NAME,
-                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
-                                                   {"nodeSelectorTerms": [{"matchFields": [
-                                                       {"key": "metadata.name", "operator": "In",
-                                                        "values": [node]}]}]}}},
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-                     "containers": [{"name": "main", "image": "example.invalid/cuda:12",
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}}))
+        make_pinned_claim_pod(kube_client, ns, name, claim_name, node)
 
     pinned_claim_pod(hog, "hog-0", "c0")
     pinned_claim_pod(hog, "hog-1", "c1")
