@@ -220,6 +220,9 @@ def test_claims_are_placed_and_allocated_before_binding(kube_client: Client, pro
     share_pod, whole_pod = bound(kube_client, ns, "share", "whole")
     p = placement(share_pod)
     assert p["request"] == [5 * 2**30] and not p["exclusive"]
+    # No reservation pod, no ConfigMap: the claim's allocation holds the GPU and the kubelet
+    # plugin's CDI edits give the container its GPU and limit.
+    assert not {names.NODE_GPU_UUIDS, names.CONFIGMAP} & set(share_pod.metadata.annotations)
     st = claim_status(kube_client, ns, "five-gib")
     (result,) = st["allocation"]["devices"]["results"]
     assert result["driver"] == "gpu.tessera.io" and result["request"] == "gpu"

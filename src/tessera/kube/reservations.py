@@ -96,8 +96,8 @@ class Reservations:
         """Shared devices some pod uses: bound, or assumed (decided, not yet seen bound)."""
         used: set[DeviceKey] = set()
         for pod in pods:
-            if pod.reservation is not None or pod.finished:
-                continue
+            if pod.reservation is not None or pod.finished or pod.claim_names:
+                continue  # a claim's allocation holds its GPU (no reservation pod)
             pl = pod.placement if pod.node else assumed.get(pod.key)
             if pl is not None and not pl.exclusive:
                 used.update((pl.node, d) for d in pl.devices)

@@ -647,7 +647,9 @@ class KubeScheduler:
                 self.assumed.pop(key, None)
                 return
             annotations: dict[str, str] = {}
-            if placement.devices and not placement.exclusive:
+            if placement.devices and not placement.exclusive and not pod.claim_names:
+                # A claim's share needs no reservation pod: its allocation holds the GPU, and
+                # on a DRA node there is no nvidia.com/gpu for a reservation to take.
                 uuids = [await self.reservations.reserve(placement.node, d) for d in placement.devices]
                 ni = self.nodes.items.get(placement.node)
                 if ni is None or ni.node is None:
@@ -658,10 +660,7 @@ class KubeScheduler:
                 if pod is None or pod.node:
                     self.assumed.pop(key, None)
                     return
-                if not pod.claim_names:
-                    # A claim's container gets its GPU and limit from the kubelet plugin's CDI
-                    # edits, not from this ConfigMap (docs/dra.md): one write fewer.
-                    annotations[names.CONFIGMAP] = await self.writer.write_configmap(pod, data)
+                annotations[names.CONFIGMAP] = await self.writer.write_configmap(pod, data)
                 annotations[names.NODE_GPU_UUIDS] = ",".join(uuids)
             if pod.claim_names:
                 await self._allocate_claims(pod, placement)
@@ -724,7 +723,8 @@ class KubeScheduler:
                         key, keep, (claim.get("metadata") or {}).get("resourceVersion")))
         for pod in list(self.pods.items.values()):
             if (pod.reservation is not None or not pod.node or pod.placement is None
-                    or pod.placement.exclusive or pod.finished or pod.key in self.evicting):
+                    or pod.placement.exclusive or pod.finished or pod.key in self.evicting
+                    or pod.claim_names):
                 continue
             missing = self.reservations.missing(pod.node, pod.placement.devices)
             if missing and pod.node in self.nodes.items:
