@@ -530,9 +530,11 @@ def test_reclaim_when_second_project_claims_its_quota(
 
 
 def make_pinned_claim_pod(client: Client, ns: str, name: str, claim_name: str, node: str,
-                          annotations: dict[str, str] | None = None) -> None:
-    """A pod of one whole-GPU claim (made here), held to ``node`` by required node affinity."""
-    make_claim(client, ns, claim_name, "gpu.tessera.io")
+                          annotations: dict[str, str] | None = None, make: bool = True) -> None:
+    """A pod of one whole-GPU claim (made here unless ``make`` is False), held to ``node`` by
+    required node affinity."""
+    if make:
+        make_claim(client, ns, claim_name, "gpu.tessera.io")
     client.create(codecs.from_dict({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
@@ -573,6 +575,43 @@ def test_preemption_evicts_a_claim_holding_pod_and_its_claim_is_deallocated(
         assert mine["pool"] == node
         assert f"gpu-{placement(pod)['devices'][0]}" == mine["device"]
     finally:
+        kube_client.delete(Node, node)
+
+
+def test_reclaim_of_a_shared_claim_evicts_all_its_pods(
+    kube_cluster: TestCluster, kube_client: Client, project: str
+) -> None:
+    """Two pods of a project with no deserved GPUs share one claim for the only GPU of a node;
+    a project asking for its deserved GPU there gets it: both pods are evicted (one for the
+    reclaim, the other because it shares the claim — evicting one frees nothing), the claim is
+    deallocated, and the new claim allocated gpu-0."""
+    hog = project
+    node = "reclaim-shared-t4-0"
+    kube_cluster.create_gpu_nodes(1, NodeShape(gpus=1, model="T4-16GB"),
+                                  prefix="reclaim-shared-t4-")
+    kube_client.patch(ProjectResource, hog, {"spec": {"resources": {"gpu": {"deserved": 0}}}},
+                      patch_type=PatchType.MERGE)
+    make_pinned_claim_pod(kube_client, hog, "hog-a", "c0", node)
+    make_pinned_claim_pod(kube_client, hog, "hog-b", "c0", node, make=False)
+    bound(kube_client, hog, "hog-a", "hog-b")
+    assert len(claim_status(kube_client, hog, "c0")["reservedFor"]) == 2
+    starved = f"{hog}-b"
+    kube_cluster.kubectl("create", "namespace", starved)
+    make_project(kube_client, starved, starved, deserved=1)
+    try:
+        make_pinned_claim_pod(kube_client, starved, "taker", "mine", node)
+        bound(kube_client, starved, "taker")
+        assert not list(kube_client.list(Pod, namespace=hog))
+        for victim in ("hog-a", "hog-b"):
+            wait_until(f"{victim}'s Reclaimed event", lambda v=victim: "Reclaimed" in [
+                e.reason for e in events(kube_client, hog, v)])
+        wait_until("the shared claim deallocated",
+                   lambda: "allocation" not in claim_status(kube_client, hog, "c0"))
+        (mine,) = claim_status(kube_client, starved, "mine")["allocation"]["devices"]["results"]
+        assert (mine["pool"], mine["device"]) == (node, "gpu-0")
+    finally:
+        with contextlib.suppress(ApiError):
+            kube_client.delete(Pod, "taker", namespace=starved, grace_period=0)
         kube_client.delete(Node, node)
 
 

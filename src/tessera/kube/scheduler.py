@@ -436,6 +436,23 @@ class KubeScheduler:
             self.pods.items[pod.key] = dataclasses.replace(
                 pod, placement=placement, request=request, version=new_version())
 
+    def _claim_partners(self, key: PodKey) -> list[PodKey]:
+        """The other pods a shared claim of tessera's is reserved for (evicting one pod of a
+        shared claim frees nothing while the others hold it, so they go together)."""
+        pod = self.pods.items.get(key)
+        if pod is None or not pod.claim_names:
+            return []
+        out = []
+        for n in pod.claim_names:
+            c = self.resource_claims.items.get((pod.namespace, n))
+            if c is None or not dra.ours(c):
+                continue
+            for r in dra.reserved_for(c):
+                other = (pod.namespace, str(r.get("name", "")))
+                if other != key and other in self.pods.items:
+                    out.append(other)
+        return out
+
     async def _allocate_claims(self, pod: PodInfo, placement: Placement) -> None:
         """Writes each tessera claim's status (allocation and reservedFor this pod) before the
         pod is bound, as kube-scheduler does; a retried write is the same write. A claim
@@ -586,9 +603,20 @@ class KubeScheduler:
                 reason = {"reclaim": "Reclaimed", "preempt": "Preempted"}.get(e.action, "Evicted")
                 metrics.EVICTIONS.labels(reason).inc()
                 self._spawn(self.writer.evict(pod, reason, e.reason))
+                for other in self._claim_partners(key):
+                    # The claim's GPU is freed only when all its pods are gone.
+                    partner = pods.get(other)
+                    if partner is None or other in self.evicting:
+                        continue
+                    self.evicting.add(other)
+                    metrics.EVICTIONS.labels(reason).inc()
+                    self._spawn(self.writer.evict(
+                        partner, reason, f"{e.reason} (it shares a ResourceClaim with "
+                        f"{pod.namespace}/{pod.name}, which was evicted)"))
         for b in plan.bindings:
             keys = ctx.pods_of[b.workload_id]
             victims = [k for wid in b.after_evictions for k in ctx.pods_of.get(wid, [])]
+            victims += [o for v in victims for o in self._claim_partners(v)]
             if b.action == "consolidate":
                 victims += moved
             for pb in b.pods:
