@@ -4,14 +4,14 @@ range queries; with Prometheus gone the server's own samples come back, saying w
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tessera.testing.embedded import EmbeddedServer, free_port
+from tessera.testing.cluster import free_ports
+from tessera.testing.embedded import EmbeddedServer
+from tests.prometheus_server import start_prometheus
 from tests.waiting import wait_until
 
 
@@ -21,19 +21,8 @@ def last(values: list[Any]) -> Any:
 
 def test_history_comes_from_prometheus_and_falls_back_when_it_is_gone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("Debian's prometheus is needed (./dev setup installs it)", pytrace=False)
-    api_port, prom_port = free_port(), free_port()
-    while prom_port == api_port:
-        prom_port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: tessera-api\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{api_port}']}}]\n")
-    prom = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{prom_port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api_port, prom_port = free_ports(2)
+    prom, _ = start_prometheus(tmp_path, "tessera-api", [f"127.0.0.1:{api_port}"], prom_port)
     monkeypatch.setenv("TESSERA_PROMETHEUS_URL", f"http://127.0.0.1:{prom_port}")
     server = EmbeddedServer(tmp_path / "server", simulate=["2xV100-16GB"], port=api_port)
     try:

@@ -345,15 +345,11 @@ def test_prometheus_source_reports_what_the_agent_exported(native: Any, tmp_path
     with the isolation library); the API server's Prometheus source builds the same report the
     agent's ``/usage`` gives; a node Prometheus has no series of is ``no-agent``; once the agent is
     gone and its last sample ages, ``unreachable``; Prometheus down: every node says so."""
-    import shutil
-
     from tessera.kube.prometheus_usage import PrometheusUsage
     from tests.isolation.conftest import CTX
     from tests.node.test_metrics_escapes import INFER, TRAIN, UUIDS, Machine
+    from tests.prometheus_server import start_prometheus
 
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("Debian's prometheus is needed (./dev setup installs it)", pytrace=False)
     m = Machine(native, tmp_path)
     from tessera.node.containers import write_share
 
@@ -365,14 +361,7 @@ def test_prometheus_source_reports_what_the_agent_exported(native: Any, tmp_path
         a.alloc(10 * GiB)  # 2 GiB (and its context) above its 8 GiB request
         m.share_process(INFER, sm=20).alloc(3 * GiB)
         m.start_agent("warn")
-        (port,) = free_ports(1)
-        (tmp_path / "prometheus.yml").write_text(
-            "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: tessera-node\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{m.port}']}}]\n")
-        prom = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        prom, port = start_prometheus(tmp_path, "tessera-node", [f"127.0.0.1:{m.port}"])
         source = PrometheusUsage(f"http://127.0.0.1:{port}", lambda: ["box", "ghost"],
                                  interval=0.5, timeout=2, stale_after=3)
 

@@ -237,25 +237,12 @@ def test_with_prometheus_configured_the_usage_comes_from_it(
         setup: Any, kube_cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     """TESSERA_PROMETHEUS_URL: the API server reads the agents' metrics from Debian's Prometheus
     (scraping the real agents) instead of polling them; same document, same states."""
-    import shutil
-    import subprocess
-
-    from tessera.testing.cluster import free_ports
+    from tests.prometheus_server import start_prometheus
 
     _, agents, bare = setup
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("Debian's prometheus is needed (./dev setup installs it)", pytrace=False)
     root = tmp_path_factory.mktemp("prometheus")
-    targets = ", ".join(f"'127.0.0.1:{a.metrics_port}'" for a in agents.values())
-    (root / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: tessera-node\n"
-        f"    static_configs: [{{targets: [{targets}]}}]\n")
-    (port,) = free_ports(1)
-    prom = subprocess.Popen([binary, f"--config.file={root / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={root / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom, port = start_prometheus(root, "tessera-node",
+                                  [f"127.0.0.1:{a.metrics_port}" for a in agents.values()])
 
     class FromPrometheus(PollingApiServer):
         @property
