@@ -59,6 +59,7 @@ class EmbeddedServer:
         })
         env.pop("TESSERA_TOKEN", None)
         env.pop("TESSERA_PROJECT", None)
+        env.setdefault("PYTHONFAULTHANDLER", "1")  # a crash in C code leaves its threads' stacks in the log
         return env
 
     def server_argv(self, simulate: Sequence[str] | None) -> list[str]:
