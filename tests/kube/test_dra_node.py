@@ -77,7 +77,7 @@ def test_tessera_node_serves_the_kubelet_plugin(kube_cluster: TestCluster, kube_
     """tessera-node run registers gpu.tessera.io in its plugins_registry directory; prepare of a
     claim allocated on its node writes the claim's config (the limit it consumed, the GPU by
     UUID, the headroom, the loans ledger), its region in the group of the pod that uses it, and
-    a CDI spec that mounts them; unprepare removes them; after kill -9 and a restart the plugin
+    a CDI spec that mounts them (the loans line with the pod's priority class); unprepare removes them; after kill -9 and a restart the plugin
     is registered again and prepares the same."""
     agent = agent_of(kube_cluster)
     info = get_info(agent)
@@ -92,7 +92,9 @@ def test_tessera_node_serves_the_kubelet_plugin(kube_cluster: TestCluster, kube_
     uid = claim["metadata"]["uid"]
     group = 4321 if os.geteuid() == 0 else os.getegid()
     pod = kube_client.create(codecs.from_dict({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "user", "namespace": ns},
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "user", "namespace": ns,
+                     "annotations": {"tessera.io/priority-class": "inference"}},
         "spec": {"schedulerName": "nobody", "securityContext": {"fsGroup": group},
                  "resourceClaims": [{"name": "gpu", "resourceClaimName": "five-gib"}],
                  "containers": [{"name": "main", "image": "cuda",
@@ -125,7 +127,8 @@ def test_tessera_node_serves_the_kubelet_plugin(kube_cluster: TestCluster, kube_
     assert "region /run/tessera/gpu-usage.region" in conf
     overhead = int(next(line for line in conf if line.startswith("context-overhead")).split()[1])
     assert overhead > 0  # the GPU's headroom
-    assert any(line.startswith(f"loans dir=/run/tessera-loans share={uid} ") for line in conf)
+    assert any(line.startswith(f"loans dir=/run/tessera-loans share={uid} priority=125 ")
+               for line in conf), conf  # the pod's class, inference
     region = (base / "region").stat()
     assert (region.st_gid, stat.S_IMODE(region.st_mode)) == (group, 0o2770)
     assert (base / "region" / REGION_NAME).stat().st_gid == group

@@ -10,7 +10,13 @@ import pytest
 
 from tessera.core.errors import InvalidRequest
 from tessera.node.draplugin import dra_pb2
-from tessera.node.draplugin.cdi import PluginConfig, cdi_spec, claim_devices, pods_group
+from tessera.node.draplugin.cdi import (
+    PluginConfig,
+    cdi_spec,
+    claim_devices,
+    pods_group,
+    pods_priority_class,
+)
 from tessera.node.draplugin.plugin import DraPlugin
 
 
@@ -84,3 +90,13 @@ def test_a_relative_plugin_directory_is_refused_at_start_naming_the_flag(
 
     assert main(["run", "--node-name=n", "--cdi-dir=cdi"]) == 2
     assert "--cdi-dir: must be an absolute path (got 'cdi')" in capsys.readouterr().err
+
+
+def test_the_loans_priority_is_the_class_the_claims_pods_agree_on() -> None:
+    def pod(ann: str | None = None, spec: str | None = None) -> dict[str, Any]:
+        return {"metadata": {"annotations": {"tessera.io/priority-class": ann} if ann else {}},
+                "spec": {"priorityClassName": spec} if spec else {}}
+    assert pods_priority_class([pod("inference"), pod(spec="inference")]) == "inference"
+    assert pods_priority_class([pod("inference"), pod("build")]) == ""
+    assert pods_priority_class([pod(spec="system-node-critical")]) == ""  # not tessera's
+    assert pods_priority_class([]) == ""

@@ -16,7 +16,8 @@ claim consumed on that GPU (its request and its limit: a claim is guaranteed wha
 One claim's files serve every pod that shares the claim (one region: what they allocate
 together is held to what the claim consumed). The region's group is the one the pods the claim
 is reserved for state (:func:`tessera.core.podgroups.share_group`); when they state none or
-disagree, the region is root's alone, as in the annotation path.
+disagree, the region is root's alone, as in the annotation path. The loans line's priority is
+their priority class's when they agree on one, else the default class's (``train``).
 """
 
 from __future__ import annotations
@@ -182,6 +183,19 @@ def check_uid(uid: str) -> str:
 
 def spec_path(cfg: PluginConfig, uid: str) -> Path:
     return cfg.cdi_dir / f"{DRIVER}-{check_uid(uid)}.json"
+
+
+def pods_priority_class(pods: Iterable[Mapping[str, Any]]) -> str:
+    """The priority class the claim's pods agree on (``tessera.io/priority-class``, else their
+    ``priorityClassName`` when it is one of tessera's), for the loans line; "" (the default,
+    ``train``) when they name none or disagree."""
+    found: set[str] = set()
+    for pod in pods:
+        ann = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+            "tessera.io/priority-class")
+        spec = (pod.get("spec") or {}).get("priorityClassName")
+        found.add(str(ann or (spec if spec in PRIORITY_CLASSES else "")))
+    return found.pop() if len(found) == 1 else ""
 
 
 def pods_group(pods: Iterable[Mapping[str, Any]], claim_name: str) -> int | None:

@@ -34,6 +34,7 @@ from tessera.node.draplugin.cdi import (
     claim_devices,
     config_text,
     pods_group,
+    pods_priority_class,
     remove_claim,
     write_claim_files,
     write_spec,
@@ -51,14 +52,16 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
         self.cfg = cfg
         self.get_claim = get_claim
         self.get_pod = get_pod
-        """For the region's group: the pods the claim is reserved for (None: root's)."""
+        """The pods the claim is reserved for: the region's group, the loans' priority (None:
+        root's region, the default priority)."""
 
     def config(self) -> PluginConfig:
         return self.cfg() if callable(self.cfg) else self.cfg
 
-    def group(self, claim: Mapping[str, Any]) -> int | None:
+    def users(self, claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """The pods the claim is reserved for, as the API server has them now."""
         if self.get_pod is None:
-            return None
+            return []
         meta = claim.get("metadata") or {}
         pods = []
         for ref in (claim.get("status") or {}).get("reservedFor") or []:
@@ -70,7 +73,7 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
                 continue
             if (pod.get("metadata") or {}).get("uid") == ref.get("uid"):
                 pods.append(pod)
-        return pods_group(pods, str(meta.get("name", "")))
+        return pods
 
     def prepare(self, c: Any) -> list[Any]:
         cfg = self.config()
@@ -84,7 +87,10 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
             raise InvalidRequest("claim.uid", f"the API server's claim has UID {got}", c.uid)
         devices = claim_devices(claim, cfg)
         if cfg.claims_dir is not None:
-            write_claim_files(cfg, c.uid, config_text(c.uid, devices, cfg), self.group(claim))
+            users = self.users(claim)
+            name = str((claim.get("metadata") or {}).get("name", ""))
+            text = config_text(c.uid, devices, cfg, pods_priority_class(users))
+            write_claim_files(cfg, c.uid, text, pods_group(users, name))
         write_spec(cfg, c.uid, cdi_spec(c.uid, devices, cfg))
         replies = []
         for d in devices:
