@@ -253,6 +253,7 @@ def test_agent_runs_with_the_charts_rbac(kube_cluster: TestCluster, kube_client:
             if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
             and "tessera-node-agent" in d["metadata"]["name"]]
     assert {d["kind"] for d in docs} == {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    kube_cluster.kubectl("create", "namespace", SYSTEM_NS, check=False)  # run alone: not made yet
     local.apply(kube_cluster, docs)
     sa = kube_cluster.service_account_kubeconfig(SYSTEM_NS, "tessera-node-agent")
     (node,) = kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="L4-24GB"),
