@@ -337,6 +337,37 @@ def test_gpu_operator_mig_resources_keep_their_devices(kube_client: Client,
             f"({names.GPU_PORTION}), not both") in message, message
 
 
+def test_mig_profile_annotation(kube_client: Client, team: tuple[str, str]) -> None:
+    """tessera.io/gpu-mig-profile (dynamic MIG, docs/mig.md): any spelling parse_profile takes
+    becomes the canonical profile; the pod is tessera's and its first container reads
+    NVIDIA_VISIBLE_DEVICES (the MIG UUID tessera-node writes) from the pod's ConfigMap, the
+    others get void. An unknown profile, or a profile with a share, is refused naming the
+    annotation."""
+    ns, project = team
+    pod = plain_pod("migp", containers=[{"name": "gpu", "image": "x"},
+                                        {"name": "side", "image": "busybox"}])
+    pod["metadata"]["annotations"] = {names.MIG_PROFILE: "MIG 3g.20gb"}
+    create(kube_client, pod, ns)
+    got = kube_client.get(Pod, "migp", namespace=ns)
+    assert got.spec.schedulerName == "tessera"
+    assert got.metadata.annotations[names.MIG_PROFILE] == "3g.20gb"
+    assert got.metadata.annotations[names.PROJECT] == project
+    ref = env_of(got.spec.containers[0])["NVIDIA_VISIBLE_DEVICES"].valueFrom.configMapKeyRef
+    assert (ref.name, ref.key, ref.optional) == ("migp-tessera-gpu", "NVIDIA_VISIBLE_DEVICES", None)
+    assert env_of(got.spec.containers[1])["NVIDIA_VISIBLE_DEVICES"].value == "void"
+    field = f"metadata.annotations[{names.MIG_PROFILE}]"
+    unknown = plain_pod("mig-unknown")
+    unknown["metadata"]["annotations"] = {names.MIG_PROFILE: "5g.99gb"}
+    message = refused(kube_client, unknown, ns)
+    assert f"{field}: is not a MIG profile of any GPU tessera knows (1g.5gb, " in message, message
+    assert "7g.40gb" in message and "3g.40gb" in message
+    both = plain_pod("mig-share")
+    both["metadata"]["annotations"] = {names.MIG_PROFILE: "3g.20gb", names.GPU_PORTION: "0.5"}
+    message = refused(kube_client, both, ns)
+    assert f"{field}: a MIG profile is the pod's whole GPU request; give it or a share" \
+        in message, message
+
+
 def test_pods_without_gpu_are_not_touched(kube_client: Client, team: tuple[str, str]) -> None:
     ns, _ = team
     create(kube_client, plain_pod("cpu-only"), ns)

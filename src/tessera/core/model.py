@@ -232,8 +232,14 @@ class ResourceRequest:
     cpu_milli: int = 0
     memory: int = 0
     """Bytes of host memory."""
+    gpus: float | None = None
+    """GPUs it counts as for quota and fair share when its GPU is none of the node's devices
+    (a MIG partition: the profile's fraction, tessera.core.mig; ``gpu`` is then none); None:
+    counted from ``gpu``. Placements made for it carry it (``Placement.gpus``)."""
 
     def __post_init__(self) -> None:
+        if self.gpus is not None and not 0 < self.gpus <= 1:
+            raise InvalidRequest("gpus", "must be in (0, 1] (a MIG profile's fraction)", self.gpus)
         if self.cpu_milli < 0:
             raise InvalidRequest("cpu", "must be 0 or more", self.cpu_milli)
         if self.memory < 0:

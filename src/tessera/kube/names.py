@@ -15,6 +15,8 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 extended resource a node advertises (docs/mig.md)."""
 
 # What users (or the admission webhook) write on a pod.
+MIG_PROFILE = "tessera.io/gpu-mig-profile"
+"""A MIG partition of this profile, made on demand on a GPU in MIG mode (docs/mig.md)."""
 GPU_PORTION = "tessera.io/gpu-portion"
 GPU_MEMORY = "tessera.io/gpu-memory"
 GPU_DEVICES = "tessera.io/gpu-devices"
@@ -30,6 +32,9 @@ AGENT_URL = "tessera.io/node-agent-url"
 # What the scheduler writes on a pod when it binds it (the source of truth on restart).
 PLACEMENT = "tessera.io/placement"
 CONFIGMAP = "tessera.io/gpu-configmap"
+MIG_PARTITION = "tessera.io/mig-partition"
+"""On a MIG pod, written at bind: JSON ``{"gpu": UUID, "profile", "start", "remove": [starts]}``,
+the partition tessera-node makes (or reuses) for it, after removing the idle ones at ``remove``."""
 
 # Reservation pods (one per shared physical GPU) and per-pod ConfigMaps.
 RESERVATION_LABEL = "tessera.io/gpu-reservation"

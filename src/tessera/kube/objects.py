@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,7 +24,14 @@ from tessera.core.state import Placement
 from tessera.core.units import MiB, parse_memory
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
-from tessera.kube.podspec import ContainerResources, parse_cpu_milli, pod_request, whole_gpus
+from tessera.kube.mig import MigHold, NodeMigGpu, hold_from_json, mig_gpus
+from tessera.kube.podspec import (
+    ContainerResources,
+    mig_profile,
+    parse_cpu_milli,
+    pod_request,
+    whole_gpus,
+)
 from tessera.kube.predicates.spec import (
     SchedulingSpec,
     Taint,
@@ -35,6 +43,8 @@ from tessera.kube.predicates.topology import TopologyRequest, topology_request
 
 ProjectResource = create_global_resource(names.GROUP, names.VERSION, "Project", "projects")
 PodGroupResource = create_namespaced_resource(names.GROUP, names.VERSION, "PodGroup", "podgroups")
+
+log = logging.getLogger(__name__)
 
 _versions = itertools.count(1)
 
@@ -99,6 +109,10 @@ class PodInfo:
     """``placement`` as recorded (of the pods sharing a claim, the first live one in its
     ``reservedFor`` is charged its GPUs, the others nothing)."""
     """tessera.io/topology-required|preferred (or KAI's spelling) on the pod."""
+    mig_profile: str | None = None
+    """The MIG profile it asks for (``tessera.io/gpu-mig-profile``, canonical)."""
+    mig_hold: MigHold | None = None
+    """The partition it was given at bind (``tessera.io/mig-partition``)."""
     version: int = field(default_factory=lambda: next(_versions))
     """Changes with every event, so cached derivations know when to recompute: a number drawn
     once per object from one counter, never reused (unlike ``id()``, which a new object may
@@ -218,7 +232,7 @@ def placement_to_json(p: Placement) -> str:
     return json.dumps({
         "node": p.node, "devices": list(p.devices), "request": list(p.request_bytes),
         "limit": list(p.limit_bytes), "exclusive": p.exclusive, "cpu": p.cpu_milli,
-        "memory": p.memory,
+        "memory": p.memory, **({"gpus": p.gpus} if p.gpus is not None else {}),
     }, separators=(",", ":"))
 
 
@@ -229,6 +243,7 @@ def placement_from_json(text: str) -> Placement:
         request_bytes=tuple(int(x) for x in d["request"]),
         limit_bytes=tuple(int(x) for x in d["limit"]), exclusive=bool(d["exclusive"]),
         cpu_milli=int(d.get("cpu", 0)), memory=int(d.get("memory", 0)),
+        gpus=None if d.get("gpus") is None else float(d["gpus"]),
     )
 
 
@@ -270,8 +285,16 @@ def pod_info(pod: Any) -> PodInfo:
         info.request = pod_request(
             annotations, _containers(spec.containers), _containers(spec.initContainers)
         )
+        info.mig_profile = mig_profile(annotations)
     except InvalidRequest as exc:
         info.error = str(exc)
+    raw_hold = annotations.get(names.MIG_PARTITION)
+    if raw_hold and info.node:
+        try:
+            info.mig_hold = hold_from_json(raw_hold)
+        except (ValueError, KeyError, TypeError):
+            log.warning("pod %s/%s: %s is not readable", info.namespace, info.name,
+                        names.MIG_PARTITION)
     made = {c.name: c.resourceClaimName for c in
             (status.resourceClaimStatuses if status else None) or [] if c.resourceClaimName}
     for i, rc in enumerate((spec.resourceClaims if spec else None) or []):
@@ -336,6 +359,8 @@ class NodeInfo:
     taints: tuple[Taint, ...] = ()
     resources: tuple[tuple[str, int], ...] = ()
     """Allocatable resources the core does not account (milli-units)."""
+    mig: tuple[NodeMigGpu, ...] = ()
+    """Its GPUs in MIG mode and their partitions (tessera-node's inventory; docs/mig.md)."""
 
 
 def _model_of(product: str) -> str:
@@ -405,8 +430,9 @@ def node_info(obj: Any) -> NodeInfo:
         islands = _nvlink(annotations.get(names.NODE_GPU_INVENTORY, ""), len(gpus))
         info = NodeInfo(name, Node(name, gpus, cpu, memory, labels, nvlink=islands), None, uuids,
                         unschedulable,
-                        ready, labels=labels, taints=taints, resources=others)
-        if gpus:
+                        ready, labels=labels, taints=taints, resources=others,
+                        mig=mig_gpus(annotations.get(names.NODE_GPU_INVENTORY, "")))
+        if gpus or info.mig:
             info.agent_ready = annotations.get(names.NODE_READY) == "true"
             info.agent_reason = "" if info.agent_ready else (
                 annotations.get(names.NODE_READY_REASON)

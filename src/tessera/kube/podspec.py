@@ -11,7 +11,10 @@ GPU spellings (after the webhook has translated Run:ai / cGPU ones):
 - ``tessera.io/gpu-devices: "2"``: the same share on that many devices of one node;
 - ``tessera.io/gpu-model: "H100-80GB|A100-80GB"``: allowed models;
 - ``nvidia.com/mig-3g.20gb: 1`` in container limits (the GPU operator's MIG resources): an
-  extended resource the scheduler places where a node advertises it; not with a share.
+  extended resource the scheduler places where a node advertises it; not with a share;
+- ``tessera.io/gpu-mig-profile: "3g.20gb"``: a MIG partition of that profile, made on demand by
+  tessera-node on a GPU in MIG mode (docs/mig.md); counts as the profile's fraction of a GPU;
+  the whole GPU request of the pod.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import PROFILES, parse_profile
 from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
 from tessera.core.requests import parse_gpu_request
 from tessera.core.units import parse_memory
@@ -151,7 +155,8 @@ def pod_request(
     init_containers: Sequence[ContainerResources] = (),
 ) -> ResourceRequest:
     """GPU, CPU and memory of one pod: containers summed, the largest init container if more."""
-    gpu = gpu_request(annotations, containers)
+    fraction = mig_fraction(annotations, containers)
+    gpu = GpuRequest.none() if fraction is not None else gpu_request(annotations, containers)
     cpu = mem = 0
     for c in containers:
         a, b = _container_amounts(c, "requests")
@@ -161,7 +166,41 @@ def pod_request(
         a, b = _container_amounts(c, "requests")
         cpu = max(cpu, a)
         mem = max(mem, b)
-    return ResourceRequest(gpu=gpu, cpu_milli=cpu, memory=mem)
+    return ResourceRequest(gpu=gpu, cpu_milli=cpu, memory=mem, gpus=fraction)
+
+
+def mig_profile(annotations: Mapping[str, str]) -> str | None:
+    """The canonical profile a pod asks for with ``tessera.io/gpu-mig-profile`` (any spelling
+    :func:`tessera.core.mig.parse_profile` takes), or None."""
+    raw = annotations.get(names.MIG_PROFILE)
+    if raw is None:
+        return None
+    return parse_profile(raw, f"metadata.annotations[{names.MIG_PROFILE}]")
+
+
+def mig_fraction(annotations: Mapping[str, str], containers: Sequence[ContainerResources]
+                 ) -> float | None:
+    """The GPU fraction a MIG-profile pod counts as, or None for other pods. A profile is the
+    pod's whole GPU request: a share, whole GPUs or the GPU operator's MIG resources with it
+    are refused, naming both."""
+    profile = mig_profile(annotations)
+    if profile is None:
+        return None
+    field = f"metadata.annotations[{names.MIG_PROFILE}]"
+    for key in sorted(set(_FIELD_TO_ANNOTATION.values())):
+        if key in annotations and key != names.GPU_MODEL:
+            raise InvalidRequest(field, f"a MIG profile is the pod's whole GPU request; give it "
+                                        f"or {key} (a share), not both", annotations[names.MIG_PROFILE])
+    for c in containers:
+        for r in (names.GPU_RESOURCE, *mig_resources(c)):
+            if r in c.limits or r in c.requests:
+                raise InvalidRequest(field, f"a MIG profile is the pod's whole GPU request; give "
+                                            f"it or containers[{c.name}] {r}, not both",
+                                     annotations[names.MIG_PROFILE])
+    if names.GPU_MODEL in annotations:
+        raise InvalidRequest(f"metadata.annotations[{names.GPU_MODEL}]", "is not used with a MIG profile (the profile "
+                                              "names the memory; any MIG GPU that has it serves)")
+    return next(t[profile].fraction for t in PROFILES.values() if profile in t)
 
 
 def containers_of(spec: Mapping[str, Any], key: str = "containers") -> list[ContainerResources]:

@@ -39,6 +39,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVo
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import choose
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.placement import DEFAULT_POLICY, POLICIES
 from tessera.core.state import Placement
@@ -49,6 +50,7 @@ from tessera.kube.binder import Writer
 from tessera.kube.health import start_health_server
 from tessera.kube.informer import Informer
 from tessera.kube.leader import LeaderElector, LostLeadership
+from tessera.kube.mig import MigHold, MigView, apply_choice
 from tessera.kube.objects import (
     ForeignPod,
     NodeInfo,
@@ -179,6 +181,10 @@ class KubeScheduler:
         self.claims_unseen: set[PodKey] = set()
         """Pending pods whose claim this scheduler has not seen yet, created moments ago (the
         claim's watch event is on its way): they wait without a condition or Event."""
+        self.mig_assumed: dict[PodKey, tuple[str, MigHold]] = {}
+        """MIG pods being bound: (node, the partition chosen), held until the pod is seen bound
+        with it (tessera.kube.mig)."""
+        self.mig_view = MigView()
         self.releasing: set[PodKey] = set()
         """ResourceClaims being deallocated (tessera.kube.claims.released)."""
         self.background: set[asyncio.Task[Any]] = set()
@@ -229,8 +235,10 @@ class KubeScheduler:
     # ---- cache events --------------------------------------------------------------------
     def _on_node(self, key: Any, old: NodeInfo | None, new: NodeInfo | None) -> None:
         if (old is None or new is None or old.node != new.node
-                or (old.unschedulable, old.ready, old.agent_ready, old.labels, old.taints, old.resources)
-                != (new.unschedulable, new.ready, new.agent_ready, new.labels, new.taints, new.resources)):
+                or (old.unschedulable, old.ready, old.agent_ready, old.labels, old.taints, old.resources,
+                    old.mig)
+                != (new.unschedulable, new.ready, new.agent_ready, new.labels, new.taints, new.resources,
+                    new.mig)):
             self.wake.set()
 
     def _on_foreign(self, key: Any, old: ForeignPod | None, new: ForeignPod | None) -> None:
@@ -259,6 +267,7 @@ class KubeScheduler:
             return
         if new is None:
             self.assumed.pop(key, None)
+            self.mig_assumed.pop(key, None)
             self.evicting.discard(key)
             self.bind_failures.pop(key, None)
             self.report.forget(key)
@@ -266,6 +275,7 @@ class KubeScheduler:
             return
         if new.node and key in self.assumed and (old is None or not old.node):
             del self.assumed[key]
+            self.mig_assumed.pop(key, None)
             return
         if (old is None or old.node != new.node or old.deleting != new.deleting
                 or old.finished != new.finished or old.annotations != new.annotations):
@@ -512,15 +522,25 @@ class KubeScheduler:
         finally:
             self.releasing.discard(key)
 
+    def _mig(self) -> MigView:
+        """The MIG GPUs with the partitions bound and assumed pods hold (tessera.kube.mig)."""
+        gpus = {n: ni.mig for n, ni in self.nodes.items.items() if ni.mig}
+        if not gpus:
+            return MigView()
+        holds = [(p.node, p.mig_hold) for p in self.pods.items.values()
+                 if p.node and p.mig_hold is not None and not p.finished]
+        return MigView.build(gpus, [*holds, *self.mig_assumed.values()])
+
     async def cycle(self) -> Plan | None:
         t0 = time.perf_counter()
         self._apply_claims()
+        self.mig_view = self._mig()
         snapshot, ctx = self.snapshots.build(
             self.nodes.items, self.pods.items, self.projects.items, self.pod_groups.items,
             self.assumed, self.evicting, time.time(),
             {n: (v[0], v[1], v[2]) for n, v in self.foreign.items()},
             self.foreign_pods.items.values(), self.namespaces.items, self.claims.items,
-            self._unmovable_now())
+            self._unmovable_now(), self.mig_view)
         config = self.opts.cycle_config(bool(self.evicting))
         try:
             plan = await asyncio.to_thread(run_cycle, snapshot, config)
@@ -583,6 +603,7 @@ class KubeScheduler:
                 if task is not None:
                     task.cancel()
                 self.assumed.pop(key, None)
+                self.mig_assumed.pop(key, None)
             self.wake.set()
 
     def apply(self, plan: Plan, ctx: Context) -> None:
@@ -599,6 +620,7 @@ class KubeScheduler:
                 if task is not None:
                     task.cancel()
                 self.assumed.pop(key, None)
+                self.mig_assumed.pop(key, None)
                 self.evicting.add(key)
                 reason = {"reclaim": "Reclaimed", "preempt": "Preempted"}.get(e.action, "Evicted")
                 metrics.EVICTIONS.labels(reason).inc()
@@ -627,6 +649,8 @@ class KubeScheduler:
                 failed = self.bind_failures.get(key)
                 if failed is not None and time.monotonic() < failed[2]:
                     continue
+                if pod.mig_profile is not None and not self._choose_mig(pod, pb.placement.node):
+                    continue  # taken by another pod of this cycle: the next cycle looks again
                 self.assumed[key] = pb.placement
                 self.report.forget(key)
                 task = asyncio.create_task(self._bind(key, pb.placement, victims))
@@ -647,6 +671,17 @@ class KubeScheduler:
         metrics.set_pending(waits.values())
         self._evict_lost(ctx)
         self.report.projects(plan, self.projects.items)
+
+    def _choose_mig(self, pod: PodInfo, node: str) -> bool:
+        """The GPU and slot of a MIG pod's partition on the node the cycle chose (an idle one
+        of the profile, else the slot that fragments least, else after removing idle ones)."""
+        assert pod.mig_profile is not None
+        gpus = self.mig_view.nodes.get(node)
+        choice = choose(gpus, pod.mig_profile) if gpus else None
+        if gpus is None or choice is None:
+            return False
+        self.mig_assumed[pod.key] = (node, apply_choice(gpus, pod.mig_profile, choice))
+        return True
 
     def _evict_lost(self, ctx: Context) -> None:
         for pod in ctx.orphans + ctx.conflicts:
@@ -675,7 +710,15 @@ class KubeScheduler:
                 self.assumed.pop(key, None)
                 return
             annotations: dict[str, str] = {}
-            if placement.devices and not placement.exclusive and not pod.claim_names:
+            mig = self.mig_assumed.get(key)
+            if pod.mig_profile is not None:
+                if mig is None or mig[0] != placement.node:
+                    raise RuntimeError("no MIG partition was chosen for it")
+                data = {"TESSERA_MIG_PROFILE": mig[1].profile, "TESSERA_MIG_GPU": mig[1].gpu,
+                        "TESSERA_NODE": placement.node}
+                annotations[names.CONFIGMAP] = await self.writer.write_configmap(pod, data)
+                annotations[names.MIG_PARTITION] = mig[1].to_json()
+            elif placement.devices and not placement.exclusive and not pod.claim_names:
                 # A claim's share needs no reservation pod: its allocation holds the GPU, and
                 # on a DRA node there is no nvidia.com/gpu for a reservation to take.
                 uuids = [await self.reservations.reserve(placement.node, d) for d in placement.devices]
@@ -703,6 +746,7 @@ class KubeScheduler:
         except Exception as exc:
             if self.assumed.get(key) is placement:
                 del self.assumed[key]
+                self.mig_assumed.pop(key, None)
             log.warning("binding %s/%s to %s failed: %r", key[0], key[1], placement.node, exc)
             metrics.BINDING_FAILURES.inc()
             pod = self.pods.items.get(key)

@@ -22,6 +22,7 @@ from tessera.core.projects import Project, Quota
 from tessera.core.state import ClusterState, Placement
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
+from tessera.kube.mig import MigView
 from tessera.kube.objects import (
     ForeignPod,
     NodeInfo,
@@ -123,12 +124,14 @@ class SnapshotBuilder:
         namespaces: Mapping[str, Mapping[str, str]] | None = None,
         claims: Mapping[PodKey, str] | None = None,
         unmovable: Collection[PodKey] = frozenset(),
+        mig: MigView | None = None,
     ) -> tuple[Snapshot, Context]:
         """``foreign``: node -> (whole GPUs, CPU millicores, memory bytes) that pods of other
         schedulers hold there; ``foreign_pods``: those pods (labels, affinity, ports) for the
         predicates; ``namespaces``: namespace -> labels; ``claims``: PersistentVolumeClaim
         (namespace, name) -> phase; ``unmovable``: pods consolidation must not move now (an
-        eviction of theirs was refused, e.g. by a PodDisruptionBudget)."""
+        eviction of theirs was refused, e.g. by a PodDisruptionBudget); ``mig``: the MIG GPUs,
+        for pods asking for a MIG profile (tessera.kube.mig)."""
         claims = claims or {}
         ctx = Context()
         core_nodes: list[Node] = [ni.node for ni in nodes.values() if ni.node is not None]
@@ -191,7 +194,8 @@ class SnapshotBuilder:
         projects_out = list(tree.projects.values())
         ctx.agents_not_ready = {n: ni.agent_reason for n, ni in nodes.items()
                                 if ni.node is not None and not ni.agent_ready}
-        workloads = self._constrain(workloads, ctx, pods, nodes, foreign_pods, namespaces or {})
+        workloads = self._constrain(workloads, ctx, pods, nodes, foreign_pods, namespaces or {},
+                                    mig or MigView())
         closed: set[str] = set()  # closed nodes are refused by the predicates (taints, cordon)
         held = {n: f for n, f in (foreign or {}).items() if n in node_names and any(f)}
         if closed or held:
@@ -205,7 +209,7 @@ class SnapshotBuilder:
 
     def _constrain(self, workloads: list[Workload], ctx: Context, pods: Mapping[PodKey, PodInfo],
                    nodes: Mapping[str, NodeInfo], foreign_pods: Iterable[ForeignPod | None],
-                   namespaces: Mapping[str, Mapping[str, str]]) -> list[Workload]:
+                   namespaces: Mapping[str, Mapping[str, str]], mig: MigView) -> list[Workload]:
         """Refresh the predicates' view and give every pending pod that needs one its
         constraint (tessera.kube.predicates)."""
         facts = nodes_facts(nodes)
@@ -250,20 +254,21 @@ class SnapshotBuilder:
             for key in keys:
                 p = pods[key]
                 assert p.request is not None
-                gpu = p.request.gpu.kind is not GpuKind.NONE
+                gpu = p.request.gpu.kind is not GpuKind.NONE or p.mig_profile is not None
                 sp = p.sched
                 symmetric = any_anti and bool(view.symmetric_anti(
                     p.namespace, sp.labels if sp else tuple(sorted(p.labels.items()))))
                 if sp is None and symmetric:
                     sp = SchedulingSpec(p.namespace, tuple(sorted(p.labels.items())))
                 if sp is None and not any_closed and domain is None:
-                    cs.append(None)
+                    cs.append(None if p.mig_profile is None
+                              else mig.constraint(None, p.mig_profile))
                     continue
                 ckey = (sp, gpu, symmetric, domain)
                 c = cache.get(ckey)
                 if c is None:
                     c = cache[ckey] = constraint_for(sp, gpu, view, symmetric, domain)
-                cs.append(c)
+                cs.append(c if p.mig_profile is None else mig.constraint(c, p.mig_profile))
             out.append(replace(w, constraints=tuple(cs)) if any(c is not None for c in cs) else w)
         return out
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import ApiError, AsyncClient, KubeConfig, codecs
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
 from tessera.core.errors import InvalidRequest
@@ -47,6 +47,8 @@ from tessera.node.containers import Share, ShareDevice, ShareFilesError
 from tessera.node.draplugin.cdi import PluginConfig
 from tessera.node.headroom import DeviceHeadroom, headroom_for
 from tessera.node.install import InstallError, install_library
+from tessera.node.kube_mig import KubeMig, Outcome, Want, partitions_doc, want_of
+from tessera.node.mig import MigError
 from tessera.node.nvml import Inventory, Nvml
 from tessera.node.observe import Observer
 from tessera.node.plugins import NodePlugin
@@ -58,6 +60,9 @@ log = logging.getLogger("tessera.node")
 
 PLACEMENT = "tessera.io/placement"
 POD_GPU_UUIDS = "tessera.io/gpu-uuids"
+POD_CONFIGMAP = "tessera.io/gpu-configmap"
+MIG_JOURNAL = "mig-journal.json"
+"""In the containers directory (on the host, so it outlives the agent's pod)."""
 GPU_UUID = "tessera.io/gpu-uuid"
 CONFIG_KEY = "tessera.io/gpu-config-key"
 RESERVATION_LABEL = "tessera.io/gpu-reservation"
@@ -113,6 +118,8 @@ class PodView:
     deleting: bool
     spec: dict[str, Any] = field(default_factory=dict)
     """The pod's spec (for the group its share container's processes run with)."""
+    finished: bool = False
+    """Succeeded or Failed: holds nothing any more."""
 
 
 def pod_view(pod: Any) -> PodView:
@@ -124,7 +131,8 @@ def pod_view(pod: Any) -> PodView:
                    labels=dict(meta.get("labels") or {}), volumes=list(spec.get("volumes") or []),
                    deleting=meta.get("deletionTimestamp") is not None,
                    spec={k: spec.get(k) for k in ("securityContext", "containers", "initContainers")
-                         if k in spec})
+                         if k in spec},
+                   finished=((d.get("status") or {}).get("phase") in ("Succeeded", "Failed")))
 
 
 def share_of(pod: PodView, containers_dir: Path) -> Share | None:
@@ -204,6 +212,11 @@ class KubeAgent:
         self.slice_writes = 0
         self.slice_error = ""
         self.slice_retry_at = 0.0
+        self.mig: KubeMig | None = None
+        self.mig_parts: dict[str, list[dict[str, Any]]] = {}
+        """GPU UUID -> its partitions, as last published."""
+        self.mig_written: dict[str, str] = {}
+        """Pod UID -> the MIG UUID written into its ConfigMap."""
 
     # ---- readiness ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -213,6 +226,14 @@ class KubeAgent:
             except Exception as exc:
                 self.nvml_error = f"NVML inventory failed: {exc}"
                 self.nvml = None
+        if self.inventory is not None and self.nvml is not None and self.mig is None \
+                and any(g.mig_enabled for g in self.inventory.gpus):
+            try:
+                self.mig = KubeMig(self.nvml, self.opts.containers_dir / MIG_JOURNAL)
+                for line in self.mig.repairs:
+                    log.info("MIG journal: %s", line)
+            except (MigError, OSError) as exc:
+                log.warning("MIG partitions unavailable on this node: %s", exc)
         if self.inventory is not None and not self.headroom:
             self.headroom = headroom_for(self.inventory, self.nvml, self.opts.headroom_bytes,
                                          self.opts.measure_headroom)
@@ -251,7 +272,7 @@ class KubeAgent:
 
     async def publish_node(self) -> None:
         ann = publish.node_annotations(self.inventory, self.ready, self.reason, self.headroom,
-                                       self.opts.advertise_url)
+                                       self.opts.advertise_url, self.mig_parts)
         labels: dict[str, str] = {}
         if self.inventory is not None:
             node = await self.client.get(Node, self.opts.node_name)
@@ -476,7 +497,57 @@ class KubeAgent:
         self._event_tasks.add(task)
         task.add_done_callback(self._event_tasks.discard)
 
+    # ---- MIG pods: their partitions (tessera.node.kube_mig, docs/mig.md) --------------------
+    async def sync_mig(self) -> None:
+        if self.mig is None or not self.listed:
+            return
+        wants: list[Want] = []
+        for p in list(self.pods.values()):
+            if p.finished:
+                continue
+            try:
+                w = want_of(p.namespace, p.name, p.uid, p.annotations)
+            except MigError as exc:
+                await self.post_event(p.namespace, p.name, p.uid, "Pod", "MIGPartitionFailed",
+                                      str(exc))
+                continue
+            if w is not None:
+                wants.append(w)
+        outcomes = self.mig.sync(wants)
+        self.mig_parts = partitions_doc(self.mig.state())
+        live = {w.uid for w in wants}
+        for uid in [u for u in self.mig_written if u not in live]:
+            del self.mig_written[uid]
+        for o in outcomes:
+            await self._mig_outcome(o)
+
+    async def _mig_outcome(self, o: Outcome) -> None:
+        w = o.want
+        if o.uuid is None:
+            log.warning("pod %s/%s: MIG %s: %s", w.namespace, w.name, w.profile, o.error)
+            await self.post_event(w.namespace, w.name, w.uid, "Pod", "MIGPartitionFailed",
+                                  f"MIG {w.profile} on GPU {w.gpu} at memory slot {w.start}: "
+                                  f"{o.error}")
+            return
+        if self.mig_written.get(w.uid) == o.uuid:
+            return
+        pod = self.pods.get((w.namespace, w.name))
+        cm = pod.annotations.get(POD_CONFIGMAP) if pod is not None else None
+        if not cm:
+            return
+        try:
+            await self.client.patch(ConfigMap, cm, {"data": {
+                "NVIDIA_VISIBLE_DEVICES": o.uuid, "TESSERA_MIG_UUID": o.uuid}},
+                namespace=w.namespace, patch_type=PatchType.MERGE)
+        except ApiError as exc:
+            log.warning("ConfigMap %s/%s of MIG pod %s: %s", w.namespace, cm, w.name,
+                        exc.status.message)
+            return
+        self.mig_written[w.uid] = o.uuid
+        log.info("pod %s/%s: MIG %s %s", w.namespace, w.name, w.profile, o.uuid)
+
     async def sync_once(self) -> None:
+        await self.sync_mig()
         await self.publish_node()
         if time.monotonic() >= self.slice_retry_at:
             try:

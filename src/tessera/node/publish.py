@@ -6,7 +6,8 @@ Annotations (always written, the agent owns them):
 
 - ``tessera.io/gpu-uuids``: UUIDs in device-index order (what the scheduler reads today);
 - ``tessera.io/gpu-inventory``: JSON, driver and CUDA version, per GPU index, UUID, name, model,
-  memory, MIG mode, compute capability; the topology between devices;
+  memory, MIG mode, compute capability, and on a GPU in MIG mode its partitions (profile,
+  memory slot, ``MIG-…`` UUID, made by tessera or not); the topology between devices;
 - ``tessera.io/gpu-headroom``: bytes kept back per GPU for the driver and CUDA contexts, in
   device-index order (measured here, else the model's default); the scheduler's capacity per
   device is its memory less this;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from tessera.node.headroom import DeviceHeadroom
 from tessera.node.nvml import Inventory
@@ -39,8 +41,11 @@ READY_REASON = "tessera.io/node-ready-reason"
 AGENT_URL = "tessera.io/node-agent-url"
 
 
-def inventory_json(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None = None) -> str:
+def inventory_json(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None = None,
+                   mig: Mapping[str, list[dict[str, Any]]] | None = None) -> str:
+    """``mig``: GPU UUID -> the partitions on it (GPUs in MIG mode; tessera.node.kube_mig)."""
     room = headroom or {}
+    parts = mig or {}
     return json.dumps({
         "driver": inv.driver_version,
         "cuda": inv.cuda_version,
@@ -49,7 +54,9 @@ def inventory_json(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None
                   "compute": ".".join(map(str, g.compute_capability))
                   if g.compute_capability else None,
                   **({"headroom": room[g.index].bytes, "headroomSource": room[g.index].source}
-                     if g.index in room else {})} for g in inv.gpus],
+                     if g.index in room else {}),
+                  **({"partitions": parts[g.uuid]} if g.uuid in parts else {})}
+                 for g in inv.gpus],
         "links": [{"a": link.a, "b": link.b, "ancestor": link.ancestor, "nvlink": link.nvlink}
                   for link in inv.links],
     }, separators=(",", ":"))
@@ -57,13 +64,14 @@ def inventory_json(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None
 
 def node_annotations(inv: Inventory | None, ready: bool, reason: str,
                      headroom: Mapping[int, DeviceHeadroom] | None = None,
-                     agent_url: str = "") -> dict[str, str]:
+                     agent_url: str = "",
+                     mig: Mapping[str, list[dict[str, Any]]] | None = None) -> dict[str, str]:
     out = {READY: "true" if ready else "false", READY_REASON: "" if ready else reason}
     if agent_url:
         out[AGENT_URL] = agent_url
     if inv is not None:
         out[GPU_UUIDS] = ",".join(g.uuid for g in inv.gpus)
-        out[INVENTORY] = inventory_json(inv, headroom)
+        out[INVENTORY] = inventory_json(inv, headroom, mig)
         if headroom and all(g.index in headroom for g in inv.gpus):
             out[GPU_HEADROOM] = ",".join(str(headroom[g.index].bytes) for g in inv.gpus)
     return out

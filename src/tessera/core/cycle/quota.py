@@ -78,7 +78,9 @@ class QuotaLedger:
         if d is None:
             gpu = request.gpu
             gpus = 0.0
-            if gpu.kind is GpuKind.MEMORY:
+            if request.gpus is not None:
+                gpus = request.gpus
+            elif gpu.kind is GpuKind.MEMORY:
                 assert gpu.memory is not None
                 sizes = [
                     g.schedulable for n in self._nodes for g in n.gpus

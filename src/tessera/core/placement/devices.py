@@ -117,6 +117,7 @@ def make_placement(ns: NodeState, request: ResourceRequest, devices: tuple[int, 
         cpu_milli=request.cpu_milli,
         memory=request.memory,
         models=gpu.models,
+        gpus=request.gpus,
     )
 
 

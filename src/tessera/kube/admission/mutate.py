@@ -17,6 +17,11 @@ server would generate it):
   pod's processes share it whatever UIDs they run as and nobody else can open it
   (:mod:`tessera.core.podgroups`).
 
+A pod asking for a MIG profile (``tessera.io/gpu-mig-profile``, checked by
+:func:`tessera.kube.admission.policy.check_mig`) gets the canonical profile and, on its first
+container, ``NVIDIA_VISIBLE_DEVICES`` from the same ConfigMap (the partition's ``MIG-…`` UUID,
+written by tessera-node when it has made it; docs/mig.md).
+
 Every other container gets ``NVIDIA_VISIBLE_DEVICES=void`` (a CUDA image would otherwise see
 every GPU of the node through the NVIDIA runtime).
 """
@@ -124,7 +129,8 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
     t = sp.translate(pod)
     spec_in = pod.get("spec") or {}
     scheduler = spec_in.get("schedulerName") or ""
-    if t.spelling == sp.NONE and scheduler != config.scheduler_name:
+    mig = policy.check_mig(pod)
+    if t.spelling == sp.NONE and mig is None and scheduler != config.scheduler_name:
         return None
     if not view.synced():
         raise InvalidRequest("tessera-webhook", "is starting (node and project caches not "
@@ -147,6 +153,8 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
     meta["annotations"] = ann
     ann.update(t.annotations)
     ann[names.PROJECT] = project
+    if mig is not None:
+        ann[names.MIG_PROFILE] = mig
     spec = out.setdefault("spec", {})
     spec["schedulerName"] = config.scheduler_name
     if not meta.get("name") and meta.get("generateName"):
@@ -170,6 +178,12 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
             if t.container is not None and (kind, i) == (t.container.kind, t.container.index):
                 assert cm is not None
                 _share_container(c, cm, t, config)
+                continue
+            if mig is not None and (kind, i) == ("containers", 0):
+                # The MIG partition's UUID, written by tessera-node once it is made: the
+                # container does not start before (configMapKeyRef, not optional).
+                _set_env(c, [{"name": policy.VISIBLE_DEVICES, "valueFrom": {"configMapKeyRef": {
+                    "name": pod_configmap(out), "key": policy.VISIBLE_DEVICES}}}])
                 continue
             present, _ = sp.env_value(c, policy.VISIBLE_DEVICES)
             if not policy.device_plugin_gpus(c) and not present:

@@ -18,7 +18,7 @@ from tessera.core.requests import check_against_cluster
 from tessera.kube import names
 from tessera.kube.admission import spellings as sp
 from tessera.kube.binder import configmap_name
-from tessera.kube.podspec import containers_of, gpu_request
+from tessera.kube.podspec import containers_of, gpu_request, mig_fraction, mig_profile
 from tessera.kube.predicates.topology import topology_request
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -79,10 +79,12 @@ def check_env_from(path: str, container: Mapping[str, Any]) -> None:
             "the variables under env",
             prefix or None)
 
-PLACEMENT_ANNOTATIONS = (names.PLACEMENT, names.CONFIGMAP, names.GPU_UUID, names.GPU_CONFIG_KEY)
+PLACEMENT_ANNOTATIONS = (names.PLACEMENT, names.CONFIGMAP, names.GPU_UUID, names.GPU_CONFIG_KEY,
+                         names.MIG_PARTITION)
 """Written only by tessera (the scheduler; the config key by this webhook)."""
 REQUEST_ANNOTATIONS = (
     *sp.CANONICAL_ANNOTATIONS, *sp.RUNAI_ANNOTATIONS, names.GPU_MODEL, names.PROJECT,
+    names.MIG_PROFILE,
 )
 PROTECTED_LABELS = (sp.ALIYUN_GPU_COUNT,)
 
@@ -205,9 +207,28 @@ def project_for(namespace: str, view: ClusterView, config: WebhookConfig) -> str
 
 
 def asks_for_gpu(pod: Mapping[str, Any], config: WebhookConfig) -> bool:
-    """Whether tessera handles this pod: any share spelling, or scheduled by tessera."""
-    return bool(sp.detect(pod)) or (pod.get("spec") or {}).get(
+    """Whether tessera handles this pod: any share spelling, a MIG profile
+    (``tessera.io/gpu-mig-profile``), or scheduled by tessera."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    return bool(sp.detect(pod)) or names.MIG_PROFILE in ann or (pod.get("spec") or {}).get(
         "schedulerName") == config.scheduler_name
+
+
+def check_mig(pod: Mapping[str, Any]) -> str | None:
+    """The canonical MIG profile a pod asks for (``tessera.io/gpu-mig-profile``), checked:
+    a known profile (the refusal lists them), and the pod's whole GPU request (no share, whole
+    GPUs or GPU operator MIG resources with it). None for other pods."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    if names.MIG_PROFILE not in ann:
+        return None
+    field = sp.annotation_field(names.MIG_PROFILE)
+    found = sp.detect(pod)
+    if found:
+        where = next(iter(found.values()))
+        raise refuse(field, f"a MIG profile is the pod's whole GPU request; give it or a share "
+                            f"({where}), not both", ann[names.MIG_PROFILE])
+    mig_fraction(ann, containers_of(pod.get("spec") or {}))
+    return mig_profile(ann)
 
 
 def static_limit(request: GpuRequest) -> str | None:
@@ -239,6 +260,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
         raise refuse(sp.annotation_field(exc.field) if exc.field.startswith("tessera.io/")
                      else exc.field, exc.rule, exc.value) from None
     shared = request.kind in (GpuKind.PORTION, GpuKind.MEMORY)
+    mig = check_mig(pod)
     for ref, c in containers_with_refs(pod):
         if sp.ALIYUN_GPU_MEM in ((c.get("resources") or {}).get("limits") or {}):
             raise refuse(f"{ref.path}.resources.limits[{sp.ALIYUN_GPU_MEM}]",
@@ -301,6 +323,13 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
                              "read-only (no share without its limits)")
             continue
         entry = env.get(VISIBLE_DEVICES)
+        if mig is not None and (ref.kind, ref.index) == ("containers", 0):
+            got = _env_ref(entry)
+            if not got or got.get("name") != configmap or got.get("key") != VISIBLE_DEVICES \
+                    or got.get("optional"):
+                raise refuse(where, f"must come from the pod's ConfigMap {configmap} (key "
+                                    f"{VISIBLE_DEVICES}: the MIG partition tessera-node makes)")
+            continue
         if device_plugin_gpus(c) and entry is None:
             continue
         if entry is None or entry.get("valueFrom") is not None \

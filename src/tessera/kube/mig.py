@@ -1,0 +1,217 @@
+"""Dynamic MIG on Kubernetes, the scheduler's side (issue 20; docs/mig.md).
+
+A pod asking ``tessera.io/gpu-mig-profile: 3g.20gb`` is placed by the core cycle for its CPU,
+memory, predicates and quota (its request counts as the profile's fraction of a GPU), held by a
+``MigConstraint`` to the nodes where a GPU in MIG mode can give it that profile. At bind the
+scheduler picks the GPU and the memory slot with :func:`tessera.core.mig.choose` (an idle
+partition of the profile first, else the free slot that fragments least, else removing idle
+partitions) and writes it on the pod (``tessera.io/mig-partition``); tessera-node on that node
+makes or reuses the partition and writes its ``MIG-…`` UUID into the pod's ConfigMap.
+
+What exists on a node comes from tessera-node's inventory (``tessera.io/gpu-inventory``: per GPU
+its MIG mode and partitions); who holds what comes from the pods: a partition at the slot a
+live pod's annotation names is busy (made or still to be made), the idle ones it names to
+remove are gone, and every other partition tessera made is idle. Partitions tessera did not
+make (an operator's) are busy and never touched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.core.constraints import NodeConstraint, PlacedPods
+from tessera.core.mig import PROFILES, MigChoice, MigGpu, Partition, choose, supported_text
+from tessera.core.model import Node
+
+
+@dataclass(frozen=True, slots=True)
+class MigHold:
+    """The partition a MIG pod holds (``tessera.io/mig-partition``)."""
+
+    gpu: str
+    """The GPU's UUID."""
+    profile: str
+    start: int
+    remove: tuple[int, ...] = ()
+    """Memory slots of idle partitions tessera-node removes first."""
+
+    def to_json(self) -> str:
+        return json.dumps({"gpu": self.gpu, "profile": self.profile, "start": self.start,
+                           "remove": list(self.remove)}, separators=(",", ":"))
+
+
+def hold_from_json(text: str) -> MigHold:
+    """Raises ValueError/KeyError/TypeError on an unreadable annotation."""
+    d = json.loads(text)
+    return MigHold(str(d["gpu"]), str(d["profile"]), int(d["start"]),
+                   tuple(int(x) for x in d.get("remove") or ()))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMigGpu:
+    """A GPU in MIG mode as tessera-node reports it."""
+
+    uuid: str
+    index: int
+    model: str
+    partitions: tuple[Partition, ...] = ()
+    """What exists: ``busy`` is True for partitions tessera did not make."""
+
+
+def mig_gpus(inventory: str) -> tuple[NodeMigGpu, ...]:
+    """The GPUs in MIG mode of a node's ``tessera.io/gpu-inventory`` whose model tessera knows;
+    () where the annotation is absent or unreadable (a bad annotation must not stop placement)."""
+    if not inventory:
+        return ()
+    try:
+        gpus = json.loads(inventory)["gpus"]
+        out = []
+        for g in gpus:
+            if g.get("mig") is not True or g.get("model") not in PROFILES:
+                continue
+            table = PROFILES[g["model"]]
+            parts = tuple(
+                Partition(p["profile"].removesuffix("+me"), int(p["start"]), not p.get("managed"),
+                          str(p.get("uuid") or ""))
+                for p in g.get("partitions") or () if p["profile"].removesuffix("+me") in table)
+            out.append(NodeMigGpu(str(g["uuid"]), int(g["index"]), g["model"], parts))
+        return tuple(out)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ()
+
+
+def _overlaps(model: str, a: Partition, start: int, slots: int) -> bool:
+    size = PROFILES[model][a.profile].slots
+    return a.start < start + slots and start < a.start + size
+
+
+def layout(gpus: Iterable[NodeMigGpu], holds: Iterable[MigHold]) -> list[MigGpu]:
+    """The node's MIG GPUs for :func:`choose`: what exists, with the slots live pods hold busy
+    (made or still to be made) and the idle partitions they asked to remove gone."""
+    by_gpu: dict[str, list[MigHold]] = {}
+    for h in holds:
+        by_gpu.setdefault(h.gpu, []).append(h)
+    out = []
+    for g in gpus:
+        parts = list(g.partitions)
+        table = PROFILES[g.model]
+        for h in by_gpu.get(g.uuid, ()):
+            prof = table.get(h.profile)
+            if prof is None:
+                continue
+            mine = [p for p in parts if p.start == h.start and p.profile == h.profile]
+            parts = [p for p in parts if p not in mine and (p.busy or (
+                p.start not in h.remove and not _overlaps(g.model, p, h.start, prof.slots)))]
+            parts.append(Partition(h.profile, h.start, True, mine[0].uuid if mine else ""))
+        out.append(MigGpu(g.uuid, g.model, tuple(sorted(parts, key=lambda p: p.start))))
+    return out
+
+
+def describe(node: str, gpus: Iterable[MigGpu]) -> str:
+    """``mig-node-0 GPU-…: A100-40GB 3g.20gb busy, 3g.20gb idle``, for reasons."""
+    parts = []
+    for g in gpus:
+        cut = ", ".join(f"{p.profile}@{p.start} {'busy' if p.busy else 'idle'}"
+                        for p in g.partitions) or "not cut"
+        parts.append(f"{node} {g.model}: {cut}")
+    return "; ".join(parts)
+
+
+def apply_choice(gpus: list[MigGpu], profile: str, choice: MigChoice) -> MigHold:
+    """Marks the chosen slot busy in ``gpus`` (in place), so the next pod of this cycle sees it;
+    the hold to write on the pod."""
+    for i, g in enumerate(gpus):
+        if g.key != choice.gpu:
+            continue
+        gone = {p.start for p in choice.destroy}
+        parts = [p for p in g.partitions if p.start not in gone and p != choice.reuse]
+        parts.append(Partition(profile, choice.start, True,
+                               choice.reuse.uuid if choice.reuse else ""))
+        gpus[i] = MigGpu(g.key, g.model, tuple(sorted(parts, key=lambda p: p.start)))
+    return MigHold(choice.gpu, profile, choice.start, tuple(sorted(p.start for p in choice.destroy)))
+
+
+@dataclass
+class MigView:
+    """The cluster's MIG GPUs this cycle, per node, as :func:`choose` sees them."""
+
+    nodes: dict[str, list[MigGpu]] = field(default_factory=dict)
+    _room: dict[str, tuple[frozenset[str], frozenset[str], str]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, node_gpus: Mapping[str, tuple[NodeMigGpu, ...]],
+              holds: Iterable[tuple[str, MigHold]]) -> MigView:
+        per: dict[str, list[MigHold]] = {}
+        for node, h in holds:
+            per.setdefault(node, []).append(h)
+        return cls({n: layout(g, per.get(n, ())) for n, g in node_gpus.items() if g})
+
+    def room(self, profile: str) -> tuple[frozenset[str], frozenset[str], str]:
+        """Nodes where ``profile`` can be had, those with an idle one of it, and what exists
+        (for the reason a pod waits)."""
+        got = self._room.get(profile)
+        if got is None:
+            room = frozenset(n for n, g in self.nodes.items() if choose(g, profile) is not None)
+            reuse = frozenset(n for n, g in self.nodes.items() if any(
+                p.profile == profile and not p.busy for x in g for p in x.partitions))
+            models = {g.model for gs in self.nodes.values() for g in gs}
+            if not self.nodes:
+                why = f"no GPU in MIG mode in the cluster for MIG {profile}"
+            elif not any(profile in PROFILES[m] for m in models):
+                why = (f"no GPU in MIG mode has profile {profile} (MIG profiles here: "
+                       f"{supported_text(models)})")
+            else:
+                why = (f"no room for MIG {profile} on their MIG GPUs ("
+                       + "; ".join(describe(n, g) for n, g in sorted(self.nodes.items())) + ")")
+            got = self._room[profile] = (room, reuse, why)
+        return got
+
+    def constraint(self, inner: NodeConstraint | None, profile: str) -> MigConstraint:
+        room, reuse, why = self.room(profile)
+        return MigConstraint(inner, profile, room, reuse, why)
+
+
+class MigConstraint:
+    """A MIG pod's node constraint: its own (kube-scheduler's filters) and a node where a MIG
+    GPU can give it the profile; nodes with an idle partition of the profile preferred."""
+
+    def __init__(self, inner: NodeConstraint | None, profile: str, room: frozenset[str],
+                 reuse: frozenset[str], why: str) -> None:
+        self.inner = inner
+        self.profile = profile
+        self.room = room
+        self.reuse = reuse
+        self.why = why
+        self.dynamic = bool(inner is not None and inner.dynamic)
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.inner, self.profile, self.room, self.reuse)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MigConstraint) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def allows(self, node: Node) -> bool:
+        return node.name in self.room and (self.inner is None or self.inner.allows(node))
+
+    def score(self, node: Node) -> float:
+        base = self.inner.score(node) if self.inner is not None else 0.0
+        return (base + (1.0 if node.name in self.reuse else 0.0)) / 2
+
+    def admits(self, node: Node, placed: PlacedPods) -> bool:
+        return self.inner is None or self.inner.admits(node, placed)
+
+    def refusals(self, nodes: tuple[Node, ...]) -> str:
+        out = [n for n in nodes if n.name not in self.room]
+        rest = tuple(n for n in nodes if n.name in self.room)
+        parts = [f"{len(out)} {self.why}"] if out else []
+        if self.inner is not None and rest:
+            more = self.inner.refusals(rest)
+            if more:
+                parts.append(more)
+        return ", ".join(parts)

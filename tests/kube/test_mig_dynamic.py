@@ -1,0 +1,164 @@
+"""Dynamic MIG on Kubernetes (issue 20, item 4; docs/mig.md): a pod asking
+``tessera.io/gpu-mig-profile`` is bound by tessera-scheduler to a node whose GPU is in MIG mode,
+with the GPU and slot it chose; tessera-node there makes (or reuses) the partition through NVML
+and writes its MIG UUID into the pod's ConfigMap. Real API server, the real scheduler process,
+the real tessera-node on the fake NVML with its GPU in MIG mode (``FAKE_GPU_MIG_0=1``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lightkube import ApiError, Client, codecs
+from lightkube.models.core_v1 import Container, PodSpec, Toleration
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+
+from tessera.kube import names
+from tessera.testing.cluster import TestCluster
+from tessera.testing.gpu_nodes import NodeShape, node_manifest
+from tessera.testing.node_agents import NodeAgents, start_node_agents
+from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
+    SchedulerEnv,
+    bound,
+    env,
+    get_pod,
+    make_project,
+    project,
+    scheduled_false,
+)
+from tests.waiting import wait_until
+
+NODE = "migk-node-0"
+TAINT = "tessera.io/migk-test"
+
+
+@pytest.fixture(scope="module")
+def mig_node(kube_cluster: TestCluster, kube_client: Client) -> Iterator[NodeAgents]:
+    """One A100-40GB in MIG mode, advertised as no nvidia.com/gpu (the GPU operator's mixed
+    strategy leaves a MIG-mode GPU out of it), tainted so other tests' pods stay off; its
+    tessera-node on the fake NVML."""
+    manifest = node_manifest(NODE, NodeShape(gpus=1, model="A100-40GB"), index=210)
+    for part in ("capacity", "allocatable"):
+        manifest["status"][part][names.GPU_RESOURCE] = "0"
+    manifest["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
+    kube_client.create(codecs.from_dict(manifest))
+    kube_cluster.wait_nodes_ready([NODE])
+    agents = start_node_agents(kube_cluster, [NODE], env_overrides={"FAKE_GPU_MIG_0": "1"})
+    try:
+        agents.wait_ready()
+        yield agents
+    finally:
+        agents.stop()
+        kube_client.delete(Node, NODE)
+
+
+def mig_pod(client: Client, ns: str, name: str, profile: str) -> None:
+    client.create(Pod(
+        metadata=ObjectMeta(name=name, namespace=ns, annotations={names.MIG_PROFILE: profile}),
+        spec=PodSpec(schedulerName=names.SCHEDULER_NAME,
+                     tolerations=[Toleration(key=TAINT, operator="Exists", effect="NoSchedule")],
+                     containers=[Container(name="main", image="example.invalid/cuda:12")]),
+    ))
+
+
+def mig_uuid(client: Client, ns: str, pod: str) -> str:
+    """The MIG UUID tessera-node wrote into the pod's ConfigMap (waited for)."""
+    def get() -> str | None:
+        try:
+            cm = client.get(ConfigMap, f"{pod}-tessera-gpu", namespace=ns)
+        except ApiError:
+            return None
+        return (cm.data or {}).get("NVIDIA_VISIBLE_DEVICES")
+    return wait_until(f"MIG UUID of {pod}", get)
+
+
+def partitions(client: Client) -> list[dict[str, Any]]:
+    node = client.get(Node, NODE)
+    inv = json.loads((node.metadata.annotations or {})[names.NODE_GPU_INVENTORY])
+    return [p for g in inv["gpus"] for p in g.get("partitions") or ()]
+
+
+def gone(client: Client, ns: str, pod: str) -> None:
+    client.delete(Pod, pod, namespace=ns, grace_period=0)
+
+    def check() -> bool:
+        try:
+            client.get(Pod, pod, namespace=ns)
+        except ApiError:
+            return True
+        return False
+    wait_until(f"{pod} gone", check)
+
+
+def test_partitions_made_reused_and_removed_on_demand(
+        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        mig_node: NodeAgents) -> None:
+    mig_pod(kube_client, project, "mig-a", "MIG 3g.20gb")
+    [a] = bound(kube_client, project, "mig-a")
+    assert a.spec is not None and a.spec.nodeName == NODE
+    ann = a.metadata.annotations if a.metadata else {}
+    hold = json.loads(ann[names.MIG_PARTITION])
+    assert hold["profile"] == "3g.20gb" and hold["start"] in (0, 4) and hold["remove"] == []
+    assert hold["gpu"] == mig_node.agents[NODE].uuids[0]
+    placement = json.loads(ann[names.PLACEMENT])
+    assert placement["devices"] == [] and placement["gpus"] == pytest.approx(3 / 7, abs=1e-3)
+    first = mig_uuid(kube_client, project, "mig-a")
+    assert first.startswith("MIG-")
+    made = wait_until("the partition in the inventory", lambda: [
+        p for p in partitions(kube_client) if p["uuid"] == first] or None)
+    assert made == [{"profile": "3g.20gb", "start": hold["start"], "uuid": first,
+                     "managed": True}]
+
+    # The first pod ends: its partition stays, idle, and the next pod of that profile gets it.
+    gone(kube_client, project, "mig-a")
+    mig_pod(kube_client, project, "mig-b", "3g.20gb")
+    bound(kube_client, project, "mig-b")
+    assert mig_uuid(kube_client, project, "mig-b") == first
+
+    # No room for a whole-GPU profile while mig-b holds half of it: Pending, saying what exists.
+    mig_pod(kube_client, project, "mig-c", "7g.40gb")
+    why = wait_until("mig-c pending", lambda: scheduled_false(kube_client, project, "mig-c"))
+    assert (f"no room for MIG 7g.40gb on their MIG GPUs ({NODE} A100-40GB: "
+            f"3g.20gb@{hold['start']} busy)") in why, why
+
+    # mig-b ends: the idle 3g.20gb is removed only now, for the 7g.40gb.
+    gone(kube_client, project, "mig-b")
+    [c] = bound(kube_client, project, "mig-c")
+    c_hold = json.loads((c.metadata.annotations or {})[names.MIG_PARTITION])
+    assert c_hold["start"] == 0 and c_hold["remove"] == [hold["start"]]
+    whole = mig_uuid(kube_client, project, "mig-c")
+    assert whole.startswith("MIG-") and whole != first
+    assert wait_until("only the 7g.40gb left", lambda: [
+        p["profile"] for p in partitions(kube_client)] == ["7g.40gb"] or None)
+
+
+def test_profile_no_gpu_has_waits_with_a_reason(
+        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        mig_node: NodeAgents) -> None:
+    mig_pod(kube_client, project, "mig-80", "3g.40gb")  # an A100-80GB / H100 profile
+    why = wait_until("mig-80 pending", lambda: scheduled_false(kube_client, project, "mig-80"))
+    assert ("no GPU in MIG mode has profile 3g.40gb (MIG profiles here: A100-40GB: 1g.5gb, "
+            "1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb)") in why, why
+    assert get_pod(kube_client, project, "mig-80").spec.nodeName is None
+
+
+def test_profile_counts_as_its_fraction_in_quota(
+        env: SchedulerEnv, kube_client: Client, kube_namespace: str,  # noqa: F811
+        mig_node: NodeAgents) -> None:
+    """A project limited to 0.5 GPU: a 3g.20gb (0.429) runs, a 1g.5gb (0.143) more waits."""
+    ns = kube_namespace
+    make_project(kube_client, ns, ns, deserved=0.5, limit=0.5)
+    try:
+        mig_pod(kube_client, ns, "q-a", "3g.20gb")
+        bound(kube_client, ns, "q-a")
+        mig_pod(kube_client, ns, "q-b", "1g.5gb")
+        why = wait_until("q-b pending", lambda: scheduled_false(kube_client, ns, "q-b"))
+        assert f"project {ns} is at its limit of 0.5 GPU: 0.43 in use, this needs 0.14 more" \
+            in why, why
+        assert get_pod(kube_client, ns, "q-b").spec.nodeName is None
+    finally:
+        for pod in ("q-a", "q-b"):
+            gone(kube_client, ns, pod)
