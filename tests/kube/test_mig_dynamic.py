@@ -162,3 +162,32 @@ def test_profile_counts_as_its_fraction_in_quota(
     finally:
         for pod in ("q-a", "q-b"):
             gone(kube_client, ns, pod)
+
+
+def test_agent_killed_mid_create_adopts_the_partition(
+        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        mig_node: NodeAgents) -> None:
+    """tessera-node killed (SIGKILL) right after it made the GPU instance of a pod's partition:
+    restarted, it adopts that instance from its journal and gives it to the pod; never a
+    second one."""
+    agent = mig_node.agents[NODE]
+    normal = dict(agent.env)
+    agent.kill9()
+    agent.env = {**normal, "TESSERA_FAULT_POINT": "mig-create-gi"}
+    agent.restart()
+    try:
+        mig_pod(kube_client, project, "mig-crash", "2g.10gb")
+        bound(kube_client, project, "mig-crash")
+        assert agent.process.popen is not None
+        wait_until("the agent killed at the fault point",
+                   lambda: agent.process.popen is not None and agent.process.popen.poll()
+                   is not None)
+    finally:
+        agent.env = normal
+        if agent.process.popen is None or agent.process.popen.poll() is not None:
+            agent.restart()
+    uuid = mig_uuid(kube_client, project, "mig-crash")
+    made = wait_until("one 2g.10gb in the inventory", lambda: [
+        p for p in partitions(kube_client) if p["profile"] == "2g.10gb"] or None)
+    assert [p["uuid"] for p in made] == [uuid]
+    assert "adopted the 2g.10gb partition" in agent.process.log_path.read_text()

@@ -513,8 +513,12 @@ class KubeAgent:
                 continue
             if w is not None:
                 wants.append(w)
-        outcomes = self.mig.sync(wants)
-        self.mig_parts = partitions_doc(self.mig.state())
+        try:
+            outcomes = self.mig.sync(wants)
+            self.mig_parts = partitions_doc(self.mig.state())
+        except Exception as exc:  # NVML failing now: the rest of the sync goes on
+            log.warning("MIG partitions not synced: %r", exc)
+            return
         live = {w.uid for w in wants}
         for uid in [u for u in self.mig_written if u not in live]:
             del self.mig_written[uid]
