@@ -210,9 +210,10 @@ class KubeBackend(TokenAuth):
             raise InvalidRequest("spec.ports", "is not supported on the Kubernetes backend yet "
                                  "(no Service is created); expose the pod with a Service")
         if s.mig_profile is not None:
-            raise InvalidRequest("spec.compute.gpuMigProfile", "is served in embedded mode only "
-                                 "so far (docs/mig.md); on Kubernetes request the GPU operator's "
-                                 f"nvidia.com/mig-{s.mig_profile} in the pod", s.mig_profile)
+            raise InvalidRequest("spec.compute.gpuMigProfile", "is not submitted through the API "
+                                 "on Kubernetes yet (docs/mig.md); annotate the pod "
+                                 f"{names.MIG_PROFILE}: {s.mig_profile} (or request the GPU "
+                                 f"operator's nvidia.com/mig-{s.mig_profile})", s.mig_profile)
         pclass, min_workers = admitted.priority_class, admitted.min_workers
         nodes, _, _, _ = self._nodes()
         check_against_cluster(s.gpu, nodes.values())
