@@ -208,3 +208,26 @@ def test_node_agent_serves_the_dra_plugin_where_the_kubelet_looks() -> None:
     args, mounts, host = agent("dra.kubeletPlugin=false")
     assert args.no_dra_plugin
     assert not {"dra-registry", "dra-plugin", "cdi"} & set(host)
+
+
+def test_webhook_rewrites_requests_into_claims_only_when_asked() -> None:
+    """dra.rewriteRequests renders --rewrite-to-claims (which the webhook parses), the
+    ClusterRole rule for the templates (get and create, nothing else) and sideEffects
+    NoneOnDryRun; off (the default) renders none of them."""
+    from tessera.kube.admission.__main__ import parser as webhook_parser
+
+    def webhook(*sets: str) -> tuple[Any, list[dict[str, Any]], str]:
+        docs = _kinds(local.helm_template(*sets))
+        c = _container(docs, "Deployment", "tessera-webhook")
+        rules = docs[("ClusterRole", "tessera-webhook")]["rules"]
+        side = docs[("MutatingWebhookConfiguration", "tessera")]["webhooks"][0]["sideEffects"]
+        return webhook_parser().parse_args(c["args"]), rules, side
+
+    args, rules, side = webhook()
+    assert not args.rewrite_to_claims and side == "None"
+    assert not [r for r in rules if r["apiGroups"] == ["resource.k8s.io"]]
+    args, rules, side = webhook("dra.rewriteRequests=true")
+    assert args.rewrite_to_claims and side == "NoneOnDryRun"
+    assert [r for r in rules if r["apiGroups"] == ["resource.k8s.io"]] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
+         "verbs": ["get", "create"]}]

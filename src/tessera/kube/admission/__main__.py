@@ -48,6 +48,11 @@ def parser() -> argparse.ArgumentParser:
                    help="supplemental group given to a share pod that states none (fsGroup, "
                         "supplementalGroups, runAsGroup); its region file is shared with it "
                         f"(default {d.region_group})")
+    p.add_argument("--rewrite-to-claims", action="store_true",
+                   help="rewrite GPU requests written the old way (tessera/Run:ai annotations, "
+                        "aliyun.com/gpu-mem, nvidia.com/gpu) into a ResourceClaim of "
+                        "gpu.tessera.io from a ResourceClaimTemplate the webhook creates in the "
+                        "pod's namespace (chart value dra.rewriteRequests; docs/dra.md)")
     p.add_argument("--default-project", default=None,
                    help="project for pods in namespaces no Project owns (default: refuse them)")
     p.add_argument("--ready-file", help="write the bound port here once serving")
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         library_host_dir=args.library_host_dir, library_mount=args.library_mount,
         containers_host_dir=args.containers_host_dir, loans_host_dir=args.loans_host_dir,
         preload_host_file=args.preload_host_file, default_project=args.default_project or None,
-        region_group=args.region_group,
+        region_group=args.region_group, rewrite_claims=args.rewrite_to_claims,
     )
     try:
         import uvloop  # libuv loop and its TLS: about half the webhook's CPU per review

@@ -35,7 +35,7 @@ from typing import Any
 from tessera.core.errors import InvalidRequest
 from tessera.core.podgroups import share_group
 from tessera.kube import names
-from tessera.kube.admission import policy
+from tessera.kube.admission import claims, policy
 from tessera.kube.admission import spellings as sp
 from tessera.kube.admission.policy import ClusterView, WebhookConfig
 from tessera.kube.binder import configmap_name
@@ -124,14 +124,25 @@ def _volumes(config: WebhookConfig, key: str, container: str) -> list[dict[str, 
 def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
             config: WebhookConfig) -> dict[str, Any] | None:
     """The pod as tessera stores it, or None when tessera leaves it alone (no GPU share and
-    not scheduled by tessera). Raises InvalidRequest naming the field it refuses."""
+    not scheduled by tessera). Raises InvalidRequest naming the field it refuses. Not for
+    ``config.rewrite_claims`` (whose pods need a template too: :func:`admitted`)."""
+    out, template = admitted(pod, namespace, view, config)
+    assert template is None, "a rewritten pod needs its template: call admitted()"
+    return out
+
+
+def admitted(pod: Mapping[str, Any], namespace: str, view: ClusterView, config: WebhookConfig
+             ) -> tuple[dict[str, Any] | None, claims.Template | None]:
+    """The pod as tessera stores it (None: left alone), and, when the request is rewritten into
+    a claim (``config.rewrite_claims``), the ResourceClaimTemplate that must exist in the pod's
+    namespace before it is admitted. Raises InvalidRequest naming the field it refuses."""
     policy.check_user_fields(pod)
     t = sp.translate(pod)
     spec_in = pod.get("spec") or {}
     scheduler = spec_in.get("schedulerName") or ""
     mig = policy.check_mig(pod)
     if t.spelling == sp.NONE and mig is None and scheduler != config.scheduler_name:
-        return None
+        return None, None
     if not view.synced():
         raise InvalidRequest("tessera-webhook", "is starting (node and project caches not "
                              "synced yet); retry in a few seconds")
@@ -157,6 +168,13 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
         ann[names.MIG_PROFILE] = mig
     spec = out.setdefault("spec", {})
     spec["schedulerName"] = config.scheduler_name
+    if config.rewrite_claims and mig is None and claims.rewritable(t):
+        # The claim's CDI devices give the container its GPU, the isolation library and its
+        # limit (tessera-node's kubelet plugin): none of the annotation path's wiring applies.
+        template = claims.rewrite(out, t)
+        _void_others(spec)
+        policy.check_final(out, namespace, view, config)
+        return out, template
     if not meta.get("name") and meta.get("generateName"):
         # Mutating webhooks run before the API server generates the name, and the ConfigMap's
         # name (read through configMapKeyRef, fixed at creation) follows the pod's name.
@@ -185,11 +203,23 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
                 _set_env(c, [{"name": policy.VISIBLE_DEVICES, "valueFrom": {"configMapKeyRef": {
                     "name": pod_configmap(out), "key": policy.VISIBLE_DEVICES}}}])
                 continue
-            present, _ = sp.env_value(c, policy.VISIBLE_DEVICES)
-            if not policy.device_plugin_gpus(c) and not present:
-                _set_env(c, [{"name": policy.VISIBLE_DEVICES, "value": "void"}])
+            _void(c)
     policy.check_final(out, namespace, view, config)
-    return out
+    return out, None
+
+
+def _void(c: dict[str, Any]) -> None:
+    present, _ = sp.env_value(c, policy.VISIBLE_DEVICES)
+    if not policy.device_plugin_gpus(c) and not present:
+        _set_env(c, [{"name": policy.VISIBLE_DEVICES, "value": "void"}])
+
+
+def _void_others(spec: dict[str, Any]) -> None:
+    """Every container but the claims' gets ``NVIDIA_VISIBLE_DEVICES=void``."""
+    for kind in ("containers", "initContainers"):
+        for c in spec.get(kind) or []:
+            if not claims.uses_claims(c):
+                _void(c)
 
 
 def json_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:

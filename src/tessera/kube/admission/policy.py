@@ -17,6 +17,7 @@ from tessera.core.podgroups import DEFAULT_REGION_GROUP
 from tessera.core.requests import check_against_cluster
 from tessera.kube import names
 from tessera.kube.admission import spellings as sp
+from tessera.kube.admission.claims import uses_claims
 from tessera.kube.binder import configmap_name
 from tessera.kube.podspec import containers_of, gpu_request, mig_fraction, mig_profile
 from tessera.kube.predicates.topology import topology_request
@@ -129,6 +130,9 @@ class WebhookConfig:
     default_project: str | None = None
     """Project for pods in a namespace no Project owns; None refuses them."""
     replaceable_schedulers: frozenset[str] = REPLACEABLE_SCHEDULERS
+    rewrite_claims: bool = False
+    """Rewrite old-style GPU requests (annotations, cGPU, ``nvidia.com/gpu``) into a
+    ResourceClaim from a template the webhook creates (:mod:`tessera.kube.admission.claims`)."""
     region_group: int = DEFAULT_REGION_GROUP
     """Supplemental group added to a share pod that states no group (fsGroup,
     supplementalGroups, runAsGroup): tessera-node gives the pod's region to that group
@@ -330,7 +334,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
                 raise refuse(where, f"must come from the pod's ConfigMap {configmap} (key "
                                     f"{VISIBLE_DEVICES}: the MIG partition tessera-node makes)")
             continue
-        if device_plugin_gpus(c) and entry is None:
+        if (device_plugin_gpus(c) or uses_claims(c)) and entry is None:
             continue
         if entry is None or entry.get("valueFrom") is not None \
                 or str(entry.get("value", "")) not in NO_DEVICES:

@@ -18,7 +18,8 @@ from tessera.api.limits import declared_length, read_body, too_large
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import Node
 from tessera.kube import metrics
-from tessera.kube.admission import mutate, policy
+from tessera.kube.admission import claims, mutate, policy
+from tessera.kube.admission.claims import Template
 from tessera.kube.admission.policy import ClusterView, WebhookConfig
 from tessera.kube.admission.shape import check_pod_shape
 
@@ -46,23 +47,75 @@ def _response(uid: str, *, allowed: bool, message: str = "",
 
 def review_mutate(request: dict[str, Any], view: ClusterView,
                   config: WebhookConfig) -> dict[str, Any]:
+    """The review's response; with ``config.rewrite_claims`` use :func:`review_mutate_claims`
+    (a rewritten pod is admitted only once its template exists)."""
+    out, template = review_mutate_claims(request, view, config)
+    assert template is None, "a rewritten pod needs its template: use review_mutate_claims"
+    return out
+
+
+def review_mutate_claims(request: dict[str, Any], view: ClusterView, config: WebhookConfig
+                         ) -> tuple[dict[str, Any], Template | None]:
+    """The review's response and the ResourceClaimTemplate that must exist in the pod's
+    namespace before the response is sent (None: none needed)."""
     uid = request.get("uid", "")
     if request.get("kind", {}).get("kind") != "Pod":
-        return _response(uid, allowed=True)
+        return _response(uid, allowed=True), None
     pod = request.get("object") or {}
     if request.get("subResource") == EPHEMERAL and request.get("operation") == "UPDATE":
         out = mutate.ephemeral_void(pod)
-        return _response(uid, allowed=True, patch=mutate.json_patch(pod, out) if out else None)
+        return _response(uid, allowed=True,
+                         patch=mutate.json_patch(pod, out) if out else None), None
     if request.get("operation") != "CREATE" or request.get("subResource"):
-        return _response(uid, allowed=True)
+        return _response(uid, allowed=True), None
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
     try:
-        out = mutate.mutated(pod, namespace, view, config)
+        out, template = mutate.admitted(pod, namespace, view, config)
     except InvalidRequest as exc:
-        return _response(uid, allowed=False, message=str(exc))
+        return _response(uid, allowed=False, message=str(exc)), None
     if out is None:
-        return _response(uid, allowed=True)
-    return _response(uid, allowed=True, patch=mutate.json_patch(pod, out))
+        return _response(uid, allowed=True), None
+    return _response(uid, allowed=True, patch=mutate.json_patch(pod, out)), template
+
+
+EnsureTemplate = Callable[[str, Template], Awaitable[None]]
+"""Makes sure a ResourceClaimTemplate exists in a namespace; raises InvalidRequest if not."""
+
+
+def template_writer(client: Any) -> EnsureTemplate:
+    """Creates the template (``create``), or checks that the one there asks the same (``get``):
+    a template of that name with another spec (made by someone else) refuses the pod."""
+    from lightkube import ApiError
+    from lightkube.generic_resource import create_namespaced_resource
+
+    resource = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
+                                          "resourceclaimtemplates")
+
+    def failed(namespace: str, template: Template, exc: ApiError) -> InvalidRequest:
+        return InvalidRequest(
+            "spec.resourceClaims", f"the GPU request was rewritten into a claim from "
+            f"ResourceClaimTemplate {namespace}/{template.name}, which could not be created "
+            f"({exc.status.code} {exc.status.reason}: {exc.status.message}); the pod is "
+            "refused rather than started without its GPU")
+
+    async def ensure(namespace: str, template: Template) -> None:
+        try:
+            await client.create(resource.from_dict(template.manifest(namespace)))
+            return
+        except ApiError as exc:
+            if exc.status.code != 409:
+                raise failed(namespace, template, exc) from None
+        try:
+            stored = (await client.get(resource, template.name, namespace=namespace)).to_dict()
+        except ApiError as exc:
+            raise failed(namespace, template, exc) from None
+        if not claims.same_spec((stored.get("spec") or {}).get("spec") or {}, template.spec):
+            raise InvalidRequest(
+                "spec.resourceClaims", f"ResourceClaimTemplate {namespace}/{template.name} "
+                "(the claim the webhook rewrites this GPU request into) exists and asks for "
+                "something else; delete it (tessera makes it again) or turn the rewrite off")
+
+    return ensure
 
 
 def review_validate(request: dict[str, Any], view: ClusterView,
@@ -108,6 +161,8 @@ class WebhookApp:
     config: WebhookConfig
     latencies: list[tuple[str, float]] = field(default_factory=list)
     record_latency: bool = False
+    ensure_template: EnsureTemplate | None = None
+    """Where ``config.rewrite_claims``: creates a rewritten pod's ResourceClaimTemplate."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -151,14 +206,24 @@ class WebhookApp:
         except (ValueError, KeyError, TypeError):
             await self._send(send, 400, b"expected an AdmissionReview v1", "text/plain")
             return
-        handler = review_mutate if path == "/mutate" else review_validate
         uid = request.get("uid", "")
         try:
             if (request.get("kind") or {}).get("kind") == "Pod":
                 for key in ("object", "oldObject"):
                     if request.get(key) is not None:
                         check_pod_shape(request[key])
-            out = handler(request, self.view, self.config)
+            if path == "/mutate":
+                out, template = review_mutate_claims(request, self.view, self.config)
+                if template is not None and out["response"]["allowed"] \
+                        and not request.get("dryRun"):  # sideEffects: NoneOnDryRun
+                    if self.ensure_template is None:
+                        raise RuntimeError("rewrite_claims without a template writer")
+                    obj = request.get("object") or {}
+                    namespace = str(request.get("namespace")
+                                    or (obj.get("metadata") or {}).get("namespace", ""))
+                    await self.ensure_template(namespace, template)
+            else:
+                out = review_validate(request, self.view, self.config)
         except InvalidRequest as exc:
             out = _response(uid, allowed=False, message=str(exc))
             metrics.REFUSALS.labels(path[1:], metrics.refusal_field(exc.field)).inc()
@@ -277,7 +342,8 @@ async def serve(*, host: str, port: int, certfile: str, keyfile: str, config: We
     import uvicorn
 
     informers = InformerView(client)
-    app = WebhookApp(informers.as_view(), config, record_latency=bool(record_latencies))
+    app = WebhookApp(informers.as_view(), config, record_latency=bool(record_latencies),
+                     ensure_template=template_writer(client) if config.rewrite_claims else None)
     tls: dict[str, Any] = {}
     if client_ca:
         tls = {"ssl_ca_certs": client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
