@@ -191,3 +191,40 @@ def test_agent_killed_mid_create_adopts_the_partition(
         p for p in partitions(kube_client) if p["profile"] == "2g.10gb"] or None)
     assert [p["uuid"] for p in made] == [uuid]
     assert "adopted the 2g.10gb partition" in agent.process.log_path.read_text()
+
+
+def test_nvml_error_is_the_reason_and_nothing_is_left(
+        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        mig_node: NodeAgents) -> None:
+    """The compute instance fails (NVML error injected into the fake): the pod gets a Warning
+    Event with NVML's error, no GPU instance is left, its container gets no UUID; once the
+    error is gone tessera-node makes the partition at the next sync."""
+    from lightkube.resources.core_v1 import Event
+
+    agent = mig_node.agents[NODE]
+    normal = dict(agent.env)
+    agent.process.stop()
+    agent.env = {**normal, "FAKE_NVML_FAIL": "nvmlGpuInstanceCreateComputeInstance=23"}
+    agent.restart()
+    try:
+        mig_pod(kube_client, project, "mig-fail", "1g.5gb")
+        bound(kube_client, project, "mig-fail")
+
+        def failed() -> str | None:
+            for e in kube_client.list(Event, namespace=project):
+                if e.involvedObject.name == "mig-fail" and e.reason == "MIGPartitionFailed":
+                    return e.message
+            return None
+        message = wait_until("MIGPartitionFailed", failed)
+        assert "MIG 1g.5gb on GPU" in message and \
+            "creating the compute instance of 1g.5gb" in message, message
+        assert not [p for p in partitions(kube_client) if p["profile"] == "1g.5gb"]
+        cm = kube_client.get(ConfigMap, "mig-fail-tessera-gpu", namespace=project)
+        assert "NVIDIA_VISIBLE_DEVICES" not in (cm.data or {})
+    finally:
+        agent.process.stop()
+        agent.env = normal
+        agent.restart()
+    uuid = mig_uuid(kube_client, project, "mig-fail")
+    assert wait_until("the 1g.5gb made", lambda: [
+        p["uuid"] for p in partitions(kube_client) if p["profile"] == "1g.5gb"] == [uuid] or None)

@@ -217,6 +217,8 @@ class KubeAgent:
         """GPU UUID -> its partitions, as last published."""
         self.mig_written: dict[str, str] = {}
         """Pod UID -> the MIG UUID written into its ConfigMap."""
+        self.mig_failed: dict[str, tuple[int, float]] = {}
+        """Pod UID -> (failed attempts in a row, no new attempt before): 1 s doubling to 60 s."""
 
     # ---- readiness ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -514,25 +516,31 @@ class KubeAgent:
             if w is not None:
                 wants.append(w)
         try:
-            outcomes = self.mig.sync(wants)
+            now = time.monotonic()
+            outcomes = self.mig.sync(wants, frozenset(
+                u for u, (_, until) in self.mig_failed.items() if until > now))
             self.mig_parts = partitions_doc(self.mig.state())
         except Exception as exc:  # NVML failing now: the rest of the sync goes on
             log.warning("MIG partitions not synced: %r", exc)
             return
         live = {w.uid for w in wants}
-        for uid in [u for u in self.mig_written if u not in live]:
-            del self.mig_written[uid]
+        for table in (self.mig_written, self.mig_failed):
+            for uid in [u for u in table if u not in live]:
+                del table[uid]
         for o in outcomes:
             await self._mig_outcome(o)
 
     async def _mig_outcome(self, o: Outcome) -> None:
         w = o.want
         if o.uuid is None:
+            count = self.mig_failed.get(w.uid, (0, 0.0))[0] + 1
+            self.mig_failed[w.uid] = (count, time.monotonic() + min(60.0, 2.0 ** (count - 1)))
             log.warning("pod %s/%s: MIG %s: %s", w.namespace, w.name, w.profile, o.error)
             await self.post_event(w.namespace, w.name, w.uid, "Pod", "MIGPartitionFailed",
                                   f"MIG {w.profile} on GPU {w.gpu} at memory slot {w.start}: "
                                   f"{o.error}")
             return
+        self.mig_failed.pop(w.uid, None)
         if self.mig_written.get(w.uid) == o.uuid:
             return
         pod = self.pods.get((w.namespace, w.name))

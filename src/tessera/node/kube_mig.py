@@ -84,9 +84,10 @@ class KubeMig:
     def state(self) -> list[MigGpuState]:
         return self.node.state()
 
-    def sync(self, wants: list[Want]) -> list[Outcome]:
+    def sync(self, wants: list[Want], wait: frozenset[str] = frozenset()) -> list[Outcome]:
         """Gives every pod its partition and frees those of pods that are gone (see the
-        module's docstring); one outcome per pod."""
+        module's docstring); one outcome per pod, except pods in ``wait`` (UIDs whose last
+        attempt failed, backing off) that have no partition yet: not tried now."""
         by_uid = {w.uid: w for w in wants}
         for rec in list(self.node.journal.partitions):
             if rec.get("owner") and rec["owner"] not in by_uid:
@@ -97,6 +98,8 @@ class KubeMig:
             mine = owned.get(w.uid)
             if mine is not None:
                 out.append(Outcome(w, mine.get("uuid")))
+                continue
+            if w.uid in wait:
                 continue
             try:
                 out.append(Outcome(w, self._give(w).uuid))
