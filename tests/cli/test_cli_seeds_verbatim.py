@@ -24,13 +24,8 @@ class NoRuntimeServer(EmbeddedServer):
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     s = NoRuntimeServer(tmp_path_factory.mktemp("seeds"), simulate=["1xV100-16GB"])
-    s.start()
-    try:
-        s.cli("login")
-        s.cli("project", "create", "team-a", "--gpu", "1")
+    with s.serving("team-a"):
         yield s
-    finally:
-        s.cleanup()
 
 
 def _run(srv: EmbeddedServer, *args: str, stdin: str | None = None,

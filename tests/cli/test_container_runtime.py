@@ -101,13 +101,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
     podman.write_text(FAKE_RUNTIME)
     podman.chmod(podman.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     s = RuntimeServer(root, bindir, state)
-    s.start()
-    try:
-        s.cli("login")
-        s.cli("project", "create", "team-a", "--gpu", "1")
+    with s.serving("team-a"):
         yield s
-    finally:
-        s.cleanup()
 
 
 def _calls(srv: RuntimeServer, verb: str) -> list[list[str]]:

@@ -45,13 +45,8 @@ class FakeDriverServer(EmbeddedServer):
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDriverServer]:
     native = ensure_built()
     s = FakeDriverServer(tmp_path_factory.mktemp("loans"), native)
-    s.start()
-    try:
-        s.cli("login")
-        s.cli("project", "create", "team-a", "--gpu", "1")
+    with s.serving("team-a"):
         yield s
-    finally:
-        s.cleanup()
 
 
 def gpu_program(srv: FakeDriverServer, allocs: Sequence[int]) -> list[str]:

@@ -76,13 +76,8 @@ def native() -> NativeBuild:
 @pytest.fixture
 def server(native: NativeBuild, tmp_path: Path) -> Iterator[MigServer]:
     s = MigServer(tmp_path, native)
-    s.start()
-    try:
-        s.cli("login")
-        s.cli("project", "create", "team-a", "--gpu", "1")
+    with s.serving("team-a"):
         yield s
-    finally:
-        s.cleanup()
 
 
 def env_of(w: dict[str, Any]) -> dict[str, str]:

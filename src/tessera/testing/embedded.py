@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -104,6 +104,19 @@ class EmbeddedServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    @contextlib.contextmanager
+    def serving(self, *projects: str, gpu: str = "1") -> Iterator[Self]:
+        """Started, logged in, with ``projects`` created (each deserving ``gpu``); cleaned up
+        after: the body of most test fixtures."""
+        self.start()
+        try:
+            self.cli("login")
+            for name in projects:
+                self.cli("project", "create", name, "--gpu", gpu)
+            yield self
+        finally:
+            self.cleanup()
 
     def cleanup(self) -> None:
         """Stop the server and any workload process it left (e.g. after a SIGKILL)."""
