@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=2.0, help="seconds left out of the percentiles")
     p.add_argument("--no-webhook", action="store_true",
                    help="baseline: the same load with no webhook registered")
+    p.add_argument("--rewrite-to-claims", action="store_true",
+                   help="the webhook rewrites the requests into ResourceClaims (a template per "
+                        "shape, checked or created at each review; docs/dra.md)")
     args = p.parse_args(argv)
 
     with TestCluster(report=lambda m: print(m, file=sys.stderr)) as cluster:
@@ -142,9 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         lat_file = cluster.workdir / "webhook-latencies.json"
         hook = None
         if not args.no_webhook:
+            rewrite = ["--rewrite-to-claims"] if args.rewrite_to_claims else []
             hook = local.start_webhook(cluster, extra_args=[f"--record-latencies={lat_file}",
-                                                            "--log-level=WARNING"])
-            local.register(cluster, hook)
+                                                            "--log-level=WARNING", *rewrite])
+            local.register(cluster, hook,
+                           *(["dra.rewriteRequests=true"] if args.rewrite_to_claims else []))
             time.sleep(1.0)  # the project reaches the webhook's informer
         results, achieved = asyncio.run(drive(cluster, args.rate, args.seconds))
         hist = apiserver_histogram(cluster)
@@ -166,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             if b.get("+Inf")}
     summary = {
         "webhook": not args.no_webhook,
+        "rewrite_to_claims": args.rewrite_to_claims,
         "rate_target": args.rate,
         "rate_achieved": round(achieved, 1),
         "pods": len(results),

@@ -83,8 +83,8 @@ EnsureTemplate = Callable[[str, Template], Awaitable[None]]
 
 
 def template_writer(client: Any) -> EnsureTemplate:
-    """Creates the template (``create``), or checks that the one there asks the same (``get``):
-    a template of that name with another spec (made by someone else) refuses the pod."""
+    """Checks that the template there asks the same (``get``), or creates it (``create``): a
+    template of that name with another spec (made by someone else) refuses the pod."""
     from lightkube import ApiError
     from lightkube.generic_resource import create_namespaced_resource
 
@@ -98,18 +98,32 @@ def template_writer(client: Any) -> EnsureTemplate:
             f"({exc.status.code} {exc.status.reason}: {exc.status.message}); the pod is "
             "refused rather than started without its GPU")
 
-    async def ensure(namespace: str, template: Template) -> None:
+    async def stored(namespace: str, template: Template) -> dict[str, Any] | None:
         try:
-            await client.create(resource.from_dict(template.manifest(namespace)))
-            return
+            got = await client.get(resource, template.name, namespace=namespace)
         except ApiError as exc:
-            if exc.status.code != 409:
-                raise failed(namespace, template, exc) from None
-        try:
-            stored = (await client.get(resource, template.name, namespace=namespace)).to_dict()
-        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
             raise failed(namespace, template, exc) from None
-        if not claims.same_spec((stored.get("spec") or {}).get("spec") or {}, template.spec):
+        return dict(got.to_dict())
+
+    async def ensure(namespace: str, template: Template) -> None:
+        # One get per pod once the namespace has the template; a create the first time (and a
+        # second get when another review created it in between).
+        there = await stored(namespace, template)
+        if there is None:
+            try:
+                await client.create(resource.from_dict(template.manifest(namespace)))
+                return
+            except ApiError as exc:
+                if exc.status.code != 409:
+                    raise failed(namespace, template, exc) from None
+            there = await stored(namespace, template)
+            if there is None:
+                raise InvalidRequest("spec.resourceClaims", f"ResourceClaimTemplate "
+                                     f"{namespace}/{template.name} was deleted while the pod "
+                                     "was admitted; create the pod again")
+        if not claims.same_spec((there.get("spec") or {}).get("spec") or {}, template.spec):
             raise InvalidRequest(
                 "spec.resourceClaims", f"ResourceClaimTemplate {namespace}/{template.name} "
                 "(the claim the webhook rewrites this GPU request into) exists and asks for "
