@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
 from tessera.kube import names
+from tessera.kube.api_backend import KubeBackend
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape, node_manifest
 from tessera.testing.node_agents import NodeAgents, start_node_agents
@@ -95,7 +97,7 @@ def gone(client: Client, ns: str, pod: str) -> None:
 
 def test_partitions_made_reused_and_removed_on_demand(
         env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
-        mig_node: NodeAgents) -> None:
+        mig_node: NodeAgents, tmp_path: Path) -> None:
     mig_pod(kube_client, project, "mig-a", "MIG 3g.20gb")
     [a] = bound(kube_client, project, "mig-a")
     assert a.spec is not None and a.spec.nodeName == NODE
@@ -117,6 +119,19 @@ def test_partitions_made_reused_and_removed_on_demand(
     mig_pod(kube_client, project, "mig-b", "3g.20gb")
     bound(kube_client, project, "mig-b")
     assert mig_uuid(kube_client, project, "mig-b") == first
+    # The API's cluster document (tessera top) lists the MIG GPU and who holds the partition.
+    backend = KubeBackend(kube_client, tmp_path)
+    try:
+        want = [{"index": 0, "uuid": hold["gpu"], "model": "A100-40GB", "partitions": [{
+            "profile": "3g.20gb", "start": hold["start"], "uuid": first, "managed": True,
+            "workload": "mig-b"}]}]
+
+        def mig_doc() -> list[dict[str, Any]] | None:
+            node = next((n for n in backend.cluster()["nodes"] if n["name"] == NODE), None)
+            return node.get("migGpus") if node else None
+        wait_until("the MIG GPU in the cluster document", lambda: mig_doc() == want or None)
+    finally:
+        backend.stop()
 
     # No room for a whole-GPU profile while mig-b holds half of it: Pending, saying what exists.
     mig_pod(kube_client, project, "mig-c", "7g.40gb")

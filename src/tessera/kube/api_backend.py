@@ -49,6 +49,7 @@ from tessera.kube import workload_docs as wd
 from tessera.kube.agent_usage import AgentPoller
 from tessera.kube.cluster_projects import ClusterProjects, api_message, api_status
 from tessera.kube.cluster_workloads import ISOLATION, ClusterWorkloads
+from tessera.kube.mig import hold_from_json
 from tessera.kube.node_cache import CachedNode, NodeCache
 from tessera.kube.objects import PodGroupResource, node_info
 from tessera.kube.podspec import pod_request_from_dict
@@ -153,28 +154,43 @@ class KubeBackend(TokenAuth):
     def cluster(self) -> dict[str, Any]:
         nodes, uuids, simulated, driver = self._nodes(cached=True)
         tenants: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        mig_holders: dict[tuple[str, int], str] = {}
+        """(GPU UUID, memory slot) -> the pod holding that MIG partition (dynamic MIG)."""
         for pod in self.client.list(Pod, namespace="*",
                                     fields={"spec.schedulerName": names.SCHEDULER_NAME}):
             doc = wd.pod_doc(pod, nodes, uuids)
-            if doc["phase"] in ("Succeeded", "Failed") or not doc["gpuDevices"]:
-                continue
             labels = pod.metadata.labels or {}
             holder = labels.get(wd.WORKLOAD) or pod.metadata.name
+            hold = (pod.metadata.annotations or {}).get(names.MIG_PARTITION)
+            if hold and doc["phase"] not in ("Succeeded", "Failed"):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    h = hold_from_json(hold)
+                    mig_holders[(h.gpu, h.start)] = holder
+            if doc["phase"] in ("Succeeded", "Failed") or not doc["gpuDevices"]:
+                continue
             for d in doc["gpuDevices"]:
                 tenants.setdefault((doc["nodeName"], d["index"]), []).append({
                     "name": holder, "project": labels.get(names.PROJECT, ""),
                     "pod": f"{pod.metadata.namespace}/{pod.metadata.name}",
                     "bytes": d["requestBytes"], "exclusive": doc["exclusive"]})
         out_nodes = []
-        for name in sorted(nodes):
+        mig = {n: e.info.mig for n, e in self.node_cache.items().items() if e.info.mig}
+        for name in sorted(set(nodes) | set(mig)):
             gpus = []
-            for g in nodes[name].gpus:
+            for g in nodes[name].gpus if name in nodes else ():
                 held = tenants.get((name, g.index), [])
                 allocated = sum(g.memory if h["exclusive"] else h["bytes"] for h in held)
                 gpus.append({"index": g.index, "uuid": g.uuid, "model": g.model,
                              "product": g.product, "memoryBytes": g.memory,
                              "headroomBytes": g.headroom, "allocatedBytes": allocated, "workloads": held})
-            out_nodes.append({"name": name, "gpus": gpus})
+            node_doc: dict[str, Any] = {"name": name, "gpus": gpus}
+            if name in mig:  # GPUs in MIG mode and their partitions (docs/mig.md)
+                node_doc["migGpus"] = [{"index": g.index, "uuid": g.uuid, "model": g.model,
+                                        "partitions": [
+                    {"profile": p.profile, "start": p.start, "uuid": p.uuid or None,
+                     "managed": not p.busy, "workload": mig_holders.get((g.uuid, p.start))}
+                    for p in g.partitions]} for g in mig[name]]
+            out_nodes.append(node_doc)
         return merge({
             "backend": "kubernetes",
             "simulated": simulated,
