@@ -17,13 +17,22 @@ make (an operator's) are busy and never touched.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.core.constraints import NodeConstraint, PlacedPods
-from tessera.core.mig import PROFILES, MigChoice, MigGpu, Partition, choose, supported_text
+from tessera.core.mig import (
+    COMPUTE,
+    PROFILES,
+    MigChoice,
+    MigGpu,
+    Partition,
+    choose,
+    supported_text,
+)
 from tessera.core.model import Node
 
 
@@ -134,12 +143,18 @@ def apply_choice(gpus: list[MigGpu], profile: str, choice: MigChoice) -> MigHold
     return MigHold(choice.gpu, profile, choice.start, tuple(sorted(p.start for p in choice.destroy)))
 
 
+_generations = itertools.count(1)
+
+
 @dataclass
 class MigView:
     """The cluster's MIG GPUs this cycle, per node, as :func:`choose` sees them."""
 
     nodes: dict[str, list[MigGpu]] = field(default_factory=dict)
-    _room: dict[str, tuple[frozenset[str], frozenset[str], str]] = field(default_factory=dict)
+    _room: dict[str, tuple[dict[str, float], str]] = field(default_factory=dict)
+    _made: dict[tuple[Any, str], MigConstraint] = field(default_factory=dict)
+    generation: int = field(default_factory=lambda: next(_generations))
+    """Drawn per view: constraints of different cycles never compare equal."""
 
     @classmethod
     def build(cls, node_gpus: Mapping[str, tuple[NodeMigGpu, ...]],
@@ -149,14 +164,16 @@ class MigView:
             per.setdefault(node, []).append(h)
         return cls({n: layout(g, per.get(n, ())) for n, g in node_gpus.items() if g})
 
-    def room(self, profile: str) -> tuple[frozenset[str], frozenset[str], str]:
-        """Nodes where ``profile`` can be had, those with an idle one of it, and what exists
-        (for the reason a pod waits)."""
+    def room(self, profile: str) -> tuple[dict[str, float], str]:
+        """Nodes where ``profile`` can be had, each with a preference (:func:`preference`), and
+        what exists (for the reason a pod waits)."""
         got = self._room.get(profile)
         if got is None:
-            room = frozenset(n for n, g in self.nodes.items() if choose(g, profile) is not None)
-            reuse = frozenset(n for n, g in self.nodes.items() if any(
-                p.profile == profile and not p.busy for x in g for p in x.partitions))
+            room: dict[str, float] = {}
+            for n, g in self.nodes.items():
+                choice = choose(g, profile)
+                if choice is not None:
+                    room[n] = preference(g, choice)
             models = {g.model for gs in self.nodes.values() for g in gs}
             if not self.nodes:
                 why = f"no GPU in MIG mode in the cluster for MIG {profile}"
@@ -166,42 +183,58 @@ class MigView:
             else:
                 why = (f"no room for MIG {profile} on their MIG GPUs ("
                        + "; ".join(describe(n, g) for n, g in sorted(self.nodes.items())) + ")")
-            got = self._room[profile] = (room, reuse, why)
+            got = self._room[profile] = (room, why)
         return got
 
     def constraint(self, inner: NodeConstraint | None, profile: str) -> MigConstraint:
-        room, reuse, why = self.room(profile)
-        return MigConstraint(inner, profile, room, reuse, why)
+        """One object per (pod constraint, profile) this cycle, so equal pods share a ranking."""
+        got = self._made.get((inner, profile))
+        if got is None:
+            room, why = self.room(profile)
+            got = self._made[(inner, profile)] = MigConstraint(inner, profile, room, why,
+                                                               self.generation)
+        return got
+
+
+def preference(gpus: list[MigGpu], choice: MigChoice) -> float:
+    """How much a node is preferred for a profile, in the order :func:`choose` ranks within a
+    node: an idle partition of it (1), else a free slot, on the GPU already the most cut (0.5 to
+    0.9, by its busy compute), else only by removing idle partitions (0.1)."""
+    if choice.reuse is not None:
+        return 1.0
+    if choice.destroy:
+        return 0.1
+    gpu = next(g for g in gpus if g.key == choice.gpu)
+    used = sum(PROFILES[gpu.model][p.profile].compute for p in gpu.partitions)
+    return 0.5 + 0.4 * used / COMPUTE
 
 
 class MigConstraint:
     """A MIG pod's node constraint: its own (kube-scheduler's filters) and a node where a MIG
-    GPU can give it the profile; nodes with an idle partition of the profile preferred."""
+    GPU can give it the profile, preferred as :func:`preference` says."""
 
-    def __init__(self, inner: NodeConstraint | None, profile: str, room: frozenset[str],
-                 reuse: frozenset[str], why: str) -> None:
+    def __init__(self, inner: NodeConstraint | None, profile: str, room: dict[str, float],
+                 why: str, generation: int = 0) -> None:
         self.inner = inner
         self.profile = profile
         self.room = room
-        self.reuse = reuse
         self.why = why
         self.dynamic = bool(inner is not None and inner.dynamic)
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.inner, self.profile, self.room, self.reuse)
+        self._key = (inner, profile, generation)
+        self._hash = hash(self._key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, MigConstraint) and self._key() == other._key()
+        return isinstance(other, MigConstraint) and self._key == other._key
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return self._hash
 
     def allows(self, node: Node) -> bool:
         return node.name in self.room and (self.inner is None or self.inner.allows(node))
 
     def score(self, node: Node) -> float:
         base = self.inner.score(node) if self.inner is not None else 0.0
-        return (base + (1.0 if node.name in self.reuse else 0.0)) / 2
+        return (base + self.room.get(node.name, 0.0)) / 2
 
     def admits(self, node: Node, placed: PlacedPods) -> bool:
         return self.inner is None or self.inner.admits(node, placed)
