@@ -41,6 +41,7 @@ from tessera.api.models import (
 )
 from tessera.api.offline_docs import mount_offline_docs
 from tessera.api.storage import storage_error
+from tessera.api.unexpected import AnswerUnexpected
 from tessera.core.errors import InvalidRequest
 
 KINDS = {"trainings": "Training", "workspaces": "Workspace", "inferences": "Inference"}
@@ -159,8 +160,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
     async def _upstream(_: Request, exc: Upstream) -> JSONResponse:
         return _error(502, str(exc))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    def unexpected(exc: Exception) -> JSONResponse:
         """What a route did not expect: the backend's dependency failing (502, said in words)
         or a fault of tessera's (500, logged with its traceback)."""
         upstream = backend.upstream(exc)
@@ -168,6 +168,8 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
             return _error(502, str(upstream))
         log.error("internal error", exc_info=exc)
         return _error(500, "internal error; the server's log has the details")
+
+    app.add_middleware(AnswerUnexpected, answer=unexpected)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
