@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tessera.core.model import GpuKind, ResourceRequest
 from tessera.core.placement import NoFit, Placer
-from tessera.core.placement.devices import device_options, make_placement
+from tessera.core.placement.devices import make_placement
 from tessera.core.state import ClusterState, NodeState, Placement
 
 CANDIDATES = 8
@@ -38,7 +38,7 @@ class Mover:
 
     def placed(self, alloc_id: str, request: ResourceRequest, where: Placement) -> None:
         """Record a placement (movable if it shares its GPUs)."""
-        if request.gpu.kind is not GpuKind.WHOLE and request.gpu.kind is not GpuKind.NONE:
+        if request.gpu.shared:
             self.requests[alloc_id] = request
             self.on_node.setdefault(where.node, set()).add(alloc_id)
 
@@ -62,7 +62,7 @@ class Mover:
     def _plan(self, ns: NodeState, request: ResourceRequest) -> tuple[float, NodeState, list[str]] | None:
         """Which pods to move off ``ns`` so that ``request`` fits: (GPU share moved, node, ids)."""
         gpu = request.gpu
-        if gpu.models and not any(m in gpu.models for m in ns.dev_models):
+        if not any(gpu.allows(m) for m in ns.dev_models):
             return None
         ids = self.on_node.get(ns.name)
         if not ids:
@@ -74,7 +74,7 @@ class Mover:
                 by_device.setdefault(i, []).append((nbytes, a))
         options = []
         for i in range(len(ns.dev_memory)):
-            if ns.dev_whole[i] or (gpu.models and ns.dev_models[i] not in gpu.models):
+            if ns.dev_whole[i] or not gpu.allows(ns.dev_models[i]):
                 continue
             tenants = by_device.get(i, [])
             if gpu.kind is GpuKind.WHOLE:
@@ -118,7 +118,7 @@ class Mover:
         mark = state.checkpoint()
         for a in victims:
             state.release(a)
-        found = self.placer.policy.evaluate(ns, request) if device_options(ns, request) else None
+        found = self.placer.policy.evaluate(ns, request)  # None: still no room on the node
         if found is None:
             state.rollback(mark)
             return None

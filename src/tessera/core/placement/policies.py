@@ -199,7 +199,7 @@ class FragmentationGradient:
     def strand_weight(cls, workload: Sequence[tuple[ResourceRequest, float]]) -> float:
         """The stranding term's weight for this mix (see the class docstring)."""
         gpus = sum(w * _gpus_of(r) for r, w in workload)
-        shared = sum(w * _gpus_of(r) for r, w in workload if r.gpu.kind is not GpuKind.WHOLE)
+        shared = sum(w * _gpus_of(r) for r, w in workload if r.gpu.shared)
         if not gpus:
             return 0.0
         ramp = (shared / gpus - cls.strand_from) / (cls.strand_full - cls.strand_from)
