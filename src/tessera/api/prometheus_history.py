@@ -12,16 +12,13 @@ a misconfigured Prometheus costs the history its reach, never the page.
 
 from __future__ import annotations
 
-import json
 import math
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from tessera.api.history import MAX_WORKLOADS, History
+from tessera.api.prometheus_query import prometheus_query
 
 MAX_POINTS = 720
 """Points per series at most: a day at two-minute steps, an hour at the server's 10 s."""
@@ -106,17 +103,11 @@ class PrometheusHistory:
     def _range(self, expr: str, start: float, end: float, step: float
                ) -> list[tuple[dict[str, str], dict[float, float]]]:
         """``expr`` over the grid: per series its labels and its values by time."""
-        q = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
-        try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{q}",
-                                        timeout=self.timeout) as r:
-                body = json.loads(r.read(64 * 2**20))
-        except urllib.error.HTTPError as exc:  # 400 with Prometheus' own error for a bad query
-            raise ValueError(f"{exc.code} {exc.read(300).decode(errors='replace')}") from exc
-        if body.get("status") != "success" or body["data"]["resultType"] != "matrix":
-            raise ValueError(f"answered {str(body)[:200]}")
+        result = prometheus_query(self.url, "/api/v1/query_range",
+                                  {"query": expr, "start": start, "end": end, "step": step},
+                                  "matrix", self.timeout)
         out = []
-        for s in body["data"]["result"]:
+        for s in result:
             values = {round(float(t), 3): float(v) for t, v in s["values"] if math.isfinite(float(v))}
             out.append((dict(s["metric"]), values))
         return out

@@ -13,18 +13,16 @@ saying so. Like the poller, a daemon thread reads every ``TESSERA_USAGE_INTERVAL
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import threading
 import time
 import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from tessera.api.prometheus_query import prometheus_query
 from tessera.api.usage import NodeReport, report_of
 
 log = logging.getLogger(__name__)
@@ -83,12 +81,8 @@ class PrometheusUsage:
             self._stop.wait(self.interval)
 
     def _query(self, expr: str) -> list[dict[str, Any]]:
-        q = urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=self.timeout) as r:
-            body = json.loads(r.read(16 * 2**20))
-        if body.get("status") != "success" or body["data"]["resultType"] != "vector":
-            raise ValueError(f"Prometheus answered {str(body)[:200]}")
-        return list(body["data"]["result"])
+        return prometheus_query(self.url, "/api/v1/query", {"query": expr}, "vector",
+                                self.timeout)
 
     def read(self) -> dict[str, NodeReport]:
         """Every GPU node's report, now (one round of queries)."""
