@@ -57,6 +57,9 @@ def configmap_name(pod: str) -> str:
 
 
 NOTICE_BACKLOG = 2000
+_CONTENT_TYPES = {PatchType.MERGE: "application/merge-patch+json",
+                  PatchType.JSON: "application/json-patch+json"}
+"""The lean client's Content-Type for each patch lightkube would send."""
 """Normal Events waiting to be posted beyond which new ones are dropped."""
 
 
@@ -247,35 +250,27 @@ class Writer:
                            ) -> None:
         """Merge-patches a ResourceClaim's status (an allocation before binding; None fields
         deallocate), through the lean client where there is one (docs/dra.md)."""
-        from tessera.kube.claims import ResourceClaim
-        body = {"status": status}
-
-        async def op() -> None:
-            if self.raw is not None:
-                await self.raw.request(
-                    "PATCH", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/"
-                    f"{name}/status", body, content_type="application/merge-patch+json")
-                return
-            await self.client.patch(ResourceClaim.Status, name, body, namespace=namespace,
-                                    patch_type=PatchType.MERGE)
-
-        await self._call(f"resourceclaim {namespace}/{name} status", op)
+        await self._patch_claim_status(namespace, name, {"status": status}, PatchType.MERGE)
 
     async def claim_status_ops(self, namespace: str, name: str, ops: list[dict[str, Any]]
                                ) -> None:
         """JSON-patches a ResourceClaim's status: appending to ``reservedFor`` needs no
         resourceVersion (pods joining a shared claim at once do not conflict); a ``test`` op
         makes a replace conditional (422 when it fails, not retried)."""
+        await self._patch_claim_status(namespace, name, ops, PatchType.JSON)
+
+    async def _patch_claim_status(self, namespace: str, name: str, body: Any,
+                                  patch_type: PatchType) -> None:
         from tessera.kube.claims import ResourceClaim
 
         async def op() -> None:
             if self.raw is not None:
                 await self.raw.request(
                     "PATCH", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/"
-                    f"{name}/status", ops, content_type="application/json-patch+json")
+                    f"{name}/status", body, content_type=_CONTENT_TYPES[patch_type])
                 return
-            await self.client.patch(ResourceClaim.Status, name, ops, namespace=namespace,
-                                    patch_type=PatchType.JSON)
+            await self.client.patch(ResourceClaim.Status, name, body, namespace=namespace,
+                                    patch_type=patch_type)
 
         await self._call(f"resourceclaim {namespace}/{name} status", op)
 
