@@ -24,8 +24,10 @@ import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.model import GpuKind, GpuRequest
 
 SLOTS = 8
 """Memory slots of a MIG GPU (placements are in these units)."""
@@ -71,6 +73,51 @@ PROFILES: dict[str, dict[str, MigProfile]] = {
     "H200-141GB": _table((18, 35, 35, 71, 141)),
 }
 """MIG-capable models tessera knows, by the short model name of :mod:`tessera.core.gpu_models`."""
+
+MEMORY_MIB: dict[str, dict[str, int]] = {
+    model: dict(zip(PROFILES[model], mib, strict=True)) for model, mib in {
+        "A100-40GB": (4864, 9856, 9856, 19968, 19968, 40192),
+        "A100-80GB": (9728, 19968, 19968, 40192, 40192, 80896),
+        "H100-80GB": (9984, 20096, 20096, 40448, 40448, 81152),
+        "H100-94GB": (11776, 23808, 23808, 47872, 47872, 95744),
+        "H200-141GB": (16384, 32768, 32768, 65536, 65536, 143360),
+    }.items()}
+"""A profile's memory as NVML reports it (``nvidia-smi mig -lgip``, MiB): a little less than its
+name says, since MIG keeps some for itself (``1g.5gb`` has 4864 MiB on an A100-40GB)."""
+
+
+def smallest_fitting(model: str, *, memory: int | None = None,
+                     portion: Decimal | None = None) -> MigProfile | None:
+    """The profile of ``model`` that serves a share (exactly one of ``memory``, in bytes, or
+    ``portion``, of a GPU): the least memory that holds it, ties broken by fewer compute slices
+    (``1g.10gb`` before ``2g.10gb``); None when no profile holds it. A portion is of the GPU's
+    memory as MIG cuts it, its eight memory slots: 0.25 needs two (``1g.10gb`` on an A100-40GB,
+    ``1g.20gb`` on an A100-80GB). Bytes are held against the memory NVML reports for the
+    profile (:data:`MEMORY_MIB`): 5G (4768 MiB) fits ``1g.5gb`` (4864 MiB), 5Gi does not."""
+    if (memory is None) == (portion is None):
+        raise ValueError("give memory or portion")
+    table = PROFILES.get(model)
+    if table is None:
+        return None
+    mib = MEMORY_MIB[model]
+    fits = [p for p in table.values()
+            if (portion is not None and portion > 0 and portion * SLOTS <= p.slots)
+            or (memory is not None and 0 < memory <= mib[p.name] * 2**20)]
+    return min(fits, key=lambda p: (mib[p.name], p.compute), default=None)
+
+
+def serving_profile(request: GpuRequest, model: str) -> MigProfile | None:
+    """The profile that would serve this share on a MIG GPU of ``model``, or None when it is not
+    one a partition can serve: only a share of one device (a portion or an amount of memory, not
+    whole GPUs, not several devices), of a model it allows. It is sized by the guaranteed
+    request; a burst limit above it is capped by the partition (docs/mig.md)."""
+    if request.kind not in (GpuKind.PORTION, GpuKind.MEMORY) or request.devices != 1 \
+            or not request.allows(model):
+        return None
+    if request.kind is GpuKind.PORTION:
+        return smallest_fitting(model, portion=request.portion)
+    return smallest_fitting(model, memory=request.memory)
+
 
 _NAME = re.compile(r"(?:nvidia\.com/)?(?:mig[- ])?(\d)g\.(\d{1,3})gb", re.IGNORECASE)
 
@@ -254,3 +301,22 @@ def _by_removing_idle(gpus: Sequence[MigGpu], name: str) -> MigChoice | None:
             if best is None or cost < best[0]:
                 best = (cost, MigChoice(gpu.key, start, destroy=tuple(overlapping)))
     return best[1] if best is not None else None
+
+
+def choose_serving(gpus: Sequence[MigGpu], request: GpuRequest) -> tuple[str, MigChoice] | None:
+    """The profile and place that serve a share on these GPUs (:func:`serving_profile` on each
+    GPU's model, then :func:`choose` among the GPUs of that model); where the GPUs are of several
+    models, an idle partition reused first, then a placement that removes nothing, then the
+    fewest removals, then the smaller profile. None when no profile fits or has room."""
+    best: tuple[tuple[int, int, int], str, MigChoice] | None = None
+    for model in sorted({g.model for g in gpus}):
+        profile = serving_profile(request, model)
+        if profile is None:
+            continue
+        choice = choose([g for g in gpus if g.model == model], profile.name)
+        if choice is None:
+            continue
+        rank = (0 if choice.reuse is not None else 1, len(choice.destroy), profile.slots)
+        if best is None or rank < best[0]:
+            best = (rank, profile.name, choice)
+    return None if best is None else (best[1], best[2])
