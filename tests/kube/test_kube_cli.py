@@ -222,9 +222,7 @@ def test_bad_input_same_messages(server: KubeApiServer) -> None:
         (["project", "create", "cli-bad"], "project cli-bad already exists"),
         (["project", "create", "Bad_Name"], "NAME: must be lowercase letters"),
         (["submit", "x", "-p", "cli-bad", "--gpu-mig-profile", "3g.20gb", "--", "true"],
-         "--gpu-mig-profile: is not submitted through the API on Kubernetes yet "
-         "(docs/mig.md); annotate the pod tessera.io/gpu-mig-profile: 3g.20gb (or request the "
-         "GPU operator's nvidia.com/mig-3g.20gb)"),
+         "--gpu-mig-profile: no node of this cluster has a GPU in MIG mode"),
     ]
     for args, needle in cases:
         r = server.cli(*args, check=False)

@@ -16,6 +16,7 @@ from lightkube import ApiError, Client, codecs
 from lightkube.models.core_v1 import Container, PodSpec, Toleration
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+from lightkube.types import PatchType
 
 from tessera.kube import names
 from tessera.kube.api_backend import KubeBackend
@@ -243,3 +244,63 @@ def test_nvml_error_is_the_reason_and_nothing_is_left(
     uuid = mig_uuid(kube_client, project, "mig-fail")
     assert wait_until("the 1g.5gb made", lambda: [
         p["uuid"] for p in partitions(kube_client) if p["profile"] == "1g.5gb"] == [uuid] or None)
+
+
+def test_submitted_through_the_api(
+        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        mig_node: NodeAgents, tmp_path: Path) -> None:
+    """``tessera submit --gpu-mig-profile`` on the Kubernetes backend: the pod carries the
+    annotation, is given a partition, and the workload counts the profile's fraction; a profile
+    no GPU here has, and one over the project's limit, are refused naming the field."""
+    from tessera.api.backend import WorkloadSubmission
+    from tessera.core.errors import InvalidRequest
+    from tessera.core.model import GpuRequest
+    from tessera.kube.objects import ProjectResource
+
+    def submission(name: str, profile: str, workers: int = 1) -> WorkloadSubmission:
+        return WorkloadSubmission(
+            name=name, project=project, type="Training", gpu=GpuRequest.none(),
+            command=["python", "train.py"], workers=workers,
+            spec={"command": "python", "compute": {"gpuMigProfile": profile}},
+            mig_profile=profile)
+
+    backend = KubeBackend(kube_client, tmp_path)
+    # The MIG node's taint keeps other tests' pods off; an API-made pod has no toleration.
+    node = kube_client.get(Node, NODE)
+    taints = node.spec.taints if node.spec else None
+    kube_client.patch(Node, NODE, {"spec": {"taints": None}})
+    try:
+        for profile, says in [
+            ("3g.40gb", "spec.compute.gpuMigProfile: no GPU in MIG mode on this cluster has "
+                        "this profile (MIG profiles here: A100-40GB: 1g.5gb, 1g.10gb, 2g.10gb, "
+                        "3g.20gb, 4g.20gb, 7g.40gb)"),
+        ]:
+            with pytest.raises(InvalidRequest) as err:
+                backend.submit(submission("api-bad", profile))
+            assert says in str(err.value), str(err.value)
+        kube_client.patch(ProjectResource, project,
+                          {"spec": {"resources": {"gpu": {"deserved": 0.5, "limit": 0.5}}}},
+                          patch_type=PatchType.MERGE)
+        with pytest.raises(InvalidRequest) as err:
+            backend.submit(submission("api-two", "3g.20gb", workers=2))
+        assert (f"spec.compute.gpuMigProfile: counts as 0.858 GPU (2 x 0.429), more than "
+                f"project {project}'s limit 0.5") in str(err.value), str(err.value)
+        kube_client.patch(ProjectResource, project,
+                          {"spec": {"resources": {"gpu": {"deserved": 4, "limit": None}}}},
+                          patch_type=PatchType.MERGE)
+        doc = backend.submit(submission("api-mig", "3g.20gb"))
+        assert doc["gpus"]["request"] == "MIG 3g.20gb"
+        assert doc["gpus"]["requested"] == pytest.approx(3 / 7, abs=1e-3)
+        assert doc["spec"]["compute"] == {"gpuMigProfile": "3g.20gb"}
+        [pod] = bound(kube_client, project, "api-mig-0")
+        assert (pod.metadata.annotations or {})[names.MIG_PROFILE] == "3g.20gb"
+        assert mig_uuid(kube_client, project, "api-mig-0").startswith("MIG-")
+        got = backend.workload(doc["workloadId"])
+        assert got["gpus"]["allocated"] == pytest.approx(3 / 7, abs=1e-3)
+        [p] = got["pods"]
+        assert p["migPartition"]["profile"] == "3g.20gb" and p["migPartition"]["gpu"] == \
+            mig_node.agents[NODE].uuids[0]
+        backend.delete_workload(doc["workloadId"])
+    finally:
+        kube_client.patch(Node, NODE, {"spec": {"taints": [t.to_dict() for t in taints or []]}})
+        backend.stop()

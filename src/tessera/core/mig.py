@@ -148,6 +148,15 @@ def profile_of(model: str, name: str) -> MigProfile | None:
     return PROFILES.get(model, {}).get(name)
 
 
+def profile_fraction(name: str) -> float:
+    """The GPU fraction a canonical profile counts as in quota: its compute slices of 7, the
+    same on every GPU that has it (``3g.20gb`` = 0.429). KeyError for a name no table has."""
+    for table in PROFILES.values():
+        if name in table:
+            return table[name].fraction
+    raise KeyError(name)
+
+
 def supported_text(models: Iterable[str]) -> str:
     """What the given models offer, for a reason a person can act on."""
     parts = [f"{m}: {', '.join(sorted(PROFILES[m], key=_order))}" for m in sorted(set(models))

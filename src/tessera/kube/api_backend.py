@@ -42,6 +42,7 @@ from tessera.api.token_store import TokenStore
 from tessera.api.usage import merge
 from tessera.api.validation import check_limit, check_submission
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import profile_of, supported_text
 from tessera.core.model import Node as CoreNode
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
 from tessera.kube import names
@@ -225,11 +226,7 @@ class KubeBackend(TokenAuth):
         if s.spec.get("ports"):
             raise InvalidRequest("spec.ports", "is not supported on the Kubernetes backend yet "
                                  "(no Service is created); expose the pod with a Service")
-        if s.mig_profile is not None:
-            raise InvalidRequest("spec.compute.gpuMigProfile", "is not submitted through the API "
-                                 "on Kubernetes yet (docs/mig.md); annotate the pod "
-                                 f"{names.MIG_PROFILE}: {s.mig_profile} (or request the GPU "
-                                 f"operator's nvidia.com/mig-{s.mig_profile})", s.mig_profile)
+        fraction = self._check_mig(s.mig_profile) if s.mig_profile is not None else None
         pclass, min_workers = admitted.priority_class, admitted.min_workers
         nodes, _, _, _ = self._nodes()
         check_against_cluster(s.gpu, nodes.values())
@@ -242,8 +239,15 @@ class KubeBackend(TokenAuth):
         if not namespace:
             raise InvalidRequest("projectId", "the project has no spec.namespace (a department "
                                  "cannot run workloads)", s.project)
-        check_limit(s.gpu, nodes.values(), s.workers, pdoc["name"],
-                    pdoc["resources"]["gpu"]["limit"])
+        limit = pdoc["resources"]["gpu"]["limit"]
+        if fraction is not None:
+            if limit is not None and fraction * s.workers > limit + 1e-9:
+                raise InvalidRequest("spec.compute.gpuMigProfile",
+                                     f"counts as {fraction * s.workers:.3g} GPU ({s.workers} x "
+                                     f"{fraction:.3g}), more than project {pdoc['name']}'s "
+                                     f"limit {limit:g}", s.mig_profile)
+        else:
+            check_limit(s.gpu, nodes.values(), s.workers, pdoc["name"], limit)
         rec = wd.Record(
             id=str(uuid.uuid4()), name=s.name, namespace=namespace, project=pdoc["name"],
             type=s.type, argv=list(s.command), env=dict(s.env), image=s.image or self.image,
@@ -252,6 +256,7 @@ class KubeBackend(TokenAuth):
             workers=s.workers, min_workers=min_workers, request=gpu_request_to_dict(s.gpu),
             on_eviction=str(s.spec.get("onEviction", "requeue")),
             spec={k: v for k, v in s.spec.items() if k not in ("workingDir",)},
+            mig_profile=s.mig_profile,
         )
         # The pods must read back as the same request (the scheduler's parser is the judge).
         probe = wd.build_pod(rec, 0, None).to_dict()
@@ -282,6 +287,23 @@ class KubeBackend(TokenAuth):
                     f"{s.gpu.describe()} x {s.workers} pod(s)")
         return self.workloads.doc(self.workloads.managed(created, self.workloads.pods_of(namespace, rec.id)),
                                   nodes, {}, brief=False, events=False)
+
+    def _check_mig(self, profile: str) -> float:
+        """A MIG profile some node's GPU in MIG mode has (read now, from each tessera-node's
+        inventory): its GPU fraction; else a refusal naming the field and what exists. Whether
+        there is room is the scheduler's to say (the pod waits with the reason)."""
+        field = "spec.compute.gpuMigProfile"
+        models = {g.model for o in self.client.list(Node) for g in node_info(o).mig}
+        if not models:
+            raise InvalidRequest(field, "no node of this cluster has a GPU in MIG mode (its "
+                                        "tessera-node reports MIG mode; an operator enables it "
+                                        "with nvidia-smi -mig 1, tessera never switches it)",
+                                 profile)
+        fits = [p for m in models if (p := profile_of(m, profile)) is not None]
+        if not fits:
+            raise InvalidRequest(field, f"no GPU in MIG mode on this cluster has this profile "
+                                        f"(MIG profiles here: {supported_text(models)})", profile)
+        return min(p.fraction for p in fits)
 
     def _create_pods(self, rec: wd.Record, owner_uid: str | None, indices: Iterable[int],
                      new: bool = False) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 from lightkube.resources.core_v1 import Event, Pod
 
 from tessera.api.backend import NotFound
+from tessera.core.mig import profile_fraction
 from tessera.core.model import GpuRequest
 from tessera.core.model import Node as CoreNode
 from tessera.core.requests import estimate_gpus, gpu_request_to_dict
@@ -136,10 +137,10 @@ class ClusterWorkloads:
             "minWorkers": rec.min_workers,
             "runningPods": sum(1 for d in pod_docs if d["phase"] == "Running"),
             "gpus": {
-                "requested": round(estimate_gpus(gpu, nodes.values(), rec.workers)
-                                   if nodes else 0.0, 4),
+                "requested": round(_requested(rec, nodes), 4),
                 "allocated": round(sum(wd.pod_gpus(d, nodes) for d in bound), 4),
-                "request": gpu.describe(),
+                "request": (f"MIG {rec.mig_profile}" if rec.mig_profile is not None
+                            else gpu.describe()),
             },
             "simulated": simulated,
             "image": rec.image,
@@ -173,6 +174,13 @@ class ClusterWorkloads:
         out.sort(key=lambda e: e["time"])
         return out
 
+def _requested(rec: wd.Record, nodes: dict[str, CoreNode]) -> float:
+    """GPUs the workload asks for: a MIG profile counts as its fraction per pod."""
+    if rec.mig_profile is not None:
+        return profile_fraction(rec.mig_profile) * rec.workers
+    return estimate_gpus(rec.gpu, nodes.values(), rec.workers) if nodes else 0.0
+
+
 def manifest_entry(key: tuple[str, str, str], pods: list[Any], owners: dict[Any, str],
                     min_member: dict[tuple[str, str], int]) -> wd.Entry:
     """A workload of pods applied as manifests: read-only, built from the pods themselves."""
@@ -200,6 +208,7 @@ def manifest_entry(key: tuple[str, str, str], pods: list[Any], owners: dict[Any,
         workers=len(pods), min_workers=min_member.get((namespace, name), len(pods)),
         request=gpu_request_to_dict(gpu),
         spec={"invalidRequest": info.error} if info.error else {},
+        mig_profile=info.mig_profile,
     )
     return wd.Entry(rec, {}, all(p.metadata.deletionTimestamp is not None for p in pods),
                     min(wd.created_at(p) for p in pods), pods, False, controller)

@@ -25,7 +25,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import PROFILES, parse_profile
+from tessera.core.mig import parse_profile, profile_fraction
 from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
 from tessera.core.requests import parse_gpu_request
 from tessera.core.units import parse_memory
@@ -200,7 +200,7 @@ def mig_fraction(annotations: Mapping[str, str], containers: Sequence[ContainerR
     if names.GPU_MODEL in annotations:
         raise InvalidRequest(f"metadata.annotations[{names.GPU_MODEL}]", "is not used with a MIG profile (the profile "
                                               "names the memory; any MIG GPU that has it serves)")
-    return next(t[profile].fraction for t in PROFILES.values() if profile in t)
+    return profile_fraction(profile)
 
 
 def containers_of(spec: Mapping[str, Any], key: str = "containers") -> list[ContainerResources]:

@@ -30,6 +30,7 @@ from tessera.api.models import compute_doc
 from tessera.core.model import GpuKind, GpuRequest, Node
 from tessera.core.requests import gpu_request_from_dict
 from tessera.kube import names
+from tessera.kube.mig import hold_from_json
 from tessera.kube.objects import placement_from_json, timestamp
 
 MANAGER = "tessera-api"
@@ -91,6 +92,8 @@ class Record:
     request: dict[str, Any]
     on_eviction: str = "requeue"
     spec: dict[str, Any] | None = None
+    mig_profile: str | None = None
+    """A MIG partition per pod instead of ``request`` (canonical profile; docs/mig.md)."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, separators=(",", ":"))
@@ -108,6 +111,8 @@ def build_pod(rec: Record, index: int, owner_uid: str | None) -> Pod:
     ann, whole = gpu_annotations(rec.gpu)
     ann[names.POD_GROUP] = rec.name
     ann[names.PRIORITY_CLASS] = rec.priority_class
+    if rec.mig_profile is not None:
+        ann[names.MIG_PROFILE] = rec.mig_profile
     env = [EnvVar(name=k, value=v) for k, v in rec.env.items()]
     env += [
         EnvVar(name="TESSERA_WORKLOAD_NAME", value=rec.name),
@@ -170,6 +175,7 @@ def pod_doc(pod: Any, nodes: Mapping[str, Node], uuids: Mapping[str, Sequence[st
     node = pod.spec.nodeName if pod.spec else None
     devices: list[dict[str, Any]] = []
     exclusive = False
+    mig_gpus: float | None = None
     raw = ann.get(names.PLACEMENT)
     if raw and node:
         try:
@@ -178,6 +184,7 @@ def pod_doc(pod: Any, nodes: Mapping[str, Node], uuids: Mapping[str, Sequence[st
             p = None
         if p is not None:
             exclusive = p.exclusive
+            mig_gpus = p.gpus if names.MIG_PARTITION in ann else None
             node_uuids = ann.get(names.NODE_GPU_UUIDS, "").split(",")
             known = uuids.get(p.node, ())
             for i, (d, r, lim) in enumerate(
@@ -198,6 +205,7 @@ def pod_doc(pod: Any, nodes: Mapping[str, Node], uuids: Mapping[str, Sequence[st
         "nodeName": node,
         "gpuDevices": devices,
         "exclusive": exclusive,
+        "migPartition": _mig_partition(ann.get(names.MIG_PARTITION), mig_gpus),
         "pid": None,
         "exitCode": pod_exit_code(pod),
         "logPath": None,
@@ -206,9 +214,26 @@ def pod_doc(pod: Any, nodes: Mapping[str, Node], uuids: Mapping[str, Sequence[st
     }
 
 
+def _mig_partition(raw: str | None, gpus: float | None) -> dict[str, Any] | None:
+    """The MIG partition a pod was given at bind (profile, GPU, memory slot), with the GPU
+    fraction it counts as; None for other pods or an unreadable annotation."""
+    if not raw:
+        return None
+    try:
+        hold = hold_from_json(raw)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return {"profile": hold.profile, "gpu": hold.gpu, "start": hold.start, "gpus": gpus}
+
+
 def pod_gpus(doc: Mapping[str, Any], nodes: Mapping[str, Node]) -> float:
-    """GPUs a bound pod holds: whole devices, or its share of each device's memory."""
-    if not doc["gpuDevices"] or doc["phase"] in ("Succeeded", "Failed"):
+    """GPUs a bound pod holds: whole devices, its share of each device's memory, or its MIG
+    partition's fraction."""
+    if doc["phase"] in ("Succeeded", "Failed"):
+        return 0.0
+    if doc.get("migPartition"):
+        return float(doc["migPartition"]["gpus"] or 0.0)
+    if not doc["gpuDevices"]:
         return 0.0
     if doc["exclusive"]:
         return float(len(doc["gpuDevices"]))
@@ -259,7 +284,8 @@ def spec_doc(rec: Record) -> dict[str, Any]:
     spec["args"] = shlex.join(rec.argv[1:])
     spec["environmentVariables"] = [{"name": k, "value": v} for k, v in rec.env.items()]
     spec["image"] = rec.image or DEFAULT_IMAGE
-    spec["compute"] = compute_doc(rec.gpu)
+    spec["compute"] = ({"gpuMigProfile": rec.mig_profile} if rec.mig_profile is not None
+                       else compute_doc(rec.gpu))
     return spec
 
 
