@@ -24,6 +24,7 @@ from tessera.kube import names
 from tessera.kube.objects import ProjectResource
 from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
+from tests.waiting import wait_until
 
 SYSTEM_NS = "tessera-system"
 
@@ -366,6 +367,78 @@ def test_mig_profile_annotation(kube_client: Client, team: tuple[str, str]) -> N
     message = refused(kube_client, both, ns)
     assert f"{field}: a MIG profile is the pod's whole GPU request; give it or a share" \
         in message, message
+
+
+def test_operator_mig_resources_made_by_tessera_where_no_node_has_them(
+        kube_client: Client, kube_cluster: TestCluster, team: tuple[str, str]) -> None:
+    """``nvidia.com/mig-3g.20gb: 1`` (the GPU operator's spelling) where no node advertises that
+    resource but a GPU in MIG mode has the profile (tessera-node's inventory): the webhook turns
+    it into tessera.io/gpu-mig-profile, takes the resource out of the container (a kubelet
+    would refuse it) and wires the partition's UUID to the container that asked. A profile a
+    node advertises stays the operator's; more than one partition is refused naming the field."""
+    import json
+
+    from lightkube.resources.core_v1 import Node
+
+    from tessera.testing.gpu_nodes import NodeShape, node_manifest
+
+    ns, project = team
+    node = node_manifest("opmig-node", NodeShape(gpus=1, model="A100-40GB"), index=230)
+    node["metadata"].setdefault("annotations", {})[names.NODE_GPU_INVENTORY] = json.dumps(
+        {"gpus": [{"index": 0, "uuid": "GPU-opmig", "model": "A100-40GB", "mig": True,
+                   "partitions": []}]})
+    for part in ("capacity", "allocatable"):
+        node["status"][part][names.GPU_RESOURCE] = "0"
+        node["status"][part]["nvidia.com/mig-1g.5gb"] = "2"  # static partitions of one profile
+    node["spec"]["taints"] = [{"key": "tessera.io/opmig-test", "effect": "NoSchedule"}]
+    kube_client.create(codecs.from_dict(node))
+    asks = plain_pod("opmig", schedulerName="tessera", containers=[
+        {"name": "side", "image": "busybox"},
+        {"name": "gpu", "image": "x", "resources": {"limits": {"nvidia.com/mig-3g.20gb": "1"},
+                                                     "requests": {"cpu": "100m"}}}])
+    try:
+        def rewritten() -> Any:
+            got = kube_client.create(codecs.from_dict(copy.deepcopy(asks)), namespace=ns,
+                                     dry_run=True)
+            return got if names.MIG_PROFILE in (got.metadata.annotations or {}) else None
+        wait_until("the webhook sees the MIG node", rewritten)
+        create(kube_client, asks, ns)
+        pod = kube_client.get(Pod, "opmig", namespace=ns)
+        assert pod.spec.schedulerName == "tessera"
+        assert pod.metadata.annotations[names.MIG_PROFILE] == "3g.20gb"
+        assert pod.metadata.annotations[names.PROJECT] == project
+        side, gpu = pod.spec.containers
+        assert gpu.resources.limits is None and gpu.resources.requests == {"cpu": "100m"}
+        ref = env_of(gpu)["NVIDIA_VISIBLE_DEVICES"].valueFrom.configMapKeyRef
+        assert (ref.name, ref.key) == ("opmig-tessera-gpu", "NVIDIA_VISIBLE_DEVICES")
+        assert env_of(side)["NVIDIA_VISIBLE_DEVICES"].value == "void"
+
+        static = plain_pod("opmig-static", schedulerName="tessera", containers=[
+            {"name": "gpu", "image": "x", "resources": {"limits": {"nvidia.com/mig-1g.5gb": "1"}}}])
+        create(kube_client, static, ns)
+        pod = kube_client.get(Pod, "opmig-static", namespace=ns)
+        assert names.MIG_PROFILE not in (pod.metadata.annotations or {})
+        assert pod.spec.containers[0].resources.limits == {"nvidia.com/mig-1g.5gb": "1"}
+
+        two = plain_pod("opmig-two", schedulerName="tessera", containers=[
+            {"name": "gpu", "image": "x", "resources": {"limits": {"nvidia.com/mig-3g.20gb": "2"}}}])
+        message = refused(kube_client, two, ns)
+        assert ("spec.containers[gpu].resources.limits.nvidia.com/mig-3g.20gb: must be 1: "
+                "tessera makes one MIG partition per pod") in message, message
+        both = copy.deepcopy(asks)
+        both["metadata"]["name"] = "opmig-both"
+        both["metadata"]["annotations"] = {names.MIG_PROFILE: "1g.5gb"}
+        message = refused(kube_client, both, ns)
+        assert ("spec.containers[gpu].resources.limits.nvidia.com/mig-3g.20gb: give a MIG "
+                "partition either as nvidia.com/mig-3g.20gb or as the annotation "
+                f"{names.MIG_PROFILE}, not both") in message, message
+    finally:
+        kube_client.delete(Node, "opmig-node")
+        for name in ("opmig", "opmig-static"):
+            with contextlib.suppress(ApiError):
+                kube_client.delete(Pod, name, namespace=ns, grace_period=0)
+        # Later tests expect nvidia.com/mig-3g.20gb to be the operator's again.
+        wait_until("the webhook forgets the MIG node", lambda: rewritten() is None or None)
 
 
 def test_pods_without_gpu_are_not_touched(kube_client: Client, team: tuple[str, str]) -> None:

@@ -9,6 +9,7 @@ import signal
 import sys
 
 from tessera.core.podgroups import MAX_GID, valid_gid
+from tessera.kube.admission.mig_resources import MODES
 from tessera.kube.admission.policy import WebhookConfig
 
 
@@ -53,6 +54,12 @@ def parser() -> argparse.ArgumentParser:
                         "aliyun.com/gpu-mem, nvidia.com/gpu) into a ResourceClaim of "
                         "gpu.tessera.io from a ResourceClaimTemplate the webhook creates in the "
                         "pod's namespace (chart value dra.rewriteRequests; docs/dra.md)")
+    p.add_argument("--operator-mig", choices=MODES, default=d.operator_mig,
+                   help="the GPU operator's nvidia.com/mig-<profile> resources: auto (tessera "
+                        "makes the partition where no node advertises that resource but a GPU "
+                        "in MIG mode has the profile), dynamic (always tessera's partitions), "
+                        "static (the operator's device plugin serves them); chart value "
+                        "mig.operatorResources (docs/mig.md)")
     p.add_argument("--default-project", default=None,
                    help="project for pods in namespaces no Project owns (default: refuse them)")
     p.add_argument("--ready-file", help="write the bound port here once serving")
@@ -81,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         containers_host_dir=args.containers_host_dir, loans_host_dir=args.loans_host_dir,
         preload_host_file=args.preload_host_file, default_project=args.default_project or None,
         region_group=args.region_group, rewrite_claims=args.rewrite_to_claims,
+        operator_mig=args.operator_mig,
     )
     try:
         import uvloop  # libuv loop and its TLS: about half the webhook's CPU per review

@@ -18,8 +18,10 @@ server would generate it):
   (:mod:`tessera.core.podgroups`).
 
 A pod asking for a MIG profile (``tessera.io/gpu-mig-profile``, checked by
-:func:`tessera.kube.admission.policy.check_mig`) gets the canonical profile and, on its first
-container, ``NVIDIA_VISIBLE_DEVICES`` from the same ConfigMap (the partition's ``MIG-…`` UUID,
+:func:`tessera.kube.admission.policy.check_mig`, or the GPU operator's ``nvidia.com/mig-…``
+resource where tessera makes the partitions: :mod:`tessera.kube.admission.mig_resources`) gets
+the canonical profile and, on its first container (or the one that asked for the resource),
+``NVIDIA_VISIBLE_DEVICES`` from the same ConfigMap (the partition's ``MIG-…`` UUID,
 written by tessera-node when it has made it; docs/mig.md).
 
 Every other container gets ``NVIDIA_VISIBLE_DEVICES=void`` (a CUDA image would otherwise see
@@ -35,7 +37,7 @@ from typing import Any
 from tessera.core.errors import InvalidRequest
 from tessera.core.podgroups import share_group
 from tessera.kube import names
-from tessera.kube.admission import claims, policy
+from tessera.kube.admission import claims, mig_resources, policy
 from tessera.kube.admission import spellings as sp
 from tessera.kube.admission.policy import ClusterView, WebhookConfig
 from tessera.kube.binder import configmap_name
@@ -137,6 +139,10 @@ def admitted(pod: Mapping[str, Any], namespace: str, view: ClusterView, config: 
     a claim (``config.rewrite_claims``), the ResourceClaimTemplate that must exist in the pod's
     namespace before it is admitted. Raises InvalidRequest naming the field it refuses."""
     policy.check_user_fields(pod)
+    mig_ref: sp.ContainerRef | None = None
+    rewritten = mig_resources.rewrite(pod, config.operator_mig, view.mig_offer())
+    if rewritten is not None:
+        pod, mig_ref = rewritten
     t = sp.translate(pod)
     spec_in = pod.get("spec") or {}
     scheduler = spec_in.get("schedulerName") or ""
@@ -179,6 +185,8 @@ def admitted(pod: Mapping[str, Any], namespace: str, view: ClusterView, config: 
         # Mutating webhooks run before the API server generates the name, and the ConfigMap's
         # name (read through configMapKeyRef, fixed at creation) follows the pod's name.
         meta["name"] = generated_name(str(meta["generateName"]))
+    if mig is not None and mig_ref is None:
+        mig_ref = sp.pick_container(out, None, "spec.containers")
     cm = pod_configmap(out) if t.shared else None
     if cm is not None:
         assert t.container is not None
@@ -197,7 +205,7 @@ def admitted(pod: Mapping[str, Any], namespace: str, view: ClusterView, config: 
                 assert cm is not None
                 _share_container(c, cm, t, config)
                 continue
-            if mig is not None and (kind, i) == ("containers", 0):
+            if mig_ref is not None and (kind, i) == (mig_ref.kind, mig_ref.index):
                 # The MIG partition's UUID, written by tessera-node once it is made: the
                 # container does not start before (configMapKeyRef, not optional).
                 _set_env(c, [{"name": policy.VISIBLE_DEVICES, "valueFrom": {"configMapKeyRef": {

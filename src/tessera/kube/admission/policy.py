@@ -18,6 +18,7 @@ from tessera.core.requests import check_against_cluster
 from tessera.kube import names
 from tessera.kube.admission import spellings as sp
 from tessera.kube.admission.claims import uses_claims
+from tessera.kube.admission.mig_resources import MigOffer
 from tessera.kube.binder import configmap_name
 from tessera.kube.podspec import containers_of, gpu_request, mig_fraction, mig_profile
 from tessera.kube.predicates.topology import topology_request
@@ -130,6 +131,10 @@ class WebhookConfig:
     default_project: str | None = None
     """Project for pods in a namespace no Project owns; None refuses them."""
     replaceable_schedulers: frozenset[str] = REPLACEABLE_SCHEDULERS
+    operator_mig: str = "auto"
+    """The GPU operator's ``nvidia.com/mig-…`` resources: ``auto`` (made by tessera where no
+    node advertises that resource but a GPU in MIG mode has the profile), ``dynamic``, ``static``
+    (:mod:`tessera.kube.admission.mig_resources`)."""
     rewrite_claims: bool = False
     """Rewrite old-style GPU requests (annotations, cGPU, ``nvidia.com/gpu``) into a
     ResourceClaim from a template the webhook creates (:mod:`tessera.kube.admission.claims`)."""
@@ -147,6 +152,9 @@ class ClusterView:
     project_of: Callable[[str], str | None]
     """Namespace -> the Project owning it (Project.spec.namespace)."""
     synced: Callable[[], bool] = field(default=lambda: True)
+    mig_offer: Callable[[], MigOffer] = field(default=MigOffer)
+    """The GPU operator MIG resources nodes advertise and the profiles tessera could make
+    (:mod:`tessera.kube.admission.mig_resources`)."""
 
 
 def refuse(field_: str, rule: str, value: object = None) -> InvalidRequest:
@@ -235,6 +243,17 @@ def check_mig(pod: Mapping[str, Any]) -> str | None:
     return mig_profile(ann)
 
 
+def mig_container(pod: Mapping[str, Any]) -> sp.ContainerRef:
+    """The container given a MIG pod's partition: the one whose ``NVIDIA_VISIBLE_DEVICES``
+    the webhook wired to the pod's ConfigMap (the first container, or the one that asked for a
+    GPU operator MIG resource); the first container when none is (then refused there)."""
+    for ref, c in containers_with_refs(pod):
+        for e in c.get("env") or []:
+            if e.get("name") == VISIBLE_DEVICES and _env_ref(e):
+                return ref
+    return sp.pick_container(pod, None, "spec.containers")
+
+
 def static_limit(request: GpuRequest) -> str | None:
     """Bytes the isolation library enforces, when they do not depend on the device: a memory
     request (its limit, else the request) is the same bytes on any GPU. A portion's bytes depend
@@ -284,6 +303,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
                      f"is set from the namespace: {namespace} belongs to project {project}",
                      ann.get(names.PROJECT))
     gpu_container = None
+    mig_ref = mig_container(pod) if mig is not None else None
     configmap = configmap_name(str(meta.get("name") or ""))
     if shared:
         check_privileged(pod)
@@ -327,7 +347,7 @@ def check_final(pod: Mapping[str, Any], namespace: str, view: ClusterView,
                              "read-only (no share without its limits)")
             continue
         entry = env.get(VISIBLE_DEVICES)
-        if mig is not None and (ref.kind, ref.index) == ("containers", 0):
+        if mig_ref is not None and ref == mig_ref:
             got = _env_ref(entry)
             if not got or got.get("name") != configmap or got.get("key") != VISIBLE_DEVICES \
                     or got.get("optional"):

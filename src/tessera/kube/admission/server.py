@@ -16,10 +16,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tessera.api.limits import declared_length, read_body, too_large
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import PROFILES
 from tessera.core.model import Node
-from tessera.kube import metrics
+from tessera.kube import metrics, names
 from tessera.kube.admission import claims, mutate, policy
 from tessera.kube.admission.claims import Template
+from tessera.kube.admission.mig_resources import MigOffer
 from tessera.kube.admission.policy import ClusterView, WebhookConfig
 from tessera.kube.admission.shape import check_pod_shape
 
@@ -286,9 +288,11 @@ class InformerView:
                                                self._projects_changed, name="projects")
         self._namespaces: dict[str, str] | None = None
         self._shapes: list[Node] | None = None
+        self._mig: MigOffer | None = None
 
     def _nodes_changed(self, *_: object) -> None:
         self._shapes = None
+        self._mig = None
 
     def _projects_changed(self, *_: object) -> None:
         self._namespaces = None
@@ -305,6 +309,17 @@ class InformerView:
                 n.node for n in self.nodes_informer.items.values() if n.node is not None)
         return self._shapes
 
+    def mig_offer(self) -> MigOffer:
+        """The GPU operator MIG resources some node advertises, and the profiles of the GPUs
+        in MIG mode tessera-node reports (tessera makes those partitions)."""
+        if self._mig is None:
+            infos = list(self.nodes_informer.items.values())
+            self._mig = MigOffer(
+                frozenset(k for n in infos for k, v in n.resources
+                          if k.startswith(names.MIG_RESOURCE_PREFIX) and v > 0),
+                frozenset(p for n in infos for g in n.mig for p in PROFILES[g.model]))
+        return self._mig
+
     def project_of(self, namespace: str) -> str | None:
         if self._namespaces is None:
             self._namespaces = {p.namespace: str(p.name)
@@ -312,7 +327,8 @@ class InformerView:
         return self._namespaces.get(namespace)
 
     def as_view(self) -> ClusterView:
-        return ClusterView(nodes=self.nodes, project_of=self.project_of, synced=self.synced)
+        return ClusterView(nodes=self.nodes, project_of=self.project_of, synced=self.synced,
+                           mig_offer=self.mig_offer)
 
 
 def distinct_shapes(nodes: Iterable[Node]) -> list[Node]:
