@@ -60,3 +60,12 @@ class NodeConstraint(Protocol):
         ``480 didn't match nodeSelector disktype=ssd, 20 had untolerated taint ...``); empty
         if it refuses none. The cycle prefixes ``0/N nodes are available: `` when a pod waits."""
         ...
+
+
+def without_room(constraint: NodeConstraint | None) -> NodeConstraint | None:
+    """The constraint less a part that only says where there is room *now* (a MIG pod's
+    constraint: nodes whose MIG GPUs have room for its profile), for the cycle's search that
+    makes MIG room by eviction (``tessera.core.cycle.mig_room``). A constraint with such a part
+    offers ``without_room()``; any other is returned as it is."""
+    relax = getattr(constraint, "without_room", None)
+    return constraint if relax is None else relax()

@@ -21,8 +21,9 @@ already cut before cutting an intact one.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -173,6 +174,9 @@ class Partition:
     busy: bool
     """A workload holds it."""
     uuid: str = ""
+    holder: str = ""
+    """The workload holding a busy partition, as the caller names it (:func:`make_room` may
+    evict it); "" when not known (an operator's partition): never a victim."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,3 +333,77 @@ def choose_serving(gpus: Sequence[MigGpu], request: GpuRequest) -> tuple[str, Mi
         if best is None or rank < best[0]:
             best = (rank, profile.name, choice)
     return None if best is None else (best[1], best[2])
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A running workload :func:`make_room` may evict, and what evicting it costs."""
+
+    priority: int
+    gpus: float
+    """What it gives back (quota units: its profiles' fractions, all its pods)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigRoom:
+    """Victims whose partitions, once idle, let :func:`choose` place the profile on ``gpu``."""
+
+    gpu: str
+    victims: tuple[str, ...]
+    choice: MigChoice
+    """What :func:`choose` does then, on that GPU alone."""
+
+
+def released(gpu: MigGpu, holders: Iterable[str]) -> MigGpu:
+    """The GPU with the partitions of ``holders`` idle (their workloads gone)."""
+    gone = set(holders)
+    return MigGpu(gpu.key, gpu.model, tuple(
+        Partition(p.profile, p.start, False, p.uuid) if p.busy and p.holder in gone else p
+        for p in gpu.partitions))
+
+
+def make_room(
+    gpus: Sequence[MigGpu],
+    name: str,
+    victims: Mapping[str, Victim],
+    allow: Callable[[str, tuple[str, ...]], bool] | None = None,
+) -> MigRoom | None:
+    """The cheapest set of ``victims`` (workloads holding busy partitions) whose eviction lets
+    :func:`choose` place profile ``name`` on one GPU; None when no allowed set does.
+
+    Cheapest: the fewest victims, then the lowest priorities (the highest one evicted first
+    compared), then the fewest GPUs given back, then the GPU and the ids. Every victim is
+    needed: a set of which a smaller part already makes room is never returned (room only
+    grows as partitions become idle, so one victim less is the test). ``allow(gpu, victims)``
+    is the caller's rule (quota, fair share, priority, the node's CPU) for taking that set on
+    that GPU. With room already (no victim needed) that is the answer, with no victims. The
+    search is exhaustive per GPU: at most 7 partitions, so 127 sets."""
+    now = choose(gpus, name)
+    if now is not None:
+        return MigRoom(now.gpu, (), now)
+    options: list[tuple[tuple[int, tuple[int, ...], float, str, tuple[str, ...]], MigChoice]] = []
+    for gpu in gpus:
+        if profile_of(gpu.model, name) is None:
+            continue
+        holders = sorted({p.holder for p in gpu.partitions if p.busy and p.holder in victims})
+        if not holders or choose([released(gpu, holders)], name) is None:
+            continue  # even every victim on it would not make room
+        roomy: set[tuple[str, ...]] = set()
+        """Sets that make room; a superset of one is marked without asking (room only grows)."""
+        for k in range(1, len(holders) + 1):
+            for combo in itertools.combinations(holders, k):
+                if any(combo[:i] + combo[i + 1:] in roomy for i in range(k)):
+                    roomy.add(combo)
+                    continue  # a smaller set makes room: this one has a needless victim
+                choice = choose([released(gpu, combo)], name)
+                if choice is None:
+                    continue
+                roomy.add(combo)
+                cost = (k, tuple(sorted((victims[h].priority for h in combo), reverse=True)),
+                        round(sum(victims[h].gpus for h in combo), 6), gpu.key, combo)
+                options.append((cost, choice))
+    options.sort(key=lambda o: o[0])
+    for (_, _, _, key, combo), choice in options:
+        if allow is None or allow(key, combo):
+            return MigRoom(key, combo, choice)
+    return None

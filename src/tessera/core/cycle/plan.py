@@ -30,7 +30,7 @@ def bindings(session: Session) -> tuple[Binding, ...]:
             wid,
             session.workloads[wid].project,
             b.action,
-            tuple(PodBinding(i, p) for i, p in sorted(b.pods.items())),
+            tuple(PodBinding(i, p, session.mig_choices.get((wid, i))) for i, p in sorted(b.pods.items())),
             b.message,
             b.after,
         )

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from tessera.core.constraints import NodeConstraint
+from tessera.core.constraints import NodeConstraint, without_room
 from tessera.core.errors import InvalidRequest
 from tessera.core.fairshare import Vector, compute_fair_shares
+from tessera.core.mig import MigChoice, profile_of
 from tessera.core.model import GpuRequest, Node, ResourceRequest
 from tessera.core.placement import NoFit, Placer
 from tessera.core.projects import ProjectTree
@@ -22,6 +23,7 @@ from tessera.core.requests import check_against_cluster
 from tessera.core.state import ClusterState, NodeState, Placement
 from tessera.core.units import format_bytes
 
+from .mig_state import MigState
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
 from .validation import validate_workload, validate_workloads
@@ -83,6 +85,9 @@ class Session:
         self.state = ClusterState(self.nodes)
         self._undo: list[Callable[[], None]] = []
         self._depth = 0
+        self.mig = MigState(snapshot.mig, {n.name for n in self.nodes}, self.on_undo)
+        self.mig_choices: dict[tuple[str, int], MigChoice] = {}
+        """The partition each MIG pod bound in this cycle takes (``PodBinding.mig``)."""
         self.quota = QuotaLedger(self.tree, self.nodes, self.state)
         self.workloads: dict[str, WorkloadState] = {}
         self._never: dict[GpuRequest, str | None] = {}
@@ -103,7 +108,7 @@ class Session:
                     raise InvalidRequest(f"workloads.{spec.id}.placements[{i}]", exc.rule) from None
                 self.quota.account(ws, i, p, +1)
         capacity: Vector = (
-            float(sum(len(n.gpus) for n in self.nodes)),
+            float(sum(len(n.gpus) for n in self.nodes) + self.mig.gpu_count()),
             float(sum(n.cpu_milli for n in self.nodes)),
             float(sum(n.memory for n in self.nodes)),
         )
@@ -131,14 +136,25 @@ class Session:
 
     # -- changes (inside a Statement) -----------------------------------------------------------
 
-    def assign_pod(self, ws: WorkloadState, pod: int, p: Placement) -> None:
+    def assign_pod(self, ws: WorkloadState, pod: int, p: Placement, mig: MigChoice | None = None) -> None:
+        """Place a pod. A pending MIG pod also takes its partition: ``mig`` where the caller
+        chose it (room made by eviction), else what ``choose`` gives on that node now."""
         self.state.assign(pod_id(ws.id, pod), p)
         ws.placements[pod] = p
         self.quota.account(ws, pod, p, +1)
+        key = (ws.id, pod)
+        profile = ws.spec.pods[pod].mig
+        if profile is not None and ws.spec.placement_of(pod) is None:
+            if mig is None:
+                mig = self.mig.choose(p.node, profile)
+            if mig is not None:
+                self.mig.hold(p.node, profile, mig, ws.id)
+                self.mig_choices[key] = mig
 
         def undo() -> None:
             self.quota.account(ws, pod, None, -1)
             ws.placements[pod] = None
+            self.mig_choices.pop(key, None)
 
         self._undo.append(undo)
 
@@ -160,6 +176,7 @@ class Session:
             if p is not None:
                 self.release_pod(ws, i)
         ws.evicted = True
+        self.mig.release(ws.id)
         self.evictions[ws.id] = Eviction(ws.id, ws.project, action, reason, gpus, for_workload)
 
         def undo() -> None:
@@ -173,7 +190,10 @@ class Session:
         placements = ws.spec.placements
         if any(p is not None and self.state.fits(p) is not None for p in placements):
             return False
+        if not self.mig.can_restore(ws.id):
+            return False  # its MIG partition went to the pod it was evicted for
         stmt = Statement(self)
+        self.mig.restore(ws.id)
         for i, p in enumerate(placements):
             if p is None:
                 continue
@@ -363,12 +383,26 @@ class Session:
             parts.append(f"{p.node} GPU {devs}" if devs else p.node)
         return "; ".join(dict.fromkeys(parts))
 
+    def _mig_room_possible(self, request: ResourceRequest, constraint: NodeConstraint) -> bool:
+        """A MIG pod with no room anywhere now may get it by eviction: on a node its
+        constraint allows but for room, with a MIG GPU that has the profile."""
+        if request.mig is None:
+            return False
+        base = without_room(constraint)
+        for node, gpus in self.mig.nodes.items():
+            if base is not None and not base.allows(self.state.by_name[node].node):
+                continue
+            if any(profile_of(g.model, request.mig) is not None for g in gpus):
+                return True
+        return False
+
     def _never_fits(self, ws: WorkloadState) -> str | None:
         cpu, memory = self._max_host
         for i in ws.unplaced()[: max(ws.required(), 1)]:
             request = ws.spec.pods[i]
             constraint = ws.spec.constraint_of(i)
-            if constraint is not None and not any(self.placer.static(constraint)[0]):
+            if constraint is not None and not any(self.placer.static(constraint)[0]) \
+                    and not self._mig_room_possible(request, constraint):
                 refused = constraint.refusals(self.nodes)
                 return f"0/{len(self.nodes)} nodes are available: {refused or 'no node is allowed'}"
             if request.cpu_milli > cpu:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tessera.core.fairshare import Vector
+from tessera.core.mig import MigChoice, MigGpu
 from tessera.core.model import Node
 from tessera.core.placement import DEFAULT_POLICY
 from tessera.core.projects import Project
@@ -23,6 +24,10 @@ class Snapshot:
     projects: tuple[Project, ...]
     workloads: tuple[Workload, ...]
     now: float = 0.0
+    mig: Mapping[str, tuple[MigGpu, ...]] = field(default_factory=dict)
+    """Node -> its GPUs in MIG mode and their partitions, each busy one naming the workload
+    holding it (``Partition.holder``): reclaim and preemption make room for a pending MIG pod
+    (``ResourceRequest.mig``) by evicting holders (tessera.core.mig.make_room)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,9 @@ class PodBinding:
     """Index into ``Workload.pods``."""
     placement: Placement
     """Node, device indices and bytes on each device (request and burst limit)."""
+    mig: MigChoice | None = None
+    """A MIG pod's partition: the GPU and slot, an idle one reused or idle ones removed first
+    (``tessera.core.mig.choose`` over ``Snapshot.mig`` as this cycle left it)."""
 
 
 @dataclass(frozen=True, slots=True)

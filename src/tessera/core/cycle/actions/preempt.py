@@ -11,7 +11,8 @@ needed are put back.
 
 from __future__ import annotations
 
-from tessera.core.cycle.session import Session, Statement, WorkloadState
+from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_mig
+from tessera.core.cycle.session import PodPlacements, Session, Statement, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
 from tessera.core.fairshare import Vector
 
@@ -78,13 +79,28 @@ class Preempt:
         def extra_ok(d: Vector) -> bool:
             return session.quota.check(ws, d, fair_caps=caps) is None
 
-        result = evict_until_fits(session, ws, NodeIndex(queue), allow, evict, extra_ok, 4 * ws.required() + 4)
+        result: tuple[PodPlacements, list[WorkloadState]] | None
+        is_mig = mig_pod(ws) is not None
+        if is_mig:
+            # A MIG pod: the victims whose partitions make room for its profile (mig_room).
+            found = find_room(session, ws, queue, allow)
+            result = None if found is None else bind_in_room(session, ws, *found, evict)
+        else:
+            result = evict_until_fits(session, ws, NodeIndex(queue), allow, evict, extra_ok,
+                                      4 * ws.required() + 4)
         if result is None:
             stmt.discard()
             return False
         placed, more = result
-        kept = drop_needless(session, evicted + more, lambda: session.quota.within(ws.chain, caps))
-        message = f"placed on {session.where(placed)} by preempting {', '.join(v.id for v in kept) or 'nobody'}"
+
+        def ok() -> bool:
+            return session.quota.within(ws.chain, caps)
+
+        # MIG room victims are each needed (make_room); the quota victims may be put back.
+        kept = drop_needless(session, evicted, ok) + more if is_mig else \
+            drop_needless(session, evicted + more, ok)
+        where = where_mig(session, ws, placed) if is_mig else session.where(placed)
+        message = f"placed on {where} by preempting {', '.join(v.id for v in kept) or 'nobody'}"
         session.record_binding(ws, placed, "preempt", message, [v.id for v in kept])
         stmt.commit()
         return True

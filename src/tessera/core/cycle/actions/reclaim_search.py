@@ -10,6 +10,7 @@ project tree keeps what it must) and ``dead`` (its own project has nothing left 
 
 from __future__ import annotations
 
+from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_mig
 from tessera.core.cycle.session import PodPlacements, Session, Statement, Wait, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
 from tessera.core.fairshare import EPS, Vector
@@ -68,6 +69,8 @@ class ReclaimSearch:
     def run(self) -> bool:
         """Bind ``ws`` by reclaiming, inside one statement; False (and nothing changed) if not."""
         session, ws = self.session, self.ws
+        if mig_pod(ws) is not None:
+            return self.run_mig()
         stmt = Statement(session)
         result = evict_until_fits(session, ws, self.index, self.allow, self.evict,
                                   self.within_caps, max_rounds=4 * ws.required() + 4,
@@ -85,6 +88,28 @@ class ReclaimSearch:
             stmt.discard()
             return False
         message = (f"placed on {session.where(placed)} by reclaiming from "
+                   f"{', '.join(v.id for v in kept) or 'nobody'}")
+        session.record_binding(ws, placed, "reclaim", message, [v.id for v in kept])
+        stmt.commit()
+        return True
+
+    def run_mig(self) -> bool:
+        """A MIG pod: victims whose partitions make room for its profile (``mig_room``), by the
+        same rules (``allow``), kept only within the caps and what the reclaimer is owed."""
+        session, ws = self.session, self.ws
+        candidates = {v.id: v for group in self.index.by_node.values() for v in group}
+        stmt = Statement(session)
+        found = find_room(session, ws, candidates.values(), self.allow)
+        result = None if found is None else bind_in_room(session, ws, *found, self.evict)
+        if result is None:
+            stmt.discard()
+            self._explain_no_victims()
+            return False
+        placed, kept = result
+        if not session.quota.within(ws.chain, self.caps) or self._takes_more_than_owed(kept, placed):
+            stmt.discard()
+            return False
+        message = (f"placed on {where_mig(session, ws, placed)} by reclaiming from "
                    f"{', '.join(v.id for v in kept) or 'nobody'}")
         session.record_binding(ws, placed, "reclaim", message, [v.id for v in kept])
         stmt.commit()
