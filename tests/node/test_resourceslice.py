@@ -3,14 +3,21 @@ object's acceptance by the real API server is tested in tests/kube/test_node_age
 
 from __future__ import annotations
 
+from tessera.core.mig import PROFILES
 from tessera.core.units import GiB
 from tessera.node.headroom import DeviceHeadroom
 from tessera.node.nvml import Gpu, Inventory, Link
 from tessera.node.resourceslice import (
     DRIVER,
     MiB,
+    MigOffer,
     devices,
     devices_digest,
+    mig_devices,
+    parse_mig_device,
+    pool_digest,
+    pool_slices,
+    pool_specs,
     resource_slice,
     usable_memory,
 )
@@ -63,3 +70,44 @@ def test_slice_object_and_digest() -> None:
     assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert devices_digest(devices(inv)) == devices_digest(devices(inventory()))
     assert devices_digest(devices(inv)) != devices_digest(devices(inventory(count=3)))
+
+
+def _offer(index: int, blocked: tuple[tuple[int, int], ...] = ()) -> MigOffer:
+    table = PROFILES["A100-40GB"]
+    return MigOffer(index, f"GPU-{index:08x}-0000-0000-0000-000000000000", "A100-40GB",
+                    "NVIDIA A100-SXM4-40GB",
+                    {**{n: tuple((s, p.slots) for s in p.starts) for n, p in table.items()},
+                     "1g.5gb+me": ((0, 1),)},
+                    {n: 5 * 1024 for n in table}, blocked)
+
+
+def test_mig_gpus_are_partitionable_devices_in_slices_of_64() -> None:
+    """8 MIG GPUs: 18 placements each (NVIDIA's counts 7+4+3+2+1+1; +me left out), kept per
+    GPU in slices of at most 64 devices, the 8 counter sets in a slice of their own."""
+    specs = pool_specs(inventory(count=8), None, [_offer(i) for i in range(8)])
+    assert sorted(specs) == ["", "-counters-0", "-mig-0", "-mig-1", "-mig-2"]
+    assert [len(specs[k]["devices"]) for k in ("-mig-0", "-mig-1", "-mig-2")] == [54, 54, 36]
+    assert [c["name"] for c in specs["-counters-0"]["sharedCounters"]] == [
+        f"gpu-{i}-mig" for i in range(8)]
+    objs = pool_slices("node-a", "uid", specs, generation=2)
+    assert {o["spec"]["pool"]["resourceSliceCount"] for o in objs} == {5}
+    assert all(("devices" in o["spec"]) != ("sharedCounters" in o["spec"]) for o in objs)
+    dev = next(d for d in specs["-mig-0"]["devices"] if d["name"] == "gpu-0-mig-2g10gb-2")
+    assert dev["consumesCounters"][0]["counters"] == {
+        "memory-slice-2": {"value": "1"}, "memory-slice-3": {"value": "1"},
+        "compute-slices": {"value": "2"}}
+    assert parse_mig_device("gpu-0-mig-2g10gb-2") == (0, "2g.10gb", 2)
+    assert parse_mig_device("gpu-0") is None
+    assert pool_digest(specs) != pool_digest(pool_specs(inventory(count=8), None,
+                                                        [_offer(i) for i in range(7)]))
+    assert pool_specs(inventory(count=1), None, []) == {"": {"devices": devices(
+        inventory(count=1))}}
+
+
+def test_placements_over_blocked_slots_are_not_offered() -> None:
+    """A partition another made (or the annotation path holds) at slots 4-7: nothing
+    overlapping it is offered; the placements in 0-3 are."""
+    names = {d["name"] for d in mig_devices(_offer(0, blocked=((4, 4),)))}
+    assert "gpu-0-mig-3g20gb-0" in names and "gpu-0-mig-4g20gb-0" in names
+    assert not {n for n in names if n.endswith(("-4", "-5", "-6"))}
+    assert "gpu-0-mig-7g40gb-0" not in names

@@ -83,7 +83,8 @@ def mig_gpus(inventory: str) -> tuple[NodeMigGpu, ...]:
                 continue
             table = PROFILES[g["model"]]
             parts = tuple(
-                Partition(p["profile"].removesuffix("+me"), int(p["start"]), not p.get("managed"),
+                Partition(p["profile"].removesuffix("+me"), int(p["start"]),
+                          not p.get("managed") or bool(p.get("claim")),  # a DRA claim's: busy
                           str(p.get("uuid") or ""))
                 for p in g.get("partitions") or () if p["profile"].removesuffix("+me") in table)
             out.append(NodeMigGpu(str(g["uuid"]), int(g["index"]), g["model"], parts))

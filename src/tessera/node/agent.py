@@ -38,6 +38,7 @@ from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import PROFILES
 from tessera.core.podgroups import share_group
 from tessera.isolation.library import LibraryNotBuilt, library_path
 from tessera.node import containers as files
@@ -47,8 +48,8 @@ from tessera.node.containers import Share, ShareDevice, ShareFilesError
 from tessera.node.draplugin.cdi import PluginConfig
 from tessera.node.headroom import DeviceHeadroom, headroom_for
 from tessera.node.install import InstallError, install_library
-from tessera.node.kube_mig import KubeMig, Outcome, Want, partitions_doc, want_of
-from tessera.node.mig import MigError
+from tessera.node.kube_mig import KubeMig, Outcome, Want, claim_of, partitions_doc, want_of
+from tessera.node.mig import MigError, MigGpuState
 from tessera.node.nvml import Inventory, Nvml
 from tessera.node.observe import Observer
 from tessera.node.plugins import NodePlugin
@@ -219,6 +220,10 @@ class KubeAgent:
         """Pod UID -> the MIG UUID written into its ConfigMap."""
         self.mig_failed: dict[str, tuple[int, float]] = {}
         """Pod UID -> (failed attempts in a row, no new attempt before): 1 s doubling to 60 s."""
+        self.mig_states: list[MigGpuState] | None = None
+        """The MIG GPUs as the last MIG sync saw them (None before it)."""
+        self.mig_wants: list[Want] = []
+        """What the annotation path's pods on this node asked for, at the last MIG sync."""
 
     # ---- readiness ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -266,7 +271,10 @@ class KubeAgent:
 
     @property
     def ready(self) -> bool:
-        return self.nvml is not None and not self.library_error and not self.dir_error
+        # The inventory is read by prepare(): before it the node is still starting (the kubelet
+        # plugin may be asked to prepare a claim meanwhile).
+        return (self.nvml is not None and self.inventory is not None and not self.library_error
+                and not self.dir_error)
 
     @property
     def reason(self) -> str:
@@ -292,57 +300,94 @@ class KubeAgent:
         log.info("node %s: ready=%s%s", self.opts.node_name, self.ready,
                  f" ({self.reason})" if not self.ready else "")
 
-    # ---- DRA: this node's ResourceSlice (tessera.node.resourceslice, docs/dra.md) ----------
+    # ---- DRA: this node's ResourceSlices (tessera.node.resourceslice, docs/dra.md) ---------
+    def mig_offers(self) -> list[dra.MigOffer]:
+        """This node's GPUs in MIG mode as the slice offers their partitions: every placement
+        NVML lists except those overlapping a partition tessera did not make, one a pod of the
+        annotation path holds, or one such a pod was bound to and is still to be made."""
+        if self.mig_states is None or self.inventory is None:
+            return []
+        names = {g.uuid: g.name for g in self.inventory.gpus}
+        out = []
+        for st in self.mig_states:
+            if not st.mig_enabled or st.model not in PROFILES:
+                continue
+            table = PROFILES[st.model]
+            blocked = [(p.start, p.size) for p in st.partitions
+                       if not p.managed or (p.owner is not None and not claim_of(p.owner))]
+            blocked += [(w.start, table[w.profile].slots) for w in self.mig_wants
+                        if w.gpu == st.uuid and w.profile in table]
+            out.append(dra.MigOffer(
+                st.index, st.uuid, st.model, names.get(st.uuid, st.model),
+                {p.name: p.placements for p in st.profiles},
+                {p.name: p.memory_mib for p in st.profiles}, tuple(sorted(set(blocked)))))
+        return out
+
     async def publish_slice(self) -> None:
-        """Keeps one ResourceSlice for driver gpu.tessera.io on this node: written when its
-        devices change (the pool's generation goes up), deleted while the node is not ready
-        (nothing would enforce a share allocated here), slices of this driver for this node
-        under other names removed (an older agent's). No write when nothing changed."""
-        devices = (dra.devices(self.inventory, self.headroom)
-                   if self.ready and self.inventory is not None and self.opts.dra_slices
-                   else [])
-        digest = dra.devices_digest(devices) if devices else ""
+        """Keeps this node's pool of driver gpu.tessera.io: the GPUs' slice, and for GPUs in
+        MIG mode the counters' slice and the MIG devices' slices. Written when their content
+        changes (every slice of the pool again, with the pool's generation one up), deleted
+        while the node is not ready (nothing would enforce a share allocated here); slices of
+        this driver for this node under other names are removed (an older agent's). No write
+        when nothing changed."""
+        if self.mig is not None and self.mig_states is None:
+            return  # the first MIG sync says which placements are free to offer
+        specs = (dra.pool_specs(self.inventory, self.headroom, self.mig_offers())
+                 if self.ready and self.inventory is not None and self.opts.dra_slices
+                 else {})
+        digest = dra.pool_digest(specs) if specs else ""
         if digest == self.slice_digest:
             return
-        name = dra.slice_name(self.opts.node_name)
-        current: Any = None
+        base = dra.slice_name(self.opts.node_name)
+        wanted = {base + suffix: suffix for suffix in specs}
+        current: dict[str, Any] = {}
         async for obj in self.client.list(dra.ResourceSlice,
                                           fields={"spec.nodeName": self.opts.node_name,
                                                   "spec.driver": dra.DRIVER}):
             other = (obj.metadata.name if obj.metadata else None) or ""
-            if other == name:
-                current = obj
+            if other in wanted:
+                current[other] = obj
             elif other:
                 with contextlib.suppress(ApiError):
                     await self.client.delete(dra.ResourceSlice, other)
-                log.info("removed ResourceSlice %s (not this agent's name)", other)
-        if not devices:
-            if current is not None:
+                log.info("removed ResourceSlice %s (%s)", other,
+                         "not this agent's name" if not other.startswith(base)
+                         else "no longer in the pool")
+        if not specs:
+            for name in current:
                 with contextlib.suppress(ApiError):
                     await self.client.delete(dra.ResourceSlice, name)
                 log.info("removed ResourceSlice %s: node not ready for GPU shares", name)
             self.slice_digest = ""
             return
-        assert self.inventory is not None
-        if current is not None and dra.devices_digest(
-                (current.spec or {}).get("devices") or []) == digest:
-            self.slice_digest = digest  # a restarted agent: the slice is already right
+        have = {}
+        generations = set()
+        for name, obj in current.items():
+            spec = obj.spec or {}
+            key = "sharedCounters" if "sharedCounters" in specs[wanted[name]] else "devices"
+            have[wanted[name]] = {key: spec.get(key) or []}
+            pool = spec.get("pool") or {}
+            generations.add((int(pool.get("generation", 0)), int(pool.get("resourceSliceCount", 0))))
+        if len(current) == len(specs) and len(generations) == 1 \
+                and next(iter(generations))[1] == len(specs) and dra.pool_digest(have) == digest:
+            self.slice_digest = digest  # a restarted agent: the pool is already right
             return
         node = await self.client.get(Node, self.opts.node_name)
         uid = (node.metadata.uid if node.metadata else None) or ""
-        generation = 1
-        if current is not None:
-            generation = int(((current.spec or {}).get("pool") or {}).get("generation", 0)) + 1
-        want = dra.resource_slice(self.opts.node_name, uid, self.inventory, self.headroom,
-                                  generation)
-        if current is None:
-            await self.client.create(codecs.from_dict(want))
-        else:
-            want["metadata"]["resourceVersion"] = current.metadata.resourceVersion
-            await self.client.replace(codecs.from_dict(want))
+        generation = max((g for g, _ in generations), default=0) + 1
+        for want in dra.pool_slices(self.opts.node_name, uid, specs, generation):
+            old = current.get(want["metadata"]["name"])
+            if old is None:
+                await self.client.create(codecs.from_dict(want))
+            else:
+                want["metadata"]["resourceVersion"] = old.metadata.resourceVersion
+                await self.client.replace(codecs.from_dict(want))
         self.slice_digest = digest
         self.slice_writes += 1
-        log.info("ResourceSlice %s: %d GPU(s), pool generation %d", name, len(devices),
+        mig = sum(len(s.get("devices") or []) for k, s in specs.items() if k.startswith("-mig-"))
+        log.info("ResourceSlice %s: %d GPU(s)%s, pool generation %d", base,
+                 len(specs[""]["devices"]),
+                 f", {mig} MIG placement(s) in {len(specs) - 1} more slice(s)" if mig else "",
                  generation)
 
     def plugin_config(self, cdi_dir: Path) -> PluginConfig:
@@ -357,7 +402,7 @@ class KubeAgent:
             claims_host_dir=self.opts.containers_host_dir / CLAIMS_SUBDIR,
             loans_host_dir=self.opts.loans_dir,  # the chart mounts it at its host path
             headroom={h.uuid: h.bytes for h in self.headroom.values()},
-            not_ready="" if self.ready else (self.reason or "starting"))
+            not_ready="" if self.ready else (self.reason or "starting"), mig=self.mig)
 
     # ---- pods -------------------------------------------------------------------------------
     async def _list_pods(self) -> None:
@@ -519,7 +564,9 @@ class KubeAgent:
             now = time.monotonic()
             outcomes = self.mig.sync(wants, frozenset(
                 u for u, (_, until) in self.mig_failed.items() if until > now))
-            self.mig_parts = partitions_doc(self.mig.state())
+            self.mig_states = self.mig.state()
+            self.mig_wants = wants
+            self.mig_parts = partitions_doc(self.mig_states)
         except Exception as exc:  # NVML failing now: the rest of the sync goes on
             log.warning("MIG partitions not synced: %r", exc)
             return

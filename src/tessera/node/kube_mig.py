@@ -18,11 +18,19 @@ error or a slot that is not free comes back as the reason (a Warning Event on th
 
 The partitions are published in the node's inventory (``partitions`` of each MIG GPU), which is
 what the scheduler chooses from.
+
+Claims of the DRA class ``mig.tessera.io`` (docs/mig.md) use the same partitions through the
+kubelet plugin: :meth:`KubeMig.prepare_claim` gives a claim (journal owner ``claim:UID``) the
+idle partition tessera made at the allocated profile and placement, or removes the idle ones
+tessera made overlapping it and makes it there; :meth:`KubeMig.release_claim` leaves it idle.
+The pods' sync never releases a claim's partition. The kubelet plugin's threads and the agent's
+sync share one lock.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,13 @@ from tessera.node.mig import MigError, MigGpuState, MigNode, MigPartition
 from tessera.node.nvml import Nvml
 
 MIG_PARTITION = "tessera.io/mig-partition"
+CLAIM_OWNER = "claim:"
+"""Journal owners of partitions prepared for DRA claims: ``claim:UID``."""
+
+
+def claim_of(owner: str | None) -> str | None:
+    """The claim UID of a journal owner, None for a pod's (or no) owner."""
+    return owner[len(CLAIM_OWNER):] if owner and owner.startswith(CLAIM_OWNER) else None
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,9 @@ def want_of(namespace: str, name: str, uid: str, annotations: dict[str, str]) ->
 def partitions_doc(states: list[MigGpuState]) -> dict[str, list[dict[str, Any]]]:
     """GPU UUID -> its partitions, for the inventory annotation (GPUs in MIG mode only)."""
     return {s.uuid: [{"profile": p.profile, "start": p.start, "uuid": p.uuid,
-                      "managed": p.managed} for p in s.partitions]
+                      "managed": p.managed,
+                      **({"claim": claim_of(p.owner)} if claim_of(p.owner) else {})}
+                     for p in s.partitions]
             for s in states if s.mig_enabled}
 
 
@@ -80,17 +97,25 @@ class KubeMig:
     def __init__(self, nvml: Nvml, journal: Path) -> None:
         self.node = MigNode(nvml, journal)
         self.repairs = self.node.reconcile()
+        self.lock = threading.RLock()
+        """Held by every call: the kubelet plugin prepares claims from its own threads."""
 
     def state(self) -> list[MigGpuState]:
-        return self.node.state()
+        with self.lock:
+            return self.node.state()
 
     def sync(self, wants: list[Want], wait: frozenset[str] = frozenset()) -> list[Outcome]:
         """Gives every pod its partition and frees those of pods that are gone (see the
         module's docstring); one outcome per pod, except pods in ``wait`` (UIDs whose last
-        attempt failed, backing off) that have no partition yet: not tried now."""
+        attempt failed, backing off) that have no partition yet: not tried now. Partitions of
+        DRA claims are left to the kubelet plugin."""
+        with self.lock:
+            return self._sync(wants, wait)
+
+    def _sync(self, wants: list[Want], wait: frozenset[str]) -> list[Outcome]:
         by_uid = {w.uid: w for w in wants}
         for rec in list(self.node.journal.partitions):
-            if rec.get("owner") and rec["owner"] not in by_uid:
+            if rec.get("owner") and rec["owner"] not in by_uid and not claim_of(rec["owner"]):
                 self.node.assign(rec["gpu"], rec["gi"], None)
         owned = {rec["owner"]: rec for rec in self.node.journal.partitions if rec.get("owner")}
         out = []
@@ -124,3 +149,49 @@ class KubeMig:
             if idle and (p.start in w.remove or (p.start < end and w.start < p.start + p.size)):
                 self.node.destroy(w.gpu, p.gi)
         return self.node.create(w.gpu, w.profile, w.start, owner=w.uid)
+
+    # ---- DRA claims (the kubelet plugin, tessera.node.draplugin) --------------------------------
+
+    def prepare_claim(self, claim_uid: str, gpu: str, profile: str, start: int) -> MigPartition:
+        """The partition of a claim's MIG device: the one already prepared for it, else an idle
+        one tessera made there (reuse), else made there after removing the idle partitions
+        tessera made that overlap it. MigError naming the step (nothing half-made: see
+        :meth:`MigNode.create`) or what holds the slots."""
+        owner = CLAIM_OWNER + claim_uid
+        with self.lock:
+            state = self.node.gpu_state(gpu)
+            for p in state.partitions:
+                if p.owner == owner and (p.profile, p.start) == (profile, start):
+                    return p
+            prof = PROFILES.get(state.model, {}).get(profile)
+            if not state.mig_enabled or prof is None:
+                raise MigError(f"GPU {state.index} ({gpu}) is not in MIG mode or has no profile "
+                               f"{profile}")
+            end = start + prof.slots
+            for p in state.partitions:
+                mine = (p.profile, p.start) == (profile, start) and p.managed and p.owner is None
+                if mine or not (p.start < end and start < p.start + p.size):
+                    continue
+                if not p.managed:
+                    who = "a partition tessera did not make"
+                elif p.owner is not None:
+                    who = (f"claim {claim_of(p.owner)}" if claim_of(p.owner)
+                           else f"pod {p.owner}")
+                elif p.processes:
+                    who = f"{p.processes} process(es) on an idle partition"
+                else:
+                    continue  # idle and tessera's: removed for this one
+                raise MigError(f"memory slots {start}-{end - 1} of GPU {state.index} ({gpu}) "
+                               f"overlap the {p.profile} partition at slot {p.start}, held by "
+                               f"{who}")
+            return self._give(Want("", "", owner, gpu, profile, start, ()))
+
+    def release_claim(self, claim_uid: str) -> int:
+        """Leaves the claim's partitions idle (kept for reuse until their room is needed);
+        returns how many."""
+        owner = CLAIM_OWNER + claim_uid
+        with self.lock:
+            recs = [r for r in self.node.journal.partitions if r.get("owner") == owner]
+            for rec in recs:
+                self.node.assign(rec["gpu"], rec["gi"], None)
+            return len(recs)

@@ -18,19 +18,33 @@ Each GPU is one device ``gpu-<index>`` with
 - consumable capacity ``shares``: 100 (percent of the GPU, a Run:ai-style portion); a request that
   does not name it consumes none, so memory alone decides how many fit;
 - ``allowMultipleAllocations: true``: several claims may hold one GPU, each with its own share.
+
+GPUs in MIG mode are offered as *partitionable devices* too (KEP-4815, ``DRAPartitionableDevices``,
+beta in 1.36; docs/mig.md): per such GPU a counter set ``gpu-<index>-mig`` with one counter per
+memory slot (``memory-slice-0`` .. ``memory-slice-7``, 1 each) and ``compute-slices`` (7), and one
+device per (profile, placement) NVML lists, ``gpu-<index>-mig-<C>g<M>gb-<start>``, consuming the
+slots it covers and its compute slices, so an allocator gives overlapping placements to one claim
+at most. The counter sets are in a slice of their own (the API allows ``sharedCounters`` or
+``devices`` in one slice, not both) and the MIG devices in slices of at most 64 devices (the
+limit for devices that consume counters), all in the node's pool. Placements overlapping a
+partition tessera did not make, or one the annotation path (``tessera.io/gpu-mig-profile`` pods)
+holds or is about to make, are not offered.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lightkube.generic_resource import create_global_resource
 
 from tessera.core import nvlink
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import COMPUTE, PROFILES, SLOTS
 from tessera.core.units import parse_memory
 from tessera.node.headroom import DeviceHeadroom
 from tessera.node.nvml import Inventory
@@ -40,6 +54,14 @@ API_VERSION = "resource.k8s.io/v1"
 MiB = 2**20
 SHARES = 100
 """The ``shares`` capacity of every GPU: a portion is a number of hundredths."""
+MAX_COUNTER_DEVICES = 64
+"""Devices per slice when they consume counters (kube-apiserver 1.36: ``spec.devices: Too
+many: 72: must have at most 64 items``)."""
+MAX_COUNTER_SETS = 8
+"""Counter sets per slice (kube-apiserver 1.36: ``spec.sharedCounters: Too many: 9: must have
+at most 8 items``)."""
+COMPUTE_COUNTER = "compute-slices"
+_MIG_DEVICE = re.compile(r"gpu-(\d+)-mig-(\d)g(\d{1,3})gb-(\d)")
 
 ResourceSlice = create_global_resource(group="resource.k8s.io", version="v1",
                                        kind="ResourceSlice", plural="resourceslices")
@@ -128,3 +150,137 @@ def resource_slice(node: str, node_uid: str, inv: Inventory,
                  "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
                  "devices": devices(inv, headroom)},
     }
+
+
+# ---- MIG partitions as partitionable devices (KEP-4815) ------------------------------------
+
+@dataclass(frozen=True)
+class MigOffer:
+    """A GPU in MIG mode as the slice offers it: what NVML says it can be cut into, and the
+    memory slots that are not offered (partitions tessera did not make, partitions of the
+    annotation path)."""
+
+    index: int
+    uuid: str
+    model: str
+    product: str
+    placements: Mapping[str, tuple[tuple[int, int], ...]]
+    """Profile -> (start, size) in memory slots, as NVML lists them."""
+    memory_mib: Mapping[str, int]
+    """Profile -> its memory (NVML's), MiB."""
+    blocked: tuple[tuple[int, int], ...] = ()
+    """(start, size) of the partitions whose slots are not offered."""
+
+
+def counter_set_name(index: int) -> str:
+    return f"gpu-{index}-mig"
+
+
+def slot_counter(slot: int) -> str:
+    return f"memory-slice-{slot}"
+
+
+def mig_device_name(index: int, profile: str, start: int) -> str:
+    """``gpu-0-mig-3g20gb-4``: a DNS label (no dots), read back by :func:`parse_mig_device`."""
+    return f"gpu-{index}-mig-{profile.replace('.', '')}-{start}"
+
+
+def parse_mig_device(name: str) -> tuple[int, str, int] | None:
+    """(GPU index, profile, start) of a MIG device's name; None for any other name."""
+    m = _MIG_DEVICE.fullmatch(name)
+    if m is None:
+        return None
+    return int(m.group(1)), f"{m.group(2)}g.{int(m.group(3))}gb", int(m.group(4))
+
+
+def counter_sets(offers: Sequence[MigOffer]) -> list[dict[str, Any]]:
+    """One counter set per GPU in MIG mode: each memory slot once, and its compute slices."""
+    return [{"name": counter_set_name(o.index),
+             "counters": {**{slot_counter(s): {"value": "1"} for s in range(SLOTS)},
+                          COMPUTE_COUNTER: {"value": str(COMPUTE)}}}
+            for o in offers]
+
+
+def mig_devices(offer: MigOffer) -> list[dict[str, Any]]:
+    """One device per (profile, placement) of a GPU in MIG mode that overlaps no blocked slot,
+    for the profiles tessera knows on its model."""
+    table = PROFILES.get(offer.model, {})
+    out: list[dict[str, Any]] = []
+    for profile in sorted(offer.placements, key=lambda n: (table[n].compute, table[n].slots)
+                          if n in table else (99, 99)):
+        prof = table.get(profile)
+        if prof is None:
+            continue  # +me and profiles tessera does not place
+        for start, size in sorted(offer.placements[profile]):
+            if any(b < start + size and start < b + bs for b, bs in offer.blocked):
+                continue
+            out.append({
+                "name": mig_device_name(offer.index, profile, start),
+                "attributes": {
+                    "type": {"string": "mig"},
+                    "profile": {"string": profile},
+                    "placementStart": {"int": start},
+                    "placementSize": {"int": size},
+                    "parentUUID": {"string": offer.uuid},
+                    "parentIndex": {"int": offer.index},
+                    "model": {"string": offer.model},
+                    "productName": {"string": offer.product[:64]},
+                    "migEnabled": {"bool": True},
+                },
+                "capacity": {"memory": {"value": str(offer.memory_mib.get(profile, 0) * MiB)}},
+                "consumesCounters": [{
+                    "counterSet": counter_set_name(offer.index),
+                    "counters": {**{slot_counter(s): {"value": "1"}
+                                    for s in range(start, start + size)},
+                                 COMPUTE_COUNTER: {"value": str(prof.compute)}}}],
+            })
+    return out
+
+
+def pool_specs(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None = None,
+               offers: Sequence[MigOffer] = ()) -> dict[str, dict[str, Any]]:
+    """The node's pool as slice name suffix -> the slice's content (``devices`` or
+    ``sharedCounters``): ``""`` the GPUs as before; with GPUs in MIG mode also ``-counters-K``
+    (at most 8 counter sets each) and ``-mig-K`` (a GPU's devices kept in one slice, at most 64
+    devices per slice). Empty when there is nothing to publish."""
+    whole = devices(inv, headroom)
+    if not whole and not offers:
+        return {}
+    out: dict[str, dict[str, Any]] = {"": {"devices": whole}}
+    sets = counter_sets(offers)
+    for k in range(0, len(sets), MAX_COUNTER_SETS):
+        out[f"-counters-{k // MAX_COUNTER_SETS}"] = {"sharedCounters": sets[k:k + MAX_COUNTER_SETS]}
+    chunk: list[dict[str, Any]] = []
+    for offer in offers:
+        devs = mig_devices(offer)
+        if chunk and len(chunk) + len(devs) > MAX_COUNTER_DEVICES:
+            out[f"-mig-{sum(1 for k in out if k.startswith('-mig-'))}"] = {"devices": chunk}
+            chunk = []
+        chunk += devs  # one GPU has fewer placements than the limit
+    if chunk:
+        out[f"-mig-{sum(1 for k in out if k.startswith('-mig-'))}"] = {"devices": chunk}
+    return out
+
+
+def pool_digest(specs: Mapping[str, Mapping[str, Any]]) -> str:
+    """A digest of the pool's slices compared by value (see :func:`devices_digest`)."""
+    return devices_digest([{"suffix": k, **specs[k]} for k in sorted(specs)])
+
+
+def pool_slices(node: str, node_uid: str, specs: Mapping[str, Mapping[str, Any]],
+                generation: int = 1) -> list[dict[str, Any]]:
+    """The pool's slice objects (all with one generation and the pool's slice count), each
+    owned by the Node."""
+    out = []
+    for suffix in sorted(specs):
+        meta: dict[str, Any] = {"name": slice_name(node) + suffix}
+        if node_uid:
+            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node,
+                                        "uid": node_uid, "controller": True}]
+        spec: dict[str, Any] = {"driver": DRIVER, "nodeName": node,
+                                "pool": {"name": node, "generation": generation,
+                                         "resourceSliceCount": len(specs)},
+                                **specs[suffix]}
+        out.append({"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
+                    "spec": spec})
+    return out

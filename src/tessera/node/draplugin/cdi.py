@@ -28,7 +28,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tessera.core.errors import InvalidRequest
 from tessera.core.podgroups import share_group
@@ -47,6 +47,7 @@ from tessera.isolation.library import LIBRARY_NAME
 from tessera.node.containers import REGION_DIR_MODE, REGION_FILE_MODE
 from tessera.node.install import PRELOAD_NAME
 from tessera.node.reclaim import DEFAULT_WAIT_MS
+from tessera.node.resourceslice import parse_mig_device
 
 DRIVER = "gpu.tessera.io"
 CDI_KIND = "gpu.tessera.io/claim"
@@ -55,6 +56,15 @@ CONTAINER_CONFIG_DIR = "/etc/tessera"
 CONTAINER_REGION_DIR = "/run/tessera"
 CONTAINER_LOANS_DIR = "/run/tessera-loans"
 PRELOAD_PATH = "/etc/ld.so.preload"
+
+
+class MigClaims(Protocol):
+    """The node's MIG partitions as claims use them (:class:`tessera.node.kube_mig.KubeMig`)."""
+
+    def prepare_claim(self, claim_uid: str, gpu: str, profile: str, start: int) -> Any:
+        """The partition (``.uuid``: ``MIG-…``); raises naming the step on failure."""
+
+    def release_claim(self, claim_uid: str) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,8 @@ class PluginConfig:
     """GPU UUID -> bytes kept back on it (the library charges that per CUDA context)."""
     not_ready: str = ""
     """Why this node cannot enforce a share now (empty: it can); prepare refuses meanwhile."""
+    mig: MigClaims | None = None
+    """This node's MIG partitions (None: no GPU here is in MIG mode, or MIG is unavailable)."""
 
 
 @dataclass(frozen=True)
@@ -93,8 +105,7 @@ class ClaimDevice:
     share_id: str
 
 
-def claim_devices(claim: Mapping[str, Any], cfg: PluginConfig) -> list[ClaimDevice]:
-    """The claim's gpu.tessera.io devices on this node; InvalidRequest naming what is wrong."""
+def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     results = [r for r in (((claim.get("status") or {}).get("allocation") or {}).get("devices")
                            or {}).get("results") or [] if r.get("driver") == DRIVER]
     if not results:
@@ -105,6 +116,70 @@ def claim_devices(claim: Mapping[str, Any], cfg: PluginConfig) -> list[ClaimDevi
         raise InvalidRequest("status.allocation.devices.results.request",
                              f"names {len(requests)} {DRIVER} requests ({', '.join(sorted(requests))});"
                              " one request per claim is supported")
+    return results
+
+
+def is_mig_claim(claim: Mapping[str, Any]) -> bool:
+    """Whether the claim's allocation names MIG partitions (``gpu-I-mig-…`` devices)."""
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices")
+               or {}).get("results") or []
+    return any(r.get("driver") == DRIVER and parse_mig_device(str(r.get("device", "")))
+               for r in results)
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    request: str
+    name: str
+    """The slice's device name, ``gpu-I-mig-3g20gb-4``."""
+    gpu: str
+    """The parent GPU's UUID."""
+    index: int
+    profile: str
+    start: int
+
+
+def mig_devices(claim: Mapping[str, Any], cfg: PluginConfig) -> list[MigDevice]:
+    """The claim's MIG partitions on this node; InvalidRequest naming what is wrong."""
+    out = []
+    for r in _results(claim):
+        name = str(r.get("device", ""))
+        parsed = parse_mig_device(name)
+        if parsed is None:
+            raise InvalidRequest("status.allocation.devices.results.device",
+                                 f"names {name!r} beside MIG partitions; a claim holds MIG "
+                                 "partitions or GPUs, not both")
+        if r.get("pool") != cfg.node:
+            raise InvalidRequest("status.allocation.devices.results.pool",
+                                 f"is {r.get('pool')!r}, not this node {cfg.node!r}")
+        index, profile, start = parsed
+        if index not in cfg.uuids:
+            raise InvalidRequest("status.allocation.devices.results.device",
+                                 f"names {name!r}, on GPU {index}, which NVML on {cfg.node} "
+                                 "does not list")
+        out.append(MigDevice(str(r.get("request", "")), name, cfg.uuids[index], index, profile,
+                             start))
+    if len({(d.index, d.start) for d in out}) != len(out):
+        raise InvalidRequest("status.allocation.devices.results.device",
+                             "names one placement twice in one claim")
+    return out
+
+
+def mig_cdi_spec(uid: str, devices: list[MigDevice], uuids: list[str]) -> dict[str, Any]:
+    """A MIG claim's spec: the partitions' ``MIG-…`` UUIDs as ``NVIDIA_VISIBLE_DEVICES`` (the
+    NVIDIA container runtime's way; MIG isolates in hardware, so no isolation library)."""
+    return {
+        "cdiVersion": CDI_VERSION, "kind": CDI_KIND,
+        "containerEdits": {"env": [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}"]},
+        "devices": [{"name": f"{uid}-{d.name}", "containerEdits": {"env": [
+            f"TESSERA_MIG_UUID_{i}={u}", f"TESSERA_MIG_PROFILE_{i}={d.profile}"]}}
+            for i, (d, u) in enumerate(zip(devices, uuids, strict=True))],
+    }
+
+
+def claim_devices(claim: Mapping[str, Any], cfg: PluginConfig) -> list[ClaimDevice]:
+    """The claim's gpu.tessera.io devices on this node; InvalidRequest naming what is wrong."""
+    results = _results(claim)
     out = []
     for r in results:
         if r.get("pool") != cfg.node:

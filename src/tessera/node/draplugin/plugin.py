@@ -33,6 +33,9 @@ from tessera.node.draplugin.cdi import (
     check_uid,
     claim_devices,
     config_text,
+    is_mig_claim,
+    mig_cdi_spec,
+    mig_devices,
     pods_group,
     pods_priority_class,
     remove_claim,
@@ -85,6 +88,8 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
         got = (claim.get("metadata") or {}).get("uid")
         if got != c.uid:
             raise InvalidRequest("claim.uid", f"the API server's claim has UID {got}", c.uid)
+        if is_mig_claim(claim):
+            return self.prepare_mig(c.uid, claim, cfg)
         devices = claim_devices(claim, cfg)
         if cfg.claims_dir is not None:
             users = self.users(claim)
@@ -102,6 +107,30 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
             replies.append(reply)
         return replies
 
+    def prepare_mig(self, uid: str, claim: Mapping[str, Any], cfg: PluginConfig) -> list[Any]:
+        """A claim of MIG partitions (class mig.tessera.io): each made or reused on its GPU
+        (:meth:`tessera.node.kube_mig.KubeMig.prepare_claim`, journaled); on an error the ones
+        already given to the claim are left idle and the error names the step."""
+        devices = mig_devices(claim, cfg)
+        if cfg.mig is None:
+            raise InvalidRequest("status.allocation.devices.results.device",
+                                 f"names MIG partition {devices[0].name}, but MIG partitions "
+                                 f"are not available on {cfg.node} (no GPU in MIG mode, or "
+                                 "its journal could not be read: see tessera-node's log)")
+        uuids = []
+        for d in devices:
+            try:
+                uuids.append(str(cfg.mig.prepare_claim(uid, d.gpu, d.profile, d.start).uuid))
+            except Exception as exc:
+                cfg.mig.release_claim(uid)
+                raise RuntimeError(f"MIG {d.profile} at memory slot {d.start} of GPU {d.index} "
+                                   f"({d.gpu}): {exc}") from None
+        write_spec(cfg, uid, mig_cdi_spec(uid, devices, uuids))
+        return [dra_pb2.Device(request_names=[d.request], pool_name=cfg.node,
+                               device_name=d.name,
+                               cdi_device_ids=[f"{DRIVER}/claim={uid}-{d.name}"])
+                for d in devices]
+
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
         out = dra_pb2.NodePrepareResourcesResponse()
         for c in request.claims:
@@ -115,7 +144,10 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
         out = dra_pb2.NodeUnprepareResourcesResponse()
         for c in request.claims:
             try:
-                remove_claim(self.config(), c.uid)
+                cfg = self.config()
+                remove_claim(cfg, c.uid)
+                if cfg.mig is not None:
+                    cfg.mig.release_claim(c.uid)  # left idle, for reuse
                 out.claims[c.uid].error = ""
             except Exception as exc:
                 out.claims[c.uid].error = f"claim {c.namespace}/{c.name}: {exc}"
