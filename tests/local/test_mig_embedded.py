@@ -18,6 +18,7 @@ import pytest
 from tessera.isolation.build import NativeBuild, ensure_built
 from tessera.testing.embedded import EmbeddedServer
 from tests.node.test_fake_mig import A100_40, nvml
+from tests.waiting import wait_until
 
 V100 = "Tesla V100-SXM2-16GB=16Gi"
 HOLD = ["sh", "-c", "sleep 600"]
@@ -256,3 +257,51 @@ def test_the_cycle_counts_running_partitions_in_the_projects_quota(server: MigSe
                                        "needs 0.75 more")
         assert server.cli("submit", "half", "-p", "lim", "-g", "0.5", "--", *HOLD).returncode == 0
         server.wait_for(client, "half", "Running")
+
+
+def test_image_gets_its_mig_device(native: NativeBuild, tmp_path: Path) -> None:
+    """``submit -i IMAGE --gpu-mig-profile``: the container runtime (the stand-in podman of
+    tests/cli/test_container_runtime.py: no container can run here) is asked to run the image
+    with the partition's MIG UUID as its device and no isolation library (MIG isolates in
+    hardware)."""
+    import stat
+    from collections.abc import Sequence
+
+    from tests.cli.test_container_runtime import FAKE_RUNTIME
+
+    bindir, state = tmp_path / "bin", tmp_path / "state"
+    bindir.mkdir()
+    state.mkdir()
+    podman = bindir / "podman"
+    podman.write_text(FAKE_RUNTIME)
+    podman.chmod(podman.stat().st_mode | stat.S_IXUSR)
+
+    class RuntimeMigServer(MigServer):
+        @property
+        def env(self) -> dict[str, str]:
+            env = super().env
+            env["PATH"] = f"{bindir}:{env.get('PATH', '')}"
+            env["FAKE_RUNTIME_STATE"] = str(state)
+            return env
+
+        def server_argv(self, simulate: Sequence[str] | None) -> list[str]:
+            return [*super().server_argv(simulate), "--runtime", "podman"]
+
+    s = RuntimeMigServer(tmp_path / "srv", native)
+    with s.serving("team-a"), s.http() as client:
+        s.cli("submit", "img", "-p", "team-a", "--gpu-mig-profile", "1g.5gb", "-i", "cuda-app")
+        w = s.wait_for(client, "img", "Running")
+        uuid = w["phaseMessage"].rsplit(" ", 1)[-1]
+        assert uuid.startswith("MIG-"), w["phaseMessage"]
+
+        def runs() -> list[list[str]] | None:
+            path = state / "calls.jsonl"
+            calls = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+            return [c for c in calls if c and c[0] == "run"] or None
+        [run] = wait_until("the runtime asked to run the image", runs)
+        assert run[-1] == "cuda-app", run
+        envs = dict(run[i + 1].split("=", 1) for i, a in enumerate(run) if a == "--env")
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == envs["CUDA_VISIBLE_DEVICES"] == uuid, envs
+        assert envs["TESSERA_MIG_PROFILE"] == "1g.5gb" and "LD_PRELOAD" not in envs, envs
+        assert not [a for a in run if a.startswith("--volume")], run
+        assert [p["uuid"] for p in s.partitions()] == [uuid]

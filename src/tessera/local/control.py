@@ -486,14 +486,10 @@ class LocalBackend(TokenAuth):
     def _check_mig(self, s: WorkloadSubmission) -> float:
         """A MIG request this machine can serve: its GPU fraction; else a refusal naming the
         field and what exists."""
-        field = "spec.compute.gpuMigProfile"
         assert s.mig_profile is not None
         if s.workers != 1:
             raise InvalidRequest("spec.workers", "must be 1 with gpuMigProfile (one partition, "
                                  "one pod)", s.workers)
-        if not s.command:
-            raise InvalidRequest(field, "needs a command (an image's container is not given a "
-                                 "MIG device in embedded mode yet)", s.mig_profile)
         with self._lock:
             return self.mig.check(s.mig_profile)
 

@@ -166,6 +166,7 @@ class PodProcesses:
         by_index = {g.index: g for g in self.machine.node.gpus}
         argv = list(w.spec.get("_argv") or [])
         container = w.spec.get("_container")
+        mig = w.spec.get("_migDevice")
         pods: list[dict[str, Any]] = []
         for i, p in enumerate(placements):
             env = self.env(w, i, p)
@@ -174,7 +175,10 @@ class PodProcesses:
             if container:
                 rt = containers.Runtime(container["runtime"], container["path"],
                                         bool(container.get("cdi")))
+                # A MIG workload's container gets its partition (the MIG-... UUID, by CDI name
+                # or through the NVIDIA hook's NVIDIA_VISIBLE_DEVICES), never the whole GPU.
                 pod_argv = rt.run_argv(f"{w.id}-{i}", container["image"], env,
+                                       [mig["uuid"]] if mig else
                                        [by_index[d].uuid for d in p.devices],
                                        containers.isolation_mounts(env),
                                        ports=[tuple(x) for x in w.spec.get("_ports") or []])
@@ -186,7 +190,6 @@ class PodProcesses:
             check_argv(list(pod_argv), "spec.command")
             check_env(env, "spec.environmentVariables")
             log, exit_file = self.runner.paths(f"{w.id}-{i}")
-            mig = w.spec.get("_migDevice")
             pods.append({
                 **({"mig": dict(mig)} if mig else {}),
                 "index": i,
