@@ -516,3 +516,16 @@ int fake_mig_find(const char *uuid, int *phys, unsigned *gi, unsigned *ci) {
     fake_state_unlock();
     return found;
 }
+
+int fake_mig_mode(const fake_device *d) {
+    const char *dir = getenv("FAKE_GPU_MIG_MODE_DIR");
+    int n = 0;
+    if (!dir || !*dir || !fake_mig_profiles(d, &n)) return d->mig;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%d", dir, d->index);
+    FILE *f = fopen(path, "r");
+    if (!f) return d->mig;
+    int c = fgetc(f);
+    fclose(f);
+    return c == '1';
+}

@@ -97,6 +97,10 @@ typedef struct {
 
 /* The device's MIG profile table (NULL, *n = 0 when the product has no MIG). */
 const fake_mig_profile *fake_mig_profiles(const fake_device *d, int *n);
+/* Whether the device is in MIG mode now: FAKE_GPU_MIG_<i> at load, or, with
+ * FAKE_GPU_MIG_MODE_DIR, the file DIR/<i> ("1" on, anything else off) read at each call where
+ * it exists: an operator switching MIG mode (nvidia-smi -mig 1 and a reset) while processes run. */
+int fake_mig_mode(const fake_device *d);
 /* The shared MIG state; call between fake_state_lock and fake_state_unlock. */
 fake_mig_state *fake_mig_state_get(void);
 /* "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of a compute instance (serial), and its bytes. */

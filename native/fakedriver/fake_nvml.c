@@ -11,6 +11,7 @@
  * between every pair / between devices 2k and 2k+1; default none); topology: devices 2k and 2k+1
  * share a PCIe switch (SINGLE), devices in the same half share a NUMA node (NODE), else SYSTEM.
  * FAKE_GPU_MIG_<i>=1 on an A100/H100/H200: MIG mode (GPU and compute instances in FAKE_GPU_STATE);
+ * FAKE_GPU_MIG_MODE_DIR: the file DIR/<i> ("1"/"0"), where it exists, is the mode at each call.
  * FAKE_NVML_FAIL=FUNCTION=CODE,...: that MIG call fails with that NVML error.
  * FAKE_NVML_HOST_PIDS=1: processes are listed by the PID the host sees (PID + 1000000), as NVML
  * lists them to a process inside a container with its own PID namespace.
@@ -427,8 +428,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     if (!d || !current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
     int n;
     if (!fake_mig_profiles(d, &n)) return NVML_ERROR_NOT_SUPPORTED;
-    *current = (unsigned)d->mig;
-    *pending = (unsigned)d->mig;
+    *current = (unsigned)fake_mig_mode(d);
+    *pending = (unsigned)fake_mig_mode(d);
     return NVML_SUCCESS;
 }
 
@@ -657,7 +658,7 @@ static nvmlReturn_t gi_profile(nvmlDevice_t device, unsigned profile, const fake
     if (!d || profile >= GI_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     int n;
     const fake_mig_profile *t = fake_mig_profiles(d, &n);
-    if (!t || !d->mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!t || !fake_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
     for (int i = 0; i < n; i++) {
         if (t[i].index == profile) {
             *out = &t[i];
@@ -701,7 +702,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoByIdV(nvmlDevice_t device
     fake_device *d = dev_of(device);
     if (!d) return NVML_ERROR_INVALID_ARGUMENT;
     const fake_mig_profile *p = profile_by_id(d, profileId);
-    if (!p || !d->mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!p || !fake_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
     return gi_info_v2(p, info);
 }
 
@@ -761,7 +762,7 @@ EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device
     if (!d || !placement || !gpuInstance) return NVML_ERROR_INVALID_ARGUMENT;
     if (injected("nvmlDeviceCreateGpuInstanceWithPlacement")) return injected("nvmlDeviceCreateGpuInstanceWithPlacement");
     int n;
-    if (!fake_mig_profiles(d, &n) || !d->mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!fake_mig_profiles(d, &n) || !fake_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
     const fake_mig_profile *p = profile_by_id(d, profileId);
     if (!p) return NVML_ERROR_INVALID_ARGUMENT;
     if (placement->start >= FAKE_MIG_SLOTS || !(p->starts & (1u << placement->start)) ||
@@ -779,7 +780,7 @@ EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned in
     fake_device *d = dev_of(device);
     if (!d || !gpuInstance) return NVML_ERROR_INVALID_ARGUMENT;
     int n;
-    if (!fake_mig_profiles(d, &n) || !d->mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!fake_mig_profiles(d, &n) || !fake_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
     const fake_mig_profile *p = profile_by_id(d, profileId);
     if (!p) return NVML_ERROR_INVALID_ARGUMENT;
     nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_RESOURCES;
@@ -796,7 +797,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devic
     fake_device *d = dev_of(device);
     if (!d || !count) return NVML_ERROR_INVALID_ARGUMENT;
     const fake_mig_profile *p = profile_by_id(d, profileId);
-    if (!p || !d->mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!p || !fake_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
     fake_state_lock();
     unsigned mask, compute, c = 0, have = mig_count_of(d, p);
     mig_used(d, &mask, &compute);
@@ -842,7 +843,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int 
     if (!d || !count) return NVML_ERROR_INVALID_ARGUMENT;
     int n;
     const fake_mig_profile *t = fake_mig_profiles(d, &n);
-    if (!t || !d->mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!t || !fake_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
     const fake_mig_profile *p = profile_by_id(d, profileId);
     if (!p) return NVML_ERROR_INVALID_ARGUMENT;
     fake_state_lock();
@@ -865,7 +866,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned i
     fake_device *d = dev_of(device);
     if (!d || !gpuInstance || id >= FAKE_MIG_IDS) return NVML_ERROR_INVALID_ARGUMENT;
     int n;
-    if (!fake_mig_profiles(d, &n) || !d->mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!fake_mig_profiles(d, &n) || !fake_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
     fake_state_lock();
     fake_gi *g = gi_find(d->index, id);
     fake_state_unlock();
@@ -1071,7 +1072,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned
     fake_device *d = dev_of(device);
     if (!d || !count) return NVML_ERROR_INVALID_ARGUMENT;
     int n;
-    *count = fake_mig_profiles(d, &n) && d->mig ? FAKE_MIG_COMPUTE : 0;
+    *count = fake_mig_profiles(d, &n) && fake_mig_mode(d) ? FAKE_MIG_COMPUTE : 0;
     return NVML_SUCCESS;
 }
 
@@ -1081,7 +1082,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, uns
     fake_device *d = dev_of(device);
     if (!d || !migDevice) return NVML_ERROR_INVALID_ARGUMENT;
     int n;
-    if (!fake_mig_profiles(d, &n) || !d->mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (!fake_mig_profiles(d, &n) || !fake_mig_mode(d)) return NVML_ERROR_NOT_SUPPORTED;
     if (index >= FAKE_MIG_COMPUTE) return NVML_ERROR_INVALID_ARGUMENT;
     /* MIG devices in the order of their GPU instance id, then compute instance id. */
     fake_state_lock();

@@ -304,3 +304,37 @@ def test_submitted_through_the_api(
     finally:
         kube_client.patch(Node, NODE, {"spec": {"taints": [t.to_dict() for t in taints or []]}})
         backend.stop()
+
+
+def test_mig_mode_switched_under_a_running_agent_is_followed(
+        kube_cluster: TestCluster, kube_client: Client, tmp_path: Path) -> None:
+    """An operator switches a GPU into MIG mode (``nvidia-smi -mig 1`` and a reset; the fake
+    reads the mode from a file) while tessera-node runs: the node's inventory says so within a
+    few syncs, with no restart, and back again when MIG mode goes off."""
+    name = "migk-node-switch"
+    manifest = node_manifest(name, NodeShape(gpus=1, model="A100-40GB"), index=211)
+    manifest["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
+    kube_client.create(codecs.from_dict(manifest))
+    kube_cluster.wait_nodes_ready([name])
+    modes = tmp_path / "mig-modes"
+    modes.mkdir()
+    agents = start_node_agents(kube_cluster, [name],
+                               env_overrides={"FAKE_GPU_MIG_MODE_DIR": str(modes)})
+
+    def mig_mode() -> bool | None:
+        ann = kube_client.get(Node, name).metadata.annotations or {}
+        raw = ann.get(names.NODE_GPU_INVENTORY)
+        return None if raw is None else bool(json.loads(raw)["gpus"][0]["mig"])
+    try:
+        agents.wait_ready()
+        assert wait_until("the inventory", lambda: mig_mode() is not None or None)
+        assert mig_mode() is False
+        (modes / "0").write_text("1")
+        wait_until("MIG mode on in the inventory", lambda: mig_mode() is True or None)
+        log = agents.agents[name].process.log_path.read_text()
+        assert "MIG mode is now on (an operator's change)" in log, log
+        (modes / "0").write_text("0")
+        wait_until("MIG mode off again", lambda: mig_mode() is False or None)
+    finally:
+        agents.stop()
+        kube_client.delete(Node, name)

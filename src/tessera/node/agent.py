@@ -233,14 +233,7 @@ class KubeAgent:
             except Exception as exc:
                 self.nvml_error = f"NVML inventory failed: {exc}"
                 self.nvml = None
-        if self.inventory is not None and self.nvml is not None and self.mig is None \
-                and any(g.mig_enabled for g in self.inventory.gpus):
-            try:
-                self.mig = KubeMig(self.nvml, self.opts.containers_dir / MIG_JOURNAL)
-                for line in self.mig.repairs:
-                    log.info("MIG journal: %s", line)
-            except (MigError, OSError) as exc:
-                log.warning("MIG partitions unavailable on this node: %s", exc)
+        self._start_mig()
         if self.inventory is not None and not self.headroom:
             self.headroom = headroom_for(self.inventory, self.nvml, self.opts.headroom_bytes,
                                          self.opts.measure_headroom)
@@ -268,6 +261,39 @@ class KubeAgent:
             self.dir_error = ""
         except OSError as exc:
             self.dir_error = f"containers directory {self.opts.containers_dir} is not writable: {exc}"
+
+    def _start_mig(self) -> None:
+        """Partitions of MIG pods, once some GPU is in MIG mode (tessera.node.kube_mig)."""
+        if self.inventory is not None and self.nvml is not None and self.mig is None \
+                and any(g.mig_enabled for g in self.inventory.gpus):
+            try:
+                self.mig = KubeMig(self.nvml, self.opts.containers_dir / MIG_JOURNAL)
+                for line in self.mig.repairs:
+                    log.info("MIG journal: %s", line)
+            except (MigError, OSError) as exc:
+                log.warning("MIG partitions unavailable on this node: %s", exc)
+
+    def follow_mig_modes(self) -> None:
+        """MIG mode is the operator's (tessera never switches it); when it changes under a
+        running agent, the inventory is read again, so the node's annotations (and the
+        scheduler) stop offering a GPU in MIG mode for shares and start offering its profiles,
+        or the other way round, without restarting tessera-node."""
+        if self.inventory is None or self.nvml is None:
+            return
+        try:
+            modes = self.nvml.mig_modes()
+        except Exception as exc:
+            log.warning("reading MIG modes failed: %r", exc)
+            return
+        before = tuple(g.mig_enabled for g in self.inventory.gpus)
+        if modes == before:
+            return
+        for g, now in zip(self.inventory.gpus, modes, strict=False):
+            if g.mig_enabled != now:
+                log.info("GPU %d (%s): MIG mode is now %s (an operator's change); inventory "
+                         "read again", g.index, g.uuid, "on" if now else "off")
+        self.inventory = self.nvml.inventory()
+        self._start_mig()
 
     @property
     def ready(self) -> bool:
@@ -606,6 +632,7 @@ class KubeAgent:
         log.info("pod %s/%s: MIG %s %s", w.namespace, w.name, w.profile, o.uuid)
 
     async def sync_once(self) -> None:
+        self.follow_mig_modes()
         await self.sync_mig()
         await self.publish_node()
         if time.monotonic() >= self.slice_retry_at:

@@ -152,6 +152,14 @@ class Nvml:
         except (self._nv.NVMLError, AttributeError):
             return None
 
+    def mig_modes(self) -> tuple[bool, ...]:
+        """Each GPU's current MIG mode (False where the product has none): cheap enough to ask
+        every sync, so an operator's switch (``nvidia-smi -mig 1`` and a reset) is seen."""
+        if self._nv is None:
+            raise NvmlUnavailable("NVML is not open")
+        modes = (self._optional(self._nv.nvmlDeviceGetMigMode, h) for h in self._handles)
+        return tuple(bool(m and m[0]) for m in modes)
+
     def inventory(self) -> Inventory:
         nv = self._nv
         if nv is None:
