@@ -20,6 +20,7 @@ from lightkube.types import PatchType
 
 from tessera.kube import names
 from tessera.kube.api_backend import KubeBackend
+from tessera.kube.objects import ProjectResource
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape, node_manifest
 from tessera.testing.node_agents import NodeAgents, start_node_agents
@@ -27,6 +28,7 @@ from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
     SchedulerEnv,
     bound,
     env,
+    events,
     get_pod,
     make_project,
     project,
@@ -58,9 +60,11 @@ def mig_node(kube_cluster: TestCluster, kube_client: Client) -> Iterator[NodeAge
         kube_client.delete(Node, NODE)
 
 
-def mig_pod(client: Client, ns: str, name: str, profile: str) -> None:
+def mig_pod(client: Client, ns: str, name: str, profile: str,
+            annotations: dict[str, str] | None = None) -> None:
     client.create(Pod(
-        metadata=ObjectMeta(name=name, namespace=ns, annotations={names.MIG_PROFILE: profile}),
+        metadata=ObjectMeta(name=name, namespace=ns,
+                            annotations={names.MIG_PROFILE: profile, **(annotations or {})}),
         spec=PodSpec(schedulerName=names.SCHEDULER_NAME,
                      tolerations=[Toleration(key=TAINT, operator="Exists", effect="NoSchedule")],
                      containers=[Container(name="main", image="example.invalid/cuda:12")]),
@@ -338,3 +342,98 @@ def test_mig_mode_switched_under_a_running_agent_is_followed(
     finally:
         agents.stop()
         kube_client.delete(Node, name)
+
+
+# ---- reclaim and preemption make MIG room (tessera.core.cycle.mig_room) -------------------------
+
+def _holds(client: Client, ns: str, *pods: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in pods:
+        p = get_pod(client, ns, name)
+        out[name] = json.loads((p.metadata.annotations if p.metadata else {})[names.MIG_PARTITION])
+    return out
+
+
+def _left(client: Client, ns: str) -> set[str]:
+    return {p.metadata.name for p in client.list(Pod, namespace=ns) if p.metadata and p.metadata.name}
+
+
+def test_reclaim_frees_a_mig_slot_for_a_project_below_its_deserved_quota(
+        env: SchedulerEnv, kube_cluster: TestCluster, kube_client: Client,  # noqa: F811
+        project: str, mig_node: NodeAgents) -> None:  # noqa: F811
+    """A project with no deserved GPUs holds both 3g.20gb of the A100-40GB; a project asking
+    its deserved quota for a 3g.20gb gets one: one holder is evicted (Reclaimed) and the new pod
+    is bound on the victim's partition, which tessera-node gives it as it is (same MIG UUID)."""
+    hog = project
+    kube_client.patch(ProjectResource, hog, {"spec": {"resources": {"gpu": {"deserved": 0}}}},
+                      patch_type=PatchType.MERGE)
+    for name in ("hog-0", "hog-1"):
+        mig_pod(kube_client, hog, name, "3g.20gb")
+    bound(kube_client, hog, "hog-0", "hog-1")
+    holds = _holds(kube_client, hog, "hog-0", "hog-1")
+    made = {name: mig_uuid(kube_client, hog, name) for name in holds}
+    starved = f"{hog}-b"
+    kube_cluster.kubectl("create", "namespace", starved)
+    make_project(kube_client, starved, starved, deserved=1)
+    try:
+        mig_pod(kube_client, starved, "taker", "3g.20gb")
+        bound(kube_client, starved, "taker")
+        left = _left(kube_client, hog)
+        assert len(left) == 1, left
+        (victim,) = {"hog-0", "hog-1"} - left
+        wait_until("the Reclaimed event", lambda: [
+            e for e in events(kube_client, hog, victim) if e.reason == "Reclaimed"] or None)
+        hold = _holds(kube_client, starved, "taker")["taker"]
+        assert (hold["gpu"], hold["start"], hold["remove"]) == (
+            holds[victim]["gpu"], holds[victim]["start"], [])
+        assert mig_uuid(kube_client, starved, "taker") == made[victim]
+    finally:
+        gone(kube_client, starved, "taker")
+
+
+def test_preemption_within_a_project_frees_a_mig_slot(
+        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        mig_node: NodeAgents) -> None:
+    """Two train pods hold both 3g.20gb; an inference pod of the same project preempts one
+    (Preempted) and is bound on its slot."""
+    ns = project
+    for name in ("low-0", "low-1"):
+        mig_pod(kube_client, ns, name, "3g.20gb")
+    bound(kube_client, ns, "low-0", "low-1")
+    holds = _holds(kube_client, ns, "low-0", "low-1")
+    mig_pod(kube_client, ns, "urgent", "3g.20gb", {names.PRIORITY_CLASS: "inference"})
+    bound(kube_client, ns, "urgent")
+    left = _left(kube_client, ns)
+    assert "urgent" in left and len(left & {"low-0", "low-1"}) == 1, left
+    (victim,) = {"low-0", "low-1"} - left
+    wait_until("the Preempted event", lambda: [
+        e for e in events(kube_client, ns, victim) if e.reason == "Preempted"] or None)
+    assert _holds(kube_client, ns, "urgent")["urgent"]["start"] == holds[victim]["start"]
+
+
+def test_no_pod_is_evicted_when_no_eviction_makes_room(
+        env: SchedulerEnv, kube_cluster: TestCluster, kube_client: Client,  # noqa: F811
+        project: str, mig_node: NodeAgents) -> None:  # noqa: F811
+    """A 7g.40gb needs the whole GPU; half of it is held by a pod of the asking project itself
+    (same priority: not a victim), so evicting the other project's pod would not make room:
+    nobody is evicted and the pod waits with the reason."""
+    hog = project
+    kube_client.patch(ProjectResource, hog, {"spec": {"resources": {"gpu": {"deserved": 0}}}},
+                      patch_type=PatchType.MERGE)
+    mig_pod(kube_client, hog, "hog-0", "3g.20gb")
+    bound(kube_client, hog, "hog-0")
+    starved = f"{hog}-b"
+    kube_cluster.kubectl("create", "namespace", starved)
+    make_project(kube_client, starved, starved, deserved=4)
+    try:
+        mig_pod(kube_client, starved, "mine", "3g.20gb")
+        bound(kube_client, starved, "mine")
+        mig_pod(kube_client, starved, "big", "7g.40gb")
+        why = wait_until("big pending", lambda: scheduled_false(kube_client, starved, "big"))
+        assert "no room for MIG 7g.40gb" in why, why
+        assert _left(kube_client, hog) == {"hog-0"}
+        assert not [e for e in events(kube_client, hog, "hog-0")
+                    if e.reason in ("Reclaimed", "Preempted")]
+    finally:
+        for pod in ("mine", "big"):
+            gone(kube_client, starved, pod)

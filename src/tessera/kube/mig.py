@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tessera.core.constraints import NodeConstraint, PlacedPods
@@ -98,24 +98,26 @@ def _overlaps(model: str, a: Partition, start: int, slots: int) -> bool:
     return a.start < start + slots and start < a.start + size
 
 
-def layout(gpus: Iterable[NodeMigGpu], holds: Iterable[MigHold]) -> list[MigGpu]:
+def layout(gpus: Iterable[NodeMigGpu], holds: Iterable[MigHold | tuple[MigHold, str]]) -> list[MigGpu]:
     """The node's MIG GPUs for :func:`choose`: what exists, with the slots live pods hold busy
-    (made or still to be made) and the idle partitions they asked to remove gone."""
-    by_gpu: dict[str, list[MigHold]] = {}
-    for h in holds:
-        by_gpu.setdefault(h.gpu, []).append(h)
+    (made or still to be made) and the idle partitions they asked to remove gone. A hold may
+    come with its pod (``namespace/name``), recorded as the partition's ``holder``."""
+    by_gpu: dict[str, list[tuple[MigHold, str]]] = {}
+    for item in holds:
+        h, who = item if isinstance(item, tuple) else (item, "")
+        by_gpu.setdefault(h.gpu, []).append((h, who))
     out = []
     for g in gpus:
         parts = list(g.partitions)
         table = PROFILES[g.model]
-        for h in by_gpu.get(g.uuid, ()):
+        for h, who in by_gpu.get(g.uuid, ()):
             prof = table.get(h.profile)
             if prof is None:
                 continue
             mine = [p for p in parts if p.start == h.start and p.profile == h.profile]
             parts = [p for p in parts if p not in mine and (p.busy or (
                 p.start not in h.remove and not _overlaps(g.model, p, h.start, prof.slots)))]
-            parts.append(Partition(h.profile, h.start, True, mine[0].uuid if mine else ""))
+            parts.append(Partition(h.profile, h.start, True, mine[0].uuid if mine else "", who))
         out.append(MigGpu(g.uuid, g.model, tuple(sorted(parts, key=lambda p: p.start))))
     return out
 
@@ -137,7 +139,8 @@ def apply_choice(gpus: list[MigGpu], profile: str, choice: MigChoice) -> MigHold
         if g.key != choice.gpu:
             continue
         gone = {p.start for p in choice.destroy}
-        parts = [p for p in g.partitions if p.start not in gone and p != choice.reuse]
+        reused = None if choice.reuse is None else choice.reuse.start
+        parts = [p for p in g.partitions if p.start not in gone and p.start != reused]
         parts.append(Partition(profile, choice.start, True,
                                choice.reuse.uuid if choice.reuse else ""))
         gpus[i] = MigGpu(g.key, g.model, tuple(sorted(parts, key=lambda p: p.start)))
@@ -159,11 +162,32 @@ class MigView:
 
     @classmethod
     def build(cls, node_gpus: Mapping[str, tuple[NodeMigGpu, ...]],
-              holds: Iterable[tuple[str, MigHold]]) -> MigView:
-        per: dict[str, list[MigHold]] = {}
-        for node, h in holds:
-            per.setdefault(node, []).append(h)
+              holds: Iterable[tuple[str, MigHold] | tuple[str, MigHold, str]]) -> MigView:
+        """``holds``: (node, hold) or (node, hold, the pod as ``namespace/name``)."""
+        per: dict[str, list[tuple[MigHold, str]]] = {}
+        for node, h, *who in holds:
+            per.setdefault(node, []).append((h, who[0] if who else ""))
         return cls({n: layout(g, per.get(n, ())) for n, g in node_gpus.items() if g})
+
+    def for_cycle(self, workload_of: Mapping[str, str]) -> dict[str, tuple[MigGpu, ...]]:
+        """``Snapshot.mig``: each busy partition's holder the workload of its pod
+        (``workload_of``: ``namespace/name`` -> workload id); a pod not in the snapshot (being
+        evicted, or no pod at all: an operator's partition) holds it as no one, never a victim."""
+        return {n: tuple(MigGpu(g.key, g.model, tuple(
+            replace(p, holder=workload_of.get(p.holder, "")) for p in g.partitions))
+            for g in gs) for n, gs in self.nodes.items()}
+
+    def release(self, node: str, pods: Iterable[str]) -> None:
+        """These pods' partitions on ``node`` are idle now (they were evicted for a pod about
+        to be bound there), as the cycle saw them when it chose that pod's partition."""
+        gone = set(pods)
+        gpus = self.nodes.get(node)
+        if not gone or gpus is None:
+            return
+        for i, g in enumerate(gpus):
+            gpus[i] = MigGpu(g.key, g.model, tuple(
+                Partition(p.profile, p.start, False, p.uuid) if p.busy and p.holder in gone else p
+                for p in g.partitions))
 
     def room(self, profile: str) -> tuple[dict[str, float], str]:
         """Nodes where ``profile`` can be had, each with a preference (:func:`preference`), and
@@ -239,6 +263,11 @@ class MigConstraint:
 
     def admits(self, node: Node, placed: PlacedPods) -> bool:
         return self.inner is None or self.inner.admits(node, placed)
+
+    def without_room(self) -> NodeConstraint | None:
+        """The pod's own constraint, for the cycle's search that makes MIG room by eviction
+        (tessera.core.constraints.without_room)."""
+        return self.inner
 
     def refusals(self, nodes: tuple[Node, ...]) -> str:
         out = [n for n in nodes if n.name not in self.room]

@@ -166,7 +166,8 @@ def pod_request(
         a, b = _container_amounts(c, "requests")
         cpu = max(cpu, a)
         mem = max(mem, b)
-    return ResourceRequest(gpu=gpu, cpu_milli=cpu, memory=mem, gpus=fraction)
+    return ResourceRequest(gpu=gpu, cpu_milli=cpu, memory=mem, gpus=fraction,
+                           mig=None if fraction is None else mig_profile(annotations))
 
 
 def mig_profile(annotations: Mapping[str, str]) -> str | None:

@@ -39,7 +39,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVo
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import choose
+from tessera.core.mig import MigChoice, choose
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.placement import DEFAULT_POLICY, POLICIES
 from tessera.core.state import Placement
@@ -527,9 +527,10 @@ class KubeScheduler:
         gpus = {n: ni.mig for n, ni in self.nodes.items.items() if ni.mig}
         if not gpus:
             return MigView()
-        holds = [(p.node, p.mig_hold) for p in self.pods.items.values()
+        holds = [(p.node, p.mig_hold, f"{p.namespace}/{p.name}") for p in self.pods.items.values()
                  if p.node and p.mig_hold is not None and not p.finished]
-        return MigView.build(gpus, [*holds, *self.mig_assumed.values()])
+        assumed = [(node, hold, f"{key[0]}/{key[1]}") for key, (node, hold) in self.mig_assumed.items()]
+        return MigView.build(gpus, [*holds, *assumed])
 
     async def cycle(self) -> Plan | None:
         t0 = time.perf_counter()
@@ -649,8 +650,11 @@ class KubeScheduler:
                 failed = self.bind_failures.get(key)
                 if failed is not None and time.monotonic() < failed[2]:
                     continue
-                if pod.mig_profile is not None and not self._choose_mig(pod, pb.placement.node):
-                    continue  # taken by another pod of this cycle: the next cycle looks again
+                if pod.mig_profile is not None:
+                    # The cycle chose the partition (PodBinding.mig) with its victims' idle.
+                    self.mig_view.release(pb.placement.node, (f"{k[0]}/{k[1]}" for k in victims))
+                    if not self._choose_mig(pod, pb.placement.node, pb.mig):
+                        continue  # taken by another pod of this cycle: the next cycle looks again
                 self.assumed[key] = pb.placement
                 self.report.forget(key)
                 task = asyncio.create_task(self._bind(key, pb.placement, victims))
@@ -672,12 +676,14 @@ class KubeScheduler:
         self._evict_lost(ctx)
         self.report.projects(plan, self.projects.items)
 
-    def _choose_mig(self, pod: PodInfo, node: str) -> bool:
-        """The GPU and slot of a MIG pod's partition on the node the cycle chose (an idle one
-        of the profile, else the slot that fragments least, else after removing idle ones)."""
+    def _choose_mig(self, pod: PodInfo, node: str, chosen: MigChoice | None = None) -> bool:
+        """The GPU and slot of a MIG pod's partition on the node the cycle chose: ``chosen``
+        (the cycle's, over the same view), else ``choose`` now (an idle one of the profile,
+        else the slot that fragments least, else after removing idle ones)."""
         assert pod.mig_profile is not None
         gpus = self.mig_view.nodes.get(node)
-        choice = choose(gpus, pod.mig_profile) if gpus else None
+        choice = chosen if gpus and chosen is not None and any(
+            g.key == chosen.gpu for g in gpus) else choose(gpus, pod.mig_profile) if gpus else None
         if gpus is None or choice is None:
             return False
         self.mig_assumed[pod.key] = (node, apply_choice(gpus, pod.mig_profile, choice))

@@ -203,7 +203,10 @@ class SnapshotBuilder:
             if fence is not None:
                 workloads.append(fence)
                 projects_out.append(Project(FENCE_PROJECT, gpu=Quota(deserved=-1), priority=10**6))
-        snapshot = Snapshot(tuple(core_nodes), tuple(projects_out), tuple(workloads), now)
+        view = mig or MigView()
+        workload_of = {f"{k[0]}/{k[1]}": wid for wid, keys in ctx.pods_of.items() for k in keys}
+        layout = {n: gpus for n, gpus in view.for_cycle(workload_of).items() if n in node_names}
+        snapshot = Snapshot(tuple(core_nodes), tuple(projects_out), tuple(workloads), now, layout)
         return snapshot, ctx
 
 

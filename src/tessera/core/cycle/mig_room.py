@@ -14,6 +14,7 @@ pod's CPU and memory. The pod is then bound there, after those evictions, with t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from tessera.core.constraints import without_room
 from tessera.core.mig import MigGpu, MigRoom, Victim, make_room
@@ -53,9 +54,10 @@ def find_room(session: Session, ws: WorkloadState, candidates: Iterable[Workload
         ns = session.state.by_name[node]
         if constraint is not None and not session.node_allowed(constraint, ns):
             continue
-        for g in gs:
-            gpus.append(g)
-            node_of[g.key] = node
+        for g in gs:  # keyed by node too: a GPU key need only be unique on its node
+            key = f"{node}\x00{g.key}"
+            gpus.append(MigGpu(key, g.model, g.partitions))
+            node_of[key] = node
 
     def ok(gpu: str, combo: tuple[str, ...]) -> bool:
         node = node_of[gpu]
@@ -74,7 +76,10 @@ def find_room(session: Session, ws: WorkloadState, candidates: Iterable[Workload
         return request.cpu_milli <= cpu and request.memory <= mem
 
     room = make_room(gpus, request.mig, victims, ok)
-    return None if room is None else (node_of[room.gpu], room)
+    if room is None:
+        return None
+    gpu = room.gpu.split("\x00", 1)[1]
+    return node_of[room.gpu], MigRoom(gpu, room.victims, replace(room.choice, gpu=gpu))
 
 
 def bind_in_room(session: Session, ws: WorkloadState, node: str, room: MigRoom,

@@ -22,16 +22,16 @@ class MigState:
     def __init__(self, nodes: Mapping[str, tuple[MigGpu, ...]], known: set[str],
                  on_undo: Callable[[Callable[[], None]], None]) -> None:
         self.nodes: dict[str, list[MigGpu]] = {}
-        seen: set[str] = set()
         for node, gpus in sorted(nodes.items()):
             if node not in known:
                 raise InvalidRequest(f"mig.{node}", "names a node that is not in the snapshot")
+            seen: set[str] = set()
             for g in gpus:
                 if g.model not in PROFILES:
                     raise InvalidRequest(f"mig.{node}.{g.key}", "is not a MIG model tessera knows",
                                          g.model)
                 if g.key in seen:
-                    raise InvalidRequest(f"mig.{node}.{g.key}", "names a GPU twice")
+                    raise InvalidRequest(f"mig.{node}.{g.key}", "names a GPU twice on the node")
                 seen.add(g.key)
             self.nodes[node] = list(gpus)
         self.released: dict[str, list[tuple[str, int, Partition]]] = {}
