@@ -109,7 +109,7 @@ def test_partitions_are_made_reused_and_kept_idle(server: MigServer) -> None:
         assert server.submit("m3", "--gpu-mig-profile", "MIG 3g.20gb").returncode == 0
         waits = server.wait_for(client, "m3", "Pending", "no room")
         assert waits["phaseMessage"] == (
-            "waiting: no room for MIG 3g.20gb on this machine's MIG GPUs (GPU 0 A100-40GB: "
+            "no room for MIG 3g.20gb on this machine's MIG GPUs (GPU 0 A100-40GB: "
             "3g.20gb busy, 3g.20gb busy)")
         # Quota counts each 3g.20gb as 3/7 of a GPU.
         assert client.get("/api/v1/org-unit/projects/team-a").json()["status"]["allocated"]["gpu"] == 0.858
@@ -168,8 +168,8 @@ def test_bad_requests_are_refused_naming_the_flag_and_what_exists(server: MigSer
         server.wait_for(client, "q1", "Running")
         assert server.submit("q2", "--gpu-mig-profile", "1g.5gb", project="small").returncode == 0
         q2 = server.wait_for(client, "q2", "Pending", "limit")
-        assert q2["phaseMessage"] == ("waiting: project small uses 0.429 of its limit 0.5 GPUs; "
-                                      "MIG 1g.5gb counts as 0.143")
+        assert q2["phaseMessage"] == ("project small is at its limit of 0.5 GPU: 0.43 in use, "
+                                      "this needs 0.14 more")
 
 
 def test_no_mig_gpu_on_the_machine(tmp_path: Path) -> None:
@@ -305,3 +305,67 @@ def test_image_gets_its_mig_device(native: NativeBuild, tmp_path: Path) -> None:
         assert envs["TESSERA_MIG_PROFILE"] == "1g.5gb" and "LD_PRELOAD" not in envs, envs
         assert not [a for a in run if a.startswith("--volume")], run
         assert [p["uuid"] for p in s.partitions()] == [uuid]
+
+
+# ---- reclaim and preemption make MIG room (tessera.core.cycle.mig_room) ----------------------
+
+def test_a_project_below_its_deserved_quota_reclaims_a_mig_slot(server: MigServer) -> None:
+    """A project with no deserved GPUs holds both 3g.20gb; team-a (deserving 1 GPU) asks a
+    3g.20gb: one holder is stopped and requeued (reclaimed), its partition idle, and team-a's
+    workload runs on it as it is (same MIG UUID)."""
+    server.cli("project", "create", "hog", "--gpu", "0")
+    with server.http() as client:
+        for name in ("h1", "h2"):
+            assert server.submit(name, "--gpu-mig-profile", "3g.20gb", project="hog").returncode == 0
+        held = {name: env_of(server.wait_for(client, name, "Running"))["NVIDIA_VISIBLE_DEVICES"]
+                for name in ("h1", "h2")}
+        assert server.submit("t1", "--gpu-mig-profile", "3g.20gb").returncode == 0
+        t1 = server.wait_for(client, "t1", "Running")
+        docs = {name: server.workload(client, name) for name in ("h1", "h2")}
+        victims = [n for n, d in docs.items() if d["phase"] == "Pending"]
+        assert len(victims) == 1, docs
+        (victim,) = victims
+        assert [e["message"] for e in docs[victim]["events"] if e["kind"] == "Preempted"
+                and e["message"].startswith("reclaimed for t1")], docs[victim]["events"]
+        assert docs[({"h1", "h2"} - {victim}).pop()]["phase"] == "Running"
+        assert env_of(t1)["NVIDIA_VISIBLE_DEVICES"] == held[victim]
+        assert "an idle partition reused" in t1["phaseMessage"]
+        # The victim waits: team-a keeps what it reclaimed, hog's other one keeps running.
+        server.wait_for(client, victim, "Pending", "no room for MIG 3g.20gb")
+
+
+def test_a_higher_priority_workload_preempts_a_mig_slot_in_its_project(server: MigServer) -> None:
+    """Two train workloads hold both 3g.20gb; an inference workload of the same project
+    preempts one and runs on its partition."""
+    with server.http() as client:
+        for name in ("low1", "low2"):
+            assert server.submit(name, "--gpu-mig-profile", "3g.20gb").returncode == 0
+        held = {name: env_of(server.wait_for(client, name, "Running"))["NVIDIA_VISIBLE_DEVICES"]
+                for name in ("low1", "low2")}
+        assert server.submit("urgent", "--gpu-mig-profile", "3g.20gb",
+                             "--priority", "inference").returncode == 0
+        urgent = server.wait_for(client, "urgent", "Running")
+        docs = {name: server.workload(client, name) for name in ("low1", "low2")}
+        victims = [n for n, d in docs.items() if d["phase"] == "Pending"]
+        assert len(victims) == 1, docs
+        assert [e for e in docs[victims[0]]["events"] if e["kind"] == "Preempted"
+                and e["message"].startswith("preempted by urgent")], docs[victims[0]]["events"]
+        assert env_of(urgent)["NVIDIA_VISIBLE_DEVICES"] == held[victims[0]]
+
+
+def test_nobody_is_evicted_when_no_eviction_makes_room(server: MigServer) -> None:
+    """A 7g.40gb needs the whole GPU; half is held by its own project's workload (same
+    priority: not a victim), so evicting the other project's (which reclaim may take) would
+    not make room: nobody is evicted, and the reason says so."""
+    server.cli("project", "create", "hog", "--gpu", "0")
+    server.cli("project", "create", "big", "--gpu", "2")
+    with server.http() as client:
+        assert server.submit("h1", "--gpu-mig-profile", "3g.20gb", project="hog").returncode == 0
+        server.wait_for(client, "h1", "Running")
+        assert server.submit("b1", "--gpu-mig-profile", "3g.20gb", project="big").returncode == 0
+        server.wait_for(client, "b1", "Running")
+        assert server.submit("b2", "--gpu-mig-profile", "7g.40gb", project="big").returncode == 0
+        b2 = server.wait_for(client, "b2", "Pending", "reclaim found no")
+        assert b2["phaseMessage"].startswith("no room for MIG 7g.40gb on this machine's MIG GPUs")
+        assert server.workload(client, "h1")["phase"] == "Running"
+        assert server.workload(client, "b1")["phase"] == "Running"

@@ -18,7 +18,6 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from tessera.api.validation import check_limit, check_project, check_submission
 from tessera.core.cycle import Plan, Waiting
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import MigGpu
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
 from tessera.core.state import Placement
 from tessera.isolation.config import REGION_NAME
@@ -44,7 +44,7 @@ from tessera.local import containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
 from tessera.local.gpus import Machine
-from tessera.local.mig import LocalMig
+from tessera.local.mig import LocalMig, RoomNow, room_now
 from tessera.local.pods import PodProcesses
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
@@ -198,77 +198,59 @@ class LocalBackend(TokenAuth):
                 elif w.phase in ("Stopping", "Deleting"):
                     self.processes.finish_stop(w)
             now = time.time()
-            workloads = self._workloads(now)
+            layout = self._mig_layout()
+            workloads = self._workloads(now, layout)
             pending = [w for w in workloads if not w.placements]
             plan = refused((), "")
             if pending:
                 try:
                     plan = self.scheduler.run((self.machine.node,), self.store.projects(),
-                                              workloads, now)
+                                              workloads, now, {self.machine.node.name: tuple(
+                                                  layout[0])} if layout[0] else None)
                 except InvalidRequest as exc:
                     plan = refused(pending, f"the scheduling cycle refused this machine's state: {exc}")
             self._apply(plan, {w.id for w in pending})
-            self._mig_cycle()
             return plan
 
-    def _mig_cycle(self) -> None:
-        """Workloads asking for a MIG profile (tessera.local.mig): partitions of ended ones
-        become idle; pending ones get one (in submission order) or wait with the reason."""
-        mig = [w for w in self._active.values() if w.spec.get("_mig")]
-        if not mig:
-            self.mig.release(set())
-            return
-        self.mig.release({w.id for w in mig if w.phase in ("Running", "Stopping", "Deleting")
-                          or w.spec.get("_starting")})
-        waiting: dict[str, str] = {}
-        for w in sorted((w for w in mig if w.phase == "Pending" and not w.spec.get("_starting")),
-                        key=lambda w: w.created):
-            project = self.store.project(w.project_name)
-            if project is not None and project.limit is not None:
-                used = sum(x.gpus_allocated for x in self._active.values()
-                           if x.project_id == w.project_id and x.id != w.id)
-                if used + w.gpus_requested > project.limit + 1e-9:
-                    waiting[w.id] = (f"waiting: project {project.name} uses {used:g} of its "
-                                     f"limit {project.limit:g} GPUs; MIG {w.spec['_mig']} counts "
-                                     f"as {w.gpus_requested:g}")
-                    continue
-            try:
-                device, message = self.mig.place(w.id, w.spec["_mig"])
-            except MigError as exc:
-                waiting[w.id] = f"waiting: {exc}"
-                continue
-            w.spec["_migDevice"] = device
-            self.processes.start(w, [Placement(node=self.machine.node.name, exclusive=True)],
-                                 message)
-        self._apply(Plan((), (), (), tuple(Waiting(wid, "", "unschedulable", reason)
-                                           for wid, reason in waiting.items()), {}),
-                    set(waiting))
+    def _mig_layout(self) -> tuple[list[MigGpu], str]:
+        """Partitions of MIG workloads that no longer run become idle (kept for reuse); then the
+        MIG GPUs as the cycle sees them, with what is on them in words (tessera.local.mig)."""
+        if not self.machine.mig:
+            return [], ""
+        self.mig.release({w.id for w in self._active.values() if w.spec.get("_mig") and (
+            w.phase in ("Running", "Stopping", "Deleting") or w.spec.get("_starting"))})
+        return self.mig.for_cycle()
 
-    def _workloads(self, now: float) -> list[CoreWorkload]:
+    def _workloads(self, now: float, layout: tuple[list[MigGpu], str] = ([], "")) -> list[CoreWorkload]:
         """The active workloads as the cycle sees them: pending ones (except those waiting for
-        their victims to stop) and those holding GPUs of this machine."""
+        their victims to stop) and those holding GPUs of this machine. A pending MIG workload
+        may go only where its profile has room now (``layout``: the MIG GPUs and their words)."""
         out: list[CoreWorkload] = []
         here = {g.index: g.uuid for g in self.machine.node.gpus}
+        rooms: dict[str, RoomNow] = {}
         for wid, victims in list(self._awaiting.items()):
             if not any(v in self._active and self._active[v].phase != "Pending" for v in victims):
                 del self._awaiting[wid]
         for w in self._active.values():
-            if w.spec.get("_mig") and w.phase == "Pending":
-                continue  # MIG partitions are placed by _mig_cycle, outside the cycle
+            profile = w.spec.get("_mig")
+            if profile and w.phase == "Pending" and w.spec.get("_starting"):
+                continue
             if w.phase == "Pending":
                 if w.id not in self._awaiting:
-                    out.append(core_workload(w, None, now))
+                    room = None
+                    if profile:
+                        room = rooms.get(profile) or rooms.setdefault(
+                            profile, room_now(layout[0], layout[1], profile))
+                    out.append(core_workload(w, None, now, room))
             elif w.phase in ("Running", "Stopping", "Deleting"):
                 placements = [
                     pod_placement(p) for p in w.pods
                     if p.get("holds", True)
                     and all(here.get(d) == u for d, u in zip(p["devices"], p["uuids"], strict=True))
                 ]
-                if placements and w.spec.get("_mig"):
-                    # Counted by quota and fair share as its fraction; never a victim: the
-                    # cycle cannot make room on a MIG GPU (it is not one of its devices).
-                    out.append(replace(core_workload(w, placements, now), preemptible=False))
-                elif placements:
+                if placements:
+                    # A MIG one counts as its fraction; evicting it frees its partition
+                    # (Snapshot.mig), so reclaim and preemption may take it for MIG room.
                     out.append(core_workload(w, placements, now))
         return out
 
@@ -282,7 +264,7 @@ class LocalBackend(TokenAuth):
                     )
                 else:
                     self.processes.begin_stop(w, "Pending", ev.reason, kind="Preempted")
-        waiting = {x.workload_id: x.reason for x in plan.waiting if x.workload_id in pending}
+        waiting = {x.workload_id: self._reason(x) for x in plan.waiting if x.workload_id in pending}
         for b in plan.bindings:
             w = self._active.get(b.workload_id)
             if b.workload_id not in pending or w is None or w.phase != "Pending":
@@ -294,6 +276,18 @@ class LocalBackend(TokenAuth):
                 self._awaiting[b.workload_id] = tuple(b.after_evictions)
                 continue
             placements = [pb.placement for pb in sorted(b.pods, key=lambda pb: pb.pod)]
+            if w.spec.get("_mig"):
+                # The partition: reused or made through NVML (choose over the same partitions
+                # the cycle saw); an NVML error is the reason to wait, nothing half-made.
+                try:
+                    device, message = self.mig.place(w.id, w.spec["_mig"])
+                except MigError as exc:
+                    waiting[b.workload_id] = f"waiting: {exc}"
+                    continue
+                w.spec["_migDevice"] = device
+                self.processes.start(w, [Placement(node=self.machine.node.name, exclusive=True)],
+                                     message)
+                continue
             self.processes.start(w, placements, b.message)
         for wid, reason in waiting.items():
             w = self._active.get(wid)
@@ -301,6 +295,14 @@ class LocalBackend(TokenAuth):
                 with all_or_nothing(w, self._active):
                     w.phase_message = reason
                     self.store.save(w, ("Waiting", reason))
+
+    def _reason(self, waiting: Waiting) -> str:
+        """A MIG workload's reason without the cluster's ``0/1 nodes are available: `` (one
+        machine here)."""
+        w = self._active.get(waiting.workload_id)
+        if w is not None and w.spec.get("_mig"):
+            return waiting.reason.replace("0/1 nodes are available: ", "")
+        return waiting.reason
 
     # -- cluster ---------------------------------------------------------------------------------
 

@@ -5,18 +5,23 @@ fragments least, removing idle partitions only when nothing else fits) and made 
 ``tessera.node.mig`` (journaled, so a restart neither leaks nor makes one twice).
 
 A partition stays when its workload ends (idle, in the journal without an owner) until a later
-request reuses it or needs its room. Pending MIG workloads are placed here, after the scheduling
-cycle; running ones are in the cycle's snapshot counting as ``MigProfile.fraction`` of a GPU
-(quota, fair share) and are never its victims (docs/mig.md).
+request reuses it or needs its room. MIG workloads are in the scheduling cycle like the others
+(``tessera.local.scheduling``): a pending one counts as ``MigProfile.fraction`` of a GPU and may
+go only where ``RoomNow`` says there is room for its profile; with none, reclaim and preemption
+may evict running MIG workloads whose partitions make room (``tessera.core.cycle.mig_room``).
+The partition is made here when the cycle binds it (docs/mig.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tessera.core.constraints import PlacedPods
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import PROFILES, MigGpu, Partition, choose, profile_of, supported_text
+from tessera.core.model import Node
 from tessera.local.gpus import Machine
 from tessera.node.mig import MigError, MigGpuState, MigNode
 from tessera.node.nvml import Nvml, NvmlUnavailable
@@ -73,14 +78,28 @@ class LocalMig:
         return min(p.fraction for p in fits if p is not None)
 
     def _layout(self, states: list[MigGpuState]) -> list[MigGpu]:
+        """The MIG GPUs for ``choose``; each busy partition's holder is the workload that owns
+        it ("" for an operator's: never evicted for room)."""
         out = []
         for s in states:
             if not s.mig_enabled or s.model not in PROFILES:
                 continue
             out.append(MigGpu(s.uuid, s.model, tuple(
-                Partition(_geometry(p.profile), p.start, p.busy or p.uuid is None, p.uuid or "")
+                Partition(_geometry(p.profile), p.start, p.busy or p.uuid is None, p.uuid or "",
+                          p.owner or "" if p.managed else "")
                 for p in s.partitions if _geometry(p.profile) in PROFILES[s.model])))
         return out
+
+    def for_cycle(self) -> tuple[list[MigGpu], str]:
+        """The MIG GPUs as the scheduling cycle sees them (``Snapshot.mig``) and what is on
+        them in words; none, with the reason, when NVML cannot be read now."""
+        if self.node is None:
+            return [], "this machine's MIG GPUs cannot be managed now (NVML did not open)"
+        try:
+            states = self.node.state()
+        except Exception as exc:  # an NVML read failing: MIG workloads wait, the cycle goes on
+            return [], f"reading the MIG GPUs failed: {exc!r}"
+        return self._layout(states), self._summary(states)
 
     @staticmethod
     def _summary(states: list[MigGpuState]) -> str:
@@ -152,3 +171,39 @@ class LocalMig:
             {"profile": p.profile, "start": p.start, "uuid": p.uuid, "managed": p.managed,
              "workload": names.get(p.owner or "", p.owner), "processes": p.processes}
             for p in s.partitions]} for s in states if s.mig_enabled]
+
+
+@dataclass(unsafe_hash=True, slots=True)
+class RoomNow:
+    """A pending MIG workload's node constraint in the cycle: the machine, where its MIG GPUs
+    have room for the profile now. Without that part (``without_room``) there is none, so
+    reclaim and preemption may make room by eviction (tessera.core.constraints)."""
+
+    profile: str
+    room: bool
+    why: str
+    dynamic: bool = False
+
+    def allows(self, node: Node) -> bool:
+        return self.room
+
+    def score(self, node: Node) -> float:
+        return 0.0
+
+    def admits(self, node: Node, placed: PlacedPods) -> bool:
+        return True
+
+    def refusals(self, nodes: tuple[Node, ...]) -> str:
+        return "" if self.room else self.why
+
+    def without_room(self) -> None:
+        return None
+
+
+def room_now(gpus: list[MigGpu], summary: str, profile: str) -> RoomNow:
+    if choose(gpus, profile) is not None:
+        return RoomNow(profile, True, "")
+    if not gpus:
+        return RoomNow(profile, False, summary)
+    return RoomNow(profile, False, f"no room for MIG {profile} on this machine's MIG GPUs "
+                                   f"({summary})")

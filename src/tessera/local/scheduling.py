@@ -10,9 +10,10 @@ cannot do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tessera.core.constraints import NodeConstraint
 from tessera.core.cycle import (
     CycleConfig,
     Plan,
@@ -23,7 +24,8 @@ from tessera.core.cycle import (
     Workload,
     run_cycle,
 )
-from tessera.core.model import Node, ResourceRequest
+from tessera.core.mig import MigGpu
+from tessera.core.model import GpuRequest, Node, ResourceRequest
 from tessera.core.requests import gpu_request_from_dict
 from tessera.core.state import Placement
 from tessera.local import store
@@ -48,14 +50,21 @@ def pod_placement(pod: dict[str, Any]) -> Placement:
     )
 
 
-def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now: float) -> Workload:
+def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now: float,
+                  mig: NodeConstraint | None = None) -> Workload:
     """A stored workload as the cycle sees it: pending (``placements`` None) or running on
-    ``placements``. One that is already stopping is not preemptible (it is going anyway)."""
+    ``placements``. One that is already stopping is not preemptible (it is going anyway). A
+    MIG workload asks its profile's fraction (``ResourceRequest.mig``); pending, ``mig`` is
+    where it may go (``tessera.local.mig.RoomNow``)."""
     running = placements is not None
+    profile = w.spec.get("_mig")
+    request = ResourceRequest(gpu_request_from_dict(w.request)) if not profile else \
+        ResourceRequest(GpuRequest.none(), gpus=w.gpus_requested, mig=profile)
     return Workload(
         id=w.id,
         project=w.project_name,
-        pods=(ResourceRequest(gpu_request_from_dict(w.request)),) * w.workers,
+        pods=(request,) * w.workers,
+        constraints=(mig,) * w.workers if mig is not None and not running else (),
         priority_class=w.priority_class,
         min_members=w.min_workers,
         created_at=w.created,
@@ -77,9 +86,11 @@ class LocalCycle:
                      f"placement policy {policy}")
 
     def run(self, nodes: Iterable[Node], projects: Iterable[store.Project],
-            workloads: Iterable[Workload], now: float) -> Plan:
+            workloads: Iterable[Workload], now: float,
+            mig: Mapping[str, tuple[MigGpu, ...]] | None = None) -> Plan:
+        """``mig``: the machine's GPUs in MIG mode and their partitions (``Snapshot.mig``)."""
         return run_cycle(Snapshot(tuple(nodes), tuple(core_project(p) for p in projects),
-                                  tuple(workloads), now), self.config)
+                                  tuple(workloads), now, dict(mig or {})), self.config)
 
 
 def refused(pending: Iterable[Workload], reason: str) -> Plan:

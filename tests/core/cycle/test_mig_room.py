@@ -178,3 +178,15 @@ def test_a_quota_victim_whose_slot_is_taken_stays_evicted() -> None:
     b = plan.binding("hi")
     assert b is not None and b.after_evictions == ("q",)
     assert b.pods[0].mig is not None and b.pods[0].mig.start == 0 and b.pods[0].mig.reuse is not None
+
+
+def test_two_pods_never_take_the_same_room_in_one_cycle() -> None:
+    # The adapter saw room on n1 for both (one free 3g.20gb slot): the cycle binds one only.
+    layout = mig(("3g.20gb", 0, "a0"))
+    plan = run([project("a", 2)],
+               [running("a0", "a", "3g.20gb"),
+                pending("p1", "a", "3g.20gb", room=frozenset({"n1"})),
+                pending("p2", "a", "3g.20gb", room=frozenset({"n1"}))], layout)
+    assert [b.workload_id for b in plan.bindings] == ["p1"]
+    assert plan.binding("p1").pods[0].mig.start == 4  # type: ignore[union-attr]
+    assert plan.waiting_for("p2") is not None

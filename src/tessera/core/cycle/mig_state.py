@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from tessera.core.constraints import NodeConstraint, PlacedPods, without_room
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import PROFILES, MigChoice, MigGpu, Partition, choose
+from tessera.core.model import Node
 
 
 class MigState:
@@ -113,3 +115,45 @@ class MigState:
         parts.append(Partition(profile, choice.start, True,
                                choice.reuse.uuid if choice.reuse else "", workload))
         self._set(node, i, MigGpu(g.key, g.model, tuple(sorted(parts, key=lambda p: p.start))))
+
+
+class LiveRoom:
+    """A pending MIG pod's constraint in the cycle: the adapter's (``inner``; it may say where
+    there was room when the snapshot was taken) and, asked at each placement, room for the
+    profile on the node's MIG GPUs as the cycle has left them so far, so that two MIG pods
+    placed in one cycle never take the same room."""
+
+    dynamic = True
+
+    def __init__(self, inner: NodeConstraint | None, profile: str, state: MigState) -> None:
+        self.inner = inner
+        self.profile = profile
+        self.state = state
+        self._key = (inner, profile)
+        self._hash = hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LiveRoom) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def allows(self, node: Node) -> bool:
+        return node.name in self.state.nodes and (self.inner is None or self.inner.allows(node))
+
+    def score(self, node: Node) -> float:
+        return 0.0 if self.inner is None else self.inner.score(node)
+
+    def admits(self, node: Node, placed: PlacedPods) -> bool:
+        if self.inner is not None and self.inner.dynamic and not self.inner.admits(node, placed):
+            return False
+        return self.state.choose(node.name, self.profile) is not None
+
+    def refusals(self, nodes: tuple[Node, ...]) -> str:
+        if self.inner is not None:
+            return self.inner.refusals(nodes)
+        n = sum(1 for x in nodes if x.name not in self.state.nodes)
+        return f"{n} no GPU in MIG mode" if n else ""
+
+    def without_room(self) -> NodeConstraint | None:
+        return without_room(self.inner)

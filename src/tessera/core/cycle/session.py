@@ -10,7 +10,7 @@ eviction, binding) goes onto the cluster state's undo log and the session's own 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessera.core.constraints import NodeConstraint, without_room
 from tessera.core.errors import InvalidRequest
@@ -22,8 +22,9 @@ from tessera.core.projects import ProjectTree
 from tessera.core.requests import check_against_cluster
 from tessera.core.state import ClusterState, NodeState, Placement
 from tessera.core.units import format_bytes
+from tessera.core.workloads import Workload
 
-from .mig_state import MigState
+from .mig_state import LiveRoom, MigState
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
 from .validation import validate_workload, validate_workloads
@@ -97,6 +98,7 @@ class Session:
         self.moves: dict[tuple[str, int], Move] = {}
         self.moved: set[str] = set()
         for spec in sorted(snapshot.workloads, key=lambda w: w.id):
+            spec = self._live_mig_room(spec)
             ws = WorkloadState(spec, self.tree.chain(spec.project))
             self.workloads[spec.id] = ws
             for i, p in enumerate(ws.placements):
@@ -382,6 +384,18 @@ class Session:
             devs = ",".join(str(d) for d in p.devices)
             parts.append(f"{p.node} GPU {devs}" if devs else p.node)
         return "; ".join(dict.fromkeys(parts))
+
+    def _live_mig_room(self, spec: Workload) -> Workload:
+        """A pending MIG pod goes only where the cycle's MIG state has room for its profile
+        (``LiveRoom`` around the adapter's constraint)."""
+        if not any(r.mig is not None for r in spec.pods):
+            return spec
+        constraints = []
+        for i, r in enumerate(spec.pods):
+            c = spec.constraint_of(i)
+            constraints.append(c if r.mig is None or spec.placement_of(i) is not None
+                               else LiveRoom(c, r.mig, self.mig))
+        return replace(spec, constraints=tuple(constraints))
 
     def _mig_room_possible(self, request: ResourceRequest, constraint: NodeConstraint) -> bool:
         """A MIG pod with no room anywhere now may get it by eviction: on a node its
