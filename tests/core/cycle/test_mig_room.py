@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tessera.core.constraints import PlacedPods
 from tessera.core.cycle import Plan, Snapshot, Workload, run_cycle
 from tessera.core.cycle.types import CycleConfig
-from tessera.core.mig import PROFILES, MigGpu, Partition
+from tessera.core.mig import PROFILES, MigGpu, Partition, choose, free_placements, released
 from tessera.core.model import GpuRequest, Node, ResourceRequest
 from tessera.core.state import Placement
 
@@ -190,3 +193,84 @@ def test_two_pods_never_take_the_same_room_in_one_cycle() -> None:
     assert [b.workload_id for b in plan.bindings] == ["p1"]
     assert plan.binding("p1").pods[0].mig.start == 4  # type: ignore[union-attr]
     assert plan.waiting_for("p2") is not None
+
+
+# -- a property over random clusters ------------------------------------------------------------
+
+_PROFILES = ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
+
+
+@st.composite
+def _clusters(draw: st.DrawFn) -> tuple[list[object], list[Workload], dict[str, tuple[MigGpu, ...]], str]:
+    projects = [project(p, draw(st.sampled_from([0, 0.5, 1, 2, 4]))) for p in ("a", "b", "c")]
+    layout: dict[str, tuple[MigGpu, ...]] = {}
+    workloads: list[Workload] = []
+    n = 0
+    for node in ("n1", "n2"):
+        gpus = []
+        for g in range(draw(st.integers(1, 2))):
+            gpu = MigGpu(f"{node}-{g}", "A100-40GB")
+            for _ in range(draw(st.integers(2, 10))):  # mostly full GPUs: room must be made
+                profile = draw(st.sampled_from(_PROFILES))
+                starts = free_placements("A100-40GB", gpu.partitions, PROFILES["A100-40GB"][profile])
+                if not starts:
+                    continue
+                n += 1
+                wid = f"w{n}"
+                kind = draw(st.sampled_from(["run"] * 8 + ["idle", "foreign"]))
+                holder = wid if kind == "run" else ""
+                part = Partition(profile, draw(st.sampled_from(starts)), kind != "idle", f"MIG-{n}", holder)
+                gpu = MigGpu(gpu.key, gpu.model, (*gpu.partitions, part))
+                if kind == "run":
+                    r = _req(profile)
+                    workloads.append(Workload(
+                        wid, draw(st.sampled_from(["a", "b", "c"])), (r,),
+                        priority_class=draw(st.sampled_from(["train", "build-preemptible"])),
+                        started_at=0.0, placements=(Placement(node, gpus=r.gpus),)))
+            gpus.append(gpu)
+        layout[node] = tuple(gpus)
+    profile = draw(st.sampled_from(_PROFILES))
+    room = frozenset(n for n, gs in layout.items() if choose(list(gs), profile) is not None)
+    me = draw(st.sampled_from(["a", "b", "c"]))
+    cls = draw(st.sampled_from(["train", "build-preemptible", "inference"]))
+    workloads.append(pending("new", me, profile, cls=cls, room=room))
+    return projects, workloads, layout, profile
+
+
+@settings(max_examples=300, deadline=None)
+@given(_clusters())
+def test_evictions_for_mig_room_keep_the_rules_and_make_room(
+        cluster: tuple[list[object], list[Workload], dict[str, tuple[MigGpu, ...]], str]) -> None:
+    projects, workloads, layout, profile = cluster
+    plan = run(projects, workloads, layout)
+    specs = {w.id: w for w in workloads}
+    new = specs["new"]
+    b = plan.binding("new")
+    for e in plan.evictions:
+        v = specs[e.workload_id]
+        assert e.for_workload == "new" and b is not None and e.workload_id in b.after_evictions
+        assert v.running and v.is_preemptible
+        if e.action == "reclaim":
+            assert v.project != new.project
+            st_ = plan.projects[v.project]
+            deserved = next(p for p in projects if p.name == v.project).gpu.deserved  # type: ignore[attr-defined]
+            assert st_.allocated_after[0] >= min(st_.fair_share[0], deserved) - 1e-6
+        else:
+            assert e.action == "preempt" and v.project == new.project
+            assert v.priority_value < new.priority_value
+    if b is None:
+        return
+    [pb] = b.pods
+    assert pb.mig is not None
+    node = pb.placement.node
+    gone = set(b.after_evictions)
+    gpu = next(g for g in layout[node] if g.key == pb.mig.gpu)
+    freed = released(gpu, gone)
+    # What the cycle chose is what choose() does on that GPU once the victims' partitions are
+    # idle (or, with no victims there, on the node as it was).
+    assert choose([freed], profile) == pb.mig or not gone
+    if b.action == "reclaim":  # every reclaim victim is needed for the room
+        on_gpu = {p.holder for p in gpu.partitions if p.holder in gone}
+        assert on_gpu == gone
+        for v in gone:
+            assert choose([released(gpu, gone - {v})], profile) is None
