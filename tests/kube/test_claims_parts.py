@@ -11,7 +11,17 @@ import pytest
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.state import Placement
-from tessera.kube.claims import allocation_status, claim_gpu_request, share_id
+from tessera.kube.claims import (
+    allocation_status,
+    claim_gpu_request,
+    claims_mig_profile,
+    mig_allocation_status,
+    mig_allocations,
+    ours,
+    ours_mig,
+    released,
+    share_id,
+)
 
 
 def claim(*requests: dict[str, Any], name: str = "c", **devices: Any) -> dict[str, Any]:
@@ -123,3 +133,53 @@ def test_a_pod_allocates_joins_or_waits_for_its_claim() -> None:
     use, why = claim_use(theirs, "pb", {"pa", "pb"}, None)
     assert use == "wait" and "allocated by another scheduler" in why
     assert allocated_placement(theirs) is None
+
+
+def mig(*exprs: str, **kw: Any) -> dict[str, Any]:
+    return exactly("mig.tessera.io", name="mig",
+                   selectors=[{"cel": {"expression": e}} for e in exprs], **kw)
+
+
+def test_mig_claims_name_a_profile_in_one_selector() -> None:
+    for expr in ('device.attributes["gpu.tessera.io"].profile == "3g.20gb"',
+                 "device.attributes['gpu.tessera.io'].profile=='MIG 3g.20gb'"):
+        c = claim(mig(expr))
+        assert claims_mig_profile([c]) == "3g.20gb"
+        assert claim_gpu_request([c]) == GpuRequest.none()  # counted as the profile's fraction
+    assert claims_mig_profile([claim(share(memory="1Gi"))]) is None
+
+
+@pytest.mark.parametrize("request_, field, words", [
+    (mig(), "spec.devices.requests[0].exactly.selectors", "exactly one CEL selector"),
+    (mig('device.attributes["gpu.tessera.io"].profile != "3g.20gb"'), "selectors",
+     'profile == "3g.20gb"'),
+    (mig('device.attributes["gpu.tessera.io"].profile == "3g.20gb"',
+         'device.attributes["gpu.tessera.io"].parentIndex == 0'), "selectors", "exactly one"),
+    (mig('device.attributes["gpu.tessera.io"].profile == "banana"'),
+     "selectors[0].cel.expression", "MIG profile"),
+    (mig('device.attributes["gpu.tessera.io"].profile == "9g.90gb"'),
+     "selectors[0].cel.expression", "not a MIG profile of any GPU tessera knows (1g.5gb"),
+    (mig('device.attributes["gpu.tessera.io"].profile == "1g.5gb"', count=2), "count",
+     "one mig.tessera.io partition per request"),
+])
+def test_mig_claims_tessera_does_not_allocate_are_refused(
+        request_: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        claim_gpu_request([claim(request_)])
+    assert field in str(err.value) and words in str(err.value), str(err.value)
+    assert "resourceclaim c" in str(err.value)
+
+
+def test_mig_allocation_is_the_placements_device_and_tesseras_own() -> None:
+    c = claim(mig('device.attributes["gpu.tessera.io"].profile == "3g.20gb"'))
+    c["status"] = mig_allocation_status(c, "mig", "node-a", 1, "3g.20gb", 4, [("p", "pod-uid")])
+    (r,) = c["status"]["allocation"]["devices"]["results"]
+    assert r == {"request": "mig", "driver": "gpu.tessera.io", "pool": "node-a",
+                 "device": "gpu-1-mig-3g20gb-4"}  # no shareID: a partition is not shared
+    assert mig_allocations(c) == [("node-a", 1, "3g.20gb", 4)]
+    assert ours_mig(c) and not ours(c)
+    assert not released(c, {"pod-uid"}) and released(c, set())
+    # kube-scheduler's allocation of the same device carries its protection finalizer.
+    c["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    assert not ours_mig(c) and not released(c, set())
+    assert mig_allocations(c) == [("node-a", 1, "3g.20gb", 4)]  # still holds the placement

@@ -407,3 +407,20 @@ def make_room(
         if allow is None or allow(key, combo):
             return MigRoom(key, combo, choice)
     return None
+
+
+_PLACEMENT_NAME = re.compile(r"gpu-(\d+)-mig-(\d)g(\d{1,3})gb-(\d)")
+
+
+def placement_name(index: int, profile: str, start: int) -> str:
+    """``gpu-0-mig-3g20gb-4``: a placement of a profile on GPU ``index`` as a DNS label (no
+    dots), the name of its DRA device (tessera.node.resourceslice, tessera.kube.claims)."""
+    return f"gpu-{index}-mig-{profile.replace('.', '')}-{start}"
+
+
+def parse_placement_name(name: str) -> tuple[int, str, int] | None:
+    """(GPU index, profile, start) of a :func:`placement_name`; None for any other name."""
+    m = _PLACEMENT_NAME.fullmatch(name)
+    if m is None:
+        return None
+    return int(m.group(1)), f"{m.group(2)}g.{int(m.group(3))}gb", int(m.group(4))

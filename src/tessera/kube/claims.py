@@ -8,7 +8,11 @@ quota and fair share treat both alike:
 - class ``gpu.tessera.io``: ``count`` whole GPUs (no capacity; a capacity there is refused);
 - class ``share.gpu.tessera.io``: ``count`` devices each with ``capacity.requests.memory``
   (bytes, rounded up to whole MiB as the slice's request policy does) or
-  ``capacity.requests.shares`` (hundredths of a GPU: a portion).
+  ``capacity.requests.shares`` (hundredths of a GPU: a portion);
+- class ``mig.tessera.io``: one MIG partition of the profile its one selector names
+  (``device.attributes["gpu.tessera.io"].profile == "3g.20gb"``), placed like a pod annotated
+  ``tessera.io/gpu-mig-profile`` (:func:`claims_mig_profile`; docs/mig.md), allocated as the
+  device of the placement :func:`tessera.core.mig.choose` picks (:func:`mig_allocation_status`).
 
 What tessera-scheduler does not allocate is refused with a reason naming the field (the pod
 waits; nothing is half-allocated): another driver's class beside tessera's, ``firstAvailable``,
@@ -18,6 +22,7 @@ request per pod.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -26,6 +31,7 @@ from typing import Any
 from lightkube.generic_resource import create_namespaced_resource
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import parse_placement_name, parse_profile, placement_name
 from tessera.core.model import GpuRequest
 from tessera.core.state import Placement
 from tessera.core.units import parse_memory
@@ -33,7 +39,14 @@ from tessera.core.units import parse_memory
 DRIVER = "gpu.tessera.io"
 WHOLE_CLASS = "gpu.tessera.io"
 SHARE_CLASS = "share.gpu.tessera.io"
-CLASSES = frozenset({WHOLE_CLASS, SHARE_CLASS})
+MIG_CLASS = "mig.tessera.io"
+CLASSES = frozenset({WHOLE_CLASS, SHARE_CLASS, MIG_CLASS})
+PROTECTION_FINALIZER = "resource.kubernetes.io/delete-protection"
+"""kube-scheduler puts it on every claim before it allocates it (kube-controller-manager
+removes it after deallocating); tessera-scheduler does not."""
+_PROFILE_SELECTOR = re.compile(
+    r"""device\.attributes\[\s*["']gpu\.tessera\.io["']\s*\]\.profile\s*==\s*["']([^"']*)["']""")
+_PROFILE_EXAMPLE = 'device.attributes["gpu.tessera.io"].profile == "3g.20gb"'
 MiB = 2**20
 SHARES = 100
 _UNSUPPORTED = ("selectors", "adminAccess", "tolerations")
@@ -78,6 +91,15 @@ def claim_use(claim: Mapping[str, Any], pod_uid: str, live: set[str],
     bound, or first in line), None when none is."""
     name = (claim.get("metadata") or {}).get("name", "?")
     st = claim.get("status") or {}
+    if st.get("allocation") and ours_mig(claim):
+        if any(r.get("uid") in live for r in reserved_for(claim) if r.get("uid") != pod_uid):
+            return "wait", (f"resourceclaim {name}: its MIG partition is held by another pod; "
+                            "tessera-scheduler gives a mig.tessera.io claim to one pod at a "
+                            "time")
+        if any(r.get("uid") != pod_uid for r in reserved_for(claim)):
+            return "wait", (f"resourceclaim {name}: being deallocated (the pods it was "
+                            "reserved for are gone)")
+        return "allocate", ""  # reserved for this pod alone: a binding that did not finish
     if st.get("allocation"):
         if not ours(claim):
             return "wait", (f"resourceclaim {name}: allocated by another scheduler (not by "
@@ -145,7 +167,44 @@ def claim_gpu_request(claims: Sequence[Mapping[str, Any]]) -> GpuRequest | None:
                              "one gpu.tessera.io request per pod (several share sizes on one "
                              "pod are not placed yet)")
     claim, i, req = found[0]
+    if req["exactly"]["deviceClassName"] == MIG_CLASS:
+        _mig_profile(claim, i, req)
+        return GpuRequest.none()  # the profile's fraction: claims_mig_profile
     return _request(claim, i, req)
+
+
+def claims_mig_profile(claims: Sequence[Mapping[str, Any]]) -> str | None:
+    """The MIG profile a pod's claims ask for (class mig.tessera.io), canonical; None when they
+    ask for none. Raises InvalidRequest as :func:`claim_gpu_request` does."""
+    for claim in claims:
+        for i, req in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("requests")
+                                or []):
+            if (req.get("exactly") or {}).get("deviceClassName") == MIG_CLASS:
+                return _mig_profile(claim, i, req)
+    return None
+
+
+def _mig_profile(claim: Mapping[str, Any], i: int, req: Mapping[str, Any]) -> str:
+    exactly = req["exactly"]
+    where = f"spec.devices.requests[{i}].exactly"
+    for key in ("adminAccess", "tolerations", "capacity"):
+        if exactly.get(key):
+            raise InvalidRequest(_field(claim, f"{where}.{key}"),
+                                 f"is not supported for {MIG_CLASS} claims yet")
+    mode = exactly.get("allocationMode", "ExactCount")
+    if mode != "ExactCount" or exactly.get("count", 1) != 1:
+        raise InvalidRequest(_field(claim, f"{where}.count"),
+                             f"tessera-scheduler allocates one {MIG_CLASS} partition per "
+                             "request (ExactCount, count 1)", exactly.get("count", mode))
+    exprs = [str(((s or {}).get("cel") or {}).get("expression") or "").strip()
+             for s in exactly.get("selectors") or []]
+    m = _PROFILE_SELECTOR.fullmatch(exprs[0]) if len(exprs) == 1 else None
+    if m is None:
+        raise InvalidRequest(_field(claim, f"{where}.selectors"),
+                             f"tessera-scheduler needs exactly one CEL selector naming the "
+                             f"profile, {_PROFILE_EXAMPLE}",
+                             exprs[0] if len(exprs) == 1 else exprs)
+    return parse_profile(m.group(1), _field(claim, f"{where}.selectors[0].cel.expression"))
 
 
 def _request(claim: Mapping[str, Any], i: int, req: Mapping[str, Any]) -> GpuRequest:
@@ -269,6 +328,49 @@ def released(claim: Mapping[str, Any], live_pods: set[str]) -> bool:
     """Whether the claim holds an allocation tessera-scheduler made that no live pod uses any
     more: it can be deallocated. Allocations of others (kube-scheduler's, on tessera's slices)
     are never touched."""
-    if not ours(claim):
+    if not ours(claim) and not ours_mig(claim):
         return False
     return not ({r.get("uid") for r in reserved_for(claim)} & live_pods)
+
+
+def mig_allocation_status(claim: Mapping[str, Any], request_name: str, node: str, gpu_index: int,
+                          profile: str, start: int, pods: Sequence[tuple[str, str]]
+                          ) -> dict[str, Any]:
+    """``status`` of a mig.tessera.io claim allocated the placement ``start`` of ``profile`` on
+    GPU ``gpu_index`` of ``node`` (the device tessera-node's slice offers for it; no shareID:
+    a partition is not shared), the node selector and ``reservedFor`` the pods."""
+    return {
+        "allocation": {
+            "devices": {"results": [{"request": request_name, "driver": DRIVER, "pool": node,
+                                     "device": placement_name(gpu_index, profile, start)}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        },
+        "reservedFor": [{"resource": "pods", "name": name, "uid": pod_uid}
+                        for name, pod_uid in pods],
+    }
+
+
+def mig_allocations(claim: Mapping[str, Any]) -> list[tuple[str, int, str, int]]:
+    """The MIG placements a claim's allocation holds, whoever allocated it: (node, GPU index,
+    profile, start) per result."""
+    st = claim.get("status") or {}
+    out = []
+    for r in ((st.get("allocation") or {}).get("devices") or {}).get("results") or []:
+        parsed = parse_placement_name(str(r.get("device", ""))) \
+            if r.get("driver") == DRIVER else None
+        if parsed is not None:
+            out.append((str(r.get("pool", "")), *parsed))
+    return out
+
+
+def ours_mig(claim: Mapping[str, Any]) -> bool:
+    """Whether the claim holds MIG partitions tessera-scheduler allocated: all its results are
+    MIG devices of gpu.tessera.io and it lacks kube-scheduler's protection finalizer (which
+    kube-scheduler adds before every allocation and kube-controller-manager removes when it
+    deallocates; so a claim kube-scheduler allocated is never touched)."""
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices")
+               or {}).get("results") or []
+    finalizers = (claim.get("metadata") or {}).get("finalizers") or []
+    return bool(results) and len(mig_allocations(claim)) == len(results) \
+        and PROTECTION_FINALIZER not in finalizers

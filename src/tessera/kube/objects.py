@@ -113,6 +113,9 @@ class PodInfo:
     """The MIG profile it asks for (``tessera.io/gpu-mig-profile``, canonical)."""
     mig_hold: MigHold | None = None
     """The partition it was given at bind (``tessera.io/mig-partition``)."""
+    mig_claim: bool = False
+    """``mig_profile`` is its ResourceClaim's (class mig.tessera.io; the scheduler sets it each
+    cycle), not its annotation's: its partition is the claim's allocation."""
     version: int = field(default_factory=lambda: next(_versions))
     """Changes with every event, so cached derivations know when to recompute: a number drawn
     once per object from one counter, never reused (unlike ``id()``, which a new object may

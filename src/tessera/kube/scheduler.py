@@ -39,7 +39,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVo
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import MigChoice, choose
+from tessera.core.mig import MigChoice, choose, profile_fraction
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.placement import DEFAULT_POLICY, POLICIES
 from tessera.core.state import Placement
@@ -275,7 +275,8 @@ class KubeScheduler:
             return
         if new.node and key in self.assumed and (old is None or not old.node):
             del self.assumed[key]
-            self.mig_assumed.pop(key, None)
+            if not new.claim_names:  # a MIG claim's choice is kept until its claim shows it
+                self.mig_assumed.pop(key, None)
             return
         if (old is None or old.node != new.node or old.deleting != new.deleting
                 or old.finished != new.finished or old.annotations != new.annotations):
@@ -374,16 +375,20 @@ class KubeScheduler:
         for pod in claim_pods:
             if pod.node:
                 self._charge_bound(pod, live)
+                self._charge_mig_claim(self.pods.items[pod.key])
                 continue
             if pod.error is not None and pod.request is None:
                 continue  # a claim template, or the pod's own request is invalid
             base = pod.base_request
             request, error, sched = base, None, pod.base_sched
+            profile: str | None = None
             try:
                 found = [self.resource_claims.items.get((pod.namespace, n))
                          for n in pod.claim_names]
                 gpu = dra.pod_claims_request(found, pod.claim_names, pod.uid)
-                if base is not None and base.gpu.kind is not GpuKind.NONE:
+                profile = dra.claims_mig_profile([c for c in found if c is not None])
+                if base is not None and (base.gpu.kind is not GpuKind.NONE or (
+                        not pod.mig_claim and pod.mig_profile is not None)):
                     raise InvalidRequest("spec.resourceClaims", "the pod asks for GPUs with "
                                          "annotations or limits as well as with a claim; give "
                                          "one of them")
@@ -399,16 +404,24 @@ class KubeScheduler:
                         gpu = GpuRequest.none()
                         sched = _on_node(pod, detail)
                 if base is not None:
-                    request = dataclasses.replace(base, gpu=gpu)
+                    request = dataclasses.replace(base, gpu=gpu) if profile is None else \
+                        dataclasses.replace(base, gpu=gpu, gpus=profile_fraction(profile),
+                                            mig=profile)
             except InvalidRequest as exc:
                 request, error = None, str(exc)
                 if (any((pod.namespace, n) not in self.resource_claims.items
                         for n in pod.claim_names)
                         and time.time() - pod.created < CLAIM_GRACE_SECONDS):
                     quiet.add(pod.key)
-            if (request, error, sched) != (pod.request, pod.error, pod.sched):
+            # A MIG claim's profile is placed as the annotation's is (a MigConstraint, the
+            # partition chosen at bind); the claim's allocation is the partition.
+            mig = profile if profile is not None else (
+                None if pod.mig_claim else pod.mig_profile)
+            if (request, error, sched, mig, profile is not None) != (
+                    pod.request, pod.error, pod.sched, pod.mig_profile, pod.mig_claim):
                 self.pods.items[pod.key] = dataclasses.replace(
-                    pod, request=request, error=error, sched=sched, version=new_version())
+                    pod, request=request, error=error, sched=sched, mig_profile=mig,
+                    mig_claim=profile is not None, version=new_version())
 
     def _charge_bound(self, pod: PodInfo, live: set[str]) -> None:
         """A bound pod of a shared claim: charged the claim's GPUs if it is the first live pod
@@ -445,6 +458,24 @@ class KubeScheduler:
         if (placement, request) != (pod.placement, pod.request):
             self.pods.items[pod.key] = dataclasses.replace(
                 pod, placement=placement, request=request, version=new_version())
+
+    def _charge_mig_claim(self, pod: PodInfo) -> None:
+        """A bound pod of a mig.tessera.io claim counts as its profile's fraction, as a pod
+        annotated with the profile does (its placement recorded it at bind)."""
+        if pod.base_request is None or pod.request is None:
+            return
+        try:
+            profile = dra.claims_mig_profile(
+                [c for n in pod.claim_names
+                 if (c := self.resource_claims.items.get((pod.namespace, n))) is not None])
+        except InvalidRequest:
+            return
+        if profile is None or pod.request.gpus is not None:
+            return
+        self.pods.items[pod.key] = dataclasses.replace(
+            pod, request=dataclasses.replace(pod.request, gpus=profile_fraction(profile),
+                                             mig=profile),
+            mig_profile=profile, mig_claim=True, version=new_version())
 
     def _claim_partners(self, key: PodKey) -> list[PodKey]:
         """The other pods a shared claim of tessera's is reserved for (evicting one pod of a
@@ -491,9 +522,26 @@ class KubeScheduler:
                 continue
             if use == "wait":
                 raise RuntimeError(f"resourceclaim {name}: {node}")
-            status = dra.allocation_status(claim, request, placement, pod.request.gpu,
-                                           [(pod.name, pod.uid)])
+            if dra.claims_mig_profile([claim]) is not None:
+                status = self._mig_status(pod, claim, request, placement.node)
+            else:
+                status = dra.allocation_status(claim, request, placement, pod.request.gpu,
+                                               [(pod.name, pod.uid)])
             await self.writer.claim_status(pod.namespace, name, status)
+
+    def _mig_status(self, pod: PodInfo, claim: dict[str, Any], request: str, node: str
+                    ) -> dict[str, Any]:
+        """The allocation of a MIG claim: the placement chosen at bind (tessera.core.mig.choose
+        over the node's MIG GPUs), as the device tessera-node's slice offers for it."""
+        mig = self.mig_assumed.get(pod.key)
+        if mig is None or mig[0] != node:
+            raise RuntimeError("no MIG partition was chosen for it")
+        ni = self.nodes.items.get(node)
+        index = next((g.index for g in (ni.mig if ni else ()) if g.uuid == mig[1].gpu), None)
+        if index is None:
+            raise RuntimeError(f"GPU {mig[1].gpu} is no longer in MIG mode on {node}")
+        return dra.mig_allocation_status(claim, request, node, index, mig[1].profile,
+                                         mig[1].start, [(pod.name, pod.uid)])
 
     async def _release_claim(self, key: PodKey) -> None:
         """Deallocates a claim of tessera's whose pods are gone or finished (kube-scheduler
@@ -529,6 +577,21 @@ class KubeScheduler:
             return MigView()
         holds = [(p.node, p.mig_hold, f"{p.namespace}/{p.name}") for p in self.pods.items.values()
                  if p.node and p.mig_hold is not None and not p.finished]
+        # mig.tessera.io claims hold the placement of their allocation, whoever allocated it
+        # (made by the kubelet plugin at prepare, or still to be made); as no pod's: evicting
+        # a pod does not free a claim's partition until the claim is deallocated and
+        # unprepared, which the cycle cannot follow, so it is never a MIG victim.
+        allocated: set[PodKey] = set()
+        for key, claim in self.resource_claims.items.items():
+            for node, index, profile, start in dra.mig_allocations(claim):
+                uuid_ = next((g.uuid for g in gpus.get(node, ()) if g.index == index), None)
+                if uuid_ is not None:
+                    holds.append((node, MigHold(uuid_, profile, start), ""))
+                    allocated.add(key)
+        for key in [k for k, _ in self.mig_assumed.items()
+                    if (p := self.pods.items.get(k)) is not None and p.node and p.mig_claim
+                    and all((p.namespace, n) in allocated for n in p.claim_names)]:
+            del self.mig_assumed[key]  # the claim's allocation holds it now
         assumed = [(node, hold, f"{key[0]}/{key[1]}") for key, (node, hold) in self.mig_assumed.items()]
         return MigView.build(gpus, [*holds, *assumed])
 
@@ -717,7 +780,7 @@ class KubeScheduler:
                 return
             annotations: dict[str, str] = {}
             mig = self.mig_assumed.get(key)
-            if pod.mig_profile is not None:
+            if pod.mig_profile is not None and not pod.mig_claim:
                 if mig is None or mig[0] != placement.node:
                     raise RuntimeError("no MIG partition was chosen for it")
                 data = {"TESSERA_MIG_PROFILE": mig[1].profile, "TESSERA_MIG_GPU": mig[1].gpu,

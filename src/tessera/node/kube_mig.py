@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera.core.mig import PROFILES
+from tessera.core.mig import COMPUTE, PROFILES
 from tessera.node.mig import MigError, MigGpuState, MigNode, MigPartition
 from tessera.node.nvml import Nvml
 
@@ -184,7 +184,19 @@ class KubeMig:
                 raise MigError(f"memory slots {start}-{end - 1} of GPU {state.index} ({gpu}) "
                                f"overlap the {p.profile} partition at slot {p.start}, held by "
                                f"{who}")
-            return self._give(Want("", "", owner, gpu, profile, start, ()))
+            # Idle ones elsewhere on the GPU go too when the compute they use is needed (the
+            # largest first, as tessera.core.mig.choose removes them).
+            table = PROFILES[state.model]
+            kept = [p for p in state.partitions if not (p.start < end and start < p.start + p.size)
+                    and p.profile in table]
+            remove: list[int] = []
+            idle = sorted((p for p in kept if p.managed and p.owner is None and not p.processes),
+                          key=lambda p: table[p.profile].compute)
+            while idle and sum(table[p.profile].compute for p in kept) + prof.compute > COMPUTE:
+                gone = idle.pop()
+                kept.remove(gone)
+                remove.append(gone.start)
+            return self._give(Want("", "", owner, gpu, profile, start, tuple(remove)))
 
     def release_claim(self, claim_uid: str) -> int:
         """Leaves the claim's partitions idle (kept for reuse until their room is needed);

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +43,7 @@ from lightkube.generic_resource import create_global_resource
 
 from tessera.core import nvlink
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import COMPUTE, PROFILES, SLOTS
+from tessera.core.mig import COMPUTE, PROFILES, SLOTS, parse_placement_name, placement_name
 from tessera.core.units import parse_memory
 from tessera.node.headroom import DeviceHeadroom
 from tessera.node.nvml import Inventory
@@ -61,7 +60,6 @@ MAX_COUNTER_SETS = 8
 """Counter sets per slice (kube-apiserver 1.36: ``spec.sharedCounters: Too many: 9: must have
 at most 8 items``)."""
 COMPUTE_COUNTER = "compute-slices"
-_MIG_DEVICE = re.compile(r"gpu-(\d+)-mig-(\d)g(\d{1,3})gb-(\d)")
 
 ResourceSlice = create_global_resource(group="resource.k8s.io", version="v1",
                                        kind="ResourceSlice", plural="resourceslices")
@@ -180,17 +178,8 @@ def slot_counter(slot: int) -> str:
     return f"memory-slice-{slot}"
 
 
-def mig_device_name(index: int, profile: str, start: int) -> str:
-    """``gpu-0-mig-3g20gb-4``: a DNS label (no dots), read back by :func:`parse_mig_device`."""
-    return f"gpu-{index}-mig-{profile.replace('.', '')}-{start}"
-
-
-def parse_mig_device(name: str) -> tuple[int, str, int] | None:
-    """(GPU index, profile, start) of a MIG device's name; None for any other name."""
-    m = _MIG_DEVICE.fullmatch(name)
-    if m is None:
-        return None
-    return int(m.group(1)), f"{m.group(2)}g.{int(m.group(3))}gb", int(m.group(4))
+mig_device_name = placement_name
+parse_mig_device = parse_placement_name
 
 
 def counter_sets(offers: Sequence[MigOffer]) -> list[dict[str, Any]]:
