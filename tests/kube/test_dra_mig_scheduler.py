@@ -180,3 +180,31 @@ def test_mig_claim_of_a_profile_no_gpu_has_waits_with_the_reason(
             "1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb)") in why, why
     assert get_pod(kube_client, project, "big").spec.nodeName is None
     assert "allocation" not in claim_status(kube_client, project, "big")
+
+
+def test_partitions_of_annotated_pods_are_not_offered_as_devices(
+        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        agent: NodeAgent) -> None:
+    """A pod of the annotation path (tessera.io/gpu-mig-profile) holds a partition: tessera-node
+    takes the placements overlapping it out of its slice (kube-scheduler could otherwise give
+    them to a claim); when the pod is gone they are offered again."""
+    ns = project
+    kube_client.create(codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "ann", "namespace": ns,
+                     "annotations": {names.MIG_PROFILE: "1g.5gb"}},
+        "spec": {"schedulerName": names.SCHEDULER_NAME,
+                 "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                 "containers": [{"name": "main", "image": "example.invalid/cuda:12"}]}}))
+    [pod] = bound(kube_client, ns, "ann")
+    start = json.loads((pod.metadata.annotations or {})[names.MIG_PARTITION])["start"]
+    overlapping = {f"gpu-0-mig-1g5gb-{start}", "gpu-0-mig-7g40gb-0"}
+
+    def offered() -> set[str]:
+        return {d["name"] for s in kube_client.list(ResourceSlice, fields={"spec.nodeName": NODE})
+                for d in (s.spec or {}).get("devices") or [] if "-mig-" in d["name"]}
+    left = wait_until("the held placement out of the slice",
+                      lambda: (o := offered()) and not (o & overlapping) and o)
+    assert f"gpu-0-mig-1g5gb-{(start + 1) % 7}" in left  # the rest still offered
+    kube_client.delete(Pod, "ann", namespace=ns, grace_period=0)
+    wait_until("offered again once the pod is gone", lambda: overlapping <= offered())
