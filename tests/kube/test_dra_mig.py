@@ -30,6 +30,7 @@ from tessera.testing import binaries
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.node_agents import NodeAgent, start_node_agents
+from tests.node.test_fake_mig import nvml
 from tests.waiting import wait_until
 
 NS = "default"
@@ -305,7 +306,30 @@ def test_nvml_error_is_the_prepare_error_and_nothing_is_left(env: Env) -> None:
         doc = journal(e)
         assert doc["intents"] == [] and not [
             p for p in doc["partitions"] if p["profile"] == "2g.10gb"]
+        release(e, "fail")
     finally:
         e.agent.process.stop()
         e.agent.env = normal
         e.agent.restart()
+
+
+def test_an_operators_partition_is_not_offered(env: Env) -> None:
+    """A partition tessera did not make (an operator's, made through NVML by another process on
+    the node): the placements overlapping it leave the slice; it is never used or removed."""
+    e = env
+    base = slice_name(e.agent.node)
+
+    def offered() -> set[str]:
+        try:
+            s = e.client.get(ResourceSlice, f"{base}-mig-0")
+        except ApiError:
+            return set()
+        return {d["name"] for d in (s.spec or {}).get("devices") or []}
+    wait_until("the 1g.5gb at slot 6 offered", lambda: "gpu-0-mig-1g5gb-6" in offered())
+    nvml(e.agent.env, "nv.nvmlDeviceCreateGpuInstanceWithPlacement(h, 19, place(6, 1))\nout = 0")
+    gone = {"gpu-0-mig-1g5gb-6", "gpu-0-mig-1g10gb-6", "gpu-0-mig-7g40gb-0"}
+    left = wait_until("its placements out of the slice",
+                      lambda: (o := offered()) and not (o & gone) and o)
+    assert {"gpu-0-mig-1g5gb-5", "gpu-0-mig-3g20gb-0"} <= left
+    assert [(p["profile"], p["managed"]) for p in partitions(e)
+            if p["start"] == 6] == [("1g.5gb", False)]
