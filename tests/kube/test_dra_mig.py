@@ -333,3 +333,41 @@ def test_an_operators_partition_is_not_offered(env: Env) -> None:
     assert {"gpu-0-mig-1g5gb-5", "gpu-0-mig-3g20gb-0"} <= left
     assert [(p["profile"], p["managed"]) for p in partitions(e)
             if p["start"] == 6] == [("1g.5gb", False)]
+
+
+def test_agent_killed_mid_prepare_adopts_the_partition(env: Env) -> None:
+    """tessera-node killed (SIGKILL, fault point ``mig-create-gi``) right after it made the GPU
+    instance of a claim's partition during NodePrepareResources: restarted, its journal adopts
+    the instance as idle and the kubelet's retry of prepare gets it; one partition only."""
+    e = env
+    normal = dict(e.agent.env)
+    e.agent.kill9()
+    e.agent.env = {**normal, "TESSERA_FAULT_POINT": "mig-create-gi"}
+    e.agent.restart()
+    try:
+        mig_claim(e.client, "crash", "2g.10gb")
+        claim = bound(e, "crash")
+        wait_until("the agent killed at the fault point while preparing", lambda: (
+            prepare_or_none(e, claim) is None and e.agent.process.popen is not None
+            and e.agent.process.popen.poll() is not None))
+    finally:
+        e.agent.env = normal
+        if e.agent.process.popen is None or e.agent.process.popen.poll() is not None:
+            e.agent.restart()
+    got = wait_until("prepare after the restart", lambda: prepare_or_none(e, claim))
+    assert got.error == "", got.error
+    uuid = cdi_uuid(e, claim)
+    start = int(device(claim).rsplit("-", 1)[1])
+    mine = [p for p in journal(e)["partitions"] if p["profile"] == "2g.10gb"]
+    assert [(p["start"], p["uuid"], p["owner"]) for p in mine] == [
+        (start, uuid, f"claim:{claim['metadata']['uid']}")]
+    assert "adopted the 2g.10gb partition" in e.agent.process.log_path.read_text()
+
+
+def prepare_or_none(e: Env, claim: dict[str, Any]) -> Any:
+    """Prepare's answer; None while the plugin is not there or not ready (a restart)."""
+    try:
+        got = prepare(e, claim)
+    except grpc.RpcError:
+        return None
+    return None if "not ready" in got.error else got
