@@ -179,6 +179,9 @@ def test_mig_allocation_is_the_placements_device_and_tesseras_own() -> None:
     assert mig_allocations(c) == [("node-a", 1, "3g.20gb", 4)]
     assert ours_mig(c) and not ours(c)
     assert not released(c, {"pod-uid"}) and released(c, set())
+    c["status"]["reservedFor"] = []  # another allocator's, its binding under way: left alone
+    assert ours_mig(c) and not released(c, set())
+    c["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "pod-uid"}]
     # kube-scheduler's allocation of the same device carries its protection finalizer.
     c["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
     assert not ours_mig(c) and not released(c, set())

@@ -26,14 +26,11 @@ def test_inventory_lists_mig_gpus_of_known_models_only() -> None:
     text = inventory(
         {"index": 0, "uuid": "GPU-a", "model": "A100-40GB", "mig": True, "partitions": [
             {"profile": "3g.20gb", "start": 0, "uuid": "MIG-1", "managed": True},
-            {"profile": "1g.5gb+me", "start": 6, "uuid": "MIG-2", "managed": False},
-            # a DRA claim's (mig.tessera.io): busy, never reused or removed for a pod
-            {"profile": "1g.5gb", "start": 5, "uuid": "MIG-3", "managed": True, "claim": "u"}]},
+            {"profile": "1g.5gb+me", "start": 6, "uuid": "MIG-2", "managed": False}]},
         {"index": 1, "uuid": "GPU-b", "model": "A100-40GB", "mig": False},
         {"index": 2, "uuid": "GPU-c", "model": "V100-16GB", "mig": True})
     assert mig_gpus(text) == (NodeMigGpu("GPU-a", 0, "A100-40GB", (
-        Partition("3g.20gb", 0, False, "MIG-1"), Partition("1g.5gb", 6, True, "MIG-2"),
-        Partition("1g.5gb", 5, True, "MIG-3"))),)
+        Partition("3g.20gb", 0, False, "MIG-1"), Partition("1g.5gb", 6, True, "MIG-2"))),)
     assert mig_gpus("") == () and mig_gpus("{not json") == () and mig_gpus('{"gpus": 3}') == ()
 
 

@@ -328,9 +328,12 @@ def released(claim: Mapping[str, Any], live_pods: set[str]) -> bool:
     """Whether the claim holds an allocation tessera-scheduler made that no live pod uses any
     more: it can be deallocated. Allocations of others (kube-scheduler's, on tessera's slices)
     are never touched."""
-    if not ours(claim) and not ours_mig(claim):
-        return False
-    return not ({r.get("uid") for r in reserved_for(claim)} & live_pods)
+    if ours(claim):
+        return not ({r.get("uid") for r in reserved_for(claim)} & live_pods)
+    # A MIG allocation of tessera's always names its pod: one reserved for no pod is another
+    # allocator's in the middle of its binding, never deallocated here.
+    refs = {r.get("uid") for r in reserved_for(claim)}
+    return ours_mig(claim) and bool(refs) and not (refs & live_pods)
 
 
 def mig_allocation_status(claim: Mapping[str, Any], request_name: str, node: str, gpu_index: int,

@@ -84,7 +84,7 @@ def mig_gpus(inventory: str) -> tuple[NodeMigGpu, ...]:
             table = PROFILES[g["model"]]
             parts = tuple(
                 Partition(p["profile"].removesuffix("+me"), int(p["start"]),
-                          not p.get("managed") or bool(p.get("claim")),  # a DRA claim's: busy
+                          not p.get("managed"),
                           str(p.get("uuid") or ""))
                 for p in g.get("partitions") or () if p["profile"].removesuffix("+me") in table)
             out.append(NodeMigGpu(str(g["uuid"]), int(g["index"]), g["model"], parts))
