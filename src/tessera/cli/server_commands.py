@@ -57,11 +57,15 @@ def up(
     kubeconfig: Annotated[str | None, typer.Option("--kubeconfig", help="With --kubernetes: kubeconfig (default $KUBECONFIG, ~/.kube/config or in-cluster)")] = None,
     context: Annotated[str | None, typer.Option("--context", help="With --kubernetes: kubeconfig context")] = None,
     image: Annotated[str | None, typer.Option("--image", help="With --kubernetes: default container image of workloads")] = None,
+    mig_serves_shares: Annotated[bool, typer.Option("--mig-serves-shares", envvar="TESSERA_MIG_SERVES_SHARES", help="A share no shared GPU can hold is served by the smallest MIG profile that holds it, on this machine's GPUs in MIG mode (docs/mig.md); on Kubernetes, label the nodes instead")] = False,
 ) -> None:
     """Start the control plane (REST API, scheduler, local runner) on this machine, or with
     --kubernetes the REST API for a cluster."""
     if not kubernetes and (kubeconfig or context or image):
         raise CliError("--kubeconfig: needs --kubernetes (so do --context and --image)")
+    if kubernetes and mig_serves_shares:
+        raise CliError("--mig-serves-shares: embedded mode only; on Kubernetes an operator labels "
+                       "the nodes tessera.io/mig-serves-shares=true (docs/mig.md)")
     if kubernetes and simulate:
         raise CliError("--simulate: embedded mode only; a cluster has its own (or kwok) nodes")
     if kubernetes:
@@ -113,6 +117,8 @@ def up(
             "--runtime", runtime]
     for s in simulate or []:
         argv += ["--simulate", s]
+    if mig_serves_shares:
+        argv.append("--mig-serves-shares")
     if not detach:
         from tessera.local.server import main as serve
 

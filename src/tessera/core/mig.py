@@ -107,6 +107,23 @@ def smallest_fitting(model: str, *, memory: int | None = None,
     return min(fits, key=lambda p: (mib[p.name], p.compute), default=None)
 
 
+SERVES_SHARES = "tessera.io/mig-serves-shares"
+"""The node label by which an operator lets a node's MIG GPUs serve shares (docs/mig.md)."""
+
+
+def parse_serves_shares(value: object, field: str) -> bool:
+    """The operator's switch for shares served by MIG (a node label, an environment variable):
+    ``true`` or ``false`` (also ``1``/``0``, ``yes``/``no``, any case); anything else is refused
+    naming where it was written."""
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise InvalidRequest(field, "must be true or false (whether this node's GPUs in MIG mode may "
+                                "serve shares by the smallest fitting profile)", value)
+
+
 def serving_profile(request: GpuRequest, model: str) -> MigProfile | None:
     """The profile that would serve this share on a MIG GPU of ``model``, or None when it is not
     one a partition can serve: only a share of one device (a portion or an amount of memory, not

@@ -37,7 +37,11 @@ from tessera.core.cycle import Plan, Waiting
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import MigGpu
-from tessera.core.requests import check_against_cluster, gpu_request_to_dict
+from tessera.core.requests import (
+    check_against_cluster,
+    gpu_request_from_dict,
+    gpu_request_to_dict,
+)
 from tessera.core.state import Placement
 from tessera.isolation.config import REGION_NAME
 from tessera.local import containers, isolation_hook
@@ -54,6 +58,11 @@ from tessera.node.containers import Share, ShareDevice
 from tessera.node.mig import MigError
 from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
 
+SERVABLE_WAITS = ("placement", "unschedulable", "fair-share")
+"""The cycle's waits a MIG partition may end: no room on the shared GPUs (over its fair share
+too: a free partition is idle room). A limit or quota wait is not one: a partition would count
+against the same limit."""
+
 
 class LocalBackend(TokenAuth):
     """Implements ``tessera.api.backend.Backend`` on this machine."""
@@ -67,6 +76,7 @@ class LocalBackend(TokenAuth):
         interval: float = 0.25,
         runtime: Runtime | None = None,
         runtime_note: str = "no container runtime was looked for",
+        mig_serves_shares: bool = False,
     ) -> None:
         self.data_dir = data_dir
         self.runtime = runtime
@@ -97,7 +107,7 @@ class LocalBackend(TokenAuth):
         self.usage = LocalUsage(machine.node.name, machine.simulated, self._usage_shares,
                                 self._region_of)
         """GPU memory used, loans and utilisation, read by the node agent's code here."""
-        self.mig = LocalMig(machine, data_dir / "mig-journal.json")
+        self.mig = LocalMig(machine, data_dir / "mig-journal.json", mig_serves_shares)
         """Partitions of the GPUs in MIG mode, for workloads that ask for a profile."""
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -209,15 +219,60 @@ class LocalBackend(TokenAuth):
                                                   layout[0])} if layout[0] else None)
                 except InvalidRequest as exc:
                     plan = refused(pending, f"the scheduling cycle refused this machine's state: {exc}")
-            self._apply(plan, {w.id for w in pending})
+            # Shares the cycle left waiting for room may be served by a MIG partition (the
+            # operator's choice, docs/mig.md); their wait is told there, with MIG's reason too.
+            servable = {x.workload_id: x.reason for x in plan.waiting
+                        if x.kind in SERVABLE_WAITS and self._servable(x.workload_id)}
+            self._apply(plan, {w.id for w in pending} - set(servable))
+            if servable:
+                self._serve_shares(servable)
             return plan
+
+    def _servable(self, wid: str) -> bool:
+        w = self._active.get(wid)
+        return (w is not None and w.phase == "Pending" and not w.spec.get("_mig")
+                and not w.spec.get("_starting") and w.workers == 1
+                and not w.spec.get("_container")
+                and self.mig.serving_fraction(gpu_request_from_dict(w.request)) is not None)
+
+    def _serve_shares(self, servable: dict[str, str]) -> None:
+        """Shares the cycle left waiting for room (id -> its reason), in submission order: each
+        gets a partition of the smallest profile that holds it, counted as that profile, or
+        waits with both reasons."""
+        waiting: dict[str, str] = {}
+        for w in sorted((self._active[wid] for wid in servable), key=lambda w: w.created):
+            share = gpu_request_from_dict(w.request)
+            counts = self.mig.serving_fraction(share) or w.gpus_requested
+            project = self.store.project(w.project_name)
+            if project is not None and project.limit is not None:
+                used = sum(x.gpus_allocated for x in self._active.values()
+                           if x.project_id == w.project_id and x.id != w.id)
+                if used + counts > project.limit + 1e-9:
+                    waiting[w.id] = (f"{servable[w.id]}; nor on a MIG GPU: project "
+                                     f"{project.name} uses {used:g} of its limit "
+                                     f"{project.limit:g} GPUs and the MIG partition serving "
+                                     f"{share.describe()} counts as {counts:g}")
+                    continue
+            try:
+                device, message = self.mig.place(w.id, share)
+            except MigError as exc:
+                waiting[w.id] = f"{servable[w.id]}; nor on a MIG GPU: {exc}"
+                continue
+            w.spec["_migDevice"] = device
+            self.processes.start(w, [Placement(node=self.machine.node.name, exclusive=True,
+                                               gpus=float(device["fraction"]))], message)
+        if waiting:
+            self._apply(Plan((), (), (), tuple(Waiting(wid, "", "placement", reason)
+                                               for wid, reason in waiting.items()), {}),
+                        set(waiting))
 
     def _mig_layout(self) -> tuple[list[MigGpu], str]:
         """Partitions of MIG workloads that no longer run become idle (kept for reuse); then the
         MIG GPUs as the cycle sees them, with what is on them in words (tessera.local.mig)."""
         if not self.machine.mig:
             return [], ""
-        self.mig.release({w.id for w in self._active.values() if w.spec.get("_mig") and (
+        self.mig.release({w.id for w in self._active.values()
+                          if (w.spec.get("_mig") or w.spec.get("_migDevice")) and (
             w.phase in ("Running", "Stopping", "Deleting") or w.spec.get("_starting"))})
         return self.mig.for_cycle()
 
@@ -236,6 +291,8 @@ class LocalBackend(TokenAuth):
             if profile and w.phase == "Pending" and w.spec.get("_starting"):
                 continue
             if w.phase == "Pending":
+                if not profile:
+                    w.spec.pop("_migDevice", None)  # a share served by MIG before: placed anew
                 if w.id not in self._awaiting:
                     room = None
                     if profile:
@@ -421,16 +478,25 @@ class LocalBackend(TokenAuth):
             raise InvalidRequest("spec.ports", "needs a single pod (workers 1): every pod would "
                                  "listen on the same port of this machine", s.workers)
         fraction = self._check_mig(s) if s.mig_profile is not None else None
-        check_against_cluster(s.gpu, [self.machine.node])
+        try:
+            check_against_cluster(s.gpu, [self.machine.node])
+        except InvalidRequest:
+            # No shared GPU here could ever hold it; a MIG partition may (docs/mig.md).
+            with self._lock:
+                fraction = (self.mig.serving_fraction(s.gpu)
+                            if s.workers == 1 and s.command else None)
+            if fraction is None:
+                raise
         with self._lock:
             project = self.store.project(s.project)
             if project is None:
                 raise InvalidRequest("projectId", "no project with this id or name", s.project)
             if fraction is not None:
                 if project.limit is not None and fraction > project.limit:
-                    raise InvalidRequest("spec.compute.gpuMigProfile", f"counts as {fraction:g} "
-                                         f"GPU, more than project {project.name}'s limit "
-                                         f"{project.limit:g}", s.mig_profile)
+                    raise InvalidRequest(
+                        "spec.compute.gpuMigProfile" if s.mig_profile else "spec.compute",
+                        f"counts as {fraction:g} GPU, more than project {project.name}'s limit "
+                        f"{project.limit:g}", s.mig_profile or s.gpu.describe())
                 estimate = fraction
             else:
                 estimate = check_limit(s.gpu, [self.machine.node], s.workers, project.name,

@@ -9,7 +9,9 @@ request reuses it or needs its room. MIG workloads are in the scheduling cycle l
 (``tessera.local.scheduling``): a pending one counts as ``MigProfile.fraction`` of a GPU and may
 go only where ``RoomNow`` says there is room for its profile; with none, reclaim and preemption
 may evict running MIG workloads whose partitions make room (``tessera.core.cycle.mig_room``).
-The partition is made here when the cycle binds it (docs/mig.md).
+The partition is made here when the cycle binds it (docs/mig.md). Where the operator allows
+it (``tessera up --mig-serves-shares``), a share the cycle left waiting for room is served
+after the cycle by the smallest profile that holds it (``tessera.core.mig.choose_serving``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,18 @@ from typing import Any
 
 from tessera.core.constraints import PlacedPods
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import PROFILES, MigGpu, Partition, choose, profile_of, supported_text
-from tessera.core.model import Node
+from tessera.core.mig import (
+    PROFILES,
+    MigChoice,
+    MigGpu,
+    Partition,
+    choose,
+    choose_serving,
+    profile_of,
+    serving_profile,
+    supported_text,
+)
+from tessera.core.model import GpuRequest, Node
 from tessera.local.gpus import Machine
 from tessera.node.mig import MigError, MigGpuState, MigNode
 from tessera.node.nvml import Nvml, NvmlUnavailable
@@ -37,9 +49,12 @@ def _geometry(name: str) -> str:
 class LocalMig:
     """The machine's MIG GPUs and the partitions on them (use under the backend's lock)."""
 
-    def __init__(self, machine: Machine, journal: Path) -> None:
+    def __init__(self, machine: Machine, journal: Path, serves_shares: bool = False) -> None:
         self.gpus = machine.mig
         self.journal_path = journal
+        self.serves_shares = serves_shares
+        """The operator lets a share no shared GPU can hold be served by the smallest MIG
+        profile that holds it (``tessera up --mig-serves-shares``; docs/mig.md)."""
         self._nvml: Nvml | None = None
         self.node: MigNode | None = None
 
@@ -111,10 +126,20 @@ class LocalMig:
             parts.append(f"GPU {s.index} {s.model}: {cut or 'not cut'}")
         return "; ".join(parts)
 
-    def place(self, workload_id: str, profile: str) -> tuple[dict[str, Any], str]:
-        """A partition of ``profile`` held by ``workload_id``: reused, or made (after removing
-        idle ones only when nothing else fits). MigError (the reason to wait) when none can be
-        had; nothing half-made stays."""
+    def serving_fraction(self, request: GpuRequest) -> float | None:
+        """What a share served by a partition counts as (the smallest profile that serves it on
+        this machine's MIG GPUs), or None when serving shares is off or no profile holds it."""
+        if not self.serves_shares or self.node is None:
+            return None
+        fits = [p for p in (serving_profile(request, m) for m in {g.model for g in self.gpus})
+                if p is not None]
+        return min((p.fraction for p in fits), default=None)
+
+    def place(self, workload_id: str, profile: str | GpuRequest) -> tuple[dict[str, Any], str]:
+        """A partition of ``profile`` (or of the smallest profile that serves the share
+        ``profile``) held by ``workload_id``: reused, or made (after removing idle ones only
+        when nothing else fits). MigError (the reason to wait) when none can be had; nothing
+        half-made stays."""
         if self.node is None:
             raise MigError("this machine's MIG GPUs cannot be managed now (NVML did not open)")
         try:
@@ -124,12 +149,21 @@ class LocalMig:
         except Exception as exc:  # an NVML read failing: this workload waits, the cycle goes on
             raise MigError(f"reading the MIG GPUs failed: {exc!r}") from None
 
-    def _place(self, node: MigNode, workload_id: str, profile: str) -> tuple[dict[str, Any], str]:
+    def _place(self, node: MigNode, workload_id: str,
+               want: str | GpuRequest) -> tuple[dict[str, Any], str]:
         states = node.state()
-        choice = choose(self._layout(states), profile)
-        if choice is None:
-            raise MigError(f"no room for MIG {profile} on this machine's MIG GPUs "
-                           f"({self._summary(states)})")
+        choice: MigChoice | None
+        if isinstance(want, str):
+            profile, choice = want, choose(self._layout(states), want)
+            if choice is None:
+                raise MigError(f"no room for MIG {profile} on this machine's MIG GPUs "
+                               f"({self._summary(states)})")
+        else:
+            found = choose_serving(self._layout(states), want)
+            if found is None:
+                raise MigError(f"no MIG profile that holds {want.describe()} has room on this "
+                               f"machine's MIG GPUs ({self._summary(states)})")
+            profile, choice = found
         by_uuid = {p.uuid: p for s in states for p in s.partitions if p.uuid}
         for gone in choice.destroy:
             old = by_uuid[gone.uuid]
@@ -147,7 +181,8 @@ class LocalMig:
         device = {"uuid": part.uuid, "gpu": part.gpu_uuid, "gpuIndex": part.gpu_index,
                   "gi": part.gi, "profile": profile, "start": part.start,
                   "fraction": prof.fraction}
-        return device, f"MIG {profile} on GPU {part.gpu_index} ({how}): {part.uuid}"
+        served = "" if isinstance(want, str) else "served by "
+        return device, f"{served}MIG {profile} on GPU {part.gpu_index} ({how}): {part.uuid}"
 
     def release(self, holders: set[str]) -> None:
         """Partitions whose workload no longer runs become idle (kept for reuse)."""

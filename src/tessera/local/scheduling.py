@@ -58,8 +58,12 @@ def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now
     where it may go (``tessera.local.mig.RoomNow``)."""
     running = placements is not None
     profile = w.spec.get("_mig")
+    gpus = w.gpus_requested
+    served = w.spec.get("_migDevice") if running and not profile else None
+    if served:  # a share served by a partition (docs/mig.md): counted and evicted as its profile
+        profile, gpus = served["profile"], float(served["fraction"])
     request = ResourceRequest(gpu_request_from_dict(w.request)) if not profile else \
-        ResourceRequest(GpuRequest.none(), gpus=w.gpus_requested, mig=profile)
+        ResourceRequest(GpuRequest.none(), gpus=gpus, mig=profile)
     return Workload(
         id=w.id,
         project=w.project_name,

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import sys
 
 from tessera.api.serving import lock_data_dir, serve
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import parse_serves_shares
 from tessera.settings import DEFAULT_PORT, data_dir
 
 
@@ -40,7 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--insecure", action="store_true",
                         help="allow a --host other than the loopback (plain HTTP: tokens and "
                         "workloads' environment cross the network unencrypted)")
+    parser.add_argument("--mig-serves-shares", action="store_true", default=None,
+                        help="a share no shared GPU can hold is served by the smallest MIG "
+                        "profile that holds it (env TESSERA_MIG_SERVES_SHARES; docs/mig.md)")
     args = parser.parse_args(argv)
+    try:
+        env = os.environ.get("TESSERA_MIG_SERVES_SHARES")
+        serves = bool(args.mig_serves_shares) or (
+            env is not None and parse_serves_shares(env, "TESSERA_MIG_SERVES_SHARES"))
+    except InvalidRequest as exc:
+        print(f"tessera: {exc}", file=sys.stderr)
+        return 2
     if not is_loopback(args.host):
         if not args.insecure:
             print(f"tessera: --host {args.host} would serve plain HTTP (no TLS) beyond this "
@@ -82,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime, runtime_note = detect(args.runtime)
     backend = LocalBackend(
         directory, machine, args.policy, grace=args.grace, interval=args.interval,
-        runtime=runtime, runtime_note=runtime_note,
+        runtime=runtime, runtime_note=runtime_note, mig_serves_shares=serves,
     )
     backend.ensure_admin()
     backend.start()
