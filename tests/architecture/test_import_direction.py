@@ -20,11 +20,12 @@ HARNESS = {"testing", "bench"}
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
     "settings": set(),
+    "decoding": set(),
     "api": {"core"},
     "isolation": {"core"},
-    "node": {"core", "isolation"},
+    "node": {"core", "isolation", "decoding"},
     "local": {"core", "api", "isolation", "node", "settings"},
-    "kube": {"core", "api", "settings"},
+    "kube": {"core", "api", "settings", "decoding"},
     "cli": {"core", "api", "kube", "local", "settings"},
 }
 """For each part of the product, the other parts it may import (the arrows of the diagram)."""

@@ -29,6 +29,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
+from tessera import decoding
 from tessera.api.auth import TokenAuth
 from tessera.api.backend import (
     Conflict,
@@ -69,6 +70,7 @@ class KubeBackend(TokenAuth):
     """Implements ``tessera.api.backend.Backend`` against a Kubernetes API server."""
 
     def __init__(self, client: Client, data_dir: Path, image: str = wd.DEFAULT_IMAGE) -> None:
+        decoding.warm()  # before any of its threads decodes (tessera.decoding)
         self.client: Any = client
         """Typed loosely: lightkube's models make every field Optional."""
         self.data_dir = data_dir

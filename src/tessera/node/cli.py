@@ -17,6 +17,7 @@ import re
 import sys
 from typing import Any
 
+from tessera import decoding
 from tessera.node.nvml import Nvml, NvmlUnavailable
 
 _URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
@@ -142,6 +143,8 @@ def _run(args: argparse.Namespace) -> int:
         nvml = Nvml().open()
     except NvmlUnavailable as exc:
         error = str(exc)
+
+    decoding.warm()  # before the kubelet plugin's threads and the loop decode (tessera.decoding)
 
     async def main_async() -> None:
         client = make_client(opts.kubeconfig)
