@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 
 from tessera.core import mig
+from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuRequest
 
 
@@ -72,3 +73,16 @@ def test_choose_serving_reuses_an_idle_partition_across_models() -> None:
     full = mig.MigGpu("n/0", "A100-40GB", (mig.Partition("7g.40gb", 0, True),))
     assert mig.choose_serving([full], GpuRequest.fraction("0.25")) is None
     assert mig.choose_serving([a40], GpuRequest.fraction("0.75")) is None
+
+
+@pytest.mark.parametrize(("value", "want"), [("true", True), ("True", True), ("1", True),
+                                             ("yes", True), ("false", False), ("0", False),
+                                             (" no ", False)])
+def test_the_operators_switch(value: str, want: bool) -> None:
+    assert mig.parse_serves_shares(value, "x") is want
+
+
+@pytest.mark.parametrize("value", ["maybe", "", None, 1])
+def test_a_bad_switch_names_where_it_was_written(value: object) -> None:
+    with pytest.raises(InvalidRequest, match=r"^TESSERA_MIG_SERVES_SHARES: must be true or false"):
+        mig.parse_serves_shares(value, "TESSERA_MIG_SERVES_SHARES")

@@ -27,6 +27,7 @@ from tessera.core.constraints import NodeConstraint, PlacedPods
 from tessera.core.mig import (
     COMPUTE,
     PROFILES,
+    SERVES_SHARES,
     MigChoice,
     MigGpu,
     Partition,
@@ -156,7 +157,9 @@ class MigView:
 
     nodes: dict[str, list[MigGpu]] = field(default_factory=dict)
     _room: dict[str, tuple[dict[str, float], str]] = field(default_factory=dict)
-    _made: dict[tuple[Any, str], MigConstraint] = field(default_factory=dict)
+    _made: dict[tuple[Any, str, bool], MigConstraint] = field(default_factory=dict)
+    serving_nodes: frozenset[str] = frozenset()
+    """Nodes whose MIG GPUs may serve shares (label ``tessera.io/mig-serves-shares``)."""
     generation: int = field(default_factory=lambda: next(_generations))
     """Drawn per view: constraints of different cycles never compare equal."""
 
@@ -211,13 +214,19 @@ class MigView:
             got = self._room[profile] = (room, why)
         return got
 
-    def constraint(self, inner: NodeConstraint | None, profile: str) -> MigConstraint:
-        """One object per (pod constraint, profile) this cycle, so equal pods share a ranking."""
-        got = self._made.get((inner, profile))
+    def constraint(self, inner: NodeConstraint | None, profile: str,
+                   serving: bool = False) -> MigConstraint:
+        """One object per (pod constraint, profile) this cycle, so equal pods share a ranking.
+        ``serving``: for a share served by the profile, only the nodes that allow it
+        (``serving_nodes``, label ``tessera.io/mig-serves-shares``)."""
+        got = self._made.get((inner, profile, serving))
         if got is None:
             room, why = self.room(profile)
-            got = self._made[(inner, profile)] = MigConstraint(inner, profile, room, why,
-                                                               self.generation)
+            if serving:
+                room = {n: v for n, v in room.items() if n in self.serving_nodes}
+                why = f"{why} (or not labelled {SERVES_SHARES}=true)"
+            got = self._made[(inner, profile, serving)] = MigConstraint(
+                inner, profile, room, why, self.generation, serving)
         return got
 
 
@@ -239,13 +248,13 @@ class MigConstraint:
     GPU can give it the profile, preferred as :func:`preference` says."""
 
     def __init__(self, inner: NodeConstraint | None, profile: str, room: dict[str, float],
-                 why: str, generation: int = 0) -> None:
+                 why: str, generation: int = 0, serving: bool = False) -> None:
         self.inner = inner
         self.profile = profile
         self.room = room
         self.why = why
         self.dynamic = bool(inner is not None and inner.dynamic)
-        self._key = (inner, profile, generation)
+        self._key = (inner, profile, generation, serving)
         self._hash = hash(self._key)
 
     def __eq__(self, other: object) -> bool:

@@ -9,7 +9,7 @@ import itertools
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +18,8 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from tessera.core import nvlink
 from tessera.core.errors import InvalidRequest
 from tessera.core.gpu_models import default_headroom, model_of_product
-from tessera.core.model import GpuDevice, Node, ResourceRequest
+from tessera.core.mig import profile_fraction
+from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
 from tessera.core.projects import Project, Quota
 from tessera.core.state import Placement
 from tessera.core.units import MiB, parse_memory
@@ -116,6 +117,10 @@ class PodInfo:
     mig_claim: bool = False
     """``mig_profile`` is its ResourceClaim's (class mig.tessera.io; the scheduler sets it each
     cycle), not its annotation's: its partition is the claim's allocation."""
+    mig_served: bool = False
+    """A share served by a MIG partition (docs/mig.md): pending, ``mig_profile`` is the profile
+    the scheduler serves it with this cycle; bound, its ``tessera.io/mig-partition`` names it
+    and its request counts as that profile's fraction."""
     version: int = field(default_factory=lambda: next(_versions))
     """Changes with every event, so cached derivations know when to recompute: a number drawn
     once per object from one counter, never reused (unlike ``id()``, which a new object may
@@ -295,6 +300,11 @@ def pod_info(pod: Any) -> PodInfo:
     if raw_hold and info.node:
         try:
             info.mig_hold = hold_from_json(raw_hold)
+            if info.mig_profile is None and info.request is not None \
+                    and info.request.gpu.shared:  # a share a partition serves
+                info.mig_served = True
+                info.request = replace(info.request, gpu=GpuRequest.none(),
+                                       gpus=profile_fraction(info.mig_hold.profile))
         except (ValueError, KeyError, TypeError):
             log.warning("pod %s/%s: %s is not readable", info.namespace, info.name,
                         names.MIG_PARTITION)

@@ -39,7 +39,16 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVo
 
 from tessera.core.cycle import CycleConfig, Plan, run_cycle
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import MigChoice, choose, profile_fraction
+from tessera.core.gpu_models import GPU_MODELS
+from tessera.core.mig import (
+    MEMORY_MIB,
+    SERVES_SHARES,
+    MigChoice,
+    choose,
+    parse_serves_shares,
+    profile_fraction,
+    serving_profile,
+)
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.placement import DEFAULT_POLICY, POLICIES
 from tessera.core.state import Placement
@@ -155,6 +164,19 @@ def _held_bytes(held: Placement, gpu: GpuRequest, node: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
+SERVABLE_WAITS = ("placement", "unschedulable", "fair-share")
+"""The cycle's waits a MIG partition may end (no room on the shared GPUs, over its fair share
+too: a free partition is idle room); not a wait for a limit or quota (docs/mig.md)."""
+
+
+def _servable(pod: PodInfo) -> bool:
+    """A pending share a partition could serve: one device, its own pod (no PodGroup), no
+    ResourceClaim, no MIG profile of its own."""
+    return (pod.request is not None and pod.request.gpu.shared and pod.request.gpu.devices == 1
+            and pod.group is None and not pod.claim_names and pod.mig_profile is None
+            and pod.reservation is None)
+
+
 def _cm_info(obj: Any) -> ConfigMapInfo:
     meta = obj.metadata
     return ConfigMapInfo(meta.namespace, meta.name, (meta.annotations or {}).get(names.CONFIGMAP_POD))
@@ -185,6 +207,11 @@ class KubeScheduler:
         """MIG pods being bound: (node, the partition chosen), held until the pod is seen bound
         with it (tessera.kube.mig)."""
         self.mig_view = MigView()
+        self.mig_serving: dict[PodKey, GpuRequest] = {}
+        """Pending shares that waited for room on the shared GPUs, with their request: served
+        by the smallest MIG profile that holds them where a node allows it (docs/mig.md)."""
+        self.serving_errors: dict[str, str] = {}
+        """node -> the bad value of its label tessera.io/mig-serves-shares already logged."""
         self.releasing: set[PodKey] = set()
         """ResourceClaims being deallocated (tessera.kube.claims.released)."""
         self.background: set[asyncio.Task[Any]] = set()
@@ -268,6 +295,7 @@ class KubeScheduler:
         if new is None:
             self.assumed.pop(key, None)
             self.mig_assumed.pop(key, None)
+            self.mig_serving.pop(key, None)
             self.evicting.discard(key)
             self.bind_failures.pop(key, None)
             self.report.forget(key)
@@ -593,12 +621,60 @@ class KubeScheduler:
                     and all((p.namespace, n) in allocated for n in p.claim_names)]:
             del self.mig_assumed[key]  # the claim's allocation holds it now
         assumed = [(node, hold, f"{key[0]}/{key[1]}") for key, (node, hold) in self.mig_assumed.items()]
-        return MigView.build(gpus, [*holds, *assumed])
+        view = MigView.build(gpus, [*holds, *assumed])
+        view.serving_nodes = frozenset(n for n in view.nodes if self._serves_shares(n))
+        return view
+
+    def _serves_shares(self, node: str) -> bool:
+        """Whether the operator let this node's MIG GPUs serve shares (its label
+        ``tessera.io/mig-serves-shares``); a value that is neither true nor false is said in
+        the log, once per value, and taken as false."""
+        ni = self.nodes.items.get(node)
+        value = ni.labels.get(SERVES_SHARES) if ni is not None else None
+        if value is None:
+            return False
+        try:
+            return parse_serves_shares(value, f"node {node} metadata.labels[{SERVES_SHARES}]")
+        except InvalidRequest as exc:
+            if self.serving_errors.get(node) != value:
+                self.serving_errors[node] = value
+                log.warning("%s; its MIG GPUs do not serve shares", exc)
+            return False
+
+    def _serve_shares(self) -> None:
+        """Shares that waited for room on the shared GPUs (``mig_serving``) are placed this
+        cycle as pods of the smallest profile that holds them, on the nodes labelled
+        ``tessera.io/mig-serves-shares=true`` only, while one of those has room for it; else
+        they stay shares (docs/mig.md). Recomputed each cycle, as room comes and goes."""
+        view = self.mig_view
+        models = sorted({g.model for n in view.serving_nodes for g in view.nodes.get(n, ())})
+        for key, share in list(self.mig_serving.items()):
+            pod = self.pods.items.get(key)
+            if pod is None or pod.node or pod.request is None or not (
+                    pod.mig_served or _servable(pod)):
+                del self.mig_serving[key]
+                continue
+            fits = sorted({p for m in models if (p := serving_profile(share, m)) is not None},
+                          key=lambda p: (p.slots, p.compute, p.name))
+            profile = next((p for p in fits if view.serving_nodes & set(view.room(p.name)[0])),
+                           None)
+            if profile is not None:
+                request = dataclasses.replace(pod.request, gpu=GpuRequest.none(),
+                                              gpus=profile.fraction)
+                served: tuple[Any, ...] = (request, profile.name, True)
+            else:
+                served = (dataclasses.replace(pod.request, gpu=share, gpus=None), None, False)
+            if served != (pod.request, pod.mig_profile, pod.mig_served):
+                self.pods.items[key] = dataclasses.replace(
+                    pod, request=served[0], mig_profile=served[1], mig_served=served[2],
+                    version=new_version())
 
     async def cycle(self) -> Plan | None:
         t0 = time.perf_counter()
         self._apply_claims()
         self.mig_view = self._mig()
+        if self.mig_serving:
+            self._serve_shares()
         snapshot, ctx = self.snapshots.build(
             self.nodes.items, self.pods.items, self.projects.items, self.pod_groups.items,
             self.assumed, self.evicting, time.time(),
@@ -728,6 +804,10 @@ class KubeScheduler:
                 pod = pods.get(key)
                 if pod is not None and not pod.node and key not in self.assumed:
                     waits[key] = w.reason
+                    if (w.kind in SERVABLE_WAITS and self.mig_view.serving_nodes
+                            and not pod.mig_served and _servable(pod)):
+                        assert pod.request is not None
+                        self.mig_serving[key] = pod.request.gpu
         for key, message in waits.items():
             pod = pods.get(key)
             if pod is not None and ctx.agents_not_ready and pod.request is not None \
@@ -751,6 +831,22 @@ class KubeScheduler:
             return False
         self.mig_assumed[pod.key] = (node, apply_choice(gpus, pod.mig_profile, choice))
         return True
+
+    def _served_data(self, node: str, hold: MigHold, share: GpuRequest) -> dict[str, str]:
+        """ConfigMap keys of a share a partition serves, beside the MIG ones: the limit its
+        container's isolation library reads (the share's limit on the whole GPU, at most the
+        partition's memory, which holds its request; MIG caps the rest in hardware)."""
+        ni = self.nodes.items.get(node)
+        model = next((g.model for g in (ni.mig if ni is not None else ()) if g.uuid == hold.gpu),
+                     "")
+        sizes = MEMORY_MIB.get(model, {})
+        part = sizes.get(hold.profile, 0) * 2**20
+        whole = (GPU_MODELS[model].memory_mib if model in GPU_MODELS
+                 else max(sizes.values(), default=0)) * 2**20
+        limit = min(part, share.limit_bytes_on(whole))
+        return {"TESSERA_GPU_MEMORY_LIMIT": str(limit), "TESSERA_GPU_MEMORY_REQUEST":
+                str(min(part, share.bytes_on(whole))), "TESSERA_MIG_SERVES_SHARE": "true",
+                "TESSERA_ISOLATION": "on"}
 
     def _evict_lost(self, ctx: Context) -> None:
         for pod in ctx.orphans + ctx.conflicts:
@@ -780,11 +876,15 @@ class KubeScheduler:
                 return
             annotations: dict[str, str] = {}
             mig = self.mig_assumed.get(key)
-            if pod.mig_profile is not None and not pod.mig_claim:
+            served = self.mig_serving.get(key) if mig is not None and not pod.claim_names \
+                and names.MIG_PROFILE not in pod.annotations else None
+            if (pod.mig_profile is not None and not pod.mig_claim) or served is not None:
                 if mig is None or mig[0] != placement.node:
                     raise RuntimeError("no MIG partition was chosen for it")
                 data = {"TESSERA_MIG_PROFILE": mig[1].profile, "TESSERA_MIG_GPU": mig[1].gpu,
                         "TESSERA_NODE": placement.node}
+                if served is not None:
+                    data.update(self._served_data(placement.node, mig[1], served))
                 annotations[names.CONFIGMAP] = await self.writer.write_configmap(pod, data)
                 annotations[names.MIG_PARTITION] = mig[1].to_json()
             elif placement.devices and not placement.exclusive and not pod.claim_names:
@@ -808,8 +908,11 @@ class KubeScheduler:
             self.bound += 1
             metrics.BINDINGS.inc()
             self.bind_failures.pop(key, None)
+            how = "" if served is None else (f" (served by MIG {mig[1].profile} on GPU "
+                                             f"{mig[1].gpu})" if mig is not None else "")
             self._spawn(self.writer.notice(
-                pod, "Scheduled", f"Successfully assigned {pod.namespace}/{pod.name} to {placement.node}"))
+                pod, "Scheduled",
+                f"Successfully assigned {pod.namespace}/{pod.name} to {placement.node}{how}"))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

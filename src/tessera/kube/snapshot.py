@@ -265,13 +265,14 @@ class SnapshotBuilder:
                     sp = SchedulingSpec(p.namespace, tuple(sorted(p.labels.items())))
                 if sp is None and not any_closed and domain is None:
                     cs.append(None if p.mig_profile is None
-                              else mig.constraint(None, p.mig_profile))
+                              else mig.constraint(None, p.mig_profile, p.mig_served))
                     continue
                 ckey = (sp, gpu, symmetric, domain)
                 c = cache.get(ckey)
                 if c is None:
                     c = cache[ckey] = constraint_for(sp, gpu, view, symmetric, domain)
-                cs.append(c if p.mig_profile is None else mig.constraint(c, p.mig_profile))
+                cs.append(c if p.mig_profile is None else mig.constraint(c, p.mig_profile,
+                                                                        p.mig_served))
             out.append(replace(w, constraints=tuple(cs)) if any(c is not None for c in cs) else w)
         return out
 
