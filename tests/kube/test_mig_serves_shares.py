@@ -7,19 +7,27 @@ process, the real tessera-node on the fake NVML with its A100-40GB in MIG mode."
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from lightkube import ApiError, Client, codecs
-from lightkube.models.core_v1 import Container, PodSpec, Toleration
+from lightkube.models.core_v1 import (
+    Container,
+    HostPathVolumeSource,
+    PodSpec,
+    Toleration,
+    Volume,
+)
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
 from tessera.core.mig import SERVES_SHARES
 from tessera.kube import names
+from tessera.node.containers import ShareDevice, read_share
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape, node_manifest
 from tessera.testing.node_agents import NodeAgents, start_node_agents
@@ -64,13 +72,18 @@ def label(client: Client, value: str | None) -> None:
 
 
 def share_pod(client: Client, ns: str, name: str, annotations: dict[str, str]) -> None:
-    """A share pinned to the MIG node (its only GPU is in MIG mode: no shared GPU fits)."""
+    """A share pinned to the MIG node (its only GPU is in MIG mode: no shared GPU fits), with
+    the isolation config key and mount the webhook gives a share (no webhook in this module)."""
+    key = hashlib.sha256(name.encode()).hexdigest()[:16]
     client.create(Pod(
-        metadata=ObjectMeta(name=name, namespace=ns, annotations=annotations),
+        metadata=ObjectMeta(name=name, namespace=ns,
+                            annotations={**annotations, names.GPU_CONFIG_KEY: key}),
         spec=PodSpec(schedulerName=names.SCHEDULER_NAME, nodeSelector={
             "kubernetes.io/hostname": NODE},
             tolerations=[Toleration(key=TAINT, operator="Exists", effect="NoSchedule")],
-            containers=[Container(name="main", image="example.invalid/cuda:12")]),
+            containers=[Container(name="main", image="example.invalid/cuda:12")],
+            volumes=[Volume(name="tessera-gpu-config", hostPath=HostPathVolumeSource(
+                path=f"/var/lib/tessera/containers/{key}/conf/main", type="Directory"))]),
     ))
 
 
@@ -121,6 +134,14 @@ def test_a_share_is_served_by_the_smallest_profile_only_on_labelled_nodes(
     assert configmap(kube_client, project, "quarter", "TESSERA_GPU_MEMORY_LIMIT") == \
         str(9856 * 2**20)
     assert reservations(kube_client, NODE) == []
+    # tessera-node writes the share's isolation files with the partition as its device.
+    uuid = configmap(kube_client, project, "quarter", "NVIDIA_VISIBLE_DEVICES")
+    ann = q.metadata.annotations if q.metadata and q.metadata.annotations else {}
+    key = ann[names.GPU_CONFIG_KEY]
+    written = wait_until("the isolation files", lambda: read_share(
+        mig_node.agents[NODE].containers_dir, key))
+    assert written.devices == (ShareDevice(uuid, 9856 * 2**20, 9856 * 2**20),)
+    assert (mig_node.agents[NODE].containers_dir / key / "conf" / "main").is_dir()
     said = wait_until("the Scheduled event", lambda: [
         e.message for e in events(kube_client, project, "quarter")
         if e.reason == "Scheduled" and e.message] or None)

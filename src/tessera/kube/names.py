@@ -32,6 +32,9 @@ AGENT_URL = "tessera.io/node-agent-url"
 # What the scheduler writes on a pod when it binds it (the source of truth on restart).
 PLACEMENT = "tessera.io/placement"
 CONFIGMAP = "tessera.io/gpu-configmap"
+MIG_SHARE = "tessera.io/mig-share"
+"""On a share a MIG partition serves (docs/mig.md), written at bind: JSON ``{"request": bytes,
+"limit": bytes}``, what tessera-node writes in its isolation files with the partition's UUID."""
 MIG_PARTITION = "tessera.io/mig-partition"
 """On a MIG pod, written at bind: JSON ``{"gpu": UUID, "profile", "start", "remove": [starts]}``,
 the partition tessera-node makes (or reuses) for it, after removing the idle ones at ``remove``."""

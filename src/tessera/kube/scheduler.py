@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -885,6 +886,9 @@ class KubeScheduler:
                         "TESSERA_NODE": placement.node}
                 if served is not None:
                     data.update(self._served_data(placement.node, mig[1], served))
+                    annotations[names.MIG_SHARE] = json.dumps(
+                        {"request": int(data["TESSERA_GPU_MEMORY_REQUEST"]),
+                         "limit": int(data["TESSERA_GPU_MEMORY_LIMIT"])}, separators=(",", ":"))
                 annotations[names.CONFIGMAP] = await self.writer.write_configmap(pod, data)
                 annotations[names.MIG_PARTITION] = mig[1].to_json()
             elif placement.devices and not placement.exclusive and not pod.claim_names:

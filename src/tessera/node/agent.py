@@ -62,6 +62,8 @@ log = logging.getLogger("tessera.node")
 PLACEMENT = "tessera.io/placement"
 POD_GPU_UUIDS = "tessera.io/gpu-uuids"
 POD_CONFIGMAP = "tessera.io/gpu-configmap"
+MIG_SHARE = "tessera.io/mig-share"
+"""On a share a MIG partition serves: JSON ``{"request": bytes, "limit": bytes}`` (docs/mig.md)."""
 MIG_JOURNAL = "mig-journal.json"
 """In the containers directory (on the host, so it outlives the agent's pod)."""
 GPU_UUID = "tessera.io/gpu-uuid"
@@ -136,22 +138,32 @@ def pod_view(pod: Any) -> PodView:
                    finished=((d.get("status") or {}).get("phase") in ("Succeeded", "Failed")))
 
 
-def share_of(pod: PodView, containers_dir: Path) -> Share | None:
+def share_of(pod: PodView, containers_dir: Path, mig_uuid: str | None = None) -> Share | None:
     """The share a pod holds on this node, from what the scheduler and the webhook wrote on it;
-    None for pods without a GPU share. Raises ShareFilesError naming what is wrong."""
+    None for pods without a GPU share. A share a MIG partition serves (``tessera.io/mig-share``)
+    holds ``mig_uuid``, the partition made for it (None: not made yet). Raises ShareFilesError
+    naming what is wrong."""
     key = pod.annotations.get(CONFIG_KEY)
     text = pod.annotations.get(PLACEMENT)
     if not key or not text:
         return None
+    served = pod.annotations.get(MIG_SHARE)
     try:
         placement = json.loads(text)
-        if placement.get("exclusive") or not placement.get("devices"):
+        if served is not None and not placement.get("devices"):
+            if mig_uuid is None:
+                return None
+            d = json.loads(served)
+            request, limit, uuids = [int(d["request"])], [int(d["limit"])], [mig_uuid]
+        elif placement.get("exclusive") or not placement.get("devices"):
             return None
-        request = [int(x) for x in placement["request"]]
-        limit = [int(x) for x in placement["limit"]]
+        else:
+            request = [int(x) for x in placement["request"]]
+            limit = [int(x) for x in placement["limit"]]
+            uuids = [u for u in pod.annotations.get(POD_GPU_UUIDS, "").split(",") if u]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ShareFilesError(f"annotation {PLACEMENT} is not a placement: {exc}") from exc
-    uuids = [u for u in pod.annotations.get(POD_GPU_UUIDS, "").split(",") if u]
+        raise ShareFilesError(f"annotation {PLACEMENT} or {MIG_SHARE} is not readable: "
+                              f"{exc}") from exc
     if len(uuids) != len(request):
         raise ShareFilesError(f"annotation {POD_GPU_UUIDS} names {len(uuids)} GPU(s) for "
                               f"{len(request)} device(s) of the placement")
@@ -528,11 +540,13 @@ class KubeAgent:
     async def write_share_files(self) -> dict[str, Share]:
         shares: dict[str, Share] = {}
         known = {g.uuid for g in self.inventory.gpus} if self.inventory else set()
+        known |= {str(part["uuid"]) for parts in self.mig_parts.values() for part in parts
+                  if part.get("uuid")}  # partitions serving shares (docs/mig.md)
         for p in list(self.pods.values()):
             if p.deleting:
                 continue
             try:
-                share = share_of(p, self.opts.containers_host_dir)
+                share = share_of(p, self.opts.containers_host_dir, self.mig_written.get(p.uid))
                 if share is None:
                     continue
                 missing = [d.uuid for d in share.devices if d.uuid not in known]
