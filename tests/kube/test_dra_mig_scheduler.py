@@ -15,8 +15,8 @@ from typing import Any
 
 import grpc
 import pytest
-from lightkube import ApiError, Client, codecs
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube import Client, codecs
+from lightkube.resources.core_v1 import Pod
 
 from tessera.kube import names
 from tessera.kube.claims import ResourceClaim
@@ -24,8 +24,9 @@ from tessera.node.draplugin import dra_pb2, dra_pb2_grpc, registration_pb2
 from tessera.node.draplugin import registration_pb2_grpc as reg_grpc
 from tessera.node.resourceslice import ResourceSlice
 from tessera.testing.cluster import TestCluster
-from tessera.testing.gpu_nodes import NodeShape, node_manifest
-from tessera.testing.node_agents import NodeAgent, NodeAgents, start_node_agents
+from tessera.testing.node_agents import NodeAgent
+from tests.kube.mig_nodes import mig_node_agents, pod_gone
+from tests.kube.mig_nodes import partitions as mig_partitions
 from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
     SchedulerEnv,
     bound,
@@ -44,21 +45,9 @@ TAINT = "tessera.io/dmigt-test"
 
 @pytest.fixture(scope="module")
 def agent(kube_cluster: TestCluster, kube_client: Client) -> Iterator[NodeAgent]:
-    """One A100-40GB in MIG mode, tainted so other tests' pods stay off; its tessera-node."""
-    manifest = node_manifest(NODE, NodeShape(gpus=1, model="A100-40GB"), index=212)
-    for part in ("capacity", "allocatable"):
-        manifest["status"][part][names.GPU_RESOURCE] = "0"
-    manifest["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
-    kube_client.create(codecs.from_dict(manifest))
-    kube_cluster.wait_nodes_ready([NODE])
-    agents: NodeAgents = start_node_agents(kube_cluster, [NODE],
-                                           env_overrides={"FAKE_GPU_MIG_0": "1"})
-    try:
-        agents.wait_ready()
+    """One A100-40GB in MIG mode and its tessera-node (tests.kube.mig_nodes)."""
+    with mig_node_agents(kube_cluster, kube_client, NODE, 212, TAINT) as agents:
         yield agents.agents[NODE]
-    finally:
-        agents.stop()
-        kube_client.delete(Node, NODE)
 
 
 def mig_claim_pod(client: Client, ns: str, name: str, profile: str) -> None:
@@ -108,22 +97,12 @@ def kubelet(a: NodeAgent, client: Client, ns: str, name: str, prepare: bool) -> 
 
 
 def partitions(client: Client) -> list[dict[str, Any]]:
-    node = client.get(Node, NODE)
-    inv = json.loads((node.metadata.annotations or {})[names.NODE_GPU_INVENTORY])
-    return [p for g in inv["gpus"] for p in g.get("partitions") or ()]
+    return mig_partitions(client, NODE)
 
 
 def gone(client: Client, ns: str, pod: str) -> None:
     """The pod deleted; tessera-scheduler deallocates the claim it allocated for it."""
-    client.delete(Pod, pod, namespace=ns, grace_period=0)
-
-    def check() -> bool:
-        try:
-            client.get(Pod, pod, namespace=ns)
-        except ApiError:
-            return "allocation" not in claim_status(client, ns, pod)
-        return False
-    wait_until(f"{pod} gone and its claim deallocated", check)
+    pod_gone(client, ns, pod, lambda: "allocation" not in claim_status(client, ns, pod))
 
 
 def test_tessera_scheduler_allocates_mig_claims_by_choose(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import ApiError, Client, codecs
+from lightkube import ApiError, Client
 from lightkube.models.core_v1 import Container, PodSpec, Toleration
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
@@ -22,8 +22,9 @@ from tessera.kube import names
 from tessera.kube.api_backend import KubeBackend
 from tessera.kube.objects import ProjectResource
 from tessera.testing.cluster import TestCluster
-from tessera.testing.gpu_nodes import NodeShape, node_manifest
-from tessera.testing.node_agents import NodeAgents, start_node_agents
+from tessera.testing.node_agents import NodeAgents
+from tests.kube.mig_nodes import mig_node_agents, pod_gone
+from tests.kube.mig_nodes import partitions as mig_partitions
 from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
     SchedulerEnv,
     bound,
@@ -42,22 +43,9 @@ TAINT = "tessera.io/migk-test"
 
 @pytest.fixture(scope="module")
 def mig_node(kube_cluster: TestCluster, kube_client: Client) -> Iterator[NodeAgents]:
-    """One A100-40GB in MIG mode, advertised as no nvidia.com/gpu (the GPU operator's mixed
-    strategy leaves a MIG-mode GPU out of it), tainted so other tests' pods stay off; its
-    tessera-node on the fake NVML."""
-    manifest = node_manifest(NODE, NodeShape(gpus=1, model="A100-40GB"), index=210)
-    for part in ("capacity", "allocatable"):
-        manifest["status"][part][names.GPU_RESOURCE] = "0"
-    manifest["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
-    kube_client.create(codecs.from_dict(manifest))
-    kube_cluster.wait_nodes_ready([NODE])
-    agents = start_node_agents(kube_cluster, [NODE], env_overrides={"FAKE_GPU_MIG_0": "1"})
-    try:
-        agents.wait_ready()
+    """One A100-40GB in MIG mode and its tessera-node (tests.kube.mig_nodes)."""
+    with mig_node_agents(kube_cluster, kube_client, NODE, 210, TAINT) as agents:
         yield agents
-    finally:
-        agents.stop()
-        kube_client.delete(Node, NODE)
 
 
 def mig_pod(client: Client, ns: str, name: str, profile: str,
@@ -83,21 +71,11 @@ def mig_uuid(client: Client, ns: str, pod: str) -> str:
 
 
 def partitions(client: Client) -> list[dict[str, Any]]:
-    node = client.get(Node, NODE)
-    inv = json.loads((node.metadata.annotations or {})[names.NODE_GPU_INVENTORY])
-    return [p for g in inv["gpus"] for p in g.get("partitions") or ()]
+    return mig_partitions(client, NODE)
 
 
 def gone(client: Client, ns: str, pod: str) -> None:
-    client.delete(Pod, pod, namespace=ns, grace_period=0)
-
-    def check() -> bool:
-        try:
-            client.get(Pod, pod, namespace=ns)
-        except ApiError:
-            return True
-        return False
-    wait_until(f"{pod} gone", check)
+    pod_gone(client, ns, pod)
 
 
 def test_partitions_made_reused_and_removed_on_demand(
@@ -316,21 +294,16 @@ def test_mig_mode_switched_under_a_running_agent_is_followed(
     reads the mode from a file) while tessera-node runs: the node's inventory says so within a
     few syncs, with no restart, and back again when MIG mode goes off."""
     name = "migk-node-switch"
-    manifest = node_manifest(name, NodeShape(gpus=1, model="A100-40GB"), index=211)
-    manifest["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
-    kube_client.create(codecs.from_dict(manifest))
-    kube_cluster.wait_nodes_ready([name])
     modes = tmp_path / "mig-modes"
     modes.mkdir()
-    agents = start_node_agents(kube_cluster, [name],
-                               env_overrides={"FAKE_GPU_MIG_MODE_DIR": str(modes)})
+    node = mig_node_agents(kube_cluster, kube_client, name, 211, TAINT,
+                           env={"FAKE_GPU_MIG_MODE_DIR": str(modes)})
 
     def mig_mode() -> bool | None:
         ann = kube_client.get(Node, name).metadata.annotations or {}
         raw = ann.get(names.NODE_GPU_INVENTORY)
         return None if raw is None else bool(json.loads(raw)["gpus"][0]["mig"])
-    try:
-        agents.wait_ready()
+    with node as agents:
         assert wait_until("the inventory", lambda: mig_mode() is not None or None)
         assert mig_mode() is False
         (modes / "0").write_text("1")
@@ -339,9 +312,6 @@ def test_mig_mode_switched_under_a_running_agent_is_followed(
         assert "MIG mode is now on (an operator's change)" in log, log
         (modes / "0").write_text("0")
         wait_until("MIG mode off again", lambda: mig_mode() is False or None)
-    finally:
-        agents.stop()
-        kube_client.delete(Node, name)
 
 
 # ---- reclaim and preemption make MIG room (tessera.core.cycle.mig_room) -------------------------

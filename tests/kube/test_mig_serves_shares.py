@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from lightkube import ApiError, Client, codecs
+from lightkube import ApiError, Client
 from lightkube.models.core_v1 import (
     Container,
     HostPathVolumeSource,
@@ -29,8 +29,8 @@ from tessera.core.mig import SERVES_SHARES
 from tessera.kube import names
 from tessera.node.containers import ShareDevice, read_share
 from tessera.testing.cluster import TestCluster
-from tessera.testing.gpu_nodes import NodeShape, node_manifest
-from tessera.testing.node_agents import NodeAgents, start_node_agents
+from tessera.testing.node_agents import NodeAgents
+from tests.kube.mig_nodes import mig_node_agents
 from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
     SchedulerEnv,
     bound,
@@ -49,21 +49,10 @@ TAINT = "tessera.io/migs-test"
 
 @pytest.fixture(scope="module")
 def mig_node(kube_cluster: TestCluster, kube_client: Client) -> Iterator[NodeAgents]:
-    """One A100-40GB in MIG mode and no shared GPU (nvidia.com/gpu 0), tainted so other tests'
-    pods stay off; its tessera-node on the fake NVML; not labelled yet."""
-    manifest = node_manifest(NODE, NodeShape(gpus=1, model="A100-40GB"), index=230)
-    for part in ("capacity", "allocatable"):
-        manifest["status"][part][names.GPU_RESOURCE] = "0"
-    manifest["spec"]["taints"] = [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
-    kube_client.create(codecs.from_dict(manifest))
-    kube_cluster.wait_nodes_ready([NODE])
-    agents = start_node_agents(kube_cluster, [NODE], env_overrides={"FAKE_GPU_MIG_0": "1"})
-    try:
-        agents.wait_ready()
+    """One A100-40GB in MIG mode and no shared GPU, its tessera-node; not labelled yet
+    (tests.kube.mig_nodes)."""
+    with mig_node_agents(kube_cluster, kube_client, NODE, 230, TAINT) as agents:
         yield agents
-    finally:
-        agents.stop()
-        kube_client.delete(Node, NODE)
 
 
 def label(client: Client, value: str | None) -> None:
