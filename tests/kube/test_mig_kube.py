@@ -21,6 +21,7 @@ from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
     bound,
     env,
     get_pod,
+    make_project,
     project,
     scheduled_false,
 )
@@ -74,3 +75,20 @@ def test_mig_resources_are_placed_where_a_node_advertises_them(
     kube_client.delete(Pod, "mig-a", namespace=project, grace_period=0)
     assert [p.spec.nodeName for p in bound(kube_client, project, "mig-c") if p.spec] == [mig_node]
     assert get_pod(kube_client, project, "mig-none").spec.nodeName is None
+
+
+def test_mig_resources_count_in_the_projects_quota(
+        env: SchedulerEnv, kube_client: Client, kube_namespace: str,  # noqa: F811
+        mig_node: str) -> None:
+    """The GPU operator's partitions count as their profile's fraction (3g.20gb = 3/7 of a GPU)
+    in the project's quota: a project limited to 0.5 GPU runs one, the second waits with the
+    limit's reason although the node has a free one."""
+    ns = kube_namespace
+    make_project(kube_client, ns, ns, deserved=0.5, limit=0.5)
+    mig_pod(kube_client, ns, "q-a")
+    bound(kube_client, ns, "q-a")
+    mig_pod(kube_client, ns, "q-b")
+    why = wait_until("q-b pending", lambda: scheduled_false(kube_client, ns, "q-b"))
+    assert f"project {ns} is at its limit of 0.5 GPU: 0.43 in use, this needs 0.43 more" in why, why
+    for pod in ("q-a", "q-b"):
+        kube_client.delete(Pod, pod, namespace=ns, grace_period=0)

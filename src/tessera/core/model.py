@@ -234,15 +234,16 @@ class ResourceRequest:
     """Bytes of host memory."""
     gpus: float | None = None
     """GPUs it counts as for quota and fair share when its GPU is none of the node's devices
-    (a MIG partition: the profile's fraction, tessera.core.mig; ``gpu`` is then none); None:
+    (MIG partitions: each profile's fraction, tessera.core.mig; ``gpu`` is then none); None:
     counted from ``gpu``. Placements made for it carry it (``Placement.gpus``)."""
     mig: str | None = None
     """The MIG profile of its partition (``3g.20gb``, tessera.core.mig), with ``gpus`` its
     fraction: the cycle makes MIG room for it by eviction (``Snapshot.mig``)."""
 
     def __post_init__(self) -> None:
-        if self.gpus is not None and not 0 < self.gpus <= 1:
-            raise InvalidRequest("gpus", "must be in (0, 1] (a MIG profile's fraction)", self.gpus)
+        if self.gpus is not None and not 0 < self.gpus <= (1 if self.mig is not None else 1024):
+            raise InvalidRequest("gpus", "must be in (0, 1] for one MIG partition (its profile's "
+                                         "fraction), at most 1024 GPUs in all", self.gpus)
         if self.mig is not None and (self.gpus is None or self.gpu.kind is not GpuKind.NONE):
             raise InvalidRequest("mig", "a MIG profile is the pod's whole GPU request: give its "
                                         "fraction as gpus and no other GPU", self.mig)

@@ -19,6 +19,7 @@ GPU spellings (after the webhook has translated Run:ai / cGPU ones):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
@@ -157,6 +158,7 @@ def pod_request(
     """GPU, CPU and memory of one pod: containers summed, the largest init container if more."""
     fraction = mig_fraction(annotations, containers)
     gpu = GpuRequest.none() if fraction is not None else gpu_request(annotations, containers)
+    static = operator_mig_gpus(containers) if gpu.kind is GpuKind.NONE else None
     cpu = mem = 0
     for c in containers:
         a, b = _container_amounts(c, "requests")
@@ -166,8 +168,27 @@ def pod_request(
         a, b = _container_amounts(c, "requests")
         cpu = max(cpu, a)
         mem = max(mem, b)
-    return ResourceRequest(gpu=gpu, cpu_milli=cpu, memory=mem, gpus=fraction,
+    return ResourceRequest(gpu=gpu, cpu_milli=cpu, memory=mem,
+                           gpus=fraction if fraction is not None else static,
                            mig=None if fraction is None else mig_profile(annotations))
+
+
+_OPERATOR_PROFILE = re.compile(r"([1-7])g\.[0-9]+gb(\+me)?")
+
+
+def operator_mig_gpus(containers: Sequence[ContainerResources]) -> float | None:
+    """GPUs the GPU operator's MIG resources of a pod count as in quota and fair share
+    (``nvidia.com/mig-3g.20gb: 2`` = 2 x 3/7): each partition its compute slices of the seven
+    every MIG GPU has, read from the resource's name, so a profile of a GPU tessera has no table
+    for counts too. None when it asks for none (a name that is not a profile counts nothing)."""
+    total = 0.0
+    for c in containers:
+        for key in mig_resources(c):
+            m = _OPERATOR_PROFILE.fullmatch(key.removeprefix(names.MIG_RESOURCE_PREFIX))
+            text = str(c.limits.get(key, c.requests.get(key, "0"))).strip()
+            if m and text.isascii() and text.isdigit():
+                total += int(text) * int(m.group(1)) / 7
+    return round(total, 3) or None
 
 
 def mig_profile(annotations: Mapping[str, str]) -> str | None:
