@@ -106,8 +106,8 @@ def test_partitions_made_reused_and_removed_on_demand(
     backend = KubeBackend(kube_client, tmp_path)
     try:
         want = [{"index": 0, "uuid": hold["gpu"], "model": "A100-40GB", "partitions": [{
-            "profile": "3g.20gb", "start": hold["start"], "uuid": first, "managed": True,
-            "workload": "mig-b"}]}]
+            "profile": "3g.20gb", "start": hold["start"], "slots": 4, "uuid": first,
+            "managed": True, "workload": "mig-b"}]}]
 
         def mig_doc() -> list[dict[str, Any]] | None:
             node = next((n for n in backend.cluster()["nodes"] if n["name"] == NODE), None)

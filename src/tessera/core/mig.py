@@ -166,6 +166,13 @@ def profile_of(model: str, name: str) -> MigProfile | None:
     return PROFILES.get(model, {}).get(name)
 
 
+def profile_slots(model: str, name: str) -> int:
+    """Memory slots (of 8) a partition of ``name`` covers on ``model`` (``+me`` as its base
+    profile); 1 for a profile the table does not have (drawn as one slot)."""
+    profile = profile_of(model, name.removesuffix("+me"))
+    return profile.slots if profile is not None else 1
+
+
 def profile_fraction(name: str) -> float:
     """The GPU fraction a canonical profile counts as in quota: its compute slices of 7, the
     same on every GPU that has it (``3g.20gb`` = 0.429). KeyError for a name no table has."""

@@ -43,7 +43,7 @@ from tessera.api.token_store import TokenStore
 from tessera.api.usage import merge
 from tessera.api.validation import check_limit, check_submission
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import profile_of, supported_text
+from tessera.core.mig import profile_of, profile_slots, supported_text
 from tessera.core.model import Node as CoreNode
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
 from tessera.kube import names
@@ -190,7 +190,8 @@ class KubeBackend(TokenAuth):
             if name in mig:  # GPUs in MIG mode and their partitions (docs/mig.md)
                 node_doc["migGpus"] = [{"index": g.index, "uuid": g.uuid, "model": g.model,
                                         "partitions": [
-                    {"profile": p.profile, "start": p.start, "uuid": p.uuid or None,
+                    {"profile": p.profile, "start": p.start,
+                     "slots": profile_slots(g.model, p.profile), "uuid": p.uuid or None,
                      "managed": not p.busy, "workload": mig_holders.get((g.uuid, p.start))}
                     for p in g.partitions]} for g in mig[name]]
             out_nodes.append(node_doc)

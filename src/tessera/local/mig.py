@@ -30,6 +30,7 @@ from tessera.core.mig import (
     choose,
     choose_serving,
     profile_of,
+    profile_slots,
     serving_profile,
     supported_text,
 )
@@ -203,7 +204,8 @@ class LocalMig:
         except Exception:  # NVML failing now: the document says nothing rather than failing
             states = []
         return [{"index": s.index, "uuid": s.uuid, "model": s.model, "partitions": [
-            {"profile": p.profile, "start": p.start, "uuid": p.uuid, "managed": p.managed,
+            {"profile": p.profile, "start": p.start, "slots": profile_slots(s.model, p.profile),
+             "uuid": p.uuid, "managed": p.managed,
              "workload": names.get(p.owner or "", p.owner), "processes": p.processes}
             for p in s.partitions]} for s in states if s.mig_enabled]
 

@@ -223,18 +223,48 @@ async function gpus() {
             h("span", { class: "alloc" }, `${fmtBytes(held)} / ${fmtBytes(usable)} allocated`), h("br"),
             h("span", { class: "use" }, known ? `${fmtBytes(g.usedBytes)} used, ${pct(g.utilization)} busy` : "used: —"),
             g.loanedBytes ? h("span", { class: "loaned" }, h("br"), `${fmtBytes(g.loanedBytes)} on loan`) : null));
-      })));
+      }),
+      (n.migGpus || []).map((g) => migGpu(g, projectOf, used))));
     const legend = h("div", { class: "legend" }, [...used].filter(Boolean).sort().map((p) => h("span", {}, h("i", { style: { background: color(p) } }), p)),
       anyUsed ? h("span", {}, h("i", { class: "key-used" }), "in use (NVML)") : null,
       anyLoan ? h("span", {}, h("i", { class: "key-loan" }), "on loan") : null,
-      h("span", {}, h("i", { class: "key-headroom" }), "headroom"));
+      h("span", {}, h("i", { class: "key-headroom" }), "headroom"),
+      c.nodes.some((n) => (n.migGpus || []).length) ? h("span", {}, h("i", { class: "key-idle" }), "idle MIG partition") : null);
     put(main, h("h1", {}, "GPUs"),
       c.simulated ? h("p", { class: "badge warn" }, "These GPUs are simulated: no NVIDIA driver here.") : null,
-      h("p", { class: "muted" }, "Each bar is one GPU's memory, split into the shares placed on it (coloured by project; the dark line in a share is the memory its processes use); memory a dynamic fraction holds above its request is marked as a loan. The thin bar below is the memory in use on the GPU, as the node agent reads it."),
+      h("p", { class: "muted" }, "Each bar is one GPU's memory, split into the shares placed on it (coloured by project; the dark line in a share is the memory its processes use); memory a dynamic fraction holds above its request is marked as a loan. The thin bar below is the memory in use on the GPU, as the node agent reads it. A GPU in MIG mode is drawn as its eight memory slots, each partition where it sits: held by a workload, idle (kept for reuse until its room is needed) or an operator's."),
       legend, ...(nodes.length ? nodes : [h("p", { class: "muted" }, "No GPU nodes.")]));
   };
   await draw();
   every(5000, () => draw().catch(() => {}));
+}
+
+/* A GPU in MIG mode: its eight memory slots, each partition drawn where it sits (coloured by its
+   workload's project; idle ones are kept for reuse until their room is needed). */
+function migGpu(g, projectOf, used) {
+  const parts = [...(g.partitions || [])].sort((a, b) => a.start - b.start);
+  const segs = [];
+  let at = 0;
+  for (const p of parts) {
+    for (; at < p.start; at++) segs.push(h("div", { class: "seg free", title: `memory slot ${at}: free` }));
+    const project = p.workload ? projectOf[p.workload] || "" : "";
+    if (project) used.add(project);
+    const who = p.workload ? `${p.workload}${project ? ` (${project})` : ""}`
+      : p.managed ? "idle: kept for reuse, removed when its room is needed" : "not tessera's (an operator's partition)";
+    segs.push(h("div", { class: `seg part ${p.workload ? "held" : p.managed ? "idle" : "operator"}`,
+      "data-profile": p.profile, "data-start": p.start, "data-workload": p.workload || "",
+      title: `${p.profile} at memory slot ${p.start}: ${who}${p.uuid ? `\n${p.uuid}` : ""}`,
+      style: { width: `${(100 * (p.slots || 1)) / 8}%`, background: p.workload ? color(project || p.workload) : null } },
+      `${p.profile}${p.workload ? ` ${p.workload}` : ""}`));
+    at = p.start + (p.slots || 1);
+  }
+  for (; at < 8; at++) segs.push(h("div", { class: "seg free", title: `memory slot ${at}: free` }));
+  const busy = parts.filter((p) => p.workload).length;
+  return h("div", { class: "gpu mig", "data-uuid": g.uuid },
+    h("div", { class: "name" }, h("strong", {}, "MIG"), ` ${g.model}`, h("br"), h("span", { class: "muted", title: g.uuid }, `NVML GPU ${g.index}, MIG mode`)),
+    h("div", {}, h("div", { class: "bar slots" }, segs)),
+    h("div", { class: "num" }, g.partitions === null ? "partitions: NVML not open"
+      : `${parts.length} partition${parts.length === 1 ? "" : "s"}, ${busy} in use`));
 }
 
 /* Field errors from the API beside the input whose data-field the error names. */
@@ -422,17 +452,18 @@ async function submit() {
   const kind = h("select", { id: "s-kind", "data-field": "type" }, h("option", { value: "trainings" }, "Training"), h("option", { value: "workspaces" }, "Workspace"), h("option", { value: "inferences" }, "Inference"));
   const name = h("input", { id: "s-name", "data-field": "name", required: true, placeholder: "frac05" });
   const project = h("select", { id: "s-project", "data-field": "projectId" }, projectList.map((p) => h("option", { value: p }, p)));
-  const mode = h("select", { id: "s-mode", "aria-label": "GPU request" }, h("option", { value: "portion" }, "a portion of a GPU"), h("option", { value: "memory" }, "GPU memory"), h("option", { value: "whole" }, "whole GPUs"), h("option", { value: "none" }, "no GPU"));
+  const mode = h("select", { id: "s-mode", "aria-label": "GPU request" }, h("option", { value: "portion" }, "a portion of a GPU"), h("option", { value: "memory" }, "GPU memory"), h("option", { value: "whole" }, "whole GPUs"), h("option", { value: "mig" }, "a MIG partition"), h("option", { value: "none" }, "no GPU"));
   const portion = h("input", { id: "s-portion", "data-field": "gpuPortionRequest", value: "0.5", inputmode: "decimal" });
   const portionLimit = h("input", { id: "s-portion-limit", "data-field": "gpuPortionLimit", placeholder: "same as request", inputmode: "decimal" });
   const memory = h("input", { id: "s-memory", "data-field": "gpuMemoryRequest", placeholder: "5G or 4Gi" });
   const memoryLimit = h("input", { id: "s-memory-limit", "data-field": "gpuMemoryLimit", placeholder: "same as request" });
   const devices = h("input", { id: "s-devices", "data-field": "gpuDevicesRequest", value: "1", inputmode: "numeric" });
+  const migProfile = h("input", { id: "s-mig-profile", "data-field": "gpuMigProfile", placeholder: "3g.20gb" });
   const image = h("input", { id: "s-image", "data-field": "image", placeholder: "optional" });
   const command = h("input", { id: "s-command", "data-field": "command", placeholder: "python3" });
   const args = h("input", { id: "s-args", "data-field": "args", placeholder: "train.py --epochs 3" });
-  const groups = { portion: [portion, portionLimit], memory: [memory, memoryLimit], whole: [], none: [] };
-  const sync = () => { for (const [m, inputs] of Object.entries(groups)) for (const i of inputs) i.closest("label").hidden = m !== mode.value; devices.closest("label").hidden = mode.value === "none"; };
+  const groups = { portion: [portion, portionLimit], memory: [memory, memoryLimit], whole: [], mig: [migProfile], none: [] };
+  const sync = () => { for (const [m, inputs] of Object.entries(groups)) for (const i of inputs) i.closest("label").hidden = m !== mode.value; devices.closest("label").hidden = mode.value === "none" || mode.value === "mig"; };
   mode.addEventListener("change", sync);
   const num = (v) => (v === "" ? undefined : Number.isNaN(Number(v)) ? v : Number(v));
   const form = h("form", { class: "panel", id: "submit-form", onsubmit: async (ev) => {
@@ -441,6 +472,7 @@ async function submit() {
     if (mode.value === "portion") { compute.gpuRequestType = "portion"; compute.gpuPortionRequest = num(portion.value); if (portionLimit.value) compute.gpuPortionLimit = num(portionLimit.value); compute.gpuDevicesRequest = num(devices.value); }
     if (mode.value === "memory") { compute.gpuRequestType = "memory"; compute.gpuMemoryRequest = memory.value; if (memoryLimit.value) compute.gpuMemoryLimit = memoryLimit.value; compute.gpuDevicesRequest = num(devices.value); }
     if (mode.value === "whole") compute.gpuDevicesRequest = num(devices.value);
+    if (mode.value === "mig") compute.gpuMigProfile = migProfile.value;
     const body = { name: name.value, projectId: project.value, spec: { compute, image: image.value, command: command.value, args: args.value } };
     try {
       const r = await api(`/api/v1/workloads/${kind.value}`, { method: "POST", body });
@@ -452,7 +484,7 @@ async function submit() {
       field("Kind", kind), field("Name", name), field("Project", project), field("GPU", mode),
       field("Portion (0–1)", portion), field("Portion limit (burst)", portionLimit),
       field("GPU memory", memory), field("GPU memory limit (burst)", memoryLimit),
-      field("GPUs (devices)", devices), field("Image", image, "with no command, its entrypoint runs"),
+      field("GPUs (devices)", devices), field("MIG profile", migProfile, "e.g. 1g.5gb, 3g.20gb: on GPUs in MIG mode"), field("Image", image, "with no command, its entrypoint runs"),
       field("Command", command), field("Arguments", args)),
     h("p", { class: "err general" }),
     h("div", { class: "row" }, h("button", { class: "btn", type: "submit", id: "submit-button" }, "Submit")));
