@@ -369,3 +369,34 @@ def test_nobody_is_evicted_when_no_eviction_makes_room(server: MigServer) -> Non
         assert b2["phaseMessage"].startswith("no room for MIG 7g.40gb on this machine's MIG GPUs")
         assert server.workload(client, "h1")["phase"] == "Running"
         assert server.workload(client, "b1")["phase"] == "Running"
+
+
+def test_the_runai_dynamic_mig_quickstart(native: NativeBuild, tmp_path: Path) -> None:
+    """Run:ai's quickstart "Launch Workloads with NVIDIA Dynamic MIG", its commands as written
+    there (a command after ``--`` instead of its demo image): one A100-40GB in MIG mode whose
+    partitions may serve shares, a project of 2 GPUs; ``mig1 --gpu-memory 10GB`` and ``mig2``,
+    ``mig3 --mig-profile 2g.10gb`` each get a partition; an interactive ``--mig-profile 3g.20gb``
+    then preempts a training job and runs on the room it freed."""
+    s = MigServer(tmp_path, native, FAKE_GPU_DEVICES=A100_40, TESSERA_MIG_SERVES_SHARES="true")
+    with s.serving("team-a", gpu="2"), s.http() as client:
+        for name, *flags in (("mig1", "--gpu-memory", "10GB"),
+                             ("mig2", "--mig-profile", "2g.10gb"),
+                             ("mig3", "--mig-profile", "2g.10gb")):
+            r = s.cli("submit", name, "-p", "team-a", *flags, "--", *HOLD, check=False)
+            assert r.returncode == 0, r.stderr
+        running = {n: s.wait_for(client, n, "Running") for n in ("mig1", "mig2", "mig3")}
+        assert "served by MIG 1g.10gb" in running["mig1"]["phaseMessage"], running["mig1"]
+        for n in ("mig2", "mig3"):
+            assert running[n]["phaseMessage"].startswith("MIG 2g.10gb"), running[n]
+        r = s.cli("submit", "mig1-int", "-p", "team-a", "--interactive", "--mig-profile",
+                  "3g.20gb", "--", *HOLD, check=False)
+        assert r.returncode == 0, r.stderr
+        wid = next(w["workloadId"] for w in client.get("/api/v1/workloads").json()["workloads"]
+                   if w["name"] == "mig1-int")
+        interactive = s.wait_phase(client, "workspaces", wid, "Running")
+        assert interactive["phaseMessage"].startswith("MIG 3g.20gb"), interactive
+        docs = {n: s.workload(client, n) for n in ("mig1", "mig2", "mig3")}
+        preempted = [n for n, d in docs.items() if any(
+            e["kind"] == "Preempted" and e["message"].startswith("preempted by mig1-int")
+            for e in d["events"])]
+        assert preempted and all(docs[n]["phase"] == "Pending" for n in preempted), docs

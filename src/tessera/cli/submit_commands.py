@@ -214,7 +214,7 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> No
         on_eviction: Annotated[str, typer.Option("--on-eviction", help="requeue or fail when evicted")] = "requeue",
         name_prefix: Annotated[str | None, typer.Option("--job-name-prefix", help="Prefix of the generated name")] = None,
         ports: Annotated[list[str] | None, typer.Option("--port", help="Expose a port: 8888 or HOST:CONTAINER; the URL shows in list and describe (SERVICE URL)")] = None,
-        gpu_mig_profile: Annotated[str | None, typer.Option("--gpu-mig-profile", help="A MIG partition instead of a share: 3g.20gb (GPUs in MIG mode; docs/mig.md)")] = None,
+        gpu_mig_profile: Annotated[str | None, typer.Option("--gpu-mig-profile", "--mig-profile", help="A MIG partition instead of a share: 3g.20gb (GPUs in MIG mode; docs/mig.md); --mig-profile is Run:ai's spelling")] = None,
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
