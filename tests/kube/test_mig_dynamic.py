@@ -407,3 +407,59 @@ def test_no_pod_is_evicted_when_no_eviction_makes_room(
     finally:
         for pod in ("mine", "big"):
             gone(kube_client, starved, pod)
+
+
+def test_a_pod_whose_slot_an_operator_took_is_evicted_to_be_placed_again(
+        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        mig_node: NodeAgents, tmp_path: Path) -> None:
+    """A pod bound to a slot whose partition tessera-node could not make yet (NVML failing),
+    where an operator then makes a partition of their own: its partition can never be made, so
+    the scheduler evicts it (Event MIGSlotTaken) instead of leaving it bound for ever."""
+    import subprocess
+    import sys
+
+    from lightkube.resources.core_v1 import Event
+
+    # Earlier tests' idle partitions go first: a whole-GPU partition made and left idle, which
+    # the pod below has removed for its own (and its own then fails), so the GPU is empty.
+    mig_pod(kube_client, project, "mig-whole", "7g.40gb")
+    mig_uuid(kube_client, project, "mig-whole")
+    gone(kube_client, project, "mig-whole")
+    agent = mig_node.agents[NODE]
+    normal = dict(agent.env)
+    agent.process.stop()
+    agent.env = {**normal, "FAKE_NVML_FAIL": "nvmlGpuInstanceCreateComputeInstance=23"}
+    agent.restart()
+    operator = tmp_path / "operator-journal.json"
+
+    def node_mig(*args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "tessera.node", "mig", *args, "--journal",
+                            str(operator)], env=normal, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    made: dict[str, Any] = {}
+    try:
+        mig_pod(kube_client, project, "mig-taken", "2g.10gb")
+        [pod] = bound(kube_client, project, "mig-taken")
+        hold = json.loads((pod.metadata.annotations or {})[names.MIG_PARTITION])
+        wait_until("the idle 7g.40gb removed", lambda: not partitions(kube_client) or None)
+        made = json.loads(node_mig("create", "0", "1g.5gb", str(hold["start"]), "--json"))
+
+        def evicted() -> str | None:
+            for e in kube_client.list(Event, namespace=project):
+                if e.involvedObject.name == "mig-taken" and e.reason == "MIGSlotTaken":
+                    return e.message
+            return None
+        message = wait_until("MIGSlotTaken", evicted)
+        assert (f"its MIG 2g.10gb at memory slot {hold['start']} of GPU {hold['gpu']} cannot be "
+                f"made: a 1g.5gb partition tessera did not make now sits at memory slot "
+                f"{hold['start']}") in message, message
+        wait_until("mig-taken deleted", lambda: not [
+            p for p in kube_client.list(Pod, namespace=project)
+            if p.metadata.name == "mig-taken"] or None)
+    finally:
+        agent.process.stop()
+        agent.env = normal
+        agent.restart()
+        if made:
+            node_mig("remove", "0", str(made["gi"]))

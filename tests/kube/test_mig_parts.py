@@ -12,6 +12,7 @@ from tessera.kube.mig import (
     MigView,
     NodeMigGpu,
     apply_choice,
+    blocked,
     hold_from_json,
     layout,
     mig_gpus,
@@ -50,6 +51,21 @@ def test_layout_marks_held_slots_busy_and_drops_what_they_remove() -> None:
     [g] = layout([gpu], [MigHold("GPU-a", "4g.20gb", 0, (0, 4))])
     assert [(p.profile, p.start, p.busy) for p in g.partitions] == [
         ("4g.20gb", 0, True), ("1g.5gb", 6, True)]
+
+
+def test_a_hold_is_blocked_only_by_an_operators_partition_over_its_slot() -> None:
+    gpu = NodeMigGpu("GPU-a", 0, "A100-40GB", (
+        Partition("1g.5gb", 6, True, "MIG-operator"), Partition("1g.5gb", 0, False, "MIG-idle")))
+    # 2g.10gb at 6 covers slots 6-7: the operator's 1g.5gb at 6 is in the way for good.
+    assert blocked([gpu], MigHold("GPU-a", "2g.10gb", 6)) == gpu.partitions[0]
+    # tessera's idle partition at 0 is removed when the pod's partition is made: not blocked.
+    assert blocked([gpu], MigHold("GPU-a", "3g.20gb", 0)) is None
+    # Slots 4-5 are free; another GPU's hold, or an unknown profile, is not judged here.
+    assert blocked([gpu], MigHold("GPU-a", "1g.10gb", 4)) is None
+    assert blocked([gpu], MigHold("GPU-z", "2g.10gb", 6)) is None
+    assert blocked([gpu], MigHold("GPU-a", "9g.99gb", 6)) is None
+    # A partition of the hold's own profile and slot may be its own, seen before the journal.
+    assert blocked([gpu], MigHold("GPU-a", "1g.5gb", 6)) is None
 
 
 def test_hold_round_trips_and_the_choice_is_seen_by_the_next_pod() -> None:

@@ -99,6 +99,21 @@ def _overlaps(model: str, a: Partition, start: int, slots: int) -> bool:
     return a.start < start + slots and start < a.start + size
 
 
+def blocked(gpus: Iterable[NodeMigGpu], hold: MigHold) -> Partition | None:
+    """The partition tessera did not make (an operator's) that overlaps a hold whose own
+    partition is not there: that hold can never be made (NVML refuses an overlapping GPU
+    instance, and tessera never removes others' partitions); None when it can. A partition of
+    the hold's own profile and slot is never taken for another's: it may be the hold's own,
+    seen before tessera-node's journal names it."""
+    g = next((g for g in gpus if g.uuid == hold.gpu), None)
+    prof = PROFILES[g.model].get(hold.profile) if g is not None else None
+    if g is None or prof is None or any(
+            p.start == hold.start and p.profile == hold.profile for p in g.partitions):
+        return None
+    return next((p for p in g.partitions
+                 if p.busy and _overlaps(g.model, p, hold.start, prof.slots)), None)
+
+
 def layout(gpus: Iterable[NodeMigGpu], holds: Iterable[MigHold | tuple[MigHold, str]]) -> list[MigGpu]:
     """The node's MIG GPUs for :func:`choose`: what exists, with the slots live pods hold busy
     (made or still to be made) and the idle partitions they asked to remove gone. A hold may

@@ -60,7 +60,7 @@ from tessera.kube.binder import Writer
 from tessera.kube.health import start_health_server
 from tessera.kube.informer import Informer
 from tessera.kube.leader import LeaderElector, LostLeadership
-from tessera.kube.mig import MigHold, MigView, apply_choice
+from tessera.kube.mig import MigHold, MigView, apply_choice, blocked
 from tessera.kube.objects import (
     ForeignPod,
     NodeInfo,
@@ -674,6 +674,7 @@ class KubeScheduler:
         t0 = time.perf_counter()
         self._apply_claims()
         self.mig_view = self._mig()
+        self._evict_blocked_mig()
         if self.mig_serving:
             self._serve_shares()
         snapshot, ctx = self.snapshots.build(
@@ -848,6 +849,27 @@ class KubeScheduler:
         return {"TESSERA_GPU_MEMORY_LIMIT": str(limit), "TESSERA_GPU_MEMORY_REQUEST":
                 str(min(part, share.bytes_on(whole))), "TESSERA_MIG_SERVES_SHARE": "true",
                 "TESSERA_ISOLATION": "on"}
+
+    def _evict_blocked_mig(self) -> None:
+        """A bound MIG pod whose slot a partition tessera did not make has taken since the
+        bind (an operator's, made behind the scheduler's back) can never get its partition:
+        it is evicted, so its controller's new pod is placed again, instead of waiting bound
+        for ever (tessera.kube.mig.blocked)."""
+        for pod in list(self.pods.items.values()):
+            hold = pod.mig_hold
+            info = self.nodes.items.get(pod.node or "")
+            if hold is None or pod.finished or info is None or not info.mig \
+                    or pod.key in self.evicting:
+                continue
+            taken = blocked(info.mig, hold)
+            if taken is None:
+                continue
+            self.evicting.add(pod.key)
+            metrics.EVICTIONS.labels("MIGSlotTaken").inc()
+            self._spawn(self.writer.evict(pod, "MIGSlotTaken", (
+                f"its MIG {hold.profile} at memory slot {hold.start} of GPU {hold.gpu} cannot be "
+                f"made: a {taken.profile} partition tessera did not make now sits at memory slot "
+                f"{taken.start}; evicted so it is placed again")))
 
     def _evict_lost(self, ctx: Context) -> None:
         for pod in ctx.orphans + ctx.conflicts:
