@@ -129,22 +129,32 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         f"Completed: {w['completedAt'] or '-'}",
     ]
     for pod in w["pods"]:
-        where = (f"{pod['namespace']}/{pod['name']} " if pod.get("name") else "") + (
-            f"on {pod['nodeName']}" if pod["nodeName"] else "not bound")
-        lines.append(f"Pod {pod['index']}:       {pod['phase']} {where}"
-                     + (f", pid {pod['pid']}" if pod.get("pid") else "")
-                     + (f", exit code {pod['exitCode']}" if pod["exitCode"] is not None else ""))
-        for d in pod["gpuDevices"]:
-            share = "whole device" if pod["exclusive"] else (
-                f"request {render.size(d['requestBytes'])}, limit {render.size(d['limitBytes'])}")
-            lines.append(f"  GPU {d['index']} {d['uuid'] or '(UUID chosen by the device plugin)'}:"
-                         f" {share}")
-        if pod.get("logPath"):
-            lines.append(f"  Log: {pod['logPath']}")
+        lines += pod_lines(pod)
     lines.append("Events:")
     ev_rows = [[e["time"], e["kind"], e["message"]] for e in w["events"]]
     lines += ["  " + line for line in render.table(["TIME", "EVENT", "MESSAGE"], ev_rows).splitlines()]
     typer.echo("\n".join(lines))
+
+
+def pod_lines(pod: dict[str, Any]) -> list[str]:
+    """A pod of ``describe``: where it runs, then its GPUs (devices with their share, or its MIG
+    partition), then its log."""
+    where = (f"{pod['namespace']}/{pod['name']} " if pod.get("name") else "") + (
+        f"on {pod['nodeName']}" if pod["nodeName"] else "not bound")
+    lines = [f"Pod {pod['index']}:       {pod['phase']} {where}"
+             + (f", pid {pod['pid']}" if pod.get("pid") else "")
+             + (f", exit code {pod['exitCode']}" if pod["exitCode"] is not None else "")]
+    for d in pod["gpuDevices"]:
+        share = "whole device" if pod["exclusive"] else (
+            f"request {render.size(d['requestBytes'])}, limit {render.size(d['limitBytes'])}")
+        lines.append(f"  GPU {d['index']} {d['uuid'] or '(UUID chosen by the device plugin)'}:"
+                     f" {share}")
+    mig = pod.get("migPartition")
+    if mig:
+        lines.append(f"  MIG {mig['profile']} at memory slot {mig['start']} of GPU {mig['gpu']}")
+    if pod.get("logPath"):
+        lines.append(f"  Log: {pod['logPath']}")
+    return lines
 
 
 def _logs(kind: str | None, name: str, project: str | None, follow: bool, pod: int) -> None:
