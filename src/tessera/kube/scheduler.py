@@ -240,6 +240,8 @@ class KubeScheduler:
         self.configmaps: Informer[ConfigMapInfo] = Informer(
             client, ConfigMap, lambda o: (o.metadata.namespace, o.metadata.name), _cm_info,
             lambda *a: None, labels={names.MANAGED_BY: "tessera"}, name="configmaps")
+        self.configmaps_checking: set[tuple[str, str]] = set()
+        """ConfigMaps whose pod the API server is being asked about before they are deleted."""
         self.foreign: dict[str, list[int]] = {}
         """node -> [GPUs, CPU millicores, memory] held by other schedulers' pods."""
         self.foreign_pods: Informer[ForeignPod | None] = Informer(
@@ -963,19 +965,40 @@ class KubeScheduler:
                 del self.tasks[key]
 
     # ---- cleaning up half-done work ----------------------------------------------------------
+    async def _drop_configmap(self, ns: str, name: str, pod_name: str) -> None:
+        """Deletes a pod's ConfigMap once the API server itself says the pod is gone or unbound:
+        the cache can lag (a watch reconnecting after an outage), and a binding whose answer was
+        lost (the API server died after committing it) has bound the pod although the bind
+        call failed; deleting on the cache's word left such a pod bound with no ConfigMap."""
+        try:
+            try:
+                live = await self.client.get(Pod, pod_name, namespace=ns)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    return
+                live = None
+            if live is not None and live.spec is not None and live.spec.nodeName:
+                return
+            await self.writer.delete_configmap(ns, name)
+            self.configmaps.items.pop((ns, name), None)
+        except Exception as exc:  # the API server unreachable: judged again next time
+            log.info("ConfigMap %s/%s kept for now: %r", ns, name, exc)
+        finally:
+            self.configmaps_checking.discard((ns, name))
+
     async def cleanup(self) -> None:
         """Delete reservation pods with no tenants, ConfigMaps whose pod is gone or unbound (and
         not being bound), and shared pods whose reservation pod vanished."""
         self.reservations.release_unused(
             Reservations.tenants(self.pods.items.values(), self.assumed), self._spawn)
         for (ns, name), cm in list(self.configmaps.items.items()):
-            if cm.pod is None:
+            if cm.pod is None or (ns, name) in self.configmaps_checking:
                 continue
             pod = self.pods.items.get((ns, cm.pod))
             if pod is None or (not pod.node and (ns, cm.pod) not in self.assumed
                                and (ns, cm.pod) not in self.tasks):
-                self.configmaps.items.pop((ns, name), None)
-                self._spawn(self.writer.delete_configmap(ns, name))
+                self.configmaps_checking.add((ns, name))
+                self._spawn(self._drop_configmap(ns, name, cm.pod))
         self._apply_claims()  # who is charged a shared claim, before reservations are judged
         live = {p.uid for p in self.pods.items.values() if not p.finished}
         for key, claim in list(self.resource_claims.items.items()):
