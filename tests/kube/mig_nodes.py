@@ -15,7 +15,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from tessera.kube import names
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape, node_manifest
-from tessera.testing.node_agents import NodeAgents, start_node_agents
+from tessera.testing.node_agents import NodeAgent, NodeAgents, start_node_agents
 from tests.waiting import wait_until
 
 
@@ -60,3 +60,19 @@ def pod_gone(client: Client, ns: str, pod: str,
             return and_then()
         return False
     wait_until(f"{pod} gone", check)
+
+
+@contextlib.contextmanager
+def agent_env(agent: NodeAgent, **extra: str) -> Iterator[dict[str, str]]:
+    """The node's tessera-node restarted with ``extra`` in its environment (a fault of the fake
+    NVML, say), and restarted with its own environment after; yields that own environment."""
+    normal = dict(agent.env)
+    agent.process.stop()
+    agent.env = {**normal, **extra}
+    agent.restart()
+    try:
+        yield normal
+    finally:
+        agent.process.stop()
+        agent.env = normal
+        agent.restart()

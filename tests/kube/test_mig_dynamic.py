@@ -23,7 +23,7 @@ from tessera.kube.api_backend import KubeBackend
 from tessera.kube.objects import ProjectResource
 from tessera.testing.cluster import TestCluster
 from tessera.testing.node_agents import NodeAgents
-from tests.kube.mig_nodes import mig_node_agents, pod_gone
+from tests.kube.mig_nodes import agent_env, mig_node_agents, pod_gone
 from tests.kube.mig_nodes import partitions as mig_partitions
 from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
     SchedulerEnv,
@@ -70,8 +70,17 @@ def mig_uuid(client: Client, ns: str, pod: str) -> str:
     return wait_until(f"MIG UUID of {pod}", get)
 
 
+CI_FAILS = "nvmlGpuInstanceCreateComputeInstance=23"
+"""FAKE_NVML_FAIL: NVML's compute-instance create fails (Insufficient resources)."""
+
+
 def partitions(client: Client) -> list[dict[str, Any]]:
     return mig_partitions(client, NODE)
+
+
+def event_message(client: Client, ns: str, pod: str, reason: str) -> str | None:
+    """The message of the pod's first Event of ``reason``, or None."""
+    return next((e.message for e in events(client, ns, pod) if e.reason == reason), None)
 
 
 def gone(client: Client, ns: str, pod: str) -> None:
@@ -197,32 +206,17 @@ def test_nvml_error_is_the_reason_and_nothing_is_left(
     """The compute instance fails (NVML error injected into the fake): the pod gets a Warning
     Event with NVML's error, no GPU instance is left, its container gets no UUID; once the
     error is gone tessera-node makes the partition at the next sync."""
-    from lightkube.resources.core_v1 import Event
-
-    agent = mig_node.agents[NODE]
-    normal = dict(agent.env)
-    agent.process.stop()
-    agent.env = {**normal, "FAKE_NVML_FAIL": "nvmlGpuInstanceCreateComputeInstance=23"}
-    agent.restart()
-    try:
+    with agent_env(mig_node.agents[NODE], FAKE_NVML_FAIL=CI_FAILS):
         mig_pod(kube_client, project, "mig-fail", "1g.5gb")
         bound(kube_client, project, "mig-fail")
-
-        def failed() -> str | None:
-            for e in kube_client.list(Event, namespace=project):
-                if e.involvedObject.name == "mig-fail" and e.reason == "MIGPartitionFailed":
-                    return e.message
-            return None
-        message = wait_until("MIGPartitionFailed", failed)
+        message = wait_until("MIGPartitionFailed",
+                             lambda: event_message(kube_client, project, "mig-fail",
+                                                   "MIGPartitionFailed"))
         assert "MIG 1g.5gb on GPU" in message and \
             "creating the compute instance of 1g.5gb" in message, message
         assert not [p for p in partitions(kube_client) if p["profile"] == "1g.5gb"]
         cm = kube_client.get(ConfigMap, "mig-fail-tessera-gpu", namespace=project)
         assert "NVIDIA_VISIBLE_DEVICES" not in (cm.data or {})
-    finally:
-        agent.process.stop()
-        agent.env = normal
-        agent.restart()
     uuid = mig_uuid(kube_client, project, "mig-fail")
     assert wait_until("the 1g.5gb made", lambda: [
         p["uuid"] for p in partitions(kube_client) if p["profile"] == "1g.5gb"] == [uuid] or None)
@@ -418,48 +412,35 @@ def test_a_pod_whose_slot_an_operator_took_is_evicted_to_be_placed_again(
     import subprocess
     import sys
 
-    from lightkube.resources.core_v1 import Event
-
     # Earlier tests' idle partitions go first: a whole-GPU partition made and left idle, which
     # the pod below has removed for its own (and its own then fails), so the GPU is empty.
     mig_pod(kube_client, project, "mig-whole", "7g.40gb")
     mig_uuid(kube_client, project, "mig-whole")
     gone(kube_client, project, "mig-whole")
-    agent = mig_node.agents[NODE]
-    normal = dict(agent.env)
-    agent.process.stop()
-    agent.env = {**normal, "FAKE_NVML_FAIL": "nvmlGpuInstanceCreateComputeInstance=23"}
-    agent.restart()
     operator = tmp_path / "operator-journal.json"
 
-    def node_mig(*args: str) -> str:
+    def node_mig(env: dict[str, str], *args: str) -> str:
         r = subprocess.run([sys.executable, "-m", "tessera.node", "mig", *args, "--journal",
-                            str(operator)], env=normal, capture_output=True, text=True, timeout=60)
+                            str(operator)], env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         return r.stdout
     made: dict[str, Any] = {}
-    try:
-        mig_pod(kube_client, project, "mig-taken", "2g.10gb")
-        [pod] = bound(kube_client, project, "mig-taken")
-        hold = json.loads((pod.metadata.annotations or {})[names.MIG_PARTITION])
-        wait_until("the idle 7g.40gb removed", lambda: not partitions(kube_client) or None)
-        made = json.loads(node_mig("create", "0", "1g.5gb", str(hold["start"]), "--json"))
-
-        def evicted() -> str | None:
-            for e in kube_client.list(Event, namespace=project):
-                if e.involvedObject.name == "mig-taken" and e.reason == "MIGSlotTaken":
-                    return e.message
-            return None
-        message = wait_until("MIGSlotTaken", evicted)
-        assert (f"its MIG 2g.10gb at memory slot {hold['start']} of GPU {hold['gpu']} cannot be "
-                f"made: a 1g.5gb partition tessera did not make now sits at memory slot "
-                f"{hold['start']}") in message, message
-        wait_until("mig-taken deleted", lambda: not [
-            p for p in kube_client.list(Pod, namespace=project)
-            if p.metadata.name == "mig-taken"] or None)
-    finally:
-        agent.process.stop()
-        agent.env = normal
-        agent.restart()
-        if made:
-            node_mig("remove", "0", str(made["gi"]))
+    with agent_env(mig_node.agents[NODE], FAKE_NVML_FAIL=CI_FAILS) as normal:
+        try:
+            mig_pod(kube_client, project, "mig-taken", "2g.10gb")
+            [pod] = bound(kube_client, project, "mig-taken")
+            hold = json.loads((pod.metadata.annotations or {})[names.MIG_PARTITION])
+            wait_until("the idle 7g.40gb removed", lambda: not partitions(kube_client) or None)
+            made = json.loads(node_mig(normal, "create", "0", "1g.5gb", str(hold["start"]),
+                                       "--json"))
+            message = wait_until("MIGSlotTaken", lambda: event_message(
+                kube_client, project, "mig-taken", "MIGSlotTaken"))
+            assert (f"its MIG 2g.10gb at memory slot {hold['start']} of GPU {hold['gpu']} cannot "
+                    f"be made: a 1g.5gb partition tessera did not make now sits at memory slot "
+                    f"{hold['start']}") in message, message
+            wait_until("mig-taken deleted", lambda: not [
+                p for p in kube_client.list(Pod, namespace=project)
+                if p.metadata.name == "mig-taken"] or None)
+        finally:
+            if made:
+                node_mig(normal, "remove", "0", str(made["gi"]))

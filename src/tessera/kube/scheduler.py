@@ -857,6 +857,8 @@ class KubeScheduler:
         bind (an operator's, made behind the scheduler's back) can never get its partition:
         it is evicted, so its controller's new pod is placed again, instead of waiting bound
         for ever (tessera.kube.mig.blocked)."""
+        if not self.mig_view.nodes:
+            return  # no GPU in MIG mode: nothing to look at in this cycle's pods
         for pod in list(self.pods.items.values()):
             hold = pod.mig_hold
             info = self.nodes.items.get(pod.node or "")
