@@ -182,6 +182,13 @@ def profile_fraction(name: str) -> float:
     raise KeyError(name)
 
 
+def fraction_on(models: Iterable[str], name: str) -> float | None:
+    """The GPU fraction a profile counts as where one of ``models`` has it; None where none
+    does (the caller refuses it, naming what exists: :func:`supported_text`)."""
+    fits = [p for m in models if (p := profile_of(m, name)) is not None]
+    return min((p.fraction for p in fits), default=None)
+
+
 def supported_text(models: Iterable[str]) -> str:
     """What the given models offer, for a reason a person can act on."""
     parts = [f"{m}: {', '.join(sorted(PROFILES[m], key=_order))}" for m in sorted(set(models))

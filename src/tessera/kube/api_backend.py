@@ -43,7 +43,7 @@ from tessera.api.token_store import TokenStore
 from tessera.api.usage import merge
 from tessera.api.validation import check_limit, check_submission
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import profile_of, profile_slots, supported_text
+from tessera.core.mig import fraction_on, profile_slots, supported_text
 from tessera.core.model import Node as CoreNode
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
 from tessera.kube import names
@@ -302,11 +302,11 @@ class KubeBackend(TokenAuth):
                                         "tessera-node reports MIG mode; an operator enables it "
                                         "with nvidia-smi -mig 1, tessera never switches it)",
                                  profile)
-        fits = [p for m in models if (p := profile_of(m, profile)) is not None]
-        if not fits:
+        fraction = fraction_on(models, profile)
+        if fraction is None:
             raise InvalidRequest(field, f"no GPU in MIG mode on this cluster has this profile "
                                         f"(MIG profiles here: {supported_text(models)})", profile)
-        return min(p.fraction for p in fits)
+        return fraction
 
     def _create_pods(self, rec: wd.Record, owner_uid: str | None, indices: Iterable[int],
                      new: bool = False) -> int:

@@ -29,7 +29,7 @@ from tessera.core.mig import (
     Partition,
     choose,
     choose_serving,
-    profile_of,
+    fraction_on,
     profile_slots,
     serving_profile,
     supported_text,
@@ -87,11 +87,11 @@ class LocalMig:
             raise InvalidRequest(FIELD, "this machine's MIG GPUs cannot be managed now (NVML did "
                                         "not open; see the server's log)", profile)
         models = {g.model for g in self.gpus}
-        fits = [profile_of(m, profile) for m in models if profile_of(m, profile) is not None]
-        if not fits:
+        fraction = fraction_on(models, profile)
+        if fraction is None:
             raise InvalidRequest(FIELD, f"no MIG GPU here has this profile (MIG profiles here: "
                                         f"{supported_text(models)})", profile)
-        return min(p.fraction for p in fits if p is not None)
+        return fraction
 
     def _layout(self, states: list[MigGpuState]) -> list[MigGpu]:
         """The MIG GPUs for ``choose``; each busy partition's holder is the workload that owns
