@@ -416,7 +416,7 @@ int ts_arb_acquire(ts_arb *a, char *err, size_t errlen) {
 
 int64_t ts_arb_handoff_busy(ts_arb *a) { return __atomic_load_n(&a->h->handoff_busy, __ATOMIC_ACQUIRE); }
 
-int64_t ts_arb_release(ts_arb *a, uint64_t lease_word, int64_t queued_ns, int64_t overlap_ns) {
+int64_t ts_arb_release(ts_arb *a, uint64_t lease_word, int64_t work_ns) {
     /* The end of our own lease (deadline, preemption): charge the time since it began and hand
      * the lease to the next workload by the rule (possibly ours again, at once). */
     int64_t charged = -1;
@@ -427,12 +427,8 @@ int64_t ts_arb_release(ts_arb *a, uint64_t lease_word, int64_t queued_ns, int64_
         __atomic_store_n(&slot(a, a->me)->demand, now, __ATOMIC_RELAXED);
         accrue(a, now, a->me);
         int64_t held = now - a->h->lease_start;
-        if (overlap_ns > held) overlap_ns = held;
-        if (overlap_ns < 0) overlap_ns = 0;
-        if (queued_ns < 0) queued_ns = 0;
-        if (queued_ns > 4 * a->drain) queued_ns = 4 * a->drain;
-        charged = held + queued_ns - overlap_ns;
-        if (charged < 0) charged = 0;
+        charged = work_ns < 0 ? 0 : work_ns;
+        if (charged > held + 4 * a->drain) charged = held + 4 * a->drain;
         charge_locked(a, a->me, charged, now);
         __atomic_store_n(&a->h->lease, lease & ~0xFFFFULL, __ATOMIC_RELEASE);
         int64_t wake;

@@ -59,8 +59,12 @@ static int64_t g_launched, g_done_idx, g_last_sample;
 static CUevent g_last_done;
 static int64_t g_last_done_idx = -1;
 static double g_cost = 100000.0; /* ns per launch, estimated from the samples */
+#define COSTS 9
+static double g_costs[COSTS];
+static int g_ncost;
 static uint64_t g_my_lease;       /* lease word of the lease this process last launched under */
-static int64_t g_overlap; /* of the current lease: time the previous holder's queue took */
+static double g_bound = 2e6; /* queued work allowed now: D when others wait, 4 D alone */
+static int64_t g_lease_launch0; /* g_launched when the current lease began */
 
 static void load(void) {
     const char *path = getenv("TESSERA_GPU_COMPUTE_CONFIG");
@@ -166,8 +170,21 @@ static void reap(void) {
         if (g_ring[g_tail].busy && g_last_done && idx > g_last_done_idx) {
             float ms;
             if (ev_elapsed(&ms, g_last_done, e) == CUDA_SUCCESS && ms >= 0) {
-                double per = (double)ms * 1e6 / (double)(idx - g_last_done_idx);
-                g_cost = 0.7 * g_cost + 0.3 * per;
+                /* The median of the last measurements: one interval stretched by another
+                 * tenant's queue (driver time-slicing at a hand-over) does not skew it. */
+                g_costs[g_ncost++ % COSTS] = (double)ms * 1e6 / (double)(idx - g_last_done_idx);
+                int n = g_ncost < COSTS ? g_ncost : COSTS;
+                double v[COSTS];
+                memcpy(v, g_costs, sizeof v);
+                for (int i = 1; i < n; i++)
+                    for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+                        double t = v[j];
+                        v[j] = v[j - 1];
+                        v[j - 1] = t;
+                    }
+                g_cost = v[n / 2];
+                if (g_cost < 50) g_cost = 50;
+                if (g_cost > (double)ts_arb_drain(g_arb)) g_cost = (double)ts_arb_drain(g_arb);
             }
         }
         free_event(g_last_done);
@@ -178,14 +195,15 @@ static void reap(void) {
     }
 }
 
-/* Our lease ended (deadline or preemption): charge it and hand it on. The charge is the time we
- * held it, plus our work still queued (it runs during the next holder's lease, which does not
- * pay for it), minus what the previous holder's queue took of ours. Queued work is measured by
- * the progress events. A lease taken over because we went silent is charged by the taker. */
+/* Our lease ended (deadline or preemption): charge it and hand it on. The charge is the GPU
+ * time of the work launched under the lease (launches times the per-launch cost the progress
+ * events measured), not the wall time: time the GPU spent on the previous holder's queue, or idle
+ * while this process was not scheduled, is not ours; our queue draining into the next lease is.
+ * A lease taken over because we went silent is charged by the taker (wall time). */
 static void end_lease(uint64_t word) {
     reap();
-    int64_t queued = (int64_t)((double)(g_launched - g_done_idx) * g_cost);
-    ts_arb_release(g_arb, word, queued, g_overlap);
+    int64_t work = (int64_t)((double)(g_launched - g_lease_launch0) * g_cost);
+    ts_arb_release(g_arb, word, work);
 }
 
 /* Records a progress sample after the launches so far (caller holds g_gate_mu). */
@@ -227,7 +245,7 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
     int64_t busy = now + (int64_t)((double)(g_launched + 1 - g_done_idx) * g_cost);
     if (__builtin_expect(ts_arb_holding(g_arb, now) && ts_arb_lease(g_arb) == g_my_lease &&
                              g_launched - g_last_sample < 64 &&
-                             (g_launched - g_done_idx) * g_cost < (double)ts_arb_drain(g_arb),
+                             (double)(g_launched - g_done_idx) * g_cost < g_bound,
                          1)) {
         ts_arb_alive(g_arb, now, busy);
         return CUDA_SUCCESS;
@@ -254,17 +272,16 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
         }
         if (!g_my_lease) {
             g_my_lease = cur;
-            int64_t start = ts_arb_lease_start(g_arb);
-            g_overlap = ts_arb_handoff_busy(g_arb) - start;
-            if (g_overlap < 0) g_overlap = 0;
+            g_lease_launch0 = g_launched;
         }
         /* Bound the work kept queued: D when others wait, 4 D when alone. */
         reap();
         int others = ts_arb_others_waiting(g_arb, now);
         double out = (double)(g_launched - g_done_idx) * g_cost;
         double bound = (double)ts_arb_drain(g_arb) * (others ? 1 : 4);
+        g_bound = bound;
         int ring_full = (g_head + 1) % SAMPLES == g_tail;
-        if (out < bound && !ring_full) break;
+        if ((out < bound || g_launched - g_done_idx < 2) && !ring_full) break;
         ts_arb_alive(g_arb, now, now + (int64_t)out);
         int64_t nap = (int64_t)(out - bound);
         if (nap < 20000) nap = 20000;

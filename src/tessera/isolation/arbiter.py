@@ -67,7 +67,7 @@ class Usage:
 
 
 def _ppm(x: float) -> int:
-    return int(round(x * 1_000_000))
+    return round(x * 1_000_000)
 
 
 def create(path: Path, *, mode: str = "fair", quantum_ms: float = 20.0, grace_ms: float = 5.0,
@@ -88,7 +88,7 @@ def create(path: Path, *, mode: str = "fair", quantum_ms: float = 20.0, grace_ms
     os.replace(tmp, path)
 
 
-def _locked(path: Path):  # noqa: ANN202 - a small context helper
+def _locked(path: Path):
     class _Lock:
         def __enter__(self) -> int:
             self.fd = os.open(path, os.O_RDWR)
