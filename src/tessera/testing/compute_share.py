@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -78,7 +79,10 @@ class SimGpu:
         return fake_gpu_sim.read(fake_gpu_sim.sim_path(self.root))
 
     def executed(self) -> dict[str, int]:
-        by_pid = self.sim().executed()
+        try:
+            by_pid = self.sim().executed()
+        except (ValueError, struct.error, FileNotFoundError):
+            return {}  # the first process is still creating the device file
         return {t.key: by_pid.get(t.proc.pid, 0) for t in self.tenants if t.proc}
 
     def wait_running(self, timeout: float = 30.0) -> None:
