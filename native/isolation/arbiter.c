@@ -34,8 +34,8 @@
 
 #include "compute.h"
 
-#define DEMAND_NS 3000000LL /* a waiter refreshes its demand at least every 1 ms */
-#define IDLE_NS 1000000LL   /* a holder silent this long gives the lease up */
+#define DEMAND_NS 10000000LL /* a waiter refreshes its demand every 1 ms; 10 ms absorbs a loaded host */
+#define IDLE_NS 5000000LL   /* a holder silent this long past its queued work gives the lease up */
 
 struct ts_arb {
     int fd;
@@ -359,7 +359,7 @@ int ts_arb_acquire(ts_arb *a, char *err, size_t errlen) {
         if (ts_arb_holding(a, now)) break;
         uint32_t seq = __atomic_load_n(&a->h->seq, __ATOMIC_ACQUIRE);
         uint64_t lease = __atomic_load_n(&a->h->lease, __ATOMIC_ACQUIRE);
-        int64_t wait = IDLE_NS;
+        int64_t wait = 1000000LL;
         if (may_take(a, lease, now)) {
             lock(a);
             if (!header_ok(a->h) || !slot_ok(me)) {
@@ -406,7 +406,7 @@ int ts_arb_acquire(ts_arb *a, char *err, size_t errlen) {
             int64_t d = __atomic_load_n(&a->h->lease_deadline, __ATOMIC_ACQUIRE) + a->grace - now;
             if (d < wait) wait = d;
         }
-        if (wait > IDLE_NS) wait = IDLE_NS;
+        if (wait > 1000000LL) wait = 1000000LL; /* refresh the demand every 1 ms */
         futex_wait(&a->h->seq, seq, wait);
     }
     int64_t waited = ts_now() - start;

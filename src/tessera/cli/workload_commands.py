@@ -120,6 +120,7 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         f"Request:     {w['gpus']['request']} x {w['workers']} pod(s) "
         f"(= {w['gpus']['requested']:.2f} GPUs; allocated {w['gpus']['allocated']:.2f})",
         f"Isolation:   {w['isolation']}",
+        *([f"Compute:     {w['computeShare']['text']}"] if w.get("computeShare") else []),
         f"Scheduler:   {w['scheduler']}",
         f"Image:       {w.get('image') or '-'}"
         + (" (its entrypoint runs)" if w.get("image") and not spec["command"] else ""),

@@ -88,18 +88,21 @@ def create(path: Path, *, mode: str = "fair", quantum_ms: float = 20.0, grace_ms
     os.replace(tmp, path)
 
 
-def _locked(path: Path):
-    class _Lock:
-        def __enter__(self) -> int:
-            self.fd = os.open(path, os.O_RDWR)
-            fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, 0)  # the library's OFD lock covers byte 0 too
-            return self.fd
+class _locked:  # noqa: N801 - used as a function: `with _locked(path) as fd`
+    """The arbiter's byte-0 lock (the library's OFD lock conflicts with it), around a write."""
 
-        def __exit__(self, *exc: object) -> None:
-            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
-            os.close(self.fd)
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
 
-    return _Lock()
+    def __enter__(self) -> int:
+        self.fd = os.open(self.path, os.O_RDWR)
+        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, 0)
+        return self.fd
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
+        os.close(self.fd)
 
 
 def _read(path: Path) -> bytes:
@@ -110,6 +113,17 @@ def _read(path: Path) -> bytes:
     if len(data) < HEADER + SLOT_SIZE * SLOTS or struct.unpack_from("<Q", data, 0)[0] != MAGIC:
         raise ArbiterError(f"arbiter {path} is corrupt")
     return data
+
+
+def _stale_slot(data: bytes, idle_ns: int = 60_000_000_000) -> int | None:
+    """The entry of a workload that has not wanted GPU time for a minute (gone), to reuse."""
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    best = None
+    for i in range(SLOTS):
+        demand = struct.unpack_from("<q", data, HEADER + i * SLOT_SIZE + 88)[0]
+        if now - demand > idle_ns and (best is None or demand < best[1]):
+            best = (i, demand)
+    return None if best is None else best[0]
 
 
 def set_share(path: Path, share: Share) -> None:
@@ -131,9 +145,11 @@ def set_share(path: Path, share: Share) -> None:
                 break
             if not k and free is None:
                 free = i
+        if target is None and free is None:
+            free = _stale_slot(data)
         if target is None:
             if free is None:
-                raise ArbiterError(f"arbiter {path} is full ({SLOTS} workloads)")
+                raise ArbiterError(f"arbiter {path} is full ({SLOTS} workloads wanting GPU time in the last minute)")
             target = free
             os.pwrite(fd, b"\0" * SLOT_SIZE, HEADER + target * SLOT_SIZE)
         cfg = _SLOT_CFG.pack(key.ljust(64, b"\0"), _ppm(share.request), _ppm(share.limit),

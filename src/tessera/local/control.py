@@ -514,6 +514,8 @@ class LocalBackend(TokenAuth):
                 spec["_container"] = {"runtime": self.runtime.name, "path": self.runtime.path,
                                       "cdi": self.runtime.cdi, "image": s.image}
             spec["_env"] = dict(s.env)
+            if admitted.compute is not None:
+                spec["_compute"] = admitted.compute.to_dict()
             if s.mig_profile is not None:
                 spec["_mig"] = s.mig_profile
             if s.working_dir:
@@ -574,6 +576,10 @@ class LocalBackend(TokenAuth):
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
         w = self._get(workload_id, kind)
         out = self.workload_dict(w)
+        if w.spec.get("_compute"):
+            from tessera.local.compute_view import compute_view
+
+            out["computeShare"] = compute_view(self.data_dir / "compute", w.id, w.spec["_compute"])
         out["events"] = [
             {"time": iso(e.time), "kind": e.kind, "message": e.message}
             for e in self.store.events(w.id)
