@@ -88,7 +88,7 @@ def create(path: Path, *, mode: str = "fair", quantum_ms: float = 20.0, grace_ms
     os.replace(tmp, path)
 
 
-class _locked:  # noqa: N801 - used as a function: `with _locked(path) as fd`
+class _locked:
     """The arbiter's byte-0 lock (the library's OFD lock conflicts with it), around a write."""
 
     def __init__(self, path: Path) -> None:
