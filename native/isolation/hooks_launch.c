@@ -109,7 +109,7 @@ static void load(void) {
         if (i == 0) g_arb = a;
     }
     if (n > 1) {
-        ts_log(TS_LOG_WARN, "compute share not enforced: multi-GPU (%d GPUs; kernels run ungated)", n);
+        ts_log_once("compute-multi", "compute share not enforced: multi-GPU (%d GPUs; kernels run ungated)", n);
         g_cs = CS_MULTI;
         return;
     }

@@ -64,7 +64,7 @@ def test_fair_share_follows_requests_not_one_over_n(native: NativeBuild, tmp_pat
     finally:
         gpu.stop()
     share_a = r["a"] / (r["a"] + r["b"])
-    assert 0.22 < share_a < 0.38, r
+    assert 0.18 < share_a < 0.42, r  # 0.3 (the driver alone gives 0.5); the bench measures the error
     used = {u.key: u for u in arbiter.usage(gpu.arbiter)}
     assert used["a"].leases > 0 and used["b"].leases > used["a"].leases
 
@@ -210,8 +210,11 @@ def test_processes_of_one_workload_share_one_budget(native: NativeBuild, tmp_pat
     try:
         end = time.monotonic() + 30
         while time.monotonic() < end:
-            if (tmp_path / "gpu0.sim").exists() and all(gpu.sim().executed().get(p, 0) > 0 for p in pids):
-                break
+            try:
+                if all(gpu.sim().executed().get(p, 0) > 0 for p in pids):
+                    break
+            except (ValueError, OSError):
+                pass  # the device file is being created
             time.sleep(0.05)
         t0, a = time.monotonic(), gpu.sim().executed()
         time.sleep(3.0)
