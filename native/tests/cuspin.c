@@ -159,6 +159,10 @@ int main(int argc, char **argv) {
     unsigned head = 0, tail = 0, out = 0;
     long long completed = 0, launched = 0;
     int64_t t0 = now_ms(), next_report = t0 + report, end_ms = t0 + (int64_t)(seconds * 1000);
+    if (onoff > 0) {
+        printf("start %lld\n", (long long)t0); /* CLOCK_MONOTONIC ms: on for onoff ms first */
+        fflush(stdout);
+    }
     CUlaunchConfig_ cfg = {us, 1, 1, 32, 1, 1, 0, s, NULL, 0};
     for (;;) {
         int64_t t = now_ms();
