@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tessera.api.compute_metrics import read
+from tessera.local.compute_metrics import read
 
 
 def compute_view(directory: Path, workload_id: str, share: dict[str, Any]) -> dict[str, Any]:

@@ -573,6 +573,13 @@ class LocalBackend(TokenAuth):
     def workloads_json(self, query: WorkloadQuery) -> tuple[str, int]:
         return self.store.list_json(query, self.machine.simulated)
 
+    def metrics_collectors(self) -> list[Any]:
+        """Collectors /metrics adds for this backend: the GPU time the compute arbiters charged
+        each workload (tessera.local.compute_metrics)."""
+        from tessera.local.compute_metrics import ComputeCollector
+
+        return [ComputeCollector(self.data_dir / "compute")]
+
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
         w = self._get(workload_id, kind)
         out = self.workload_dict(w)

@@ -1,4 +1,4 @@
-"""Per-workload GPU time from the compute arbiters (docs/compute-share.md, docs/metrics.md).
+"""Per-workload GPU time from the compute arbiters (docs/compute-share.md, docs/metrics.md); registered by the embedded backend (Control.metrics_collectors).
 
 The metric the field lacks (NVML has no per-process utilisation on a shared GPU): the GPU time
 each workload's arbiter charged it, per GPU, next to its request and limit.
