@@ -44,6 +44,7 @@ def test_cli_flags_reach_the_arbiter_and_describe(fair_server: EmbeddedServer) -
     assert [(round(u.request, 3), round(u.limit, 3)) for u in used.values()] == [(0.3, 0.8)]
     text = s.cli("describe", "w1", "-p", "p").stdout
     assert "Compute:     request 0.3, limit 0.8 (fair)" in text
+    assert "w1 (" in s.cli("top").stdout and "GPU time 0%" in s.cli("top").stdout
     with s.http() as c:
         metrics = c.get("/metrics").text
     assert "tessera_workload_gpu_time_seconds_total" in metrics

@@ -356,7 +356,8 @@ def top(output: Output = "table") -> None:
             allocated = usable if whole else min(g["allocatedBytes"], usable)
             frac = allocated / usable
             holders = ", ".join(
-                f"{h['name']} ({'whole' if h['exclusive'] else render.size(h['bytes'])})"
+                f"{h['name']} ({'whole' if h['exclusive'] else render.size(h['bytes'])}"
+                + (f", GPU time {h['gpuTime1s']:.0%}" if "gpuTime1s" in h else "") + ")"
                 for h in g["workloads"]) or "idle"
             lines.append(
                 f"  GPU {g['index']} {g['model']:<12} {render.size(g['memoryBytes']):>7} "

@@ -26,3 +26,14 @@ def compute_view(directory: Path, workload_id: str, share: dict[str, Any]) -> di
         text += "; compute share not enforced: multi-GPU"
     out["text"] = text
     return out
+
+
+def annotate_gpus(gpus: list[dict[str, Any]], directory: Path, names: dict[str, tuple[str, str]]) -> None:
+    """Adds to each GPU's holders the share of its time the arbiter charged them (1 s, 10 s),
+    for `tessera top`. names: workload id -> (project, name)."""
+    by_name = {(gpu, names[key]): u for (gpu, key), u in read(directory).items() if key in names}
+    for g in gpus:
+        for h in g["workloads"]:
+            u = by_name.get((g["uuid"], (h["project"], h["name"])))
+            if u is not None:
+                h["gpuTime1s"], h["gpuTime10s"] = round(u.share_1s, 3), round(u.share_10s, 3)

@@ -44,7 +44,7 @@ from tessera.core.requests import (
 )
 from tessera.core.state import Placement
 from tessera.isolation.config import REGION_NAME
-from tessera.local import containers, isolation_hook
+from tessera.local import compute_view, containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
 from tessera.local.gpus import Machine
@@ -375,6 +375,9 @@ class LocalBackend(TokenAuth):
                     for pod in w.pods if pod.get("holds")]
             mig = self.mig.describe({w.id: w.name for w in self._active.values()}) \
                 if self.machine.mig else []
+            names = {w.id: (w.project_name, w.name) for w in self._active.values()}
+        node = node_doc(self.machine.node, held)
+        compute_view.annotate_gpus(node["gpus"], self.data_dir / "compute", names)
         return merge({
             "backend": "embedded",
             "simulated": self.machine.simulated,
@@ -383,7 +386,7 @@ class LocalBackend(TokenAuth):
             "isolation": self.isolation.describe(),
             "containerRuntime": self.runtime.name if self.runtime else None,
             "containerRuntimeNote": self.runtime_note if self.runtime is None else "",
-            "nodes": [{**node_doc(self.machine.node, held), "migGpus": mig}],
+            "nodes": [{**node, "migGpus": mig}],
         }, self.usage.reports())
 
     def _usage_shares(self) -> tuple[list[Share], dict[int, str]]:
