@@ -249,3 +249,17 @@ def test_a_dead_or_stopped_holder_loses_the_lease(native: NativeBuild, tmp_path:
     finally:
         gpu.stop()
     assert took < 1.0  # the q + 10 ms target is measured by the benchmark (recovery_seconds)
+
+
+def test_latency_class_priority_keeps_the_shares(native: NativeBuild, tmp_path: Path) -> None:
+    """An inference (latency-class) workload preempts while within its request, so a backlogged
+    one gets no more than about its request: the batch partner keeps its share."""
+    gpu = SimGpu(native, tmp_path, mode="fair")
+    gpu.add("infer", 0.3, latency=True)
+    gpu.add("batch", 0.7)
+    try:
+        r = _rates(gpu, 3.0)
+    finally:
+        gpu.stop()
+    share = r["infer"] / (r["infer"] + r["batch"])
+    assert 0.18 < share < 0.42, r
