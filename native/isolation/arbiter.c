@@ -35,7 +35,7 @@
 #include "compute.h"
 
 #define DEMAND_NS 10000000LL /* a waiter refreshes its demand every 1 ms; 10 ms absorbs a loaded host */
-#define IDLE_NS 5000000LL   /* a holder silent this long past its queued work gives the lease up */
+#define IDLE_NS 2000000LL   /* a holder silent this long past its queued work gives the lease up */
 
 struct ts_arb {
     int fd;
@@ -374,12 +374,11 @@ int ts_arb_acquire(ts_arb *a, char *err, size_t errlen) {
             if (may_take(a, lease, now) && !ts_arb_holding(a, now)) {
                 accrue(a, now, holder);
                 if (holder >= 0 && holder < a->nslots) {
-                    /* Charge the lease that ends: to now for our own, to the last sign of life
-                     * for a holder that went silent (dead, stopped or idle). */
-                    int64_t end = now;
-                    int64_t alive = last_alive(a);
-                    if (holder != a->me && alive < end) end = alive;
-                    int64_t used = end - a->h->lease_start;
+                    /* The lease ends without its holder's account (ours, expired, is
+                     * charged in ts_arb_release): a holder that went silent (dead, stopped, not
+                     * scheduled, or done) is charged the whole time it kept the lease, so a
+                     * workload granted leases it does not use stops being preferred. */
+                    int64_t used = now - a->h->lease_start;
                     if (used > 0) charge_locked(a, holder, used, now);
                     __atomic_store_n(&a->h->lease, (lease & ~0xFFFFULL), __ATOMIC_RELEASE);
                 }
@@ -427,7 +426,7 @@ int64_t ts_arb_release(ts_arb *a, uint64_t lease_word, int64_t work_ns) {
         __atomic_store_n(&slot(a, a->me)->demand, now, __ATOMIC_RELAXED);
         accrue(a, now, a->me);
         int64_t held = now - a->h->lease_start;
-        charged = work_ns < 0 ? 0 : work_ns;
+        charged = work_ns < 0 ? held : work_ns;
         if (charged > held + 4 * a->drain) charged = held + 4 * a->drain;
         charge_locked(a, a->me, charged, now);
         __atomic_store_n(&a->h->lease, lease & ~0xFFFFULL, __ATOMIC_RELEASE);

@@ -98,8 +98,8 @@ int ts_arb_others_waiting(ts_arb *a, int64_t now);
 int ts_arb_acquire(ts_arb *a, char *err, size_t errlen);
 /* Ends our lease lease_word if it is still ours and hands it to the next workload by the rule
  * (ours again if so), charging work_ns: the GPU time of the work launched under the lease, as the
- * progress events measured it (bounded by the time held plus the queue bound). Returns what it
- * charged, -1 if the lease was no longer ours. */
+ * progress events measured it, or -1 for the time held (bounded by the time held plus the queue
+ * bound). Returns what it charged, -1 if the lease was no longer ours. */
 int64_t ts_arb_release(ts_arb *a, uint64_t lease_word, int64_t work_ns);
 /* When the previous holder's queued work was estimated to end, at the hand-over to us. */
 int64_t ts_arb_handoff_busy(ts_arb *a);

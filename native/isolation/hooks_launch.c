@@ -202,7 +202,10 @@ static void reap(void) {
  * A lease taken over because we went silent is charged by the taker (wall time). */
 static void end_lease(uint64_t word) {
     reap();
-    int64_t work = (int64_t)((double)(g_launched - g_lease_launch0) * g_cost);
+    int64_t n = g_launched - g_lease_launch0;
+    /* A lease held without a single launch is charged in full (-1: the time held), so a
+     * workload cannot keep being preferred for leases it does not use. */
+    int64_t work = n > 0 ? (int64_t)((double)n * g_cost) : -1;
     ts_arb_release(g_arb, word, work);
 }
 
@@ -282,6 +285,9 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
         g_bound = bound;
         int ring_full = (g_head + 1) % SAMPLES == g_tail;
         if ((out < bound || g_launched - g_done_idx < 2) && !ring_full) break;
+        /* Launches after the last sample are invisible to reap(): sample them now, or a
+         * finished queue would look outstanding forever. */
+        if (g_last_sample != g_launched) sample(s);
         ts_arb_alive(g_arb, now, now + (int64_t)out);
         int64_t nap = (int64_t)(out - bound);
         if (nap < 20000) nap = 20000;
