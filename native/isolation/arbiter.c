@@ -166,6 +166,7 @@ int ts_arb_holding(ts_arb *a, int64_t now) {
     return p == 0 || (int)p - 1 == a->me;
 }
 
+ts_arb_header *ts_arb_hdr(ts_arb *a) { return a->h; }
 uint64_t ts_arb_lease(ts_arb *a) { return __atomic_load_n(&a->h->lease, __ATOMIC_ACQUIRE); }
 int64_t ts_arb_deadline(ts_arb *a) { return __atomic_load_n(&a->h->lease_deadline, __ATOMIC_ACQUIRE); }
 int64_t ts_arb_lease_start(ts_arb *a) { return __atomic_load_n(&a->h->lease_start, __ATOMIC_ACQUIRE); }

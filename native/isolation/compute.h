@@ -87,6 +87,7 @@ void ts_arb_set_status(ts_arb *a, uint32_t bits);
 /* Fast path: does this workload hold a lease that is still good at now? */
 int ts_arb_holding(ts_arb *a, int64_t now);
 uint64_t ts_arb_lease(ts_arb *a);       /* the lease word (holder and epoch) */
+ts_arb_header *ts_arb_hdr(ts_arb *a);   /* the mapped header, for the launch fast path */
 int64_t ts_arb_lease_start(ts_arb *a);
 int64_t ts_arb_deadline(ts_arb *a);
 /* Marks that the holder is alive and working (launching or waiting for its queue). */

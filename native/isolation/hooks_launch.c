@@ -64,6 +64,9 @@ static double g_costs[COSTS];
 static int g_ncost;
 static uint64_t g_my_lease;       /* lease word of the lease this process last launched under */
 static double g_bound = 2e6; /* queued work allowed now: D when others wait, 4 D alone */
+static int64_t g_room = 1;     /* launches that bound allows at the current cost estimate */
+static int64_t g_every = 1;    /* launches between progress samples (about D / 4 of work) */
+static ts_arb_header *g_hdr;   /* the arbiter's header: the fast path reads it directly */
 static int64_t g_lease_launch0; /* g_launched when the current lease began */
 
 static void load(void) {
@@ -106,7 +109,10 @@ static void load(void) {
             return;
         }
         if (n > 1) ts_arb_set_status(a, TS_SLOT_MULTIGPU);
-        if (i == 0) g_arb = a;
+        if (i == 0) {
+            g_arb = a;
+            g_hdr = ts_arb_hdr(a);
+        }
     }
     if (n > 1) {
         ts_log_once("compute-multi", "compute share not enforced: multi-GPU (%d GPUs; kernels run ungated)", n);
@@ -206,7 +212,9 @@ static void end_lease(uint64_t word) {
     /* A lease held without a single launch is charged in full (-1: the time held), so a
      * workload cannot keep being preferred for leases it does not use. */
     int64_t work = n > 0 ? (int64_t)((double)n * g_cost) : -1;
-    ts_arb_release(g_arb, word, work);
+    /* Another process of this workload ended the lease (it charged its own launches): ours
+     * are added, so the processes of one workload share one budget. */
+    if (ts_arb_release(g_arb, word, work) < 0 && n > 0) ts_arb_correct(g_arb, work);
 }
 
 /* Records a progress sample after the launches so far (caller holds g_gate_mu). */
@@ -245,12 +253,16 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
     }
     *counted = 1;
     int64_t now = ts_now();
-    int64_t busy = now + (int64_t)((double)(g_launched + 1 - g_done_idx) * g_cost);
-    if (__builtin_expect(ts_arb_holding(g_arb, now) && ts_arb_lease(g_arb) == g_my_lease &&
-                             g_launched - g_last_sample < 64 &&
-                             (double)(g_launched - g_done_idx) * g_cost < g_bound,
+    /* Fast path: our lease (same epoch), before its deadline, nobody latency-class asking for
+     * it, and room for one more launch under the bound on queued work. */
+    int64_t queued = g_launched - g_done_idx;
+    if (__builtin_expect(__atomic_load_n(&g_hdr->lease, __ATOMIC_ACQUIRE) == g_my_lease && g_my_lease &&
+                             now < __atomic_load_n(&g_hdr->lease_deadline, __ATOMIC_ACQUIRE) &&
+                             __atomic_load_n(&g_hdr->preempt, __ATOMIC_RELAXED) == 0 && queued < g_room &&
+                             g_launched - g_last_sample < 64,
                          1)) {
-        ts_arb_alive(g_arb, now, busy);
+        __atomic_store_n(&g_hdr->holder_alive, now, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_hdr->holder_busy, now + (int64_t)((double)(queued + 1) * g_cost), __ATOMIC_RELAXED);
         return CUDA_SUCCESS;
     }
     pthread_mutex_lock(&g_gate_mu);
@@ -283,6 +295,11 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
         double out = (double)(g_launched - g_done_idx) * g_cost;
         double bound = (double)ts_arb_drain(g_arb) * (others ? 1 : 4);
         g_bound = bound;
+        g_room = (int64_t)(bound / g_cost);
+        if (g_room < 1) g_room = 1;
+        g_every = (int64_t)((double)ts_arb_drain(g_arb) / 4 / g_cost);
+        if (g_every < 1) g_every = 1;
+        if (g_every > 64) g_every = 64;
         int ring_full = (g_head + 1) % SAMPLES == g_tail;
         if ((out < bound || g_launched - g_done_idx < 2) && !ring_full) break;
         /* Launches after the last sample are invisible to reap(): sample them now, or a
@@ -304,10 +321,7 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
 static void after(CUstream s, int counted, int graph, CUresult rc) {
     if (!counted || rc != CUDA_SUCCESS) return;
     int64_t n = __atomic_add_fetch(&g_launched, 1, __ATOMIC_RELAXED);
-    double every = (double)ts_arb_drain(g_arb) / 4 / (g_cost > 1 ? g_cost : 1);
-    if (every < 1) every = 1;
-    if (every > 64) every = 64;
-    if (!graph && n - g_last_sample < (int64_t)every) return;
+    if (!graph && n - g_last_sample < g_every) return;
     pthread_mutex_lock(&g_gate_mu);
     sample(s);
     pthread_mutex_unlock(&g_gate_mu);
