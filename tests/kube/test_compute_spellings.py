@@ -8,7 +8,7 @@ import pytest
 
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuRequest
-from tessera.kube.admission.compute_spellings import canonical
+from tessera.kube.admission.compute_spellings import NOT_ENFORCED, canonical
 
 HALF = GpuRequest.fraction("0.5")
 
@@ -22,7 +22,8 @@ def test_tessera_annotations_are_kept_canonical() -> None:
     out = canonical(pod({"tessera.io/gpu-compute-request": "0.3", "tessera.io/gpu-compute-limit": "0.8"}), HALF,
                     mig=False, cluster_mode="fair")
     assert out == {"tessera.io/gpu-compute-request": "0.3", "tessera.io/gpu-compute-limit": "0.8",
-                   "tessera.io/gpu-compute-mode": "fair"}
+                   "tessera.io/gpu-compute-mode": "fair",
+                   "tessera.io/gpu-compute-status": NOT_ENFORCED}
 
 
 def test_defaults_from_the_portion() -> None:

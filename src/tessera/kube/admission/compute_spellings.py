@@ -20,6 +20,10 @@ from tessera.core import compute
 from tessera.core.model import GpuRequest
 
 HAMI_CORES = "nvidia.com/gpucores"
+STATUS = "tessera.io/gpu-compute-status"
+NOT_ENFORCED = ("not enforced: tessera-node does not run compute arbiters on Kubernetes nodes yet "
+                "(docs/compute-share.md)")
+"""Said on every pod given a compute share, so it is never silently unenforced."""
 KAI_MODE_OLD = "kai.scheduler/gpu-compute-sharing-mode"
 KAI_MODE_SUFFIX = ".gpu-compute.mode"
 KAI_MODE_PREFIX = "nvidia.com/container."
@@ -66,4 +70,4 @@ def canonical(pod: Mapping[str, Any], gpu: GpuRequest, *, mig: bool, cluster_mod
     if share is None:
         return {}
     return {compute.ANNOTATION_REQUEST: str(share.request), compute.ANNOTATION_LIMIT: str(share.limit),
-            compute.ANNOTATION_MODE: share.mode}
+            compute.ANNOTATION_MODE: share.mode, STATUS: NOT_ENFORCED}
