@@ -43,6 +43,12 @@ def test_bad_input_names_the_flag_and_rule(kw: dict[str, str], field: str, rule:
     assert e.value.field == field and rule in str(e.value)
 
 
+def test_compute_request_above_the_portion_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="may not exceed the GPU portion"):
+        compute.resolve(GpuRequest.fraction("0.2"), request="0.6", cluster_mode="fair", names=compute.CLI)
+    assert compute.resolve(GpuRequest.fraction("0.2"), request="0.1", cluster_mode="fair") is not None
+
+
 def test_compute_request_on_whole_gpu_or_mig_is_refused() -> None:
     with pytest.raises(InvalidRequest, match="whole GPUs"):
         compute.resolve(GpuRequest.whole(1), request="0.5", cluster_mode="fair")

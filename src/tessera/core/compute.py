@@ -106,6 +106,11 @@ def resolve(gpu: GpuRequest, *, request: object = None, limit: object = None, mo
                              "fair|strict turns them on)")
     if r is not None and lim is not None and lim < r:
         raise InvalidRequest(names.limit, f"must be at least {names.request} ({r})", str(lim))
+    if r is not None and gpu.kind is GpuKind.PORTION and gpu.portion is not None and r > gpu.portion:
+        # Placement keeps the portions on a GPU within 1, so requests within their portions
+        # keep the compute requests within 1 too (a larger one could be promised twice).
+        raise InvalidRequest(names.request, f"may not exceed the GPU portion ({gpu.portion}): placement "
+                             "reserves a GPU's time by portion", str(r))
     effective = m or cluster_mode
     if effective == "off" or gpu.kind not in (GpuKind.PORTION, GpuKind.MEMORY) or mig:
         return None
