@@ -13,6 +13,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -263,3 +264,29 @@ def test_latency_class_priority_keeps_the_shares(native: NativeBuild, tmp_path: 
         gpu.stop()
     share = r["infer"] / (r["infer"] + r["batch"])
     assert 0.18 < share < 0.42, r
+
+
+def test_a_process_killed_inside_the_arbiter_lock_does_not_stall_the_gpu(native: NativeBuild,
+                                                                         tmp_path: Path) -> None:
+    """Decisions run under a lock on the arbiter file's first byte (an OFD lock in the library):
+    the kernel drops it when its holder dies, so the tenants go on."""
+    gpu = SimGpu(native, tmp_path, mode="fair")
+    gpu.add("a", 0.5)
+    gpu.add("b", 0.5)
+    locker = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl,os,sys,time; fd=os.open(sys.argv[1], os.O_RDWR); "
+         "fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0); print('locked', flush=True); time.sleep(60)", str(gpu.arbiter)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+        time.sleep(0.5)
+        stalled = gpu.executed()
+        time.sleep(0.5)
+        assert sum(gpu.executed().values()) - sum(stalled.values()) < 0.2e9  # at most one lease runs on
+        locker.kill()
+        locker.wait()
+        r = _rates(gpu, 1.0)
+    finally:
+        locker.kill()
+        gpu.stop()
+    assert r["a"] + r["b"] > 0.8, r
