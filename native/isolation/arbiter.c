@@ -6,16 +6,16 @@
  *
  * Rule: deficit round-robin over quanta q. Every backlogged workload earns credit at its
  * entitlement (its request; spare time split equally among backlogged workloads under their
- * limit: water-filling); the holder is charged the time it held the lease (then corrected by the
- * GPU time its events measured). At each lease end the backlogged workload with the most credit
+ * limit: water-filling); the holder is charged the GPU time of the work it launched under the
+ * lease (launches x the per-launch cost its events measured; hooks_launch.c). At each lease end the backlogged workload with the most credit
  * gets the next lease, latency-class workloads within their request first. A limit is a token
  * bucket (rate l, burst q) that a workload must have non-negative to get a lease, even alone.
  *
  * No global lock at init, no NVML, no host PIDs. Decisions (once per lease, not per launch) are
  * made by whichever process needs one, under an OFD lock on the file (released by the kernel if
  * that process dies) plus a process-local mutex. A dead or stopped holder stops showing signs of
- * life (holder_alive, refreshed at every launch) and loses the lease 1 ms later, or at its
- * deadline q + grace at the latest.
+ * life (holder_alive and holder_busy, refreshed at every launch) and loses the lease 2 ms after
+ * its queued work should have ended, or at its deadline q + grace at the latest.
  */
 #define _GNU_SOURCE
 #include <errno.h>
