@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tessera.api.backend import (
@@ -36,14 +35,21 @@ from tessera.api.models import (
     ProjectCreate,
     ProjectPatch,
     ProjectUpdate,
-    TokenRequest,
     WorkloadCreate,
 )
 from tessera.api.offline_docs import mount_offline_docs
 from tessera.api.storage import storage_error
+from tessera.api.tenancy.audit import AuditTrail, mount_audit
+from tessera.api.tenancy.departments import LOCK as DEPARTMENT_LOCK
+from tessera.api.tenancy.departments import check_project_fits, mount_departments, with_department
+from tessera.api.tenancy.guard import ApiRefusal, make_guard, principal_of
+from tessera.api.tenancy.routes import mount_auth
+from tessera.api.tenancy.service import Tenancy
+from tessera.api.tenancy.visibility import redact_cluster
 from tessera.api.unexpected import AnswerUnexpected
 from tessera.core.errors import InvalidRequest
 
+DEPARTMENTS = DEPARTMENT_LOCK
 KINDS = {"trainings": "Training", "workspaces": "Workspace", "inferences": "Inference"}
 Kind = Literal["trainings", "workspaces", "inferences"]
 FILTER = re.compile(r"^(\w+)(==|!=|=@)(.*)$")
@@ -127,19 +133,23 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
     )
     mount_offline_docs(app)
     app.add_middleware(BodyLimit)
-    bearer = HTTPBearer(auto_error=False)
-
-    def authorized(
-        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> None:
-        if creds is None or creds.scheme.lower() != "bearer":
-            raise ApiError(401, "authentication required: send Authorization: Bearer <token>")
-        if not backend.token_valid(creds.credentials):
-            raise ApiError(401, "the token is invalid or has expired; run tessera login")
+    tenancy = Tenancy(backend.data_dir, backend.auth_store)
+    tenancy.ensure_admin_rule()
+    authz = tenancy.authz
+    app.add_middleware(AuditTrail, store=tenancy.store)
+    guard = make_guard(authz, tenancy.resolve, backend)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return _error(exc.status, exc.message, exc.details)
+
+    @app.exception_handler(ApiRefusal)
+    async def _refusal(_: Request, exc: ApiRefusal) -> JSONResponse:
+        headers = {"Retry-After": exc.message.rsplit(" ", 2)[-2]} if exc.status == 429 else None
+        answer = _error(exc.status, exc.message)
+        if headers:
+            answer.headers.update(headers)
+        return answer
 
     @app.exception_handler(InvalidRequest)
     async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
@@ -192,73 +202,84 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/api/v1/token", tags=["auth"])
-    def token(body: TokenRequest) -> dict[str, Any]:
-        if body.grantType not in ("client_credentials", "app_token"):
-            raise ApiError(422, "grantType: must be client_credentials")
-        if not backend.authenticate(body.clientId, body.clientSecret):
-            raise ApiError(401, "wrong clientId or clientSecret")
-        value, expires = backend.issue_token(body.clientId)
-        return {"accessToken": value, "expiresAt": int(expires)}
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(guard)])
+    mount_auth(app, api, tenancy, backend)
+    mount_departments(api, tenancy, backend)
+    mount_audit(api, tenancy.store)
 
-    @app.delete("/api/v1/token", status_code=204, tags=["auth"])
-    def revoke(
-        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> Response:
-        """Revoke the bearer token this request carries (``tessera logout``)."""
-        if creds is None or creds.scheme.lower() != "bearer" \
-                or not backend.revoke_token(creds.credentials):
-            raise ApiError(401, "authentication required: send the token to revoke as "
-                           "Authorization: Bearer <token>")
-        return Response(status_code=204)
-
-    api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorized)])
+    def seen(request: Request, permission: str) -> frozenset[str] | None:
+        """The projects the caller may ``permission`` (None: every project)."""
+        names = [p["name"] for p in backend.projects()]
+        visible = authz.visible(principal_of(request), permission, names)
+        return None if visible is None else frozenset(visible)
 
     @api.get("/cluster", tags=["cluster"], response_model=dict[str, Any])
-    def cluster() -> Response:
+    def cluster(request: Request) -> Response:
         """Nodes and GPUs, with what each device holds, and where the node agents report it
-        memory used, loans and utilisation; ``simulated`` says if they are real."""
+        memory used, loans and utilisation; ``simulated`` says if they are real. Workloads of
+        projects the caller cannot read are shown without name or project."""
         # Serialised here: the document is JSON-ready (the backend contract), and FastAPI's
         # generic encoder took ~10x json.dumps on 500 nodes x 8 GPUs (the console's GPUs page).
-        return Response(content=json.dumps(backend.cluster(), separators=(",", ":")),
+        doc = redact_cluster(backend.cluster(), seen(request, "workloads:read"))
+        return Response(content=json.dumps(doc, separators=(",", ":")),
                         media_type="application/json")
 
     # -- projects ----------------------------------------------------------------------------
 
     @api.get("/org-unit/projects", tags=["projects"])
-    def list_projects() -> dict[str, Any]:
-        return {"projects": backend.projects()}
+    def list_projects(request: Request) -> dict[str, Any]:
+        """The projects the caller may read."""
+        visible = seen(request, "projects:read")
+        return {"projects": [with_department(tenancy, p) for p in backend.projects()
+                             if visible is None or p["name"] in visible]}
 
     @api.post("/org-unit/projects", status_code=201, tags=["projects"])
     def create_project(body: ProjectCreate) -> dict[str, Any]:
+        """A project; ``parentId`` puts it in a department, whose quota bounds its projects'."""
         gpu = body.resources.gpu
-        return backend.create_project(
-            ProjectFields(body.name, gpu.deserved, gpu.limit, gpu.overQuotaWeight, body.priority)
-        )
+        fields = ProjectFields(body.name, gpu.deserved, gpu.limit, gpu.overQuotaWeight,
+                               body.priority)
+        with DEPARTMENTS:
+            check_project_fits(tenancy, backend, body.parentId, body.name, gpu.deserved,
+                               gpu.limit)
+            doc = backend.create_project(fields)
+            if body.parentId:
+                try:
+                    tenancy.store.set_project_department(doc["name"], body.parentId)
+                except BaseException:
+                    backend.delete_project(doc["name"])  # all or nothing
+                    raise
+        return with_department(tenancy, doc)
 
     @api.get("/org-unit/projects/{projectId}", tags=["projects"])
     def get_project(projectId: str) -> dict[str, Any]:
-        return backend.project(projectId)
+        return with_department(tenancy, backend.project(projectId))
+
+    def _update(projectId: str, fields: ProjectFields) -> dict[str, Any]:
+        with DEPARTMENTS:
+            name = backend.project(projectId)["name"]
+            check_project_fits(tenancy, backend, authz.department_of(name), name,
+                               fields.deserved, fields.limit)
+            return with_department(tenancy, backend.update_project(projectId, fields))
 
     @api.put("/org-unit/projects/{projectId}", tags=["projects"])
     def update_project(projectId: str, body: ProjectUpdate) -> dict[str, Any]:
         gpu = body.resources.gpu
-        return backend.update_project(
-            projectId,
-            ProjectFields(projectId, gpu.deserved, gpu.limit, gpu.overQuotaWeight, body.priority),
-        )
+        return _update(projectId, ProjectFields(projectId, gpu.deserved, gpu.limit,
+                                                gpu.overQuotaWeight, body.priority))
 
     @api.patch("/org-unit/projects/{projectId}", tags=["projects"])
     def patch_project(projectId: str, body: ProjectPatch) -> dict[str, Any]:
         """Change only the fields given (``resources.gpu.limit: null`` removes the limit);
         unknown fields are refused."""
         deserved, limit, weight, priority = body.merged(backend.project(projectId))
-        return backend.update_project(
-            projectId, ProjectFields(projectId, deserved, limit, weight, priority))
+        return _update(projectId, ProjectFields(projectId, deserved, limit, weight, priority))
 
     @api.delete("/org-unit/projects/{projectId}", status_code=204, tags=["projects"])
     def delete_project(projectId: str) -> Response:
+        name = backend.project(projectId)["name"]
         backend.delete_project(projectId)
+        tenancy.store.forget_project(name)  # its department and its access rules
         return Response(status_code=204)
 
     # -- workloads ---------------------------------------------------------------------------
@@ -313,20 +334,26 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         return Response(content=body, media_type="application/json")
 
     @api.get("/workloads", tags=["workloads"])
-    def list_workloads(query: Annotated[WorkloadQuery, Depends(list_query)]) -> Response:
-        return _list(query)
+    def list_workloads(request: Request,
+                       query: Annotated[WorkloadQuery, Depends(list_query)]) -> Response:
+        """The workloads of the projects the caller may read."""
+        return _list(dataclasses.replace(query, projects=seen(request, "workloads:read")))
 
     @api.get("/workloads/{kind}", tags=["workloads"])
-    def list_kind(kind: Kind, query: Annotated[WorkloadQuery, Depends(list_query)]) -> Response:
+    def list_kind(request: Request, kind: Kind,
+                  query: Annotated[WorkloadQuery, Depends(list_query)]) -> Response:
         return _list(dataclasses.replace(query, filters=(*query.filters,
-                                                          ("type", "==", KINDS[kind]))))
+                                                          ("type", "==", KINDS[kind])),
+                                         projects=seen(request, "workloads:read")))
 
     @api.post("/workloads/{kind}", status_code=202, tags=["workloads"])
-    def create_workload(kind: Kind, body: WorkloadCreate) -> dict[str, Any]:
+    def create_workload(kind: Kind, body: WorkloadCreate, request: Request) -> dict[str, Any]:
         name = body.name
         if body.useGivenNameAsPrefix:
             name = f"{name[:57]}-{secrets.token_hex(2)}"
         env = {e.name: e.value for e in body.spec.environmentVariables}
+        spec = body.spec_doc()
+        spec["_submittedBy"] = principal_of(request).label  # accounting by user
         return backend.submit(
             WorkloadSubmission(
                 name=name,
@@ -340,7 +367,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
                 priority_class=body.spec.priorityClass,
                 workers=body.spec.workers,
                 min_workers=body.spec.minWorkers,
-                spec=body.spec_doc(),
+                spec=spec,
                 mig_profile=body.spec.compute.gpuMigProfile,
                 compute=(body.spec.compute.gpuComputeRequest, body.spec.compute.gpuComputeLimit,
                          body.spec.compute.gpuComputeMode),

@@ -8,8 +8,10 @@ produce the same documents without sharing the local store's types.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from tessera.api.token_store import TokenStore
 from tessera.core.errors import TesseraError
 from tessera.core.model import GpuRequest
 
@@ -63,6 +65,8 @@ class WorkloadQuery:
     """Only these keys of each brief document (None: all)."""
     rows: bool = False
     """Each workload an array of ``fields`` in that order, instead of an object."""
+    projects: frozenset[str] | None = None
+    """Only workloads of these projects (the caller's visible ones); None: every project."""
 
 
 @dataclass
@@ -75,6 +79,10 @@ class ProjectFields:
 
 
 class Backend(Protocol):
+    data_dir: Path
+    """Where the API server keeps its database (tokens, users, rules, audit, accounting)."""
+    auth_store: TokenStore
+
     def cluster(self) -> dict[str, Any]: ...
 
     def upstream(self, exc: Exception) -> Upstream | None:

@@ -240,6 +240,7 @@ class ProjectResources(Strict):
 
 class ProjectCreate(Strict):
     name: NameText
+    parentId: NameText | None = Field(default=None, description="Its department (name)")
     resources: ProjectResources = Field(default_factory=ProjectResources)
     priority: int = Field(default=50, ge=0, le=1000)
 

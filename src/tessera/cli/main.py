@@ -13,18 +13,19 @@ from tessera.cli import server_commands  # isort: skip
 from tessera.cli import project_commands  # isort: skip
 from tessera.cli import submit_commands  # isort: skip
 from tessera.cli import workload_commands  # isort: skip
+from tessera.cli import tenancy_commands  # isort: skip
 from tessera.cli.app import cli
 from tessera.cli.client import CliError
 from tessera.cli.flags import RAW_ARGV, TRAILING
 from tessera.cli.server_commands import up
 from tessera.cli.workload_commands import KIND_GROUPS, _add_kind_groups
 
-__all__ = ["app", "cli", "project_commands", "server_commands", "submit_commands", "up",
-           "workload_commands"]
+__all__ = ["app", "cli", "project_commands", "server_commands", "submit_commands",
+           "tenancy_commands", "up", "workload_commands"]
 
 
 def _top_level_names() -> set[str]:
-    names = {"project", "config"}
+    names = {"project", "config", "user", "access-rule", "department", "report"}
     for c in cli.registered_commands:
         callback = c.callback
         names.add(c.name or (callback.__name__.replace("_", "-") if callback else ""))

@@ -30,14 +30,17 @@ def project_create(
     limit: Annotated[float | None, typer.Option("--limit", help="Most GPUs the project may use")] = None,
     weight: Annotated[float, typer.Option("--over-quota-weight", help="Share of idle GPUs")] = 1.0,
     priority: Annotated[int, typer.Option(help="Project priority (higher first)")] = 50,
+    department: Annotated[str | None, typer.Option("--department", help="Its department (whose quota bounds its projects')")] = None,
 ) -> None:
     """Create a project with a GPU quota."""
     client, _ = connect()
     body = {"name": name, **_project_body(deserved, limit, weight, priority)}
+    if department:
+        body["parentId"] = department
     try:
         p = client.post("/api/v1/org-unit/projects", body)
     except CliError as exc:
-        raise flagged(exc, _project_fields()) from None
+        raise flagged(exc, {**_project_fields(), "parentId": "--department"}) from None
     typer.echo(f"project {p['name']} created (id {p['id']}, deserved {deserved:g} GPUs"
                f"{'' if limit is None else f', limit {limit:g}'})")
 

@@ -197,13 +197,27 @@ def login(
     client_id: Annotated[str | None, typer.Option(help="Client id")] = None,
     client_secret: Annotated[str | None, typer.Option(help="Client secret (prompted if missing)")] = None,
     data_dir_opt: Annotated[str | None, typer.Option("--data-dir")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="Sign in as this local user")] = None,
+    password_stdin: Annotated[bool, typer.Option("--password-stdin", help="With --user: read the password from standard input")] = False,
+    sso: Annotated[bool, typer.Option("--sso", help="Sign in through the server's single sign-on (browser or device code)")] = False,
 ) -> None:
-    """Get an API token; on the server's machine the local admin credentials are used."""
+    """Get an API token: --user NAME (a local user's password), --sso (single sign-on), an
+    application's --client-id/--client-secret, or on the server's machine the local admin."""
     from tessera.cli.client import server_url
 
     config = load_config()
     directory = data_dir(data_dir_opt or config.get("dataDir"))
     target = (url or server_url(config)).rstrip("/")
+    if user is not None or password_stdin:
+        from tessera.cli.login_user import login_password
+
+        login_password(target, user, password_stdin, config)
+        return
+    if sso:
+        from tessera.cli.login_user import login_sso
+
+        login_sso(target, config)
+        return
     if client_id is None or client_secret is None:
         creds = local_credentials(directory)
         if creds is not None and client_id in (None, creds["clientId"]):

@@ -374,6 +374,8 @@ class KubeBackend(TokenAuth):
                 docs = [d for d in docs if str(d.get(k) or "") != value]
             else:
                 docs = [d for d in docs if value.lower() in str(d.get(k) or "").lower()]
+        if query.projects is not None:  # the caller's visible projects (tessera.api.tenancy)
+            docs = [d for d in docs if d.get("projectName") in query.projects]
         if query.search:
             text = query.search.lower()
             docs = [d for d in docs if text in d["name"].lower()]

@@ -444,6 +444,10 @@ class Store:
         if q.search:
             where.append("instr(lower(name), lower(?)) > 0")
             args.append(q.search)
+        if q.projects is not None:  # the caller's visible projects (tessera.api.tenancy)
+            names = sorted(q.projects)
+            where.append(f"project_name IN ({','.join('?' * len(names))})" if names else "0")
+            args += names
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         order = SORTABLE[q.sort_by]
         direction = "DESC" if q.descending else "ASC"
