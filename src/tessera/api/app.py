@@ -43,6 +43,8 @@ from tessera.api.tenancy.audit import AuditTrail, mount_audit
 from tessera.api.tenancy.departments import LOCK as DEPARTMENT_LOCK
 from tessera.api.tenancy.departments import check_project_fits, mount_departments, with_department
 from tessera.api.tenancy.guard import ApiRefusal, make_guard, principal_of
+from tessera.api.tenancy.ledger import Ledger
+from tessera.api.tenancy.reports import AccountingCollector, mount_reports
 from tessera.api.tenancy.routes import mount_auth
 from tessera.api.tenancy.service import Tenancy
 from tessera.api.tenancy.visibility import redact_cluster
@@ -352,8 +354,6 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         if body.useGivenNameAsPrefix:
             name = f"{name[:57]}-{secrets.token_hex(2)}"
         env = {e.name: e.value for e in body.spec.environmentVariables}
-        spec = body.spec_doc()
-        spec["_submittedBy"] = principal_of(request).label  # accounting by user
         return backend.submit(
             WorkloadSubmission(
                 name=name,
@@ -367,10 +367,11 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
                 priority_class=body.spec.priorityClass,
                 workers=body.spec.workers,
                 min_workers=body.spec.minWorkers,
-                spec=spec,
+                spec=body.spec_doc(),
                 mig_profile=body.spec.compute.gpuMigProfile,
                 compute=(body.spec.compute.gpuComputeRequest, body.spec.compute.gpuComputeLimit,
                          body.spec.compute.gpuComputeMode),
+                submitted_by=principal_of(request).label,
             )
         )
 
@@ -416,6 +417,8 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         backend.workload(workloadId, KINDS[kind])
         return backend.exec_command(workloadId, body.pod, body.command, body.timeoutSeconds)
 
-    mount_console(app, api, backend)
+    ledger = Ledger(backend.data_dir / "tessera.db")
+    mount_reports(api, tenancy, ledger, lambda: [p["name"] for p in backend.projects()])
+    mount_console(app, api, backend, [AccountingCollector(ledger)])
     app.include_router(api)
     return app

@@ -48,6 +48,8 @@ class WorkloadSubmission:
     """A MIG partition (canonical profile name, ``3g.20gb``) instead of ``gpu``."""
     compute: tuple[object, object, object] = (None, None, None)
     """Compute share as given: gpuComputeRequest, gpuComputeLimit, gpuComputeMode (unchecked)."""
+    submitted_by: str = ""
+    """Who submitted it (``user:alice``, ``app:ci``): GPU accounting by user."""
 
 
 @dataclass(frozen=True)

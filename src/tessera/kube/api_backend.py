@@ -258,7 +258,8 @@ class KubeBackend(TokenAuth):
             priority_class=pclass, preemptible=admitted.preemptible,
             workers=s.workers, min_workers=min_workers, request=gpu_request_to_dict(s.gpu),
             on_eviction=str(s.spec.get("onEviction", "requeue")),
-            spec={k: v for k, v in s.spec.items() if k not in ("workingDir",)},
+            spec={**{k: v for k, v in s.spec.items() if k not in ("workingDir",)},
+                  "_submittedBy": s.submitted_by},
             mig_profile=s.mig_profile,
         )
         # The pods must read back as the same request (the scheduler's parser is the judge).

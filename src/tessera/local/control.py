@@ -519,6 +519,7 @@ class LocalBackend(TokenAuth):
             spec["_env"] = dict(s.env)
             if admitted.compute is not None:
                 spec["_compute"] = admitted.compute.to_dict()
+            spec["_submittedBy"] = s.submitted_by  # GPU accounting (tessera.local.accounting)
             if s.mig_profile is not None:
                 spec["_mig"] = s.mig_profile
             if s.working_dir:

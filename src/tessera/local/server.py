@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         store.set_meta("simulate", json.dumps(simulate or ["1xV100-16GB"]))
     store.close()
 
+    from tessera.local.accounting import install as install_accounting
+
+    install_accounting(directory / "tessera.db")  # GPU-hours from every binding (triggers)
+
     from tessera.local.containers import detect
 
     runtime, runtime_note = detect(args.runtime)

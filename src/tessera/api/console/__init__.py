@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from fastapi import APIRouter, FastAPI, Query
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 from tessera.api.backend import Backend
 from tessera.api.history import History
@@ -29,7 +31,8 @@ from tessera.api.telemetry import SnapshotCache
 STATIC = Path(__file__).parent / "static"
 
 
-def mount_console(app: FastAPI, api: APIRouter, backend: Backend) -> History:
+def mount_console(app: FastAPI, api: APIRouter, backend: Backend,
+                  collectors: Sequence[Collector] = ()) -> History:
     """Adds the console, ``/metrics`` and the console's API routes (``api``: the authorized
     ``/api/v1`` router, before it is included), and starts the history's sampler (a daemon
     thread)."""
@@ -40,6 +43,8 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend) -> History:
     registry = api_registry(snapshots)
     for collector in getattr(backend, "metrics_collectors", list)():
         registry.register(collector)  # a backend's own (embedded: per-workload GPU time)
+    for collector in collectors:  # more families for /metrics (GPU accounting)
+        registry.register(collector)
     app.mount("/console", StaticFiles(directory=STATIC), name="console")
 
     @app.get("/", include_in_schema=False)

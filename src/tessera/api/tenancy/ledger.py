@@ -1,0 +1,148 @@
+"""GPU accounting: intervals during which a workload held GPUs (``gpu_allocations``), and the
+usage report computed from them in SQL.
+
+An interval is (workload, project, user, GPUs, start, end): GPUs is what its binding holds
+(whole devices, a fraction's share of the device, a MIG partition's fraction), end is NULL
+while it still holds them. A change of allocation closes the open interval and opens another;
+a suspended, pending or finished workload holds 0 and has no open interval, so suspend time
+costs nothing. GPU-hours allocated over [from, to) = sum of GPUs x overlap / 3600: exact
+(0.5 GPU for 2 h = 1.00).
+
+Embedded mode writes the intervals with SQLite triggers on its workloads table, in the same
+transaction as the binding (``tessera.local.accounting``); the Kubernetes API server observes
+bound pods each reconcile (``observe``). Both keep them in the API server's database, so they
+survive restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS gpu_allocations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, workload_id TEXT NOT NULL, workload TEXT NOT NULL,
+    project TEXT NOT NULL, user TEXT NOT NULL DEFAULT '', gpus REAL NOT NULL,
+    start_time REAL NOT NULL, end_time REAL);
+CREATE INDEX IF NOT EXISTS gpu_allocations_open ON gpu_allocations (workload_id, end_time);
+CREATE INDEX IF NOT EXISTS gpu_allocations_start ON gpu_allocations (start_time);
+CREATE TABLE IF NOT EXISTS gpu_usage (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, workload_id TEXT NOT NULL, workload TEXT NOT NULL,
+    project TEXT NOT NULL, user TEXT NOT NULL DEFAULT '', gpus_used REAL NOT NULL,
+    start_time REAL NOT NULL, end_time REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS gpu_usage_start ON gpu_usage (start_time);
+"""
+
+BY = {"project": "a.project", "department": "COALESCE(d.department, '')",
+      "user": "a.user", "workload": "a.workload_id"}
+RETENTION_DAYS = 400.0
+
+
+def retention_days() -> float:
+    """``TESSERA_ACCOUNTING_RETENTION_DAYS`` (default 400): how far back a report may reach."""
+    try:
+        return float(os.environ.get("TESSERA_ACCOUNTING_RETENTION_DAYS") or RETENTION_DAYS)
+    except ValueError:
+        return RETENTION_DAYS
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+        self._db.execute("CREATE TABLE IF NOT EXISTS project_departments ("
+                         "project TEXT PRIMARY KEY, department TEXT NOT NULL)")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def observe(self, now: float, held: Mapping[str, tuple[str, str, str, float]]) -> None:
+        """The allocations now: workload id -> (name, project, user, GPUs held). Intervals of
+        workloads whose GPUs changed (or that hold none now) close at ``now``; new ones open."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                open_ = {r[0]: r[1] for r in self._db.execute(
+                    "SELECT workload_id, gpus FROM gpu_allocations WHERE end_time IS NULL")}
+                for wid, gpus in open_.items():
+                    now_gpus = held[wid][3] if wid in held else 0.0
+                    if abs(now_gpus - gpus) > 1e-12:
+                        self._db.execute("UPDATE gpu_allocations SET end_time=? WHERE "
+                                         "workload_id=? AND end_time IS NULL", (now, wid))
+                for wid, (name, project, user, gpus) in held.items():
+                    if gpus > 0 and abs(open_.get(wid, 0.0) - gpus) > 1e-12:
+                        self._db.execute(
+                            "INSERT INTO gpu_allocations (workload_id, workload, project, user,"
+                            " gpus, start_time) VALUES (?, ?, ?, ?, ?, ?)",
+                            (wid, name, project, user, gpus, now))
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def add_usage(self, rows: list[tuple[str, str, str, str, float, float, float]]) -> None:
+        """Measured use: (workload id, name, project, user, GPUs used, start, end) samples."""
+        with self._lock:
+            self._db.executemany(
+                "INSERT INTO gpu_usage (workload_id, workload, project, user, gpus_used,"
+                " start_time, end_time) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def report(self, since: float, until: float, by: str, now: float | None = None,
+               projects: frozenset[str] | None = None) -> list[dict[str, Any]]:
+        """GPU-hours allocated and used per ``by`` key over [since, until), counting only
+        ``projects`` when given (what the caller may read)."""
+        now = time.time() if now is None else now
+        key = BY[by]
+        only = ""
+        if projects is not None:
+            only = " AND a.project IN (SELECT value FROM json_each(:projects))"
+        names = json.dumps(sorted(projects or ()))
+        with self._lock:
+            allocated = self._db.execute(
+                f"SELECT {key}, SUM(a.gpus * (MIN(COALESCE(a.end_time, :now), :to)"
+                "  - MAX(a.start_time, :from))) / 3600.0, MIN(a.project), MIN(a.workload)"
+                " FROM gpu_allocations a LEFT JOIN project_departments d ON d.project=a.project"
+                " WHERE a.start_time < :to AND COALESCE(a.end_time, :now) > :from"
+                f" AND a.start_time < :now{only} GROUP BY {key}",
+                {"now": now, "to": until, "from": since, "projects": names}).fetchall()
+            used = dict(self._db.execute(
+                f"SELECT {key}, SUM(a.gpus_used * (MIN(a.end_time, :to)"
+                "  - MAX(a.start_time, :from))) / 3600.0"
+                " FROM gpu_usage a LEFT JOIN project_departments d ON d.project=a.project"
+                f" WHERE a.start_time < :to AND a.end_time > :from{only} GROUP BY {key}",
+                {"to": until, "from": since, "projects": names}).fetchall())
+        rows = []
+        for k, hours, project, workload in allocated:
+            row: dict[str, Any] = {by: k, "gpu_hours_allocated": round(max(hours, 0.0), 6),
+                                   "gpu_hours_used": None if k not in used
+                                   else round(max(used[k], 0.0), 6)}
+            if by == "workload":
+                row.update({"name": workload, "project": project})
+            rows.append(row)
+        for k, hours in used.items():
+            if not any(r[by] == k for r in rows):
+                rows.append({by: k, "gpu_hours_allocated": 0.0, "gpu_hours_used": round(hours, 6)})
+        rows.sort(key=lambda r: (-r["gpu_hours_allocated"], str(r[by])))
+        return rows
+
+    def totals(self, now: float | None = None) -> list[tuple[str, str, float]]:
+        """(project, department, GPU-hours allocated since the ledger began): Prometheus."""
+        now = time.time() if now is None else now
+        with self._lock:
+            return [(r[0], r[1], r[2]) for r in self._db.execute(
+                "SELECT a.project, COALESCE(d.department, ''), SUM(a.gpus * "
+                "(COALESCE(a.end_time, :now) - a.start_time)) / 3600.0 FROM gpu_allocations a"
+                " LEFT JOIN project_departments d ON d.project=a.project GROUP BY a.project",
+                {"now": now})]
