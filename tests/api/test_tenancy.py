@@ -91,6 +91,10 @@ def test_researcher_of_team_a_cannot_see_submit_to_or_delete_in_team_b(
     tenants = [w for n in doc["nodes"] for g in n["gpus"] for w in g["workloads"]]
     assert all(w["project"] in ("team-a", "") for w in tenants)
     assert "b-job" not in str(tenants)
+    overview = alice.get("/api/v1/overview").json()
+    assert [p["name"] for p in overview["projects"]] == ["team-a"]
+    history = alice.get("/api/v1/metrics/history").json()
+    assert "team-b" not in str(history) and "b-job" not in str(history)
     with server.http() as admin:
         admin.delete(f"/api/v1/workloads/trainings/{b_job}")
 
@@ -287,3 +291,20 @@ def test_cli_users_rules_login_and_departments(server: EmbeddedServer) -> None:
     assert proc.returncode == 1 and "no project" in proc.stderr
     audit = server.cli("audit").stdout
     assert "access-rules:create" in audit or "/api/v1/authorization/access-rules" in audit
+
+
+def test_expired_token_is_refused(tmp_path_factory: pytest.TempPathFactory,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setenv("TESSERA_TOKEN_TTL_SECONDS", "1")
+    s = EmbeddedServer(tmp_path_factory.mktemp("ttl"))
+    s.start()
+    try:
+        with s.http() as admin:
+            assert admin.get("/api/v1/me").status_code == 200
+            time.sleep(1.5)
+            r = admin.get("/api/v1/me")
+            assert r.status_code == 401 and "expired" in r.json()["message"]
+    finally:
+        s.cleanup()

@@ -419,6 +419,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
 
     ledger = Ledger(backend.data_dir / "tessera.db")
     mount_reports(api, tenancy, ledger, lambda: [p["name"] for p in backend.projects()])
-    mount_console(app, api, backend, [AccountingCollector(ledger)])
+    mount_console(app, api, backend, [AccountingCollector(ledger)],
+                  lambda request: seen(request, "workloads:read"))
     app.include_router(api)
     return app

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -27,12 +27,15 @@ from tessera.api.history import History
 from tessera.api.prometheus import api_registry
 from tessera.api.prometheus_history import PrometheusHistory
 from tessera.api.telemetry import SnapshotCache
+from tessera.api.tenancy.visibility import redact_history, redact_overview
 
 STATIC = Path(__file__).parent / "static"
 
 
 def mount_console(app: FastAPI, api: APIRouter, backend: Backend,
-                  collectors: Sequence[Collector] = ()) -> History:
+                  collectors: Sequence[Collector] = (),
+                  visible: Callable[[Request], frozenset[str] | None] = lambda _: None,
+                  ) -> History:
     """Adds the console, ``/metrics`` and the console's API routes (``api``: the authorized
     ``/api/v1`` router, before it is included), and starts the history's sampler (a daemon
     thread)."""
@@ -56,13 +59,14 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend,
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/overview", tags=["console"])
-    def overview() -> dict[str, Any]:
+    def overview(request: Request) -> dict[str, Any]:
         """GPUs allocated, free and loaned; workloads by phase; each project against its fair
-        share (``state``: over, at or under)."""
-        return snapshots.get().overview()
+        share (``state``: over, at or under): the projects the caller may read."""
+        return redact_overview(snapshots.get().overview(), visible(request))
 
     @api.get("/metrics/history", tags=["console"])
     def metrics_history(
+        request: Request,
         minutes: Annotated[float, Query(gt=0, le=24 * 60)] = 60,
     ) -> dict[str, Any]:
         """Samples the server kept (every ``interval`` seconds) over the last ``minutes``, one
@@ -71,6 +75,6 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend,
         the node agents; ``null`` where no agent reported); under ``memoryUsed``, GPU memory
         used per project (bytes). With ``TESSERA_PROMETHEUS_URL`` set, the same series come
         from that Prometheus (``source: prometheus``; docs/console.md)."""
-        return source.document(time.time() - minutes * 60)
+        return redact_history(source.document(time.time() - minutes * 60), visible(request))
 
     return history
