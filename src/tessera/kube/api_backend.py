@@ -56,6 +56,7 @@ from tessera.kube.node_cache import CachedNode, NodeCache
 from tessera.kube.objects import PodGroupResource, node_info
 from tessera.kube.podspec import pod_request_from_dict
 from tessera.kube.prometheus_usage import PrometheusUsage
+from tessera.kube.tenancy_sync import TenancySync, allocations_of
 from tessera.kube.upstream import explain
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,9 @@ class KubeBackend(TokenAuth):
         Prometheus that scrapes them (TESSERA_PROMETHEUS_URL)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.tenancy = TenancySync(client, data_dir, self.project_objects.docs, lambda:
+                                   allocations_of(self.workloads, lambda: self._nodes(True)))
+        """Access rules as RoleBindings; GPU accounting (tessera.kube.tenancy_sync)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -106,11 +110,13 @@ class KubeBackend(TokenAuth):
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.auth_store.close()
+        self.tenancy.close()
 
     def _loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
             try:
                 self.reconcile()
+                self.tenancy.step()
             except Exception as exc:
                 log.warning("reconcile failed: %r", exc)
 
