@@ -308,3 +308,22 @@ def test_expired_token_is_refused(tmp_path_factory: pytest.TempPathFactory,
             assert r.status_code == 401 and "expired" in r.json()["message"]
     finally:
         s.cleanup()
+
+
+def test_allowed_hosts_and_metrics_token(tmp_path_factory: pytest.TempPathFactory,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESSERA_ALLOWED_HOSTS", "127.0.0.1,tessera.example.com")
+    monkeypatch.setenv("TESSERA_METRICS_REQUIRE_TOKEN", "true")
+    s = EmbeddedServer(tmp_path_factory.mktemp("hosts"))
+    s.start()
+    try:
+        r = httpx.get(f"{s.url}/api/v1/me", headers={"Host": "evil.example.org"})
+        assert r.status_code == 400 and "answers only for" in r.json()["message"]
+        assert httpx.get(f"{s.url}/healthz", headers={"Host": "10.1.2.3"}).status_code == 200
+        assert httpx.get(f"{s.url}/metrics").status_code == 401
+        with s.http() as admin:
+            assert admin.get("/metrics").status_code == 200
+            assert admin.get("/api/v1/me", headers={"Host": "tessera.example.com"}
+                             ).status_code == 200
+    finally:
+        s.cleanup()

@@ -42,6 +42,7 @@ from tessera.api.storage import storage_error
 from tessera.api.tenancy.audit import AuditTrail, mount_audit
 from tessera.api.tenancy.departments import LOCK as DEPARTMENT_LOCK
 from tessera.api.tenancy.departments import check_project_fits, mount_departments, with_department
+from tessera.api.tenancy.exposure import Exposure
 from tessera.api.tenancy.guard import ApiRefusal, make_guard, principal_of
 from tessera.api.tenancy.ledger import Ledger
 from tessera.api.tenancy.reports import AccountingCollector, mount_reports
@@ -139,6 +140,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
     tenancy.ensure_admin_rule()
     authz = tenancy.authz
     app.add_middleware(AuditTrail, store=tenancy.store)
+    app.add_middleware(Exposure, resolve=tenancy.resolve)
     guard = make_guard(authz, tenancy.resolve, backend)
 
     @app.exception_handler(ApiError)
