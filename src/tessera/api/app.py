@@ -45,6 +45,7 @@ from tessera.api.tenancy.departments import check_project_fits, mount_department
 from tessera.api.tenancy.exposure import Exposure
 from tessera.api.tenancy.guard import ApiRefusal, make_guard, principal_of
 from tessera.api.tenancy.ledger import Ledger
+from tessera.api.tenancy.oidc_routes import mount_oidc
 from tessera.api.tenancy.reports import AccountingCollector, mount_reports
 from tessera.api.tenancy.routes import mount_auth
 from tessera.api.tenancy.service import Tenancy
@@ -208,6 +209,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
 
     api = APIRouter(prefix="/api/v1", dependencies=[Depends(guard)])
     mount_auth(app, api, tenancy, backend)
+    mount_oidc(app, tenancy)
     mount_departments(api, tenancy, backend)
     mount_audit(api, tenancy.store)
 

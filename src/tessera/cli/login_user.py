@@ -1,4 +1,4 @@
-"""``tessera login --user NAME [--password-stdin]`` and ``tessera login --sso``: a user's token
+"""``tessera login --user NAME [--password-stdin]``: a user's token
 saved in the CLI's config file (``TESSERA_CONFIG``) like an application's."""
 
 from __future__ import annotations
@@ -34,6 +34,3 @@ def login_password(target: str, user: str | None, password_stdin: bool,
         return
     typer.echo(f"logged in to {target} as {user}")
 
-
-def login_sso(target: str, config: dict[str, Any]) -> None:
-    raise CliError("--sso: single sign-on is not configured on this server (docs/tenancy.md)")

@@ -214,9 +214,9 @@ def login(
         login_password(target, user, password_stdin, config)
         return
     if sso:
-        from tessera.cli.login_user import login_sso
+        from tessera.cli.login_sso import login_sso
 
-        login_sso(target, config)
+        login_sso(target, config, open_browser=os.environ.get("TESSERA_NO_BROWSER") != "1")
         return
     if client_id is None or client_secret is None:
         creds = local_credentials(directory)

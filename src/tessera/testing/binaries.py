@@ -35,6 +35,11 @@ KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+DEX_VERSION = "v0.0.0-20260806151424-ab64ed778070"
+"""Dex (the OIDC provider of the single sign-on tests): its newest commit on the module proxy
+(its tags are v2.x "+incompatible" from before modules). Its go.mod replaces its own api/v2
+module locally, so it is built from a throw-away module with that pinned to the published
+version its go.mod requires."""
 
 LDFLAGS_STRIP = "-s -w"
 
@@ -253,6 +258,18 @@ def _build_etcd(binary: Binary, out: Path) -> None:
     )
 
 
+def _build_dex(binary: Binary, out: Path) -> None:
+    module = "github.com/dexidp/dex"
+    go_mod = _download_go_mod(module, binary.version, log=binary.log_path)
+    required = dict(re.findall(r"^\s*(github\.com/dexidp/dex/\S+)\s+(v\S+)", go_mod, re.M))
+    replaces = {mod: required[mod] for mod in local_replaces(go_mod) if mod in required}
+    text = throwaway_go_mod(require=module, version=binary.version,
+                            go_version=go_directive(go_mod), replaces=replaces)
+    workdir = _write_module(cache_dir() / "build" / f"dex-{binary.version}", text)
+    _run([_go(), "build", f"-ldflags={LDFLAGS_STRIP}", "-o", str(out), f"{module}/cmd/dex"],
+         cwd=workdir, log=binary.log_path, env=_go_env(module_mode=True))
+
+
 def _go_install(package: str) -> Callable[[Binary, Path], None]:
     def build(binary: Binary, out: Path) -> None:
         gobin = out.parent / f".gobin-{binary.name}"
@@ -282,6 +299,8 @@ BINARIES: dict[str, Binary] = {
         Binary("kube-scheduler", KUBERNETES_VERSION, _build_kubernetes_command("kube-scheduler")),
         Binary("kwok", KWOK_VERSION, _go_install("sigs.k8s.io/kwok/cmd/kwok")),
         Binary("helm", HELM_VERSION, _go_install("helm.sh/helm/v3/cmd/helm")),
+        # Only for the single sign-on tests (a real OIDC provider).
+        Binary("dex", DEX_VERSION, _build_dex),
     ]
 }
 CLUSTER_BINARIES = ("etcd", "kube-apiserver", "kubectl", "kwok")
@@ -323,7 +342,7 @@ def kwok_stages_file() -> Path:
 # Rough cold build times on a 2-core machine (module downloads included); the estimate shown is
 # the last recorded build time of that binary on this machine when there is one.
 TYPICAL_SECONDS = {"etcd": 120, "kube-apiserver": 300, "kubectl": 60, "kwok": 120, "helm": 120,
-                   "kube-scheduler": 240}
+                   "kube-scheduler": 240, "dex": 300}
 
 
 def _holder_path() -> Path:

@@ -85,7 +85,7 @@ class Tenancy:
         if row is None:
             return None
         kind, name, groups, restricted, _ = row
-        if kind == "user" and self.store.user(name) is None:
+        if kind in ("user", "sso") and self.store.user(name) is None:
             return None  # a deleted user's token (deleted with it; this is the second lock)
         return Principal(kind, name, tuple(json.loads(groups)), restricted)
 

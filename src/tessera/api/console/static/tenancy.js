@@ -59,6 +59,9 @@
       err);
     put(main, form);
     user.focus();
+    api("/api/v1/auth/oidc", { login: true }).then((o) => {
+      if (o && o.enabled) form.insertBefore(h("div", { class: "row" }, h("a", { class: "btn", id: "sso-login", href: "/api/v1/auth/oidc/login" }, "Sign in with single sign-on")), form.children[1]);
+    }).catch(() => {});
   };
 
   function changePassword(name, current) {

@@ -1,0 +1,81 @@
+"""Dex, a real OIDC provider, for the single sign-on tests: built from the Go module proxy by
+``tessera.testing.binaries`` (pinned), started on a free loopback port with an in-memory store,
+one static client (tessera) and Dex's ``mockCallback`` connector, which signs in the fixed user
+``kilgore@kilgore.trout`` in groups ``authors`` without a form (so a test can follow the
+redirects), with the approval screen skipped."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from tessera.testing import binaries
+from tessera.testing.embedded import free_port
+
+USER = "kilgore@kilgore.trout"
+GROUP = "authors"
+CLIENT_ID = "tessera"
+CLIENT_SECRET = "tessera-test-secret"
+
+
+class Dex:
+    def __init__(self, root: Path, redirect_uris: list[str]) -> None:
+        self.root = root
+        self.port = free_port()
+        self.issuer = f"http://127.0.0.1:{self.port}/dex"
+        self.redirect_uris = redirect_uris
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def config(self) -> str:
+        uris = "\n".join(f"      - {u}" for u in [*self.redirect_uris, "/device/callback"])
+        return f"""issuer: {self.issuer}
+storage:
+  type: memory
+web:
+  http: 127.0.0.1:{self.port}
+oauth2:
+  skipApprovalScreen: true
+staticClients:
+  - id: {CLIENT_ID}
+    name: tessera
+    secret: {CLIENT_SECRET}
+    redirectURIs:
+{uris}
+connectors:
+  - type: mockCallback
+    id: mock
+    name: Example
+enablePasswordDB: false
+"""
+
+    def start(self) -> Dex:
+        dex = binaries.ensure(["dex"])["dex"]
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "dex.yaml").write_text(self.config())
+        log = open(self.root / "dex.log", "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen([str(dex), "serve", str(self.root / "dex.yaml")],
+                                     stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dex exited: {(self.root / 'dex.log').read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.issuer}/.well-known/openid-configuration",
+                             timeout=0.5).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError("dex did not answer in 30 s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -1,0 +1,96 @@
+"""Single sign-on against a real OIDC provider (Dex, built from the Go module proxy): the console's
+authorization code flow with PKCE (followed over HTTP, as a browser would) and the CLI's device
+flow (``tessera login --sso``) both give a token naming the provider's user and its groups, and
+the group's access rule is what that user may do."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tessera.testing.dex import CLIENT_ID, CLIENT_SECRET, GROUP, USER, Dex
+from tessera.testing.embedded import EmbeddedServer, free_port
+
+
+@pytest.fixture(scope="module")
+def sso(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedServer, Dex]]:
+    root = tmp_path_factory.mktemp("sso")
+    port = free_port()
+    dex = Dex(root / "dex", [f"http://127.0.0.1:{port}/api/v1/auth/oidc/callback"]).start()
+    saved = dict(os.environ)
+    os.environ.update({"TESSERA_OIDC_ISSUER": dex.issuer, "TESSERA_OIDC_CLIENT_ID": CLIENT_ID,
+                       "TESSERA_OIDC_CLIENT_SECRET": CLIENT_SECRET})
+    s = EmbeddedServer(root / "tessera", port=port)
+    try:
+        s.start()
+        with s.http() as admin:
+            for p in ("writers", "others"):
+                admin.post("/api/v1/org-unit/projects", json={"name": p})
+            r = admin.post("/api/v1/authorization/access-rules", json={
+                "subjectType": "group", "subjectId": GROUP, "roleName": "researcher",
+                "scopeType": "project", "scopeId": "writers"})
+            assert r.status_code == 201, r.text
+        yield s, dex
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        s.cleanup()
+        dex.stop()
+
+
+def _check_identity(server: EmbeddedServer, token: str) -> None:
+    with httpx.Client(base_url=server.url, timeout=30,
+                      headers={"Authorization": f"Bearer {token}"}) as c:
+        me = c.get("/api/v1/me").json()
+        assert me["kind"] == "sso" and me["name"] == USER and me["groups"] == [GROUP]
+        projects = [p["name"] for p in c.get("/api/v1/org-unit/projects").json()["projects"]]
+        assert projects == ["writers"]
+        assert c.get("/api/v1/org-unit/projects/others").status_code == 404
+
+
+def test_console_code_flow_with_pkce_gives_the_groups_rules(
+        sso: tuple[EmbeddedServer, Dex]) -> None:
+    server, dex = sso
+    assert httpx.get(f"{server.url}/api/v1/auth/oidc").json() == {"enabled": True,
+                                                                  "issuer": dex.issuer}
+    r = httpx.get(f"{server.url}/api/v1/auth/oidc/login")
+    assert r.status_code == 302
+    location = r.headers["location"]
+    assert location.startswith(dex.issuer) and "code_challenge_method=S256" in location
+    final = httpx.get(location, follow_redirects=True, timeout=30)
+    fragment = final.url.fragment
+    m = re.fullmatch(r"/sso/([A-Za-z0-9_-]+)", fragment)
+    assert m, (final.url, final.text[:500])
+    _check_identity(server, m.group(1))
+    # a replayed callback (same code and state) is refused
+    back = [h for h in final.history if "/api/v1/auth/oidc/callback" in str(h.url)]
+    again = httpx.get(str(back[0].url))
+    assert again.status_code == 401
+
+
+def test_cli_device_flow(sso: tuple[EmbeddedServer, Dex], tmp_path: Path) -> None:
+    server, dex = sso
+    env = {**server.env, "TESSERA_CONFIG": str(tmp_path / "cli.json"), "TESSERA_NO_BROWSER": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "tessera.cli.main", "login", "--sso"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    m = re.search(r"open (\S+) and enter the code (\S+)", line)
+    assert m, line
+    # the user approves at the provider (what a browser does on the verification page)
+    r = httpx.post(f"{dex.issuer}/device/auth/verify_code", data={"user_code": m.group(2)},
+                   follow_redirects=True, timeout=30)
+    assert r.status_code == 200, r.text[:500]
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"as {USER} (groups: {GROUP})" in out
+    token = json.loads((tmp_path / "cli.json").read_text())["token"]
+    _check_identity(server, token)
