@@ -60,13 +60,23 @@ def mount_oidc(app: FastAPI, tenancy: Tenancy) -> None:
         """Back from the provider: the code is exchanged (with the PKCE verifier), the ID token
         checked, and the browser sent to the console with a tessera token in the fragment."""
         o = need()
+        source = request.client.host if request.client else "?"
+
+        def audit(subject: str, status: int, result: str) -> None:
+            # a GET, which the audit middleware does not record: a sign-in is recorded here
+            tenancy.store.append_audit(subject, source, "GET", "/api/v1/auth/oidc/callback",
+                                       "sign-in", status, result)
+
         if error or not code:
+            audit("anonymous", 401, f"single sign-on failed: {error or 'no code'}")
             raise ApiRefusal(401, f"single sign-on failed: {error or 'no code'}")
         try:
             who = o.finish_code(code, state)
         except OidcError as exc:
+            audit("anonymous", 401, f"single sign-on failed: {exc}")
             raise ApiRefusal(401, f"single sign-on failed: {exc}") from None
         token, _ = sign_in(who, request)
+        audit(f"sso:{who.username}", 302, "ok")
         return RedirectResponse(f"/#/sso/{token}", status_code=302)
 
     @app.post("/api/v1/auth/oidc/device", tags=["auth"])
