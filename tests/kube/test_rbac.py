@@ -86,9 +86,10 @@ def test_every_rule_a_component_needs_is_granted(
             for group in rule.get("apiGroups", [""]):
                 for resource in rule["resources"]:
                     for verb in rule["verbs"]:
-                        assert allowed(admin, account, verb, resource, where, group), \
-                            (account, verb, group, resource, where)
-                        checked += 1
+                        for name in rule.get("resourceNames") or [None]:
+                            assert allowed(admin, account, verb, resource, where, group,
+                                           name), (account, verb, group, resource, where, name)
+                            checked += 1
     assert checked > 60
 
 
@@ -105,7 +106,10 @@ FORBIDDEN = [
     *[(a, v, r, ns, "rbac.authorization.k8s.io") for a in ACCOUNTS
       for v, r in (("create", "rolebindings"), ("create", "clusterrolebindings"),
                    ("escalate", "roles"), ("bind", "clusterroles"))
-      for ns in (NS, USER_NS)],
+      for ns in (NS, USER_NS)
+      # the API writes access rules' RoleBindings (confined to project namespaces by its
+      # admission policy, and able to bind only admin, edit and view: tested below)
+      if not (a == "tessera-api" and r == "rolebindings")],
     *[(a, "create", "serviceaccounts/token", NS, "") for a in ACCOUNTS],
     *[(a, "update", "validatingadmissionpolicies", None, "admissionregistration.k8s.io")
       for a in ACCOUNTS],
@@ -292,3 +296,33 @@ def test_api_rbac_file_carries_the_same_policy() -> None:
     chart = {(d["kind"], d["metadata"]["name"]): d for d in local.helm_template()}
     policy = chart[("ValidatingAdmissionPolicy", "tessera-api-project-namespaces")]
     assert declared["ValidatingAdmissionPolicy"]["spec"] == policy["spec"]
+
+
+def test_api_binds_only_admin_edit_view_and_only_in_project_namespaces(
+        kube_cluster: TestCluster, chart_rbac: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Access rules become RoleBindings (docs/tenancy.md): the API may bind the ClusterRoles
+    admin, edit and view, never cluster-admin, and write RoleBindings only in namespaces of
+    tessera projects (its admission policy), tried with its own token."""
+    admin = kube_cluster.client()
+    group = "rbac.authorization.k8s.io"
+    for role in ("admin", "edit", "view"):
+        assert allowed(admin, "tessera-api", "bind", "clusterroles", None, group, role)
+    assert not allowed(admin, "tessera-api", "bind", "clusterroles", None, group, "cluster-admin")
+    assert not allowed(admin, "tessera-api", "create", "clusterrolebindings", None, group)
+    api = kube_cluster.client(kube_cluster.service_account_kubeconfig(NS, "tessera-api",
+                                                                      create=False))
+
+    def binding(role: str) -> Any:
+        return codecs.from_dict({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": f"rbac-probe-{role}"},
+            "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": group, "kind": "User", "name": "someone"}]})
+
+    code, _ = _status(lambda: api.create(binding("edit"), namespace=USER_NS, dry_run=True))
+    assert code == 200
+    code, msg = _status(lambda: api.create(binding("edit"), namespace=OTHER_NS, dry_run=True))
+    assert code in (403, 422) and "tessera-api acts only" in msg
+    code, _ = _status(lambda: api.create(binding("cluster-admin"), namespace=USER_NS,
+                                         dry_run=True))
+    assert code == 403
