@@ -36,10 +36,11 @@ ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
 DEX_VERSION = "v0.0.0-20260806151424-ab64ed778070"
+DEX_API_VERSION = "v2.4.1-0.20260806151424-ab64ed778070"
 """Dex (the OIDC provider of the single sign-on tests): its newest commit on the module proxy
 (its tags are v2.x "+incompatible" from before modules). Its go.mod replaces its own api/v2
-module locally, so it is built from a throw-away module with that pinned to the published
-version its go.mod requires."""
+module with the directory beside it, so it is built from a throw-away module with api/v2
+pinned to the same commit (the published v2.4.0 lacks what this commit uses)."""
 
 LDFLAGS_STRIP = "-s -w"
 
@@ -261,8 +262,8 @@ def _build_etcd(binary: Binary, out: Path) -> None:
 def _build_dex(binary: Binary, out: Path) -> None:
     module = "github.com/dexidp/dex"
     go_mod = _download_go_mod(module, binary.version, log=binary.log_path)
-    required = dict(re.findall(r"^\s*(github\.com/dexidp/dex/\S+)\s+(v\S+)", go_mod, re.M))
-    replaces = {mod: required[mod] for mod in local_replaces(go_mod) if mod in required}
+    replaces = {mod: DEX_API_VERSION for mod in local_replaces(go_mod)
+                if mod == "github.com/dexidp/dex/api/v2"}
     text = throwaway_go_mod(require=module, version=binary.version,
                             go_version=go_directive(go_mod), replaces=replaces)
     workdir = _write_module(cache_dir() / "build" / f"dex-{binary.version}", text)
