@@ -31,7 +31,7 @@ class Dex:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def config(self) -> str:
-        uris = "\n".join(f"      - {u}" for u in [*self.redirect_uris, "/device/callback"])
+        uris = "\n".join(f"      - {u}" for u in [*self.redirect_uris, "/dex/device/callback"])
         return f"""issuer: {self.issuer}
 storage:
   type: memory
