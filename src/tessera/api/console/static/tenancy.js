@@ -106,7 +106,11 @@
 
   pages.access = async function access() {
     const me = await api("/api/v1/me");
-    const rules = (await api("/api/v1/authorization/access-rules")).accessRules;
+    let rules = [];
+    try { rules = (await api("/api/v1/authorization/access-rules")).accessRules; } catch (e) {
+      if (e.status !== 403) throw e;  /* a viewer or researcher: only its own rules (/me) */
+      rules = me.accessRules;
+    }
     const err = h("p", { class: "err", id: "rule-error" });
     const stype = h("select", { id: "r-subject-type" }, ["user", "group", "app"].map((x) => h("option", {}, x)));
     const subject = h("input", { id: "r-subject" });
