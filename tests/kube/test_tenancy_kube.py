@@ -6,6 +6,7 @@ embedded mode; the API server runs as its ServiceAccount with deploy/api-rbac.ya
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from lightkube.resources.rbac_authorization_v1 import RoleBinding
 from tessera.api.tenancy.store import Rule
 from tessera.kube import names
 from tessera.kube.tenancy_sync import MANAGED, desired_bindings
-from tessera.testing.cluster import TestCluster
+from tessera.testing.cluster import TestCluster, start_scheduler
 from tessera.testing.kube_api import KubeApiServer
 from tests.waiting import wait_until
 
@@ -44,6 +45,9 @@ def test_desired_bindings_cover_scopes_and_skip_apps() -> None:
 @pytest.fixture(scope="module")
 def server(kube_cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[KubeApiServer]:
+    before = list(kube_cluster.processes)
+    assert start_scheduler(kube_cluster) is not None  # also applies the CRDs
+    started = [p for p in kube_cluster.processes if p not in before]
     kube_cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "api-rbac.yaml"))
     kubeconfig = kube_cluster.service_account_kubeconfig(names.SYSTEM_NAMESPACE, "tessera-api")
     s = KubeApiServer(tmp_path_factory.mktemp("kube-tenancy"), kubeconfig)
@@ -52,6 +56,9 @@ def server(kube_cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory
         yield s
     finally:
         s.cleanup()
+        for p in reversed(started):  # the scheduler holds the leader Lease otherwise
+            p.stop()
+            kube_cluster.processes.remove(p)
 
 
 def _can(cluster: TestCluster, verb: str, ns: str, *who: str) -> bool:
@@ -101,3 +108,33 @@ def test_rules_become_rolebindings_that_kubernetes_enforces(
     wait_until("alice's binding is gone", lambda: not list(
         client.list(RoleBinding, namespace="ten-a", labels=MANAGED)), timeout=30)
     assert not _can(kube_cluster, "create", "ten-a", "--as", "alice")
+
+
+def test_gpu_hours_of_a_half_gpu_workload_on_kubernetes(server: KubeApiServer) -> None:
+    """The API server observes allocations each reconcile: a 0.5 GPU workload that runs and is
+    suspended is charged 0.5 x its running time, within the reconcile interval."""
+    with server.http() as admin:
+        assert admin.post("/api/v1/org-unit/projects", json={
+            "name": "ten-acct", "resources": {"gpu": {"deserved": 1}}}).status_code == 201
+        r = admin.post("/api/v1/workloads/trainings", json={
+            "name": "half", "projectId": "ten-acct", "spec": {
+                "command": "sleep", "args": "600",
+                "compute": {"gpuRequestType": "portion", "gpuPortionRequest": 0.5}}})
+        assert r.status_code == 202, r.text
+        wid = r.json()["workloadId"]
+        server.wait_phase(admin, "trainings", wid, "Running", timeout=60)
+        t_run = time.time()
+        time.sleep(4.0)
+        assert admin.post(f"/api/v1/workloads/trainings/{wid}/suspend").status_code == 202
+        t_stop = time.time()
+        wait_until("suspended", lambda: admin.get(f"/api/v1/workloads/trainings/{wid}").json()
+                   ["gpus"]["allocated"] == 0, timeout=60)
+        time.sleep(1.0)
+        span = {"from": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_run - 3600)),
+                "to": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60)),
+                "by": "workload"}
+        rows = admin.get("/api/v1/reports/usage", params=span).json()["rows"]
+    [row] = [r for r in rows if r["workload"] == wid]
+    seconds = row["gpu_hours_allocated"] * 3600 / 0.5
+    assert (t_stop - t_run) - 1.5 < seconds < (t_stop - t_run) + 3.0, (seconds, t_stop - t_run)
+    assert row["project"] == "ten-acct"
