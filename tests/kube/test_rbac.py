@@ -300,14 +300,15 @@ def test_api_rbac_file_carries_the_same_policy() -> None:
 
 def test_api_binds_only_admin_edit_view_and_only_in_project_namespaces(
         kube_cluster: TestCluster, chart_rbac: dict[tuple[str, str], dict[str, Any]]) -> None:
-    """Access rules become RoleBindings (docs/tenancy.md): the API may bind the ClusterRoles
-    admin, edit and view, never cluster-admin, and write RoleBindings only in namespaces of
+    """Access rules become RoleBindings (docs/tenancy.md): the API may bind tessera's three
+    ClusterRoles, never cluster-admin or admin, and write RoleBindings only in namespaces of
     tessera projects (its admission policy), tried with its own token."""
     admin = kube_cluster.client()
     group = "rbac.authorization.k8s.io"
-    for role in ("admin", "edit", "view"):
+    for role in ("tessera-viewer", "tessera-researcher", "tessera-project-admin"):
         assert allowed(admin, "tessera-api", "bind", "clusterroles", None, group, role)
-    assert not allowed(admin, "tessera-api", "bind", "clusterroles", None, group, "cluster-admin")
+    for role in ("cluster-admin", "admin", "edit"):
+        assert not allowed(admin, "tessera-api", "bind", "clusterroles", None, group, role)
     assert not allowed(admin, "tessera-api", "create", "clusterrolebindings", None, group)
     api = kube_cluster.client(kube_cluster.service_account_kubeconfig(NS, "tessera-api",
                                                                       create=False))
@@ -319,9 +320,11 @@ def test_api_binds_only_admin_edit_view_and_only_in_project_namespaces(
             "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": role},
             "subjects": [{"apiGroup": group, "kind": "User", "name": "someone"}]})
 
-    code, _ = _status(lambda: api.create(binding("edit"), namespace=USER_NS, dry_run=True))
-    assert code == 200
-    code, msg = _status(lambda: api.create(binding("edit"), namespace=OTHER_NS, dry_run=True))
+    code, msg = _status(lambda: api.create(binding("tessera-researcher"), namespace=USER_NS,
+                                           dry_run=True))
+    assert code == 200, msg
+    code, msg = _status(lambda: api.create(binding("tessera-researcher"), namespace=OTHER_NS,
+                                           dry_run=True))
     assert code in (403, 422) and "tessera-api acts only" in msg
     code, _ = _status(lambda: api.create(binding("cluster-admin"), namespace=USER_NS,
                                          dry_run=True))

@@ -37,9 +37,11 @@ def test_desired_bindings_cover_scopes_and_skip_apps() -> None:
     want = desired_bindings(rules, {"a": "ns-a", "b": "ns-b", "c": "ns-c"}, {"b": "d"},
                             user_prefix="oidc:")
     got = sorted((b.namespace, b.role, b.kind, b.subject) for b in want.values())
-    assert got == [("ns-a", "admin", "User", "oidc:root"), ("ns-a", "edit", "User", "oidc:alice"),
-                   ("ns-b", "admin", "User", "oidc:root"), ("ns-b", "view", "Group", "ml"),
-                   ("ns-c", "admin", "User", "oidc:root")]
+    assert got == [("ns-a", "tessera-project-admin", "User", "oidc:root"),
+                   ("ns-a", "tessera-researcher", "User", "oidc:alice"),
+                   ("ns-b", "tessera-project-admin", "User", "oidc:root"),
+                   ("ns-b", "tessera-viewer", "Group", "ml"),
+                   ("ns-c", "tessera-project-admin", "User", "oidc:root")]
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
 """Tenancy on Kubernetes, reconciled by the API server's loop (every few seconds):
 
 - **Access rules become RoleBindings** in the project namespaces, so ``kubectl`` access and
-  tessera's agree: researcher -> the built-in ClusterRole ``edit``, viewer -> ``view``,
-  department-admin and admin -> ``admin`` (the namespace admin role, never cluster-admin), in
+  tessera's agree: researcher -> the ClusterRole ``tessera-researcher`` (workloads: pods, Jobs,
+  PodGroups, exec and logs), viewer -> ``tessera-viewer`` (read), department-admin and admin ->
+  ``tessera-project-admin`` (also Secrets, ServiceAccounts, reading RoleBindings; never
+  cluster-wide; the roles ship in deploy/api-rbac.yaml and the chart), in
   the namespaces of the projects the rule's scope covers (a project, a department's projects,
   or every project for the cluster scope). Subjects: a user is an RBAC ``User`` named
   ``TESSERA_KUBE_USER_PREFIX`` + its name, a group a ``Group`` (``TESSERA_KUBE_GROUP_PREFIX``
@@ -37,8 +39,8 @@ log = logging.getLogger(__name__)
 
 MANAGED = {"app.kubernetes.io/managed-by": "tessera-api"}
 RULE_LABEL = "tessera.io/access-rule"
-CLUSTER_ROLE = {"researcher": "edit", "viewer": "view", "department-admin": "admin",
-                "admin": "admin"}
+CLUSTER_ROLE = {"researcher": "tessera-researcher", "viewer": "tessera-viewer",
+                "department-admin": "tessera-project-admin", "admin": "tessera-project-admin"}
 
 
 @dataclass(frozen=True)
