@@ -28,7 +28,7 @@ ROUTES = [
 
 
 @given(route=st.sampled_from(ROUTES), data=st.data())
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 def test_tenancy_bodies_never_crash(server: EmbeddedServer, route: Any, data: Any) -> None:
     method, path, fields = route
     body = {f: data.draw(VALUE, label=f) for f in data.draw(
@@ -43,7 +43,7 @@ def test_tenancy_bodies_never_crash(server: EmbeddedServer, route: Any, data: An
 
 
 @given(start=TEXT, end=TEXT, by=TEXT, rid=TEXT)
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 def test_tenancy_queries_never_crash(server: EmbeddedServer, start: str, end: str, by: str,
                                      rid: str) -> None:
     name = urllib.parse.quote(rid, safe="") or "x"
