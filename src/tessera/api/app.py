@@ -28,6 +28,7 @@ from tessera.api.backend import (
     WorkloadSubmission,
 )
 from tessera.api.console import mount_console
+from tessera.api.exec_slots import ExecSlots
 from tessera.api.limits import BodyLimit
 from tessera.api.models import (
     CORE_TO_API,
@@ -415,11 +416,17 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
             content=data, media_type="text/plain", headers={"X-Next-Offset": str(nxt)}
         )
 
+    exec_slots = ExecSlots()
+
     @api.post("/workloads/{kind}/{workloadId}/exec", tags=["workloads"])
-    def exec_(kind: Kind, workloadId: str, body: ExecRequest) -> dict[str, Any]:
-        """Run a command in one pod's environment (non-interactive; output returned at the end)."""
-        backend.workload(workloadId, KINDS[kind])
-        return backend.exec_command(workloadId, body.pod, body.command, body.timeoutSeconds)
+    async def exec_(kind: Kind, workloadId: str, body: ExecRequest) -> dict[str, Any]:
+        """Run a command in one pod's environment (non-interactive; output returned at the end).
+        At most ``EXEC_SESSIONS`` (8) run at once, on their own threads; one more gets 429."""
+        def run() -> dict[str, Any]:
+            backend.workload(workloadId, KINDS[kind])
+            return backend.exec_command(workloadId, body.pod, body.command, body.timeoutSeconds)
+
+        return await exec_slots.run(run)
 
     ledger = Ledger(backend.data_dir / "tessera.db")
     mount_reports(api, tenancy, ledger, lambda: [p["name"] for p in backend.projects()])

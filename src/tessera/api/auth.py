@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
 from pathlib import Path
 from typing import Protocol
+
+from tessera.api.datadir import write_private
 
 TOKEN_TTL = 30 * 24 * 3600.0
 
@@ -43,9 +44,7 @@ class TokenAuth:
                 return creds
         creds = {"clientId": "admin", "clientSecret": secrets.token_urlsafe(32)}
         self.auth_store.set_client(creds["clientId"], secret_hash(creds["clientSecret"]))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(creds, f)
+        write_private(path, json.dumps(creds))
         return creds
 
     def authenticate(self, client_id: str, secret: str) -> bool:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from tessera.api.datadir import DataDirUnsafe, check_data_dir
+
 
 def server_info(directory: Path) -> dict[str, object] | None:
     try:
@@ -27,8 +29,13 @@ def server_info(directory: Path) -> dict[str, object] | None:
 
 
 def lock_data_dir(directory: Path) -> IO[str] | None:
-    """Hold ``server.lock``; None (having said who holds it) when another server does."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Hold ``server.lock``; None (having said who holds it, or why the directory is unsafe)
+    when another server does or the directory is not this user's own (tessera.api.datadir)."""
+    try:
+        check_data_dir(directory)
+    except DataDirUnsafe as exc:
+        print(f"tessera: {exc}", file=sys.stderr)
+        return None
     lock = open(directory / "server.lock", "w")  # noqa: SIM115 - held for the process lifetime
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

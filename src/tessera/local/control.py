@@ -243,7 +243,7 @@ class LocalBackend(TokenAuth):
         for w in sorted((self._active[wid] for wid in servable), key=lambda w: w.created):
             share = gpu_request_from_dict(w.request)
             counts = self.mig.serving_fraction(share) or w.gpus_requested
-            project = self.store.project(w.project_name)
+            project = self.store.project_named(w.project_name)
             if project is not None and project.limit is not None:
                 used = sum(x.gpus_allocated for x in self._active.values()
                            if x.project_id == w.project_id and x.id != w.id)
@@ -424,7 +424,7 @@ class LocalBackend(TokenAuth):
     def create_project(self, fields: ProjectFields) -> dict[str, Any]:
         check_project(fields)
         with self._lock:
-            if self.store.project(fields.name) is not None:
+            if self.store.project_named(fields.name) is not None:
                 raise Conflict(f"project {fields.name} already exists")
             p = self.store.create_project(
                 fields.name, fields.deserved, fields.limit, fields.over_quota_weight,

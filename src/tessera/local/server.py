@@ -73,7 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     from tessera.local.store import Store
+    from tessera.local.store_check import StoreLost, check_store
 
+    try:
+        warning = check_store(directory)
+    except StoreLost as exc:
+        print(f"tessera: {exc}", file=sys.stderr)
+        return 1
+    if warning:
+        print(f"tessera: {warning}", file=sys.stderr, flush=True)
     store = Store(directory / "tessera.db")
     simulate = list(args.simulate)
     if not simulate:

@@ -293,23 +293,29 @@ class Store:
                 (name, deserved, limit, weight, priority, time.time()),
             )
             pid = cur.lastrowid
-        project = self.project(str(pid))
-        assert project is not None
-        return project
+        rows = self._query("SELECT * FROM projects WHERE id=?", (pid,))
+        return _project(rows[0])
 
     def projects(self) -> list[Project]:
         return [_project(r) for r in self._query("SELECT * FROM projects ORDER BY id")]
 
+    def project_named(self, name: str) -> Project | None:
+        rows = self._query("SELECT * FROM projects WHERE name=?", (name,))
+        return _project(rows[0]) if rows else None
+
     def project(self, id_or_name: str) -> Project | None:
-        """A project by id (digits) or by name."""
+        """A project by name, else by id (digits): a project named ``5`` is that project,
+        never the one whose id is 5 (as the Kubernetes backend, where names come first too)."""
+        named = self.project_named(id_or_name)
+        if named is not None:
+            return named
         if (id_or_name.isascii() and id_or_name.isdigit() and len(id_or_name) <= 19
                 and int(id_or_name) < 2**63):
             # not '²' (int() refuses it), nor past SQLite's INTEGER (binding it raises)
             rows = self._query("SELECT * FROM projects WHERE id=?", (int(id_or_name),))
             if rows:
                 return _project(rows[0])
-        rows = self._query("SELECT * FROM projects WHERE name=?", (id_or_name,))
-        return _project(rows[0]) if rows else None
+        return None
 
     def update_project(self, project: Project) -> None:
         with self.transaction() as db:

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -34,6 +34,34 @@ MAX_REVIEW_BODY = 8 * 1024 * 1024
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+REVIEW_THREADS = 4
+"""Reviews decoded and checked at once; more wait their turn (each is bounded: the body by
+MAX_REVIEW_BODY, the pod's containers by shape.MAX_CONTAINERS)."""
+T = TypeVar("T")
+
+
+def _decode(body: bytes) -> dict[str, Any] | None:
+    """The review's ``request``, or None when the body is no AdmissionReview."""
+    try:
+        review = json.loads(body)
+        request = review["request"]
+        if not isinstance(request, dict) or not isinstance(request.get("kind") or {}, dict) \
+                or not isinstance(request.get("uid", ""), str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        return None
+    return request
+
+
+def _checked(rule: Callable[..., T], request: dict[str, Any], *args: Any) -> T:
+    """``rule(request, *args)`` once the pod's shape (and size) is checked."""
+    if (request.get("kind") or {}).get("kind") == "Pod":
+        for key in ("object", "oldObject"):
+            if request.get(key) is not None:
+                check_pod_shape(request[key])
+    return rule(request, *args)
 
 
 def _response(uid: str, *, allowed: bool, message: str = "",
@@ -179,6 +207,7 @@ class WebhookApp:
     record_latency: bool = False
     ensure_template: EnsureTemplate | None = None
     """Where ``config.rewrite_claims``: creates a rewritten pod's ResourceClaimTemplate."""
+    _semaphore: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -213,40 +242,14 @@ class WebhookApp:
         if body is None:
             await too_large(send, MAX_REVIEW_BODY, as_json=False)
             return
-        try:
-            review = json.loads(body)
-            request = review["request"]
-            if not isinstance(request, dict) or not isinstance(request.get("kind") or {}, dict) \
-                    or not isinstance(request.get("uid", ""), str):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            await self._send(send, 400, b"expected an AdmissionReview v1", "text/plain")
-            return
-        uid = request.get("uid", "")
-        try:
-            if (request.get("kind") or {}).get("kind") == "Pod":
-                for key in ("object", "oldObject"):
-                    if request.get(key) is not None:
-                        check_pod_shape(request[key])
-            if path == "/mutate":
-                out, template = review_mutate_claims(request, self.view, self.config)
-                if template is not None and out["response"]["allowed"] \
-                        and not request.get("dryRun"):  # sideEffects: NoneOnDryRun
-                    if self.ensure_template is None:
-                        raise RuntimeError("rewrite_claims without a template writer")
-                    obj = request.get("object") or {}
-                    namespace = str(request.get("namespace")
-                                    or (obj.get("metadata") or {}).get("namespace", ""))
-                    await self.ensure_template(namespace, template)
-            else:
-                out = review_validate(request, self.view, self.config)
-        except InvalidRequest as exc:
-            out = _response(uid, allowed=False, message=str(exc))
-            metrics.REFUSALS.labels(path[1:], metrics.refusal_field(exc.field)).inc()
-        except Exception:  # a bug must refuse (fail closed), never admit unchecked
-            log.exception("admission review failed")
-            out = _response(uid, allowed=False,
-                            message="tessera-webhook: internal error (see the webhook's log)")
+        # Decoding and the rules run on worker threads (at most REVIEW_THREADS at once): a big
+        # review never holds the event loop, so small ones are answered meanwhile.
+        async with self._slots():
+            request = await asyncio.to_thread(_decode, body)
+            if request is None:
+                await self._send(send, 400, b"expected an AdmissionReview v1", "text/plain")
+                return
+            out = await self._review(path, request)
         if not out["response"]["allowed"]:
             obj = request.get("object")
             meta = obj.get("metadata") if isinstance(obj, dict) else None
@@ -258,6 +261,37 @@ class WebhookApp:
         if self.record_latency:
             self.latencies.append((path, time.perf_counter() - t0))
 
+    def _slots(self) -> asyncio.Semaphore:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(REVIEW_THREADS)
+        return self._semaphore
+
+    async def _review(self, path: str, request: dict[str, Any]) -> dict[str, Any]:
+        uid = request.get("uid", "")
+        try:
+            if path == "/mutate":
+                out, template = await asyncio.to_thread(
+                    _checked, review_mutate_claims, request, self.view, self.config)
+                if template is not None and out["response"]["allowed"] \
+                        and not request.get("dryRun"):  # sideEffects: NoneOnDryRun
+                    if self.ensure_template is None:
+                        raise RuntimeError("rewrite_claims without a template writer")
+                    obj = request.get("object") or {}
+                    namespace = str(request.get("namespace")
+                                    or (obj.get("metadata") or {}).get("namespace", ""))
+                    await self.ensure_template(namespace, template)
+            else:
+                out = await asyncio.to_thread(
+                    _checked, review_validate, request, self.view, self.config)
+        except InvalidRequest as exc:
+            out = _response(uid, allowed=False, message=str(exc))
+            metrics.REFUSALS.labels(path[1:], metrics.refusal_field(exc.field)).inc()
+        except Exception:  # a bug must refuse (fail closed), never admit unchecked
+            log.exception("admission review failed")
+            out = _response(uid, allowed=False,
+                            message="tessera-webhook: internal error (see the webhook's log)")
+        return out
+
     @staticmethod
     async def _send(send: Send, status: int, body: bytes, ctype: str) -> None:
         await send({"type": "http.response.start", "status": status,
@@ -267,7 +301,9 @@ class WebhookApp:
 
 
 class InformerView:
-    """A ClusterView over the scheduler's informers for Nodes and Projects.
+    """A ClusterView over the scheduler's informers for Nodes and Projects. Reviews read it
+    from worker threads while the informers change it on the event loop: each read copies the
+    informer's items first (one atomic step under the GIL).
 
     What a review needs is derived once per change, not per review: the namespace -> project
     map, and one node of each distinct GPU shape (a request that fits no node fits none of its
@@ -306,7 +342,8 @@ class InformerView:
     def nodes(self) -> Iterable[Node]:
         if self._shapes is None:
             self._shapes = distinct_shapes(
-                n.node for n in self.nodes_informer.items.values() if n.node is not None)
+                n.node for n in list(self.nodes_informer.items.values())
+                if n.node is not None)
         return self._shapes
 
     def mig_offer(self) -> MigOffer:
@@ -323,7 +360,8 @@ class InformerView:
     def project_of(self, namespace: str) -> str | None:
         if self._namespaces is None:
             self._namespaces = {p.namespace: str(p.name)
-                                for p in self.projects_informer.items.values() if p.namespace}
+                                for p in list(self.projects_informer.items.values())
+                                if p.namespace}
         return self._namespaces.get(namespace)
 
     def as_view(self) -> ClusterView:

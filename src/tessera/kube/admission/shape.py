@@ -15,6 +15,12 @@ from tessera.core.errors import InvalidRequest
 from tessera.core.text import MAX_ARG, check_text
 
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+MAX_CONTAINERS = 256
+"""Containers of all kinds in one pod. Kubernetes sets no number, but every rule reads each
+container: the bound keeps one review's cost small, so no pod (20,000 containers fit in the
+API server's 3 MiB) holds the webhook while every other GPU pod waits."""
+MAX_CONTAINER_ENV = 1024
+"""``env`` plus ``envFrom`` entries of one container (the same bound as a workload's)."""
 
 
 def _object(value: Any, field: str) -> Mapping[str, Any]:
@@ -51,20 +57,33 @@ def check_pod_shape(pod: Any) -> None:
     spec = _object(pod.get("spec"), "spec")
     if not isinstance(spec.get("schedulerName", ""), str):
         raise InvalidRequest("spec.schedulerName", "must be a string")
-    for kind in _CONTAINER_LISTS:
-        for i, c in enumerate(_list(spec.get(kind), f"spec.{kind}")):
+    lists = {kind: _list(spec.get(kind), f"spec.{kind}") for kind in _CONTAINER_LISTS}
+    count = sum(len(v) for v in lists.values())
+    if count > MAX_CONTAINERS:
+        raise InvalidRequest("spec.containers", f"a pod may have at most {MAX_CONTAINERS} "
+                             "containers (containers, initContainers and ephemeralContainers "
+                             f"together) for the tessera webhook to review it (got {count})")
+    for kind, items in lists.items():
+        for i, c in enumerate(items):
             path = f"spec.{kind}[{i}]"
             c = _object(c, path)
             if not isinstance(c.get("name", ""), str):
                 raise InvalidRequest(f"{path}.name", "must be a string")
-            for j, e in enumerate(_list(c.get("env"), f"{path}.env")):
+            env, env_from = _list(c.get("env"), f"{path}.env"), \
+                _list(c.get("envFrom"), f"{path}.envFrom")
+            if len(env) + len(env_from) > MAX_CONTAINER_ENV:
+                raise InvalidRequest(f"{path}.env", f"a container may have at most "
+                                     f"{MAX_CONTAINER_ENV} env and envFrom entries for the "
+                                     f"tessera webhook to review it (got "
+                                     f"{len(env) + len(env_from)})")
+            for j, e in enumerate(env):
                 e = _object(e, f"{path}.env[{j}]")
                 if not isinstance(e.get("name"), str):
                     raise InvalidRequest(f"{path}.env[{j}].name", "must be a string")
                 if not isinstance(e.get("value", ""), str):
                     raise InvalidRequest(f"{path}.env[{j}].value", "must be a string")
                 _object(e.get("valueFrom"), f"{path}.env[{j}].valueFrom")
-            for j, e in enumerate(_list(c.get("envFrom"), f"{path}.envFrom")):
+            for j, e in enumerate(env_from):
                 e = _object(e, f"{path}.envFrom[{j}]")
                 if not isinstance(e.get("prefix", ""), str):
                     raise InvalidRequest(f"{path}.envFrom[{j}].prefix", "must be a string")
