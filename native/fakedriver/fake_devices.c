@@ -286,8 +286,31 @@ static int pid_alive(int pid) {
     return c_alive[i];
 }
 
+/* This process's pid as the driver knows it: the host's, as real NVML reports it, also for a
+ * process in a container's PID namespace (where getpid() says 1). The fake reads it from the
+ * /proc it sees (/proc/self names the pid in the PID namespace /proc was mounted for: the
+ * host's in the tests' pod processes, which share the host's /proc); the real driver knows it in
+ * the kernel. Cached per process (a forked child looks again). */
+int fake_self_pid(void) {
+    static int cached_for = -1, cached = -1;
+    int me = getpid();
+    if (cached_for == me) return cached;
+    char buf[32];
+    ssize_t n = readlink("/proc/self", buf, sizeof buf - 1);
+    int pid = me;
+    if (n > 0) {
+        buf[n] = '\0';
+        int v = atoi(buf);
+        if (v > 0) pid = v;
+    }
+    cached_for = me;
+    cached = pid;
+    return pid;
+}
+
+/* Liveness by /proc alone (no kill(pid, 0)): the pids in the state file are the host's, which
+ * kill() inside a PID namespace would not name. */
 static int pid_alive_uncached(int pid) {
-    if (kill(pid, 0) != 0 && errno != EPERM) return 0;
     char path[64], buf[256];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -320,7 +343,7 @@ uint64_t fake_state_others_on(const fake_device *d) {
     if (d->mig_gi < 0) return fake_state_others(d->index);
     if (!fake_state_enabled()) return 0;
     uint64_t sum = 0;
-    int me = getpid();
+    int me = fake_self_pid();
     for (int s = 0; s < FAKE_STATE_SLOTS; s++) {
         fake_proc *p = &g_state->slots[s];
         int pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
@@ -335,7 +358,7 @@ uint64_t fake_state_others_on(const fake_device *d) {
 uint64_t fake_state_others(int phys) {
     if (!fake_state_enabled() || phys < 0 || phys >= FAKE_MAX_DEVICES) return 0;
     uint64_t sum = 0;
-    int me = getpid();
+    int me = fake_self_pid();
     for (int s = 0; s < FAKE_STATE_SLOTS; s++) {
         fake_proc *p = &g_state->slots[s];
         int pid = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
@@ -347,7 +370,7 @@ uint64_t fake_state_others(int phys) {
 
 /* This process's slot (claimed on first use; a forked child claims its own). */
 static fake_proc *own_slot(void) {
-    int me = getpid();
+    int me = fake_self_pid();
     if (g_slot >= 0 && g_slot_pid == me) return &g_state->slots[g_slot];
     fake_state_lock();
     int found = -1;

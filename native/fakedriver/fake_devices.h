@@ -107,5 +107,7 @@ fake_mig_state *fake_mig_state_get(void);
 void fake_mig_uuid(const fake_device *d, uint64_t serial, char *out, size_t len, unsigned char bytes[16]);
 /* The physical device, GI and CI of a MIG UUID that exists now; 0 when none. */
 int fake_mig_find(const char *uuid, int *phys, unsigned *gi, unsigned *ci);
+/* This process's pid as the driver knows it (the host's, also inside a PID namespace). */
+int fake_self_pid(void);
 
 #endif

@@ -539,6 +539,21 @@ static nvmlReturn_t injected(const char *fn) {
     }
     return NVML_SUCCESS;
 }
+/* Changing MIG partitions needs the MIG config capability, which the NVIDIA container toolkit
+ * gives only to a container with CAP_SYS_ADMIN (NVIDIA_MIG_CONFIG_DEVICES); without it the real
+ * driver answers NVML_ERROR_NO_PERMISSION. The fake checks the caller's effective capability
+ * set the same way, so an agent run without the chart's MIG opt-in fails as it would on a node. */
+static int mig_config_denied(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 1;
+    char line[256];
+    unsigned long long eff = 0;
+    int found = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "CapEff: %llx", &eff) == 1) { found = 1; break; }
+    fclose(f);
+    return !found || !(eff & (1ull << 21)); /* CAP_SYS_ADMIN */
+}
 static struct nvmlComputeInstance_st g_ci_handles[FAKE_MAX_DEVICES][FAKE_MIG_IDS][FAKE_MIG_MAX_CI];
 
 /* Compute instance profiles NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE (ids 0..4). */
@@ -758,6 +773,7 @@ EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device
                                                              const nvmlGpuInstancePlacement_t *placement,
                                                              nvmlGpuInstance_t *gpuInstance) {
     if (!g_init) return NVML_ERROR_UNINITIALIZED;
+    if (mig_config_denied()) return NVML_ERROR_NO_PERMISSION;
     fake_device *d = dev_of(device);
     if (!d || !placement || !gpuInstance) return NVML_ERROR_INVALID_ARGUMENT;
     if (injected("nvmlDeviceCreateGpuInstanceWithPlacement")) return injected("nvmlDeviceCreateGpuInstanceWithPlacement");
@@ -777,6 +793,7 @@ EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device
 EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
                                                 nvmlGpuInstance_t *gpuInstance) {
     if (!g_init) return NVML_ERROR_UNINITIALIZED;
+    if (mig_config_denied()) return NVML_ERROR_NO_PERMISSION;
     fake_device *d = dev_of(device);
     if (!d || !gpuInstance) return NVML_ERROR_INVALID_ARGUMENT;
     int n;
@@ -817,6 +834,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devic
 
 EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance) {
     if (!g_init) return NVML_ERROR_UNINITIALIZED;
+    if (mig_config_denied()) return NVML_ERROR_NO_PERMISSION;
     if (injected("nvmlGpuInstanceDestroy")) return injected("nvmlGpuInstanceDestroy");
     fake_state_lock();
     fake_gi *g = gi_of(gpuInstance);
@@ -954,6 +972,7 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstanc
 EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
                                                          nvmlComputeInstance_t *computeInstance) {
     if (!g_init) return NVML_ERROR_UNINITIALIZED;
+    if (mig_config_denied()) return NVML_ERROR_NO_PERMISSION;
     if (!computeInstance || profileId >= CI_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     if (injected("nvmlGpuInstanceCreateComputeInstance")) return injected("nvmlGpuInstanceCreateComputeInstance");
     fake_state_lock();
@@ -987,6 +1006,7 @@ EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuIn
 
 EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance) {
     if (!g_init) return NVML_ERROR_UNINITIALIZED;
+    if (mig_config_denied()) return NVML_ERROR_NO_PERMISSION;
     fake_state_lock();
     nvmlReturn_t r = NVML_SUCCESS;
     if (!ci_valid(computeInstance)) {

@@ -419,10 +419,20 @@ void ts_config_load(ts_config *cfg) {
     }
 }
 
+/* CUDA names every device GPU-<uuid>, a MIG device too (cuDeviceGetUuid gives the MIG
+ * instance's bytes); NVML and tessera name a MIG device MIG-<uuid>. The same bytes under either
+ * prefix are the same device. */
+static int same_uuid(const char *a, const char *b) {
+    if (strcmp(a, b) == 0) return 1;
+    int pa = strncmp(a, "GPU-", 4) == 0 || strncmp(a, "MIG-", 4) == 0;
+    int pb = strncmp(b, "GPU-", 4) == 0 || strncmp(b, "MIG-", 4) == 0;
+    return pa && pb && strcmp(a + 4, b + 4) == 0;
+}
+
 const ts_entry *ts_config_match(const ts_config *cfg, int index, const char *uuid) {
     if (uuid && uuid[0]) {
         for (int i = 0; i < cfg->n_entries; i++)
-            if (cfg->entries[i].uuid[0] && strcmp(cfg->entries[i].uuid, uuid) == 0) return &cfg->entries[i];
+            if (cfg->entries[i].uuid[0] && same_uuid(cfg->entries[i].uuid, uuid)) return &cfg->entries[i];
     }
     if (index < 0) return NULL;
     for (int i = 0; i < cfg->n_entries; i++) {

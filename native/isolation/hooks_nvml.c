@@ -30,7 +30,7 @@ static int visible_index(int nvml_index, const char *uuid) {
             long v = strtol(tok, &end, 10);
             if (*end != '\0' && !isspace((unsigned char)*end)) break;
             if (v == nvml_index) return pos;
-        } else if (strncmp(tok, "GPU-", 4) == 0) {
+        } else if (strncmp(tok, "GPU-", 4) == 0 || strncmp(tok, "MIG-", 4) == 0) {
             if (uuid && strncmp(uuid, tok, strlen(tok)) == 0) return pos;
         } else {
             break; /* CUDA stops at the first entry it cannot parse */

@@ -125,11 +125,17 @@ def fake_machine_env(fake_dir: Path, model: str, uuids: list[str], state: Path) 
 def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Path | None = None,
                       on_escape: str = "warn", sync_interval: float = 0.5,
                       extra_args: list[str] | None = None,
-                      env_overrides: dict[str, str] | None = None) -> NodeAgents:
+                      env_overrides: dict[str, str] | None = None,
+                      chart_values: tuple[str, ...] | None = None) -> NodeAgents:
     """Starts the kubelet double for ``nodes`` and one tessera-node per node (see module doc).
     ``kubeconfig``: the agents' credentials (default admin; tests pass the chart's
-    ServiceAccount so its RBAC is what is tested)."""
+    ServiceAccount so its RBAC is what is tested). Each agent runs under exactly the
+    capabilities, user and no_new_privs the Helm chart gives it (tessera.testing.chart_privileges,
+    rendered with ``--set`` ``chart_values``; default ``nodeAgent.manageMig=true`` when a GPU is
+    in MIG mode, as a cluster using dynamic MIG is installed)."""
     from lightkube.resources.core_v1 import Node
+
+    from tessera.testing import chart_privileges
 
     assert cluster.workdir is not None
     native = ensure_built()
@@ -165,6 +171,12 @@ def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Pat
             raise ClusterError("kubelet double did not create its sockets within 30 s")
         time.sleep(0.05)
     result = NodeAgents(cluster, kubelet)
+    if chart_values is None:
+        mig = any(k.startswith("FAKE_GPU_MIG_") and v != "0"
+                  for k, v in (env_overrides or {}).items())
+        chart_values = ("nodeAgent.manageMig=true",) if mig else ()
+    privileges = (chart_privileges.chart_privileges(*chart_values)
+                  if chart_privileges.enforced() else None)
     ports = free_ports(len(nodes))
     for name, port in zip(nodes, ports, strict=True):
         node_root = root / name
@@ -174,24 +186,24 @@ def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Pat
         env.update(fake_machine_env(native.fake_dir, models[name], devices[name],
                                     node_root / "gpu.state"))
         env.update(env_overrides or {})
-        proc = ManagedProcess(
-            f"tessera-node-{name}",
-            [sys.executable, "-m", "tessera.node", "run", f"--node-name={name}",
-             f"--kubeconfig={kubeconfig or cluster.kubeconfig}",
-             f"--pod-resources-socket={node_root / 'kubelet.sock'}",
-             f"--library-dir={node_root / 'isolation'}",
-             f"--containers-dir={node_root / 'containers'}",
-             f"--loans-dir={node_root / 'loans'}",
-             # what the webhook's hostPath volumes name (its default)
-             "--containers-host-dir=/var/lib/tessera/containers",
-             "--metrics-address=127.0.0.1", f"--metrics-port={port}",
-             # the kubelet's directories, per node (the DRA plugin's sockets, CDI specs)
-             f"--dra-registration-dir={node_root / 'plugins_registry'}",
-             f"--dra-plugin-dir={node_root / 'plugins' / 'gpu.tessera.io'}",
-             f"--cdi-dir={node_root / 'cdi'}",
-             f"--on-escape={on_escape}", f"--sync-interval={sync_interval}",
-             *(extra_args or [])],
-            logs / f"tessera-node-{name}.log")
+        argv = [sys.executable, "-m", "tessera.node", "run", f"--node-name={name}",
+                f"--kubeconfig={kubeconfig or cluster.kubeconfig}",
+                f"--pod-resources-socket={node_root / 'kubelet.sock'}",
+                f"--library-dir={node_root / 'isolation'}",
+                f"--containers-dir={node_root / 'containers'}",
+                f"--loans-dir={node_root / 'loans'}",
+                # what the webhook's hostPath volumes name (its default)
+                "--containers-host-dir=/var/lib/tessera/containers",
+                "--metrics-address=127.0.0.1", f"--metrics-port={port}",
+                # the kubelet's directories, per node (the DRA plugin's sockets, CDI specs)
+                f"--dra-registration-dir={node_root / 'plugins_registry'}",
+                f"--dra-plugin-dir={node_root / 'plugins' / 'gpu.tessera.io'}",
+                f"--cdi-dir={node_root / 'cdi'}",
+                f"--on-escape={on_escape}", f"--sync-interval={sync_interval}",
+                *(extra_args or [])]
+        proc = ManagedProcess(f"tessera-node-{name}",
+                              privileges.wrap(argv) if privileges else argv,
+                              logs / f"tessera-node-{name}.log")
         proc.start(env=env)
         cluster.processes.append(proc)
         result.agents[name] = NodeAgent(name, proc, node_root, port, devices[name], env)
