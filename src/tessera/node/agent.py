@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,9 @@ class AgentOptions:
     dra_slices: bool = True
     """Publish this node's ResourceSlice (False: the kubelet plugin is not serving here, so a
     claim allocated on this node could not be prepared; any slice of this node is deleted)."""
+    dra_registered: Callable[[], bool] = lambda: True
+    """Whether the kubelet has registered the plugin (its NotifyRegistrationStatus said so): the
+    slice waits for it, so no pod is scheduled here before the kubelet can prepare its claim."""
 
 
 @dataclass
@@ -372,6 +376,7 @@ class KubeAgent:
             return  # the first MIG sync says which placements are free to offer
         specs = (dra.pool_specs(self.inventory, self.headroom, self.mig_offers())
                  if self.ready and self.inventory is not None and self.opts.dra_slices
+                 and self.opts.dra_registered()
                  else {})
         digest = dra.pool_digest(specs) if specs else ""
         if digest == self.slice_digest:

@@ -209,6 +209,7 @@ def _start_dra_plugin(args: argparse.Namespace, opts: Any, agent: Any) -> Any:
         log.warning("DRA kubelet plugin not started (no ResourceSlice is published): sockets %s, "
                     "%s: %s", paths.registration_socket, paths.plugin_socket, exc)
         return None
+    opts.dra_registered = service.registered
     return service
 
 

@@ -7,6 +7,8 @@ free devices of that node (the device plugin's job; device IDs are GPU UUIDs, th
 default ``deviceIDStrategy: uuid``) and serves the real kubelet pod-resources v1 gRPC API
 (``List``, ``GetAllocatableResources``) on ``DIR/NODE/kubelet.sock``, answering from those
 assignments. tessera-node then learns each reservation pod's GPU exactly as on a real node.
+It also registers each node's DRA plugin as the kubelet's plugin watcher does
+(``DIR/NODE/plugins_registry``, :mod:`tessera.testing.plugin_watcher`).
 
     python -m tessera.testing.kubelet --kubeconfig P --dir D --devices devices.json
 
@@ -254,7 +256,18 @@ async def _main(args: argparse.Namespace) -> None:
     devices = (json.loads(Path(args.devices).read_text()) if args.devices
                else await _simulated_nodes(client))
     double = KubeletDouble(client, Path(args.dir), devices, play_agents=args.play_agents)
-    task = asyncio.create_task(double.run())
+
+    async def run() -> None:
+        if args.play_agents:
+            await double.run()
+            return
+        # the kubelet's plugin watcher, per node (tessera.testing.plugin_watcher)
+        from tessera.testing import plugin_watcher
+
+        dirs = [Path(args.dir) / node / "plugins_registry" for node in devices]
+        await asyncio.gather(double.run(), plugin_watcher.watch(dirs))
+
+    task = asyncio.create_task(run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)

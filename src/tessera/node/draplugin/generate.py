@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 def main() -> int:
     from grpc_tools import protoc  # type: ignore[import-untyped,unused-ignore]
 
-    for name in ("dra", "registration"):
+    for name in ("dra", "registration", "health"):
         rc = protoc.main(["protoc", f"-I{HERE}", f"--python_out={HERE}", f"--pyi_out={HERE}",
                           f"--grpc_python_out={HERE}", str(HERE / f"{name}.proto")])
         if rc != 0:

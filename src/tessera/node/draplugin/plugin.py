@@ -16,6 +16,7 @@ a gRPC client acting as the kubelet.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from pathlib import Path
@@ -24,7 +25,13 @@ from typing import Any
 import grpc
 
 from tessera.core.errors import InvalidRequest
-from tessera.node.draplugin import dra_pb2, dra_pb2_grpc, registration_pb2, registration_pb2_grpc
+from tessera.node.draplugin import (
+    dra_pb2,
+    dra_pb2_grpc,
+    health_pb2_grpc,
+    registration_pb2,
+    registration_pb2_grpc,
+)
 from tessera.node.draplugin.cdi import (
     DRIVER,
     PluginConfig,
@@ -42,6 +49,9 @@ from tessera.node.draplugin.cdi import (
     write_claim_files,
     write_spec,
 )
+from tessera.node.draplugin.health import DraHealth
+
+log = logging.getLogger("tessera.node.dra")
 
 __all__ = ["DRIVER", "DraPlugin", "PluginConfig", "Registration", "serve"]
 
@@ -165,6 +175,10 @@ class Registration(registration_pb2_grpc.RegistrationServicer):
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
         self.status = (request.plugin_registered, request.error)
+        if request.plugin_registered:
+            log.info("the kubelet registered DRA plugin %s", DRIVER)
+        else:
+            log.warning("the kubelet did not register DRA plugin %s: %s", DRIVER, request.error)
         return registration_pb2.RegistrationStatusResponse()
 
 
@@ -177,9 +191,12 @@ def serve(cfg: PluginConfig | Callable[[], PluginConfig], get_claim: Getter,
     for sock in (plugin_socket, registration_socket):
         sock.parent.mkdir(parents=True, exist_ok=True)
         sock.unlink(missing_ok=True)  # a socket a previous run left
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    # one worker per open stream (the kubelet's NodeWatchResources) plus the unary calls
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     dra_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
         DraPlugin(cfg, get_claim, get_pod), server)
+    health_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
+        DraHealth(cfg if callable(cfg) else (lambda: cfg)), server)
     reg = Registration(str(plugin_socket))
     registration_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
         reg, server)

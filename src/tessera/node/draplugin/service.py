@@ -8,8 +8,10 @@ starts, and the node state it prepares claims from (the agent's).
     CONTAINERS_DIR/claims/UID/                                  the claim's config and region
 
 It starts when the API server serves ``resource.k8s.io/v1`` (unless ``--no-dra-plugin``). The
-node's ResourceSlice is published only while it serves: a GPU allocated through a claim on a node
-whose kubelet has no gpu.tessera.io plugin would leave the pod unable to start.
+node's ResourceSlice is published only while it serves and once the kubelet has registered it
+(NotifyRegistrationStatus registered=true): a GPU allocated through a claim on a node whose
+kubelet has no gpu.tessera.io plugin yet would leave the pod in the kubelet's back-off (83 s on a
+real kubelet, where the plugin watcher registers a new socket about a second after it appears).
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ class DraService:
             self.paths.registration_socket, get_pod=self.get_pod)
         log.info("DRA kubelet plugin %s: registration %s, plugin %s, CDI specs in %s", DRIVER,
                  self.paths.registration_socket, self.paths.plugin_socket, self.paths.cdi_dir)
+
+    def registered(self) -> bool:
+        """Whether the kubelet registered the plugin (NotifyRegistrationStatus registered=true
+        and no error since this process started serving)."""
+        return self.registration is not None and self.registration.status == (True, "")
 
     def stop(self) -> None:
         if self.server is not None:

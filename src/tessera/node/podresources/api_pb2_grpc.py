@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class PodResourcesListerStub:
-    """Missing associated documentation comment in .proto file."""
+    """PodResourcesLister is a service provided by the kubelet that provides information about the
+    node resources consumed by pods and containers on the node
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -44,10 +46,17 @@ class PodResourcesListerStub:
                 request_serializer=api__pb2.AllocatableResourcesRequest.SerializeToString,
                 response_deserializer=api__pb2.AllocatableResourcesResponse.FromString,
                 _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/v1.PodResourcesLister/Get',
+                request_serializer=api__pb2.GetPodResourcesRequest.SerializeToString,
+                response_deserializer=api__pb2.GetPodResourcesResponse.FromString,
+                _registered_method=True)
 
 
 class PodResourcesListerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """PodResourcesLister is a service provided by the kubelet that provides information about the
+    node resources consumed by pods and containers on the node
+    """
 
     def List(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -56,6 +65,12 @@ class PodResourcesListerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetAllocatableResources(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Get(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -74,6 +89,11 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
                     request_deserializer=api__pb2.AllocatableResourcesRequest.FromString,
                     response_serializer=api__pb2.AllocatableResourcesResponse.SerializeToString,
             ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=api__pb2.GetPodResourcesRequest.FromString,
+                    response_serializer=api__pb2.GetPodResourcesResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'v1.PodResourcesLister', rpc_method_handlers)
@@ -83,7 +103,9 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PodResourcesLister:
-    """Missing associated documentation comment in .proto file."""
+    """PodResourcesLister is a service provided by the kubelet that provides information about the
+    node resources consumed by pods and containers on the node
+    """
 
     @staticmethod
     def List(request,
@@ -129,6 +151,33 @@ class PodResourcesLister:
             '/v1.PodResourcesLister/GetAllocatableResources',
             api__pb2.AllocatableResourcesRequest.SerializeToString,
             api__pb2.AllocatableResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/v1.PodResourcesLister/Get',
+            api__pb2.GetPodResourcesRequest.SerializeToString,
+            api__pb2.GetPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
