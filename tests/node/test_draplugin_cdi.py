@@ -100,3 +100,17 @@ def test_the_loans_priority_is_the_class_the_claims_pods_agree_on() -> None:
     assert pods_priority_class([pod("inference"), pod("build")]) == ""
     assert pods_priority_class([pod(spec="system-node-critical")]) == ""  # not tessera's
     assert pods_priority_class([]) == ""
+
+
+def test_a_whole_gpu_allocated_without_consumable_capacity_gets_all_its_memory() -> None:
+    """An API server without DRAConsumableCapacity drops consumedCapacity and shareID and gives
+    the GPU to one claim alone (docs/dra.md): prepared with the GPU's whole memory as the limit;
+    with a shareID but no consumed memory, or a GPU NVML gave no size for, still refused."""
+    whole = cfg(memory={"GPU-a": 80 * 2**30})
+    (dev,) = claim_devices(claim(result(memory=None)), whole)
+    assert dev.limit_bytes == 80 * 2**30
+    shared = {**result(memory=None), "shareID": "s-1"}
+    with pytest.raises(InvalidRequest, match="no limit to enforce"):
+        claim_devices(claim(shared), whole)
+    with pytest.raises(InvalidRequest, match="no limit to enforce"):
+        claim_devices(claim(result("gpu-1", memory=None)), whole)

@@ -445,7 +445,8 @@ class KubeAgent:
             claims_host_dir=self.opts.containers_host_dir / CLAIMS_SUBDIR,
             loans_host_dir=self.opts.loans_dir,  # the chart mounts it at its host path
             headroom={h.uuid: h.bytes for h in self.headroom.values()},
-            not_ready="" if self.ready else (self.reason or "starting"), mig=self.mig)
+            not_ready="" if self.ready else (self.reason or "starting"), mig=self.mig,
+            memory={g.uuid: g.memory_total for g in gpus})
 
     # ---- pods -------------------------------------------------------------------------------
     async def _list_pods(self) -> None:

@@ -93,6 +93,9 @@ class PluginConfig:
     """Why this node cannot enforce a share now (empty: it can); prepare refuses meanwhile."""
     mig: MigClaims | None = None
     """This node's MIG partitions (None: no GPU here is in MIG mode, or MIG is unavailable)."""
+    memory: Mapping[str, int] = field(default_factory=dict)
+    """GPU UUID -> its memory (NVML): the limit of a whole GPU allocated without consumable
+    capacity (an API server without DRAConsumableCapacity gives it to one claim alone)."""
 
 
 @dataclass(frozen=True)
@@ -191,10 +194,14 @@ def claim_devices(claim: Mapping[str, Any], cfg: PluginConfig) -> list[ClaimDevi
             raise InvalidRequest("status.allocation.devices.results.device",
                                  f"names {name!r}, which NVML on {cfg.node} does not list")
         consumed = (r.get("consumedCapacity") or {}).get("memory")
-        if consumed is None:
+        whole = cfg.memory.get(cfg.uuids[index])
+        if consumed is None and (r.get("shareID") or not whole):
             raise InvalidRequest("status.allocation.devices.results.consumedCapacity.memory",
                                  "is missing: no limit to enforce (fails closed)")
-        limit = parse_memory(consumed, "consumedCapacity.memory")  # refuses 0 and below
+        # no consumedCapacity and no shareID: the API server runs without DRAConsumableCapacity
+        # and allocated the whole GPU to this claim alone; its limit is the whole memory
+        limit = (parse_memory(consumed, "consumedCapacity.memory")  # refuses 0 and below
+                 if consumed is not None else int(whole or 0))
         out.append(ClaimDevice(str(r.get("request", "")), name, cfg.uuids[index], limit,
                                str(r.get("shareID") or "")))
     if len({d.uuid for d in out}) != len(out):
