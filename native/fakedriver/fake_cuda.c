@@ -6,7 +6,8 @@
  * Test knobs (environment):
  *   FAKE_GPU_DEVICES            devices, "NAME=SIZE;NAME=SIZE" (default one H100 80GB)
  *   FAKE_GPU_USED_<i>           bytes of device i used by other processes (lowers free memory)
- *   FAKE_GPU_CONTEXT_BYTES      physical bytes each context takes
+ *   FAKE_GPU_CONTEXT_BYTES      physical bytes each context takes (default: the model's CUDA 12
+ *                               context, 320-512 MiB, counted in NVML's per-process memory)
  *   FAKE_CUDA_HANG_ALLOC_SIZE   cuMemAlloc_v2 of exactly this size prints "fake-cuda: hang" to
  *                               stderr and sleeps forever (to kill a process mid-allocation)
  *   FAKE_CUDA_PROC_INTERNAL=1   cuGetProcAddress returns internal addresses that differ from
@@ -185,7 +186,7 @@ static CUresult release(alloc_rec **table, uint64_t key) {
 }
 
 static CUresult ctx_charge(int dev, int sign) {
-    uint64_t bytes = fake_context_bytes();
+    uint64_t bytes = fake_context_bytes_on(fake_cuda_device(dev));
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_mu);
     fake_state_lock();

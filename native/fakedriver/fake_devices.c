@@ -18,6 +18,7 @@
 static fake_device g_devices[FAKE_MAX_DEVICES];
 static int g_count;
 static uint64_t g_context_bytes;
+static int g_context_set; /* FAKE_GPU_CONTEXT_BYTES given */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static fake_device *g_visible[FAKE_MAX_DEVICES];
 static int g_visible_count;
@@ -180,7 +181,10 @@ static void load(void) {
     if (ctx) {
         int ok;
         uint64_t v = parse_size(ctx, &ok);
-        if (ok) g_context_bytes = v;
+        if (ok) {
+            g_context_bytes = v;
+            g_context_set = 1;
+        }
     }
 }
 
@@ -198,6 +202,28 @@ fake_device *fake_device_get(int index) {
 uint64_t fake_context_bytes(void) {
     fake_devices_load();
     return g_context_bytes;
+}
+
+/* What a CUDA context holds on device d, as NVML reports it in the process's memory (real NVML
+ * does): FAKE_GPU_CONTEXT_BYTES when given (0 included), else what a CUDA 12 context holds on
+ * that architecture (Hopper/Blackwell 512 MiB, Ampere/Ada 448 MiB, Volta/Turing 320 MiB, other
+ * 512 MiB), at most an eighth of the device. */
+uint64_t fake_context_bytes_on(const fake_device *d) {
+    fake_devices_load();
+    if (g_context_set || !d) return g_context_bytes;
+    static const struct { const char *token; unsigned mib; } models[] = {
+        {"GH200", 512}, {"GB200", 512}, {"H100", 512}, {"H200", 512}, {"H800", 512}, {"B200", 512},
+        {"A100", 448}, {"A800", 448}, {"A10", 448}, {"A30", 448}, {"A40", 448}, {"L40", 448}, {"L4", 448},
+        {"V100", 320}, {"T4", 320},
+    };
+    unsigned mib = 512;
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+        if (strstr(d->name, models[i].token)) {
+            mib = models[i].mib;
+            break;
+        }
+    uint64_t bytes = (uint64_t)mib << 20;
+    return d->total / 8 < bytes ? d->total / 8 : bytes;
 }
 
 int fake_cuda_count(void) {

@@ -25,6 +25,8 @@ typedef struct {
 int fake_devices_load(void);
 fake_device *fake_device_get(int index);
 uint64_t fake_context_bytes(void);
+/* Bytes a CUDA context holds on device d (FAKE_GPU_CONTEXT_BYTES, else the model's default). */
+uint64_t fake_context_bytes_on(const fake_device *d);
 /* The CUDA view: devices listed by CUDA_VISIBLE_DEVICES (indexes or GPU-UUID prefixes, parsing
  * stops at the first entry that matches nothing, as CUDA does), in that order; all when unset.
  * NVML ignores CUDA_VISIBLE_DEVICES and sees every device. */

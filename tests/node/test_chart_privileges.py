@@ -151,3 +151,15 @@ def test_mig_partitions_need_the_charts_opt_in(native: NativeBuild, tmp_path: Pa
                           capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["uuid"].startswith("MIG-")
+
+
+def test_the_agent_is_given_libcuda_to_measure_the_headroom() -> None:
+    """NVIDIA_DRIVER_CAPABILITIES must include compute (libcuda) beside utility (NVML): with
+    utility alone the agent could not create a context and every node fell back to the model's
+    default headroom (tessera.node.headroom)."""
+    from tessera.testing.chart_privileges import agent_container
+    from tessera.testing.webhook import helm_template
+
+    env = {e["name"]: e.get("value") for e in agent_container(helm_template())["env"]}
+    assert set(env["NVIDIA_DRIVER_CAPABILITIES"].split(",")) >= {"compute", "utility"}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"

@@ -15,6 +15,7 @@ from tests.node.conftest import (
 )
 
 GiB = 2**30
+CTX = 512 * 2**20  # the fake driver's CUDA context on an H100 (its default, as CUDA 12's)
 FOUR = ";".join([H100, H100, "Tesla V100-SXM2-16GB=16Gi", "NVIDIA L4=23034Mi"])
 UUIDS = [f"GPU-0000000{i}-1111-2222-3333-44444444444{i}" for i in range(4)]
 
@@ -56,22 +57,23 @@ def test_usage_lists_processes_with_their_memory_and_utilisation(native: NativeB
     c.alloc(2 * GiB)
     usage = node_json(env, "usage")
     procs0 = {p["pid"]: (p["used_bytes"], p["sm_util"]) for p in usage[0]["processes"]}
-    assert procs0 == {a.proc.pid: (3 * GiB, 30), b.proc.pid: (6 * GiB, 45)}
-    assert usage[0]["memory_used"] == 9 * GiB
+    # NVML counts each process's CUDA context in its memory, as the real driver does
+    assert procs0 == {a.proc.pid: (3 * GiB + CTX, 30), b.proc.pid: (6 * GiB + CTX, 45)}
+    assert usage[0]["memory_used"] == 9 * GiB + 2 * CTX
     assert usage[0]["utilization"] == 75
     procs1 = {p["pid"]: p["used_bytes"] for p in usage[1]["processes"]}
-    assert procs1 == {c.proc.pid: 2 * GiB}
-    assert usage[1]["memory_used"] == 3 * GiB  # the process + FAKE_GPU_USED_1
+    assert procs1 == {c.proc.pid: 2 * GiB + CTX}
+    assert usage[1]["memory_used"] == 3 * GiB + CTX  # the process + FAKE_GPU_USED_1
     # One GPU, shared by processes: what one holds, another cannot have.
     free, total = a.info()
-    assert total == H100_BYTES and free == H100_BYTES - 9 * GiB
+    assert total == H100_BYTES and free == H100_BYTES - 9 * GiB - 2 * CTX
     # A killed process's memory is freed and it leaves the list, as with the real driver.
     b.proc.kill()
     b.proc.wait()
     usage = node_json(env, "usage")
     assert {p["pid"] for p in usage[0]["processes"]} == {a.proc.pid}
-    assert usage[0]["memory_used"] == 3 * GiB
-    assert a.info()[0] == H100_BYTES - 3 * GiB
+    assert usage[0]["memory_used"] == 3 * GiB + CTX
+    assert a.info()[0] == H100_BYTES - 3 * GiB - CTX
 
 
 def test_no_nvml_is_one_line(native: NativeBuild) -> None:

@@ -126,8 +126,9 @@ def test_metrics_match_the_fake_driver(machine: Machine) -> None:
     g0, g1 = {"gpu_uuid": UUIDS[0]}, {"gpu_uuid": UUIDS[1]}
     assert one(m, "tessera_node_ready", node="box") == 1
     assert one(m, "tessera_gpu_memory_total_bytes", model="H100-80GB", **g0) == H100_BYTES
-    assert one(m, "tessera_gpu_memory_used_bytes", **g0) == 13 * GiB
-    assert one(m, "tessera_gpu_memory_used_bytes", **g1) == 2 * GiB
+    # NVML counts each process's context (CTX: the fake's default equals the library's)
+    assert one(m, "tessera_gpu_memory_used_bytes", **g0) == 13 * GiB + 2 * CTX
+    assert one(m, "tessera_gpu_memory_used_bytes", **g1) == 2 * GiB + CTX
     assert one(m, "tessera_gpu_memory_requested_bytes", **g0) == 12 * GiB
     assert one(m, "tessera_gpu_memory_requested_bytes", **g1) == 0
     assert one(m, "tessera_gpu_utilization_ratio", **g0) == pytest.approx(0.6)
@@ -135,7 +136,7 @@ def test_metrics_match_the_fake_driver(machine: Machine) -> None:
              "project": "team-a", **g0}
     # the library also charges each process's CUDA context (its per-model default, CTX)
     assert one(m, "tessera_container_gpu_memory_charged_bytes", **train) == 10 * GiB + CTX
-    assert one(m, "tessera_container_gpu_memory_used_bytes", **train) == 10 * GiB
+    assert one(m, "tessera_container_gpu_memory_used_bytes", **train) == 10 * GiB + CTX  # NVML: its allocations and its context
     assert one(m, "tessera_container_gpu_memory_request_bytes", **train) == 8 * GiB
     assert one(m, "tessera_container_gpu_memory_limit_bytes", **train) == 16 * GiB
     assert one(m, "tessera_container_gpu_memory_loaned_bytes", **train) == 2 * GiB + CTX
@@ -168,7 +169,7 @@ def test_escapes_are_flagged_and_killed(machine: Machine) -> None:
     assert one(m, "tessera_node_gpu_escapes_total", gpu_uuid=UUIDS[0], kind="no-share") == 1
     assert one(m, "tessera_node_gpu_escapes_killed_total", node="box") == 1
     ev = [e for e in machine.events() if e["reason"] == "GPUUnsharedProcess"]
-    assert len(ev) == 1 and f"process {rogue.proc.pid} uses {5 * GiB} bytes" in ev[0]["message"]
+    assert len(ev) == 1 and f"process {rogue.proc.pid} uses {5 * GiB + CTX} bytes" in ev[0]["message"]
     assert "killed (--on-escape kill)" in ev[0]["message"]
     # Memory allocated behind the library's back by a share's own process: over its charge.
     assert a("unhooked " + str(1 * GiB))["rc"] == 0
