@@ -1,8 +1,9 @@
 """Escape detection: GPU memory a share's processes use beyond what the library charged them.
 
 A process on a GPU that hosts shares is an escape when it belongs to no share (something started
-outside tessera's isolation: no preload, a privileged container, a process in another pod with
-the device mounted by hand), or when NVML shows it using more than its charge by more than the
+outside tessera's isolation: a privileged container, a process in another pod with the device
+mounted by hand), when a share's own process is not in its region (the library did not load in
+it: ``no-preload``), or when NVML shows it using more than its charge by more than the
 tolerance (5%: memory allocated through a path the library does not see). A process is reported
 only when two consecutive checks agree, so the instant between an allocation and its charge is
 never mistaken for an escape.
@@ -17,6 +18,9 @@ from tessera.node.usage import NodeUsage
 ON_ESCAPE = ("warn", "kill")
 NO_SHARE = "no-share"
 OVER_CHARGE = "over-charge"
+NO_PRELOAD = "no-preload"
+"""A process of a share's pod that the share's region does not know: the isolation library did
+not load in it (an image whose C library it cannot load, or LD_PRELOAD taken away)."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,11 @@ class Escape:
         if self.kind == NO_SHARE:
             return (f"process {self.pid} uses {self.nvml_bytes} bytes of shared GPU "
                     f"{self.gpu_uuid} and belongs to no share (not isolated)")
+        if self.kind == NO_PRELOAD:
+            return (f"process {self.pid} of {who} uses {self.nvml_bytes} bytes of GPU "
+                    f"{self.gpu_uuid} without the isolation library (it did not load in that "
+                    "process: an image whose C library it cannot load, e.g. too old a glibc or "
+                    "musl, or LD_PRELOAD removed); its memory is not capped")
         return (f"process {self.pid} of {who} uses {self.nvml_bytes} bytes of GPU "
                 f"{self.gpu_uuid}, more than the {self.charged_bytes} bytes the isolation library "
                 "charged it (memory allocated outside the library)")
@@ -51,6 +60,8 @@ def candidates(usage: NodeUsage, tolerance: float = 0.05) -> list[Escape]:
             continue
         if p.share_key is None:
             out.append(Escape(p.pid, p.gpu_uuid, NO_SHARE, p.nvml_bytes, 0, None))
+        elif not p.in_region:
+            out.append(Escape(p.pid, p.gpu_uuid, NO_PRELOAD, p.nvml_bytes, 0, p.share_key))
         elif p.nvml_bytes > p.charged_bytes * (1 + tolerance):
             out.append(Escape(p.pid, p.gpu_uuid, OVER_CHARGE, p.nvml_bytes, p.charged_bytes,
                               p.share_key))

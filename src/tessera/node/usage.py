@@ -37,6 +37,9 @@ class ProcessView:
     """The share it belongs to, or None."""
     charged_bytes: int = 0
     """What the library charged this process on this GPU (0 without a share)."""
+    in_region: bool = False
+    """Whether the share's region has an entry for this process on this GPU (the library
+    loaded in it and accounts for it)."""
 
 
 @dataclass(frozen=True)
@@ -127,13 +130,16 @@ def snapshot(gpus: Sequence[GpuUsage], models: Mapping[str, str], shares: Sequen
                 key = owners[p.pid][0]
             elif owner_of is not None:
                 key = owner_of(p.pid)
-            charged = 0
+            charged, accounted = 0, False
             if key is not None:
                 region_dev = regions.get(key, {}).get(g.uuid)
                 if region_dev is not None:
-                    charged = region_dev.processes.get(inner if uid is not None else p.pid, 0)
+                    inner_pid = inner if uid is not None else p.pid
+                    charged = region_dev.processes.get(inner_pid, 0)
+                    accounted = inner_pid in region_dev.processes
             processes.append(ProcessView(pid=p.pid, gpu_uuid=g.uuid, nvml_bytes=p.used_bytes,
-                                         sm_util=p.sm_util, share_key=key, charged_bytes=charged))
+                                         sm_util=p.sm_util, share_key=key, charged_bytes=charged,
+                                         in_region=accounted))
 
     views: list[ShareDeviceView] = []
     for share in shares:
