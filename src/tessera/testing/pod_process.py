@@ -11,8 +11,7 @@ this machine (``/etc/tessera``, ``/run/tessera``, ``/run/tessera-loans``) is mad
 namespace only, on an overlay of its nearest existing parent: nothing is created on the host
 (an empty ``/etc/tessera`` there would change how the isolation library behaves).
 
-The process runs in its own PID namespace (as in a container, where it is PID 1 and the
-agent knows it only by its host pid) as the container's user and groups, as a runtime starts it: ``runAsUser`` and
+The process runs as the container's user and groups, as a runtime starts it: ``runAsUser`` and
 ``runAsGroup`` (the container's, else the pod's; a user without a group gets group 0), plus the
 pod's ``supplementalGroups`` and ``fsGroup`` as supplementary groups (``setpriv``). A pod that
 states none of them runs as this (root) user, as before.
@@ -110,10 +109,7 @@ def start(pod: Any, container: str, node_root: Path, argv: Sequence[str],
         script.append(f'exec setpriv {" ".join(ids)} -- "$@"')
     full_env = {**env, "LD_PRELOAD": str(library)}
     return subprocess.Popen(
-        # its own mount and PID namespaces, as a container's (the process is PID 1 there; the
-        # agent finds it by its host pid through /proc/PID/status NSpid)
-        ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc",
-         "--kill-child", "sh", "-c", "\n".join(script),
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script),
          "pod-process", *argv],
         env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, bufsize=1)
