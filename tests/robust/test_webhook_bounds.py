@@ -15,7 +15,7 @@ from tessera.core.model import GpuDevice, Node
 from tessera.core.units import MiB
 from tessera.kube.admission.policy import ClusterView, WebhookConfig
 from tessera.kube.admission.server import WebhookApp
-from tessera.kube.admission.shape import MAX_CONTAINER_ENV, MAX_CONTAINERS
+from tessera.kube.admission.shape import MAX_CONTAINER_ENV, MAX_CONTAINERS, MAX_POD_ENV
 
 NODES = [Node("n0", tuple(GpuDevice(f"u{i}", i, 81559 * MiB, "H100-80GB") for i in range(8)))]
 
@@ -72,11 +72,25 @@ def test_env_entries_of_a_container_are_bounded() -> None:
     assert f"at most {MAX_CONTAINER_ENV}" in out["status"]["message"]
 
 
+def test_env_entries_of_a_pod_are_bounded_in_all() -> None:
+    per = MAX_POD_ENV // 8 + 1  # under the per-container bound, over the pod's in 8 containers
+
+    async def run() -> dict[str, Any]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=_app()),
+                                     base_url="https://webhook") as c:
+            return await _post(c, "/mutate", _review(8, "envs", env=per), [], "envs")
+
+    out = asyncio.run(run())
+    assert not out["allowed"]
+    assert out["status"]["message"].startswith("spec.containers[*].env: ")
+    assert f"(got {8 * per})" in out["status"]["message"]
+
+
 def test_small_reviews_are_answered_while_a_big_one_is_checked() -> None:
-    """The largest pod allowed (MAX_CONTAINERS containers, each with many env entries) is
+    """The largest pod allowed (MAX_CONTAINERS containers, MAX_POD_ENV env entries) is
     sent first; ten one-container reviews sent just after must all be answered before it.
     Reviewed one at a time on the event loop (before), they all waited for it."""
-    big = _review(MAX_CONTAINERS, "big", env=200)
+    big = _review(MAX_CONTAINERS, "big", env=MAX_POD_ENV // MAX_CONTAINERS)
 
     async def run() -> list[str]:
         done: list[str] = []

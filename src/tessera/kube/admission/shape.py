@@ -21,6 +21,9 @@ container: the bound keeps one review's cost small, so no pod (20,000 containers
 API server's 3 MiB) holds the webhook while every other GPU pod waits."""
 MAX_CONTAINER_ENV = 1024
 """``env`` plus ``envFrom`` entries of one container (the same bound as a workload's)."""
+MAX_POD_ENV = 4096
+"""``env`` plus ``envFrom`` entries of all the pod's containers together: with the two bounds
+above alone a pod could still carry 262,144 entries within the body limit."""
 
 
 def _object(value: Any, field: str) -> Mapping[str, Any]:
@@ -63,6 +66,14 @@ def check_pod_shape(pod: Any) -> None:
         raise InvalidRequest("spec.containers", f"a pod may have at most {MAX_CONTAINERS} "
                              "containers (containers, initContainers and ephemeralContainers "
                              f"together) for the tessera webhook to review it (got {count})")
+    total_env = sum(len(c.get("env") or []) + len(c.get("envFrom") or [])
+                    for items in lists.values() for c in items
+                    if isinstance(c, Mapping) and isinstance(c.get("env") or [], list)
+                    and isinstance(c.get("envFrom") or [], list))
+    if total_env > MAX_POD_ENV:
+        raise InvalidRequest("spec.containers[*].env", f"a pod may have at most {MAX_POD_ENV} "
+                             "env and envFrom entries in all its containers together for the "
+                             f"tessera webhook to review it (got {total_env})")
     for kind, items in lists.items():
         for i, c in enumerate(items):
             path = f"spec.{kind}[{i}]"
