@@ -15,6 +15,7 @@ from selenium.webdriver.common.by import By
 
 from tests.console.browsing import go, login, shoot, until
 from tests.console.fakegpu import FakeGpuServer, GiB
+from tests.isolation.conftest import CTX_V100
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGpuServer]:
 def test_overview_shows_memory_in_use_and_on_loan(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
     login(browser, server)
     used = until("the usage card", lambda: (c := browser.find_element(By.ID, "card-used")) and
-                 c.text.startswith("11 GiB") and c)
+                 c.text.startswith("11.9 GiB") and c)  # 11 GiB and three 320 MiB contexts
     assert "0.8 GPUs' worth busy" in used.text  # 40% + 15% + 25%
     assert "GiB" in browser.find_element(By.ID, "card-loaned").text
     shoot(browser, artifacts, "overview-usage")
@@ -50,8 +51,9 @@ def test_gpus_page_draws_memory_used_and_marks_the_loan(browser, server, artifac
     seg = until("the notebook's share with its usage", lambda: [
         s for s in browser.find_elements(By.CSS_SELECTOR, '.seg.share[data-workload="notebook"]')
         if s.get_attribute("data-used")])
-    assert int(seg[0].get_attribute("data-used")) == 4 * GiB
-    assert "using 4 GiB, 15% busy" in seg[0].get_attribute("title")
+    # NVML's figure: its 4 GiB and its CUDA context (320 MiB on the fake V100, as on a real one)
+    assert int(seg[0].get_attribute("data-used")) == 4 * GiB + CTX_V100
+    assert "using 4.3 GiB, 15% busy" in seg[0].get_attribute("title")
     loan = until("the loan", lambda: browser.find_element(By.CSS_SELECTOR, '.seg.loan[data-loan="notebook"]'))
     assert int(loan.get_attribute("data-bytes")) > 3 * GiB  # 4 GiB + its context, less 1 GiB
     assert "above its request" in loan.get_attribute("title") and loan.size["width"] > 0
@@ -61,7 +63,7 @@ def test_gpus_page_draws_memory_used_and_marks_the_loan(browser, server, artifac
     assert "on loan" in gpu.find_element(By.CSS_SELECTOR, ".loaned").text
     used = sum(int(g.get_attribute("data-used") or 0)
                for g in browser.find_elements(By.CSS_SELECTOR, ".gpu"))
-    assert used == 11 * GiB  # 5 + 4 + 2 GiB, as NVML reports them
+    assert used == 11 * GiB + 3 * CTX_V100  # 5 + 4 + 2 GiB and contexts, as NVML reports them
     agent = browser.find_element(By.CSS_SELECTOR, ".node .agent")
     assert agent.get_attribute("data-agent-state") == "ok"
     assert not browser.find_element(By.ID, "sim").is_displayed()  # NVML GPUs, not simulated

@@ -77,7 +77,9 @@ def test_cluster_document_carries_what_the_driver_reports(fake: FakeGpuServer) -
         s[n].get("usedBytes") for n in ("busy", "borrow", "plain")) and s)
     busy_, borrow, plain = got["busy"], got["borrow"], got["plain"]
     # what each process allocated, as NVML reports it
-    assert (busy_["usedBytes"], borrow["usedBytes"], plain["usedBytes"]) == (2 * GiB, 3 * GiB, GiB)
+    # NVML's figures include each process's CUDA context (HEADROOM on the fake V100, as on a real one)
+    assert (busy_["usedBytes"], borrow["usedBytes"], plain["usedBytes"]) == (
+        2 * GiB + HEADROOM, 3 * GiB + HEADROOM, GiB + HEADROOM)
     assert (busy_["utilization"], borrow["utilization"], plain["utilization"]) == (0.4, 0.2, 0.1)
     # the library charged the preloaded ones their allocation and one CUDA context
     assert busy_["chargedBytes"] == 2 * GiB + HEADROOM
@@ -91,7 +93,7 @@ def test_cluster_document_carries_what_the_driver_reports(fake: FakeGpuServer) -
         doc = c.get("/api/v1/cluster").json()
     node = doc["nodes"][0]
     assert doc["simulated"] is False and node["agent"]["state"] == "ok"
-    assert sum(g["usedBytes"] for g in node["gpus"]) == 6 * GiB
+    assert sum(g["usedBytes"] for g in node["gpus"]) == 6 * GiB + 3 * HEADROOM
     assert sum(g["utilization"] for g in node["gpus"]) == pytest.approx(0.7)
     assert borrow["gpu"]["loanedBytes"] == borrow["loanedBytes"]
 
@@ -99,13 +101,13 @@ def test_cluster_document_carries_what_the_driver_reports(fake: FakeGpuServer) -
 def test_overview_and_metrics_add_memory_used(fake: FakeGpuServer) -> None:
     with fake.http() as c:
         o = wait_for("the overview's usage", lambda: (x := c.get("/api/v1/overview").json())[
-            "gpus"]["memoryUsedBytes"] == 6 * GiB and x)
+            "gpus"]["memoryUsedBytes"] == 6 * GiB + 3 * HEADROOM and x)
     assert o["gpus"]["busy"] == pytest.approx(0.7)
     assert o["gpus"]["memoryLoanedBytes"] == 2 * GiB + HEADROOM
     text = httpx.get(f"{fake.url}/metrics", timeout=10).text
     mem = {s.labels["state"]: s.value for f in text_string_to_metric_families(text)
            if f.name == "tessera_cluster_gpu_memory_bytes" for s in f.samples}
-    assert mem["used"] == 6 * GiB and mem["loaned"] == 2 * GiB + HEADROOM
+    assert mem["used"] == 6 * GiB + 3 * HEADROOM and mem["loaned"] == 2 * GiB + HEADROOM
 
 
 def test_history_route_serves_utilisation_per_project_and_workload(fake: FakeGpuServer) -> None:
@@ -127,8 +129,8 @@ def test_history_route_serves_utilisation_per_project_and_workload(fake: FakeGpu
     assert u["projects"]["team-a"][-1] == pytest.approx(0.6)
     assert u["projects"]["team-b"][-1] == pytest.approx(0.1)
     assert u["all"][-1] == pytest.approx(0.7)
-    assert h["memoryUsed"]["projects"]["team-a"][-1] == 5 * GiB
-    assert h["memoryUsed"]["projects"]["team-b"][-1] == GiB
+    assert h["memoryUsed"]["projects"]["team-a"][-1] == 5 * GiB + 2 * HEADROOM
+    assert h["memoryUsed"]["projects"]["team-b"][-1] == GiB + HEADROOM
     # a narrower window holds fewer samples; bad windows are refused naming the parameter
     with fake.http() as c:
         r = c.get("/api/v1/metrics/history", params={"minutes": 25 * 60})
@@ -139,7 +141,7 @@ def test_history_route_serves_utilisation_per_project_and_workload(fake: FakeGpu
 def test_a_deleted_workload_leaves_the_usage(fake: FakeGpuServer) -> None:
     fake.cli("delete", "plain", "-p", "team-b")
     wait_for("plain's share gone and its memory freed",
-             lambda: "plain" not in shares(fake) and _used(fake) == 5 * GiB)
+             lambda: "plain" not in shares(fake) and _used(fake) == 5 * GiB + 2 * HEADROOM)
 
 
 def _used(server: EmbeddedServer) -> int:
@@ -376,9 +378,9 @@ def test_prometheus_source_reports_what_the_agent_exported(native: Any, tmp_path
         got = wait_for("Prometheus to have scraped the agent", shares_seen, timeout=60)
         box = got["box"]
         g0 = box.gpus[UUIDS[0]]
-        assert g0["usedBytes"] == 13 * GiB and g0["utilization"] == pytest.approx(0.6)
+        assert g0["usedBytes"] == 13 * GiB + 2 * CTX and g0["utilization"] == pytest.approx(0.6)
         train = box.shares[(UUIDS[0], "team-a/train-a")]
-        assert train["usedBytes"] == 10 * GiB and train["loanedBytes"] == 2 * GiB + CTX
+        assert train["usedBytes"] == 10 * GiB + CTX and train["loanedBytes"] == 2 * GiB + CTX
         assert train["utilization"] == pytest.approx(0.4)
         assert got["ghost"].state == "no-agent" and "no tessera-node metrics" in got["ghost"].message
         cluster = merge({"nodes": [{"name": "box", "gpus": [{"uuid": UUIDS[0], "workloads": [

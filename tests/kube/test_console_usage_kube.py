@@ -173,10 +173,12 @@ def test_a_dynamic_fraction_on_a_node_shows_its_usage_and_loan(
             return {**mine[0], "gpu": gpu} if mine and mine[0].get("usedBytes") else None
 
         got = wait_until("the share's usage", share)
-        assert got["usedBytes"] == 6 * 2**30 and got["utilization"] == 0.3
+        # NVML's figure: its 6 GiB and its CUDA context (448 MiB on the fake L4, as CUDA 12's)
+        assert got["usedBytes"] == 6 * 2**30 + 448 * 2**20 and got["utilization"] == 0.3
         assert got["chargedBytes"] > 6 * 2**30  # and its CUDA context
         assert got["loanedBytes"] == got["chargedBytes"] - 2 * 2**30
-        assert got["gpu"]["usedBytes"] == 6 * 2**30 and got["gpu"]["loanedBytes"] == got["loanedBytes"]
+        assert got["gpu"]["usedBytes"] == 6 * 2**30 + 448 * 2**20
+        assert got["gpu"]["loanedBytes"] == got["loanedBytes"]
     finally:
         if proc is not None and proc.popen.poll() is None:
             proc.popen.kill()
