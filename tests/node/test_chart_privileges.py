@@ -108,12 +108,14 @@ else:
 
 def test_share_files_get_the_pods_group_with_chown_and_fsetid(chart: Privileges,
                                                               shared_dir: Path) -> None:
-    code = SHARE.format(gid=POD_UID, root=str(shared_dir / "containers"))
-    assert run_as(chart, code) == {"gid": POD_UID, "mode": 0o2770}
-    assert "Operation not permitted" in str(run_as(chart.without("chown"), code)["error"])
+    def code(root: str) -> str:  # each run on fresh directories
+        return SHARE.format(gid=POD_UID, root=str(shared_dir / root))
+
+    assert run_as(chart, code("chart")) == {"gid": POD_UID, "mode": 0o2770}
+    assert "Operation not permitted" in str(run_as(chart.without("chown"), code("no-chown"))[
+        "error"])
     # without FSETID the kernel silently drops the set-group-ID bit of a group it is not in
-    code = SHARE.format(gid=POD_UID, root=str(shared_dir / "containers-2"))
-    assert run_as(chart.without("fsetid"), code) == {"gid": POD_UID, "mode": 0o770}
+    assert run_as(chart.without("fsetid"), code("no-fsetid")) == {"gid": POD_UID, "mode": 0o770}
 
 
 def test_reclaim_finds_a_pod_process_through_fdinfo_and_kills_it(
