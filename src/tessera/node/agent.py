@@ -245,16 +245,21 @@ class KubeAgent:
     def prepare(self) -> None:
         if self.nvml is not None:
             try:
-                self.inventory = self.nvml.inventory()
+                inventory = self.nvml.inventory()
             except Exception as exc:
                 self.nvml_error = f"NVML inventory failed: {exc}"
                 self.nvml = None
+            else:
+                # the headroom before the inventory: the inventory makes the node ready, and a
+                # claim the kubelet plugin prepared in between got context-overhead 0
+                if not self.headroom:
+                    self.headroom = headroom_for(inventory, self.nvml, self.opts.headroom_bytes,
+                                                 self.opts.measure_headroom)
+                    for h in self.headroom.values():
+                        log.info("GPU %s: headroom %d MiB (%s)", h.uuid, h.bytes // 2**20,
+                                 h.source)
+                self.inventory = inventory
         self._start_mig()
-        if self.inventory is not None and not self.headroom:
-            self.headroom = headroom_for(self.inventory, self.nvml, self.opts.headroom_bytes,
-                                         self.opts.measure_headroom)
-            for h in self.headroom.values():
-                log.info("GPU %s: headroom %d MiB (%s)", h.uuid, h.bytes // 2**20, h.source)
         try:
             installed = install_library(library_path(), self.opts.library_dir,
                                         self.opts.library_mount)
