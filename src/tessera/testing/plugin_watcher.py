@@ -39,7 +39,7 @@ def register(socket: Path, timeout: float = 5.0) -> str:
 
 async def watch(registry_dirs: list[Path]) -> None:
     """Registers every plugin socket that appears in ``registry_dirs`` until cancelled."""
-    done: dict[Path, int] = {}
+    done: dict[Path, tuple[int, int]] = {}
     while True:
         present: set[Path] = set()
         for d in registry_dirs:
@@ -53,17 +53,20 @@ async def watch(registry_dirs: list[Path]) -> None:
                 path = Path(e.path)
                 present.add(path)
                 try:
-                    ino = e.inode()
+                    st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if done.get(path) == ino:
+                # a restarted plugin makes its socket anew: the inode number may be reused at
+                # once, its change time is not (the kubelet sees it as a create event)
+                made = (st.st_ino, st.st_ctime_ns)
+                if done.get(path) == made:
                     continue
                 try:
                     name = await asyncio.to_thread(register, path)
                 except grpc.RpcError as exc:
                     log.info("plugin socket %s not registered yet: %s", path, exc)
                     continue
-                done[path] = ino
+                done[path] = made
                 log.info("registered plugin %s (%s)", name, path)
         for gone in set(done) - present:
             del done[gone]
