@@ -130,6 +130,53 @@ static const ts_hook *hook_by_name(const char *name) {
     return NULL;
 }
 
+static int hooked_base(const char *symbol);
+
+/* The base of an entry point's name: trailing ABI suffixes (_v2, _v3, ..., _ptsz, _ptds) taken
+ * off, as many as there are. Returns 0 when nothing was taken off. */
+static int abi_base(const char *name, char *base, size_t len) {
+    size_t n = strlen(name);
+    if (n >= len) return 0;
+    memcpy(base, name, n + 1);
+    int stripped = 0;
+    for (;;) {
+        char *u = strrchr(base, '_');
+        if (!u || u == base) break;
+        const char *t = u + 1;
+        int ok = strcmp(t, "ptsz") == 0 || strcmp(t, "ptds") == 0;
+        if (!ok && t[0] == 'v' && t[1]) {
+            ok = 1;
+            for (const char *q = t + 1; *q && ok; q++) ok = *q >= '0' && *q <= '9';
+        }
+        if (!ok) break;
+        *u = '\0';
+        stripped = 1;
+    }
+    return stripped;
+}
+
+/* A name that is an ABI variant of a hooked call this library has no hook for (cuMemAlloc_v3,
+ * cuMemAllocManaged_ptsz, nvmlDeviceGetMemoryInfo_v3...): calling it would reach the driver
+ * unhooked. */
+static int unknown_abi_of_hooked(const char *name) {
+    if (name[0] != 'c' && name[0] != 'n') return 0;
+    if (name[0] == 'c' && name[1] != 'u') return 0;
+    char base[128];
+    if (!abi_base(name, base, sizeof base)) return 0;
+    if (hook_by_name(name)) return 0;
+    return hooked_base(base) || strcmp(base, "nvmlDeviceGetMemoryInfo") == 0;
+}
+
+/* dlsym/dlvsym of such a name: refused while limits are active (NULL, one line). */
+__attribute__((noinline)) static void *refuse_unknown_abi(const char *how, const char *name, void *p) {
+    if (!p || ts_mode() == TS_MODE_PASSTHROUGH) return p;
+    char key[160];
+    snprintf(key, sizeof key, "abi:%s", name);
+    ts_log_once(key, "%s(%s) refused: an ABI of a limited call this library has no hook for, so its memory "
+                "could not be limited (fail closed; update tessera)", how, name);
+    return NULL;
+}
+
 static pthread_mutex_t g_bind_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_bound[2];
 
@@ -181,7 +228,19 @@ int ts_bind(int lib) {
 /* What a lookup of a hooked name resolved to (p) becomes. */
 static void *hooked_result(const char *name, void *p, const ts_hook *hk, const char *how) {
     if (p == NULL || p == hk->hook) return p;
-    if (ts_bind(hk->lib) != 0) return p;
+    if (ts_bind(hk->lib) != 0) {
+        /* Inside the binding itself (a driver constructor looking itself up): its own business. */
+        if (t_binding) return p;
+        /* No driver by its soname (a renamed copy, or one without DT_SONAME, loaded by path):
+         * the hook would have nothing to call, and the address is an unhooked driver. */
+        if (ts_mode() == TS_MODE_PASSTHROUGH) return p;
+        char key[96];
+        snprintf(key, sizeof key, "unbound:%s", name);
+        ts_log_once(key, "%s(%s) refused: no %s can be loaded by its soname to bind the limits to (a renamed "
+                    "driver loaded by path?); fail closed", how, name,
+                    hk->lib == TS_LIB_CUDA ? "libcuda.so.1" : "libnvidia-ml.so.1");
+        return NULL;
+    }
     if (p == *hk->real) {
         TS_DEBUG("%s(%s): intercepted", how, name);
         return hk->hook;
@@ -229,6 +288,8 @@ TS_EXPORT void *dlsym(void *handle, const char *name) {
     if (__builtin_expect(hk != NULL, 0)) return dlsym_hooked(handle, name, hk);
     if (__builtin_expect(n && n[0] == 'd' && n[1] == 'l', 0) && dl_self(n) && ts_real_dlsym(handle, name))
         return dl_self(n);
+    if (__builtin_expect(n && (n[0] == 'c' || n[0] == 'n'), 0) && unknown_abi_of_hooked(n))
+        return refuse_unknown_abi("dlsym", n, ts_real_dlsym(handle, n));
     dlsym_fn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
     if (__builtin_expect(f == NULL, 0)) f = resolve_real_dlsym();
     return f(handle, name);
@@ -251,6 +312,7 @@ TS_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
         if (hk) return hooked_result(name, f(handle, name, version), hk, "dlvsym");
         void *self = dl_self(name);
         if (self && f(handle, name, version)) return self;
+        if (unknown_abi_of_hooked(name)) return refuse_unknown_abi("dlvsym", name, f(handle, name, version));
     }
     return f(handle, name, version);
 }
@@ -280,16 +342,12 @@ TS_EXPORT void *dlopen(const char *file, int mode) {
     return f(file, mode);
 }
 
-/* Does the namespace of handle hold a CUDA driver or NVML (any object exporting their entry points)? */
-static int holds_driver(void *handle) {
-    return ts_real_dlsym(handle, "cuGetProcAddress") || ts_real_dlsym(handle, "cuMemAlloc_v2") ||
-           ts_real_dlsym(handle, "nvmlDeviceGetMemoryInfo");
-}
-
 /*
- * dlmopen: a driver loaded into another link-map namespace has none of the hooks (preloaded
- * libraries live in the base namespace only). With limits active, a dlmopen into another
- * namespace whose result holds the driver is undone and refused (NULL; dlerror says why).
+ * dlmopen: preloaded libraries exist in the base namespace only, so anything loaded into another
+ * link-map namespace calls the driver unhooked, now or later (a plugin that dlopens libcuda
+ * inside its namespace after it was loaded goes through that namespace's own C library, which
+ * this library never sees). With limits active, every dlmopen into another namespace is refused
+ * before anything is loaded (NULL; dlerror says why), logged once.
  */
 TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
     dlmopen_fn f = __atomic_load_n(&g_real_dlmopen, __ATOMIC_ACQUIRE);
@@ -305,17 +363,12 @@ TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
         }
         return f(lmid, file, mode);
     }
-    void *h = f(lmid, file, mode);
-    if (h && holds_driver(h)) {
-        dlclose(h);
-        ts_log_once("dlmopen", "dlmopen(%s) into another link-map namespace refused: it loads the CUDA driver "
-                    "without the GPU memory limits (fail closed)", file ? file : "NULL");
-        /* Leave a dlerror() that says so. */
-        dlopen_fn o = __atomic_load_n(&g_real_dlopen, __ATOMIC_ACQUIRE);
-        if (o) o("/tessera-isolation: refused: a CUDA driver in another link-map namespace is not limited", RTLD_NOW);
-        return NULL;
-    }
-    return h;
+    ts_log_once("dlmopen", "dlmopen(%s) into another link-map namespace refused: code there reaches the CUDA "
+                "driver without the GPU memory limits (fail closed)", file ? file : "NULL");
+    /* Leave a dlerror() that says so. */
+    dlopen_fn o = __atomic_load_n(&g_real_dlopen, __ATOMIC_ACQUIRE);
+    if (o) o("/tessera-isolation: refused: another link-map namespace is not limited", RTLD_NOW | RTLD_NOLOAD);
+    return NULL;
 }
 
 /* ---- cuGetProcAddress ---- */
@@ -383,6 +436,8 @@ static const ts_variant g_variants[] = {
 typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
 
 static int hooked_base(const char *symbol) {
+    char base[128];
+    if (abi_base(symbol, base, sizeof base)) symbol = base; /* cuGetProcAddress("cuMemAlloc_v3") */
     for (size_t i = 0; i < sizeof g_variants / sizeof g_variants[0]; i++)
         if (strcmp(g_variants[i].base, symbol) == 0) return 1;
     return 0;

@@ -54,6 +54,16 @@ int ts_parse_quantity(const char *text, uint64_t *out);
 /* The entry that applies to a device, or NULL: by UUID first, then by index. */
 const ts_entry *ts_config_match(const ts_config *cfg, int index, const char *uuid);
 
+/* ---- descriptors the program could close under us (fdguard.c) ---- */
+typedef struct {
+    int fd;
+    uint64_t dev, ino;
+    char path[TS_PATH_LEN];
+} ts_fd;
+void ts_fd_remember(ts_fd *f, int fd, const char *path);
+/* The descriptor, checked to still name the same file (reopened by path if not); -1: none. */
+int ts_fd_get(ts_fd *f);
+
 /* ---- shared region (region.c) ---- */
 int ts_region_attach(const char *path, char *err, size_t errlen); /* path "" = private */
 void ts_region_detach_after_fork(void);
