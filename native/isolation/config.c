@@ -269,7 +269,7 @@ static void load_file(ts_config *cfg, const char *path) {
 /* A set variable with an empty value is an error, never "unset" (a half-written environment must
  * not turn into "no limit"). Returns the value, NULL when unset; sets *bad when set but empty. */
 static const char *env_value(ts_config *cfg, const char *name, int *bad) {
-    const char *v = getenv(name);
+    const char *v = ts_getenv(name);
     if (v && *v == '\0') {
         fail(cfg, "%s is set but empty; give a value or unset it", name);
         *bad = 1;
@@ -304,7 +304,7 @@ static void load_env(ts_config *cfg) {
         cfg->has_default = 1;
     }
     static const char prefix[] = "TESSERA_GPU_MEMORY_LIMIT_";
-    for (char **e = environ; e && *e; e++) {
+    for (const char *const *e = ts_env_all(); e && *e; e++) {
         if (strncmp(*e, prefix, sizeof prefix - 1) != 0) continue;
         const char *suffix = *e + sizeof prefix - 1;
         const char *eq = strchr(suffix, '=');
@@ -404,7 +404,7 @@ void ts_config_load(ts_config *cfg) {
              TS_DEFAULT_CONFIG_DIR);
         return;
     }
-    const char *path = getenv("TESSERA_GPU_CONFIG");
+    const char *path = ts_getenv("TESSERA_GPU_CONFIG");
     if (path && *path == '\0') {
         snprintf(cfg->source, sizeof cfg->source, "environment");
         fail(cfg, "TESSERA_GPU_CONFIG is set but empty; give the configuration file's path or unset it");

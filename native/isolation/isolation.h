@@ -16,6 +16,10 @@
 enum { TS_LOG_OFF = -1, TS_LOG_ERROR = 0, TS_LOG_WARN = 1, TS_LOG_INFO = 2, TS_LOG_DEBUG = 3 };
 extern int ts_log_level;
 void ts_log_init(void);
+/* The configuration variables as they were at load (envsnap.c): TESSERA_* and CUDA_VISIBLE_DEVICES. */
+void ts_env_snapshot(void);
+const char *ts_getenv(const char *name);
+const char *const *ts_env_all(void); /* NULL-terminated "NAME=value" list */
 void ts_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Logs at the default level the first time key is seen (refusals the user must see once). */
 void ts_log_once(const char *key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -152,7 +152,7 @@ static int g_lock_stuck;
 
 static long lock_timeout_ms(void) {
     if (g_lock_timeout_ms < 0) {
-        const char *v = getenv("TESSERA_ISOLATION_LOCK_TIMEOUT_MS");
+        const char *v = ts_getenv("TESSERA_ISOLATION_LOCK_TIMEOUT_MS");
         long t = 5000;
         if (v && *v) {
             char *end;
@@ -250,7 +250,7 @@ static int check_header(const region_header *h, char *err, size_t errlen, const 
 }
 
 int ts_region_attach(const char *path, char *err, size_t errlen) {
-    const char *fault = getenv("TESSERA_ISOLATION_FAULT");
+    const char *fault = ts_getenv("TESSERA_ISOLATION_FAULT");
     /* stall-in-lock: at the first charge; stall-in-lock=BYTES: at a charge of exactly BYTES */
     g_fault_stall = fault && strncmp(fault, "stall-in-lock", 13) == 0 && (fault[13] == '\0' || fault[13] == '=');
     g_fault_size = g_fault_stall && fault[13] == '=' ? strtoull(fault + 14, NULL, 10) : 0;

@@ -187,6 +187,7 @@ static void child(void) {
 }
 
 __attribute__((constructor)) static void ts_constructor(void) {
+    ts_env_snapshot(); /* the configuration as it is at load, before main (envsnap.c) */
     ts_log_init();
     pthread_atfork(prepare, parent, child);
 }

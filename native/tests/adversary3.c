@@ -14,6 +14,13 @@
  *                     libcuda.so.1 is loadable), then dlsym cuMemAlloc_v2 in it.
  *   dlmopen-late LIB  dlmopen of a library that does not hold the driver (it loads it later,
  *                     inside its own namespace): must be refused while limits are active.
+ *   env-clear -       clearenv() before the first CUDA call, then allocates.
+ *   env-rewrite -     TESSERA_GPU_MEMORY_LIMIT rewritten to 1000G (setenv, and the original
+ *                     string overwritten in place) before the first CUDA call.
+ *   config-repoint F  TESSERA_GPU_CONFIG pointed at the program's own file F (no limits in it:
+ *                     a device line of 1000G) before the first CUDA call.
+ *   preinit -         the driver is opened and filled from .preinit_array, where `environ` is
+ *                     still NULL, before the library's constructor ran.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -136,6 +143,27 @@ static int fd_reuse(const char *region) {
     return 0;
 }
 
+/* .preinit_array: runs before every constructor, the library's included. */
+static unsigned long long g_preinit_held;
+static int g_preinit_refused;
+static void preinit(int argc, char **argv, char **envp) {
+    (void)envp;
+    if (argc < 2 || strcmp(argv[1], "preinit") != 0) return;
+    extern char **environ;
+    char **saved = environ;
+    environ = NULL; /* as the C library leaves it this early */
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib) {
+        start(lib, 0);
+        uint64_t before = refused;
+        fill((alloc_fn)dlsym(lib, "cuMemAlloc_v2"));
+        g_preinit_refused = (int)(refused - before);
+        g_preinit_held = held_in(lib, 0);
+    }
+    environ = saved;
+}
+__attribute__((section(".preinit_array"), used)) static void (*preinit_entry)(int, char **, char **) = preinit;
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: adversary3 CLASS ARG\n");
@@ -143,6 +171,30 @@ int main(int argc, char **argv) {
     }
     const char *c = argv[1];
     if (strcmp(c, "fd-reuse") == 0) return fd_reuse(argv[2]);
+    if (strcmp(c, "preinit") == 0) {
+        printf("held0=%llu held1=0 refused=%d\n", g_preinit_held, g_preinit_refused + refused);
+        return 0;
+    }
+    if (strcmp(c, "env-clear") == 0) {
+        clearenv();
+    } else if (strcmp(c, "env-rewrite") == 0) {
+        char *v = getenv("TESSERA_GPU_MEMORY_LIMIT");
+        if (v && strlen(v) >= 2) {
+            memset(v, '9', strlen(v) - 1); /* the original string, in place */
+            v[strlen(v) - 1] = 'G';
+        }
+        setenv("TESSERA_GPU_MEMORY_LIMIT", "1000G", 1);
+    } else if (strcmp(c, "config-repoint") == 0) {
+        setenv("TESSERA_GPU_CONFIG", argv[2], 1);
+    }
+    if (strncmp(c, "env-", 4) == 0 || strcmp(c, "config-repoint") == 0) {
+        h = dlopen("libcuda.so.1", RTLD_NOW);
+        if (!h) return 3;
+        start(h, 0);
+        fill((alloc_fn)need(h, "cuMemAlloc_v2"));
+        printf("held0=%llu held1=%llu refused=%d\n", held_in(h, 0), held_in(h, 1), refused);
+        return 0;
+    }
     h = dlopen("libcuda.so.1", RTLD_NOW);
     if (strcmp(c, "driver-path") == 0) {
         /* Nothing named libcuda.so.1 can be loaded: only the copy at PATH. */

@@ -76,3 +76,27 @@ def test_without_limits_nothing_is_refused(native) -> None:
     """Pass-through: the same lookups work when no limit is set."""
     out, err = run(native, "dlsym-newer", "cuMemAlloc_v3", {})
     assert out["refused"] == 0 and out["held0"] == 4 * GiB, err
+
+
+@pytest.mark.parametrize("cls", ["env-clear", "env-rewrite", "preinit"])
+def test_the_environment_is_read_once_at_load(native, cls: str) -> None:
+    """Class 2: clearing the environment, rewriting the limit (setenv and in place) before the
+    first CUDA call, or reaching the driver from .preinit_array while `environ` is NULL, leaves
+    the limit the process was started with (before: 4 GiB under a 2 GiB limit)."""
+    out, err = run(native, cls, "-", {"TESSERA_GPU_MEMORY_LIMIT": str(2 * GiB)})
+    assert out["held0"] <= 2 * GiB, f"{out['held0'] / GiB:.2f} GiB held over a 2 GiB limit\n{err}"
+    assert out["refused"] >= 1
+
+
+def test_a_repointed_config_variable_changes_nothing(native, tmp_path: Path) -> None:
+    """Class 2: TESSERA_GPU_CONFIG pointed at the program's own file (1000G) after load."""
+    from tessera.isolation import DeviceShare
+    from tessera.isolation.config import write_workload_files
+    from tests.isolation.conftest import fake_uuids
+
+    uuid = fake_uuids(native, H100)[0]
+    mine = write_workload_files(tmp_path / "mine", [DeviceShare(0, uuid, 2 * GiB, 2 * GiB)])
+    own = write_workload_files(tmp_path / "own", [DeviceShare(0, uuid, 1000 * GiB, 1000 * GiB)])
+    out, err = run(native, "config-repoint", str(own.config_path),
+                   {"TESSERA_GPU_CONFIG": str(mine.config_path)})
+    assert out["held0"] <= 2 * GiB, err
