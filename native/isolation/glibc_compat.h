@@ -25,6 +25,7 @@
 #ifdef TS_GLIBC_BASE
 __asm__(".symver dlerror,dlerror@" TS_GLIBC_BASE);
 __asm__(".symver dladdr,dladdr@" TS_GLIBC_BASE);
+__asm__(".symver pthread_once,pthread_once@" TS_GLIBC_BASE);
 __asm__(".symver pthread_mutex_trylock,pthread_mutex_trylock@" TS_GLIBC_BASE);
 __asm__(".symver pthread_mutex_timedlock,pthread_mutex_timedlock@" TS_GLIBC_BASE);
 __asm__(".symver pthread_mutexattr_init,pthread_mutexattr_init@" TS_GLIBC_BASE);
