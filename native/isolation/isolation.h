@@ -73,6 +73,7 @@ int ts_region_attach(const char *path, char *err, size_t errlen); /* path "" = p
 void ts_region_detach_after_fork(void);
 int ts_region_device(const char *key, uint64_t limit); /* region device index, -1, or -2: lock busy */
 int ts_region_find_device(const char *key);                       /* without registering */
+uint64_t ts_region_limit(int rdev); /* the workload's limit for the device: the first writer's */
 /* 1 if reserved, 0 if it would exceed limit, -1 on region failure. */
 int ts_region_reserve(int rdev, uint64_t size, uint64_t limit);
 void ts_region_release(int rdev, uint64_t size);

@@ -374,6 +374,12 @@ int ts_region_find_device(const char *key) {
     return -1;
 }
 
+/*
+ * The device's limit in the region is the first writer's (issue #28 class 5): a process that
+ * registers a device keeps the limit found there, and the caller enforces the smaller of its own
+ * and the region's. Only a writer that finds no live process of the workload attached (the
+ * workload restarted, perhaps with a new limit) replaces it.
+ */
 int ts_region_device(const char *key, uint64_t limit) {
     if (!g_hdr) return -1;
     if (region_lock() != 0) return -2; /* try again on the next call */
@@ -381,12 +387,23 @@ int ts_region_device(const char *key, uint64_t limit) {
     if (idx < 0 && g_hdr->n_devices < REGION_DEVICES) {
         idx = (int)g_hdr->n_devices;
         snprintf(g_hdr->devices[idx].key, sizeof g_hdr->devices[idx].key, "%s", key);
+        g_hdr->devices[idx].limit = limit;
         __atomic_store_n(&g_hdr->n_devices, g_hdr->n_devices + 1, __ATOMIC_RELEASE);
+    } else if (idx >= 0 && g_hdr->devices[idx].limit != limit) {
+        sweep(0);
+        int others = 0;
+        uint32_t hwm = g_hdr->slot_hwm > REGION_SLOTS ? REGION_SLOTS : g_hdr->slot_hwm;
+        for (uint32_t i = 0; i < hwm && !others; i++) others = g_slots[i].in_use && (int)i != g_my_slot;
+        if (!others) g_hdr->devices[idx].limit = limit;
     }
-    if (idx >= 0) g_hdr->devices[idx].limit = limit;
     region_unlock();
     if (idx < 0) ts_log(TS_LOG_ERROR, "the shared region has no room for device %s", key);
     return idx;
+}
+
+uint64_t ts_region_limit(int rdev) {
+    if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES) return 0;
+    return __atomic_load_n(&g_hdr->devices[rdev].limit, __ATOMIC_ACQUIRE);
 }
 
 static int region_reserve(int rdev, uint64_t size, uint64_t limit) {
