@@ -73,6 +73,7 @@ typedef struct alloc_rec {
     int dev; /* -1: not charged to a device */
     int refs;
     CUmemoryPool pool; /* stream-ordered allocation from this pool */
+    uint64_t len;      /* a mapping: its length */
     struct alloc_rec *next;
 } alloc_rec;
 
@@ -110,6 +111,7 @@ static void rec_put(alloc_rec **table, uint64_t key, uint64_t size, int dev) {
     r->dev = dev;
     r->refs = 1;
     r->pool = NULL;
+    r->len = 0;
     unsigned b = bucket(key);
     r->next = table[b];
     table[b] = r;
@@ -1041,6 +1043,8 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     if (hr) {
         hr->refs++;
         rec_put(g_maps, ptr, h, -1);
+        alloc_rec *m = find(g_maps, ptr);
+        if (m) m->len = size;
     }
     pthread_mutex_unlock(&g_mu);
     return hr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -1051,6 +1055,15 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     NEED_INIT();
     if (!ptr || !size) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
+    /* A mapping exactly at ptr covering the range (the usual unmap): found by its bucket. */
+    alloc_rec *exact = find(g_maps, ptr);
+    if (exact && exact->len >= size) { /* no other mapping can start inside it */
+        rec_take(g_maps, ptr);
+        handle_unref(exact->size);
+        free(exact);
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
     for (unsigned b = 0; b < NBUCKETS; b++) {
         for (alloc_rec **p = &g_maps[b]; *p;) {
             if ((*p)->key >= ptr && (*p)->key < ptr + size) {

@@ -406,7 +406,9 @@ CUresult ts_hook_cuMemUnmap(CUdeviceptr ptr, size_t size) {
         cur += maps[n].size ? maps[n].size : 1;
         n++;
     }
-    while (n < UNMAP_BATCH && ts_table_take_range(&ts_maps, ptr, end, &maps[n])) n++;
+    /* Mappings that tile [ptr, end) exactly were all found by address above (O(1) each); only a
+     * range the walk did not cover (a gap: not a whole mapping) needs the table scan. */
+    while (n < UNMAP_BATCH && cur < end && ts_table_take_range(&ts_maps, ptr, end, &maps[n])) n++;
     if (n == UNMAP_BATCH) more = 1;
     for (int i = 0; i < n; i++) {
         gone[i].key = maps[i].aux;
