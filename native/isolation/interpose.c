@@ -34,12 +34,28 @@ static dlmopen_fn g_real_dlmopen;
 /*
  * The C library's own dl* functions. This library exports dlsym, dlvsym, dlopen and dlmopen, so
  * any call to those names from here would reach our own; the C library's are found in its
- * dynamic symbol table (GNU hash), through dl_iterate_phdr, which is not interposed.
+ * dynamic symbol table (GNU hash), walking the loader's list of loaded objects (_r_debug).
+ *
+ * Coexistence (issue #28 class 6): another interposer preloaded before this library (a sanitizer
+ * runtime, VirtualGL, a profiler) may call our dlsym while it initialises, before its own
+ * interceptors of strcmp, dl_iterate_phdr and the like can forward anywhere. So nothing on the
+ * path of dlsym for a name we do not handle calls an interposable function: string compares are
+ * our own (ts_streq), and the C library is found through _r_debug, not dl_iterate_phdr (an
+ * interceptor of which resolving itself through dlsym recursed without end).
  */
-struct libc_lookup {
-    const char *name;
-    void *addr;
-};
+static int ts_streq(const char *a, const char *b) {
+    while (*a && *a == *b) a++, b++;
+    return *a == *b;
+}
+
+static int is_libc_path(const char *p) {
+    /* "/libc.so" anywhere in the path */
+    for (; p && *p; p++)
+        if (p[0] == '/' && p[1] == 'l' && p[2] == 'i' && p[3] == 'b' && p[4] == 'c' && p[5] == '.' &&
+            p[6] == 's' && p[7] == 'o')
+            return 1;
+    return 0;
+}
 
 static uint32_t gnu_hash(const char *s) {
     uint32_t h = 5381;
@@ -47,48 +63,41 @@ static uint32_t gnu_hash(const char *s) {
     return h;
 }
 
-static int libc_lookup_cb(struct dl_phdr_info *info, size_t size, void *data) {
-    (void)size;
-    struct libc_lookup *q = data;
-    if (!info->dlpi_name || !strstr(info->dlpi_name, "/libc.so")) return 0;
-    const ElfW(Dyn) *dyn = NULL;
-    for (int i = 0; i < info->dlpi_phnum; i++)
-        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
-    if (!dyn) return 0;
+static void *lookup_in(ElfW(Addr) base, const ElfW(Dyn) *dyn, const char *name) {
     const ElfW(Sym) *symtab = NULL;
     const char *strtab = NULL;
     const uint32_t *gnu = NULL;
     for (; dyn->d_tag != DT_NULL; dyn++) {
         ElfW(Addr) v = dyn->d_un.d_ptr;
-        if (v < info->dlpi_addr) v += info->dlpi_addr; /* not relocated in place on every architecture */
+        if (v < base) v += base; /* not relocated in place on every architecture */
         if (dyn->d_tag == DT_SYMTAB) symtab = (const ElfW(Sym) *)v;
         else if (dyn->d_tag == DT_STRTAB) strtab = (const char *)v;
         else if (dyn->d_tag == DT_GNU_HASH) gnu = (const uint32_t *)v;
     }
-    if (!symtab || !strtab || !gnu) return 0;
+    if (!symtab || !strtab || !gnu) return NULL;
     uint32_t nbuckets = gnu[0], symoffset = gnu[1], bloom_size = gnu[2];
     const uint32_t *buckets = gnu + 4 + bloom_size * (sizeof(ElfW(Addr)) / 4);
     const uint32_t *chain = buckets + nbuckets;
-    uint32_t h = gnu_hash(q->name);
-    if (nbuckets == 0) return 0;
+    uint32_t h = gnu_hash(name);
+    if (nbuckets == 0) return NULL;
     uint32_t i = buckets[h % nbuckets];
-    if (i < symoffset) return 1;
+    if (i < symoffset) return NULL;
     for (;; i++) {
         uint32_t h2 = chain[i - symoffset];
         const ElfW(Sym) *sym = &symtab[i];
-        if ((h | 1) == (h2 | 1) && sym->st_shndx != SHN_UNDEF && strcmp(strtab + sym->st_name, q->name) == 0) {
-            q->addr = (void *)(info->dlpi_addr + sym->st_value);
-            return 1;
-        }
+        if ((h | 1) == (h2 | 1) && sym->st_shndx != SHN_UNDEF && ts_streq(strtab + sym->st_name, name))
+            return (void *)(base + sym->st_value);
         if (h2 & 1) break;
     }
-    return 1;
+    return NULL;
 }
 
+extern struct r_debug _r_debug;
+
 static void *libc_sym(const char *name) {
-    struct libc_lookup q = {name, NULL};
-    dl_iterate_phdr(libc_lookup_cb, &q);
-    return q.addr;
+    for (struct link_map *l = _r_debug.r_map; l; l = l->l_next)
+        if (is_libc_path(l->l_name) && l->l_ld) return lookup_in(l->l_addr, l->l_ld, name);
+    return NULL;
 }
 
 static dlsym_fn resolve_real_dlsym(void) {
@@ -126,7 +135,7 @@ static ts_hook g_hooks[] = {
 static const ts_hook *hook_by_name(const char *name) {
     if (name[0] != 'c' && name[0] != 'n') return NULL;
     for (size_t i = 0; i < N_HOOKS; i++)
-        if (strcmp(g_hooks[i].name, name) == 0) return &g_hooks[i];
+        if (ts_streq(g_hooks[i].name, name)) return &g_hooks[i];
     return NULL;
 }
 
@@ -159,8 +168,10 @@ static int abi_base(const char *name, char *base, size_t len) {
  * cuMemAllocManaged_ptsz, nvmlDeviceGetMemoryInfo_v3...): calling it would reach the driver
  * unhooked. */
 static int unknown_abi_of_hooked(const char *name) {
-    if (name[0] != 'c' && name[0] != 'n') return 0;
+    /* Only cu* and nvml* go further (no interposable call before: see ts_streq). */
     if (name[0] == 'c' && name[1] != 'u') return 0;
+    if (name[0] == 'n' && (name[1] != 'v' || name[2] != 'm' || name[3] != 'l')) return 0;
+    if (name[0] != 'c' && name[0] != 'n') return 0;
     char base[128];
     if (!abi_base(name, base, sizeof base)) return 0;
     if (hook_by_name(name)) return 0;
@@ -263,17 +274,21 @@ __attribute__((noinline)) static void *dlsym_hooked(void *handle, const char *na
 
 /* The dynamic-loading functions themselves: looking them up (dlsym(libc, "dlsym")) gives ours,
  * so a program cannot reach the C library's dlsym and look the driver up around the hooks. */
-TS_EXPORT void *dlvsym(void *handle, const char *name, const char *version);
-TS_EXPORT void *dlopen(const char *file, int mode);
-TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode);
-TS_EXPORT void *dlsym(void *handle, const char *name);
+/* Defined under hidden names and exported by alias: inside this library the address of an
+ * exported function is the first definition in the process (a sanitizer's or another
+ * interposer's dlopen, preloaded earlier); handing that back for dlsym(RTLD_NEXT, "dlopen") made
+ * such an interposer call itself without end. The hidden names always mean ours. */
+void *ts_dlvsym(void *handle, const char *name, const char *version);
+void *ts_dlopen(const char *file, int mode);
+void *ts_dlmopen(Lmid_t lmid, const char *file, int mode);
+void *ts_dlsym(void *handle, const char *name);
 
 static void *dl_self(const char *n) {
     if (n[0] != 'd' || n[1] != 'l') return NULL;
-    if (strcmp(n, "dlsym") == 0) return (void *)dlsym;
-    if (strcmp(n, "dlvsym") == 0) return (void *)dlvsym;
-    if (strcmp(n, "dlopen") == 0) return (void *)dlopen;
-    if (strcmp(n, "dlmopen") == 0) return (void *)dlmopen;
+    if (ts_streq(n, "dlsym")) return (void *)ts_dlsym;
+    if (ts_streq(n, "dlvsym")) return (void *)ts_dlvsym;
+    if (ts_streq(n, "dlopen")) return (void *)ts_dlopen;
+    if (ts_streq(n, "dlmopen")) return (void *)ts_dlmopen;
     return NULL;
 }
 
@@ -281,7 +296,7 @@ static void *dl_self(const char *n) {
  * Every name we do not handle goes to the real dlsym as a tail call, so the C library sees the
  * original caller's return address and RTLD_NEXT / RTLD_DEFAULT keep their meaning for it.
  */
-TS_EXPORT void *dlsym(void *handle, const char *name) {
+void *ts_dlsym(void *handle, const char *name) {
     const char *n = name;
     __asm__("" : "+r"(n)); /* <dlfcn.h> says name is never NULL; a caller may still pass NULL */
     const ts_hook *hk = n ? hook_by_name(n) : NULL;
@@ -302,7 +317,7 @@ static dlvsym_fn real_dlvsym(void) {
 
 /* dlvsym: the same substitution as dlsym (the driver's names are unversioned, so any version
  * finds them). */
-TS_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
+void *ts_dlvsym(void *handle, const char *name, const char *version) {
     dlvsym_fn f = real_dlvsym();
     if (!f) return NULL;
     const char *n = name;
@@ -328,7 +343,7 @@ static void refuse_deepbind(const char *file) {
  * calls inside its own dependencies, before this preloaded library). The call to the C library
  * is a tail call, so it sees the original caller (its RUNPATH and namespace are used).
  */
-TS_EXPORT void *dlopen(const char *file, int mode) {
+void *ts_dlopen(const char *file, int mode) {
     if (__builtin_expect((mode & RTLD_DEEPBIND) != 0, 0) && ts_mode() != TS_MODE_PASSTHROUGH) {
         refuse_deepbind(file);
         mode &= ~RTLD_DEEPBIND;
@@ -349,7 +364,7 @@ TS_EXPORT void *dlopen(const char *file, int mode) {
  * this library never sees). With limits active, every dlmopen into another namespace is refused
  * before anything is loaded (NULL; dlerror says why), logged once.
  */
-TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
+void *ts_dlmopen(Lmid_t lmid, const char *file, int mode) {
     dlmopen_fn f = __atomic_load_n(&g_real_dlmopen, __ATOMIC_ACQUIRE);
     if (!f) {
         resolve_real_dlsym();
@@ -370,6 +385,11 @@ TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
     if (o) o("/tessera-isolation: refused: another link-map namespace is not limited", RTLD_NOW | RTLD_NOLOAD);
     return NULL;
 }
+
+TS_EXPORT extern __typeof(ts_dlsym) dlsym __attribute__((alias("ts_dlsym")));
+TS_EXPORT extern __typeof(ts_dlvsym) dlvsym __attribute__((alias("ts_dlvsym")));
+TS_EXPORT extern __typeof(ts_dlopen) dlopen __attribute__((alias("ts_dlopen")));
+TS_EXPORT extern __typeof(ts_dlmopen) dlmopen __attribute__((alias("ts_dlmopen")));
 
 /* ---- cuGetProcAddress ---- */
 

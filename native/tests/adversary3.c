@@ -19,6 +19,7 @@
  *                     string overwritten in place) before the first CUDA call.
  *   config-repoint F  TESSERA_GPU_CONFIG pointed at the program's own file F (no limits in it:
  *                     a device line of 1000G) before the first CUDA call.
+ *   alloc -           allocates up to the limit (built with ASan as adversary3_asan).
  *   preinit -         the driver is opened and filled from .preinit_array, where `environ` is
  *                     still NULL, before the library's constructor ran.
  */
@@ -212,7 +213,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "adversary3: %s\n", dlerror());
         return 3;
     }
-    if (strcmp(c, "dlsym-newer") == 0) {
+    if (strcmp(c, "alloc") == 0) { /* plain: as built (adversary3_asan: with AddressSanitizer) */
+        start(h, 0);
+        fill((alloc_fn)need(h, "cuMemAlloc_v2"));
+    } else if (strcmp(c, "dlsym-newer") == 0) {
         start(h, 0);
         fill((alloc_fn)dlsym(h, argv[2]));
     } else if (strcmp(c, "dlvsym-newer") == 0) {
