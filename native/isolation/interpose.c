@@ -43,12 +43,20 @@ static dlmopen_fn g_real_dlmopen;
  * our own (ts_streq), and the C library is found through _r_debug, not dl_iterate_phdr (an
  * interceptor of which resolving itself through dlsym recursed without end).
  */
-static int ts_streq(const char *a, const char *b) {
+/* The same path runs while a sanitizer runtime initialises (before its shadow memory exists), so
+ * in the library's own sanitizer build (the fuzzer's) it is not instrumented. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TS_EARLY __attribute__((no_sanitize_address, no_sanitize_undefined))
+#else
+#define TS_EARLY
+#endif
+
+TS_EARLY static int ts_streq(const char *a, const char *b) {
     while (*a && *a == *b) a++, b++;
     return *a == *b;
 }
 
-static int is_libc_path(const char *p) {
+TS_EARLY static int is_libc_path(const char *p) {
     /* "/libc.so" anywhere in the path */
     for (; p && *p; p++)
         if (p[0] == '/' && p[1] == 'l' && p[2] == 'i' && p[3] == 'b' && p[4] == 'c' && p[5] == '.' &&
@@ -57,13 +65,13 @@ static int is_libc_path(const char *p) {
     return 0;
 }
 
-static uint32_t gnu_hash(const char *s) {
+TS_EARLY static uint32_t gnu_hash(const char *s) {
     uint32_t h = 5381;
     for (; *s; s++) h = h * 33 + (unsigned char)*s;
     return h;
 }
 
-static void *lookup_in(ElfW(Addr) base, const ElfW(Dyn) *dyn, const char *name) {
+TS_EARLY static void *lookup_in(ElfW(Addr) base, const ElfW(Dyn) *dyn, const char *name) {
     const ElfW(Sym) *symtab = NULL;
     const char *strtab = NULL;
     const uint32_t *gnu = NULL;
@@ -94,13 +102,13 @@ static void *lookup_in(ElfW(Addr) base, const ElfW(Dyn) *dyn, const char *name) 
 
 extern struct r_debug _r_debug;
 
-static void *libc_sym(const char *name) {
+TS_EARLY static void *libc_sym(const char *name) {
     for (struct link_map *l = _r_debug.r_map; l; l = l->l_next)
         if (is_libc_path(l->l_name) && l->l_ld) return lookup_in(l->l_addr, l->l_ld, name);
     return NULL;
 }
 
-static dlsym_fn resolve_real_dlsym(void) {
+TS_EARLY static dlsym_fn resolve_real_dlsym(void) {
     dlsym_fn f = (dlsym_fn)libc_sym("dlsym");
     if (!f) {
         ts_log(TS_LOG_ERROR, "cannot find the C library's dlsym; driver lookups will fail");
@@ -113,7 +121,7 @@ static dlsym_fn resolve_real_dlsym(void) {
     return f;
 }
 
-void *ts_real_dlsym(void *handle, const char *name) {
+TS_EARLY void *ts_real_dlsym(void *handle, const char *name) {
     dlsym_fn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
     if (!f) f = resolve_real_dlsym();
     return f ? f(handle, name) : NULL;
@@ -132,7 +140,7 @@ static ts_hook g_hooks[] = {
 };
 #define N_HOOKS (sizeof g_hooks / sizeof g_hooks[0])
 
-static const ts_hook *hook_by_name(const char *name) {
+TS_EARLY static const ts_hook *hook_by_name(const char *name) {
     if (name[0] != 'c' && name[0] != 'n') return NULL;
     for (size_t i = 0; i < N_HOOKS; i++)
         if (ts_streq(g_hooks[i].name, name)) return &g_hooks[i];
@@ -167,7 +175,7 @@ static int abi_base(const char *name, char *base, size_t len) {
 /* A name that is an ABI variant of a hooked call this library has no hook for (cuMemAlloc_v3,
  * cuMemAllocManaged_ptsz, nvmlDeviceGetMemoryInfo_v3...): calling it would reach the driver
  * unhooked. */
-static int unknown_abi_of_hooked(const char *name) {
+TS_EARLY static int unknown_abi_of_hooked(const char *name) {
     /* Only cu* and nvml* go further (no interposable call before: see ts_streq). */
     if (name[0] == 'c' && name[1] != 'u') return 0;
     if (name[0] == 'n' && (name[1] != 'v' || name[2] != 'm' || name[3] != 'l')) return 0;
@@ -283,7 +291,7 @@ void *ts_dlopen(const char *file, int mode);
 void *ts_dlmopen(Lmid_t lmid, const char *file, int mode);
 void *ts_dlsym(void *handle, const char *name);
 
-static void *dl_self(const char *n) {
+TS_EARLY static void *dl_self(const char *n) {
     if (n[0] != 'd' || n[1] != 'l') return NULL;
     if (ts_streq(n, "dlsym")) return (void *)ts_dlsym;
     if (ts_streq(n, "dlvsym")) return (void *)ts_dlvsym;
@@ -296,7 +304,7 @@ static void *dl_self(const char *n) {
  * Every name we do not handle goes to the real dlsym as a tail call, so the C library sees the
  * original caller's return address and RTLD_NEXT / RTLD_DEFAULT keep their meaning for it.
  */
-void *ts_dlsym(void *handle, const char *name) {
+TS_EARLY void *ts_dlsym(void *handle, const char *name) {
     const char *n = name;
     __asm__("" : "+r"(n)); /* <dlfcn.h> says name is never NULL; a caller may still pass NULL */
     const ts_hook *hk = n ? hook_by_name(n) : NULL;
@@ -310,14 +318,14 @@ void *ts_dlsym(void *handle, const char *name) {
     return f(handle, name);
 }
 
-static dlvsym_fn real_dlvsym(void) {
+TS_EARLY static dlvsym_fn real_dlvsym(void) {
     if (!__atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE)) resolve_real_dlsym();
     return __atomic_load_n(&g_real_dlvsym, __ATOMIC_ACQUIRE);
 }
 
 /* dlvsym: the same substitution as dlsym (the driver's names are unversioned, so any version
  * finds them). */
-void *ts_dlvsym(void *handle, const char *name, const char *version) {
+TS_EARLY void *ts_dlvsym(void *handle, const char *name, const char *version) {
     dlvsym_fn f = real_dlvsym();
     if (!f) return NULL;
     const char *n = name;
