@@ -216,6 +216,7 @@ CUresult ts_hook_cuMemFree_v2(CUdeviceptr ptr) {
     if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(&ts_ptrs, ptr, &r)) return real(ptr);
     CUresult rc = real(ptr);
     if (rc != CUDA_SUCCESS) retrack(&ts_ptrs, &r);
+    else if (r.kind == TS_KIND_POOL || r.kind == TS_KIND_ASYNC) ts_pool_freed(&r); /* back to its pool */
     else ts_region_release(r.rdev, r.size);
     return rc;
 }

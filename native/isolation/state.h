@@ -57,6 +57,8 @@ int ts_untrack(ts_table *t, uint64_t key, ts_record *out);
 CUresult ts_pool_alloc(void *real, int kind, CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s,
                        const char *what);
 CUresult ts_pool_free(void *real, CUdeviceptr ptr, CUstream s);
+/* After the driver freed a tracked stream-ordered allocation (by either free API). */
+void ts_pool_freed(const ts_record *r);
 void ts_pool_created(CUmemoryPool pool, int ordinal);
 void ts_pool_destroyed(CUmemoryPool pool, CUresult rc);
 void ts_pools_settle_all(void);

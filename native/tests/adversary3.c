@@ -19,6 +19,7 @@
  *                     string overwritten in place) before the first CUDA call.
  *   config-repoint F  TESSERA_GPU_CONFIG pointed at the program's own file F (no limits in it:
  *                     a device line of 1000G) before the first CUDA call.
+ *   pool-sync-free -  pool allocations freed by the synchronous cuMemFree, then cuMemAlloc.
  *   alloc -           allocates up to the limit (built with ASan as adversary3_asan).
  *   preinit -         the driver is opened and filled from .preinit_array, where `environ` is
  *                     still NULL, before the library's constructor ran.
@@ -213,7 +214,26 @@ int main(int argc, char **argv) {
         fprintf(stderr, "adversary3: %s\n", dlerror());
         return 3;
     }
-    if (strcmp(c, "alloc") == 0) { /* plain: as built (adversary3_asan: with AddressSanitizer) */
+    if (strcmp(c, "pool-sync-free") == 0) {
+        /* Stream-ordered allocations (a pool that keeps what is freed) freed through the
+         * synchronous cuMemFree, then more memory with cuMemAlloc. */
+        start(h, 0);
+        CUmemoryPool pool;
+        ((CUresult(*)(CUmemoryPool *, CUdevice))need(h, "cuDeviceGetDefaultMemPool"))(&pool, 0);
+        cuuint64_t keep = UINT64_MAX;
+        ((CUresult(*)(CUmemoryPool, int, void *))need(h, "cuMemPoolSetAttribute"))(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+        CUstream s;
+        ((CUresult(*)(CUstream *, unsigned))need(h, "cuStreamCreate"))(&s, 0);
+        CUdeviceptr ptrs[64];
+        int n = 0;
+        for (; n < 64; n++)
+            if (((CUresult(*)(CUdeviceptr *, size_t, CUstream))need(h, "cuMemAllocAsync"))(&ptrs[n], STEP, s) != 0) {
+                refused++;
+                break;
+            }
+        for (int i = 0; i < n; i++) ((CUresult(*)(CUdeviceptr))need(h, "cuMemFree_v2"))(ptrs[i]);
+        fill((alloc_fn)need(h, "cuMemAlloc_v2"));
+    } else if (strcmp(c, "alloc") == 0) { /* plain: as built (adversary3_asan: with AddressSanitizer) */
         start(h, 0);
         fill((alloc_fn)need(h, "cuMemAlloc_v2"));
     } else if (strcmp(c, "dlsym-newer") == 0) {

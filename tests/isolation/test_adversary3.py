@@ -100,3 +100,12 @@ def test_a_repointed_config_variable_changes_nothing(native, tmp_path: Path) -> 
     out, err = run(native, "config-repoint", str(own.config_path),
                    {"TESSERA_GPU_CONFIG": str(mine.config_path)})
     assert out["held0"] <= 2 * GiB, err
+
+
+def test_pool_memory_freed_by_the_synchronous_free_stays_charged(native) -> None:
+    """Class 3: stream-ordered allocations freed through cuMemFree go back to their pool, which
+    keeps them reserved: the charge follows the pool, as for cuMemFreeAsync (before: the charge
+    was returned, 3 GiB held under a 2 GiB limit)."""
+    out, err = run(native, "pool-sync-free", "-", {"TESSERA_GPU_MEMORY_LIMIT": str(2 * GiB)})
+    assert out["held0"] <= 2 * GiB, f"{out['held0'] / GiB:.2f} GiB held over a 2 GiB limit\n{err}"
+    assert out["refused"] >= 1
