@@ -746,6 +746,7 @@ CUresult ts_hook_cuCtxDestroy_v2(CUcontext ctx) {
     else if (ts_custom_ctxs[r.ordinal] > 0) ts_custom_ctxs[r.ordinal]--;
     pthread_mutex_unlock(&ts_tab_mu);
     if (rc == CUDA_SUCCESS && r.rdev >= 0 && r.size) ts_region_release(r.rdev, r.size);
+    if (rc == CUDA_SUCCESS) ts_ctx_limits_release(ctx);
     return rc;
 }
 

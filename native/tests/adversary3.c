@@ -19,6 +19,7 @@
  *                     string overwritten in place) before the first CUDA call.
  *   config-repoint F  TESSERA_GPU_CONFIG pointed at the program's own file F (no limits in it:
  *                     a device line of 1000G) before the first CUDA call.
+ *   ctx-heaps -       a malloc heap (cuCtxSetLimit) in each of four contexts, then cuMemAlloc.
  *   pool-sync-free -  pool allocations freed by the synchronous cuMemFree, then cuMemAlloc.
  *   alloc -           allocates up to the limit (built with ASan as adversary3_asan).
  *   preinit -         the driver is opened and filled from .preinit_array, where `environ` is
@@ -214,7 +215,25 @@ int main(int argc, char **argv) {
         fprintf(stderr, "adversary3: %s\n", dlerror());
         return 3;
     }
-    if (strcmp(c, "pool-sync-free") == 0) {
+    if (strcmp(c, "ctx-heaps") == 0) {
+        /* A 512 MiB malloc heap in the primary context and in three more contexts (each context
+         * has its own), then more memory with cuMemAlloc. */
+        start(h, 0);
+        CUcontext primary;
+        ((CUresult(*)(CUcontext *))need(h, "cuCtxGetCurrent"))(&primary);
+        CUresult (*setlimit)(int, size_t) = (CUresult(*)(int, size_t))need(h, "cuCtxSetLimit");
+        if (setlimit(CU_LIMIT_MALLOC_HEAP_SIZE, 512 * MiB) != 0) refused++;
+        for (int i = 0; i < 3; i++) {
+            CUcontext x;
+            if (((CUresult(*)(CUcontext *, unsigned, CUdevice))need(h, "cuCtxCreate_v2"))(&x, 0, 0) != 0) {
+                refused++;
+                continue;
+            }
+            if (setlimit(CU_LIMIT_MALLOC_HEAP_SIZE, 512 * MiB) != 0) refused++;
+        }
+        ((CUresult(*)(CUcontext))need(h, "cuCtxSetCurrent"))(primary);
+        fill((alloc_fn)need(h, "cuMemAlloc_v2"));
+    } else if (strcmp(c, "pool-sync-free") == 0) {
         /* Stream-ordered allocations (a pool that keeps what is freed) freed through the
          * synchronous cuMemFree, then more memory with cuMemAlloc. */
         start(h, 0);

@@ -109,3 +109,13 @@ def test_pool_memory_freed_by_the_synchronous_free_stays_charged(native) -> None
     out, err = run(native, "pool-sync-free", "-", {"TESSERA_GPU_MEMORY_LIMIT": str(2 * GiB)})
     assert out["held0"] <= 2 * GiB, f"{out['held0'] / GiB:.2f} GiB held over a 2 GiB limit\n{err}"
     assert out["refused"] >= 1
+
+
+def test_each_contexts_heap_is_charged(native) -> None:
+    """Class 3: cuCtxSetLimit reserves exist per context (the fake driver, like the real one,
+    gives each context its own heap): a 512 MiB heap in four contexts takes 2 GiB, and each is
+    charged (before: once per device, 3.4 GiB held under a 2 GiB limit)."""
+    out, err = run(native, "ctx-heaps", "-", {"TESSERA_GPU_MEMORY_LIMIT": str(2 * GiB),
+                                             "TESSERA_GPU_CONTEXT_OVERHEAD": str(16 * 2**20)})
+    assert out["held0"] <= 2 * GiB, f"{out['held0'] / GiB:.2f} GiB held over a 2 GiB limit\n{err}"
+    assert out["refused"] >= 1
