@@ -176,10 +176,13 @@ class Reclaimer:
         return done
 
     def _trusted(self, led: Ledger, entries: tuple[Entry, ...]) -> tuple[list[Entry], dict[int, int]]:
-        """The entries the reclaimer may act on, with their host pids (entry index -> pid).
-        Without an authority: every live entry, as written. With one: an entry whose lock holder
-        the agent places in the share the entry names, its request/limit/priority replaced by
-        what the agent gave that share on this GPU."""
+        """The entries the reclaimer may act on, with the host pids of those it may kill (entry
+        index -> pid). Without an authority: every live entry, as written. With one: an entry
+        whose lock holder the agent places in the share the entry names (a possible victim), or
+        one the agent does not list at all (NVML lists a process only once it holds memory: an
+        owner waiting for its first allocation) of a share the agent knows (a possible owner,
+        never a victim); its request, limit and priority are the ones the agent gave that share
+        on this GPU. An entry whose process the agent places in another share is ignored."""
         auth = self.authority
         out: list[Entry] = []
         pids: dict[int, int] = {}
@@ -189,17 +192,19 @@ class Reclaimer:
                 continue
             pid = self.resolve(led, e)
             terms = auth.terms.get((e.share, led.uuid))
-            if pid is None or auth.share_of_pid.get(pid) != e.share or terms is None:
+            placed = auth.share_of_pid.get(pid) if pid is not None else None
+            if pid is None or terms is None or (placed is not None and placed != e.share):
                 key = (led.uuid, e.index, e.start_ns)
                 if key not in self._distrusted:
                     self._distrusted.add(key)
                     log.warning("GPU %s: ledger entry %d says share %r (pid %d in its namespace) but the "
                                 "agent places its process in %r; ignored", led.uuid, e.index, e.share,
-                                e.pid, auth.share_of_pid.get(pid) if pid is not None else None)
+                                e.pid, placed)
                 continue
             out.append(dataclasses.replace(e, request=terms.request, limit=terms.limit,
                                            priority=auth.priority.get(e.share, e.priority)))
-            pids[e.index] = pid
+            if placed is not None:
+                pids[e.index] = pid
         return out, pids
 
     def _borrowing_by_region(self, share: str, uuid: str) -> bool:
@@ -245,6 +250,7 @@ class Reclaimer:
             while need > 0:
                 candidates = [e for e in entries
                               if e.index not in pending and e.share != owner.share and e.charged > 0
+                              and (self.authority is None or e.index in pids)
                               and charged[e.share] > shares[e.share].request
                               and self._borrowing_by_region(e.share, pic.uuid)]
                 if not candidates:
