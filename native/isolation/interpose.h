@@ -3,6 +3,7 @@
 #define TESSERA_INTERPOSE_H
 
 #include "isolation.h"
+#include "launch_hooks.h"
 
 #define TS_EXPORT __attribute__((visibility("default")))
 
@@ -25,7 +26,7 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuMemAlloc) X(cuMemAllocPitch) X(cuMemFree) X(cuMemGetInfo) X(cuDeviceTotalMem)           \
     X(cuCtxCreate) X(cuCtxDestroy)                                                              \
     X(cuMemPoolTrimTo) X(cuGraphAddMemAllocNode) X(cuGraphAddNode) X(cuGraphAddNode_v2)         \
-    X(cuCtxSetLimit) X(cuArrayCreate) X(cuArray3DCreate)
+    X(cuCtxSetLimit) X(cuArrayCreate) X(cuArray3DCreate) TS_LAUNCH_HOOKS(X)
 
 #define TS_NVML_HOOKS(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 
@@ -34,7 +35,7 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)           \
     X(cuStreamGetCtx) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceGetCount)              \
     X(cuDeviceGetName) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolGetAttribute) \
-    X(cuStreamIsCapturing) X(cuCtxGetLimit) X(cuDeviceGetAttribute)
+    X(cuStreamIsCapturing) X(cuCtxGetLimit) X(cuDeviceGetAttribute) TS_LAUNCH_HELPERS(X)
 
 #define TS_NVML_HELPERS(X) X(nvmlDeviceGetUUID) X(nvmlDeviceGetIndex) X(nvmlInit_v2) X(nvmlShutdown)   \
     X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetComputeRunningProcesses)                        \

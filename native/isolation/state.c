@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "state.h"
+#include "compute.h"
 
 ts_config ts_cfg;
 ts_dev ts_devs[TS_MAX_DEVICES];
@@ -182,6 +183,7 @@ static void child(void) {
     ts_bind_reinit();
     ts_region_detach_after_fork();
     ts_loans_detach_after_fork();
+    ts_compute_after_fork();
     ts_table_clear(&ts_ptrs);
     ts_table_clear(&ts_handles);
     ts_table_clear(&ts_maps);

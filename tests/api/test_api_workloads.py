@@ -51,6 +51,9 @@ def test_invalid_requests_are_422_naming_the_field_and_change_nothing(
         ({"gpuRequestType": "portion"}, "spec.compute.gpuPortionRequest"),
         ({"gpuPortionRequest": 0.5, "gpuMemoryRequest": "1G"}, "spec.compute.gpuMemoryRequest"),
         ({"gpuModel": "H100-80GB", "gpuDevicesRequest": 1}, "spec.compute.gpuModel"),
+        # compute shares are off on this server (tessera up --gpu-compute-mode off, the default)
+        ({"gpuPortionRequest": 0.5, "gpuComputeRequest": 0.3}, "spec.compute.gpuComputeRequest"),
+        ({"gpuPortionRequest": 0.5, "gpuComputeMode": "turbo"}, "spec.compute.gpuComputeMode"),
     ]
     with server.http() as c:
         _project(c, "p-bad")

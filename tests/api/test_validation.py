@@ -63,3 +63,26 @@ def test_the_limit_counts_what_the_request_would_use() -> None:
     assert check_limit(GpuRequest.whole(2), [NODE], 1, "a", None) == 2.0
     exc = refusal(check_limit, GpuRequest.of_memory(8 * GiB), [NODE], 3, "a", 1.0)
     assert exc.field == "spec.compute" and "asks 1.5 GPUs, more than project a's limit of 1" in str(exc)
+
+
+@pytest.mark.parametrize(("compute", "gpu", "mode", "field", "rule"), [
+    (("0.3", None, None), GpuRequest.fraction("0.5"), "off", "spec.compute.gpuComputeRequest", "off in this cluster"),
+    (("1.2", None, None), GpuRequest.fraction("0.5"), "fair", "spec.compute.gpuComputeRequest", "[0, 1]"),
+    (("0.6", "0.4", None), GpuRequest.fraction("0.5"), "fair", "spec.compute.gpuComputeLimit", "at least"),
+    ((None, None, "turbo"), GpuRequest.fraction("0.5"), "fair", "spec.compute.gpuComputeMode", "off, fair, strict"),
+    (("0.5", None, None), GpuRequest.whole(1), "fair", "spec.compute.gpuComputeRequest", "whole GPUs"),
+])
+def test_compute_share_refusals_name_the_field(monkeypatch: pytest.MonkeyPatch, compute: tuple[object, ...],
+                                               gpu: GpuRequest, mode: str, field: str, rule: str) -> None:
+    monkeypatch.setenv("TESSERA_GPU_COMPUTE_MODE", mode)
+    e = refusal(check_submission, sub(gpu=gpu, compute=compute))
+    assert e.field == field and rule in e.rule
+
+
+def test_compute_share_defaults_from_the_cluster_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESSERA_GPU_COMPUTE_MODE", "strict")
+    share = check_submission(sub(gpu=GpuRequest.fraction("0.25"))).compute
+    assert share is not None and (str(share.request), str(share.limit), share.mode) == ("0.25", "0.25", "strict")
+    monkeypatch.setenv("TESSERA_GPU_COMPUTE_MODE", "off")
+    assert check_submission(sub(gpu=GpuRequest.fraction("0.25"))).compute is None
+    assert check_submission(sub(gpu=GpuRequest.fraction("0.25"), mig_profile=None)).compute is None

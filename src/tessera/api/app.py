@@ -342,6 +342,8 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
                 min_workers=body.spec.minWorkers,
                 spec=body.spec_doc(),
                 mig_profile=body.spec.compute.gpuMigProfile,
+                compute=(body.spec.compute.gpuComputeRequest, body.spec.compute.gpuComputeLimit,
+                         body.spec.compute.gpuComputeMode),
             )
         )
 

@@ -44,6 +44,8 @@ class WorkloadSubmission:
     """The request body's ``spec`` as given, kept for display."""
     mig_profile: str | None = None
     """A MIG partition (canonical profile name, ``3g.20gb``) instead of ``gpu``."""
+    compute: tuple[object, object, object] = (None, None, None)
+    """Compute share as given: gpuComputeRequest, gpuComputeLimit, gpuComputeMode (unchecked)."""
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,10 @@ class Compute(Strict):
     gpuMigProfile: ShortText | None = Field(
         default=None, description="A MIG partition instead of a GPU share, e.g. 3g.20gb "
         "(also mig-3g.20gb, nvidia.com/mig-3g.20gb); on GPUs an operator put in MIG mode")
+    gpuComputeRequest: Number | None = Field(
+        default=None, description="Guaranteed share of the GPU's time, [0, 1] (docs/compute-share.md)")
+    gpuComputeLimit: Number | None = Field(default=None, description="Ceiling on that share, [request, 1]")
+    gpuComputeMode: ShortText | None = Field(default=None, description="off, fair or strict")
     cpuCoreRequest: float | None = Field(default=None, ge=0, le=100_000)
     cpuMemoryRequest: ShortText | None = None
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tessera.api.backend import ProjectFields, WorkloadSubmission
+from tessera.core import compute as compute_rules
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuRequest, Node
 from tessera.core.requests import estimate_gpus
@@ -63,6 +64,8 @@ class Admitted:
     priority: int
     preemptible: bool
     min_workers: int
+    compute: compute_rules.ComputeShare | None = None
+    """The compute share its kernels are gated by (None: not gated)."""
 
 
 def check_submission(s: WorkloadSubmission) -> Admitted:
@@ -89,7 +92,25 @@ def check_submission(s: WorkloadSubmission) -> Admitted:
     if known is None:
         raise InvalidRequest("spec.priorityClass", f"must be one of {', '.join(PRIORITY_CLASSES)}",
                              pclass)
-    return Admitted(pclass, known.value, known.preemptible, min_workers)
+    share = check_compute(s)
+    return Admitted(pclass, known.value, known.preemptible, min_workers, share)
+
+
+def cluster_compute_mode() -> str:
+    """The cluster's default compute-share mode: ``tessera up --gpu-compute-mode`` / the Helm
+    value ``compute.mode`` set TESSERA_GPU_COMPUTE_MODE (default off)."""
+    import os
+
+    return os.environ.get("TESSERA_GPU_COMPUTE_MODE", "off").strip().lower() or "off"
+
+
+def check_compute(s: WorkloadSubmission, cluster_mode: str | None = None) -> compute_rules.ComputeShare | None:
+    """spec.compute.gpuComputeRequest|Limit|Mode against the GPU request and the cluster's mode
+    (tessera.core.compute: the rules every front end shares)."""
+    request, limit, mode = s.compute
+    return compute_rules.resolve(s.gpu, request=request, limit=limit, mode=mode,
+                                 cluster_mode=cluster_mode or cluster_compute_mode(),
+                                 mig=s.mig_profile is not None, names=compute_rules.API)
 
 
 def check_limit(gpu: GpuRequest, nodes: Iterable[Node], workers: int, project: str,

@@ -70,6 +70,9 @@ def _submit_fields(gpu_memory_flag: str) -> dict[str, str]:
         "spec.compute.gpuMemoryLimit": "--gpu-memory-limit",
         "spec.compute.gpuModel": "--gpu-model",
         "spec.compute.gpuMigProfile": "--gpu-mig-profile",
+        "spec.compute.gpuComputeRequest": "--gpu-compute-request",
+        "spec.compute.gpuComputeLimit": "--gpu-compute-limit",
+        "spec.compute.gpuComputeMode": "--gpu-compute-mode",
         "spec.compute": next((w for w in RAW_ARGV if w.split("=")[0] in GPU_FLAGS), "-g"),
     }
 

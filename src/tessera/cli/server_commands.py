@@ -57,10 +57,14 @@ def up(
     kubeconfig: Annotated[str | None, typer.Option("--kubeconfig", help="With --kubernetes: kubeconfig (default $KUBECONFIG, ~/.kube/config or in-cluster)")] = None,
     context: Annotated[str | None, typer.Option("--context", help="With --kubernetes: kubeconfig context")] = None,
     image: Annotated[str | None, typer.Option("--image", help="With --kubernetes: default container image of workloads")] = None,
+    gpu_compute_mode: Annotated[str, typer.Option("--gpu-compute-mode", envvar="TESSERA_GPU_COMPUTE_MODE", help="Cluster default compute-share mode: off (driver time-slicing), fair or strict (docs/compute-share.md)")] = "off",
     mig_serves_shares: Annotated[bool, typer.Option("--mig-serves-shares", envvar="TESSERA_MIG_SERVES_SHARES", help="A share no shared GPU can hold is served by the smallest MIG profile that holds it, on this machine's GPUs in MIG mode (docs/mig.md); on Kubernetes, label the nodes instead")] = False,
 ) -> None:
     """Start the control plane (REST API, scheduler, local runner) on this machine, or with
     --kubernetes the REST API for a cluster."""
+    if gpu_compute_mode not in ("off", "fair", "strict"):
+        raise CliError(f"--gpu-compute-mode: must be one of off, fair, strict (got {gpu_compute_mode!r})")
+    os.environ["TESSERA_GPU_COMPUTE_MODE"] = gpu_compute_mode  # read by the server's validator
     if not kubernetes and (kubeconfig or context or image):
         raise CliError("--kubeconfig: needs --kubernetes (so do --context and --image)")
     if kubernetes and mig_serves_shares:

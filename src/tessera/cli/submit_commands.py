@@ -66,6 +66,25 @@ def _compute(
     return compute
 
 
+def _compute_share(compute: dict[str, Any], request: str | None, limit: str | None, mode: str | None) -> None:
+    """--gpu-compute-request/-limit/-mode into spec.compute; ranges are checked here (errors
+    name the flag), the rest (the cluster's mode, whole GPUs, MIG) by the server's validator."""
+    from tessera.core import compute as rules
+
+    try:
+        if request is not None:
+            compute["gpuComputeRequest"] = str(rules._fraction(request, rules.FLAG_REQUEST))
+        if limit is not None:
+            compute["gpuComputeLimit"] = str(rules._fraction(limit, rules.FLAG_LIMIT))
+        if mode is not None:
+            compute["gpuComputeMode"] = rules.check_mode(mode, rules.FLAG_MODE)
+    except InvalidRequest as exc:
+        shown = "" if exc.value is None else f" (got {exc.value!r})"
+        raise CliError(f"{exc.field}: {exc.rule}{shown}") from None
+    if request is not None and limit is not None and float(limit) < float(request):
+        raise CliError(f"{rules.FLAG_LIMIT}: must be at least {rules.FLAG_REQUEST} ({request}) (got {limit!r})")
+
+
 def _env(pairs: list[str] | None) -> list[dict[str, str]]:
     out = []
     for pair in pairs or []:
@@ -85,6 +104,7 @@ def _submit(
     working_dir: str | None, output: str, on_eviction: str = "requeue",
     name_prefix: str | None = None, ports: list[str] | None = None,
     mig_profile: str | None = None,
+    compute_share: tuple[str | None, str | None, str | None] = (None, None, None),
 ) -> None:
     fmt = _fmt(output)
     if TRAILING:
@@ -127,6 +147,7 @@ def _submit(
     else:
         compute = _compute(gpu, gpu_devices, gpu_memory, portion, portion_limit, memory_request,
                            memory_limit, gpu_model)
+    _compute_share(compute, *compute_share)
     client, config = connect()
     spec: dict[str, Any] = {
         "image": image,
@@ -215,12 +236,15 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> No
         name_prefix: Annotated[str | None, typer.Option("--job-name-prefix", help="Prefix of the generated name")] = None,
         ports: Annotated[list[str] | None, typer.Option("--port", help="Expose a port: 8888 or HOST:CONTAINER; the URL shows in list and describe (SERVICE URL)")] = None,
         gpu_mig_profile: Annotated[str | None, typer.Option("--gpu-mig-profile", "--mig-profile", help="A MIG partition instead of a share: 3g.20gb (GPUs in MIG mode; docs/mig.md); --mig-profile is Run:ai's spelling")] = None,
+        compute_request: Annotated[str | None, typer.Option("--gpu-compute-request", help="Guaranteed share of the GPU's time, 0-1 (default: the portion; docs/compute-share.md)")] = None,
+        compute_limit: Annotated[str | None, typer.Option("--gpu-compute-limit", help="Ceiling on the GPU time share, request-1 (fair default 1, strict: the request)")] = None,
+        compute_mode: Annotated[str | None, typer.Option("--gpu-compute-mode", help="off, fair or strict (default: the cluster's)")] = None,
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
                 portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
                 environment, workers, min_workers, image, working_dir, output, on_eviction,
-                name_prefix, ports, gpu_mig_profile)
+                name_prefix, ports, gpu_mig_profile, (compute_request, compute_limit, compute_mode))
 
     submit.__doc__ = help_text
     group.command("submit")(submit)

@@ -120,6 +120,7 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         f"Request:     {w['gpus']['request']} x {w['workers']} pod(s) "
         f"(= {w['gpus']['requested']:.2f} GPUs; allocated {w['gpus']['allocated']:.2f})",
         f"Isolation:   {w['isolation']}",
+        *([f"Compute:     {w['computeShare']['text']}"] if w.get("computeShare") else []),
         f"Scheduler:   {w['scheduler']}",
         f"Image:       {w.get('image') or '-'}"
         + (" (its entrypoint runs)" if w.get("image") and not spec["command"] else ""),
@@ -355,7 +356,8 @@ def top(output: Output = "table") -> None:
             allocated = usable if whole else min(g["allocatedBytes"], usable)
             frac = allocated / usable
             holders = ", ".join(
-                f"{h['name']} ({'whole' if h['exclusive'] else render.size(h['bytes'])})"
+                f"{h['name']} ({'whole' if h['exclusive'] else render.size(h['bytes'])}"
+                + (f", GPU time {h['gpuTime1s']:.0%}" if "gpuTime1s" in h else "") + ")"
                 for h in g["workloads"]) or "idle"
             lines.append(
                 f"  GPU {g['index']} {g['model']:<12} {render.size(g['memoryBytes']):>7} "

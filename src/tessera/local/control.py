@@ -44,7 +44,7 @@ from tessera.core.requests import (
 )
 from tessera.core.state import Placement
 from tessera.isolation.config import REGION_NAME
-from tessera.local import containers, isolation_hook
+from tessera.local import compute_view, containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
 from tessera.local.gpus import Machine
@@ -375,6 +375,9 @@ class LocalBackend(TokenAuth):
                     for pod in w.pods if pod.get("holds")]
             mig = self.mig.describe({w.id: w.name for w in self._active.values()}) \
                 if self.machine.mig else []
+            names = {w.id: (w.project_name, w.name) for w in self._active.values()}
+        node = node_doc(self.machine.node, held)
+        compute_view.annotate_gpus(node["gpus"], self.data_dir / "compute", names)
         return merge({
             "backend": "embedded",
             "simulated": self.machine.simulated,
@@ -383,7 +386,7 @@ class LocalBackend(TokenAuth):
             "isolation": self.isolation.describe(),
             "containerRuntime": self.runtime.name if self.runtime else None,
             "containerRuntimeNote": self.runtime_note if self.runtime is None else "",
-            "nodes": [{**node_doc(self.machine.node, held), "migGpus": mig}],
+            "nodes": [{**node, "migGpus": mig}],
         }, self.usage.reports())
 
     def _usage_shares(self) -> tuple[list[Share], dict[int, str]]:
@@ -514,6 +517,8 @@ class LocalBackend(TokenAuth):
                 spec["_container"] = {"runtime": self.runtime.name, "path": self.runtime.path,
                                       "cdi": self.runtime.cdi, "image": s.image}
             spec["_env"] = dict(s.env)
+            if admitted.compute is not None:
+                spec["_compute"] = admitted.compute.to_dict()
             if s.mig_profile is not None:
                 spec["_mig"] = s.mig_profile
             if s.working_dir:
@@ -571,9 +576,20 @@ class LocalBackend(TokenAuth):
     def workloads_json(self, query: WorkloadQuery) -> tuple[str, int]:
         return self.store.list_json(query, self.machine.simulated)
 
+    def metrics_collectors(self) -> list[Any]:
+        """Collectors /metrics adds for this backend: the GPU time the compute arbiters charged
+        each workload (tessera.local.compute_metrics)."""
+        from tessera.local.compute_metrics import ComputeCollector
+
+        return [ComputeCollector(self.data_dir / "compute")]
+
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
         w = self._get(workload_id, kind)
         out = self.workload_dict(w)
+        if w.spec.get("_compute"):
+            from tessera.local.compute_view import compute_view
+
+            out["computeShare"] = compute_view(self.data_dir / "compute", w.id, w.spec["_compute"])
         out["events"] = [
             {"time": iso(e.time), "kind": e.kind, "message": e.message}
             for e in self.store.events(w.id)

@@ -338,6 +338,12 @@ class PodProcesses:
                 self.isolation.env(f"{w.id}-{index}", [g.uuid for g in gpus], p,
                                    {**os.environ, **env}, priority=w.priority)
             )
+            iso_dir = getattr(self.isolation, "dir", None)
+            if w.spec.get("_compute") and env.get("TESSERA_ISOLATION") == "on" and iso_dir is not None:
+                from tessera.local import compute_share
+
+                env.update(compute_share.env(iso_dir.parent, w.id, [g.uuid for g in gpus], w.spec["_compute"],
+                                             latency=w.type == "Inference"))
         return env
 
     def check(self, w: Workload, restarted: bool = False) -> None:

@@ -38,6 +38,8 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend) -> History:
     prometheus = os.environ.get("TESSERA_PROMETHEUS_URL", "")
     source = PrometheusHistory(prometheus, history) if prometheus else history
     registry = api_registry(snapshots)
+    for collector in getattr(backend, "metrics_collectors", list)():
+        registry.register(collector)  # a backend's own (embedded: per-workload GPU time)
     app.mount("/console", StaticFiles(directory=STATIC), name="console")
 
     @app.get("/", include_in_schema=False)

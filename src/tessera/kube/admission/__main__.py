@@ -35,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8443, help="0 picks a free port")
     p.add_argument("--scheduler-name", default=d.scheduler_name)
+    p.add_argument("--gpu-compute-mode", choices=("off", "fair", "strict"), default=d.compute_mode,
+                   help="cluster default compute-share mode (docs/compute-share.md)")
     p.add_argument("--scheduler-user", default=d.scheduler_user,
                    help="the scheduler's username; the only one that may change tessera's "
                         "annotations on a pod")
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         containers_host_dir=args.containers_host_dir, loans_host_dir=args.loans_host_dir,
         preload_host_file=args.preload_host_file, default_project=args.default_project or None,
         region_group=args.region_group, rewrite_claims=args.rewrite_to_claims,
-        operator_mig=args.operator_mig,
+        operator_mig=args.operator_mig, compute_mode=args.gpu_compute_mode,
     )
     try:
         import uvloop  # libuv loop and its TLS: about half the webhook's CPU per review

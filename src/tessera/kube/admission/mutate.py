@@ -37,7 +37,7 @@ from typing import Any
 from tessera.core.errors import InvalidRequest
 from tessera.core.podgroups import share_group
 from tessera.kube import names
-from tessera.kube.admission import claims, mig_resources, policy
+from tessera.kube.admission import claims, compute_spellings, mig_resources, policy
 from tessera.kube.admission import spellings as sp
 from tessera.kube.admission.policy import ClusterView, WebhookConfig
 from tessera.kube.binder import configmap_name
@@ -169,6 +169,7 @@ def admitted(pod: Mapping[str, Any], namespace: str, view: ClusterView, config: 
     ann = meta.get("annotations") or {}
     meta["annotations"] = ann
     ann.update(t.annotations)
+    ann.update(compute_spellings.canonical(pod, t.request, mig=mig is not None, cluster_mode=config.compute_mode))
     ann[names.PROJECT] = project
     if mig is not None:
         ann[names.MIG_PROFILE] = mig

@@ -131,6 +131,8 @@ class WebhookConfig:
     default_project: str | None = None
     """Project for pods in a namespace no Project owns; None refuses them."""
     replaceable_schedulers: frozenset[str] = REPLACEABLE_SCHEDULERS
+    compute_mode: str = "off"
+    """Cluster default compute-share mode (off, fair, strict; docs/compute-share.md)."""
     operator_mig: str = "auto"
     """The GPU operator's ``nvidia.com/mig-…`` resources: ``auto`` (made by tessera where no
     node advertises that resource but a GPU in MIG mode has the profile), ``dynamic``, ``static``
