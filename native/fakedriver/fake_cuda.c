@@ -48,6 +48,7 @@ struct CUctx_st {
     unsigned magic;
     int dev;
     int primary;
+    uint64_t limits[5]; /* cuCtxSetLimit values of this context (0: default): each context has its own */
 };
 struct CUstream_st {
     unsigned magic;
@@ -75,6 +76,7 @@ typedef struct alloc_rec {
     int dev; /* -1: not charged to a device */
     int refs;
     CUmemoryPool pool; /* stream-ordered allocation from this pool */
+    uint64_t len;      /* a mapping: its length */
     struct alloc_rec *next;
 } alloc_rec;
 
@@ -94,7 +96,6 @@ static struct CUmemPoolHandle_st g_default_pool[FAKE_MAX_DEVICES];
 static CUmemoryPool g_current_pool[FAKE_MAX_DEVICES]; /* cuDeviceSetMemPool; NULL: the default */
 static uint64_t g_graph_reserved[FAKE_MAX_DEVICES];   /* graph memory of launched executables */
 static uint64_t g_graph_idle[FAKE_MAX_DEVICES];       /* of destroyed ones, until cuDeviceGraphMemTrim */
-static uint64_t g_limits[FAKE_MAX_DEVICES][5];        /* cuCtxSetLimit values (0: default) */
 static __thread CUcontext t_stack[16];
 static __thread int t_depth;
 
@@ -112,6 +113,7 @@ static void rec_put(alloc_rec **table, uint64_t key, uint64_t size, int dev) {
     r->dev = dev;
     r->refs = 1;
     r->pool = NULL;
+    r->len = 0;
     unsigned b = bucket(key);
     r->next = table[b];
     table[b] = r;
@@ -148,6 +150,7 @@ static uint64_t device_free(int dev) {
 static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
 
 static int valid_ctx(CUcontext c) { return c != NULL && c->magic == CTX_MAGIC; }
+static void ctx_drop_limits(CUcontext c);
 
 /* Charges size bytes to dev (or to nothing when dev < 0) and returns a fresh address. */
 static CUresult charge(int dev, uint64_t size, unsigned long long *out, alloc_rec **table) {
@@ -296,8 +299,10 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_ctx_mu);
     int refs = g_primary_refs[dev];
-    if (refs > 0 && --g_primary_refs[dev] == 0) ctx_charge(dev, -1);
+    int gone = refs > 0 && --g_primary_refs[dev] == 0;
+    if (gone) ctx_charge(dev, -1);
     pthread_mutex_unlock(&g_ctx_mu);
+    if (gone) ctx_drop_limits(&g_primary[dev]);
     return refs == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
 }
 
@@ -310,6 +315,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     if (g_primary_refs[dev] > 0) ctx_charge(dev, -1);
     g_primary_refs[dev] = 0;
     pthread_mutex_unlock(&g_ctx_mu);
+    ctx_drop_limits(&g_primary[dev]);
     return CUDA_SUCCESS;
 }
 
@@ -351,6 +357,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
         if (t_stack[i] == ctx) t_stack[i] = NULL;
     while (t_depth > 0 && t_stack[t_depth - 1] == NULL) t_depth--;
     ctx_charge(ctx->dev, -1);
+    ctx_drop_limits(ctx);
     ctx->magic = 0;
     free(ctx);
     return CUDA_SUCCESS;
@@ -854,17 +861,29 @@ static uint64_t limit_bytes(int limit, uint64_t value) {
     return 0;
 }
 
+/* A context that goes away gives back what its limits took (g_mu not held). */
+static void ctx_drop_limits(CUcontext c) {
+    pthread_mutex_lock(&g_mu);
+    fake_state_lock();
+    for (int l = 0; l < 5; l++) {
+        used_add(c->dev, -(int64_t)limit_bytes(l, c->limits[l]));
+        c->limits[l] = 0;
+    }
+    fake_state_unlock();
+    pthread_mutex_unlock(&g_mu);
+}
+
 EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
     NEED_CTX(c);
     if (limit < 0 || limit > 4) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     fake_state_lock();
-    uint64_t old = limit_bytes(limit, g_limits[c->dev][limit]), now = limit_bytes(limit, value);
+    uint64_t old = limit_bytes(limit, c->limits[limit]), now = limit_bytes(limit, value);
     CUresult rc = CUDA_SUCCESS;
     if (now > old && now - old > device_free(c->dev)) rc = CUDA_ERROR_OUT_OF_MEMORY;
     else {
         used_add(c->dev, (int64_t)now - (int64_t)old);
-        g_limits[c->dev][limit] = value;
+        c->limits[limit] = value;
     }
     fake_state_unlock();
     pthread_mutex_unlock(&g_mu);
@@ -874,7 +893,7 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
 EXPORT CUresult cuCtxGetLimit(size_t *value, int limit) {
     NEED_CTX(c);
     if (!value || limit < 0 || limit > 4) return CUDA_ERROR_INVALID_VALUE;
-    *value = g_limits[c->dev][limit];
+    *value = c->limits[limit];
     return CUDA_SUCCESS;
 }
 
@@ -1052,6 +1071,8 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     if (hr) {
         hr->refs++;
         rec_put(g_maps, ptr, h, -1);
+        alloc_rec *m = find(g_maps, ptr);
+        if (m) m->len = size;
     }
     pthread_mutex_unlock(&g_mu);
     return hr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -1062,6 +1083,15 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     NEED_INIT();
     if (!ptr || !size) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
+    /* A mapping exactly at ptr covering the range (the usual unmap): found by its bucket. */
+    alloc_rec *exact = find(g_maps, ptr);
+    if (exact && exact->len >= size) { /* no other mapping can start inside it */
+        rec_take(g_maps, ptr);
+        handle_unref(exact->size);
+        free(exact);
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
     for (unsigned b = 0; b < NBUCKETS; b++) {
         for (alloc_rec **p = &g_maps[b]; *p;) {
             if ((*p)->key >= ptr && (*p)->key < ptr + size) {

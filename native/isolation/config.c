@@ -269,7 +269,7 @@ static void load_file(ts_config *cfg, const char *path) {
 /* A set variable with an empty value is an error, never "unset" (a half-written environment must
  * not turn into "no limit"). Returns the value, NULL when unset; sets *bad when set but empty. */
 static const char *env_value(ts_config *cfg, const char *name, int *bad) {
-    const char *v = getenv(name);
+    const char *v = ts_getenv(name);
     if (v && *v == '\0') {
         fail(cfg, "%s is set but empty; give a value or unset it", name);
         *bad = 1;
@@ -304,28 +304,37 @@ static void load_env(ts_config *cfg) {
         cfg->has_default = 1;
     }
     static const char prefix[] = "TESSERA_GPU_MEMORY_LIMIT_";
-    for (char **e = environ; e && *e; e++) {
+    for (const char *const *e = ts_env_all(); e && *e; e++) {
         if (strncmp(*e, prefix, sizeof prefix - 1) != 0) continue;
         const char *suffix = *e + sizeof prefix - 1;
         const char *eq = strchr(suffix, '=');
         if (!eq) continue;
-        int index = device_suffix(suffix, (size_t)(eq - suffix));
+        size_t slen = (size_t)(eq - suffix);
         int shown = (int)(eq - *e) > 80 ? 80 : (int)(eq - *e);
-        if (index < 0) {
-            fail(cfg, "%.*s: the suffix must be a visible device index from 0 to %d without leading zeros",
-                 shown, *e, TS_MAX_DEVICES - 1);
+        /* By UUID (GPU-... or MIG-..., as the launcher writes them: a limit that follows the
+         * device, never its index under a reordered CUDA_VISIBLE_DEVICES), or by visible index. */
+        int by_uuid = slen > 4 && (strncmp(suffix, "GPU-", 4) == 0 || strncmp(suffix, "MIG-", 4) == 0);
+        for (size_t k = 4; by_uuid && k < slen; k++)
+            if (!isxdigit((unsigned char)suffix[k]) && suffix[k] != '-' && suffix[k] != '/') by_uuid = 0;
+        if (by_uuid && slen >= TS_UUID_LEN) by_uuid = 0;
+        int index = by_uuid ? -1 : device_suffix(suffix, slen);
+        if (!by_uuid && index < 0) {
+            fail(cfg, "%.*s: the suffix must be a visible device index from 0 to %d without leading zeros, "
+                      "or a GPU UUID (GPU-... or MIG-...)", shown, *e, TS_MAX_DEVICES - 1);
             return;
         }
         for (int i = 0; i < cfg->n_entries; i++)
-            if (cfg->entries[i].index == index) {
-                fail(cfg, "%.*s: device %d has more than one limit variable", shown, *e, index);
+            if (by_uuid ? (strlen(cfg->entries[i].uuid) == slen && strncmp(cfg->entries[i].uuid, suffix, slen) == 0)
+                        : cfg->entries[i].index == index) {
+                fail(cfg, "%.*s: this device has more than one limit variable", shown, *e);
                 return;
             }
-        if (cfg->n_entries >= TS_MAX_DEVICES) { /* unreachable: indexes are unique and < 32 */
+        if (cfg->n_entries >= TS_MAX_DEVICES) {
             fail(cfg, "more than %d TESSERA_GPU_MEMORY_LIMIT_<i> variables", TS_MAX_DEVICES);
             return;
         }
         ts_entry ent = {.index = index};
+        if (by_uuid) memcpy(ent.uuid, suffix, slen);
         if (eq[1] == '\0') {
             fail(cfg, "%.*s is set but empty; give a value or unset it", shown, *e);
             return;
@@ -404,7 +413,7 @@ void ts_config_load(ts_config *cfg) {
              TS_DEFAULT_CONFIG_DIR);
         return;
     }
-    const char *path = getenv("TESSERA_GPU_CONFIG");
+    const char *path = ts_getenv("TESSERA_GPU_CONFIG");
     if (path && *path == '\0') {
         snprintf(cfg->source, sizeof cfg->source, "environment");
         fail(cfg, "TESSERA_GPU_CONFIG is set but empty; give the configuration file's path or unset it");

@@ -216,6 +216,7 @@ CUresult ts_hook_cuMemFree_v2(CUdeviceptr ptr) {
     if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(&ts_ptrs, ptr, &r)) return real(ptr);
     CUresult rc = real(ptr);
     if (rc != CUDA_SUCCESS) retrack(&ts_ptrs, &r);
+    else if (r.kind == TS_KIND_POOL || r.kind == TS_KIND_ASYNC) ts_pool_freed(&r); /* back to its pool */
     else ts_region_release(r.rdev, r.size);
     return rc;
 }
@@ -406,7 +407,9 @@ CUresult ts_hook_cuMemUnmap(CUdeviceptr ptr, size_t size) {
         cur += maps[n].size ? maps[n].size : 1;
         n++;
     }
-    while (n < UNMAP_BATCH && ts_table_take_range(&ts_maps, ptr, end, &maps[n])) n++;
+    /* Mappings that tile [ptr, end) exactly were all found by address above (O(1) each); only a
+     * range the walk did not cover (a gap: not a whole mapping) needs the table scan. */
+    while (n < UNMAP_BATCH && cur < end && ts_table_take_range(&ts_maps, ptr, end, &maps[n])) n++;
     if (n == UNMAP_BATCH) more = 1;
     for (int i = 0; i < n; i++) {
         gone[i].key = maps[i].aux;
@@ -743,6 +746,7 @@ CUresult ts_hook_cuCtxDestroy_v2(CUcontext ctx) {
     else if (ts_custom_ctxs[r.ordinal] > 0) ts_custom_ctxs[r.ordinal]--;
     pthread_mutex_unlock(&ts_tab_mu);
     if (rc == CUDA_SUCCESS && r.rdev >= 0 && r.size) ts_region_release(r.rdev, r.size);
+    if (rc == CUDA_SUCCESS) ts_ctx_limits_release(ctx);
     return rc;
 }
 

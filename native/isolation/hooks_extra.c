@@ -191,7 +191,26 @@ CUresult ts_hook_cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgra
 
 /* ---- context limits ---- */
 
-static uint64_t g_limit_charged[TS_MAX_DEVICES][3]; /* under ts_tab_mu */
+/* What each context's limits are charged (issue #28 class 3: every context has its own heap,
+ * FIFO and stack reserve, so a second context's cuCtxSetLimit takes memory again). Keyed by the
+ * context's address with the limit in its low bits (contexts are at least 8-byte aligned); under
+ * ts_tab_mu. */
+static ts_table g_ctx_limits;
+
+static uint64_t ctx_limit_key(CUcontext c, int limit) { return (uint64_t)(uintptr_t)c | (uint64_t)limit; }
+
+void ts_ctx_limits_release(CUcontext c) {
+    uint64_t sums[TS_MAX_DEVICES] = {0};
+    pthread_mutex_lock(&ts_tab_mu);
+    for (int l = CU_LIMIT_STACK_SIZE; l <= CU_LIMIT_MALLOC_HEAP_SIZE; l++) {
+        ts_record r;
+        if (ts_table_take(&g_ctx_limits, ctx_limit_key(c, l), &r) && r.rdev >= 0 && r.rdev < TS_MAX_DEVICES)
+            sums[r.rdev] += r.size;
+    }
+    pthread_mutex_unlock(&ts_tab_mu);
+    for (int i = 0; i < TS_MAX_DEVICES; i++)
+        if (sums[i]) ts_region_release(i, sums[i]);
+}
 
 static uint64_t limit_bytes(int limit, size_t value, int ord) {
     if (limit != CU_LIMIT_STACK_SIZE) return value;
@@ -229,8 +248,13 @@ CUresult ts_hook_cuCtxSetLimit(int limit, size_t value) {
     if (rc != CUDA_SUCCESS) return real(limit, value);
     if (ord < 0 || ord >= TS_MAX_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
     uint64_t want = limit_bytes(limit, value, ord);
+    CUcontext ctx = NULL;
+    if (!ts_real.cuCtxGetCurrent || ((CUresult(*)(CUcontext *))ts_real.cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
+        return real(limit, value); /* no context: the driver's error */
+    uint64_t key = ctx_limit_key(ctx, limit);
     pthread_mutex_lock(&ts_tab_mu);
-    uint64_t had = g_limit_charged[ord][limit];
+    ts_record *prev = ts_table_find(&g_ctx_limits, key);
+    uint64_t had = prev ? prev->size : 0;
     pthread_mutex_unlock(&ts_tab_mu);
     int rdev = -1;
     if (want > had) {
@@ -247,8 +271,13 @@ CUresult ts_hook_cuCtxSetLimit(int limit, size_t value) {
         return rc;
     }
     ts_dev *d = ts_device(ord);
+    uint64_t keep = d && d->limited ? want : 0;
     pthread_mutex_lock(&ts_tab_mu);
-    g_limit_charged[ord][limit] = d && d->limited ? want : 0;
+    if (keep) ts_table_put(&g_ctx_limits, key, keep, d->rdev, ord, TS_KIND_OTHER);
+    else {
+        ts_record gone;
+        ts_table_take(&g_ctx_limits, key, &gone);
+    }
     pthread_mutex_unlock(&ts_tab_mu);
     if (want < had && d && d->rdev >= 0) ts_region_release(d->rdev, had - want);
     return rc;

@@ -70,7 +70,7 @@ static ts_arb_header *g_hdr;   /* the arbiter's header: the fast path reads it d
 static int64_t g_lease_launch0; /* g_launched when the current lease began */
 
 static void load(void) {
-    const char *path = getenv("TESSERA_GPU_COMPUTE_CONFIG");
+    const char *path = ts_getenv("TESSERA_GPU_COMPUTE_CONFIG"); /* as at load (envsnap.c) */
     if (!path || !*path) path = TS_DEFAULT_CONFIG_DIR "/gpu-compute.conf";
     FILE *f = fopen(path, "re");
     if (!f) {

@@ -17,7 +17,7 @@ typedef nvmlReturn_t (*index_fn)(nvmlDevice_t, unsigned int *);
 
 /* The CUDA-visible index of an NVML device under CUDA_VISIBLE_DEVICES, or -1 if hidden. */
 static int visible_index(int nvml_index, const char *uuid) {
-    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES"); /* live: the driver reads it live at cuInit */
     if (!cvd) return nvml_index;
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", cvd);

@@ -34,64 +34,81 @@ static dlmopen_fn g_real_dlmopen;
 /*
  * The C library's own dl* functions. This library exports dlsym, dlvsym, dlopen and dlmopen, so
  * any call to those names from here would reach our own; the C library's are found in its
- * dynamic symbol table (GNU hash), through dl_iterate_phdr, which is not interposed.
+ * dynamic symbol table (GNU hash), walking the loader's list of loaded objects (_r_debug).
+ *
+ * Coexistence (issue #28 class 6): another interposer preloaded before this library (a sanitizer
+ * runtime, VirtualGL, a profiler) may call our dlsym while it initialises, before its own
+ * interceptors of strcmp, dl_iterate_phdr and the like can forward anywhere. So nothing on the
+ * path of dlsym for a name we do not handle calls an interposable function: string compares are
+ * our own (ts_streq), and the C library is found through _r_debug, not dl_iterate_phdr (an
+ * interceptor of which resolving itself through dlsym recursed without end).
  */
-struct libc_lookup {
-    const char *name;
-    void *addr;
-};
+/* The same path runs while a sanitizer runtime initialises (before its shadow memory exists), so
+ * in the library's own sanitizer build (the fuzzer's) it is not instrumented. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TS_EARLY __attribute__((no_sanitize_address, no_sanitize_undefined))
+#else
+#define TS_EARLY
+#endif
 
-static uint32_t gnu_hash(const char *s) {
+TS_EARLY static int ts_streq(const char *a, const char *b) {
+    while (*a && *a == *b) a++, b++;
+    return *a == *b;
+}
+
+TS_EARLY static int is_libc_path(const char *p) {
+    /* "/libc.so" anywhere in the path */
+    for (; p && *p; p++)
+        if (p[0] == '/' && p[1] == 'l' && p[2] == 'i' && p[3] == 'b' && p[4] == 'c' && p[5] == '.' &&
+            p[6] == 's' && p[7] == 'o')
+            return 1;
+    return 0;
+}
+
+TS_EARLY static uint32_t gnu_hash(const char *s) {
     uint32_t h = 5381;
     for (; *s; s++) h = h * 33 + (unsigned char)*s;
     return h;
 }
 
-static int libc_lookup_cb(struct dl_phdr_info *info, size_t size, void *data) {
-    (void)size;
-    struct libc_lookup *q = data;
-    if (!info->dlpi_name || !strstr(info->dlpi_name, "/libc.so")) return 0;
-    const ElfW(Dyn) *dyn = NULL;
-    for (int i = 0; i < info->dlpi_phnum; i++)
-        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
-    if (!dyn) return 0;
+TS_EARLY static void *lookup_in(ElfW(Addr) base, const ElfW(Dyn) *dyn, const char *name) {
     const ElfW(Sym) *symtab = NULL;
     const char *strtab = NULL;
     const uint32_t *gnu = NULL;
     for (; dyn->d_tag != DT_NULL; dyn++) {
         ElfW(Addr) v = dyn->d_un.d_ptr;
-        if (v < info->dlpi_addr) v += info->dlpi_addr; /* not relocated in place on every architecture */
+        if (v < base) v += base; /* not relocated in place on every architecture */
         if (dyn->d_tag == DT_SYMTAB) symtab = (const ElfW(Sym) *)v;
         else if (dyn->d_tag == DT_STRTAB) strtab = (const char *)v;
         else if (dyn->d_tag == DT_GNU_HASH) gnu = (const uint32_t *)v;
     }
-    if (!symtab || !strtab || !gnu) return 0;
+    if (!symtab || !strtab || !gnu) return NULL;
     uint32_t nbuckets = gnu[0], symoffset = gnu[1], bloom_size = gnu[2];
     const uint32_t *buckets = gnu + 4 + bloom_size * (sizeof(ElfW(Addr)) / 4);
     const uint32_t *chain = buckets + nbuckets;
-    uint32_t h = gnu_hash(q->name);
-    if (nbuckets == 0) return 0;
+    uint32_t h = gnu_hash(name);
+    if (nbuckets == 0) return NULL;
     uint32_t i = buckets[h % nbuckets];
-    if (i < symoffset) return 1;
+    if (i < symoffset) return NULL;
     for (;; i++) {
         uint32_t h2 = chain[i - symoffset];
         const ElfW(Sym) *sym = &symtab[i];
-        if ((h | 1) == (h2 | 1) && sym->st_shndx != SHN_UNDEF && strcmp(strtab + sym->st_name, q->name) == 0) {
-            q->addr = (void *)(info->dlpi_addr + sym->st_value);
-            return 1;
-        }
+        if ((h | 1) == (h2 | 1) && sym->st_shndx != SHN_UNDEF && ts_streq(strtab + sym->st_name, name))
+            return (void *)(base + sym->st_value);
         if (h2 & 1) break;
     }
-    return 1;
+    return NULL;
 }
 
-static void *libc_sym(const char *name) {
-    struct libc_lookup q = {name, NULL};
-    dl_iterate_phdr(libc_lookup_cb, &q);
-    return q.addr;
+extern struct r_debug _r_debug;
+
+TS_EARLY static void *libc_sym(const char *name) {
+    for (struct link_map *l = _r_debug.r_map; l; l = l->l_next)
+        if (is_libc_path(l->l_name) && l->l_ld) return lookup_in(l->l_addr, l->l_ld, name);
+    return NULL;
 }
 
-static dlsym_fn resolve_real_dlsym(void) {
+TS_EARLY static dlsym_fn resolve_real_dlsym(void) {
     dlsym_fn f = (dlsym_fn)libc_sym("dlsym");
     if (!f) {
         ts_log(TS_LOG_ERROR, "cannot find the C library's dlsym; driver lookups will fail");
@@ -104,7 +121,7 @@ static dlsym_fn resolve_real_dlsym(void) {
     return f;
 }
 
-void *ts_real_dlsym(void *handle, const char *name) {
+TS_EARLY void *ts_real_dlsym(void *handle, const char *name) {
     dlsym_fn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
     if (!f) f = resolve_real_dlsym();
     return f ? f(handle, name) : NULL;
@@ -123,10 +140,59 @@ static ts_hook g_hooks[] = {
 };
 #define N_HOOKS (sizeof g_hooks / sizeof g_hooks[0])
 
-static const ts_hook *hook_by_name(const char *name) {
+TS_EARLY static const ts_hook *hook_by_name(const char *name) {
     if (name[0] != 'c' && name[0] != 'n') return NULL;
     for (size_t i = 0; i < N_HOOKS; i++)
-        if (strcmp(g_hooks[i].name, name) == 0) return &g_hooks[i];
+        if (ts_streq(g_hooks[i].name, name)) return &g_hooks[i];
+    return NULL;
+}
+
+static int hooked_base(const char *symbol);
+
+/* The base of an entry point's name: trailing ABI suffixes (_v2, _v3, ..., _ptsz, _ptds) taken
+ * off, as many as there are. Returns 0 when nothing was taken off. */
+static int abi_base(const char *name, char *base, size_t len) {
+    size_t n = strlen(name);
+    if (n >= len) return 0;
+    memcpy(base, name, n + 1);
+    int stripped = 0;
+    for (;;) {
+        char *u = strrchr(base, '_');
+        if (!u || u == base) break;
+        const char *t = u + 1;
+        int ok = strcmp(t, "ptsz") == 0 || strcmp(t, "ptds") == 0;
+        if (!ok && t[0] == 'v' && t[1]) {
+            ok = 1;
+            for (const char *q = t + 1; *q && ok; q++) ok = *q >= '0' && *q <= '9';
+        }
+        if (!ok) break;
+        *u = '\0';
+        stripped = 1;
+    }
+    return stripped;
+}
+
+/* A name that is an ABI variant of a hooked call this library has no hook for (cuMemAlloc_v3,
+ * cuMemAllocManaged_ptsz, nvmlDeviceGetMemoryInfo_v3...): calling it would reach the driver
+ * unhooked. */
+TS_EARLY static int unknown_abi_of_hooked(const char *name) {
+    /* Only cu* and nvml* go further (no interposable call before: see ts_streq). */
+    if (name[0] == 'c' && name[1] != 'u') return 0;
+    if (name[0] == 'n' && (name[1] != 'v' || name[2] != 'm' || name[3] != 'l')) return 0;
+    if (name[0] != 'c' && name[0] != 'n') return 0;
+    char base[128];
+    if (!abi_base(name, base, sizeof base)) return 0;
+    if (hook_by_name(name)) return 0;
+    return hooked_base(base) || strcmp(base, "nvmlDeviceGetMemoryInfo") == 0;
+}
+
+/* dlsym/dlvsym of such a name: refused while limits are active (NULL, one line). */
+__attribute__((noinline)) static void *refuse_unknown_abi(const char *how, const char *name, void *p) {
+    if (!p || ts_mode() == TS_MODE_PASSTHROUGH) return p;
+    char key[160];
+    snprintf(key, sizeof key, "abi:%s", name);
+    ts_log_once(key, "%s(%s) refused: an ABI of a limited call this library has no hook for, so its memory "
+                "could not be limited (fail closed; update tessera)", how, name);
     return NULL;
 }
 
@@ -181,7 +247,19 @@ int ts_bind(int lib) {
 /* What a lookup of a hooked name resolved to (p) becomes. */
 static void *hooked_result(const char *name, void *p, const ts_hook *hk, const char *how) {
     if (p == NULL || p == hk->hook) return p;
-    if (ts_bind(hk->lib) != 0) return p;
+    if (ts_bind(hk->lib) != 0) {
+        /* Inside the binding itself (a driver constructor looking itself up): its own business. */
+        if (t_binding) return p;
+        /* No driver by its soname (a renamed copy, or one without DT_SONAME, loaded by path):
+         * the hook would have nothing to call, and the address is an unhooked driver. */
+        if (ts_mode() == TS_MODE_PASSTHROUGH) return p;
+        char key[96];
+        snprintf(key, sizeof key, "unbound:%s", name);
+        ts_log_once(key, "%s(%s) refused: no %s can be loaded by its soname to bind the limits to (a renamed "
+                    "driver loaded by path?); fail closed", how, name,
+                    hk->lib == TS_LIB_CUDA ? "libcuda.so.1" : "libnvidia-ml.so.1");
+        return NULL;
+    }
     if (p == *hk->real) {
         TS_DEBUG("%s(%s): intercepted", how, name);
         return hk->hook;
@@ -204,17 +282,21 @@ __attribute__((noinline)) static void *dlsym_hooked(void *handle, const char *na
 
 /* The dynamic-loading functions themselves: looking them up (dlsym(libc, "dlsym")) gives ours,
  * so a program cannot reach the C library's dlsym and look the driver up around the hooks. */
-TS_EXPORT void *dlvsym(void *handle, const char *name, const char *version);
-TS_EXPORT void *dlopen(const char *file, int mode);
-TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode);
-TS_EXPORT void *dlsym(void *handle, const char *name);
+/* Defined under hidden names and exported by alias: inside this library the address of an
+ * exported function is the first definition in the process (a sanitizer's or another
+ * interposer's dlopen, preloaded earlier); handing that back for dlsym(RTLD_NEXT, "dlopen") made
+ * such an interposer call itself without end. The hidden names always mean ours. */
+void *ts_dlvsym(void *handle, const char *name, const char *version);
+void *ts_dlopen(const char *file, int mode);
+void *ts_dlmopen(Lmid_t lmid, const char *file, int mode);
+void *ts_dlsym(void *handle, const char *name);
 
-static void *dl_self(const char *n) {
+TS_EARLY static void *dl_self(const char *n) {
     if (n[0] != 'd' || n[1] != 'l') return NULL;
-    if (strcmp(n, "dlsym") == 0) return (void *)dlsym;
-    if (strcmp(n, "dlvsym") == 0) return (void *)dlvsym;
-    if (strcmp(n, "dlopen") == 0) return (void *)dlopen;
-    if (strcmp(n, "dlmopen") == 0) return (void *)dlmopen;
+    if (ts_streq(n, "dlsym")) return (void *)ts_dlsym;
+    if (ts_streq(n, "dlvsym")) return (void *)ts_dlvsym;
+    if (ts_streq(n, "dlopen")) return (void *)ts_dlopen;
+    if (ts_streq(n, "dlmopen")) return (void *)ts_dlmopen;
     return NULL;
 }
 
@@ -222,26 +304,28 @@ static void *dl_self(const char *n) {
  * Every name we do not handle goes to the real dlsym as a tail call, so the C library sees the
  * original caller's return address and RTLD_NEXT / RTLD_DEFAULT keep their meaning for it.
  */
-TS_EXPORT void *dlsym(void *handle, const char *name) {
+TS_EARLY void *ts_dlsym(void *handle, const char *name) {
     const char *n = name;
     __asm__("" : "+r"(n)); /* <dlfcn.h> says name is never NULL; a caller may still pass NULL */
     const ts_hook *hk = n ? hook_by_name(n) : NULL;
     if (__builtin_expect(hk != NULL, 0)) return dlsym_hooked(handle, name, hk);
     if (__builtin_expect(n && n[0] == 'd' && n[1] == 'l', 0) && dl_self(n) && ts_real_dlsym(handle, name))
         return dl_self(n);
+    if (__builtin_expect(n && (n[0] == 'c' || n[0] == 'n'), 0) && unknown_abi_of_hooked(n))
+        return refuse_unknown_abi("dlsym", n, ts_real_dlsym(handle, n));
     dlsym_fn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
     if (__builtin_expect(f == NULL, 0)) f = resolve_real_dlsym();
     return f(handle, name);
 }
 
-static dlvsym_fn real_dlvsym(void) {
+TS_EARLY static dlvsym_fn real_dlvsym(void) {
     if (!__atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE)) resolve_real_dlsym();
     return __atomic_load_n(&g_real_dlvsym, __ATOMIC_ACQUIRE);
 }
 
 /* dlvsym: the same substitution as dlsym (the driver's names are unversioned, so any version
  * finds them). */
-TS_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
+TS_EARLY void *ts_dlvsym(void *handle, const char *name, const char *version) {
     dlvsym_fn f = real_dlvsym();
     if (!f) return NULL;
     const char *n = name;
@@ -251,6 +335,7 @@ TS_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
         if (hk) return hooked_result(name, f(handle, name, version), hk, "dlvsym");
         void *self = dl_self(name);
         if (self && f(handle, name, version)) return self;
+        if (unknown_abi_of_hooked(name)) return refuse_unknown_abi("dlvsym", name, f(handle, name, version));
     }
     return f(handle, name, version);
 }
@@ -266,7 +351,7 @@ static void refuse_deepbind(const char *file) {
  * calls inside its own dependencies, before this preloaded library). The call to the C library
  * is a tail call, so it sees the original caller (its RUNPATH and namespace are used).
  */
-TS_EXPORT void *dlopen(const char *file, int mode) {
+void *ts_dlopen(const char *file, int mode) {
     if (__builtin_expect((mode & RTLD_DEEPBIND) != 0, 0) && ts_mode() != TS_MODE_PASSTHROUGH) {
         refuse_deepbind(file);
         mode &= ~RTLD_DEEPBIND;
@@ -280,18 +365,14 @@ TS_EXPORT void *dlopen(const char *file, int mode) {
     return f(file, mode);
 }
 
-/* Does the namespace of handle hold a CUDA driver or NVML (any object exporting their entry points)? */
-static int holds_driver(void *handle) {
-    return ts_real_dlsym(handle, "cuGetProcAddress") || ts_real_dlsym(handle, "cuMemAlloc_v2") ||
-           ts_real_dlsym(handle, "nvmlDeviceGetMemoryInfo");
-}
-
 /*
- * dlmopen: a driver loaded into another link-map namespace has none of the hooks (preloaded
- * libraries live in the base namespace only). With limits active, a dlmopen into another
- * namespace whose result holds the driver is undone and refused (NULL; dlerror says why).
+ * dlmopen: preloaded libraries exist in the base namespace only, so anything loaded into another
+ * link-map namespace calls the driver unhooked, now or later (a plugin that dlopens libcuda
+ * inside its namespace after it was loaded goes through that namespace's own C library, which
+ * this library never sees). With limits active, every dlmopen into another namespace is refused
+ * before anything is loaded (NULL; dlerror says why), logged once.
  */
-TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
+void *ts_dlmopen(Lmid_t lmid, const char *file, int mode) {
     dlmopen_fn f = __atomic_load_n(&g_real_dlmopen, __ATOMIC_ACQUIRE);
     if (!f) {
         resolve_real_dlsym();
@@ -305,18 +386,18 @@ TS_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) {
         }
         return f(lmid, file, mode);
     }
-    void *h = f(lmid, file, mode);
-    if (h && holds_driver(h)) {
-        dlclose(h);
-        ts_log_once("dlmopen", "dlmopen(%s) into another link-map namespace refused: it loads the CUDA driver "
-                    "without the GPU memory limits (fail closed)", file ? file : "NULL");
-        /* Leave a dlerror() that says so. */
-        dlopen_fn o = __atomic_load_n(&g_real_dlopen, __ATOMIC_ACQUIRE);
-        if (o) o("/tessera-isolation: refused: a CUDA driver in another link-map namespace is not limited", RTLD_NOW);
-        return NULL;
-    }
-    return h;
+    ts_log_once("dlmopen", "dlmopen(%s) into another link-map namespace refused: code there reaches the CUDA "
+                "driver without the GPU memory limits (fail closed)", file ? file : "NULL");
+    /* Leave a dlerror() that says so. */
+    dlopen_fn o = __atomic_load_n(&g_real_dlopen, __ATOMIC_ACQUIRE);
+    if (o) o("/tessera-isolation: refused: another link-map namespace is not limited", RTLD_NOW | RTLD_NOLOAD);
+    return NULL;
 }
+
+TS_EXPORT extern __typeof(ts_dlsym) dlsym __attribute__((alias("ts_dlsym")));
+TS_EXPORT extern __typeof(ts_dlvsym) dlvsym __attribute__((alias("ts_dlvsym")));
+TS_EXPORT extern __typeof(ts_dlopen) dlopen __attribute__((alias("ts_dlopen")));
+TS_EXPORT extern __typeof(ts_dlmopen) dlmopen __attribute__((alias("ts_dlmopen")));
 
 /* ---- cuGetProcAddress ---- */
 
@@ -384,6 +465,8 @@ static const ts_variant g_variants[] = {
 typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
 
 static int hooked_base(const char *symbol) {
+    char base[128];
+    if (abi_base(symbol, base, sizeof base)) symbol = base; /* cuGetProcAddress("cuMemAlloc_v3") */
     for (size_t i = 0; i < sizeof g_variants / sizeof g_variants[0]; i++)
         if (strcmp(g_variants[i].base, symbol) == 0) return 1;
     return 0;

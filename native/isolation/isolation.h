@@ -16,6 +16,10 @@
 enum { TS_LOG_OFF = -1, TS_LOG_ERROR = 0, TS_LOG_WARN = 1, TS_LOG_INFO = 2, TS_LOG_DEBUG = 3 };
 extern int ts_log_level;
 void ts_log_init(void);
+/* The configuration variables as they were at load (envsnap.c): TESSERA_* and CUDA_VISIBLE_DEVICES. */
+void ts_env_snapshot(void);
+const char *ts_getenv(const char *name);
+const char *const *ts_env_all(void); /* NULL-terminated "NAME=value" list */
 void ts_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Logs at the default level the first time key is seen (refusals the user must see once). */
 void ts_log_once(const char *key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -54,11 +58,22 @@ int ts_parse_quantity(const char *text, uint64_t *out);
 /* The entry that applies to a device, or NULL: by UUID first, then by index. */
 const ts_entry *ts_config_match(const ts_config *cfg, int index, const char *uuid);
 
+/* ---- descriptors the program could close under us (fdguard.c) ---- */
+typedef struct {
+    int fd;
+    uint64_t dev, ino;
+    char path[TS_PATH_LEN];
+} ts_fd;
+void ts_fd_remember(ts_fd *f, int fd, const char *path);
+/* The descriptor, checked to still name the same file (reopened by path if not); -1: none. */
+int ts_fd_get(ts_fd *f);
+
 /* ---- shared region (region.c) ---- */
 int ts_region_attach(const char *path, char *err, size_t errlen); /* path "" = private */
 void ts_region_detach_after_fork(void);
 int ts_region_device(const char *key, uint64_t limit); /* region device index, -1, or -2: lock busy */
 int ts_region_find_device(const char *key);                       /* without registering */
+uint64_t ts_region_limit(int rdev); /* the workload's limit for the device: the first writer's */
 /* 1 if reserved, 0 if it would exceed limit, -1 on region failure. */
 int ts_region_reserve(int rdev, uint64_t size, uint64_t limit);
 void ts_region_release(int rdev, uint64_t size);

@@ -10,18 +10,23 @@
  *    (others hold loans), the process records a demand on its entry and waits (wait-ms, default
  *    10 s) while the reclaimer (tessera.node.reclaim) kills borrowing processes; then it retries.
  *
- * Locking: the ledger lock is an open-file-description lock (F_OFD_SETLKW) on byte LOCK_BYTE, so
- * it works across PID namespaces (pods) and the kernel drops it when its holder dies. A process
- * holds an OFD lock on the first byte of its entry for as long as it lives: an entry whose lock
- * can be taken belongs to a dead process and counts for nothing. Totals are never stored: every
- * decision sums the live entries, so a process killed mid-update can only corrupt its own entry,
- * which dies with it.
+ * Locking: no lock is shared between processes (a tenant could hold it). Each process holds an
+ * open-file-description lock on the first byte of its entry for as long as it lives (claimed
+ * with F_OFD_SETLK, so one process only; the kernel drops it when the process dies): an entry
+ * whose lock can be taken belongs to a dead process and counts for nothing. A charge is published
+ * (atomic add to the process's own entry) and then checked over all live entries, withdrawn if it
+ * does not fit. Totals are never stored. Byte 64 (the old ledger lock) is unused.
+ *
+ * Trust: any tenant can write any entry of this file. The library only uses it for loans (memory
+ * above a request, never promised): a within-request allocation is held back only when the
+ * driver's free memory is short too, and the reclaimer (tessera.node.reclaim) never kills on
+ * what the file says alone (it checks each fact against the agent's own records).
  *
  * Layout (version 1, native endianness; read by tessera/node/ledger.py):
  *   0    magic "TSLOAN\0\1", u32 version, u32 entry_size, u32 max_entries, u32 hwm,
  *        u64 capacity (physical - headroom), u64 physical, u64 headroom
- *   64   lock byte (nothing stored)
- *   128  reclaim records[16], 168 bytes each (written by the reclaimer only)
+ *   64   unused (was the ledger lock)
+ *   128  unused (was the reclaim records; the reclaimer keeps them in its own file now)
  *   4096 entries[256], 256 bytes each:
  *        i32 pid, u32 in_use, i32 priority, u32 wait_ms, u64 request, u64 limit, u64 charged,
  *        u64 demand, u64 demand_since_ns, u64 start_ns (CLOCK_REALTIME), char share[64],
@@ -44,7 +49,6 @@
 #define LEDGER_MAGIC "TSLOAN\0\1"
 #define LEDGER_VERSION 1u
 #define LEDGER_ENTRIES 256
-#define LOCK_BYTE 64
 #define ENTRIES_OFFSET 4096
 #define SHARE_LEN 64
 
@@ -95,11 +99,13 @@ static struct {
 typedef struct {
     int state; /* 0: no loans accounting, 1: attached, -1: configured but unusable (fail closed) */
     int fd;
+    ts_fd fdg; /* fd, checked to still name the ledger before each use (fdguard.c) */
     ledger_header *hdr;
     ledger_entry *entries;
     int entry; /* my entry, -1 before the first charge */
     int ordinal;
     uint64_t request, limit;
+    uint64_t capacity; /* physical - headroom, from this process's own configuration */
     char uuid[TS_UUID_LEN];
     int reported;
 } loan_dev;
@@ -206,38 +212,14 @@ static int byte_lock(int fd, off_t at, int type, int wait) {
 static off_t entry_offset(int i) { return (off_t)ENTRIES_OFFSET + (off_t)i * (off_t)sizeof(ledger_entry); }
 
 /* Bounded like the region lock (region.c): a stopped holder must not freeze the allocation. */
-static int ledger_lock(loan_dev *ld) {
-    pthread_mutex_lock(&g_mu);
-    const char *v = getenv("TESSERA_ISOLATION_LOCK_TIMEOUT_MS");
-    long limit_ms = v && *v && atol(v) > 0 && atol(v) <= 3600000 ? atol(v) : 5000;
-    uint64_t deadline = now_ns(CLOCK_MONOTONIC) + (uint64_t)limit_ms * 1000000ULL;
-    for (;;) {
-        if (byte_lock(ld->fd, LOCK_BYTE, F_WRLCK, 0) == 0) return 0;
-        if (errno != EAGAIN && errno != EACCES) {
-            ts_log(TS_LOG_ERROR, "cannot lock the loans ledger of %s: %s", ld->uuid, strerror(errno));
-            break;
-        }
-        if (now_ns(CLOCK_MONOTONIC) >= deadline) {
-            ts_log(TS_LOG_ERROR, "the loans ledger of %s has been locked for more than %ld ms by another "
-                   "process (stopped?); the allocation is refused", ld->uuid, limit_ms);
-            break;
-        }
-        struct timespec pause_ts = {0, 200000L};
-        nanosleep(&pause_ts, NULL);
-    }
-    pthread_mutex_unlock(&g_mu);
-    return -1;
-}
-
-static void ledger_unlock(loan_dev *ld) {
-    byte_lock(ld->fd, LOCK_BYTE, F_UNLCK, 0);
-    pthread_mutex_unlock(&g_mu);
-}
+/* The ledger's descriptor, checked to still name the ledger; -1: lost. */
+static int lfd(loan_dev *ld) { return ld->fd < 0 ? -1 : ts_fd_get(&ld->fdg); }
 
 static int entry_alive(loan_dev *ld, int i) {
     if (i == ld->entry) return 1;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = entry_offset(i), .l_len = 1};
-    if (fcntl(ld->fd, F_OFD_GETLK, &fl) != 0) return 1; /* cannot tell: never free on doubt */
+    int fd = lfd(ld);
+    if (fd < 0 || fcntl(fd, F_OFD_GETLK, &fl) != 0) return 1; /* cannot tell: never free on doubt */
     return fl.l_type != F_UNLCK;
 }
 
@@ -279,13 +261,8 @@ void ts_loans_device(int rdev, int ordinal, const char *uuid, uint64_t request, 
         mark_broken(ld, why);
         return;
     }
-    ld->fd = fd;
-    if (ledger_lock(ld) != 0) {
-        close(fd);
-        ld->fd = -1;
-        mark_broken(ld, "cannot lock it");
-        return;
-    }
+    /* No lock here (nothing another tenant can hold decides whether this process attaches):
+     * sizing and initialising are idempotent, every process writes the same values. */
     struct stat st;
     if (fstat(fd, &st) != 0 || (st.st_size < (off_t)LEDGER_SIZE && ftruncate(fd, (off_t)LEDGER_SIZE) != 0)) {
         snprintf(why, sizeof why, "cannot size %s: %s", path, strerror(errno));
@@ -309,6 +286,7 @@ void ts_loans_device(int rdev, int ordinal, const char *uuid, uint64_t request, 
         h->version = LEDGER_VERSION;
         h->entry_size = sizeof(ledger_entry);
         h->max_entries = LEDGER_ENTRIES;
+        __atomic_thread_fence(__ATOMIC_RELEASE);
         memcpy(h->magic, LEDGER_MAGIC, 8);
     } else if (h->version != LEDGER_VERSION || h->entry_size != sizeof(ledger_entry) ||
                h->max_entries != LEDGER_ENTRIES) {
@@ -316,31 +294,54 @@ void ts_loans_device(int rdev, int ordinal, const char *uuid, uint64_t request, 
         snprintf(why, sizeof why, "%s has an incompatible layout (version %u)", path, h->version);
         goto fail;
     }
+    /* For readers only: this process decides with its own capacity, never the header's (any
+     * tenant can write the header). */
     h->physical = phys;
     h->headroom = g_conf.headroom;
     h->capacity = g_conf.headroom < phys ? phys - g_conf.headroom : 0;
+    ld->capacity = g_conf.headroom < phys ? phys - g_conf.headroom : 0;
     ld->hdr = h;
     ld->entries = (ledger_entry *)((char *)m + ENTRIES_OFFSET);
+    ld->fd = fd;
+    ts_fd_remember(&ld->fdg, fd, path);
     ld->state = 1;
-    ledger_unlock(ld);
     TS_DEBUG("loans ledger %s: capacity %llu bytes (%llu - headroom %llu), share %s, request %llu, limit %llu",
-             path, (unsigned long long)h->capacity, (unsigned long long)phys,
+             path, (unsigned long long)ld->capacity, (unsigned long long)phys,
              (unsigned long long)g_conf.headroom, g_conf.share, (unsigned long long)request,
              (unsigned long long)limit);
     return;
 fail:
-    ledger_unlock(ld);
     close(fd);
     ld->fd = -1;
     mark_broken(ld, why);
 }
 
-/* Takes an entry for this process (ledger lock held). */
+/*
+ * No lock is shared between processes (issue #28 class 4): a lock any tenant can take is a lock
+ * a tenant can hold, and every other tenant's allocation on the GPU would then wait and fail.
+ * Instead:
+ *  - an entry is claimed with its own OFD lock (the kernel gives it to one process only);
+ *  - a charge is published first (an atomic add to this process's entry), then the decision is
+ *    made over all live entries, which include it; if it does not fit, it is withdrawn. Two
+ *    processes racing for the last bytes both see each other's charge: at worst both withdraw
+ *    and retry, never both keep it.
+ * Within this process, g_mu serialises the threads (one entry per process and GPU).
+ */
+
+static void hwm_at_least(ledger_header *h, uint32_t n) {
+    uint32_t cur = __atomic_load_n(&h->hwm, __ATOMIC_ACQUIRE);
+    while (cur < n && !__atomic_compare_exchange_n(&h->hwm, &cur, n, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+}
+
+/* Takes an entry for this process (g_mu held). */
 static int take_entry(loan_dev *ld) {
-    for (int i = 0; i < LEDGER_ENTRIES; i++) {
+    int fd = lfd(ld);
+    for (int i = 0; fd >= 0 && i < LEDGER_ENTRIES; i++) {
         ledger_entry *e = &ld->entries[i];
-        if (e->in_use && entry_alive(ld, i)) continue;
-        if (byte_lock(ld->fd, entry_offset(i), F_WRLCK, 0) != 0) continue;
+        if (__atomic_load_n(&e->in_use, __ATOMIC_ACQUIRE) && entry_alive(ld, i)) continue;
+        if (byte_lock(fd, entry_offset(i), F_WRLCK, 0) != 0) continue; /* a live process has it */
+        __atomic_store_n(&e->in_use, 0, __ATOMIC_RELEASE);
         memset(e, 0, sizeof *e);
         e->pid = (int32_t)getpid();
         e->priority = g_conf.priority;
@@ -350,7 +351,7 @@ static int take_entry(loan_dev *ld) {
         e->start_ns = now_ns(CLOCK_REALTIME);
         snprintf(e->share, sizeof e->share, "%s", g_conf.share);
         __atomic_store_n(&e->in_use, 1, __ATOMIC_RELEASE);
-        if ((uint32_t)i + 1 > ld->hdr->hwm) ld->hdr->hwm = (uint32_t)i + 1;
+        hwm_at_least(ld->hdr, (uint32_t)i + 1);
         ld->entry = i;
         return 0;
     }
@@ -360,25 +361,24 @@ static int take_entry(loan_dev *ld) {
 
 enum { FITS = 1, LOAN_REFUSED = 0, SHORT = 2 };
 
-/* Decides an allocation of size (ledger lock held). check_alive: free dead entries first. */
-static int decide(loan_dev *ld, uint64_t size, int check_alive, uint64_t *mine_after, uint64_t *free_now) {
-    uint32_t hwm = ld->hdr->hwm > LEDGER_ENTRIES ? LEDGER_ENTRIES : ld->hdr->hwm;
+/* Decides over the live entries, this process's already holding what it asks for (published).
+ * check_alive: skip entries whose process is dead (an F_OFD_GETLK each). Dead entries are never
+ * cleared here (a process may be claiming one right now); take_entry reuses them. */
+static int decide(loan_dev *ld, int check_alive, uint64_t *free_now) {
+    uint32_t hwm = __atomic_load_n(&ld->hdr->hwm, __ATOMIC_ACQUIRE);
+    if (hwm > LEDGER_ENTRIES) hwm = LEDGER_ENTRIES;
     /* Per share: charged and request (entries of one share agree on the request). */
     struct { const char *share; uint64_t charged, request; } shares[LEDGER_ENTRIES];
     int n = 0;
     uint64_t used = 0, mine = 0;
     for (uint32_t i = 0; i < hwm; i++) {
         ledger_entry *e = &ld->entries[i];
-        if (!e->in_use) continue;
-        if (check_alive && !entry_alive(ld, (int)i)) {
-            TS_DEBUG("loans: freeing the entry of dead process %d (%llu bytes)", e->pid,
-                     (unsigned long long)e->charged);
-            memset(e, 0, sizeof *e);
-            continue;
-        }
-        used += e->charged;
-        if (strncmp(e->share, g_conf.share, SHARE_LEN) == 0) {
-            mine += e->charged;
+        if (!__atomic_load_n(&e->in_use, __ATOMIC_ACQUIRE)) continue;
+        if (check_alive && !entry_alive(ld, (int)i)) continue;
+        uint64_t c = __atomic_load_n(&e->charged, __ATOMIC_SEQ_CST);
+        used = used + c < used ? UINT64_MAX : used + c;
+        if ((int)i == ld->entry || strncmp(e->share, g_conf.share, SHARE_LEN) == 0) {
+            mine = mine + c < mine ? UINT64_MAX : mine + c;
             continue;
         }
         int k = 0;
@@ -389,24 +389,46 @@ static int decide(loan_dev *ld, uint64_t size, int check_alive, uint64_t *mine_a
             shares[n].request = e->request;
             n++;
         }
-        shares[k].charged += e->charged;
+        shares[k].charged = shares[k].charged + c < shares[k].charged ? UINT64_MAX : shares[k].charged + c;
     }
     uint64_t reserved_others = 0;
-    for (int k = 0; k < n; k++)
-        reserved_others += shares[k].charged > shares[k].request ? shares[k].charged : shares[k].request;
-    uint64_t cap = ld->hdr->capacity;
-    *mine_after = mine + size;
+    for (int k = 0; k < n; k++) {
+        uint64_t r = shares[k].charged > shares[k].request ? shares[k].charged : shares[k].request;
+        reserved_others = reserved_others + r < reserved_others ? UINT64_MAX : reserved_others + r;
+    }
+    uint64_t cap = ld->capacity;
     *free_now = used < cap ? cap - used : 0;
-    if (mine + size <= ld->request) return used + size <= cap ? FITS : SHORT;
+    if (mine <= ld->request) return used <= cap ? FITS : SHORT;
     /* Above the request: only from memory no other workload is guaranteed. */
-    return reserved_others + mine + size <= cap ? FITS : LOAN_REFUSED;
+    return reserved_others <= cap && mine <= cap - reserved_others ? FITS : LOAN_REFUSED;
 }
 
-static void charge(loan_dev *ld, uint64_t size) {
+static void publish(loan_dev *ld, uint64_t size) { __atomic_add_fetch(&ld->entries[ld->entry].charged, size, __ATOMIC_SEQ_CST); }
+
+static void withdraw(loan_dev *ld, uint64_t size) {
     ledger_entry *e = &ld->entries[ld->entry];
-    e->charged += size;
-    e->demand = 0;
-    e->demand_since_ns = 0;
+    uint64_t cur = __atomic_load_n(&e->charged, __ATOMIC_ACQUIRE);
+    uint64_t next;
+    do next = size < cur ? cur - size : 0;
+    while (!__atomic_compare_exchange_n(&e->charged, &cur, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+}
+
+/* Publishes size, decides, withdraws unless it fits (g_mu held). Racing processes can make both
+ * withdraw: a refusal is tried again twice after a short random pause. */
+static int try_charge(loan_dev *ld, uint64_t size, uint64_t *free_now) {
+    int r = LOAN_REFUSED;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (attempt) {
+            struct timespec pause = {0, (long)(20000 + (now_ns(CLOCK_MONOTONIC) % 200000))};
+            nanosleep(&pause, NULL);
+        }
+        publish(ld, size);
+        r = decide(ld, 0, free_now);
+        if (r != FITS) r = decide(ld, 1, free_now); /* the dead hold nothing */
+        if (r == FITS) return r;
+        withdraw(ld, size);
+    }
+    return r;
 }
 
 /* The deadline of this thread's last reservation that waited for a reclaim (0: it did not). */
@@ -424,6 +446,19 @@ int ts_loans_retry_driver(int rdev) {
     return 1;
 }
 
+typedef CUresult (*mem_info_fn)(size_t *, size_t *);
+
+/* The ledger says the GPU is short; does the driver agree? A ledger entry is written by its own
+ * process (any tenant can write any entry), so a within-request allocation is held back only
+ * when the driver's free memory (beside the headroom) is short too. */
+static int driver_short(loan_dev *ld, uint64_t size) {
+    if (!ts_real.cuMemGetInfo_v2) return 1;
+    size_t free_b = 0, total_b = 0;
+    if (((mem_info_fn)ts_real.cuMemGetInfo_v2)(&free_b, &total_b) != CUDA_SUCCESS) return 1;
+    uint64_t usable = free_b > g_conf.headroom ? free_b - g_conf.headroom : 0;
+    return usable < size;
+}
+
 int ts_loans_reserve(int rdev, uint64_t size) {
     t_reclaim_deadline = 0;
     if (rdev < 0 || rdev >= TS_MAX_DEVICES) return 1;
@@ -432,19 +467,23 @@ int ts_loans_reserve(int rdev, uint64_t size) {
     if (ld->state < 0) return 0;
     uint64_t deadline = 0;
     int waited = 0;
+    pthread_mutex_lock(&g_mu);
     for (;;) {
-        if (ledger_lock(ld) != 0) return 0;
         if (ld->entry < 0 && take_entry(ld) != 0) {
-            ledger_unlock(ld);
+            pthread_mutex_unlock(&g_mu);
             return 0;
         }
-        uint64_t after, free_now;
-        int r = decide(ld, size, 0, &after, &free_now);
-        if (r != FITS) r = decide(ld, size, 1, &after, &free_now); /* the dead hold nothing */
         ledger_entry *e = &ld->entries[ld->entry];
+        uint64_t free_now = 0;
+        int r = try_charge(ld, size, &free_now);
+        if (r == SHORT && !driver_short(ld, size)) {
+            publish(ld, size); /* within the request and the driver has it: the ledger was wrong */
+            r = FITS;
+        }
         if (r == FITS) {
-            charge(ld, size);
-            ledger_unlock(ld);
+            e->demand = 0;
+            e->demand_since_ns = 0;
+            pthread_mutex_unlock(&g_mu);
             if (waited) t_reclaim_deadline = deadline;
             if (waited)
                 TS_INFO("allocation of %llu bytes on GPU %s served after the reclaim of loaned memory",
@@ -453,7 +492,7 @@ int ts_loans_reserve(int rdev, uint64_t size) {
         }
         if (r == LOAN_REFUSED) {
             e->refused++;
-            ledger_unlock(ld);
+            pthread_mutex_unlock(&g_mu);
             TS_INFO("allocation of %llu bytes on GPU %s refused: above the request (%llu bytes) only memory no "
                     "other workload is guaranteed can be lent, and none is left",
                     (unsigned long long)size, ld->uuid, (unsigned long long)ld->request);
@@ -472,7 +511,7 @@ int ts_loans_reserve(int rdev, uint64_t size) {
         if (now >= deadline) {
             e->demand = 0;
             e->demand_since_ns = 0;
-            ledger_unlock(ld);
+            pthread_mutex_unlock(&g_mu);
             ts_log(TS_LOG_ERROR, "allocation of %llu bytes on GPU %s (within the workload's request of %llu "
                    "bytes) refused: the memory on loan to other workloads was not reclaimed within %u ms",
                    (unsigned long long)size, ld->uuid, (unsigned long long)ld->request, g_conf.wait_ms);
@@ -480,9 +519,10 @@ int ts_loans_reserve(int rdev, uint64_t size) {
         }
         if (e->demand == 0) e->demand_since_ns = now_ns(CLOCK_REALTIME);
         e->demand = size;
-        ledger_unlock(ld);
+        pthread_mutex_unlock(&g_mu);
         struct timespec pause = {0, 2000000}; /* 2 ms */
         nanosleep(&pause, NULL);
+        pthread_mutex_lock(&g_mu);
     }
 }
 
@@ -490,10 +530,7 @@ void ts_loans_release(int rdev, uint64_t size) {
     if (rdev < 0 || rdev >= TS_MAX_DEVICES) return;
     loan_dev *ld = &g_dev[rdev];
     if (ld->state != 1 || ld->entry < 0 || size == 0) return;
-    if (ledger_lock(ld) != 0) return;
-    ledger_entry *e = &ld->entries[ld->entry];
-    e->charged -= size < e->charged ? size : e->charged;
-    ledger_unlock(ld);
+    withdraw(ld, size);
 }
 
 void ts_loans_detach_after_fork(void) {
@@ -503,7 +540,7 @@ void ts_loans_detach_after_fork(void) {
     for (int i = 0; i < TS_MAX_DEVICES; i++) {
         loan_dev *ld = &g_dev[i];
         if (ld->hdr) munmap(ld->hdr, LEDGER_SIZE);
-        if (ld->fd >= 0 && ld->state != 0) close(ld->fd);
+        if (ld->fd >= 0 && ld->state != 0 && lfd(ld) >= 0) close(ld->fdg.fd);
         memset(ld, 0, sizeof *ld);
     }
 }

@@ -12,7 +12,7 @@
 int ts_log_level = TS_LOG_ERROR;
 
 void ts_log_init(void) {
-    const char *v = getenv("TESSERA_ISOLATION_LOG");
+    const char *v = ts_getenv("TESSERA_ISOLATION_LOG");
     if (v == NULL || *v == '\0') return;
     if (strcasecmp(v, "off") == 0 || strcasecmp(v, "none") == 0) ts_log_level = TS_LOG_OFF;
     else if (strcasecmp(v, "error") == 0) ts_log_level = TS_LOG_ERROR;

@@ -251,9 +251,17 @@ CUresult ts_pool_free(void *real, CUdeviceptr ptr, CUstream s) {
         pthread_mutex_unlock(&ts_tab_mu);
         return rc;
     }
+    ts_pool_freed(&r);
+    return rc;
+}
+
+/* A stream-ordered allocation the driver freed, by either free (cuMemFreeAsync, or the
+ * synchronous cuMemFree, which also gives it back to its pool: issue #28 class 3). */
+void ts_pool_freed(const ts_record *rec) {
+    ts_record r = *rec;
     if (r.kind != TS_KIND_POOL) {
         ts_region_release(r.rdev, r.size);
-        return rc;
+        return;
     }
     pthread_mutex_lock(&ts_tab_mu);
     ts_record *p = ts_table_find(&ts_pools, r.aux);
@@ -261,7 +269,6 @@ CUresult ts_pool_free(void *real, CUdeviceptr ptr, CUstream s) {
     pthread_mutex_unlock(&ts_tab_mu);
     if (p) settle((CUmemoryPool)(uintptr_t)r.aux); /* stays charged while the pool keeps it */
     else ts_region_release(r.rdev, r.size);         /* its pool was destroyed: its own charge */
-    return rc;
 }
 
 void ts_pool_destroyed(CUmemoryPool pool, CUresult rc) {

@@ -80,7 +80,8 @@ _Static_assert(sizeof(region_header) <= SLOTS_OFFSET, "header size");
 
 static region_header *g_hdr;
 static region_slot *g_slots;
-static int g_fd = -1;        /* -1: private (anonymous) region */
+static int g_fd = -1;        /* -1: private (anonymous) region; use region_fd() */
+static ts_fd g_fdg = {.fd = -1};
 static int g_my_slot = -1;
 static int g_fault_stall;    /* TESSERA_ISOLATION_FAULT=stall-in-lock[=BYTES] (tests only) */
 static uint64_t g_fault_size;
@@ -103,20 +104,24 @@ static int sweep_due(void) {
 
 static off_t slot_offset(int i) { return (off_t)SLOTS_OFFSET + (off_t)i * (off_t)sizeof(region_slot); }
 
-static int slot_alive(int i) {
+/* The region's descriptor, checked to still name the region (fdguard.c); -1: private or lost. */
+static int region_fd(void) { return g_fd < 0 ? -1 : ts_fd_get(&g_fdg); }
+
+static int slot_alive(int i, int fd) {
     if (i == g_my_slot) return 1;
-    if (g_fd < 0) return 1; /* private region: every slot is ours */
+    if (fd < 0) return 1; /* private region (every slot is ours), or no descriptor: never reclaim on doubt */
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = slot_offset(i), .l_len = 1};
-    if (fcntl(g_fd, F_OFD_GETLK, &fl) != 0) return 1; /* cannot tell: never reclaim on doubt */
+    if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return 1; /* cannot tell: never reclaim on doubt */
     return fl.l_type != F_UNLCK;
 }
 
 /* Reclaims the slots of dead processes; with recompute, rebuilds every total from the slots. */
 static void sweep(int recompute) {
     uint32_t hwm = g_hdr->slot_hwm > REGION_SLOTS ? REGION_SLOTS : g_hdr->slot_hwm;
+    int fd = region_fd();
     for (uint32_t i = 0; i < hwm; i++) {
         region_slot *s = &g_slots[i];
-        if (!s->in_use || slot_alive((int)i)) continue;
+        if (!s->in_use || slot_alive((int)i, fd)) continue;
         TS_DEBUG("reclaiming slot %u of dead process %d", i, s->pid);
         if (!recompute) {
             for (int d = 0; d < REGION_DEVICES; d++) {
@@ -147,7 +152,7 @@ static int g_lock_stuck;
 
 static long lock_timeout_ms(void) {
     if (g_lock_timeout_ms < 0) {
-        const char *v = getenv("TESSERA_ISOLATION_LOCK_TIMEOUT_MS");
+        const char *v = ts_getenv("TESSERA_ISOLATION_LOCK_TIMEOUT_MS");
         long t = 5000;
         if (v && *v) {
             char *end;
@@ -245,7 +250,7 @@ static int check_header(const region_header *h, char *err, size_t errlen, const 
 }
 
 int ts_region_attach(const char *path, char *err, size_t errlen) {
-    const char *fault = getenv("TESSERA_ISOLATION_FAULT");
+    const char *fault = ts_getenv("TESSERA_ISOLATION_FAULT");
     /* stall-in-lock: at the first charge; stall-in-lock=BYTES: at a charge of exactly BYTES */
     g_fault_stall = fault && strncmp(fault, "stall-in-lock", 13) == 0 && (fault[13] == '\0' || fault[13] == '=');
     g_fault_size = g_fault_stall && fault[13] == '=' ? strtoull(fault + 14, NULL, 10) : 0;
@@ -317,6 +322,7 @@ int ts_region_attach(const char *path, char *err, size_t errlen) {
     g_hdr = h;
     g_slots = (region_slot *)((char *)m + SLOTS_OFFSET);
     g_fd = fd;
+    ts_fd_remember(&g_fdg, fd, path);
     return 0;
 }
 
@@ -324,7 +330,8 @@ void ts_region_detach_after_fork(void) {
     /* The child shares the parent's open file description, and with it the slot lock: drop the
      * descriptor so the slot stays the parent's, and attach afresh when needed. */
     if (g_hdr) munmap(g_hdr, REGION_SIZE);
-    if (g_fd >= 0) close(g_fd);
+    if (g_fd >= 0 && ts_fd_get(&g_fdg) >= 0) close(g_fdg.fd);
+    g_fdg.fd = -1;
     g_hdr = NULL;
     g_slots = NULL;
     g_fd = -1;
@@ -334,13 +341,15 @@ void ts_region_detach_after_fork(void) {
 }
 
 static int take_slot_locked(void) {
+    int fd = region_fd();
+    if (g_fd >= 0 && fd < 0) return -1; /* the region's descriptor is gone: no slot lock to take */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < REGION_SLOTS; i++) {
             region_slot *s = &g_slots[i];
             if (s->in_use) continue;
-            if (g_fd >= 0) {
+            if (fd >= 0) {
                 struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = slot_offset(i), .l_len = 1};
-                if (fcntl(g_fd, F_OFD_SETLK, &fl) != 0) continue;
+                if (fcntl(fd, F_OFD_SETLK, &fl) != 0) continue;
             }
             memset(s, 0, sizeof *s);
             s->pid = (int32_t)getpid();
@@ -365,6 +374,12 @@ int ts_region_find_device(const char *key) {
     return -1;
 }
 
+/*
+ * The device's limit in the region is the first writer's (issue #28 class 5): a process that
+ * registers a device keeps the limit found there, and the caller enforces the smaller of its own
+ * and the region's. Only a writer that finds no live process of the workload attached (the
+ * workload restarted, perhaps with a new limit) replaces it.
+ */
 int ts_region_device(const char *key, uint64_t limit) {
     if (!g_hdr) return -1;
     if (region_lock() != 0) return -2; /* try again on the next call */
@@ -372,12 +387,23 @@ int ts_region_device(const char *key, uint64_t limit) {
     if (idx < 0 && g_hdr->n_devices < REGION_DEVICES) {
         idx = (int)g_hdr->n_devices;
         snprintf(g_hdr->devices[idx].key, sizeof g_hdr->devices[idx].key, "%s", key);
+        g_hdr->devices[idx].limit = limit;
         __atomic_store_n(&g_hdr->n_devices, g_hdr->n_devices + 1, __ATOMIC_RELEASE);
+    } else if (idx >= 0 && g_hdr->devices[idx].limit != limit) {
+        sweep(0);
+        int others = 0;
+        uint32_t hwm = g_hdr->slot_hwm > REGION_SLOTS ? REGION_SLOTS : g_hdr->slot_hwm;
+        for (uint32_t i = 0; i < hwm && !others; i++) others = g_slots[i].in_use && (int)i != g_my_slot;
+        if (!others) g_hdr->devices[idx].limit = limit;
     }
-    if (idx >= 0) g_hdr->devices[idx].limit = limit;
     region_unlock();
     if (idx < 0) ts_log(TS_LOG_ERROR, "the shared region has no room for device %s", key);
     return idx;
+}
+
+uint64_t ts_region_limit(int rdev) {
+    if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES) return 0;
+    return __atomic_load_n(&g_hdr->devices[rdev].limit, __ATOMIC_ACQUIRE);
 }
 
 static int region_reserve(int rdev, uint64_t size, uint64_t limit) {

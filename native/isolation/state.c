@@ -141,7 +141,16 @@ ts_dev *ts_device(int ordinal) {
                 return d;
             }
             if (d->rdev < 0) d->limit = 0;
-            else if (e) ts_loans_device(d->rdev, ordinal, d->uuid, e->request, e->limit);
+            else if (ts_region_limit(d->rdev) < d->limit) {
+                /* Another process of the workload registered this device (by UUID) first, with a
+                 * smaller limit: the smaller one holds (a reordered CUDA_VISIBLE_DEVICES or a
+                 * rewritten variable never moves or raises a limit). */
+                TS_INFO("device %d (%s): the workload's region holds a limit of %llu bytes, below this "
+                        "process's %llu; the smaller applies", ordinal, key,
+                        (unsigned long long)ts_region_limit(d->rdev), (unsigned long long)d->limit);
+                d->limit = ts_region_limit(d->rdev);
+            }
+            if (d->rdev >= 0 && e) ts_loans_device(d->rdev, ordinal, d->uuid, e->request, e->limit);
             TS_DEBUG("device %d (%s): limit %llu bytes, region entry %d", ordinal, key,
                      (unsigned long long)d->limit, d->rdev);
         } else {
@@ -189,6 +198,7 @@ static void child(void) {
 }
 
 __attribute__((constructor)) static void ts_constructor(void) {
+    ts_env_snapshot(); /* the configuration as it is at load, before main (envsnap.c) */
     ts_log_init();
     pthread_atfork(prepare, parent, child);
 }

@@ -57,6 +57,10 @@ int ts_untrack(ts_table *t, uint64_t key, ts_record *out);
 CUresult ts_pool_alloc(void *real, int kind, CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s,
                        const char *what);
 CUresult ts_pool_free(void *real, CUdeviceptr ptr, CUstream s);
+/* After the driver freed a tracked stream-ordered allocation (by either free API). */
+void ts_pool_freed(const ts_record *r);
+/* A context went away: what its cuCtxSetLimit reserves were charged is given back (hooks_extra.c). */
+void ts_ctx_limits_release(CUcontext c);
 void ts_pool_created(CUmemoryPool pool, int ordinal);
 void ts_pool_destroyed(CUmemoryPool pool, CUresult rc);
 void ts_pools_settle_all(void);

@@ -8,7 +8,7 @@ from tessera.bench import isolation as bench
 
 
 def test_benchmark_prints_one_json_object_last(capsys):
-    assert bench.main(["--pairs", "2000", "--repeats", "1"]) == 0
+    assert bench.main(["--pairs", "2000", "--repeats", "1", "--live", "500"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
     assert result["benchmark"] == "isolation"
@@ -17,5 +17,9 @@ def test_benchmark_prints_one_json_object_last(capsys):
         assert result[key] > 0
     assert result["overhead_ns_per_pair"] == round(
         result["shared_region_ns_per_pair"] - result["baseline_ns_per_pair"], 1)
+    for key in ("two_threads_baseline_ns_per_pair", "two_threads_shared_region_ns_per_pair",
+                "map_unmap_baseline_ns", "map_unmap_shared_region_ns"):
+        assert result[key] > 0
+    assert result["live_mappings"] == 500
     for key in ("overhead_paired_median_ns_per_pair", "overhead_fastest_ns_per_pair"):
         assert isinstance(result[key], float)

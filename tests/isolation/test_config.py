@@ -204,6 +204,31 @@ def test_run_command_applies_limits_to_the_program(native, tmp_path):
     assert (tmp_path / "r").stat().st_size > 0
 
 
+def test_run_command_keys_device_limits_by_uuid(native, tmp_path):
+    """#28 class 5: --device-limit 1=1G is the GPU that is visible device 1 for the launcher,
+    keyed by its UUID: a program that reorders CUDA_VISIBLE_DEVICES (here: `env` before exec)
+    finds the 1 GB limit on that same GPU, now its device 0 (before: it moved to the other GPU,
+    which got 1 GB while the limited one got 2 GiB)."""
+    env = clean_env(native, preload=False, devices=V100X4)
+    script = "init\nctx 0\ninfo\nctx 1\ninfo\nexit\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "tessera.isolation", "--limit", "2Gi", "--device-limit", "1=1G",
+         "--region", str(tmp_path / "r"), "--", "env", "CUDA_VISIBLE_DEVICES=1,0,2,3",
+         str(native.program("cuprobe")), "dlsym"],
+        input=script, env=env, capture_output=True, text=True, timeout=60, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[2] == f"rc=0 free={10**9 - CTX_V100} total={10**9}"  # physical GPU 1
+    assert lines[4] == f"rc=0 free={2 * GiB - CTX_V100} total={2 * GiB}"  # physical GPU 0
+
+
+def test_run_command_rejects_a_device_it_cannot_see(native, tmp_path):
+    env = clean_env(native, preload=False, devices=V100X4)
+    done = subprocess.run([sys.executable, "-m", "tessera.isolation", "--device-limit", "7=1G", "--",
+                           "true"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--device-limit" in done.stderr and "no visible GPU 7" in done.stderr
+
+
 def test_run_command_rejects_a_bad_limit_before_running_anything(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tessera.isolation", "--limit", "8X", "--", "true"],
                           capture_output=True, text=True, timeout=60)

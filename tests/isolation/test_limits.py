@@ -60,12 +60,25 @@ def test_limit_above_the_device_reports_the_device(native, probe):
 
 def test_usage_above_the_limit_clamps_free_to_zero(native, probe, tmp_path):
     region = str(tmp_path / "region")
-    # a process of the same workload with a smaller limit sees 6 GiB and two contexts used of 4 GiB
-    small = probe(limited(native, limit="4Gi", TESSERA_GPU_SHARED_REGION=region)).start()
+    # the workload's first process registers 8 GiB and uses 6 GiB and a context; a later process
+    # with a smaller limit of its own (4 GiB) sees more used than its limit: free is 0, never wrapped
     big = probe(limited(native, TESSERA_GPU_SHARED_REGION=region)).start()
+    small = probe(limited(native, limit="4Gi", TESSERA_GPU_SHARED_REGION=region)).start()
     big.alloc(6 * GiB)
     assert small.info() == (0, 4 * GiB)
     assert small("alloc 1")["rc"] == 2
+
+
+def test_the_first_processs_limit_holds_for_the_workload(native, probe, tmp_path):
+    """#28 class 5: per device (by UUID) the region keeps the first writer's limit and every
+    process enforces the smaller of its own and the region's: a later process of the workload
+    with a bigger limit of its own (a rewritten variable) does not raise it."""
+    region = str(tmp_path / "region")
+    small = probe(limited(native, limit="4Gi", TESSERA_GPU_SHARED_REGION=region)).start()
+    assert small.info()[1] == 4 * GiB
+    big = probe(limited(native, TESSERA_GPU_SHARED_REGION=region)).start()
+    assert big.info()[1] == 4 * GiB
+    assert big(f"alloc {6 * GiB}")["rc"] == 2
 
 
 def test_untracked_frees_go_to_the_driver_untouched(native, probe):

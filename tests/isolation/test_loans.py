@@ -28,7 +28,10 @@ def workload(native: NativeBuild, tmp: Path, name: str, uuid: str, request: int,
                         headroom_bytes=HEADROOM)
     files = write_workload_files(tmp / name, [DeviceShare(0, uuid, limit, request)], loans=loans,
                                  context_overhead_bytes=CTX)
-    return clean_env(native, devices=GPU, extra={"TESSERA_GPU_CONFIG": str(files.config_path)})
+    # One GPU for every process (FAKE_GPU_STATE): the driver's free memory is the node's, as on a
+    # real GPU (the library asks it before holding a within-request allocation back).
+    return clean_env(native, devices=GPU, extra={"TESSERA_GPU_CONFIG": str(files.config_path),
+                                                 "FAKE_GPU_STATE": str(tmp / "gpu.state")})
 
 
 @pytest.fixture
@@ -170,22 +173,22 @@ def test_a_loan_gone_before_the_restart_is_not_taken_again(native, tmp_path, gpu
     assert second.proc.poll() is None  # nobody was killed for a loan that no longer exists
 
 
-def test_a_held_ledger_lock_bounds_the_wait_and_refuses(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
-    """#12 item 5 for the loans ledger: a holder that never lets go (stopped) of the ledger's
-    lock must not freeze an allocation: a bounded wait, then refused with one clear line."""
+def test_a_held_ledger_lock_stops_nobody(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    """#28 class 4: no lock is shared between tenants any more. Whoever holds byte 64 of the
+    ledger (the old ledger lock: a tenant, stopped or not) decides nothing: another workload's
+    allocations go on at once (before: each one waited the lock timeout and was refused)."""
     env = workload(native, tmp_path, "w", gpu, 4 * GiB, 8 * GiB)
-    env["TESSERA_ISOLATION_LOCK_TIMEOUT_MS"] = "300"
     w = started(probe, env)  # its context is on the ledger: the file exists
     led = Ledger(tmp_path / "loans" / f"{gpu}.ledger")
     try:
-        with led.lock():  # held by this test process for as long as the allocation tries
+        with led.lock():  # held by this test process for as long as the allocations run
             started_at = time.monotonic()
-            assert w(f"alloc {GiB}")["rc"] == 2
-            assert time.monotonic() - started_at < 8
-        w.alloc(GiB)  # the lock is free again: charged as usual
+            w.alloc(GiB)
+            w.alloc(GiB)
+            assert time.monotonic() - started_at < 2
     finally:
         led.close()
-    assert "has been locked for more than 300 ms" in w.stderr()
+    assert "locked" not in w.stderr()
 
 
 def test_equal_priority_and_loan_the_newest_process_goes_first(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]

@@ -106,8 +106,11 @@ class Trial:
                             headroom_bytes=HEADROOM)
         files = write_workload_files(self.root / name, [DeviceShare(0, self.uuid, limit, request)],
                                      loans=loans, context_overhead_bytes=CTX)
+        # One GPU for every process (FAKE_GPU_STATE): the driver's free memory is the node's, as on
+        # a real GPU (the library asks it before holding a within-request allocation back).
         p = Probe(self.native.program("cuprobe"), clean_env(
-            self.native, preload=True, extra={"TESSERA_GPU_CONFIG": str(files.config_path)}))
+            self.native, preload=True, extra={"TESSERA_GPU_CONFIG": str(files.config_path),
+                                              "FAKE_GPU_STATE": str(self.root / "gpu.state")}))
         self.probes.append(p)
         if not (p.ok("init") and p.ok("ctx 0")):
             raise RuntimeError(f"{name}: the probe did not start")

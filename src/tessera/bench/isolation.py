@@ -7,7 +7,13 @@ the fastest runs):
 the fake driver alone, preloaded with no limit (pass-through), preloaded with a limit (private
 accounting), and with a limit shared through a region file (the set-up workloads get).
 
-    python -m tessera.bench.isolation [--pairs N] [--repeats R]
+    python -m tessera.bench.isolation [--pairs N] [--repeats R] [--live N]
+
+Also (issue 28): the same pairs from 2 threads at once in the shared-region set-up and in the
+baseline (``ns_per_pair`` = wall time / pairs per thread, so a library that scales shows the same
+number at 2 threads on 2 cores as at 1, and a lock convoy about twice it), and the cost of one
+``cuMemMap`` + ``cuMemUnmap`` with ``--live`` (default 16000) VMM mappings alive, with and without
+the library (it must not grow with the live mappings).
 
 The last line printed is one JSON object. Target (issue 12): overhead under 200 ns per pair.
 """
@@ -40,11 +46,18 @@ def _env(build: NativeBuild, preload: bool, extra: dict[str, str]) -> dict[str, 
     return env
 
 
-def _run(build: NativeBuild, env: dict[str, str], pairs: int, size: int) -> float:
-    out = subprocess.run([str(build.program("benchalloc")), str(pairs), str(size)], env=env,
+def _run(build: NativeBuild, env: dict[str, str], pairs: int, size: int, threads: int = 1) -> float:
+    out = subprocess.run([str(build.program("benchalloc")), str(pairs), str(size), str(threads)], env=env,
                          capture_output=True, text=True, check=True).stdout
     fields = dict(token.split("=", 1) for token in out.split())
     return float(fields["ns_per_pair"])
+
+
+def _unmap(build: NativeBuild, env: dict[str, str], live: int, rounds: int) -> float:
+    out = subprocess.run([str(build.program("benchalloc")), "unmap", str(live), str(rounds)], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    fields = dict(token.split("=", 1) for token in out.split())
+    return float(fields["ns_per_map_unmap"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--size", type=int, default=2**20)
+    parser.add_argument("--live", type=int, default=16000)
     args = parser.parse_args(argv)
     build = ensure_built()
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,12 +77,20 @@ def main(argv: list[str] | None = None) -> int:
                                                 "TESSERA_GPU_SHARED_REGION": str(Path(tmp) / "region")}),
         }
         samples: dict[str, list[float]] = {name: [] for name in setups}
+        two: dict[str, list[float]] = {"baseline": [], "shared_region": []}
+        unmap: dict[str, list[float]] = {"baseline": [], "shared_region": []}
         for _ in range(args.repeats):  # interleaved, so drift hits every set-up alike
             for name, env in setups.items():
                 samples[name].append(_run(build, env, args.pairs, args.size))
+            for name in two:
+                two[name].append(_run(build, setups[name], args.pairs, args.size, threads=2))
+                unmap[name].append(_unmap(build, setups[name], args.live, max(200, args.pairs // 50)))
     median = {name: statistics.median(values) for name, values in samples.items()}
     for name, value in median.items():
         print(f"{name:>14}: {value:8.1f} ns/pair  (runs: {', '.join(f'{v:.0f}' for v in samples[name])})")
+    for name in two:
+        print(f"{name:>14}: {statistics.median(two[name]):8.1f} ns/pair with 2 threads, "
+              f"{statistics.median(unmap[name]):8.1f} ns per map+unmap at {args.live} live mappings")
     overhead = median["shared_region"] - median["baseline"]
     # Noise on a shared machine only adds time: the fastest run of each set-up and the median of
     # the per-round differences (same round, same load) are recorded beside the medians.
@@ -86,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         "passthrough_overhead_ns_per_pair": round(median["passthrough"] - median["baseline"], 1),
         "overhead_paired_median_ns_per_pair": round(paired, 1),
         "overhead_fastest_ns_per_pair": round(min(samples["shared_region"]) - min(samples["baseline"]), 1),
+        "two_threads_baseline_ns_per_pair": round(statistics.median(two["baseline"]), 1),
+        "two_threads_shared_region_ns_per_pair": round(statistics.median(two["shared_region"]), 1),
+        "two_threads_overhead_ns_per_pair": round(statistics.median(two["shared_region"])
+                                                  - statistics.median(two["baseline"]), 1),
+        "live_mappings": args.live,
+        "map_unmap_baseline_ns": round(statistics.median(unmap["baseline"]), 1),
+        "map_unmap_shared_region_ns": round(statistics.median(unmap["shared_region"]), 1),
         "target_ns_per_pair": TARGET_NS,
         "meets_target": overhead < TARGET_NS,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()}",

@@ -27,11 +27,64 @@ from tessera.isolation.config import REGION_ENV, manual_environment
 from tessera.isolation.library import LibraryNotBuilt, library_path
 
 
-def _device_limit(text: str) -> tuple[int, str]:
-    index, sep, quantity = text.partition("=")
-    if not sep or not (index.strip().isascii() and index.strip().isdigit()) or not quantity.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected INDEX=QUANTITY, such as 1=4Gi")
-    return int(index), quantity.strip()
+def _device_limit(text: str) -> tuple[int | str, str]:
+    key, sep, quantity = text.partition("=")
+    key = key.strip()
+    if key.startswith(("GPU-", "MIG-")) and sep and quantity.strip():
+        return key, quantity.strip()
+    if not sep or not (key.isascii() and key.isdigit()) or not quantity.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected INDEX=QUANTITY or UUID=QUANTITY, such as 1=4Gi")
+    return int(key), quantity.strip()
+
+
+def _visible_uuids(environ: dict[str, str] | os._Environ[str]) -> list[str]:
+    """UUIDs of the GPUs CUDA numbers 0, 1, ... here (NVML's order under CUDA_VISIBLE_DEVICES)."""
+    from tessera.node.nvml import Nvml
+
+    with Nvml() as nvml:
+        gpus = nvml.inventory().gpus
+    uuids = [g.uuid for g in sorted(gpus, key=lambda g: g.index)]
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return uuids
+    out: list[str] = []
+    for tok in (t.strip() for t in visible.split(",")):
+        if tok.isdigit() and int(tok) < len(uuids):
+            out.append(uuids[int(tok)])
+        elif tok.startswith(("GPU-", "MIG-")):
+            match = [u for u in uuids if u.startswith(tok)]
+            if len(match) != 1:
+                break
+            out.append(match[0])
+        else:
+            break  # the driver stops at the first entry it cannot use
+    return out
+
+
+def _limits_by_uuid(per_device: list[tuple[int | str, str]],
+                    environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """--device-limit keyed by the GPU's UUID (resolved here, from this process's view), so a
+    reordered CUDA_VISIBLE_DEVICES in the program never moves a limit to another GPU."""
+    if not per_device:
+        return {}
+    uuids: list[str] | None = None
+    out: dict[str, str] = {}
+    for key, quantity in per_device:
+        if isinstance(key, int):
+            if uuids is None:
+                try:
+                    uuids = _visible_uuids(environ)
+                except Exception as exc:  # NVML missing or failing: never key by index silently
+                    raise InvalidRequest("--device-limit", f"cannot find the UUID of visible GPU {key} "
+                                         f"to key its limit by ({exc})", key) from exc
+            if key >= len(uuids):
+                raise InvalidRequest("--device-limit", f"there is no visible GPU {key} "
+                                     f"({len(uuids)} visible)", key)
+            key = uuids[key]
+        if key in out:
+            raise InvalidRequest("--device-limit", "names one GPU twice", key)
+        out[key] = quantity
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             parser.print_help()
             return 2
-        env = manual_environment(args.limit, dict(args.device_limit),
+        by_uuid = _limits_by_uuid(args.device_limit, os.environ)
+        env = manual_environment(args.limit, by_uuid,
                                  region_path=args.region.resolve() if args.region else None,
                                  base=os.environ)
     except LibraryNotBuilt as exc:

@@ -210,12 +210,15 @@ def _limit_bytes(value: str | int, field: str) -> int:
     return n
 
 
-def manual_environment(limit: str | int | None = None, per_device: Mapping[int, str | int] | None = None,
+def manual_environment(limit: str | int | None = None,
+                       per_device: Mapping[int, str | int] | Mapping[str, str | int] | None = None,
                        *, region_path: Path | None = None, library: Path | None = None,
                        base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment-only form, for running something by hand (no config file).
 
-    ``limit`` applies to every visible device, ``per_device`` to visible index i; both are
+    ``limit`` applies to every visible device, ``per_device`` to visible index i or to the GPU
+    with that UUID (``GPU-...``/``MIG-...``: the limit follows the GPU whatever
+    ``CUDA_VISIBLE_DEVICES`` the program sets; ``python -m tessera.isolation`` keys by UUID); both are
     Kubernetes quantities (``8G``, ``8Gi``) or bytes. Values are validated here the way the
     library validates them, so a typo fails now rather than closing the GPU later.
     """
@@ -225,6 +228,10 @@ def manual_environment(limit: str | int | None = None, per_device: Mapping[int, 
     if limit is not None:
         env[LIMIT_ENV] = str(_limit_bytes(limit, "limit"))
     for index, value in (per_device or {}).items():
+        if isinstance(index, str) and index.startswith(("GPU-", "MIG-")) and len(index) < 64 and all(
+                c in "0123456789abcdefABCDEF-/" for c in index[4:]):
+            env[f"{LIMIT_ENV}_{index}"] = str(_limit_bytes(value, f"per_device[{index}]"))
+            continue
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_DEVICES:
             raise InvalidRequest("per_device", f"keys must be visible device indexes 0 to {MAX_DEVICES - 1}",
                                  index)

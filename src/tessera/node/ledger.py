@@ -3,43 +3,48 @@
 One file per GPU UUID (``DIR/GPU-....ledger``), written by ``libtessera-cuda.so`` in every
 process of every workload on that GPU: per process, the workload ("share") it belongs to, the
 share's request, limit and priority, what the process holds, and the memory it is waiting for
-(a demand, set only for an allocation within the share's request). The reclaimer writes only the
-reclaim records (what it decided to kill and why), before it kills, so a reclaimer restarted at
-any instant never picks a second victim for memory already being freed.
+(a demand, set only for an allocation within the share's request).
 
-Locking is the library's: an open-file-description lock on byte 64 guards the file; each live
-process holds one on the first byte of its entry (a free lock = a dead process). Reading here
-takes the same lock, so a picture is consistent.
+Every tenant on the GPU can write every byte of this file, so nothing here is trusted alone
+(issue #28 class 4): the reclaimer keeps what it decided to kill in its own :class:`Journal` (a
+file no share container mounts), reads the ledger without any lock (a tenant could hold one),
+and under tessera-node checks each entry against the agent's :class:`Authority`.
+
+Locking is the library's: each live process holds an open-file-description lock on the first
+byte of its entry (a free lock = a dead process). No lock guards the file as a whole any more;
+byte 64 (the old ledger lock) is still honoured by :meth:`Ledger.lock` for old readers, and
+decides nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import mmap
 import os
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tessera.node.usage import NodeUsage
 
 MAGIC = b"TSLOAN\x00\x01"
 VERSION = 1
 HEADER = struct.Struct("=8sIIIIQQQ")
 ENTRY = struct.Struct("=iIiIQQQQQQ64sQQ")
-RECORD = struct.Struct("=iIIIQQQ64s64s")
 LOCK_BYTE = 64
-RECORDS_OFFSET = 128
-RECORDS = 16
 ENTRIES_OFFSET = 4096
 ENTRY_SIZE = 256
 ENTRIES = 256
 SIZE = ENTRIES_OFFSET + ENTRIES * ENTRY_SIZE
 SUFFIX = ".ledger"
 
-assert HEADER.size == 48 and ENTRY.size == 144 and RECORD.size == 168
-assert RECORDS_OFFSET + RECORDS * RECORD.size <= ENTRIES_OFFSET
+assert HEADER.size == 48 and ENTRY.size == 144
 
 
 class LedgerError(RuntimeError):
@@ -70,22 +75,6 @@ class Entry:
 
 
 @dataclass(frozen=True)
-class Record:
-    """A reclaim the reclaimer decided: written before the kill, cleared once the victim is gone."""
-
-    slot: int
-    victim_pid: int
-    """Host pid (as the reclaimer sees it)."""
-    victim_entry: int
-    owner_entry: int
-    bytes: int
-    since_ns: int
-    victim_start_ns: int
-    victim_share: str
-    owner_share: str
-
-
-@dataclass(frozen=True)
 class ShareLoan:
     share: str
     request: int
@@ -106,8 +95,6 @@ class Picture:
     headroom: int
     entries: tuple[Entry, ...]
     """Live entries only."""
-    records: tuple[Record, ...]
-    """Pending reclaims."""
 
     @property
     def used(self) -> int:
@@ -153,13 +140,17 @@ class Ledger:
         os.close(self.fd)
 
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
+    def lock(self, timeout: float = 5.0) -> Iterator[None]:
+        """Byte 64, the old ledger lock (decides nothing now); the wait is bounded."""
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                _flock(self.fd, fcntl.F_OFD_SETLKW, fcntl.F_WRLCK, LOCK_BYTE)
+                _flock(self.fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, LOCK_BYTE)
                 break
-            except InterruptedError:
-                continue
+            except (BlockingIOError, PermissionError, InterruptedError) as exc:
+                if time.monotonic() >= deadline:
+                    raise LedgerError(f"{self.path}: locked by another process for {timeout} s") from exc
+                time.sleep(0.001)
         try:
             yield
         finally:
@@ -174,7 +165,8 @@ class Ledger:
         return kind != fcntl.F_UNLCK
 
     def read(self) -> Picture:
-        """The picture (call under ``lock()`` for consistency)."""
+        """The picture, read as the file is (no lock: a tenant could hold it; every field is
+        written by its own process, so a torn read only mixes values that process wrote)."""
         magic, version, entry_size, max_entries, hwm, capacity, physical, headroom = \
             HEADER.unpack_from(self.map, 0)
         if magic != MAGIC:
@@ -193,33 +185,8 @@ class Ledger:
                                  limit=f[5], charged=f[6], demand=f[7], demand_since_ns=f[8],
                                  start_ns=f[9], share=_text(f[10]), demands=f[11], refused=f[12],
                                  alive=True))
-        records: list[Record] = []
-        for slot in range(RECORDS):
-            f = RECORD.unpack_from(self.map, RECORDS_OFFSET + slot * RECORD.size)
-            if f[1] != 1:
-                continue
-            records.append(Record(slot=slot, victim_pid=f[0], victim_entry=f[2], owner_entry=f[3],
-                                  bytes=f[4], since_ns=f[5], victim_start_ns=f[6],
-                                  victim_share=_text(f[7]), owner_share=_text(f[8])))
         return Picture(uuid=self.uuid, capacity=capacity, physical=physical, headroom=headroom,
-                       entries=tuple(entries), records=tuple(records))
-
-    def write_record(self, victim_pid: int, victim: Entry, owner: Entry, nbytes: int) -> int:
-        """Records a reclaim before it is carried out (under ``lock()``); returns its slot."""
-        for slot in range(RECORDS):
-            off = RECORDS_OFFSET + slot * RECORD.size
-            if RECORD.unpack_from(self.map, off)[1] == 1:
-                continue
-            RECORD.pack_into(self.map, off, victim_pid, 1, victim.index, owner.index, nbytes,
-                             time.time_ns(), victim.start_ns, victim.share.encode()[:63],
-                             owner.share.encode()[:63])
-            self.map.flush()
-            return slot
-        raise LedgerError(f"{self.path}: more than {RECORDS} reclaims pending")
-
-    def clear_record(self, slot: int) -> None:
-        off = RECORDS_OFFSET + slot * RECORD.size
-        RECORD.pack_into(self.map, off, 0, 0, 0, 0, 0, 0, 0, b"", b"")
+                       entries=tuple(entries))
 
 
 def open_ledgers(directory: Path) -> dict[str, Ledger]:
@@ -278,3 +245,103 @@ def owner_pid(ledger: Ledger, entry: Entry, proc: Path = Path("/proc")) -> int |
         if ns and int(ns[-1]) == entry.pid and holds(pid):
             return pid
     return None
+
+
+# ---- what the reclaimer trusts --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JournalRecord:
+    """A reclaim decided by the reclaimer: written before the kill, cleared once the victim is gone."""
+
+    uuid: str
+    victim_pid: int
+    """Host pid (as the reclaimer sees it)."""
+    victim_entry: int
+    victim_start_ns: int
+    victim_share: str
+    owner_share: str
+    bytes: int
+    since_ns: int
+
+
+def journal_path(directory: Path) -> Path:
+    """The journal of the reclaimer of ``directory``: beside it, never inside (share containers
+    mount the ledger directory, not its parent)."""
+    directory = Path(directory)
+    return directory.parent / f".{directory.name}.reclaims.json"
+
+
+class Journal:
+    """Pending reclaims, in a file only the reclaimer writes (mode 0600, replaced atomically), so
+    a reclaimer killed at any instant resumes with the same victims, and no tenant can write a
+    record that gets a process killed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._records: list[JournalRecord] = []
+        try:
+            raw = json.loads(self.path.read_text())
+            self._records = [JournalRecord(**r) for r in raw.get("records", [])]
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError) as exc:
+            raise LedgerError(f"{self.path}: not a reclaim journal ({exc})") from exc
+
+    def pending(self, uuid: str) -> list[JournalRecord]:
+        return [r for r in self._records if r.uuid == uuid]
+
+    def add(self, record: JournalRecord) -> None:
+        self._records.append(record)
+        self._save()
+
+    def clear(self, record: JournalRecord) -> None:
+        self._records = [r for r in self._records if r != record]
+        self._save()
+
+    def _save(self) -> None:
+        tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps({"records": [asdict(r) for r in self._records]}).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What the agent gave a share on one GPU, and what the share's own region says it holds."""
+
+    request: int
+    limit: int
+    charged: int
+
+
+@dataclass(frozen=True)
+class Authority:
+    """The agent's own picture (tessera.node.usage): which share each GPU process is in (by its
+    cgroup and its region slot, never by what it wrote), each share's terms per GPU, and its
+    priority."""
+
+    share_of_pid: dict[int, str]
+    terms: dict[tuple[str, str], Terms]
+    """(share key, GPU UUID) -> terms."""
+    priority: dict[str, int]
+
+    @classmethod
+    def from_usage(cls, usage: NodeUsage) -> Authority | None:
+        """None when the agent knows no share (nothing to check entries against)."""
+        from tessera.core.workloads import PRIORITY_CLASSES
+
+        if not usage.shares:
+            return None
+        default = PRIORITY_CLASSES["train"].value
+        priority: dict[str, int] = {}
+        terms: dict[tuple[str, str], Terms] = {}
+        for s in usage.shares:
+            pc = PRIORITY_CLASSES.get(s.share.priority_class)
+            priority[s.share.key] = pc.value if pc else default
+            terms[(s.share.key, s.gpu_uuid)] = Terms(s.request_bytes, s.limit_bytes, s.charged_bytes)
+        share_of_pid = {p.pid: p.share_key for p in usage.processes if p.share_key}
+        return cls(share_of_pid=share_of_pid, terms=terms, priority=priority)

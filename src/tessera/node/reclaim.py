@@ -8,11 +8,21 @@ loan, then the newest process — until the owner fits. Only processes of worklo
 request are ever chosen; a workload within its request is never touched. Only the GPU process is
 killed, never its pod or workload (a workspace keeps running, as Run:ai does for notebooks).
 
-Restart safety: each kill is written to the ledger (a reclaim record) before it is sent. A
-reclaimer started again finds the records: a victim still alive is sent the kill again (the same
-process, never a new victim), a victim gone clears its record. Memory being freed by a pending
-reclaim counts as free, so the same demand is never reclaimed twice, and decisions are made from
-the live ledger only, so nothing is killed for a loan (or a demand) that no longer exists.
+Restart safety: each kill is written to the reclaimer's own journal (:class:`Journal`, a file
+beside the ledger directory that no share container mounts) before it is sent. A reclaimer
+started again finds the records: a victim still alive is sent the kill again (the same process,
+never a new victim), a victim gone clears its record. Memory being freed by a pending reclaim
+counts as free, so the same demand is never reclaimed twice, and decisions are made from the live
+ledger only, so nothing is killed for a loan (or a demand) that no longer exists.
+
+Trust (issue #28 class 4): every tenant can write every byte of a ledger. Nothing a tenant writes
+decides another tenant's fate: the reclaimer never takes the ledger's lock (a tenant could hold
+it) and reads the file as it is; its records live in its own journal (a forged record kills
+nobody); and under tessera-node (:class:`Authority`, from the agent's own picture of the node)
+an entry counts only when its lock holder is a process the agent places in the share the entry
+names, with the request, limit and priority the agent gave that share, and a victim's share must
+be above its request by its own accounting region too (which only that share writes), not only
+by the ledger.
 
 Used by ``tessera up`` (embedded mode) and by tessera-node (the agent loads
 :func:`make_reclaimer` as its plugin).
@@ -21,6 +31,7 @@ Used by ``tessera up`` (embedded mode) and by tessera-node (the agent loads
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -37,13 +48,15 @@ from tessera.node.ledger import (
     ENTRIES_OFFSET,
     ENTRY,
     ENTRY_SIZE,
-    RECORD,
-    RECORDS,
-    RECORDS_OFFSET,
     SUFFIX,
+    Authority,
     Entry,
+    Journal,
+    JournalRecord,
     Ledger,
     LedgerError,
+    ShareLoan,
+    journal_path,
     owner_pid,
 )
 
@@ -97,11 +110,21 @@ class Reclaimer:
     kill: Callable[[int, str], bool] = kill_process
     resolve: Callable[[Ledger, Entry], int | None] = owner_pid
     interval: float = 0.005
+    journal: Journal | None = None
+    """Where decided reclaims are kept (default: beside ``directory``, see :func:`journal_path`)."""
+    authority: Authority | None = None
+    """The agent's own view of shares and processes; None: the ledger is trusted as written
+    (embedded mode: one user, nobody to protect from)."""
     ledgers: dict[str, Ledger] = field(default_factory=dict)
     reclaims: int = 0
     _unresolved: set[tuple[str, int, int]] = field(default_factory=set)
     _stuck: set[tuple[str, int, int]] = field(default_factory=set)
     _scanned: float = 0.0
+    _distrusted: set[tuple[str, int, int]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.journal is None:
+            self.journal = Journal(journal_path(self.directory))
 
     # ---- the ledgers ----------------------------------------------------------------------------
     def scan(self) -> None:
@@ -123,13 +146,12 @@ class Reclaimer:
             led.close()
         self.ledgers.clear()
 
-    @staticmethod
-    def _quiet(led: Ledger) -> bool:
-        """No demand and no pending reclaim (read without the lock; a cheap pre-check)."""
+    def _quiet(self, led: Ledger) -> bool:
+        """No demand and no pending reclaim (a cheap pre-check)."""
+        assert self.journal is not None
+        if self.journal.pending(led.uuid):
+            return False
         m = led.map
-        for slot in range(RECORDS):
-            if RECORD.unpack_from(m, RECORDS_OFFSET + slot * RECORD.size)[1] == 1:
-                return False
         hwm = min(int.from_bytes(m[20:24], "little"), ENTRIES)
         for i in range(hwm):
             f = ENTRY.unpack_from(m, ENTRIES_OFFSET + i * ENTRY_SIZE)
@@ -146,44 +168,91 @@ class Reclaimer:
             try:
                 if self._quiet(led):
                     continue
-                with led.lock():
-                    done += self._reclaim(led)
+                # Never under the ledger's lock: any tenant can hold it. Read as it is.
+                done += self._reclaim(led)
             except (OSError, LedgerError, ValueError) as exc:
                 log.warning("loans ledger %s: %s", led.path, exc)
         self.reclaims += len(done)
         return done
 
+    def _trusted(self, led: Ledger, entries: tuple[Entry, ...]) -> tuple[list[Entry], dict[int, int]]:
+        """The entries the reclaimer may act on, with the host pids of those it may kill (entry
+        index -> pid). Without an authority: every live entry, as written. With one: an entry
+        whose lock holder the agent places in the share the entry names (a possible victim), or
+        one the agent does not list at all (NVML lists a process only once it holds memory: an
+        owner waiting for its first allocation) of a share the agent knows (a possible owner,
+        never a victim); its request, limit and priority are the ones the agent gave that share
+        on this GPU. An entry whose process the agent places in another share is ignored."""
+        auth = self.authority
+        out: list[Entry] = []
+        pids: dict[int, int] = {}
+        for e in entries:
+            if auth is None:
+                out.append(e)
+                continue
+            pid = self.resolve(led, e)
+            terms = auth.terms.get((e.share, led.uuid))
+            placed = auth.share_of_pid.get(pid) if pid is not None else None
+            if pid is None or terms is None or (placed is not None and placed != e.share):
+                key = (led.uuid, e.index, e.start_ns)
+                if key not in self._distrusted:
+                    self._distrusted.add(key)
+                    log.warning("GPU %s: ledger entry %d says share %r (pid %d in its namespace) but the "
+                                "agent places its process in %r; ignored", led.uuid, e.index, e.share,
+                                e.pid, placed)
+                continue
+            out.append(dataclasses.replace(e, request=terms.request, limit=terms.limit,
+                                           priority=auth.priority.get(e.share, e.priority)))
+            if placed is not None:
+                pids[e.index] = pid
+        return out, pids
+
+    def _borrowing_by_region(self, share: str, uuid: str) -> bool:
+        """Above its request by the share's own accounting region (None authority: not asked)."""
+        if self.authority is None:
+            return True
+        terms = self.authority.terms.get((share, uuid))
+        return terms is not None and terms.charged > terms.request
+
     def _reclaim(self, led: Ledger) -> list[Reclaim]:
+        assert self.journal is not None
         pic = led.read()
-        live = {e.index: e for e in pic.entries}
+        entries, pids = self._trusted(led, pic.entries)
+        live = {e.index: e for e in entries}
         freeing = 0
         pending: set[int] = set()
-        for r in pic.records:
+        for r in self.journal.pending(pic.uuid):
             victim = live.get(r.victim_entry)
             if victim is None or victim.start_ns != r.victim_start_ns:
-                led.clear_record(r.slot)  # the victim is gone: its memory is free
+                self.journal.clear(r)  # the victim is gone: its memory is free
                 continue
             # Decided earlier (perhaps by a reclaimer that died before the kill): the same process.
             if self.resolve(led, victim) == r.victim_pid:
                 self.kill(r.victim_pid, f"reclaim of GPU memory on loan on {pic.uuid} (resumed)")
             pending.add(victim.index)
             freeing += victim.charged
-        shares = pic.shares()
-        charged = {s: v.charged for s, v in shares.items()}
-        for e in pic.entries:
+        shares: dict[str, ShareLoan] = {}
+        for e in entries:
+            prev = shares.get(e.share)
+            shares[e.share] = ShareLoan(e.share, e.request, e.limit,
+                                        e.charged + (prev.charged if prev else 0), e.priority)
+        charged = {k: v.charged for k, v in shares.items()}
+        for e in entries:
             if e.index in pending:
                 charged[e.share] -= e.charged
-        used = pic.used - freeing
+        used = sum(e.charged for e in entries) - freeing
         out: list[Reclaim] = []
-        for owner in sorted((e for e in pic.entries if e.demand > 0), key=lambda e: e.demand_since_ns):
+        for owner in sorted((e for e in entries if e.demand > 0), key=lambda e: e.demand_since_ns):
             mine = shares[owner.share]
             if charged[owner.share] + owner.demand > mine.request:
                 continue  # never reclaim for memory above a request
             need = used + owner.demand - pic.capacity
             while need > 0:
-                candidates = [e for e in pic.entries
+                candidates = [e for e in entries
                               if e.index not in pending and e.share != owner.share and e.charged > 0
-                              and charged[e.share] > shares[e.share].request]
+                              and (self.authority is None or e.index in pids)
+                              and charged[e.share] > shares[e.share].request
+                              and self._borrowing_by_region(e.share, pic.uuid)]
                 if not candidates:
                     key = (pic.uuid, owner.index, owner.demand_since_ns)
                     if key not in self._stuck:
@@ -195,7 +264,7 @@ class Reclaimer:
                 victim = min(candidates, key=lambda e: (
                     e.priority, -(charged[e.share] - shares[e.share].request), -e.start_ns))
                 pending.add(victim.index)
-                pid = self.resolve(led, victim)
+                pid = pids.get(victim.index) or self.resolve(led, victim)
                 if pid is None:
                     key = (pic.uuid, victim.index, victim.start_ns)
                     if key not in self._unresolved:
@@ -205,7 +274,10 @@ class Reclaimer:
                                     victim.index, victim.pid, victim.share)
                     continue
                 loan = charged[victim.share] - shares[victim.share].request
-                led.write_record(pid, victim, owner, victim.charged)
+                self.journal.add(JournalRecord(uuid=pic.uuid, victim_pid=pid, victim_entry=victim.index,
+                                               victim_start_ns=victim.start_ns,
+                                               victim_share=victim.share, owner_share=owner.share,
+                                               bytes=victim.charged, since_ns=time.time_ns()))
                 if os.environ.get(FAULT_ENV) == "die-mid-reclaim":  # tests: kill -9 right here
                     os.kill(os.getpid(), signal.SIGKILL)
                 reclaim = Reclaim(gpu_uuid=pic.uuid, victim_share=victim.share, victim_pid=pid,
@@ -284,6 +356,8 @@ class AgentReclaimer:
             except OSError as exc:
                 log.warning("loans directory %s: %s; loans are not reclaimed", self.directory, exc)
             self.thread = ReclaimerThread(self.directory, self._record).start()
+        # The agent's own picture decides what the reclaimer may act on (replaced whole: atomic).
+        self.thread.reclaimer.authority = Authority.from_usage(usage)
         with self._lock:
             done, self._done = self._done, []
         by_key = {v.share.key: v.share for v in usage.shares}
