@@ -166,6 +166,21 @@ def _workloads(backend: Backend) -> tuple[list[WorkloadView], dict[tuple[str, st
     return workloads, dict(phases)
 
 
+def gpu_count(cluster: dict[str, Any]) -> int:
+    """Every GPU of the cluster document: the shared ones (``nodes[].gpus``) and those in MIG
+    mode (``nodes[].migGpus``), each counted once by UUID. Allocations include MIG partitions
+    (their profile's fraction), so the total must include their GPUs too."""
+    seen: set[str] = set()
+    count = 0
+    for n in cluster.get("nodes", []):
+        for g in [*n.get("gpus", []), *(n.get("migGpus") or [])]:
+            key = str(g.get("uuid") or f"{n.get('name')}/{g.get('index')}/{len(seen)}")
+            if key not in seen:
+                seen.add(key)
+                count += 1
+    return count
+
+
 def read(backend: Backend) -> Snapshot:
     """One snapshot, read now."""
     cluster = backend.cluster()
@@ -202,7 +217,7 @@ def read(backend: Backend) -> Snapshot:
                             math.inf if limit is None or limit < 0 else float(limit),
                             float(gpu.get("overQuotaWeight") or 0.0), int(p.get("priority") or 0),
                             requested.get(p["name"], 0.0)))
-    total = float(len(gpus))
+    total = float(gpu_count(cluster))
     fair = divide(total, claims)
     projects = tuple(
         ProjectView(c.name, c.deserved, None if math.isinf(c.limit) else c.limit, c.weight,

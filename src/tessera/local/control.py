@@ -37,6 +37,7 @@ from tessera.core.cycle import Plan, Waiting
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import MigGpu
+from tessera.core.request_text import request_text
 from tessera.core.requests import (
     check_against_cluster,
     gpu_request_from_dict,
@@ -548,10 +549,9 @@ class LocalBackend(TokenAuth):
                 created=now,
                 started=None,
                 completed=None,
-                request_text=(f"MIG {s.mig_profile}" if s.mig_profile is not None
-                              else s.gpu.describe()),
+                request_text=request_text(s.gpu, s.workers, s.mig_profile),
             )
-            self.store.insert_workload(w, f"submitted to project {project.name}: {s.gpu.describe()}")
+            self.store.insert_workload(w, f"submitted to project {project.name}: {w.request_text}")
             self._active[w.id] = w
         self._wake.set()
         return self.workload_dict(w)
