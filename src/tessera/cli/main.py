@@ -7,6 +7,7 @@ Errors are one line on stderr; exit 0 ok, 1 user error, 2 server unreachable.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 # Importing a command module registers its commands, in the order of ``tessera --help``.
 from tessera.cli import server_commands  # isort: skip
@@ -51,7 +52,8 @@ class _App:
         elif first is None or first not in _top_level_names():
             _add_kind_groups(None)
         try:
-            result = cli(args=args, standalone_mode=False, prog_name="tessera")
+            prog = "runai" if Path(sys.argv[0]).name == "runai" else "tessera"
+            result = cli(args=args, standalone_mode=False, prog_name=prog)
         except CliError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(exc.code)

@@ -13,6 +13,7 @@ loop; nothing here is a second concern.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -53,6 +54,7 @@ from tessera.local.mig import LocalMig, RoomNow, room_now
 from tessera.local.pods import PodProcesses
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
+from tessera.local.spelling_env import with_runai_limit
 from tessera.local.store import Project, Store, Workload, all_or_nothing
 from tessera.local.usage import LocalUsage
 from tessera.node.containers import Share, ShareDevice
@@ -468,6 +470,7 @@ class LocalBackend(TokenAuth):
     # -- workloads -------------------------------------------------------------------------------
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
+        s = dataclasses.replace(s, gpu=with_runai_limit(s.gpu, s.env))  # as the webhook reads it
         admitted = check_submission(s)
         if not s.command and self.runtime is None:
             raise InvalidRequest("spec.image", containers.refusal(self.runtime_note))
@@ -481,6 +484,11 @@ class LocalBackend(TokenAuth):
         if s.spec.get("ports") and s.workers > 1:
             raise InvalidRequest("spec.ports", "needs a single pod (workers 1): every pod would "
                                  "listen on the same port of this machine", s.workers)
+        if s.command and s.working_dir is not None and not (
+                Path(s.working_dir).is_absolute() and Path(s.working_dir).is_dir()):
+            raise InvalidRequest("spec.workingDir", "must be an existing directory on this "
+                                 "machine, as an absolute path (the command runs in it)",
+                                 s.working_dir)
         fraction = self._check_mig(s) if s.mig_profile is not None else None
         try:
             check_against_cluster(s.gpu, [self.machine.node])

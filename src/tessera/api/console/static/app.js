@@ -39,12 +39,30 @@ function age(iso) {
   if (s < 86400) return `${Math.round(s / 3600)}h`;
   return `${Math.round(s / 86400)}d`;
 }
-/* A stable colour per project or workload: a qualitative palette (distinct at a glance). */
+/* A colour per project or workload, given in the order names are first drawn (so two series
+   never share one while the palette lasts; past it, hues spaced by the golden angle). */
 const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f", "#ff9da7", "#86bcb6"];
+const colours = new Map();
 function color(name) {
-  let x = 0;
-  for (const ch of String(name)) x = (x * 31 + ch.charCodeAt(0)) >>> 0;
-  return PALETTE[x % PALETTE.length];
+  const key = String(name);
+  if (!colours.has(key)) {
+    const i = colours.size;
+    colours.set(key, i < PALETTE.length ? PALETTE[i] : `hsl(${Math.round((i * 137.508) % 360)}, 55%, 48%)`);
+  }
+  return colours.get(key);
+}
+/* Text on a coloured background: black or white, whichever contrasts more (WCAG luminance; one
+   of the two always reaches 4.5:1). */
+function inkOn(bg) {
+  const probe = inkOn.cache || (inkOn.cache = new Map());
+  if (probe.has(bg)) return probe.get(bg);
+  const el = document.createElement("i"); el.style.color = bg; document.body.append(el);
+  const rgb = getComputedStyle(el).color.match(/[0-9.]+/g).slice(0, 3).map(Number); el.remove();
+  const lin = rgb.map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+  const L = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2];
+  const ink = (1.05 / (L + 0.05)) >= ((L + 0.05) / 0.05) ? "#ffffff" : "#000000";
+  probe.set(bg, ink);
+  return ink;
 }
 /* replaceChildren with h()'s rules: arrays flattened, null/false dropped. */
 function put(el, ...children) { el.replaceChildren(...h("div", {}, ...children).childNodes); }
@@ -192,25 +210,40 @@ async function gpus() {
       n.gpus.map((g) => {
         const usable = g.memoryBytes - (g.headroomBytes || 0);
         const known = g.usedBytes !== undefined;
+        const detail = h("div", { class: "segdetail muted", "aria-live": "polite" });
         anyUsed = anyUsed || known;
-        const segs = g.workloads.flatMap((w) => {
+        const shares = g.workloads.map((w) => {
           const project = w.project || projectOf[w.name] || "";
           used.add(project);
           const bytes = w.exclusive ? usable : w.bytes;
           const usage = w.usedBytes !== undefined && w.usedBytes !== null
             ? `; using ${fmtBytes(w.usedBytes)}${w.utilization !== null && w.utilization !== undefined ? `, ${pct(w.utilization)} busy` : ""}` : "";
-          const seg = h("div", { class: "seg share", "data-workload": w.name, "data-used": w.usedBytes ?? "",
-            title: `${w.name}${project ? ` (${project})` : ""}: ${w.exclusive ? "whole GPU" : fmtBytes(w.bytes)}${usage}`,
-            style: { width: `${(100 * bytes) / g.memoryBytes}%`, background: color(project || w.name) } }, w.name);
+          const loan = w.loanedBytes ? `; ${fmtBytes(w.loanedBytes)} on loan` : "";
+          return { w, project, bytes, text: `${w.name}${project ? ` (${project})` : ""}: ${w.exclusive ? "whole GPU" : fmtBytes(w.bytes)}${usage}${loan}` };
+        });
+        /* Many small shares: those under SLIVER of the GPU merge into one "+N shares" segment
+           (its width their sum, so the bar stays proportional; its details list them). */
+        const slivers = shares.length > MAX_SHARES ? shares.filter((x) => x.bytes + (x.w.loanedBytes || 0) < SLIVER * g.memoryBytes) : [];
+        const merged = slivers.length > 1 ? new Set(slivers) : new Set();
+        const segs = shares.filter((x) => !merged.has(x)).flatMap(({ w, project, bytes, text }) => {
+          const bg = color(project || w.name);
+          const seg = segment(detail, text, { class: "seg share", "data-workload": w.name, "data-used": w.usedBytes ?? "",
+            style: { width: `${(100 * bytes) / g.memoryBytes}%`, background: bg, color: inkOn(bg) } }, w.name);
           if (w.usedBytes !== undefined && w.usedBytes !== null && bytes > 0) {
             seg.append(h("i", { class: "fill", style: { width: `${Math.min(100, (100 * Math.min(w.usedBytes, bytes)) / bytes)}%` } }));
           }
           if (!w.loanedBytes) return [seg];
           anyLoan = true;  /* the loan right after its share: memory it holds above its request */
-          return [seg, h("div", { class: "seg loan", "data-loan": w.name, "data-bytes": w.loanedBytes,
-            title: `${w.name} holds ${fmtBytes(w.loanedBytes)} above its request: on loan, taken back when an owner needs it`,
-            style: { width: `${(100 * w.loanedBytes) / g.memoryBytes}%` } }, "loan")];
+          return [seg, segment(detail, `${w.name} holds ${fmtBytes(w.loanedBytes)} above its request: on loan, taken back when an owner needs it`,
+            { class: "seg loan", "data-loan": w.name, "data-bytes": w.loanedBytes, style: { width: `${(100 * w.loanedBytes) / g.memoryBytes}%` } }, "loan")];
         });
+        if (merged.size) {
+          const list = [...merged];
+          const total = list.reduce((t, x) => t + x.bytes + (x.w.loanedBytes || 0), 0);
+          anyLoan = anyLoan || list.some((x) => x.w.loanedBytes);
+          segs.push(segment(detail, `${list.length} small shares, ${fmtBytes(total)} in all: ${list.map((x) => x.text).join("; ")}`,
+            { class: "seg more", "data-merged": list.length, "data-bytes": total, style: { width: `${(100 * total) / g.memoryBytes}%` } }, `+${list.length} shares`));
+        }
         if (g.headroomBytes) segs.push(h("div", { class: "seg headroom", title: `${fmtBytes(g.headroomBytes)} kept for the driver and CUDA contexts`,
           style: { width: `${(100 * g.headroomBytes) / g.memoryBytes}%`, marginLeft: "auto" } }));
         const held = g.workloads.some((w) => w.exclusive) ? usable : g.allocatedBytes;
@@ -218,7 +251,7 @@ async function gpus() {
           known ? h("i", { style: { width: `${Math.min(100, (100 * g.usedBytes) / g.memoryBytes)}%` } }) : null);
         return h("div", { class: "gpu", "data-uuid": g.uuid, "data-used": known ? g.usedBytes : "" },
           h("div", { class: "name" }, h("strong", {}, `GPU ${g.index}`), ` ${g.model}`, h("br"), h("span", { class: "muted" }, fmtBytes(g.memoryBytes))),
-          h("div", {}, h("div", { class: "bar" }, segs), usedBar),
+          h("div", { class: "track" }, h("div", { class: "bar", role: "group", "aria-label": `GPU ${g.index} ${g.model}: ${shares.length} share${shares.length === 1 ? "" : "s"}` }, segs), usedBar, detail),
           h("div", { class: "num" },
             h("span", { class: "alloc" }, `${fmtBytes(held)} / ${fmtBytes(usable)} allocated`), h("br"),
             h("span", { class: "use" }, known ? `${fmtBytes(g.usedBytes)} used, ${pct(g.utilization)} busy` : "used: —"),
@@ -232,16 +265,28 @@ async function gpus() {
       c.nodes.some((n) => (n.migGpus || []).length) ? h("span", {}, h("i", { class: "key-idle" }), "idle MIG partition") : null);
     put(main, h("h1", {}, "GPUs"),
       c.simulated ? h("p", { class: "badge warn" }, "These GPUs are simulated: no NVIDIA driver here.") : null,
-      h("p", { class: "muted" }, "Each bar is one GPU's memory, split into the shares placed on it (coloured by project; the dark line in a share is the memory its processes use); memory a dynamic fraction holds above its request is marked as a loan. The thin bar below is the memory in use on the GPU, as the node agent reads it. A GPU in MIG mode is drawn as its eight memory slots, each partition where it sits: held by a workload, idle (kept for reuse until its room is needed) or an operator's."),
+      h("p", { class: "muted" }, "Each bar is one GPU's memory, split into the shares placed on it (coloured by project; the dark line in a share is the memory its processes use); memory a dynamic fraction holds above its request is marked as a loan. Many small shares on one GPU are drawn as one \u201c+N shares\u201d segment. Focus or point at a segment for its details. The thin bar below is the memory in use on the GPU, as the node agent reads it.",
+        c.nodes.some((n) => (n.migGpus || []).length) ? " A GPU in MIG mode is drawn as its eight memory slots, each partition where it sits: held by a workload, idle (kept for reuse until its room is needed) or an operator's." : ""),
       legend, ...(nodes.length ? nodes : [h("p", { class: "muted" }, "No GPU nodes.")]));
   };
   await draw();
   every(5000, () => draw().catch(() => {}));
 }
 
+/* A bar segment: focusable, its details in the GPU row's detail line on focus or hover (and as
+   its accessible name), not only in a hover title. */
+const MAX_SHARES = 10;
+const SLIVER = 0.05;
+function segment(detail, text, attrs, label) {
+  const show = () => { detail.textContent = text; };
+  const hide = () => { if (detail.textContent === text) detail.textContent = ""; };
+  return h("div", { ...attrs, tabindex: 0, title: text, "aria-label": text, onfocus: show, onblur: hide, onmouseenter: show, onmouseleave: hide }, label);
+}
+
 /* A GPU in MIG mode: its eight memory slots, each partition drawn where it sits (coloured by its
    workload's project; idle ones are kept for reuse until their room is needed). */
 function migGpu(g, projectOf, used) {
+  const detail = h("div", { class: "segdetail muted", "aria-live": "polite" });
   const parts = [...(g.partitions || [])].sort((a, b) => a.start - b.start);
   const segs = [];
   let at = 0;
@@ -251,10 +296,11 @@ function migGpu(g, projectOf, used) {
     if (project) used.add(project);
     const who = p.workload ? `${p.workload}${project ? ` (${project})` : ""}`
       : p.managed ? "idle: kept for reuse, removed when its room is needed" : "not tessera's (an operator's partition)";
-    segs.push(h("div", { class: `seg part ${p.workload ? "held" : p.managed ? "idle" : "operator"}`,
-      "data-profile": p.profile, "data-start": p.start, "data-workload": p.workload || "",
-      title: `${p.profile} at memory slot ${p.start}: ${who}${p.uuid ? `\n${p.uuid}` : ""}`,
-      style: { width: `${(100 * (p.slots || 1)) / 8}%`, background: p.workload ? color(project || p.workload) : null } },
+    const bg = p.workload ? color(project || p.workload) : null;
+    segs.push(segment(detail, `MIG ${p.profile} on GPU ${g.index}, slot ${p.start}: ${who}${p.uuid ? ` (${p.uuid})` : ""}`,
+      { class: `seg part ${p.workload ? "held" : p.managed ? "idle" : "operator"}`,
+        "data-profile": p.profile, "data-start": p.start, "data-workload": p.workload || "",
+        style: { width: `${(100 * (p.slots || 1)) / 8}%`, background: bg, color: bg ? inkOn(bg) : null } },
       `${p.profile}${p.workload ? ` ${p.workload}` : ""}`));
     at = p.start + (p.slots || 1);
   }
@@ -262,7 +308,7 @@ function migGpu(g, projectOf, used) {
   const busy = parts.filter((p) => p.workload).length;
   return h("div", { class: "gpu mig", "data-uuid": g.uuid },
     h("div", { class: "name" }, h("strong", {}, "MIG"), ` ${g.model}`, h("br"), h("span", { class: "muted", title: g.uuid }, `NVML GPU ${g.index}, MIG mode`)),
-    h("div", {}, h("div", { class: "bar slots" }, segs)),
+    h("div", { class: "track" }, h("div", { class: "bar slots", role: "group", "aria-label": `MIG GPU ${g.index} ${g.model}` }, segs), detail),
     h("div", { class: "num" }, g.partitions === null ? "partitions: NVML not open"
       : `${parts.length} partition${parts.length === 1 ? "" : "s"}, ${busy} in use`));
 }
@@ -389,7 +435,7 @@ async function workloads() {
         onclick: () => { location.hash = `#/workload/${KIND_PATH[type]}/${id}`; },
         onkeydown: (ev) => { if (ev.key === "Enter") location.hash = `#/workload/${KIND_PATH[type]}/${id}`; } },
         h("td", {}, h("strong", {}, name)), h("td", {}, proj), h("td", { class: "opt" }, type), h("td", {}, phaseBadge(ph)),
-        h("td", {}, g ? g.request : ""), h("td", { class: "opt" }, node ? `${node} / ${devices}` : "—"), h("td", { class: "opt" }, age(created)))));
+        h("td", {}, g ? g.request : ""), h("td", { class: "opt" }, node ? `${node}${devices ? ` / ${devices}` : ""}` : "—"), h("td", { class: "opt" }, age(created)))));
     if (!r.rows.length) table.replaceChildren(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No workloads match.")));
     pager.replaceChildren(h("span", { class: "muted", id: "w-count" }, `${r.total ? state.offset + 1 : 0}–${state.offset + r.rows.length} of ${r.total}`), h("span", { class: "spacer" }),
       h("button", { class: "btn secondary", type: "button", disabled: state.offset === 0, onclick: () => { state.offset = Math.max(0, state.offset - limit); go(); } }, "Previous"),
@@ -424,7 +470,7 @@ async function workload(kind, id) {
       } catch (e) { toast(e.message); }
     } }, label);
     const pods = (w.pods || []).map((p) => h("tr", {}, h("td", {}, p.index), h("td", {}, p.phase || "—"), h("td", {}, p.nodeName || "—"),
-      h("td", {}, (p.gpuDevices || []).map((d) => `GPU ${d.index} ${fmtBytes(d.requestBytes)}${d.limitBytes !== d.requestBytes ? ` (limit ${fmtBytes(d.limitBytes)})` : ""}`).join(", ") || (p.exclusive ? "whole" : "—"))));
+      h("td", {}, p.gpuPlacement || "—")));
     const events = (w.events || []).slice(-30).reverse().map((e) => h("tr", {}, h("td", { class: "opt" }, (e.time || "").replace("T", " ").slice(0, 19)), h("td", {}, e.kind || e.reason || ""), h("td", { style: { whiteSpace: "normal" } }, e.message || "")));
     put(main, 
       h("div", { class: "row" }, h("h1", {}, w.name), phaseBadge(w.phase), h("span", { class: "spacer" }),
@@ -434,10 +480,10 @@ async function workload(kind, id) {
         h("dt", {}, "Project"), h("dd", {}, w.projectName), h("dt", {}, "Type"), h("dd", {}, `${w.type}${w.preemptible ? " (preemptible)" : ""}`),
         h("dt", {}, "GPU request"), h("dd", { id: "w-request" }, w.gpus ? w.gpus.request : "—"),
         h("dt", {}, "GPUs allocated"), h("dd", {}, w.gpus ? `${fmtGpus(w.gpus.allocated)} of ${fmtGpus(w.gpus.requested)}` : "—"),
-        h("dt", {}, "Placement"), h("dd", {}, w.nodeName ? `${w.nodeName}, GPU ${w.gpuDevices}` : "not placed"),
+        h("dt", {}, "Placement"), h("dd", { id: "w-placement" }, w.nodeName ? `${w.nodeName}: ${(w.pods || []).map((p) => p.gpuPlacement).filter(Boolean).join("; ") || "no GPU"}` : "not placed"),
         h("dt", {}, "Image / command"), h("dd", {}, [w.image, w.spec && w.spec.command ? `${w.spec.command} ${w.spec.args || ""}` : ""].filter(Boolean).join(" — ") || "—"),
         h("dt", {}, "Created"), h("dd", {}, `${age(w.createdAt)} ago`))),
-      h("h2", {}, "Pods"), h("div", { class: "panel" }, h("table", {}, h("thead", {}, h("tr", {}, ["#", "Phase", "Node", "GPU memory"].map((t) => h("th", {}, t)))), h("tbody", {}, pods))),
+      h("h2", {}, "Pods"), h("div", { class: "panel" }, h("table", {}, h("thead", {}, h("tr", {}, ["#", "Phase", "Node", "GPUs"].map((t) => h("th", {}, t)))), h("tbody", {}, pods))),
       h("h2", {}, "Events"), h("div", { class: "panel" }, h("table", { id: "events" }, h("tbody", {}, events.length ? events : h("tr", {}, h("td", { class: "muted" }, "No events."))))),
       h("h2", {}, "Log (live)"), log);
   };
