@@ -70,3 +70,8 @@ def test_devices_text() -> None:
                          {"index": 3, "requestBytes": 0, "limitBytes": 0}], True) == \
         "GPU 2 whole, GPU 3 whole"
     assert devices_text([], False) == ""
+
+
+def test_mig_placement_by_uuid() -> None:
+    assert mig_placement_text({"profile": "3g.20gb", "gpuIndex": "GPU-m", "start": 4}) == \
+        "MIG 3g.20gb on GPU-m, slot 4"

@@ -95,3 +95,29 @@ def test_the_runai_command_is_the_same_cli(server: EmbeddedServer) -> None:
     r = subprocess.run([str(runai), "--help"], env=server.env, capture_output=True, text=True,
                        timeout=60)
     assert "Usage: runai" in r.stdout
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    (["submit", "w0", "--workers", "0", "--", "true"], "error: --workers: must be at least 1"),
+    (["submit", "-g", "99999999999", "--", "true"], "error: -g: must be at most 1024"),
+    (["submit", "x" * 64, "-g", "0.1", "--", "true"], "error: NAME: must be at most 63 characters"),
+    (["submit", "", "-g", "0.1", "--", "true"], "error: NAME: must not be empty"),
+    (["project", "create", "neg", "--gpu", "-1"], "error: --gpu: must be at least 0"),
+    (["project", "create", "abc", "--gpu", "abc"], "error: --gpu: must be a number"),
+    (["submit", "w1", "--workers", "abc", "--", "true"], "error: --workers: must be a whole number"),
+])
+def test_errors_in_tessera_words(server: EmbeddedServer, args: list[str], want: str) -> None:
+    if args[0] == "submit":
+        args = ["submit", "-p", "team-a", *args[1:]]
+    line = _err(server, *args)
+    assert line.startswith(want), line
+    assert "should" not in line and "gpu_portion" not in line, line
+
+
+def test_the_api_says_what_is_wrong_with_a_body(server: EmbeddedServer) -> None:
+    import httpx
+    r = httpx.post(f"{server.url}/api/v1/workloads/trainings", content=b"not json",
+                   headers={"Authorization": f"Bearer {server.token()}",
+                            "Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 422
+    assert r.json()["message"].startswith("body: must be valid JSON"), r.json()

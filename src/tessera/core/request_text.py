@@ -31,8 +31,9 @@ def mig_placement_text(device: Mapping[str, Any] | None) -> str:
     if not device:
         return ""
     text = f"MIG {device.get('profile') or '?'}"
-    if device.get("gpuIndex") is not None:
-        text += f" on GPU {device['gpuIndex']}"
+    gpu = device.get("gpuIndex")
+    if gpu is not None:  # an index (embedded mode), or a GPU's UUID (Kubernetes' annotation)
+        text += f" on GPU {gpu}" if str(gpu).isdigit() else f" on {gpu}"
         if device.get("start") is not None:
             text += f", slot {device['start']}"
     return text
