@@ -4,6 +4,9 @@
 "use strict";
 
 const TOKEN_KEY = "tessera.token";
+/* The token lives in localStorage, so a second tab or a shared link does not ask to log in
+   again (the same origin only; Log out removes it everywhere). */
+const store = window.localStorage;
 const KIND_PATH = { Training: "trainings", Workspace: "workspaces", Inference: "inferences" };
 const main = document.getElementById("main");
 let timers = [];
@@ -81,14 +84,43 @@ class ApiError extends Error {
     this.status = status; this.details = (body && body.details) || [];
   }
 }
+/* When the server cannot be reached: a banner with the time of the data shown, a probe of
+   /healthz with back-off (1 s, doubling to 30 s), and the page drawn again once it answers. */
+const down = { since: null, lastOk: null, delay: 1000, timer: null };
+function serverDown() {
+  if (down.since === null) down.since = Date.now();
+  const banner = document.getElementById("down");
+  const when = down.lastOk ? new Date(down.lastOk).toLocaleTimeString() : "before this page loaded";
+  banner.textContent = `The tessera server cannot be reached: showing data from ${when}; retrying in ${Math.round(down.delay / 1000)} s.`;
+  banner.hidden = false;
+  if (down.timer) return;
+  down.timer = setTimeout(async () => {
+    down.timer = null;
+    const ok = await fetch("/healthz", { cache: "no-store" }).then((r) => r.ok).catch(() => false);
+    if (ok) { serverUp(); route(); return; }
+    down.delay = Math.min(30000, down.delay * 2);
+    serverDown();
+  }, down.delay);
+}
+function serverUp() {
+  down.lastOk = Date.now();
+  if (down.since === null) return;
+  down.since = null; down.delay = 1000;
+  if (down.timer) { clearTimeout(down.timer); down.timer = null; }
+  document.getElementById("down").hidden = true;
+}
 async function api(path, opts = {}) {
   const headers = { Accept: "application/json" };
-  const token = sessionStorage.getItem(TOKEN_KEY);
+  const token = store.getItem(TOKEN_KEY);
   if (token) headers.Authorization = `Bearer ${token}`;
   if (opts.body !== undefined) headers["Content-Type"] = "application/json";
-  const r = await fetch(path, { method: opts.method || "GET", headers,
-    body: opts.body === undefined ? undefined : JSON.stringify(opts.body) });
-  if (r.status === 401 && !opts.login) { sessionStorage.removeItem(TOKEN_KEY); location.hash = "#/login"; throw new ApiError(401, {}); }
+  let r;
+  try {
+    r = await fetch(path, { method: opts.method || "GET", headers,
+      body: opts.body === undefined ? undefined : JSON.stringify(opts.body) });
+  } catch (e) { serverDown(); throw new ApiError(0, { message: "the tessera server cannot be reached (retrying)" }); }
+  serverUp();
+  if (r.status === 401 && !opts.login) { store.removeItem(TOKEN_KEY); location.hash = "#/login"; throw new ApiError(401, {}); }
   if (opts.text) { if (!r.ok) throw new ApiError(r.status, {}); return { text: await r.text(), next: r.headers.get("X-Next-Offset") }; }
   const body = r.status === 204 ? null : await r.json().catch(() => null);
   if (!r.ok) throw new ApiError(r.status, body);
@@ -101,7 +133,7 @@ const pages = { login, overview, gpus, projects, workloads, workload, submit, me
 async function route() {
   clearTimers();
   const [page, ...rest] = (location.hash.replace(/^#\/?/, "").split("?")[0] || "overview").split("/");
-  const authed = !!sessionStorage.getItem(TOKEN_KEY);
+  const authed = !!store.getItem(TOKEN_KEY);
   document.getElementById("logout").hidden = !authed;
   document.getElementById("nav").hidden = !authed;
   if (!authed && page !== "login") { location.hash = "#/login"; return; }
@@ -109,9 +141,12 @@ async function route() {
     a.classList.toggle("active", a.dataset.page === page || (page === "workload" && a.dataset.page === "workloads"));
   }
   const fn = pages[page] || overview;
+  const titles = { login: "Log in", overview: "Overview", gpus: "GPUs", projects: "Projects", workloads: "Workloads", workload: "Workload", submit: "Submit", metrics: "Metrics" };
+  document.title = `${titles[page] || "Overview"} · tessera`;
   put(main, h("p", { class: "muted" }, "Loading…"));
   try { await fn(...rest); } catch (e) {
-    if (e.status !== 401) put(main, h("h1", {}, "Something went wrong"), h("p", { class: "err" }, e.message));
+    if (e.status === 0) put(main, h("h1", {}, "The server cannot be reached"), h("p", { class: "muted" }, "The page is drawn as soon as it answers again."));
+    else if (e.status !== 401) put(main, h("h1", {}, "Something went wrong"), h("p", { class: "err" }, e.message));
   }
   main.focus({ preventScroll: true });
 }
@@ -130,10 +165,10 @@ async function login() {
           body: { grantType: "client_credentials", clientId: cid.value, clientSecret: secret.value } });
         value = r.accessToken;
       }
-      sessionStorage.setItem(TOKEN_KEY, value);
+      store.setItem(TOKEN_KEY, value);
       await api("/api/v1/overview", { login: true });
       location.hash = "#/overview";
-    } catch (e) { sessionStorage.removeItem(TOKEN_KEY); err.textContent = e.status === 401 ? "Wrong token or credentials." : e.message; }
+    } catch (e) { store.removeItem(TOKEN_KEY); err.textContent = e.status === 401 ? "Wrong token or credentials." : e.message; }
   } },
     h("h1", {}, "Log in to tessera"),
     h("label", {}, "Token", token),
@@ -452,45 +487,111 @@ async function workloads() {
   every(3000, () => load().catch(() => {}));
 }
 
+/* Local date and time of an ISO timestamp, with its zone, as every time on the page reads. */
+function when(iso) { return iso ? new Date(iso).toLocaleString([], { timeZoneName: "short" }) : "—"; }
+function fmtDuration(sec) {
+  sec = Math.max(0, Math.round(sec));
+  const d = Math.floor(sec / 86400), hh = Math.floor((sec % 86400) / 3600), mm = Math.floor((sec % 3600) / 60), ss = sec % 60;
+  return d ? `${d}d ${hh}h` : hh ? `${hh}h ${mm}m` : mm ? `${mm}m ${ss}s` : `${ss}s`;
+}
+/* Write only what changed, so focus, a selection and scroll positions survive a refresh. */
+function setText(el, text) { if (el.textContent !== text) el.textContent = text; }
+function setKids(el, key, build) { if (el.dataset.key !== key) { el.dataset.key = key; el.replaceChildren(...h("div", {}, build()).childNodes); } }
+
+/* A workload: drawn once, then updated in place every 4 s (values, pods, events); the log of the
+   chosen pod follows its end only while the reader is at the end. */
 async function workload(kind, id) {
-  const log = h("pre", { class: "log", id: "log", "aria-live": "off" });
-  let offset = 0;
+  const base = `/api/v1/workloads/${kind}/${id}`;
+  let w = null; let pod = 0; let offset = 0;
+  const log = h("pre", { class: "log", id: "log", "aria-live": "off", tabindex: 0 });
+  const podPick = h("select", { id: "log-pod", "aria-label": "Pod whose log is shown" });
   const tail = async () => {
-    const r = await api(`/api/v1/workloads/${kind}/${id}/logs?offset=${offset}`, { text: true });
-    if (r.text) { log.append(r.text); log.scrollTop = log.scrollHeight; }
+    const r = await api(`${base}/logs?pod=${pod}&offset=${offset}`, { text: true });
+    if (r.text) {
+      const atEnd = log.scrollHeight - log.scrollTop - log.clientHeight < 24;
+      log.append(r.text);
+      if (atEnd) log.scrollTop = log.scrollHeight;
+    }
     offset = Number(r.next || offset);
   };
+  podPick.addEventListener("change", () => { pod = Number(podPick.value); offset = 0; log.replaceChildren(); tail().catch(() => {}); });
+  const act = (verb, label, cls) => h("button", { class: `btn ${cls || "secondary"}`, type: "button", id: `w-${verb}`, hidden: true, onclick: async () => {
+    if (verb === "delete" && !confirm(`Delete ${w.name}? Its pods are stopped.`)) return;
+    try {
+      if (verb === "delete") { await api(base, { method: "DELETE" }); toast(`${w.name} deleted.`); location.hash = "#/workloads"; return; }
+      await api(`${base}/${verb}`, { method: "POST" }); toast(`${w.name}: ${verb} requested.`); await draw();
+    } catch (e) { toast(e.message); }
+  } }, label);
+  const buttons = { suspend: act("suspend", "Suspend"), resume: act("resume", "Resume"), delete: act("delete", "Delete", "danger") };
+  const title = h("h1", { id: "w-name" });
+  const badge = h("span", { class: "badge", id: "w-phase" });
+  const why = h("div", { class: "panel", id: "why-pending", hidden: true });
+  const failure = h("div", { class: "panel failure", id: "w-failure", hidden: true });
+  const kv = {};
+  const fields = [["project", "Project"], ["type", "Type"], ["request", "GPU request"], ["allocated", "GPUs allocated"],
+    ["placement", "Placement"], ["usage", "GPU use now"], ["urls", "Service URL"], ["command", "Image / command"],
+    ["created", "Created"], ["started", "Started"], ["duration", "Duration"], ["exit", "Exit code"]];
+  const dl = h("dl", { class: "kv" }, fields.flatMap(([k, label]) => { kv[k] = h("dd", { id: `w-${k}` }); return [h("dt", {}, label), kv[k]]; }));
+  const pods = h("tbody", { id: "w-pods" });
+  const events = h("tbody");
+  put(main,
+    h("div", { class: "row" }, title, badge, h("span", { class: "spacer" }), buttons.suspend, buttons.resume, buttons.delete),
+    why, failure, h("div", { class: "panel" }, dl),
+    h("h2", {}, "Pods"), h("div", { class: "panel" }, h("table", {}, h("thead", {}, h("tr", {}, ["#", "Phase", "Node", "GPUs", "Exit code"].map((t) => h("th", {}, t)))), pods)),
+    h("h2", {}, "Events"), h("div", { class: "panel" }, h("table", { id: "events" }, events)),
+    h("div", { class: "row" }, h("h2", {}, "Log (live)"), podPick), log);
+  const usageOf = async (doc) => {
+    if (doc.phase !== "Running") return "—";
+    const c = await api("/api/v1/cluster").catch(() => null);
+    if (!c) return "—";
+    let used = 0, loan = 0, busy = 0, known = false, busyKnown = false;
+    for (const n of c.nodes) for (const g of n.gpus) for (const s of g.workloads) {
+      if (s.name !== doc.name || (s.project && s.project !== doc.projectName)) continue;
+      if (s.usedBytes !== undefined && s.usedBytes !== null) { used += s.usedBytes; known = true; }
+      loan += s.loanedBytes || 0;
+      if (s.utilization !== undefined && s.utilization !== null) { busy += s.utilization; busyKnown = true; }
+    }
+    if (!known && !loan) return c.simulated ? "simulated GPUs: no usage to read" : "no usage reported";
+    return [known ? `${fmtBytes(used)} used` : null, loan ? `${fmtBytes(loan)} on loan` : null, busyKnown ? `${pct(busy)} busy` : null].filter(Boolean).join(", ");
+  };
   const draw = async () => {
-    const w = await api(`/api/v1/workloads/${kind}/${id}`);
-    const act = (verb, label, cls) => h("button", { class: `btn ${cls || "secondary"}`, type: "button", id: `w-${verb}`, onclick: async () => {
-      if (verb === "delete" && !confirm(`Delete ${w.name}? Its pods are stopped.`)) return;
-      try {
-        if (verb === "delete") { await api(`/api/v1/workloads/${kind}/${id}`, { method: "DELETE" }); toast(`${w.name} deleted.`); location.hash = "#/workloads"; return; }
-        await api(`/api/v1/workloads/${kind}/${id}/${verb}`, { method: "POST" }); toast(`${w.name}: ${verb} requested.`); await draw();
-      } catch (e) { toast(e.message); }
-    } }, label);
-    const pods = (w.pods || []).map((p) => h("tr", {}, h("td", {}, p.index), h("td", {}, p.phase || "—"), h("td", {}, p.nodeName || "—"),
-      h("td", {}, p.gpuPlacement || "—")));
-    const events = (w.events || []).slice(-30).reverse().map((e) => h("tr", {}, h("td", { class: "opt" }, (e.time || "").replace("T", " ").slice(0, 19)), h("td", {}, e.kind || e.reason || ""), h("td", { style: { whiteSpace: "normal" } }, e.message || "")));
-    put(main, 
-      h("div", { class: "row" }, h("h1", {}, w.name), phaseBadge(w.phase), h("span", { class: "spacer" }),
-        act("suspend", "Suspend"), act("resume", "Resume"), act("delete", "Delete", "danger")),
-      w.phase === "Pending" && w.phaseMessage ? h("div", { class: "panel", id: "why-pending" }, h("strong", {}, "Why pending: "), w.phaseMessage) : null,
-      h("div", { class: "panel" }, h("dl", { class: "kv" },
-        h("dt", {}, "Project"), h("dd", {}, w.projectName), h("dt", {}, "Type"), h("dd", {}, `${w.type}${w.preemptible ? " (preemptible)" : ""}`),
-        h("dt", {}, "GPU request"), h("dd", { id: "w-request" }, w.gpus ? w.gpus.request : "—"),
-        h("dt", {}, "GPUs allocated"), h("dd", {}, w.gpus ? `${fmtGpus(w.gpus.allocated)} of ${fmtGpus(w.gpus.requested)}` : "—"),
-        h("dt", {}, "Placement"), h("dd", { id: "w-placement" }, w.nodeName ? `${w.nodeName}: ${(w.pods || []).map((p) => p.gpuPlacement).filter(Boolean).join("; ") || "no GPU"}` : "not placed"),
-        h("dt", {}, "Image / command"), h("dd", {}, [w.image, w.spec && w.spec.command ? `${w.spec.command} ${w.spec.args || ""}` : ""].filter(Boolean).join(" — ") || "—"),
-        h("dt", {}, "Created"), h("dd", {}, `${age(w.createdAt)} ago`))),
-      h("h2", {}, "Pods"), h("div", { class: "panel" }, h("table", {}, h("thead", {}, h("tr", {}, ["#", "Phase", "Node", "GPUs"].map((t) => h("th", {}, t)))), h("tbody", {}, pods))),
-      h("h2", {}, "Events"), h("div", { class: "panel" }, h("table", { id: "events" }, h("tbody", {}, events.length ? events : h("tr", {}, h("td", { class: "muted" }, "No events."))))),
-      h("h2", {}, "Log (live)"), log);
+    w = await api(base);
+    const usage = await usageOf(w);
+    document.title = `${w.name} · tessera`;
+    setText(title, w.name);
+    badge.className = `badge ${w.phase}`; setText(badge, w.phase);
+    buttons.suspend.hidden = !["Pending", "Running"].includes(w.phase);
+    buttons.resume.hidden = w.phase !== "Stopped";
+    buttons.delete.hidden = false;
+    why.hidden = !(w.phase === "Pending" && w.phaseMessage);
+    setKids(why, `${w.phase}|${w.phaseMessage}`, () => [h("strong", {}, "Why pending: "), w.phaseMessage || ""]);
+    failure.hidden = w.phase !== "Failed";
+    setKids(failure, `${w.phase}|${w.exitCode}|${w.phaseMessage}`, () => [h("strong", {}, `Failed${w.exitCode !== null && w.exitCode !== undefined ? ` with exit code ${w.exitCode}` : ""}: `), w.phaseMessage || "no message"]);
+    setText(kv.project, w.projectName);
+    setText(kv.type, `${w.type}${w.preemptible ? " (preemptible)" : ""}`);
+    setText(kv.request, w.gpus ? w.gpus.request : "—");
+    setText(kv.allocated, w.gpus ? `${fmtGpus(w.gpus.allocated)} of ${fmtGpus(w.gpus.requested)}` : "—");
+    setText(kv.placement, w.nodeName ? `${w.nodeName}: ${(w.pods || []).map((p) => p.gpuPlacement).filter(Boolean).join("; ") || "no GPU"}` : "not placed");
+    setText(kv.usage, usage);
+    setKids(kv.urls, JSON.stringify(w.serviceUrls || []), () => (w.serviceUrls || []).length
+      ? w.serviceUrls.flatMap((u, i) => [i ? ", " : "", h("a", { href: u, target: "_blank", rel: "noopener" }, u)]) : "—");
+    setText(kv.command, [w.image, w.spec && w.spec.command ? `${w.spec.command} ${w.spec.args || ""}`.trim() : ""].filter(Boolean).join(" — ") || "—");
+    setText(kv.created, `${when(w.createdAt)} (${age(w.createdAt)} ago)`);
+    setText(kv.started, w.startedAt ? when(w.startedAt) : "not started yet");
+    setText(kv.duration, w.startedAt ? fmtDuration(((w.completedAt ? Date.parse(w.completedAt) : Date.now()) - Date.parse(w.startedAt)) / 1000) + (w.completedAt ? "" : " so far") : "—");
+    setText(kv.exit, w.exitCode === null || w.exitCode === undefined ? "—" : String(w.exitCode));
+    const podRows = (w.pods || []).map((p) => [p.index, p.phase || "—", p.nodeName || "—", p.gpuPlacement || "—", p.exitCode ?? "—"]);
+    setKids(pods, JSON.stringify(podRows), () => podRows.length ? podRows.map((r) => h("tr", {}, r.map((x) => h("td", {}, x))))
+      : h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No pods yet: the workload has not started.")));
+    setKids(podPick, JSON.stringify(podRows.map((r) => r[0])), () => (podRows.length ? podRows : [[0]]).map((r) => h("option", { value: r[0], selected: r[0] === pod }, `pod ${r[0]}`)));
+    const ev = (w.events || []).slice(-30).reverse();
+    setKids(events, JSON.stringify(ev), () => ev.length ? ev.map((e) => h("tr", {}, h("td", { class: "opt" }, when(e.time)), h("td", {}, e.kind || e.reason || ""), h("td", { style: { whiteSpace: "normal" } }, e.message || "")))
+      : h("tr", {}, h("td", { class: "muted" }, "No events.")));
   };
   await draw();
   await tail().catch(() => {});
   every(1000, () => tail().catch(() => {}));
-  every(4000, () => { const keep = log; draw().then(() => { document.getElementById("log").replaceWith(keep); }).catch(() => {}); });
+  every(4000, () => draw().catch(() => {}));
 }
 
 async function submit() {
@@ -584,6 +685,6 @@ async function metrics() {
   every(10000, () => draw().catch(() => {}));
 }
 
-document.getElementById("logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); location.hash = "#/login"; });
+document.getElementById("logout").addEventListener("click", () => { store.removeItem(TOKEN_KEY); location.hash = "#/login"; });
 window.addEventListener("hashchange", route);
 route();
