@@ -126,6 +126,7 @@ def test_metrics_match_the_fake_driver(machine: Machine) -> None:
     g0, g1 = {"gpu_uuid": UUIDS[0]}, {"gpu_uuid": UUIDS[1]}
     assert one(m, "tessera_node_ready", node="box") == 1
     assert one(m, "tessera_gpu_memory_total_bytes", model="H100-80GB", **g0) == H100_BYTES
+    assert one(m, "tessera_gpu_memory_used_bytes", gpu="1", **g1) == 2 * GiB  # NVML index (DCGM's label)
     assert one(m, "tessera_gpu_memory_used_bytes", **g0) == 13 * GiB
     assert one(m, "tessera_gpu_memory_used_bytes", **g1) == 2 * GiB
     assert one(m, "tessera_gpu_memory_requested_bytes", **g0) == 12 * GiB
