@@ -28,12 +28,15 @@ if ! $T project list -o json | grep -q '"name": "demo"'; then
   run $T project create demo --gpu 1
 fi
 run $T project set demo
-for old in demo-frac05 demo-frac03 demo-mem5g; do
-  $T delete "$old" >/dev/null 2>&1 || true
-done
-for old in demo-frac05 demo-frac03 demo-mem5g; do
-  while $T describe "$old" >/dev/null 2>&1; do sleep 0.1; done
-done
+# An earlier run's workloads go first (one listing, then only those that exist).
+old=$($T list -o json | "${TESSERA_VENV:-.venv}/bin/python" -c 'import json, sys
+print(" ".join(w["name"] for w in json.load(sys.stdin)["workloads"]
+               if w["name"] in ("demo-frac05", "demo-frac03", "demo-mem5g")))')
+if [ -n "$old" ]; then
+  printf '(removing the previous run'"'"'s %s)\n' "$old"
+  for name in $old; do $T delete "$name" >/dev/null 2>&1 || true; done
+  for name in $old; do while $T describe "$name" >/dev/null 2>&1; do sleep 0.2; done; done
+fi
 
 LOOP='import os, time; print(os.environ["TESSERA_WORKLOAD_NAME"], "on", os.environ["CUDA_VISIBLE_DEVICES"], flush=True); [time.sleep(1) for _ in iter(int, 1)]'
 run $T submit demo-frac05 -g 0.5 --interactive -- python3 -c "$LOOP"
