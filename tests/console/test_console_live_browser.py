@@ -32,6 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
         s.cli("submit", "crash", "-p", "team-a", "-g", "0.1", "--", "sh", "-c",
               "echo loading; echo 'RuntimeError: CUDA out of memory' >&2; exit 3")
         s.cli("wait", "talker", "pair", "-p", "team-a", "--timeout", "60")
+        s.cli("submit", "hog", "-p", "team-a", "-g", "2", "--", "sleep", "600")  # waits
         yield s
 
 
@@ -116,3 +117,25 @@ def test_a_banner_while_the_server_is_down(browser, server, artifacts) -> None: 
     until("the banner gone", lambda: not banner.is_displayed(), timeout=45)
     assert browser.current_url.endswith("#/overview")
     until("the overview again", lambda: browser.find_element(By.ID, "card-allocated"))
+
+
+def test_the_list_for_operators(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
+    go(browser, server, "workloads")
+    rows = until("the rows", lambda: browser.find_elements(By.CSS_SELECTOR, "#workloads tbody tr[data-workload]"))
+    cells = {r.get_attribute("data-workload"): [c.text for c in r.find_elements(By.TAG_NAME, "td")] for r in rows}
+    assert "idle GPUs" in cells["hog"][4]  # the pending reason, visible in its column
+    assert cells["pair"][4] == ""  # running: no reason
+    assert cells["pair"][6] == "0.2 / 0.2" and cells["pair"][7] == "2 / 0"
+    assert cells["hog"][7] == "0 / 1"
+    link = browser.find_element(By.CSS_SELECTOR, '[data-workload="talker"] a.rowlink')
+    assert "#/workload/workspaces/" in link.get_attribute("href")
+
+    def names() -> list[str]:
+        return [r.get_attribute("data-workload") for r in browser.find_elements(
+            By.CSS_SELECTOR, "#workloads tbody tr[data-workload]")]
+    browser.find_element(By.CSS_SELECTOR, 'button[data-sort="name"]').click()
+    until("sorted by name", lambda: names() == sorted(names()) and len(names()) == 4)
+    assert "sort=name" in browser.current_url and "order=asc" in browser.current_url
+    browser.find_element(By.CSS_SELECTOR, 'button[data-sort="name"]').click()
+    until("sorted by name, descending", lambda: names() == sorted(names(), reverse=True) and len(names()) == 4)
+    shoot(browser, artifacts, "workloads-operators")

@@ -439,7 +439,8 @@ function editProject(p) {
 
 async function workloads() {
   const params = new URLSearchParams(location.hash.split("?")[1] || "");
-  const state = { search: params.get("search") || "", phase: params.get("phase") || "", project: params.get("project") || "", offset: Number(params.get("offset") || 0) };
+  const state = { search: params.get("search") || "", phase: params.get("phase") || "", project: params.get("project") || "", offset: Number(params.get("offset") || 0),
+    sort: params.get("sort") || "createdAt", order: params.get("order") || "desc" };
   const limit = 50;
   const projectList = (await api("/api/v1/org-unit/projects")).projects.map((p) => p.name);
   const search = h("input", { id: "w-search", placeholder: "name contains…", value: state.search, "aria-label": "Search by name" });
@@ -455,34 +456,53 @@ async function workloads() {
     if (phase.value) q.set("phase", phase.value);
     if (project.value) q.set("project", project.value);
     if (state.offset) q.set("offset", state.offset);
+    if (state.sort !== "createdAt" || state.order !== "desc") { q.set("sort", state.sort); q.set("order", state.order); }
     history.replaceState(null, "", `#/workloads?${q}`);
     load().catch((e) => toast(e.message));
   };
   const load = async () => {
-    const q = new URLSearchParams({ limit, offset: state.offset, sortBy: "createdAt", sortOrder: "desc", shape: "rows",
-      fields: "workloadId,name,projectName,type,phase,gpus,nodeName,gpuDevices,createdAt,phaseMessage" });
+    const q = new URLSearchParams({ limit, offset: state.offset, sortBy: state.sort, sortOrder: state.order, shape: "rows",
+      fields: "workloadId,name,projectName,type,phase,gpus,nodeName,gpuDevices,createdAt,phaseMessage,workers,runningPods" });
     if (search.value) q.set("search", search.value);
     if (phase.value) q.append("filterBy", `phase==${phase.value}`);
     if (project.value) q.append("filterBy", `projectName==${project.value}`);
     const r = await api(`/api/v1/workloads?${q}`);
-    table.replaceChildren(...r.rows.map(([id, name, proj, type, ph, g, node, devices, created, message]) =>
-      h("tr", { class: "click", tabindex: 0, "data-workload": name, title: message || "",
-        onclick: () => { location.hash = `#/workload/${KIND_PATH[type]}/${id}`; },
-        onkeydown: (ev) => { if (ev.key === "Enter") location.hash = `#/workload/${KIND_PATH[type]}/${id}`; } },
-        h("td", {}, h("strong", {}, name)), h("td", {}, proj), h("td", { class: "opt" }, type), h("td", {}, phaseBadge(ph)),
-        h("td", {}, g ? g.request : ""), h("td", { class: "opt" }, node ? `${node}${devices ? ` / ${devices}` : ""}` : "—"), h("td", { class: "opt" }, age(created)))));
-    if (!r.rows.length) table.replaceChildren(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No workloads match.")));
+    table.replaceChildren(...r.rows.map(([id, name, proj, type, ph, g, node, devices, created, message, workers, running]) => {
+      const href = `#/workload/${KIND_PATH[type]}/${id}`;
+      const pending = ph === "Pending" ? Math.max(0, (workers || 1) - (running || 0)) : 0;
+      return h("tr", { class: "click", tabindex: 0, "data-workload": name,
+        onclick: (ev) => { if (!ev.target.closest("a")) location.hash = href; },
+        onkeydown: (ev) => { if (ev.key === "Enter") location.hash = href; } },
+        h("td", {}, h("a", { href, class: "rowlink", tabindex: -1 }, h("strong", {}, name))), h("td", {}, proj), h("td", { class: "opt" }, type), h("td", {}, phaseBadge(ph)),
+        h("td", { class: "reason", title: ph === "Pending" ? message || "" : "" }, ph === "Pending" ? message || "" : ""),
+        h("td", {}, g ? g.request : ""), h("td", { class: "num" }, g ? `${fmtGpus(g.allocated)} / ${fmtGpus(g.requested)}` : "—"),
+        h("td", { class: "num" }, `${running || 0} / ${pending}`),
+        h("td", { class: "opt" }, node ? `${node}${devices ? ` / ${devices}` : ""}` : "—"), h("td", { class: "opt" }, age(created)));
+    }));
+    if (!r.rows.length) table.replaceChildren(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No workloads match.")));
     pager.replaceChildren(h("span", { class: "muted", id: "w-count" }, `${r.total ? state.offset + 1 : 0}–${state.offset + r.rows.length} of ${r.total}`), h("span", { class: "spacer" }),
       h("button", { class: "btn secondary", type: "button", disabled: state.offset === 0, onclick: () => { state.offset = Math.max(0, state.offset - limit); go(); } }, "Previous"),
       h("button", { class: "btn secondary", type: "button", disabled: r.next === null, onclick: () => { state.offset = r.next; go(); } }, "Next"));
   };
+  /* Column heads: those the API sorts by are buttons (ascending, then descending). */
+  const cols = [["Name", "name"], ["Project", "projectName"], ["Type", "type", "opt"], ["Status", "phase"], ["Why pending"], ["GPU request"],
+    ["GPUs alloc. / req."], ["Pods run. / pend."], ["Node / GPU", null, "opt"], ["Age", "createdAt", "opt"]];
+  const heads = cols.map(([label, key, cls]) => {
+    if (!key) return h("th", { class: cls || null }, label);
+    const on = state.sort === key;
+    return h("th", { class: cls || null, "aria-sort": on ? (state.order === "asc" ? "ascending" : "descending") : "none" },
+      h("button", { class: "sort", type: "button", "data-sort": key, onclick: () => {
+        state.order = on && state.order === "asc" ? "desc" : on ? "asc" : key === "createdAt" ? "desc" : "asc";
+        state.sort = key; state.offset = 0; go(); route();  /* drawn again from the URL, heads included */
+      } }, label, on ? (state.order === "asc" ? " ▲" : " ▼") : ""));
+  });
   let debounce;
   search.addEventListener("input", () => { clearTimeout(debounce); debounce = setTimeout(() => { state.offset = 0; go(); }, 250); });
   phase.addEventListener("change", () => { state.offset = 0; go(); });
   project.addEventListener("change", () => { state.offset = 0; go(); });
   put(main, h("div", { class: "row" }, h("h1", {}, "Workloads"), h("span", { class: "spacer" }), h("a", { class: "btn", href: "#/submit", style: { textDecoration: "none" } }, "Submit a workload")),
     h("div", { class: "row panel" }, search, phase, project),
-    h("div", { class: "panel" }, h("table", { id: "workloads" }, h("thead", {}, h("tr", {}, ["Name", "Project", "Type", "Status", "GPU request", "Node / GPU", "Age"].map((t, i) => h("th", { class: [2, 5, 6].includes(i) ? "opt" : null }, t)))), table), pager));
+    h("div", { class: "panel" }, h("table", { id: "workloads" }, h("thead", {}, h("tr", {}, heads)), table), pager));
   await load();
   every(3000, () => load().catch(() => {}));
 }
