@@ -139,3 +139,19 @@ def test_the_list_for_operators(browser, server, artifacts) -> None:  # type: ig
     browser.find_element(By.CSS_SELECTOR, 'button[data-sort="name"]').click()
     until("sorted by name, descending", lambda: names() == sorted(names(), reverse=True) and len(names()) == 4)
     shoot(browser, artifacts, "workloads-operators")
+
+
+def test_the_overview_for_operators(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
+    go(browser, server, "overview")
+    waits = until("the pending list", lambda: browser.find_element(By.ID, "pending-waits"))
+    quota = waits.find_element(By.CSS_SELECTOR, '[data-wait="quota"]')
+    assert quota.text.startswith("1 waiting for quota") and "hog (team-a)" in quota.text
+    rows = [[c.text for c in r.find_elements(By.TAG_NAME, "td")]
+            for r in browser.find_elements(By.CSS_SELECTOR, "#capacity tbody tr")]
+    assert [r[:2] for r in rows] == [["V100-16GB", "2"]]
+    assert "on vm GPU" in rows[0][4]  # the largest free slot and where it is
+    assert browser.find_element(By.CSS_SELECTOR, "#card-trend svg.spark")
+    badges = [b.text for b in browser.find_elements(By.CSS_SELECTOR, ".panel .row a.badge")]
+    assert badges == sorted(badges, key=lambda t: ["Pending", "Running", "Stopping", "Stopped",
+                                                   "Completed", "Failed"].index(t.split()[0]))
+    shoot(browser, artifacts, "overview-operators")

@@ -182,9 +182,60 @@ async function login() {
 
 function phaseBadge(phase) { return h("span", { class: `badge ${phase}` }, phase); }
 
+/* Pending workloads by the kind of their wait: quota (a project's share or limit), room (no GPU
+   or node fits now), or anything else. */
+function waitClass(message) {
+  const m = String(message || "");
+  if (/fair share|quota|limit|deserved/i.test(m)) return "quota";
+  if (/no GPU with|no node|idle GPU|room|fits|free/i.test(m)) return "room";
+  return "other";
+}
+/* A one-line SVG chart of the last hour (allocated GPUs against the total). */
+function sparkline(times, values, total) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", "0 0 200 40"); svg.setAttribute("class", "spark"); svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  let pts = values.map((v, i) => [times[i], v]).filter(([, v]) => v !== null && v !== undefined);
+  if (pts.length === 1) pts = [[pts[0][0] - 1, pts[0][1]], pts[0]];  /* one sample: a level line */
+  const top = Math.max(total || 0, ...pts.map(([, v]) => v), 1e-9);
+  const t0 = times[0], t1 = times[times.length - 1] || t0 + 1;
+  if (pts.length > 1) {
+    const line = document.createElementNS(ns, "polyline");
+    const a = Math.min(t0, pts[0][0]), span = Math.max(t1 - a, 1e-9);
+    line.setAttribute("points", pts.map(([t, v]) => `${(200 * (t - a)) / span},${38 - (36 * v) / top}`).join(" "));
+    line.setAttribute("fill", "none"); line.setAttribute("stroke", "#2f6fed"); line.setAttribute("stroke-width", "1.5");
+    svg.append(line);
+  }
+  svg.setAttribute("aria-label", pts.length ? `GPUs allocated over the last hour: from ${fmtGpus(pts[0][1])} to ${fmtGpus(pts[pts.length - 1][1])} of ${fmtGpus(total)}` : "no samples yet");
+  return svg;
+}
+/* Capacity per GPU model: GPUs, memory allocated, whole GPUs idle, and the largest free slot. */
+function capacity(c) {
+  const by = new Map();
+  for (const n of c.nodes || []) {
+    for (const g of n.gpus || []) {
+      const m = by.get(g.model) || { model: g.model, gpus: 0, total: 0, alloc: 0, idle: 0, free: 0, where: "" };
+      const usable = g.memoryBytes - (g.headroomBytes || 0);
+      const held = (g.workloads || []).some((w) => w.exclusive) ? usable : g.allocatedBytes;
+      m.gpus++; m.total += usable; m.alloc += held;
+      if (!(g.workloads || []).length) m.idle++;
+      if (usable - held > m.free) { m.free = usable - held; m.where = `${n.name} GPU ${g.index}`; }
+      by.set(g.model, m);
+    }
+    for (const g of n.migGpus || []) {
+      const m = by.get(`${g.model} (MIG)`) || { model: `${g.model} (MIG)`, gpus: 0, total: null, alloc: null, idle: 0, free: null, where: "" };
+      m.gpus++; by.set(m.model, m);
+    }
+  }
+  return [...by.values()].sort((a, b) => a.model.localeCompare(b.model));
+}
+
 async function overview() {
   const draw = async () => {
-    const o = await api("/api/v1/overview");
+    const [o, pending, hist, c] = await Promise.all([api("/api/v1/overview"),
+      api("/api/v1/workloads?limit=500&shape=rows&fields=workloadId,name,projectName,type,phaseMessage&filterBy=phase%3D%3DPending"),
+      api("/api/v1/metrics/history?minutes=60").catch(() => null), api("/api/v1/cluster").catch(() => null)]);
     document.getElementById("sim").hidden = !o.simulated;
     const g = o.gpus;
     const cards = h("div", { class: "cards" },
@@ -194,15 +245,34 @@ async function overview() {
       card(fmtBytes(g.memoryLoanedBytes), "GPU memory on loan", "card-loaned"),
       g.memoryUsedBytes === null || g.memoryUsedBytes === undefined ? null
         : card(fmtBytes(g.memoryUsedBytes), `GPU memory in use; ${fmtGpus(g.busy)} GPUs' worth busy`, "card-used"));
-    const phases = h("div", { class: "row" }, Object.entries(o.workloadsByPhase).map(([p, n]) =>
+    const ORDER = ["Pending", "Running", "Stopping", "Stopped", "Completed", "Failed"];
+    const phases = h("div", { class: "row" }, Object.entries(o.workloadsByPhase).sort((a, b) => ORDER.indexOf(a[0]) - ORDER.indexOf(b[0])).map(([p, n]) =>
       h("a", { href: `#/workloads?phase=${p}`, class: `badge ${p}` }, `${p} ${n}`)));
+    const scale = Math.max(1, ...o.projects.map((p) => Math.max(p.fairShare, p.deserved, p.allocated)));
     const rows = o.projects.map((p) => h("tr", {},
       h("td", {}, p.name),
       h("td", {}, h("span", { class: `badge ${p.state}` }, p.state === "over" ? "over fair share" : p.state === "under" ? "under fair share" : "at fair share")),
       h("td", {}, fmtGpus(p.allocated)), h("td", {}, fmtGpus(p.fairShare)), h("td", { class: "opt" }, fmtGpus(p.deserved)),
-      h("td", {}, shareBar(p.allocated, Math.max(p.fairShare, p.deserved, p.allocated, 1), p.fairShare, p.name))));
+      h("td", {}, shareBar(p.allocated, scale, p.fairShare, p.name))));
+    const groups = { quota: [], room: [], other: [] };
+    for (const [wid, name, proj, type, msg] of pending.rows) groups[waitClass(msg)].push({ wid, name, proj, type, msg });
+    const LABEL = { quota: "waiting for quota (a project's fair share or limit)", room: "waiting for room (no GPU or node fits now)", other: "waiting for something else" };
+    const waits = Object.entries(groups).filter(([, v]) => v.length).map(([k, v]) => h("div", { class: "waits", "data-wait": k },
+      h("strong", {}, `${v.length} ${LABEL[k]}`),
+      h("ul", {}, v.slice(0, 5).map((x) => h("li", {}, h("a", { href: `#/workload/${KIND_PATH[x.type]}/${x.wid}` }, x.name), ` (${x.proj}): `, h("span", { class: "muted" }, x.msg || ""))),
+        v.length > 5 ? h("li", {}, h("a", { href: "#/workloads?phase=Pending" }, `and ${v.length - 5} more`)) : null)));
+    const caps = c ? capacity(c) : [];
+    const capTable = h("table", { id: "capacity" }, h("thead", {}, h("tr", {}, ["GPU model", "GPUs", "Memory allocated", "Idle GPUs", "Largest free slot"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, caps.map((m) => h("tr", {}, h("td", {}, m.model), h("td", {}, m.gpus),
+        h("td", {}, m.total === null ? "MIG partitions (GPUs page)" : `${fmtBytes(m.alloc)} of ${fmtBytes(m.total)}`), h("td", {}, m.idle),
+        h("td", {}, m.free === null ? "—" : `${fmtBytes(m.free)}${m.where ? ` on ${m.where}` : ""}`)))));
+    const spark = hist && hist.time && hist.time.length ? h("div", { class: "card", id: "card-trend" },
+      sparkline(hist.time, hist.allocated, g.total), h("div", { class: "l" }, `GPUs allocated, last hour (of ${fmtGpus(g.total)})`)) : null;
+    if (spark) cards.append(spark);
     put(main, h("h1", {}, "Overview"), cards,
       h("h2", {}, "Workloads by phase"), h("div", { class: "panel" }, Object.keys(o.workloadsByPhase).length ? phases : h("span", { class: "muted" }, "No workloads yet.")),
+      pending.rows.length ? [h("h2", {}, "Pending, by what they wait for"), h("div", { class: "panel", id: "pending-waits" }, waits)] : null,
+      caps.length ? [h("h2", {}, "Capacity by GPU model"), h("div", { class: "panel" }, capTable)] : null,
       h("h2", {}, "Projects and their fair share"),
       h("div", { class: "panel" }, h("table", { id: "overview-projects" },
         h("thead", {}, h("tr", {}, ["Project", "State", "Allocated", "Fair share", "Deserved", ""].map((t, i) => h("th", { class: i === 4 ? "opt" : null }, t)))),
