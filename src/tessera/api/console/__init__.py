@@ -34,7 +34,9 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend) -> History:
     ``/api/v1`` router, before it is included), and starts the history's sampler (a daemon
     thread)."""
     snapshots = SnapshotCache(backend)
-    history = History(snapshots).start()
+    data_dir = getattr(backend, "data_dir", None)  # both backends keep one: history survives
+    history = History(snapshots, path=None if data_dir is None else Path(data_dir)
+                      / "metrics-history.jsonl").start()
     prometheus = os.environ.get("TESSERA_PROMETHEUS_URL", "")
     source = PrometheusHistory(prometheus, history) if prometheus else history
     registry = api_registry(snapshots)
