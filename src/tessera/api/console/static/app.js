@@ -737,13 +737,16 @@ async function metrics() {
   const utilProject = h("div", { class: "chart", id: "chart-util-projects" });
   const utilWorkload = h("div", { class: "chart", id: "chart-util-workloads" });
   const utilNote = h("p", { class: "muted", id: "util-note" });
+  const memProject = h("div", { class: "chart", id: "chart-memory-projects" });
+  const memPanel = h("div", { class: "panel", id: "panel-memory" }, h("h2", { style: { marginTop: 0 } }, "GPU memory used, by project"), memProject);
+  const utilPanels = [h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPU utilisation, by project"), utilProject),
+    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPU utilisation, by workload (busiest 10)"), utilWorkload)];
   const sourceNote = h("p", { class: "muted", id: "source-note" });
   put(main, h("div", { class: "row" }, h("h1", {}, "Metrics"), h("span", { class: "spacer" }), minutes),
     sourceNote,
-    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPUs allocated, by project"), byProject),
+    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPUs allocated, by project (stacked; the dashed line is the capacity)"), byProject),
     h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPUs allocated, by workload (largest 10)"), byWorkload),
-    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPU utilisation, by project"), utilNote, utilProject),
-    h("div", { class: "panel" }, h("h2", { style: { marginTop: 0 } }, "GPU utilisation, by workload (busiest 10)"), utilWorkload));
+    utilNote, ...utilPanels, memPanel);
   const plots = [];
   const peak = (v) => Math.max(0, ...v.map((x) => x || 0));
   const draw = async () => {
@@ -751,20 +754,40 @@ async function metrics() {
     plots.forEach((p) => p.destroy()); plots.length = 0;
     const whence = d.source === "prometheus" ? "From Prometheus (TESSERA_PROMETHEUS_URL)." : `From samples the server keeps (the last ${d.retentionHours} h; Prometheus, when configured, keeps more).${d.note ? " " + d.note + "." : ""}`;
     sourceNote.textContent = `${whence} Utilisation is in GPUs' worth: a workload keeping 40% of one GPU busy counts 0.4.`;
+    if (d.source !== "prometheus") for (const o of [...minutes.options]) if (Number(o.value) > d.retentionHours * 60) o.remove();
     const width = Math.max(300, main.clientWidth - 60);
+    const now = Date.now() / 1000;
+    const x = { time: true, min: now - Number(minutes.value) * 60, max: now };  /* the window chosen, not the data's span */
     const series = (names) => [{}, ...names.map((n) => ({ label: n, stroke: n === "all" ? "#151a24" : color(n), width: 2, spanGaps: true }))];
-    const chart = (el, names, columns, label) => {
-      plots.push(new uPlot({ width, height: 260, series: series(names), axes: [{}, { label }] }, [d.time, ...columns], el));
+    const chart = (el, names, columns, label, extra) => {
+      const opts = { width, height: 260, series: series(names), axes: [{}, { label, size: 60 }], scales: { x } };
+      if (extra) extra(opts);
+      plots.push(new uPlot(opts, [d.time, ...columns], el));
       el.dataset.points = String(d.time.length);
       el.dataset.values = String(columns.flat().filter((x) => x !== null && x !== undefined && x > 0).length);
     };
+    /* Stacked: each project's band is drawn from the sum of those below it (uPlot fills down to
+       zero, so the largest sum is drawn first); the legend shows each project's own value. */
     const projectNames = Object.keys(d.projects);
-    chart(byProject, ["all", ...projectNames], [d.allocated, ...projectNames.map((p) => d.projects[p])], "GPUs");
+    const sums = []; let acc = d.time.map(() => 0);
+    for (const p of projectNames) { acc = acc.map((v, i) => v + (d.projects[p][i] || 0)); sums.push(acc); }
+    chart(byProject, ["capacity", ...[...projectNames].reverse()], [d.total, ...[...sums].reverse()], "GPUs", (opts) => {
+      opts.series[1] = { label: "capacity", stroke: "#151a24", width: 1.5, dash: [6, 4], spanGaps: true };
+      projectNames.slice().reverse().forEach((p, k) => {
+        const raw = d.projects[p];
+        opts.series[k + 2] = { label: p, stroke: color(p), fill: `${color(p)}cc`, width: 1, spanGaps: true,
+          value: (u, v, si, i) => (i === null || i === undefined || raw[i] === null || raw[i] === undefined ? "—" : fmtGpus(raw[i])) };
+      });
+    });
     const top = Object.entries(d.workloads).sort((a, b) => peak(b[1]) - peak(a[1])).slice(0, 10);
     chart(byWorkload, top.map(([n]) => n), top.map(([, v]) => v), "GPUs");
     const u = d.utilization || { all: [], projects: {}, workloads: {} };
     const reported = u.all.some((x) => x !== null && x !== undefined);
-    utilNote.textContent = reported ? "" : "No GPU usage reported in this range: the GPUs are simulated, or no node agent answered (see the GPUs page).";
+    utilNote.textContent = reported ? "" : "GPU utilisation and memory used: none reported in this range (the GPUs are simulated, or no node agent answered; see the GPUs page), so their charts are not drawn.";
+    for (const el of [...utilPanels, memPanel]) el.hidden = !reported;
+    const usedProjects = Object.keys((d.memoryUsed || {}).projects || {});
+    if (reported && usedProjects.length) chart(memProject, usedProjects, usedProjects.map((p) => d.memoryUsed.projects[p].map((v) => (v === null || v === undefined ? null : v / 2 ** 30))), "GiB");
+    else memPanel.hidden = true;
     const busyProjects = Object.keys(u.projects);
     chart(utilProject, ["all", ...busyProjects], [u.all, ...busyProjects.map((p) => u.projects[p])], "GPUs busy");
     const busiest = Object.entries(u.workloads).sort((a, b) => peak(b[1]) - peak(a[1])).slice(0, 10);
