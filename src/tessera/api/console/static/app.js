@@ -124,6 +124,7 @@ async function api(path, opts = {}) {
   if (opts.text) { if (!r.ok) throw new ApiError(r.status, {}); return { text: await r.text(), next: r.headers.get("X-Next-Offset") }; }
   const body = r.status === 204 ? null : await r.json().catch(() => null);
   if (!r.ok) throw new ApiError(r.status, body);
+  if (body && typeof body.simulated === "boolean") document.getElementById("sim").hidden = !body.simulated;  /* every page says it */
   return body;
 }
 
