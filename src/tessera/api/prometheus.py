@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tessera.api.telemetry import ACTIVE, SnapshotCache
+from tessera.api.usage_metrics import families as usage_families
 
 PENDING_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
 
@@ -78,6 +79,8 @@ class ApiCollector(Collector):
             if w.phase in ACTIVE and w.allocated > 0:
                 held.add_metric([w.project, w.name], w.allocated)
         yield held
+        if snap.gpu_uses:  # embedded mode: no node agent exports these (usage_metrics)
+            yield from usage_families(snap.gpu_uses, snap.workloads_used, snap.workloads_busy)
         phases = GaugeMetricFamily("tessera_workloads", "workloads by type and phase",
                                    labels=["type", "phase"])
         for (kind, phase), n in sorted(snap.phases.items()):

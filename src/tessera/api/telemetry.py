@@ -21,6 +21,7 @@ from typing import Any
 
 from tessera.api.backend import Backend, WorkloadQuery
 from tessera.api.usage import busy
+from tessera.api.usage_metrics import GpuUse, gpu_uses
 from tessera.core.fairshare import Claim, divide
 
 FIELDS = ("name", "projectName", "type", "phase", "gpus", "createdAt", "startedAt")
@@ -78,6 +79,8 @@ class Snapshot:
     """(project, workload) -> GPUs' worth of its processes' utilisation."""
     workloads_used: dict[tuple[str, str], int] = field(default_factory=dict)
     """(project, workload) -> GPU memory its processes use (bytes)."""
+    gpu_uses: tuple[GpuUse, ...] = ()
+    """Embedded mode: each GPU with what NVML reported (tessera.api.usage_metrics)."""
 
     def projects_busy(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -233,7 +236,8 @@ def read(backend: Backend) -> Snapshot:
                     gpus_busy=use.gpus_busy if use.known else None,
                     gpu_memory_used=use.memory_used if use.known else None,
                     workloads_busy=keyed(use.workloads_busy),
-                    workloads_used=keyed(use.workloads_used))
+                    workloads_used=keyed(use.workloads_used),
+                    gpu_uses=gpu_uses(cluster))
 
 
 class SnapshotCache:
