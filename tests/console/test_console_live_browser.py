@@ -155,3 +155,26 @@ def test_the_overview_for_operators(browser, server, artifacts) -> None:  # type
     assert badges == sorted(badges, key=lambda t: ["Pending", "Running", "Stopping", "Stopped",
                                                    "Completed", "Failed"].index(t.split()[0]))
     shoot(browser, artifacts, "overview-operators")
+
+
+def test_the_form_takes_workers_and_environment(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
+    go(browser, server, "submit")
+    until("the form", lambda: browser.find_element(By.ID, "submit-button"))
+    modes = [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#s-mode option")]
+    assert "mig" not in modes  # no GPU in MIG mode on this machine: the choice is not offered
+    browser.find_element(By.ID, "s-name").send_keys("formpair")
+    portion = browser.find_element(By.ID, "s-portion")
+    portion.clear()
+    portion.send_keys("0.1")
+    workers = browser.find_element(By.ID, "s-workers")
+    workers.clear()
+    workers.send_keys("2")
+    browser.find_element(By.ID, "s-env").send_keys("FOO=bar=baz")
+    browser.find_element(By.ID, "s-command").send_keys("sleep")
+    browser.find_element(By.ID, "s-args").send_keys("600")
+    browser.find_element(By.ID, "submit-button").click()
+    until("the workload page", lambda: browser.find_element(By.ID, "w-name").text == "formpair")
+    assert until("the request", lambda: browser.find_element(By.ID, "w-request").text) == "2 × 0.1 GPU"
+    doc = server.cli_json("describe", "formpair", "-p", "team-a")
+    assert doc["workers"] == 2
+    assert {"name": "FOO", "value": "bar=baz"} in doc["spec"]["environmentVariables"]

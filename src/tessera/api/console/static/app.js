@@ -686,11 +686,13 @@ async function workload(kind, id) {
 }
 
 async function submit() {
-  const projectList = (await api("/api/v1/org-unit/projects")).projects.map((p) => p.name);
+  const [projectsDoc, clusterDoc] = await Promise.all([api("/api/v1/org-unit/projects"), api("/api/v1/cluster").catch(() => null)]);
+  const projectList = projectsDoc.projects.map((p) => p.name);
+  const anyMig = !!clusterDoc && clusterDoc.nodes.some((n) => (n.migGpus || []).length);
   const kind = h("select", { id: "s-kind", "data-field": "type" }, h("option", { value: "trainings" }, "Training"), h("option", { value: "workspaces" }, "Workspace"), h("option", { value: "inferences" }, "Inference"));
   const name = h("input", { id: "s-name", "data-field": "name", required: true, placeholder: "frac05" });
   const project = h("select", { id: "s-project", "data-field": "projectId" }, projectList.map((p) => h("option", { value: p }, p)));
-  const mode = h("select", { id: "s-mode", "aria-label": "GPU request" }, h("option", { value: "portion" }, "a portion of a GPU"), h("option", { value: "memory" }, "GPU memory"), h("option", { value: "whole" }, "whole GPUs"), h("option", { value: "mig" }, "a MIG partition"), h("option", { value: "none" }, "no GPU"));
+  const mode = h("select", { id: "s-mode", "aria-label": "GPU request" }, h("option", { value: "portion" }, "a portion of a GPU"), h("option", { value: "memory" }, "GPU memory"), h("option", { value: "whole" }, "whole GPUs"), anyMig ? h("option", { value: "mig" }, "a MIG partition") : null, h("option", { value: "none" }, "no GPU"));
   const portion = h("input", { id: "s-portion", "data-field": "gpuPortionRequest", value: "0.5", inputmode: "decimal" });
   const portionLimit = h("input", { id: "s-portion-limit", "data-field": "gpuPortionLimit", placeholder: "same as request", inputmode: "decimal" });
   const memory = h("input", { id: "s-memory", "data-field": "gpuMemoryRequest", placeholder: "5G or 4Gi" });
@@ -700,6 +702,9 @@ async function submit() {
   const image = h("input", { id: "s-image", "data-field": "image", placeholder: "optional" });
   const command = h("input", { id: "s-command", "data-field": "command", placeholder: "python3" });
   const args = h("input", { id: "s-args", "data-field": "args", placeholder: "train.py --epochs 3" });
+  const workers = h("input", { id: "s-workers", "data-field": "workers", value: "1", inputmode: "numeric" });
+  const workdir = h("input", { id: "s-workdir", "data-field": "workingDir", placeholder: "the server's choice" });
+  const envs = h("textarea", { id: "s-env", "data-field": "environmentVariables", rows: 2, placeholder: "NAME=value, one a line" });
   const groups = { portion: [portion, portionLimit], memory: [memory, memoryLimit], whole: [], mig: [migProfile], none: [] };
   const sync = () => { for (const [m, inputs] of Object.entries(groups)) for (const i of inputs) i.closest("label").hidden = m !== mode.value; devices.closest("label").hidden = mode.value === "none" || mode.value === "mig"; };
   mode.addEventListener("change", sync);
@@ -711,7 +716,11 @@ async function submit() {
     if (mode.value === "memory") { compute.gpuRequestType = "memory"; compute.gpuMemoryRequest = memory.value; if (memoryLimit.value) compute.gpuMemoryLimit = memoryLimit.value; compute.gpuDevicesRequest = num(devices.value); }
     if (mode.value === "whole") compute.gpuDevicesRequest = num(devices.value);
     if (mode.value === "mig") compute.gpuMigProfile = migProfile.value;
-    const body = { name: name.value, projectId: project.value, spec: { compute, image: image.value, command: command.value, args: args.value } };
+    const spec = { compute, image: image.value, command: command.value, args: args.value, workers: num(workers.value) };
+    if (workdir.value) spec.workingDir = workdir.value;
+    const lines = envs.value.split("\n").map((l) => l.trim()).filter(Boolean);
+    if (lines.length) spec.environmentVariables = lines.map((l) => ({ name: l.split("=")[0], value: l.includes("=") ? l.slice(l.indexOf("=") + 1) : "" }));
+    const body = { name: name.value, projectId: project.value, spec };
     try {
       const r = await api(`/api/v1/workloads/${kind.value}`, { method: "POST", body });
       toast(`${name.value} submitted.`);
@@ -723,7 +732,8 @@ async function submit() {
       field("Portion (0–1)", portion), field("Portion limit (burst)", portionLimit),
       field("GPU memory", memory), field("GPU memory limit (burst)", memoryLimit),
       field("GPUs (devices)", devices), field("MIG profile", migProfile, "e.g. 1g.5gb, 3g.20gb: on GPUs in MIG mode"), field("Image", image, "with no command, its entrypoint runs"),
-      field("Command", command), field("Arguments", args)),
+      field("Command", command), field("Arguments", args),
+      field("Workers (pods)", workers), field("Working directory", workdir, "on this machine, for a command"), field("Environment", envs)),
     h("p", { class: "err general" }),
     h("div", { class: "row" }, h("button", { class: "btn", type: "submit", id: "submit-button" }, "Submit")));
   put(main, h("h1", {}, "Submit a workload"), form);
