@@ -99,7 +99,8 @@ class ApiCollector(Collector):
             key = (w.project, w.name, w.created)
             if w.started == mark and key in at_mark:
                 continue
-            self.pending.labels(w.type).observe(max(0.0, w.started - w.created))
+            since = w.created if w.pending_since is None else max(w.created, w.pending_since)
+            self.pending.labels(w.type).observe(max(0.0, w.started - since))
             if w.started > new_mark:
                 new_mark, new_at = w.started, {key}
             elif w.started == new_mark:
@@ -110,7 +111,8 @@ class ApiCollector(Collector):
 def api_registry(snapshots: SnapshotCache) -> CollectorRegistry:
     registry = CollectorRegistry()
     pending = Histogram("tessera_workload_pending_seconds",
-                        "time from submission until a workload started", ["type"],
+                        "time from becoming Pending (submitted, requeued or resumed) until a "
+                        "workload started", ["type"],
                         buckets=PENDING_BUCKETS, registry=None)
     # The collector first: it observes the workloads it sees started, then the histogram is read.
     registry.register(ApiCollector(snapshots, pending))

@@ -24,7 +24,7 @@ from tessera.api.usage import busy
 from tessera.api.usage_metrics import GpuUse, gpu_uses
 from tessera.core.fairshare import Claim, divide
 
-FIELDS = ("name", "projectName", "type", "phase", "gpus", "createdAt", "startedAt")
+FIELDS = ("name", "projectName", "type", "phase", "gpus", "createdAt", "startedAt", "pendingSince")
 ACTIVE = ("Pending", "Running", "Initializing", "Stopping", "Deleting")
 FINISHED = ("Completed", "Failed", "Stopped")
 TYPES = ("Training", "Workspace", "Inference")
@@ -55,6 +55,8 @@ class WorkloadView:
     requested: float
     created: float | None
     started: float | None
+    pending_since: float | None = None
+    """When it last became Pending: submitted, requeued or resumed."""
 
 
 @dataclass(frozen=True)
@@ -142,10 +144,11 @@ def _time(text: str | None) -> float | None:
 def _rows(backend: Backend, query: WorkloadQuery) -> tuple[list[WorkloadView], int]:
     rows_json, total = backend.workloads_json(query)
     out = []
-    for name, project, kind, phase, g, created, started in json.loads(rows_json):
+    for name, project, kind, phase, g, created, started, since in json.loads(rows_json):
         g = g or {}
         out.append(WorkloadView(name, project or "", kind, phase, float(g.get("allocated") or 0.0),
-                                float(g.get("requested") or 0.0), _time(created), _time(started)))
+                                float(g.get("requested") or 0.0), _time(created), _time(started),
+                                _time(since)))
     return out, total
 
 

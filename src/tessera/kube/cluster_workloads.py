@@ -128,6 +128,7 @@ class ClusterWorkloads:
             "phaseMessage": message,
             "createdAt": wd.iso(entry.created),
             "startedAt": wd.iso(min(starts)) if starts and phase != "Pending" else None,
+            "pendingSince": wd.iso(entry.created),  # a requeue re-creates the pods, not this
             "completedAt": None,
             "exitCode": code,
             "priorityClass": rec.priority_class,

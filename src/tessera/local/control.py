@@ -640,6 +640,7 @@ class LocalBackend(TokenAuth):
                 raise Conflict(f"workload {w.name} is {w.phase}; only Stopped workloads resume")
             with all_or_nothing(w, self._active):
                 w.phase, w.phase_message, w.pods = "Pending", "resumed by user", []
+                w.spec["_pendingSince"] = time.time()  # the wait is timed from here (metrics)
                 w.completed = None
                 w.exit_code = None
                 self._active[w.id] = w

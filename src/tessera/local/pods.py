@@ -444,6 +444,7 @@ class PodProcesses:
             w.devices = ""
             if target == "Pending":
                 w.phase = "Pending"
+                w.spec["_pendingSince"] = time.time()  # the wait is timed from here (metrics)
                 w.pods = []
                 self.store.save(w, ("Requeued", f"requeued after: {w.phase_message}"))
             elif target == "Failed":
