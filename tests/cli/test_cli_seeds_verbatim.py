@@ -167,7 +167,7 @@ def test_bare_memory_numbers_are_refused_with_a_hint_and_gb_spellings_accepted(
     line = _err(srv, "submit", "-p", "team-a", "--gpu-memory", "5g", "--", "true")
     assert line.startswith("error: --gpu-memory: unit 'g' is ambiguous: write 5G or 5GB")
     out = srv.cli("submit", "gb5", "-p", "team-a", "--gpu-memory", "5GB", "--", "sleep", "60").stdout
-    assert "4.7 GiB of GPU memory" in out
+    assert "5G (4.66 GiB) of GPU memory" in out  # as typed, next to binary (core.request_text)
     out = srv.cli("submit", "gi2", "-p", "team-a", "--gpu-memory", "2Gi", "--", "sleep", "60").stdout
     assert "2 GiB of GPU memory" in out and "2.1 GB" not in out
     with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {srv.token()}"}) as c:

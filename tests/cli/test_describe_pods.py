@@ -29,4 +29,4 @@ def test_a_mig_pod_shows_its_partition() -> None:
     pod = {**BASE, "migPartition": {"profile": "3g.20gb", "gpu": "GPU-m", "start": 4,
                                     "gpus": 0.429}}
     assert pod_lines(pod) == ["Pod 0:       Running team-a/w-0 on n1",
-                              "  MIG 3g.20gb at memory slot 4 of GPU GPU-m"]
+                              "  MIG 3g.20gb on GPU-m, slot 4"]

@@ -122,9 +122,14 @@ def test_5_a_project_edit_changes_only_the_field_edited(browser, server, artifac
 def test_6_suspend_and_resume(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
     go(browser, server, "workloads?search=from-console")
     until("the row", lambda: browser.find_element(By.CSS_SELECTOR, '[data-workload="from-console"]')).click()
-    until("the workload page", lambda: browser.find_element(By.ID, "w-suspend")).click()
+    until("Suspend shown (the page drawn for Running)", lambda: browser.find_element(
+        By.ID, "w-suspend").is_displayed())
+    browser.find_element(By.ID, "w-suspend").click()
     until("Stopped", lambda: server.cli_json("describe", "from-console", "-p", "team-b")["phase"]
           == "Stopped", timeout=30)
+    # the page updates in place and shows Resume once the workload is Stopped (phase-aware)
+    until("Resume shown", lambda: browser.find_element(By.ID, "w-resume").is_displayed(), timeout=15)
+    assert not browser.find_element(By.ID, "w-suspend").is_displayed()
     browser.find_element(By.ID, "w-resume").click()
     until("Running again", lambda: server.cli_json("describe", "from-console", "-p", "team-b")[
         "phase"] == "Running", timeout=30)

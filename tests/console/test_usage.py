@@ -110,6 +110,29 @@ def test_overview_and_metrics_add_memory_used(fake: FakeGpuServer) -> None:
     assert mem["used"] == 6 * GiB + 3 * HEADROOM and mem["loaned"] == 2 * GiB + HEADROOM
 
 
+def test_embedded_metrics_carry_each_gpu_and_workload(fake: FakeGpuServer) -> None:
+    """No node agent runs in embedded mode: /metrics has the per-GPU series under the agent's
+    names and labels (with ``gpu``, NVML's index), and each workload's memory used and busy."""
+    with fake.http() as c:
+        wait_for("usage", lambda: c.get("/api/v1/overview").json()["gpus"]["memoryUsedBytes"]
+                 == 6 * GiB)
+        doc = c.get("/api/v1/cluster").json()
+    text = httpx.get(f"{fake.url}/metrics", timeout=10).text
+    samples = [(f.name, s.labels, s.value) for f in text_string_to_metric_families(text)
+               for s in f.samples]
+    used = {lab["gpu"]: (lab["gpu_uuid"], v) for name, lab, v in samples
+            if name == "tessera_gpu_memory_used_bytes"}
+    nvml = {str(g["index"]): (g["uuid"], g["usedBytes"]) for g in doc["nodes"][0]["gpus"]}
+    assert used == nvml and sum(v for _, v in used.values()) == 6 * GiB
+    util = sum(v for name, _, v in samples if name == "tessera_gpu_utilization_ratio")
+    assert util == pytest.approx(0.7)
+    per_workload = {lab["workload"]: v for name, lab, v in samples
+                    if name == "tessera_workload_gpu_memory_used_bytes"}
+    assert per_workload == {"busy": 2 * GiB, "borrow": 3 * GiB, "plain": GiB}
+    busy = {lab["workload"]: v for name, lab, v in samples if name == "tessera_workload_gpu_busy"}
+    assert busy == pytest.approx({"busy": 0.4, "borrow": 0.2, "plain": 0.1})
+
+
 def test_history_route_serves_utilisation_per_project_and_workload(fake: FakeGpuServer) -> None:
     def latest() -> dict[str, Any] | None:
         with fake.http() as c:

@@ -127,6 +127,7 @@ def test_metrics_match_the_fake_driver(machine: Machine) -> None:
     assert one(m, "tessera_node_ready", node="box") == 1
     assert one(m, "tessera_gpu_memory_total_bytes", model="H100-80GB", **g0) == H100_BYTES
     # NVML counts each process's context (CTX: the fake's default equals the library's)
+    assert one(m, "tessera_gpu_memory_used_bytes", gpu="1", **g1) == 2 * GiB + CTX  # NVML index (DCGM's label)
     assert one(m, "tessera_gpu_memory_used_bytes", **g0) == 13 * GiB + 2 * CTX
     assert one(m, "tessera_gpu_memory_used_bytes", **g1) == 2 * GiB + CTX
     assert one(m, "tessera_gpu_memory_requested_bytes", **g0) == 12 * GiB

@@ -52,6 +52,7 @@ from tessera.api.tenancy.routes import mount_auth
 from tessera.api.tenancy.service import Tenancy
 from tessera.api.tenancy.visibility import redact_cluster
 from tessera.api.unexpected import AnswerUnexpected
+from tessera.core.error_text import rule_of
 from tessera.core.errors import InvalidRequest
 
 DEPARTMENTS = DEPARTMENT_LOCK
@@ -114,8 +115,10 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, list[dict[st
             field = ".".join([*loc, ctx["field"]])
             message = f"{field}: {ctx['rule']}{ctx.get('shown', '')}"
         else:
+            if err.get("type") == "json_invalid":
+                loc = []  # pydantic places it at the byte offset ("0"), not at a field
             field = ".".join(loc) or "body"
-            message = f"{field}: {err.get('msg', 'is invalid')}"
+            message = f"{field}: {rule_of(err)}"
             given = err.get("input")
             if isinstance(given, int | float | str) and not isinstance(given, bool) \
                     and len(str(given)) <= 80 and err.get("type") != "missing":

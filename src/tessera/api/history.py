@@ -8,16 +8,25 @@ and per workload (in GPUs' worth: a workload using 40% of one GPU is 0.4) and GP
 per project. Retention is bounded (``TESSERA_HISTORY_HOURS``, default 6 h; at most 100 workloads
 per sample and series, the largest first), so memory stays flat however long the server runs.
 For longer history, Prometheus scrapes the same figures from the API server and the agents.
+
+With ``path`` (the server's data directory's ``metrics-history.jsonl``), each sample is also
+appended there as one JSON line and read back at start, so a restart keeps the history (samples
+older than the retention are dropped; the file is rewritten when it holds twice the retention).
+A line that does not parse (a crash mid-write) is skipped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tessera.api.telemetry import ACTIVE, SnapshotCache
@@ -50,7 +59,7 @@ def _key(project: str, name: str) -> str:
 
 class History:
     def __init__(self, snapshots: SnapshotCache, interval: float | None = None,
-                 hours: float | None = None) -> None:
+                 hours: float | None = None, path: Path | None = None) -> None:
         self.snapshots = snapshots
         self.interval = interval or float(os.environ.get("TESSERA_HISTORY_INTERVAL", "10"))
         hours = hours or float(os.environ.get("TESSERA_HISTORY_HOURS", "6"))
@@ -58,6 +67,40 @@ class History:
         self.samples: deque[Sample] = deque(maxlen=max(1, int(hours * 3600 / self.interval)))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.path = path
+        self._lines = 0
+        if path is not None:
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        """The samples a previous run of the server kept, within the retention."""
+        since = time.time() - self.hours * 3600
+        with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+            for line in f:
+                self._lines += 1
+                try:
+                    s = Sample(**json.loads(line))
+                except (ValueError, TypeError):
+                    continue
+                if s.time >= since:
+                    self.samples.append(s)
+
+    def _keep(self, s: Sample) -> None:
+        """Append ``s`` to the file; rewrite it from memory when it has grown to twice the
+        retention."""
+        assert self.path is not None
+        with contextlib.suppress(OSError):
+            if self._lines >= 2 * (self.samples.maxlen or 1):
+                tmp = self.path.with_suffix(".tmp")
+                with open(tmp, "w", encoding="utf-8") as f:
+                    for old in self.samples:
+                        f.write(json.dumps(dataclasses.asdict(old)) + "\n")
+                os.replace(tmp, self.path)
+                self._lines = len(self.samples)
+                return
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(dataclasses.asdict(s)) + "\n")
+            self._lines += 1
 
     def sample(self) -> Sample:
         snap = self.snapshots.get()
@@ -74,6 +117,8 @@ class History:
                    {_key(p, n): round(v, 4) for (p, n), v in busiest},
                    {sys.intern(p): v for p, v in snap.projects_used().items()})
         self.samples.append(s)
+        if self.path is not None:
+            self._keep(s)
         return s
 
     def start(self) -> History:

@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tessera.api.telemetry import ACTIVE, SnapshotCache
+from tessera.api.usage_metrics import families as usage_families
 
 PENDING_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
 
@@ -78,6 +79,8 @@ class ApiCollector(Collector):
             if w.phase in ACTIVE and w.allocated > 0:
                 held.add_metric([w.project, w.name], w.allocated)
         yield held
+        if snap.gpu_uses:  # embedded mode: no node agent exports these (usage_metrics)
+            yield from usage_families(snap.gpu_uses, snap.workloads_used, snap.workloads_busy)
         phases = GaugeMetricFamily("tessera_workloads", "workloads by type and phase",
                                    labels=["type", "phase"])
         for (kind, phase), n in sorted(snap.phases.items()):
@@ -96,7 +99,8 @@ class ApiCollector(Collector):
             key = (w.project, w.name, w.created)
             if w.started == mark and key in at_mark:
                 continue
-            self.pending.labels(w.type).observe(max(0.0, w.started - w.created))
+            since = w.created if w.pending_since is None else max(w.created, w.pending_since)
+            self.pending.labels(w.type).observe(max(0.0, w.started - since))
             if w.started > new_mark:
                 new_mark, new_at = w.started, {key}
             elif w.started == new_mark:
@@ -107,7 +111,8 @@ class ApiCollector(Collector):
 def api_registry(snapshots: SnapshotCache) -> CollectorRegistry:
     registry = CollectorRegistry()
     pending = Histogram("tessera_workload_pending_seconds",
-                        "time from submission until a workload started", ["type"],
+                        "time from becoming Pending (submitted, requeued or resumed) until a "
+                        "workload started", ["type"],
                         buckets=PENDING_BUCKETS, registry=None)
     # The collector first: it observes the workloads it sees started, then the histogram is read.
     registry.register(ApiCollector(snapshots, pending))

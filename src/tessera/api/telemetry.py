@@ -21,9 +21,10 @@ from typing import Any
 
 from tessera.api.backend import Backend, WorkloadQuery
 from tessera.api.usage import busy
+from tessera.api.usage_metrics import GpuUse, gpu_uses
 from tessera.core.fairshare import Claim, divide
 
-FIELDS = ("name", "projectName", "type", "phase", "gpus", "createdAt", "startedAt")
+FIELDS = ("name", "projectName", "type", "phase", "gpus", "createdAt", "startedAt", "pendingSince")
 ACTIVE = ("Pending", "Running", "Initializing", "Stopping", "Deleting")
 FINISHED = ("Completed", "Failed", "Stopped")
 TYPES = ("Training", "Workspace", "Inference")
@@ -54,6 +55,8 @@ class WorkloadView:
     requested: float
     created: float | None
     started: float | None
+    pending_since: float | None = None
+    """When it last became Pending: submitted, requeued or resumed."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ class Snapshot:
     """(project, workload) -> GPUs' worth of its processes' utilisation."""
     workloads_used: dict[tuple[str, str], int] = field(default_factory=dict)
     """(project, workload) -> GPU memory its processes use (bytes)."""
+    gpu_uses: tuple[GpuUse, ...] = ()
+    """Embedded mode: each GPU with what NVML reported (tessera.api.usage_metrics)."""
 
     def projects_busy(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -139,10 +144,11 @@ def _time(text: str | None) -> float | None:
 def _rows(backend: Backend, query: WorkloadQuery) -> tuple[list[WorkloadView], int]:
     rows_json, total = backend.workloads_json(query)
     out = []
-    for name, project, kind, phase, g, created, started in json.loads(rows_json):
+    for name, project, kind, phase, g, created, started, since in json.loads(rows_json):
         g = g or {}
         out.append(WorkloadView(name, project or "", kind, phase, float(g.get("allocated") or 0.0),
-                                float(g.get("requested") or 0.0), _time(created), _time(started)))
+                                float(g.get("requested") or 0.0), _time(created), _time(started),
+                                _time(since)))
     return out, total
 
 
@@ -164,6 +170,21 @@ def _workloads(backend: Backend) -> tuple[list[WorkloadView], dict[tuple[str, st
     seen = {(w.project, w.name, w.created) for w in active}
     workloads = active + [w for w in recent if (w.project, w.name, w.created) not in seen]
     return workloads, dict(phases)
+
+
+def gpu_count(cluster: dict[str, Any]) -> int:
+    """Every GPU of the cluster document: the shared ones (``nodes[].gpus``) and those in MIG
+    mode (``nodes[].migGpus``), each counted once by UUID. Allocations include MIG partitions
+    (their profile's fraction), so the total must include their GPUs too."""
+    seen: set[str] = set()
+    count = 0
+    for n in cluster.get("nodes", []):
+        for g in [*n.get("gpus", []), *(n.get("migGpus") or [])]:
+            key = str(g.get("uuid") or f"{n.get('name')}/{g.get('index')}/{len(seen)}")
+            if key not in seen:
+                seen.add(key)
+                count += 1
+    return count
 
 
 def read(backend: Backend) -> Snapshot:
@@ -202,7 +223,7 @@ def read(backend: Backend) -> Snapshot:
                             math.inf if limit is None or limit < 0 else float(limit),
                             float(gpu.get("overQuotaWeight") or 0.0), int(p.get("priority") or 0),
                             requested.get(p["name"], 0.0)))
-    total = float(len(gpus))
+    total = float(gpu_count(cluster))
     fair = divide(total, claims)
     projects = tuple(
         ProjectView(c.name, c.deserved, None if math.isinf(c.limit) else c.limit, c.weight,
@@ -218,7 +239,8 @@ def read(backend: Backend) -> Snapshot:
                     gpus_busy=use.gpus_busy if use.known else None,
                     gpu_memory_used=use.memory_used if use.known else None,
                     workloads_busy=keyed(use.workloads_busy),
-                    workloads_used=keyed(use.workloads_used))
+                    workloads_used=keyed(use.workloads_used),
+                    gpu_uses=gpu_uses(cluster))
 
 
 class SnapshotCache:

@@ -229,12 +229,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--page", action="store_true",
+                        help="only the GPUs page drawn in Chromium: 4,000 GPUs, 2 with 30 shares "
+                             "(tessera.bench.console_page)")
     parser.add_argument("--no-usage", action="store_true",
                         help="Kubernetes part: no node publishes an agent address (nothing polled)")
     args = parser.parse_args(argv)
     if args.workloads < 1 or args.nodes < 0 or args.repeats < 1:
         parser.error("--workloads >= 1, --nodes >= 0 (0: skip Kubernetes), --repeats >= 1")
     result: dict[str, Any] = {"benchmark": "console", "workloads": args.workloads}
+    if args.page:
+        from tessera.bench.console_page import page
+
+        result.update(page(repeats=max(3, min(args.repeats, 15))))
+        print(json.dumps(result), flush=True)
+        return 0
     result.update(embedded(args.workloads, args.repeats))
     if args.nodes:
         result.update(kubernetes(args.nodes, max(5, args.repeats // 4), usage=not args.no_usage))

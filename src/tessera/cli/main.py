@@ -6,7 +6,9 @@ Errors are one line on stderr; exit 0 ok, 1 user error, 2 server unreachable.
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 # Importing a command module registers its commands, in the order of ``tessera --help``.
 from tessera.cli import server_commands  # isort: skip
@@ -19,6 +21,7 @@ from tessera.cli.client import CliError
 from tessera.cli.flags import RAW_ARGV, TRAILING
 from tessera.cli.server_commands import up
 from tessera.cli.workload_commands import KIND_GROUPS, _add_kind_groups
+from tessera.core.error_text import plain
 
 __all__ = ["app", "cli", "project_commands", "server_commands", "submit_commands",
            "tenancy_commands", "up", "workload_commands"]
@@ -30,6 +33,20 @@ def _top_level_names() -> set[str]:
         callback = c.callback
         names.add(c.name or (callback.__name__.replace("_", "-") if callback else ""))
     return names
+
+
+_INVALID = re.compile(r"^Invalid value for ((?:'[^']+'(?: / )?)+): ")
+
+
+def _flag_first(message: str, argv: list[str]) -> str:
+    """Click's "Invalid value for '--deserved' / '--gpu': RULE" as tessera words every refusal:
+    the flag the user typed first, then the rule."""
+    m = _INVALID.match(message)
+    if not m:
+        return message
+    names = re.findall(r"'([^']+)'", m.group(1))
+    typed = next((n for n in names if any(a == n or a.startswith(n + "=") for a in argv)), names[0])
+    return f"{typed}: {message[m.end():]}"
 
 
 class _App:
@@ -52,7 +69,8 @@ class _App:
         elif first is None or first not in _top_level_names():
             _add_kind_groups(None)
         try:
-            result = cli(args=args, standalone_mode=False, prog_name="tessera")
+            prog = "runai" if Path(sys.argv[0]).name == "runai" else "tessera"
+            result = cli(args=args, standalone_mode=False, prog_name=prog)
         except CliError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(exc.code)
@@ -64,7 +82,7 @@ class _App:
                 message = exc.format_message()
                 if not message:
                     sys.exit(0)
-                print(f"error: {message}", file=sys.stderr)
+                print(f"error: {_flag_first(plain(message), argv)}", file=sys.stderr)
                 sys.exit(1)
             if type(exc).__name__ == "Abort":
                 print("error: aborted", file=sys.stderr)

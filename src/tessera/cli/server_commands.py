@@ -87,6 +87,7 @@ def up(
         _login_local(str(info["url"]), directory, backend)
         typer.echo(f"tessera is already up at {info['url']} (data {directory})")
         return
+    _check_port(port)
     if kubernetes:
         kargv = ["--port", str(port), "--data-dir", str(directory)]
         if kubeconfig:
@@ -139,17 +140,40 @@ def up(
                f"policy {policy}; container runtime: {rt}; data {directory}")
 
 
+def _check_port(port: int) -> None:
+    """Refuse a port another process holds, before starting a server that would only die of it
+    (its reason left in server.log)."""
+    import errno
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CliError(f"port {port} is in use; use --port or TESSERA_PORT") from None
+            raise CliError(f"--port: cannot listen on 127.0.0.1:{port} ({exc.strerror})") from None
+
+
 def _spawn(argv: list[str], directory: Path, url: str) -> subprocess.Popen[bytes]:
     """Start a detached server and wait until it answers."""
     directory.mkdir(parents=True, exist_ok=True)
     log = open(directory / "server.log", "ab")  # noqa: SIM115 - handed to the child
+    before = log.tell()  # this start's lines only: the log is kept across starts
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = (directory / "server.log").read_text(errors="replace").strip().splitlines()
-            raise CliError(f"the server exited: {tail[-1] if tail else proc.returncode}")
+            with open(directory / "server.log", "rb") as f:
+                f.seek(before)
+                log_text = f.read().decode(errors="replace")
+            if "address already in use" in log_text.lower():
+                port = url.rsplit(":", 1)[-1]
+                raise CliError(f"port {port} is in use; use --port or TESSERA_PORT")
+            tail = log_text.strip().splitlines()
+            raise CliError(f"the server exited: {tail[-1] if tail else proc.returncode}"
+                           f" (log: {directory}/server.log)")
         if _healthy(url, 0.2):
             return proc
         time.sleep(0.05)

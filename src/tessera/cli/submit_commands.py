@@ -159,7 +159,8 @@ def _submit(
         spec["command"] = shlex.quote(command[0])
         spec["args"] = shlex.join(command[1:])
     if working_dir:
-        spec["workingDir"] = working_dir
+        embedded = command and _backend(client, config) != "kubernetes"
+        spec["workingDir"] = os.path.abspath(working_dir) if embedded else working_dir
     elif command and _backend(client, config) != "kubernetes":
         spec["workingDir"] = os.getcwd()  # embedded mode runs the command here
     spec["onEviction"] = on_eviction

@@ -19,6 +19,7 @@ from tessera.cli.client import (
 )
 from tessera.cli.flags import typed
 from tessera.cli.submit_commands import _register_submit
+from tessera.core.request_text import mig_placement_text
 
 # -- reading -------------------------------------------------------------------------------------
 
@@ -83,14 +84,14 @@ def _list(kind: str | None, project: str | None, all_projects: bool, status: str
          urls) in rows:
         table.append([
             name, phase, ages(created), node or "-", devices or "-", image or "-", kind_, proj,
-            pclass, f"{g['allocated']:.2f} ({g['requested']:.2f})",
+            pclass, g.get("request") or "-", f"{g['allocated']:.2f} ({g['requested']:.2f})",
             f"{running} ({workers - running if phase == 'Pending' else 0})",
             ",".join(urls or []),
         ])
     out = [f"Showing workloads for {scope}"
            + (" — GPUs are SIMULATED (no NVIDIA driver here)" if simulated else "")]
     out.append(render.table(["NAME", "STATUS", "AGE", "NODE", "GPU", "IMAGE", "TYPE", "PROJECT",
-                             "PRIORITY", "GPUs Allocated (Requested)", "PODs Running (Pending)",
+                             "PRIORITY", "REQUEST", "GPUs Allocated (Requested)", "PODs Running (Pending)",
                              "SERVICE URL(S)"], table))
     sys.stdout.write("\n".join(out) + "\n")
 
@@ -117,7 +118,7 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         lines.append(f"Message:     {w['phaseMessage']}")
     lines += [
         f"GPUs:        {'SIMULATED (no NVIDIA driver here)' if w['simulated'] else 'real (NVML)'}",
-        f"Request:     {w['gpus']['request']} x {w['workers']} pod(s) "
+        f"Request:     {w['gpus']['request']} "
         f"(= {w['gpus']['requested']:.2f} GPUs; allocated {w['gpus']['allocated']:.2f})",
         f"Isolation:   {w['isolation']}",
         *([f"Compute:     {w['computeShare']['text']}"] if w.get("computeShare") else []),
@@ -150,9 +151,10 @@ def pod_lines(pod: dict[str, Any]) -> list[str]:
             f"request {render.size(d['requestBytes'])}, limit {render.size(d['limitBytes'])}")
         lines.append(f"  GPU {d['index']} {d['uuid'] or '(UUID chosen by the device plugin)'}:"
                      f" {share}")
-    mig = pod.get("migPartition")
+    mig = pod.get("migDevice") or pod.get("migPartition")  # embedded / Kubernetes
     if mig:
-        lines.append(f"  MIG {mig['profile']} at memory slot {mig['start']} of GPU {mig['gpu']}")
+        lines.append("  " + mig_placement_text(
+            {"gpuIndex": mig.get("gpuIndex", mig.get("gpu")), **mig}))
     if pod.get("logPath"):
         lines.append(f"  Log: {pod['logPath']}")
     return lines

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from tessera.core.errors import InvalidRequest
-from tessera.core.units import format_bytes, format_gpus, portion_bytes
+from tessera.core.units import format_bytes, memory_text, portion_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,17 +168,29 @@ class GpuRequest:
         return 0.0
 
     def describe(self) -> str:
+        """What one pod asks for, in words: "0.25 GPU, bursting to 0.8", "5G (4.66 GiB) of GPU
+        memory", "2 whole GPUs". A workload's text (workers, MIG) is
+        tessera.core.request_text.request_text, which every view prints."""
         models = f" of model {'|'.join(sorted(self.models))}" if self.models else ""
         if self.kind is GpuKind.WHOLE:
             return f"{self.devices} whole GPU{'s' if self.devices != 1 else ''}{models}"
         each = f" on each of {self.devices} GPUs" if self.devices > 1 else ""
         if self.kind is GpuKind.PORTION:
             assert self.portion is not None
-            return f"{format_gpus(float(self.portion))} GPU{each}{models}"
+            burst = ("" if self.portion_limit is None or self.portion_limit == self.portion
+                     else f", bursting to {_portion_text(self.portion_limit)}")
+            return f"{_portion_text(self.portion)} GPU{each}{models}{burst}"
         if self.kind is GpuKind.MEMORY:
             assert self.memory is not None
-            return f"{format_bytes(self.memory)} of GPU memory{each}{models}"
+            burst = ("" if self.memory_limit is None or self.memory_limit == self.memory
+                     else f", bursting to {memory_text(self.memory_limit)}")
+            return f"{memory_text(self.memory)} of GPU memory{each}{models}{burst}"
         return "no GPU"
+
+
+def _portion_text(value: Decimal) -> str:
+    """A portion exactly as given, without trailing zeros: ``0.25``, ``0.025``, ``1``."""
+    return format(value.normalize(), "f")
 
 
 def _validate_gpu_request(r: GpuRequest) -> None:

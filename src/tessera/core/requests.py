@@ -62,13 +62,13 @@ def parse_gpu_request(
     devices = None if gpu_devices is None else _parse_devices(gpu_devices)
     if gpu is not None:
         if gpu_portion is not None or gpu_memory is not None:
-            raise InvalidRequest("gpu", "give -g/gpu or gpu_portion/gpu_memory, not both")
+            raise InvalidRequest("gpu", "give the GPUs once: a count or portion here, or a portion or memory request, not both")
         number = parse_decimal(gpu, "gpu", _GPU_RULE)
         if 0 < number < 1:
             portion = parse_portion(gpu, "gpu")
         elif number >= 1 and number == number.to_integral_value():
             if devices is not None and devices != int(number):
-                raise InvalidRequest("gpu_devices", f"contradicts gpu={gpu}", gpu_devices)
+                raise InvalidRequest("gpu_devices", f"contradicts the GPU count {gpu} given too", gpu_devices)
             if gpu_portion_limit is not None or gpu_memory_limit is not None:
                 raise InvalidRequest("gpu_portion_limit", "whole GPUs take no limit")
             return GpuRequest.whole(int(number), models)
@@ -79,9 +79,9 @@ def parse_gpu_request(
     if portion is not None and memory is not None:
         raise InvalidRequest("gpu_memory", "give a GPU portion or a GPU memory amount, not both")
     if portion is None and gpu_portion_limit is not None:
-        raise InvalidRequest("gpu_portion_limit", "needs a portion request (gpu_portion or -g 0.x)")
+        raise InvalidRequest("gpu_portion_limit", "needs a portion request to raise (a GPU portion such as 0.25)")
     if memory is None and gpu_memory_limit is not None:
-        raise InvalidRequest("gpu_memory_limit", "needs a memory request (gpu_memory)")
+        raise InvalidRequest("gpu_memory_limit", "needs a memory request to raise (GPU memory such as 5G)")
 
     if portion is not None:
         limit = (

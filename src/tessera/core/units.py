@@ -164,6 +164,7 @@ def parse_portion(value: object, field: str, *, allow_whole: bool = False) -> De
     too_big = portion > 1 if allow_whole else portion >= 1
     if portion <= 0 or too_big:
         raise InvalidRequest(field, rule, value)
+    portion = portion.normalize()  # 0.5000 is 0.5: trailing zeros are no extra precision
     if portion.as_tuple().exponent < -3:  # type: ignore[operator]
         raise InvalidRequest(field, "must have at most 3 decimal places (a thousandth of a GPU)", value)
     return portion
@@ -189,6 +190,36 @@ def format_bytes(nbytes: int | float) -> str:
             text = f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}".removesuffix(".0")
             return f"{text} {unit}"
     return f"{int(nbytes)} B"
+
+
+_DECIMAL = (("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3))
+
+
+def _binary3(nbytes: int) -> str:
+    """Binary size to three significant digits: ``4.66 GiB``, ``65.2 GiB``, ``477 MiB``."""
+    for unit, size in _BINARY:
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{nbytes} B"
+
+
+def memory_text(nbytes: int) -> str:
+    """GPU memory as the user typed it, next to its binary size where the two differ.
+
+    The unit typed is read back from the amount: a whole number of a decimal unit that is not
+    also a whole number of MiB was typed in decimal (``5G`` -> "5G (4.66 GiB)", ``500M`` ->
+    "500M (477 MiB)"); a whole number of a binary unit reads as that ("2 GiB", "5000 MiB (4.88
+    GiB)"); any other amount is its binary size (as :func:`format_bytes`)."""
+    if nbytes <= 0:
+        return format_bytes(nbytes)
+    for unit, size in _BINARY[:-1]:  # MiB and up: a KiB multiple may be a decimal k
+        if nbytes % size == 0:
+            exact, short = f"{nbytes // size} {unit}", _binary3(nbytes)
+            return exact if short == exact else f"{exact} ({short})"
+    for unit, size in _DECIMAL:
+        if nbytes % size == 0:
+            return f"{nbytes // size}{unit} ({_binary3(nbytes)})"
+    return format_bytes(nbytes)
 
 
 def format_gpus(gpus: float) -> str:

@@ -45,6 +45,7 @@ from tessera.api.validation import check_limit, check_submission
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import fraction_on, profile_slots, supported_text
 from tessera.core.model import Node as CoreNode
+from tessera.core.request_text import request_text
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
 from tessera.kube import names
 from tessera.kube import workload_docs as wd
@@ -294,7 +295,7 @@ class KubeBackend(TokenAuth):
             self._delete_all(namespace, s.name, rec.id)
             raise
         self._event(created, "Submitted", f"submitted to project {pdoc['name']}: "
-                    f"{s.gpu.describe()} x {s.workers} pod(s)")
+                    f"{request_text(s.gpu, s.workers, s.mig_profile)}")
         return self.workloads.doc(self.workloads.managed(created, self.workloads.pods_of(namespace, rec.id)),
                                   nodes, {}, brief=False, events=False)
 

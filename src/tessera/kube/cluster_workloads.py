@@ -14,6 +14,7 @@ from tessera.api.backend import NotFound
 from tessera.core.mig import profile_fraction
 from tessera.core.model import GpuRequest
 from tessera.core.model import Node as CoreNode
+from tessera.core.request_text import request_text
 from tessera.core.requests import estimate_gpus, gpu_request_to_dict
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
@@ -127,6 +128,7 @@ class ClusterWorkloads:
             "phaseMessage": message,
             "createdAt": wd.iso(entry.created),
             "startedAt": wd.iso(min(starts)) if starts and phase != "Pending" else None,
+            "pendingSince": wd.iso(entry.created),  # a requeue re-creates the pods, not this
             "completedAt": None,
             "exitCode": code,
             "priorityClass": rec.priority_class,
@@ -139,8 +141,7 @@ class ClusterWorkloads:
             "gpus": {
                 "requested": round(_requested(rec, nodes), 4),
                 "allocated": round(sum(wd.pod_gpus(d, nodes) for d in bound), 4),
-                "request": (f"MIG {rec.mig_profile}" if rec.mig_profile is not None
-                            else gpu.describe()),
+                "request": request_text(gpu, rec.workers, rec.mig_profile),
             },
             "simulated": simulated,
             "image": rec.image,

@@ -28,6 +28,7 @@ from lightkube.resources.core_v1 import Pod
 
 from tessera.api.models import compute_doc
 from tessera.core.model import GpuKind, GpuRequest, Node
+from tessera.core.request_text import devices_text, mig_placement_text
 from tessera.core.requests import gpu_request_from_dict
 from tessera.kube import names
 from tessera.kube.mig import hold_from_json
@@ -197,6 +198,7 @@ def pod_doc(pod: Any, nodes: Mapping[str, Node], uuids: Mapping[str, Sequence[st
     phase = (pod.status.phase if pod.status else None) or "Pending"
     if meta.deletionTimestamp is not None:
         phase = "Terminating"
+    mig = _mig_partition(ann.get(names.MIG_PARTITION), mig_gpus)
     return {
         "index": int((meta.labels or {}).get(POD_INDEX, 0)),
         "name": meta.name,
@@ -205,13 +207,22 @@ def pod_doc(pod: Any, nodes: Mapping[str, Node], uuids: Mapping[str, Sequence[st
         "nodeName": node,
         "gpuDevices": devices,
         "exclusive": exclusive,
-        "migPartition": _mig_partition(ann.get(names.MIG_PARTITION), mig_gpus),
+        "migPartition": mig,
+        "gpuPlacement": _placement_text(devices, exclusive, mig),
         "pid": None,
         "exitCode": pod_exit_code(pod),
         "logPath": None,
         "configMap": ann.get(names.CONFIGMAP),
         "scheduledMessage": pod_scheduled_message(pod),
     }
+
+
+def _placement_text(devices: list[dict[str, Any]], exclusive: bool,
+                    mig: Mapping[str, Any] | None) -> str:
+    """A pod's GPUs in words, as the console and ``describe`` show them."""
+    if mig:
+        return mig_placement_text({**mig, "gpuIndex": mig.get("gpu")})
+    return devices_text(devices, exclusive)
 
 
 def _mig_partition(raw: str | None, gpus: float | None) -> dict[str, Any] | None:

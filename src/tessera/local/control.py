@@ -13,6 +13,7 @@ loop; nothing here is a second concern.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from tessera.core.cycle import Plan, Waiting
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import MigGpu
+from tessera.core.request_text import request_text
 from tessera.core.requests import (
     check_against_cluster,
     gpu_request_from_dict,
@@ -52,6 +54,7 @@ from tessera.local.mig import LocalMig, RoomNow, room_now
 from tessera.local.pods import PodProcesses
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
+from tessera.local.spelling_env import with_runai_limit
 from tessera.local.store import Project, Store, Workload, all_or_nothing
 from tessera.local.usage import LocalUsage
 from tessera.node.containers import Share, ShareDevice
@@ -467,6 +470,7 @@ class LocalBackend(TokenAuth):
     # -- workloads -------------------------------------------------------------------------------
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
+        s = dataclasses.replace(s, gpu=with_runai_limit(s.gpu, s.env))  # as the webhook reads it
         admitted = check_submission(s)
         if not s.command and self.runtime is None:
             raise InvalidRequest("spec.image", containers.refusal(self.runtime_note))
@@ -480,6 +484,11 @@ class LocalBackend(TokenAuth):
         if s.spec.get("ports") and s.workers > 1:
             raise InvalidRequest("spec.ports", "needs a single pod (workers 1): every pod would "
                                  "listen on the same port of this machine", s.workers)
+        if s.command and s.working_dir is not None and not (
+                Path(s.working_dir).is_absolute() and Path(s.working_dir).is_dir()):
+            raise InvalidRequest("spec.workingDir", "must be an existing directory on this "
+                                 "machine, as an absolute path (the command runs in it)",
+                                 s.working_dir)
         fraction = self._check_mig(s) if s.mig_profile is not None else None
         try:
             check_against_cluster(s.gpu, [self.machine.node])
@@ -549,10 +558,9 @@ class LocalBackend(TokenAuth):
                 created=now,
                 started=None,
                 completed=None,
-                request_text=(f"MIG {s.mig_profile}" if s.mig_profile is not None
-                              else s.gpu.describe()),
+                request_text=request_text(s.gpu, s.workers, s.mig_profile),
             )
-            self.store.insert_workload(w, f"submitted to project {project.name}: {s.gpu.describe()}")
+            self.store.insert_workload(w, f"submitted to project {project.name}: {w.request_text}")
             self._active[w.id] = w
         self._wake.set()
         return self.workload_dict(w)
@@ -633,6 +641,7 @@ class LocalBackend(TokenAuth):
                 raise Conflict(f"workload {w.name} is {w.phase}; only Stopped workloads resume")
             with all_or_nothing(w, self._active):
                 w.phase, w.phase_message, w.pods = "Pending", "resumed by user", []
+                w.spec["_pendingSince"] = time.time()  # the wait is timed from here (metrics)
                 w.completed = None
                 w.exit_code = None
                 self._active[w.id] = w

@@ -8,6 +8,7 @@ from typing import Any
 
 from tessera.api.models import compute_doc
 from tessera.core.model import Node
+from tessera.core.request_text import devices_text, mig_placement_text, request_text
 from tessera.core.requests import gpu_request_from_dict
 from tessera.local.store import Project, Workload
 
@@ -29,6 +30,10 @@ def pod_doc(p: dict[str, Any]) -> dict[str, Any]:
         ],
         "exclusive": p["exclusive"],
         "migDevice": p.get("mig"),
+        "gpuPlacement": (mig_placement_text(p["mig"]) if p.get("mig") else devices_text(
+            [{"index": d, "requestBytes": r, "limitBytes": lim} for d, r, lim in zip(
+                p["devices"], p["requestBytes"], p["limitBytes"], strict=True)],
+            p["exclusive"])),
         "pid": p.get("pid"),
         "exitCode": p.get("exitCode"),
         "logPath": p.get("log"),
@@ -55,6 +60,7 @@ def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
         "phaseMessage": w.phase_message,
         "createdAt": iso(w.created),
         "startedAt": iso(w.started) if w.started else None,
+        "pendingSince": iso(w.spec.get("_pendingSince") or w.created),
         "completedAt": iso(w.completed) if w.completed else None,
         "exitCode": w.exit_code,
         "priorityClass": w.priority_class,
@@ -67,7 +73,7 @@ def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
         "gpus": {
             "requested": round(w.gpus_requested, 4),
             "allocated": round(w.gpus_allocated, 4),
-            "request": f"MIG {mig}" if mig else gpu.describe(),
+            "request": request_text(gpu, w.workers, mig),
         },
         "simulated": simulated,
         "image": w.spec.get("image") or "",

@@ -32,6 +32,7 @@ from tessera.local.exec_run import run_capped
 from tessera.local.gpus import Machine
 from tessera.local.isolation_hook import Isolation
 from tessera.local.runner import Runner
+from tessera.local.spelling_env import cgpu_env
 from tessera.local.store import Store, Workload, all_or_nothing
 
 START_KEY = "TESSERA_START_KEY"
@@ -320,6 +321,8 @@ class PodProcesses:
                 "TESSERA_SHARE_LIMIT_BYTES": ",".join(str(b) for b in p.limit_bytes),
                 "TESSERA_SHARE_EXCLUSIVE": "1" if p.exclusive else "0",
             })
+            if not p.exclusive:  # cGPU's variables, as on Kubernetes (tessera.local.spelling_env)
+                env.update(cgpu_env([g.memory for g in gpus], p.request_bytes))
         mig = w.spec.get("_migDevice")
         if mig:  # a MIG partition (tessera.local.mig): the process sees only that MIG device
             env.update({"CUDA_VISIBLE_DEVICES": mig["uuid"], "NVIDIA_VISIBLE_DEVICES": mig["uuid"],
@@ -441,6 +444,7 @@ class PodProcesses:
             w.devices = ""
             if target == "Pending":
                 w.phase = "Pending"
+                w.spec["_pendingSince"] = time.time()  # the wait is timed from here (metrics)
                 w.pods = []
                 self.store.save(w, ("Requeued", f"requeued after: {w.phase_message}"))
             elif target == "Failed":

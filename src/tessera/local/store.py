@@ -87,6 +87,8 @@ BRIEF_FIELDS: dict[str, str] = {
     "phaseMessage": "phase_message",
     "createdAt": f"strftime({_ISO}, created, 'unixepoch')",
     "startedAt": f"strftime({_ISO}, started, 'unixepoch')",
+    "pendingSince": f"strftime({_ISO}, COALESCE(json_extract(spec, '$._pendingSince'), created), "
+    "'unixepoch')",
     "completedAt": f"strftime({_ISO}, completed, 'unixepoch')",
     "exitCode": "exit_code",
     "priorityClass": "priority_class",

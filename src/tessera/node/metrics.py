@@ -1,6 +1,6 @@
 """The agent's Prometheus metrics (prometheus-client), rendered from the latest NodeUsage.
 
-Every metric is documented in docs/node-agent.md. Per GPU: labels ``node, gpu_uuid, model``; per
+Every metric is documented in docs/node-agent.md. Per GPU: labels ``node, gpu_uuid, model, gpu``; per
 container: ``node, namespace, pod, container, workload, project, gpu_uuid``. The picture is
 rebuilt by the agent's sync loop (every second by default) and a scrape only renders it, so a
 scrape costs the same whatever NVML or the regions cost to read.
@@ -18,7 +18,8 @@ from prometheus_client.registry import Collector
 
 from tessera.node.usage import NodeUsage
 
-GPU_LABELS = ("node", "gpu_uuid", "model")
+GPU_LABELS = ("node", "gpu_uuid", "model", "gpu")
+"""``gpu``: NVML's index of the GPU, the label DCGM-exporter uses, for joins with its metrics."""
 CONTAINER_LABELS = ("node", "namespace", "pod", "container", "workload", "project", "gpu_uuid")
 
 
@@ -92,7 +93,7 @@ class NodeCollector(Collector):
         util = GaugeMetricFamily("tessera_gpu_utilization_ratio",
                                  "GPU utilisation, 0 to 1 (NVML)", labels=list(GPU_LABELS))
         for gpu in usage.gpus:
-            labels = [node, gpu.uuid, usage.models.get(gpu.uuid, "")]
+            labels = [node, gpu.uuid, usage.models.get(gpu.uuid, ""), str(gpu.index)]
             total.add_metric(labels, gpu.memory_total)
             requested.add_metric(labels, usage.requested(gpu.uuid))
             used.add_metric(labels, gpu.memory_used)

@@ -40,7 +40,9 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend,
     ``/api/v1`` router, before it is included), and starts the history's sampler (a daemon
     thread)."""
     snapshots = SnapshotCache(backend)
-    history = History(snapshots).start()
+    data_dir = getattr(backend, "data_dir", None)  # both backends keep one: history survives
+    history = History(snapshots, path=None if data_dir is None else Path(data_dir)
+                      / "metrics-history.jsonl").start()
     prometheus = os.environ.get("TESSERA_PROMETHEUS_URL", "")
     source = PrometheusHistory(prometheus, history) if prometheus else history
     registry = api_registry(snapshots)
@@ -53,6 +55,11 @@ def mount_console(app: FastAPI, api: APIRouter, backend: Backend,
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:  # an SVG: browsers take it by its media type
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml",
+                            headers={"Cache-Control": "max-age=86400"})
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
