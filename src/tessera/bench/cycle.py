@@ -9,8 +9,12 @@ them so some fractions are scattered). Everything is seeded.
 
     python -m tessera.bench.cycle [--repeat 5] [--policy fgd] [--profile]
 
+    python -m tessera.bench.cycle --nodes 5000 --running 50000 --pending 10000
+
 The last line printed is one JSON object: nodes, pending, running, cycle_seconds_median,
-bound, evicted (and more).
+cycle_cpu_seconds_median (CPU time of this process: steadier than wall time on a shared
+machine), bound, evicted (and more), and rss_bytes (peak resident memory of the whole run,
+snapshot included).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import io
 import json
 import pstats
 import random
+import resource
 import statistics
 import sys
 import time
@@ -234,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "moved": len(plan.moves),
         "waiting": len(plan.waiting),
         "same_plan_every_cycle": same,
+        "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "policy": args.policy,
         "repeat": args.repeat,
     }

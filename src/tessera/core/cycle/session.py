@@ -97,6 +97,9 @@ class Session:
         self.evictions: dict[str, Eviction] = {}
         self.moves: dict[tuple[str, int], Move] = {}
         self.moved: set[str] = set()
+        self.changes = 0
+        """Counts evictions, restores and bindings made (never goes down, not even on a
+        discard): a cache of what the plan so far implies is current while this is unchanged."""
         for spec in sorted(snapshot.workloads, key=lambda w: w.id):
             spec = self._live_mig_room(spec)
             ws = WorkloadState(spec, self.tree.chain(spec.project))
@@ -173,6 +176,7 @@ class Session:
         return p
 
     def evict(self, ws: WorkloadState, action: str, reason: str, for_workload: str) -> None:
+        self.changes += 1
         gpus = ws.vector()[0]
         for i, p in enumerate(ws.placements):
             if p is not None:
@@ -189,6 +193,7 @@ class Session:
 
     def restore(self, ws: WorkloadState) -> bool:
         """Undo an eviction if every pod fits back where it was (used to drop needless victims)."""
+        self.changes += 1
         placements = ws.spec.placements
         if any(p is not None and self.state.fits(p) is not None for p in placements):
             return False
@@ -222,6 +227,7 @@ class Session:
         message: str,
         after: Sequence[str] = (),
     ) -> None:
+        self.changes += 1
         previous = self.bindings.get(ws.id)
         pods = dict(previous.pods) if previous else {}
         pods.update(placed)
@@ -244,6 +250,7 @@ class Session:
 
     def record_move(self, ws: WorkloadState, pod: int, source: Placement, target: Placement, reason: str) -> None:
         """A pod moves; moved twice in one plan, it is one move from where it ran at snapshot."""
+        self.changes += 1
         key = (ws.id, pod)
         previous = self.moves.get(key)
         if previous is not None:

@@ -111,6 +111,8 @@ def cheapest_node(
     pod_level: bool = False,
     dead: Callable[[WorkloadState], bool] | None = None,
     constraint: NodeConstraint | None = None,
+    blocked: Callable[[str], bool] | None = None,
+    dead_above: Callable[[str], float] | None = None,
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
@@ -119,6 +121,12 @@ def cheapest_node(
     not allow are not considered. ``dead`` says a victim can no longer be taken
     by anyone for the rest of the action (unless the statement is discarded); nodes with only
     such victims are pruned from the index.
+
+    ``blocked(project)`` says ``allow`` refuses every GPU-holding victim of that project,
+    whatever was taken before: asked once per project and call, it stands in for ``allow``
+    on those victims (the same answer, without asking per victim). Likewise
+    ``dead_above(project)``, with ``dead``: the GPUs above which a victim of that project is
+    dead (``dead(v)`` is ``v``'s GPUs > that), asked once per project and call.
     """
     budget = session.config.max_victim_nodes
     best: tuple[float, int, list[tuple[WorkloadState, int]]] | None = None
@@ -135,6 +143,26 @@ def cheapest_node(
         skip = [nodes for shape, nodes in index.no_room.items() if nodes and _at_least(request, shape)]
     models_ok: dict[int, bool] = {}
     nodes = session.state.by_name
+    refused: dict[str, bool] = {}
+
+    limits: dict[str, float] = {}
+
+    def is_dead(v: WorkloadState) -> bool:
+        if dead_above is None:
+            assert dead is not None
+            return dead(v)
+        limit = limits.get(v.project)
+        if limit is None:
+            limit = limits[v.project] = dead_above(v.project)
+        return v.vector()[0] > limit
+
+    def is_refused(project: str) -> bool:
+        found = refused.get(project)
+        if found is None:
+            assert blocked is not None
+            found = refused[project] = blocked(project)
+        return found
+
     for order, (node, group) in enumerate(index.by_node.items()):
         if node in pruned or any(node in nodes for nodes in skip):
             continue
@@ -162,8 +190,12 @@ def cheapest_node(
         for v in group:
             if v.evicted:
                 continue
+            if blocked is not None and v.vector()[0] > 0 and is_refused(v.project):
+                if dead is None or not is_dead(v):
+                    others.append(v)
+                continue
             if not allow(v, tentative):
-                if dead is None or not dead(v):
+                if dead is None or not is_dead(v):
                     others.append(v)
                 continue
             live = True
@@ -245,6 +277,8 @@ def evict_until_fits(
     extra_ok: Callable[[Vector], bool] | None,
     max_rounds: int,
     dead: Callable[[WorkloadState], bool] | None = None,
+    blocked: Callable[[str], bool] | None = None,
+    dead_above: Callable[[str], float] | None = None,
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 
@@ -257,7 +291,9 @@ def evict_until_fits(
             return placed, evicted
         if fail is None:
             return None
-        chosen = cheapest_node(session, fail, index, allow, dead=dead, constraint=session.constraint_for(ws, fail))
+        chosen = cheapest_node(session, fail, index, allow, dead=dead,
+                               constraint=session.constraint_for(ws, fail), blocked=blocked,
+                               dead_above=dead_above)
         if not chosen:
             return None
         for v in chosen:

@@ -34,18 +34,29 @@ class Preempt:
                 by_project.setdefault(v.project, []).append(v)
         for group in by_project.values():
             group.sort(key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
+        # Victims for one (project, priority below) stay the same until the plan changes
+        # (``session.changes``), so the filtered list and its node index are built once per
+        # such change, not once per waiting workload.
+        cache: dict[tuple[str, int], tuple[int, list[WorkloadState], NodeIndex]] = {}
         for ws in session.quota.fair_order(w for w in waiting if w.project in by_project):
             if not ws.unplaced():
                 continue
-            victims = [
-                v
-                for v in by_project[ws.project]
-                if v.priority < ws.priority and not v.evicted and not session.settled(v)
-            ]
-            if victims:
-                self._try(session, ws, victims)
+            version = session.changes
+            key = (ws.project, ws.priority)
+            found = cache.get(key)
+            if found is None or found[0] != version:
+                victims = [
+                    v
+                    for v in by_project[ws.project]
+                    if v.priority < ws.priority and not v.evicted and not session.settled(v)
+                ]
+                found = cache[key] = (version, victims, NodeIndex(victims))
+            if found[1]:
+                self._try(session, ws, found[1], found[2])
 
-    def _try(self, session: Session, ws: WorkloadState, victims: list[WorkloadState]) -> bool:
+    def _try(self, session: Session, ws: WorkloadState, victims: list[WorkloadState],
+             index: NodeIndex) -> bool:
+        """``index``: ``NodeIndex(victims)``, used as it is when no victim is taken for quota."""
         caps: dict[str, Vector] = {}
         for name in ws.chain:
             a, share = session.quota.alloc[name], session.quota.shares.share[name]
@@ -86,8 +97,8 @@ class Preempt:
             found = find_room(session, ws, queue, allow)
             result = None if found is None else bind_in_room(session, ws, *found, evict)
         else:
-            result = evict_until_fits(session, ws, NodeIndex(queue), allow, evict, extra_ok,
-                                      4 * ws.required() + 4)
+            result = evict_until_fits(session, ws, index if not evicted else NodeIndex(queue), allow,
+                                      evict, extra_ok, 4 * ws.required() + 4)
         if result is None:
             stmt.discard()
             return False

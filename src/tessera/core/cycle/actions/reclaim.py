@@ -76,6 +76,7 @@ class VictimOrder:
             self.ratio[v.project] = (session.quota.alloc[v.project][0] / share if share > EPS
                                      else float("inf"))
         self.indexes: dict[tuple[str, ...], NodeIndex] = {}
+        self._by_workload: list[WorkloadState] | None = None
 
     def index_for(self, ws: WorkloadState) -> NodeIndex:
         ancestors = ws.chain[1:]
@@ -83,14 +84,19 @@ class VictimOrder:
         if index is None:
             near = set(ancestors)
             tree, ratio = self.session.tree, self.ratio
-
-            def preference(v: WorkloadState) -> tuple[object, ...]:
-                closeness = sum(1 for name in v.chain if name in near)
-                return (tree[v.project].priority, -closeness, -ratio[v.project], v.priority,
-                        -(v.spec.started_at or 0.0), v.id)
-
+            # The preference is (project part, workload part): sort once by the workload part,
+            # then stably by the project part, computed once per project.
+            if self._by_workload is None:
+                self._by_workload = sorted(
+                    self.victims, key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
+            part: dict[str, tuple[object, ...]] = {}
+            for v in self.victims:
+                if v.project not in part:
+                    closeness = sum(1 for name in v.chain if name in near)
+                    part[v.project] = (tree[v.project].priority, -closeness, -ratio[v.project])
+            ordered = sorted(self._by_workload, key=lambda v: part[v.project])
             like = next(iter(self.indexes.values()), None)
-            index = self.indexes[ancestors] = NodeIndex(sorted(self.victims, key=preference), like)
+            index = self.indexes[ancestors] = NodeIndex(ordered, like)
         return index
 
 

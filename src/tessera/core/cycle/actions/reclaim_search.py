@@ -74,7 +74,8 @@ class ReclaimSearch:
         stmt = Statement(session)
         result = evict_until_fits(session, ws, self.index, self.allow, self.evict,
                                   self.within_caps, max_rounds=4 * ws.required() + 4,
-                                  dead=self.dead)
+                                  dead=self.dead, blocked=self.blocked,
+                                  dead_above=self.dead_above if self.gpu_only else None)
         if result is None:
             stmt.discard()
             self._explain_no_victims()
@@ -178,6 +179,25 @@ class ReclaimSearch:
                     return False
         return True
 
+    def blocked(self, project: str) -> bool:
+        """GPU-only: ``allow`` refuses every GPU-holding victim of ``project`` whatever was
+        taken before (the same test as its first step)."""
+        if not self.gpu_only:
+            return False
+        if project == self.ws.project:
+            return True
+        stop = self._blocked.get(project)
+        if stop is None:
+            side, guaranteed = self.side_of(project)
+            stop = self._blocked[project] = any(
+                self.slack_of(name, guaranteed)[0] <= EPS for name in side)
+        return stop
+
+    def dead_above(self, project: str) -> float:
+        """GPU-only: ``dead(v)`` for a victim ``v`` of ``project`` is ``v``'s GPUs > this."""
+        slack = self.slack_of(project, True)[0]
+        return 0.0 if slack <= EPS else slack + EPS
+
     def dead(self, v: WorkloadState) -> bool:
         """Its own project could not give it up to anyone: reclaim only lowers that slack."""
         vec = v.vector()
@@ -192,14 +212,17 @@ class ReclaimSearch:
         return any(vec[r] > 0 and vec[r] > room[r] + EPS for r in self.governed)
 
     def victim_side(self, v: WorkloadState) -> tuple[tuple[str, ...], bool]:
+        return self.side_of(v.project)
+
+    def side_of(self, project: str) -> tuple[tuple[str, ...], bool]:
         """The victim's projects below the lowest common ancestor with the reclaimer, and
         whether the reclaimer's own side stays within deserved quota (then victims need only
         keep min(fair share, deserved), KAI's GuaranteeDeservedQuota)."""
-        found = self._sides.get(v.project)
+        found = self._sides.get(project)
         if found is None:
             tree, ws, session, demand = self.tree, self.ws, self.session, self.demand
-            lca = tree.lowest_common_ancestor(v.project, ws.project)
-            chain = tree.chain(v.project)
+            lca = tree.lowest_common_ancestor(project, ws.project)
+            chain = tree.chain(project)
             mine = ws.chain if lca is None else ws.chain[: ws.chain.index(lca)]
             guaranteed = all(
                 demand[r] <= 0
@@ -208,7 +231,7 @@ class ReclaimSearch:
                 for r in self.governed
             )
             side = chain if lca is None else chain[: chain.index(lca)]
-            found = self._sides[v.project] = (side, guaranteed)
+            found = self._sides[project] = (side, guaranteed)
         return found
 
     def slack_of(self, name: str, guaranteed: bool) -> Vector:
