@@ -17,16 +17,23 @@ fair share as their capacity:
 
 Unlike KAI, shares are not rounded to whole GPUs: fractions are first-class here. Ties cannot
 arise (the division is exact arithmetic over the siblings), so the result depends only on the
-input and is the same every cycle. Historical usage (KAI's time-based fair share) is not used.
+input and is the same every cycle.
+
+**Usage history** (time-based fair share, optional): given each project's decayed GPU-seconds
+(``tessera.core.usage``), step 3 for the GPU uses ``w' = max(0, n + k (n - u))`` in place of
+the weight, ``n`` being the weight's share and ``u`` the usage's share among the competing
+siblings; what siblings with ``w' = 0`` did not get in that pass, if any is left because the
+others are capped, is then water-filled by plain weight, so no capacity is left unshared.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessera.core.projects import RESOURCES, ProjectTree, Resource
+from tessera.core.usage import adjusted_weights
 
 EPS = 1e-9
 
@@ -58,8 +65,14 @@ class Claim:
     requested: float
 
 
-def divide(capacity: float, claims: Sequence[Claim]) -> dict[str, float]:
-    """Split ``capacity`` of one resource between siblings (steps 1–3 above)."""
+def divide(
+    capacity: float,
+    claims: Sequence[Claim],
+    usage: Mapping[str, float] | None = None,
+    k: float = 0.0,
+) -> dict[str, float]:
+    """Split ``capacity`` of one resource between siblings (steps 1–3 above); ``usage``:
+    decayed usage per sibling, weighted by ``k`` (time-based fair share)."""
     capacity = max(capacity, 0.0)
     room = {c.name: max(0.0, min(c.requested, c.limit)) for c in claims}
     first = {c.name: min(c.deserved, room[c.name]) for c in claims}
@@ -73,6 +86,13 @@ def divide(capacity: float, claims: Sequence[Claim]) -> dict[str, float]:
         if remaining <= EPS:
             break
         tier = [c for c in claims if c.priority == priority]
+        if usage and k > 0:
+            active = {c.name: c.weight for c in tier if c.weight > 0 and room[c.name] - share[c.name] > EPS}
+            adjusted = adjusted_weights(active, usage, k)
+            history = [replace(c, weight=adjusted[c.name]) for c in tier if c.name in adjusted]
+            remaining = _water_fill(remaining, history, share, room)
+            if remaining <= EPS:
+                continue
         remaining = _water_fill(remaining, tier, share, room)
     return share
 
@@ -115,8 +135,18 @@ def compute_fair_shares(
     tree: ProjectTree,
     capacity: Vector,
     leaf_requested: Mapping[str, Vector],
+    leaf_usage: Mapping[str, float] | None = None,
+    k: float = 0.0,
 ) -> FairShares:
-    """Fair shares for every project. ``leaf_requested`` is running + pending per leaf project."""
+    """Fair shares for every project. ``leaf_requested`` is running + pending per leaf project;
+    ``leaf_usage`` decayed GPU-seconds per leaf project (time-based fair share, GPU only),
+    weighted by ``k``."""
+    usage: dict[str, float] = {}
+    if leaf_usage and k > 0:
+        for leaf, amount in leaf_usage.items():
+            if leaf in tree:
+                for name in tree.chain(leaf):
+                    usage[name] = usage.get(name, 0.0) + amount
     requested: dict[str, Vector] = {}
     for name in reversed(tree.depth_first()):
         kids = tree.children.get(name, ())
@@ -155,7 +185,8 @@ def compute_fair_shares(
                         requested[kid][resource],
                     )
                 )
-            for kid, value in divide(amount, claims).items():
+            history = usage if resource is Resource.GPU else None
+            for kid, value in divide(amount, claims, history, k).items():
                 share[kid][resource] = value
                 frontier.append((kid, value))
     return FairShares(

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tessera.core.errors import InvalidRequest
+from tessera.core.usage import check_seconds
 
 UNLIMITED = -1.0
 """A ``deserved`` of -1 means: guaranteed everything it asks for."""
@@ -75,6 +76,11 @@ class Project:
     None inherits from the parent (and finally from the cycle config)."""
     reclaim_min_runtime: float | None = None
     """Seconds before reclaim may evict it; None inherits."""
+    usage_window: float | None = None
+    """Time-based fair share: seconds of usage history counted for this project and those below
+    it; None inherits (finally the cluster's ``UsagePolicy``)."""
+    usage_half_life: float | None = None
+    """Time-based fair share: seconds after which a GPU-second counts half; None inherits."""
 
     def quota(self, resource: Resource) -> Quota:
         if resource is Resource.GPU:
@@ -131,6 +137,10 @@ class ProjectTree:
                 value = getattr(p, attr)
                 if value is not None and (not isinstance(value, int | float) or value < 0):
                     raise InvalidRequest(f"projects.{p.name}.{attr}", "must be 0 or more seconds", value)
+            for attr in ("usage_window", "usage_half_life"):
+                value = getattr(p, attr)
+                if value is not None:
+                    check_seconds(f"projects.{p.name}.{attr}", value)
             if p.parent is not None and p.parent not in by_name:
                 raise InvalidRequest(
                     f"projects.{p.name}.parent", "names a project that does not exist", p.parent
@@ -194,6 +204,18 @@ class ProjectTree:
             if name in ancestors:
                 return name
         return None
+
+    def usage_settings(self, name: str, window: float, half_life: float) -> tuple[float, float]:
+        """(window, half-life) for ``name``: its own or the nearest ancestor's, else the defaults."""
+        found_w = found_h = None
+        for p in self.chain(name):
+            project = self.projects[p]
+            if found_w is None:
+                found_w = project.usage_window
+            if found_h is None:
+                found_h = project.usage_half_life
+        return (window if found_w is None else float(found_w),
+                half_life if found_h is None else float(found_h))
 
     def min_runtime(self, name: str, kind: str, default: float) -> float:
         """``kind`` is ``preempt`` or ``reclaim``; inherited from the nearest ancestor that sets it."""

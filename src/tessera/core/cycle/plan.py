@@ -80,6 +80,8 @@ def project_statuses(session: Session) -> dict[str, ProjectStatus]:
             session.quota.shares.requested[name],
             session.quota.allocated_before[name],
             vector_of(session.quota.alloc[name]),
+            session.quota.from_usage.get(name, 0.0),
+            session.quota.usage.get(name, 0.0),
         )
         for name in session.tree.order
     }

@@ -64,6 +64,10 @@ class QuotaLedger:
         self.shares: FairShares
         """Set by ``share_out`` once the running workloads are accounted."""
         self._demand: dict[ResourceRequest, Vector] = {}
+        self.usage: dict[str, float] = {}
+        """Decayed GPU-seconds per project (time-based fair share only)."""
+        self.from_usage: dict[str, float] = {}
+        """GPUs of each fair share due to usage history (time-based fair share only)."""
 
     def share_out(self, shares: FairShares) -> None:
         """Fix the fair shares for the cycle and remember what each project held at the start."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from tessera.core.constraints import NodeConstraint, without_room
 from tessera.core.errors import InvalidRequest
-from tessera.core.fairshare import Vector, compute_fair_shares
+from tessera.core.fairshare import Vector
 from tessera.core.mig import MigChoice, profile_of
 from tessera.core.model import GpuRequest, Node, ResourceRequest
 from tessera.core.placement import NoFit, Placer
@@ -24,6 +24,7 @@ from tessera.core.state import ClusterState, NodeState, Placement
 from tessera.core.units import format_bytes
 from tessera.core.workloads import Workload
 
+from .history import fair_shares
 from .mig_state import LiveRoom, MigState
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
@@ -135,7 +136,7 @@ class Session:
                 d = self.quota.demand(ws.spec.pods[i])
                 r = requested[ws.project]
                 requested[ws.project] = (r[0] + d[0], r[1] + d[1], r[2] + d[2])
-        self.quota.share_out(compute_fair_shares(self.tree, capacity, requested))
+        self.quota.share_out(fair_shares(self, snapshot, capacity, requested))
 
     # -- quota ----------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from tessera.core.model import Node
 from tessera.core.placement import DEFAULT_POLICY
 from tessera.core.projects import Project
 from tessera.core.state import Placement
+from tessera.core.usage import UsagePolicy, UsageRecord
 from tessera.core.workloads import Workload
 
 DEFAULT_ACTIONS = ("allocate", "consolidate", "reclaim", "preempt", "backfill")
@@ -28,6 +29,9 @@ class Snapshot:
     """Node -> its GPUs in MIG mode and their partitions, each busy one naming the workload
     holding it (``Partition.holder``): reclaim and preemption make room for a pending MIG pod
     (``ResourceRequest.mig``) by evicting holders (tessera.core.mig.make_room)."""
+    usage: tuple[UsageRecord, ...] = ()
+    """GPUs held in the past (finished workloads, earlier runs), for time-based fair share
+    (``CycleConfig.usage``); running workloads count from ``started_at`` without a record."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,9 @@ class CycleConfig:
     """Nodes examined per eviction or move decision (the search budget)."""
     max_moves: int = 8
     """Pods consolidation may move to make room for one pending workload."""
+    usage: UsagePolicy | None = None
+    """Time-based fair share (``tessera.core.usage``): window, half-life and weight of usage
+    history; None: plain fair share. Projects may override window and half-life."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,11 @@ class ProjectStatus:
     requested: Vector
     allocated_before: Vector
     allocated_after: Vector
+    from_usage: float = 0.0
+    """GPUs of ``fair_share`` due to usage history (negative: taken away because the project
+    used more than its weight's share); 0 without time-based fair share."""
+    usage: float = 0.0
+    """Its decayed GPU-seconds (``tessera.core.usage``); 0 without time-based fair share."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,39 @@
+"""Fair shares for the cycle, with usage history when ``CycleConfig.usage`` asks for it
+(time-based fair share, ``tessera.core.usage``): the decayed GPU-seconds of each leaf project
+from ``Snapshot.usage`` plus its running workloads (from ``started_at`` to now), each project
+with its own (inherited) window and half-life. The share computed without history is kept
+too, so each project's status says how much of its fair share usage history gave or took."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tessera.core.fairshare import FairShares, Vector, compute_fair_shares
+from tessera.core.usage import UsageRecord, decayed_usage
+
+if TYPE_CHECKING:
+    from .session import Session
+    from .types import Snapshot
+
+
+def fair_shares(session: Session, snapshot: Snapshot, capacity: Vector, requested: dict[str, Vector]) -> FairShares:
+    tree, policy = session.tree, session.config.usage
+    plain = compute_fair_shares(tree, capacity, requested)
+    if policy is None:
+        return plain
+    policy.validate("config.usage")
+    leaves = [name for name in tree.order if tree.is_leaf(name)]
+    settings = {name: tree.usage_settings(name, policy.window, policy.half_life) for name in leaves}
+    records = list(snapshot.usage)
+    for ws in session.workloads.values():
+        started = ws.spec.started_at
+        if ws.was_running and started is not None:
+            records.append(UsageRecord(ws.project, started, snapshot.now, ws.vector()[0]))
+    usage = decayed_usage(records, snapshot.now, settings)
+    shares = compute_fair_shares(tree, capacity, requested, usage, policy.k)
+    quota = session.quota
+    for leaf, amount in usage.items():
+        for name in tree.chain(leaf):
+            quota.usage[name] = quota.usage.get(name, 0.0) + amount
+    quota.from_usage = {name: shares.gpu(name) - plain.gpu(name) for name in tree.order}
+    return shares
