@@ -28,6 +28,7 @@ from .history import fair_shares
 from .mig_state import LiveRoom, MigState
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
+from .usable import unusable_gpus
 from .validation import validate_workload, validate_workloads
 from .workload_state import FIT, PodPlacements, Wait, WorkloadState, pod_id
 
@@ -128,6 +129,10 @@ class Session:
             why = self._never_fits(ws)
             if why is not None:
                 self.waits[ws.id] = Wait("unschedulable", why)
+        # Fair share divides only capacity some pending request could use (cycle/usable.py).
+        self.unusable = unusable_gpus(self.state, (
+            ws.spec.pods[i].gpu for ws in self.pending if ws.id not in self.waits for i in ws.unplaced()))
+        capacity = (capacity[0] - self.unusable, capacity[1], capacity[2])
         requested: dict[str, Vector] = {p: (v[0], v[1], v[2]) for p, v in self.quota.alloc.items()}
         for ws in self.pending:
             if ws.id in self.waits:

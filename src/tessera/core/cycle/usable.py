@@ -1,0 +1,50 @@
+"""Fair share over usable capacity: free GPU memory that no pending request could use does not
+count as capacity to divide.
+
+A fragment is the free part of a GPU (memory minus what its tenants hold). It is *usable* if at
+least one pending pod's GPU request could take it as it is: a whole-GPU request needs the GPU
+empty (and not held whole); a portion or memory request needs its bytes on that GPU to be free;
+the GPU's model must be one the request allows. A fragment no pending request can use is idle
+for everyone this cycle, so dividing it would give projects fair shares (and reclaim rights)
+they cannot turn into running work. Fair share divides ``total GPUs - unusable fragments``
+(in GPUs: free bytes ÷ the GPU's memory). With nothing pending, nothing is subtracted.
+
+Devices are grouped by (memory, model, bytes used, shared, held whole), so the cost is the
+number of such groups × the distinct pending requests, not the number of GPUs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from tessera.core.model import GpuKind, GpuRequest
+from tessera.core.state import ClusterState
+
+
+def unusable_gpus(state: ClusterState, pending: Iterable[GpuRequest]) -> float:
+    """GPUs' worth of free memory that none of ``pending`` could take (0 if none pending)."""
+    requests = {r for r in pending if r.kind is not GpuKind.NONE}
+    if not requests:
+        return 0.0
+    groups: Counter[tuple[int, str, int, bool, bool]] = Counter()
+    for ns in state.nodes:
+        for memory, model, used, tenants, whole in zip(
+            ns.dev_memory, ns.dev_models, ns.dev_used, ns.dev_tenants, ns.dev_whole, strict=True
+        ):
+            if not whole and used < memory:
+                groups[(memory, model, used, tenants > 0, whole)] += 1
+    lost = 0.0
+    for (memory, model, used, shared, _), count in groups.items():
+        free = memory - used
+        if not any(_can_use(r, memory, model, free, shared) for r in requests):
+            lost += count * free / memory
+    return lost
+
+
+def _can_use(r: GpuRequest, memory: int, model: str, free: int, shared: bool) -> bool:
+    if not r.allows(model):
+        return False
+    if r.kind is GpuKind.WHOLE:
+        return not shared
+    return r.bytes_on(memory) <= free
