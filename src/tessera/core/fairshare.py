@@ -137,10 +137,13 @@ def compute_fair_shares(
     leaf_requested: Mapping[str, Vector],
     leaf_usage: Mapping[str, float] | None = None,
     k: float = 0.0,
+    unusable: float = 0.0,
 ) -> FairShares:
     """Fair shares for every project. ``leaf_requested`` is running + pending per leaf project;
     ``leaf_usage`` decayed GPU-seconds per leaf project (time-based fair share, GPU only),
-    weighted by ``k``."""
+    weighted by ``k``. ``unusable``: GPUs of free fragments no pending request can use
+    (``tessera.core.cycle.usable``), taken out of the GPU capacity divided above deserved quota
+    only: what the top-level projects are owed as deserved quota is still divided in full."""
     usage: dict[str, float] = {}
     if leaf_usage and k > 0:
         for leaf, amount in leaf_usage.items():
@@ -186,6 +189,9 @@ def compute_fair_shares(
                     )
                 )
             history = usage if resource is Resource.GPU else None
+            if parent is None and resource is Resource.GPU and unusable > 0:
+                owed = sum(min(c.deserved, max(0.0, min(c.requested, c.limit))) for c in claims)
+                amount = max(amount - unusable, min(amount, owed))
             for kid, value in divide(amount, claims, history, k).items():
                 share[kid][resource] = value
                 frontier.append((kid, value))

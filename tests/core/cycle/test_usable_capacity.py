@@ -16,7 +16,7 @@ def _cluster() -> tuple[list, list, list]:
     """8 GPUs: a runs 5 whole GPUs and half of each of the other 3 (those three started just
     now: the minimum runtimes keep them where they are)."""
     ns = nodes(1, 8)
-    projects = [project("d", 8), project("a", 0, parent="d"), project("b", 0, parent="d")]
+    projects = [project("a", 0), project("b", 0)]  # no deserved quota: all of it is over-quota
     running = [workload(ns, f"a{i}", "a", 1, on=[f"n1:{i}"]) for i in range(5)]
     running += [workload(ns, f"a-half{i}", "a", "0.5", on=[f"n1:{i}"], started=990.0) for i in (5, 6, 7)]
     return ns, projects, running
@@ -36,7 +36,7 @@ def test_fragments_no_pending_request_fits_do_not_inflate_fair_share(
     assert len(bound(plan)) == 3 and len(evicted(plan)) == 3
     assert plan.projects["a"].allocated_after[0] == pytest.approx(3.5)
     # Counting the fragments as capacity (as before) changes the outcome.
-    monkeypatch.setattr(session_module, "unusable_gpus", lambda state, pending: 0.0)
+    monkeypatch.setattr(session_module, "unusable_gpus", lambda state, pending, movable: 0.0)
     plain = cycle(ns, projects, running + pending, reclaim_min_runtime=60.0, preempt_min_runtime=60.0)
     assert plain.projects["b"].fair_share[0] == pytest.approx(4)
     assert len(bound(plain)) == 2 and len(evicted(plain)) == 2

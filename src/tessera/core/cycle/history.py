@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from .types import Snapshot
 
 
-def fair_shares(session: Session, snapshot: Snapshot, capacity: Vector, requested: dict[str, Vector]) -> FairShares:
+def fair_shares(session: Session, snapshot: Snapshot, capacity: Vector, requested: dict[str, Vector],
+                unusable: float = 0.0) -> FairShares:
     tree, policy = session.tree, session.config.usage
-    plain = compute_fair_shares(tree, capacity, requested)
+    plain = compute_fair_shares(tree, capacity, requested, unusable=unusable)
     if policy is None:
         return plain
     policy.validate("config.usage")
@@ -30,7 +31,7 @@ def fair_shares(session: Session, snapshot: Snapshot, capacity: Vector, requeste
         if ws.was_running and started is not None:
             records.append(UsageRecord(ws.project, started, snapshot.now, ws.vector()[0]))
     usage = decayed_usage(records, snapshot.now, settings)
-    shares = compute_fair_shares(tree, capacity, requested, usage, policy.k)
+    shares = compute_fair_shares(tree, capacity, requested, usage, policy.k, unusable)
     quota = session.quota
     for leaf, amount in usage.items():
         for name in tree.chain(leaf):

@@ -131,8 +131,8 @@ class Session:
                 self.waits[ws.id] = Wait("unschedulable", why)
         # Fair share divides only capacity some pending request could use (cycle/usable.py).
         self.unusable = unusable_gpus(self.state, (
-            ws.spec.pods[i].gpu for ws in self.pending if ws.id not in self.waits for i in ws.unplaced()))
-        capacity = (capacity[0] - self.unusable, capacity[1], capacity[2])
+            ws.spec.pods[i].gpu for ws in self.pending if ws.id not in self.waits for i in ws.unplaced()),
+            self._movable_gpus if "consolidate" in config.actions else None)
         requested: dict[str, Vector] = {p: (v[0], v[1], v[2]) for p, v in self.quota.alloc.items()}
         for ws in self.pending:
             if ws.id in self.waits:
@@ -141,9 +141,18 @@ class Session:
                 d = self.quota.demand(ws.spec.pods[i])
                 r = requested[ws.project]
                 requested[ws.project] = (r[0] + d[0], r[1] + d[1], r[2] + d[2])
-        self.quota.share_out(fair_shares(self, snapshot, capacity, requested))
+        self.quota.share_out(fair_shares(self, snapshot, capacity, requested, self.unusable))
 
-    # -- quota ----------------------------------------------------------------------------------
+    def _movable_gpus(self) -> set[tuple[int, int]]:
+        """(node index, GPU index) of GPUs with a tenant consolidation may move."""
+        found: set[tuple[int, int]] = set()
+        for ws in self.workloads.values():
+            if ws.spec.movable and all(r.gpu.shared for r in ws.spec.pods) and self.evictable(ws, "preempt"):
+                for p in ws.placements:
+                    if p is not None:
+                        index = self.state.by_name[p.node].index
+                        found.update((index, d) for d in p.devices)
+        return found
 
     # -- changes (inside a Statement) -----------------------------------------------------------
 

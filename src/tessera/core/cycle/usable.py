@@ -7,7 +7,13 @@ empty (and not held whole); a portion or memory request needs its bytes on that 
 the GPU's model must be one the request allows. A fragment no pending request can use is idle
 for everyone this cycle, so dividing it would give projects fair shares (and reclaim rights)
 they cannot turn into running work. Fair share divides ``total GPUs - unusable fragments``
-(in GPUs: free bytes ÷ the GPU's memory). With nothing pending, nothing is subtracted.
+(in GPUs: free bytes ÷ the GPU's memory), but never less than the deserved quota the top-level
+projects ask for (deserved quota stays a guarantee; fragments come out of the over-quota part).
+With nothing pending, nothing is subtracted.
+
+A fragment on a GPU with a tenant that consolidation may move (a movable, preemptible,
+fractional workload past its minimum runtime, when the cycle runs ``consolidate``) is counted
+as usable: moving that tenant can join fragments into room a pending pod fits.
 
 Devices are grouped by (memory, model, bytes used, shared, held whole), so the cost is the
 number of such groups × the distinct pending requests, not the number of GPUs.
@@ -16,26 +22,39 @@ number of such groups × the distinct pending requests, not the number of GPUs.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.state import ClusterState
 
 
-def unusable_gpus(state: ClusterState, pending: Iterable[GpuRequest]) -> float:
-    """GPUs' worth of free memory that none of ``pending`` could take (0 if none pending)."""
+def unusable_gpus(
+    state: ClusterState,
+    pending: Iterable[GpuRequest],
+    movable: Callable[[], set[tuple[int, int]]] | None = None,
+) -> float:
+    """GPUs' worth of free memory that none of ``pending`` could take (0 if none pending).
+    ``movable()``: (node index, GPU index) of the GPUs with a tenant consolidation may move,
+    asked only if some fragment is unusable otherwise."""
     requests = {r for r in pending if r.kind is not GpuKind.NONE}
     if not requests:
         return 0.0
-    groups: Counter[tuple[int, str, int, bool, bool]] = Counter()
+    lost = _lost(state, requests, set())
+    if lost > 0 and movable is not None:
+        lost = _lost(state, requests, movable())
+    return lost
+
+
+def _lost(state: ClusterState, requests: set[GpuRequest], skip: set[tuple[int, int]]) -> float:
+    groups: Counter[tuple[int, str, int, bool]] = Counter()
     for ns in state.nodes:
-        for memory, model, used, tenants, whole in zip(
+        for i, (memory, model, used, tenants, whole) in enumerate(zip(
             ns.dev_memory, ns.dev_models, ns.dev_used, ns.dev_tenants, ns.dev_whole, strict=True
-        ):
-            if not whole and used < memory:
-                groups[(memory, model, used, tenants > 0, whole)] += 1
+        )):
+            if not whole and used < memory and (not skip or (ns.index, i) not in skip):
+                groups[(memory, model, used, tenants > 0)] += 1
     lost = 0.0
-    for (memory, model, used, shared, _), count in groups.items():
+    for (memory, model, used, shared), count in groups.items():
         free = memory - used
         if not any(_can_use(r, memory, model, free, shared) for r in requests):
             lost += count * free / memory
