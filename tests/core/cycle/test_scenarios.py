@@ -304,9 +304,11 @@ def test_reclaim_picks_the_node_that_frees_least() -> None:
             workload(ns, "a1", "team-a", 0.25),
         ],
     )
-    # Newest first would pick b3 (0.5 GPU) on n1; c2 on n2 frees the 0.25 needed for less.
-    assert bound(plan) == {"a1": ["n2:0"]}
-    assert evicted(plan) == {"c2"} and plan.evictions[0].gpus == pytest.approx(0.25)
+    # Newest first would pick b3 (0.5 GPU) on n1. One 0.25 workload is the least to free: on n1
+    # the node search takes the fewest victims (then GPUs) of those it may take, the newest of
+    # equals (b2); it ties with c2 on n2, and the first node in the victims' order wins.
+    assert bound(plan) == {"a1": ["n1:0"]}
+    assert evicted(plan) == {"b2"} and plan.evictions[0].gpus == pytest.approx(0.25)
 
 
 # -- preempt ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ fit where they were, so the victims kept are only the ones that made room.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from itertools import combinations
 
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
@@ -129,7 +130,7 @@ def cheapest_node(
     dead (``dead(v)`` is ``v``'s GPUs > that), asked once per project and call.
     """
     budget = session.config.max_victim_nodes
-    best: tuple[float, int, list[tuple[WorkloadState, int]]] | None = None
+    best: tuple[float, int, list[tuple[WorkloadState, int]], int] | None = None
     examined = 0
     scanned = 0
     feasible = 0
@@ -216,8 +217,20 @@ def cheapest_node(
                 cost += v.vector()[0]
             if _fits_after(ns, request, free, tenants, cpu, mem):
                 feasible += 1
-                if best is None or cost < best[0] - EPS:
-                    best = (cost, order, chosen)
+                if not pod_level:
+                    # Every other victim here this search may also take: the fewest of them
+                    # that make room, not the first ones in preference order.
+                    pool = list(chosen)
+                    for w in group:
+                        if w.evicted or any(w is x for x, _ in pool) or not allow(w, tentative):
+                            continue
+                        take(tentative, w)
+                        pool.extend((w, i) for i, q in enumerate(w.placements)
+                                    if q is not None and q.node == node)
+                    chosen, cost = _fewest(ns, request, pool)
+                count = len(chosen) if pod_level else len({id(w) for w, _ in chosen})
+                if best is None or count < best[3] or (count == best[3] and cost < best[0] - EPS):
+                    best = (cost, order, chosen, count)
                 break
         else:
             if not live and not others:
@@ -232,7 +245,7 @@ def cheapest_node(
                             mem += p.memory
                 if not _fits_after(ns, request, free, tenants, cpu, mem):
                     index.mark_no_room(session, request, node)
-        if examined >= budget or feasible >= 4 or (best is not None and best[0] <= floor):
+        if examined >= budget or feasible >= 4 or (best is not None and best[3] <= 1 and best[0] <= floor):
             break
     for node in gone:
         index.prune(session, node)
@@ -241,6 +254,53 @@ def cheapest_node(
     if pod_level:
         return best[2]
     return list(dict.fromkeys(v for v, _ in best[2]))
+
+
+def _fewest(ns: NodeState, request: ResourceRequest,
+            pool: list[tuple[WorkloadState, int]]) -> tuple[list[tuple[WorkloadState, int]], float]:
+    """Of ``pool`` (victims' pods on ``ns``, together allowed, together making room), the
+    fewest workloads that make room, then the fewest GPUs: every single one, then (up to 16
+    victims) every pair, tried exhaustively; otherwise the largest first, then each left out
+    again if the request still fits without it. Any subset of an allowed set is allowed."""
+    victims = list(dict.fromkeys(v for v, _ in pool))
+
+    def pods(chosen: Sequence[WorkloadState]) -> list[tuple[WorkloadState, int]]:
+        return [(w, i) for w, i in pool if any(w is c for c in chosen)]
+
+    def fits(chosen: Sequence[WorkloadState]) -> bool:
+        free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+        tenants = list(ns.dev_tenants)
+        cpu, mem = ns.free_cpu, ns.free_mem
+        for w, i in pods(chosen):
+            p = w.placements[i]
+            assert p is not None
+            _free_on(p, free, tenants)
+            cpu += p.cpu_milli
+            mem += p.memory
+        return _fits_after(ns, request, free, tenants, cpu, mem)
+
+    def gpus(chosen: Sequence[WorkloadState]) -> float:
+        return sum(w.vector()[0] for w in chosen)
+
+    for size in (1, 2):
+        if size == 2 and len(victims) > 16:
+            break
+        found: tuple[WorkloadState, ...] | None = None
+        for combo in combinations(victims, size):
+            if (found is None or gpus(combo) < gpus(found) - EPS) and fits(combo):
+                found = combo
+        if found is not None:
+            return pods(found), gpus(found)
+    chosen: list[WorkloadState] = []
+    for w in sorted(victims, key=lambda v: -v.vector()[0]):
+        chosen.append(w)
+        if fits(chosen):
+            break
+    for w in sorted(chosen, key=lambda v: -v.vector()[0]):
+        trial = [x for x in chosen if x is not w]
+        if trial and fits(trial):
+            chosen = trial
+    return pods(chosen), gpus(chosen)
 
 
 def _at_least(big: ResourceRequest, small: ResourceRequest) -> bool:
