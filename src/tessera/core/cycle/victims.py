@@ -114,6 +114,7 @@ def cheapest_node(
     constraint: NodeConstraint | None = None,
     blocked: Callable[[str], bool] | None = None,
     dead_above: Callable[[str], float] | None = None,
+    budget: float = float("inf"),
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
@@ -128,9 +129,13 @@ def cheapest_node(
     on those victims (the same answer, without asking per victim). Likewise
     ``dead_above(project)``, with ``dead``: the GPUs above which a victim of that project is
     dead (``dead(v)`` is ``v``'s GPUs > that), asked once per project and call.
+
+    ``budget``: GPUs the caller may still evict (reclaim: what the reclaimer is owed). Nodes
+    and victim sets within it come before those above it; among equals, fewer workloads, then
+    fewer GPUs.
     """
-    budget = session.config.max_victim_nodes
-    best: tuple[float, int, list[tuple[WorkloadState, int]], int] | None = None
+    nodes_budget = session.config.max_victim_nodes
+    best: tuple[float, int, list[tuple[WorkloadState, int]], tuple[bool, int]] | None = None
     examined = 0
     scanned = 0
     feasible = 0
@@ -168,7 +173,7 @@ def cheapest_node(
         if node in pruned or any(node in nodes for nodes in skip):
             continue
         scanned += 1
-        if scanned > 4 * budget:
+        if scanned > 4 * nodes_budget:
             break
         ns = nodes[node]
         if constraint is not None and not session.node_allowed(constraint, ns):
@@ -218,19 +223,25 @@ def cheapest_node(
             if _fits_after(ns, request, free, tenants, cpu, mem):
                 feasible += 1
                 if not pod_level:
-                    # Every other victim here this search may also take: the fewest of them
-                    # that make room, not the first ones in preference order.
+                    # The other victims here of the projects already taken from, if this
+                    # search may take them too: the fewest of them that make room (within the
+                    # budget if possible), not the first ones in preference order. (Other
+                    # projects stay out: the preference order between projects keeps the
+                    # reclaimer's department within its share.)
                     pool = list(chosen)
+                    mine = {x.project for x, _ in chosen}
                     for w in group:
-                        if w.evicted or any(w is x for x, _ in pool) or not allow(w, tentative):
+                        if w.evicted or w.project not in mine or any(w is x for x, _ in pool) \
+                                or not allow(w, tentative):
                             continue
                         take(tentative, w)
                         pool.extend((w, i) for i, q in enumerate(w.placements)
                                     if q is not None and q.node == node)
-                    chosen, cost = _fewest(ns, request, pool)
+                    chosen, cost = _fewest(ns, request, pool, budget)
                 count = len(chosen) if pod_level else len({id(w) for w, _ in chosen})
-                if best is None or count < best[3] or (count == best[3] and cost < best[0] - EPS):
-                    best = (cost, order, chosen, count)
+                rank = (cost > budget + EPS, count)
+                if best is None or rank < best[3] or (rank == best[3] and cost < best[0] - EPS):
+                    best = (cost, order, chosen, rank)
                 break
         else:
             if not live and not others:
@@ -245,7 +256,8 @@ def cheapest_node(
                             mem += p.memory
                 if not _fits_after(ns, request, free, tenants, cpu, mem):
                     index.mark_no_room(session, request, node)
-        if examined >= budget or feasible >= 4 or (best is not None and best[3] <= 1 and best[0] <= floor):
+        if examined >= nodes_budget or feasible >= 4 or (
+                best is not None and best[3] <= (False, 1) and best[0] <= floor):
             break
     for node in gone:
         index.prune(session, node)
@@ -256,12 +268,14 @@ def cheapest_node(
     return list(dict.fromkeys(v for v, _ in best[2]))
 
 
-def _fewest(ns: NodeState, request: ResourceRequest,
-            pool: list[tuple[WorkloadState, int]]) -> tuple[list[tuple[WorkloadState, int]], float]:
+def _fewest(ns: NodeState, request: ResourceRequest, pool: list[tuple[WorkloadState, int]],
+            budget: float) -> tuple[list[tuple[WorkloadState, int]], float]:
     """Of ``pool`` (victims' pods on ``ns``, together allowed, together making room), the
-    fewest workloads that make room, then the fewest GPUs: every single one, then (up to 16
-    victims) every pair, tried exhaustively; otherwise the largest first, then each left out
-    again if the request still fits without it. Any subset of an allowed set is allowed."""
+    fewest workloads that make room freeing at most ``budget`` GPUs, then the fewest GPUs:
+    every single one, every pair (up to 16 victims), every triple (up to 10), tried
+    exhaustively; otherwise the largest first, or the smallest first, each then pruned (a
+    victim left out again if the request still fits without it). With no set within the
+    budget, the fewest workloads. Any subset of an allowed set is allowed."""
     victims = list(dict.fromkeys(v for v, _ in pool))
 
     def pods(chosen: Sequence[WorkloadState]) -> list[tuple[WorkloadState, int]]:
@@ -282,25 +296,35 @@ def _fewest(ns: NodeState, request: ResourceRequest,
     def gpus(chosen: Sequence[WorkloadState]) -> float:
         return sum(w.vector()[0] for w in chosen)
 
-    for size in (1, 2):
-        if size == 2 and len(victims) > 16:
+    fallback: Sequence[WorkloadState] | None = None
+    for size, most in ((1, len(victims)), (2, 16), (3, 10)):
+        if len(victims) > most or size > len(victims):
             break
         found: tuple[WorkloadState, ...] | None = None
         for combo in combinations(victims, size):
             if (found is None or gpus(combo) < gpus(found) - EPS) and fits(combo):
                 found = combo
         if found is not None:
-            return pods(found), gpus(found)
-    chosen: list[WorkloadState] = []
-    for w in sorted(victims, key=lambda v: -v.vector()[0]):
-        chosen.append(w)
-        if fits(chosen):
-            break
-    for w in sorted(chosen, key=lambda v: -v.vector()[0]):
-        trial = [x for x in chosen if x is not w]
-        if trial and fits(trial):
-            chosen = trial
-    return pods(chosen), gpus(chosen)
+            if gpus(found) <= budget + EPS:
+                return pods(found), gpus(found)
+            fallback = fallback or found
+    for largest in (True, False):
+        chosen: list[WorkloadState] = []
+        for w in sorted(victims, key=lambda v: -v.vector()[0] if largest else v.vector()[0]):
+            chosen.append(w)
+            if fits(chosen):
+                break
+        for w in sorted(chosen, key=lambda v: -v.vector()[0]):
+            trial = [x for x in chosen if x is not w]
+            if trial and fits(trial):
+                chosen = trial
+        if gpus(chosen) <= budget + EPS and (fallback is None or gpus(fallback) > budget + EPS
+                                             or len(chosen) <= len(fallback)):
+            return pods(chosen), gpus(chosen)
+        if fallback is None or len(chosen) < len(fallback):
+            fallback = chosen
+    assert fallback is not None
+    return pods(fallback), gpus(fallback)
 
 
 def _at_least(big: ResourceRequest, small: ResourceRequest) -> bool:
@@ -339,6 +363,7 @@ def evict_until_fits(
     dead: Callable[[WorkloadState], bool] | None = None,
     blocked: Callable[[str], bool] | None = None,
     dead_above: Callable[[str], float] | None = None,
+    budget: Callable[[], float] | None = None,
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 
@@ -353,7 +378,8 @@ def evict_until_fits(
             return None
         chosen = cheapest_node(session, fail, index, allow, dead=dead,
                                constraint=session.constraint_for(ws, fail), blocked=blocked,
-                               dead_above=dead_above)
+                               dead_above=dead_above,
+                               budget=float("inf") if budget is None else budget())
         if not chosen:
             return None
         for v in chosen:

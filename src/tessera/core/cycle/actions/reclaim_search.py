@@ -62,6 +62,7 @@ class ReclaimSearch:
         self._blocked: dict[str, bool] = {}
         """GPU-only: projects none of whose GPU victims this reclaimer may take (until an eviction)."""
         self._drained: dict[str, bool] = {}
+        self._evicted = 0.0
         """GPU-only: projects with no GPU left to give anyone."""
 
     # -- the search, top-down --------------------------------------------------------------------
@@ -75,7 +76,8 @@ class ReclaimSearch:
         result = evict_until_fits(session, ws, self.index, self.allow, self.evict,
                                   self.within_caps, max_rounds=4 * ws.required() + 4,
                                   dead=self.dead, blocked=self.blocked,
-                                  dead_above=self.dead_above if self.gpu_only else None)
+                                  dead_above=self.dead_above if self.gpu_only else None,
+                                  budget=self.owed)
         if result is None:
             stmt.discard()
             self._explain_no_victims()
@@ -179,6 +181,14 @@ class ReclaimSearch:
                     return False
         return True
 
+    def owed(self) -> float:
+        """GPUs this search may still evict: the larger of what the workload asks and what its
+        project is short of its fair share, less what it evicted already (the rule checked in
+        the end, ``_takes_more_than_owed``; here it ranks the victim sets)."""
+        quota = self.session.quota
+        short = quota.shares.gpu(self.ws.project) - quota.alloc[self.ws.project][0]
+        return max(self.demand[0], short) - self._evicted
+
     def blocked(self, project: str) -> bool:
         """GPU-only: ``allow`` refuses every GPU-holding victim of ``project`` whatever was
         taken before (the same test as its first step)."""
@@ -251,6 +261,7 @@ class ReclaimSearch:
         """Evict ``v`` (undone with the statement), saying what its project keeps."""
         session, ws = self.session, self.ws
         self.index.unprune(v)
+        self._evicted += v.vector()[0]
         self._slack.clear()
         self._blocked.clear()
         self._drained.clear()
