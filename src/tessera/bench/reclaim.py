@@ -8,7 +8,7 @@ in the cluster as it was just before (``fewest_victims``). ``ideal`` ignores the
 d-th smallest per-GPU count (a lower bound on their union), so it is never above the true
 optimum and ``evicted_over_ideal`` (Σ evicted ÷ Σ ideal) never flatters reclaim.
 
-    python -m tessera.bench.reclaim [--sizes 1000,5000] [--seed 7]
+    python -m tessera.bench.reclaim [--sizes 1000,5000] [--seed 7] [--projects 50]
 
 The last line printed is one JSON object; ``evicted_over_ideal`` is the worse of the sizes.
 """
@@ -142,12 +142,12 @@ def measure(snap: Snapshot, plan: Plan) -> dict[str, float]:
     }
 
 
-def run(sizes: Iterable[int], seed: int) -> dict[str, object]:
+def run(sizes: Iterable[int], seed: int, projects: int = 50) -> dict[str, object]:
     out: dict[str, object] = {}
     worst = 0.0
     for n in sizes:
         t0 = time.perf_counter()
-        snap = build(n, 8, 50, n * 10, n * 2, seed, 0.2)
+        snap = build(n, 8, projects, n * 10, n * 2, seed, 0.2)
         config = CycleConfig(actions=("allocate", "reclaim"), reclaim_min_runtime=MIN_RUNTIME,
                              preempt_min_runtime=MIN_RUNTIME)
         plan = run_cycle(snap, config)
@@ -164,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,5000", help="node counts, comma-separated")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--projects", type=int, default=50)
     args = parser.parse_args(argv)
-    print(json.dumps({"benchmark": "reclaim", **run([int(s) for s in args.sizes.split(",") if s], args.seed)}))
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    print(json.dumps({"benchmark": "reclaim", **run(sizes, args.seed, args.projects)}))
     return 0
 
 
