@@ -238,8 +238,9 @@ def cheapest_node(
                         pool.extend((w, i) for i, q in enumerate(w.placements)
                                     if q is not None and q.node == node)
                     chosen, cost = _fewest(ns, request, pool, budget)
-                count = len(chosen) if pod_level else len({id(w) for w, _ in chosen})
-                rank = (cost > budget + EPS, count)
+                # Moves (pod_level) rank by GPUs moved alone, as before; evictions by
+                # (beyond the budget, workloads), then GPUs.
+                rank = (False, 0) if pod_level else (cost > budget + EPS, len({id(w) for w, _ in chosen}))
                 if best is None or rank < best[3] or (rank == best[3] and cost < best[0] - EPS):
                     best = (cost, order, chosen, rank)
                 break
