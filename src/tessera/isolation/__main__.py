@@ -37,13 +37,26 @@ def _device_limit(text: str) -> tuple[int | str, str]:
     return int(key), quantity.strip()
 
 
+def _nvml_uuids() -> list[str]:
+    """Every GPU's UUID in NVML's index order. pynvml directly: the launcher sits below the node
+    agent in the layers, so it does not borrow tessera.node's NVML session."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        out = []
+        for i in range(count):
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            out.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def _visible_uuids(environ: dict[str, str] | os._Environ[str]) -> list[str]:
     """UUIDs of the GPUs CUDA numbers 0, 1, ... here (NVML's order under CUDA_VISIBLE_DEVICES)."""
-    from tessera.node.nvml import Nvml
-
-    with Nvml() as nvml:
-        gpus = nvml.inventory().gpus
-    uuids = [g.uuid for g in sorted(gpus, key=lambda g: g.index)]
+    uuids = _nvml_uuids()
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return uuids
