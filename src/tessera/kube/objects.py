@@ -97,26 +97,18 @@ class PodInfo:
     """What it states about its node beyond GPU/CPU/memory (None: nothing)."""
     sched_error: str | None = None
     topology: TopologyRequest | None = None
+    """tessera.io/topology-required|preferred (or KAI's spelling) on the pod."""
     owner: str | None = None
     """Kind of its controller (ownerReferences with controller: true), e.g. ReplicaSet."""
     claim_names: tuple[str, ...] = ()
     """ResourceClaims it names (spec.resourceClaims[].resourceClaimName; docs/dra.md)."""
-    base_request: ResourceRequest | None = None
-    """Its request before its claims were read (the scheduler replaces ``request`` with the
-    one its claims make, tessera.kube.claims)."""
-    base_sched: SchedulingSpec | None = None
-    """``sched`` as the pod states it (a pod joining a shared claim is held to its node)."""
-    base_placement: Placement | None = None
-    """``placement`` as recorded (of the pods sharing a claim, the first live one in its
-    ``reservedFor`` is charged its GPUs, the others nothing)."""
-    """tessera.io/topology-required|preferred (or KAI's spelling) on the pod."""
     mig_profile: str | None = None
     """The MIG profile it asks for (``tessera.io/gpu-mig-profile``, canonical)."""
     mig_hold: MigHold | None = None
     """The partition it was given at bind (``tessera.io/mig-partition``)."""
     mig_claim: bool = False
-    """``mig_profile`` is its ResourceClaim's (class mig.tessera.io; the scheduler sets it each
-    cycle), not its annotation's: its partition is the claim's allocation."""
+    """``mig_profile`` is its ResourceClaim's (class mig.tessera.io; the claims hook derives it
+    each cycle, tessera.kube.hooks.claims), not its annotation's: its partition is the claim's allocation."""
     mig_served: bool = False
     """A share served by a MIG partition (docs/mig.md): pending, ``mig_profile`` is the profile
     the scheduler serves it with this cycle; bound, its ``tessera.io/mig-partition`` names it
@@ -321,7 +313,6 @@ def pod_info(pod: Any) -> PodInfo:
                           "(kube-controller-manager's resourceclaim controller makes it and "
                           "records it in status.resourceClaimStatuses)")
             info.request = None
-    info.base_request = info.request
     try:
         info.sched = _sched(info.namespace, labels, spec)
         info.topology = topology_request(annotations)
@@ -341,7 +332,6 @@ def pod_info(pod: Any) -> PodInfo:
                                    memory=info.request.memory)
     elif info.node:
         info.placement_error = f"bound to {info.node} without {names.PLACEMENT}"
-    info.base_sched, info.base_placement = info.sched, info.placement
     return info
 
 
