@@ -34,7 +34,7 @@ from lightkube import AsyncClient
 
 from tessera.core.cycle import Plan, run_cycle
 from tessera.core.errors import InvalidRequest
-from tessera.kube import metrics
+from tessera.kube import metrics, scheduler_main
 from tessera.kube.apply import PlanApplier
 from tessera.kube.bind import bind_steps
 from tessera.kube.bind.binder import Binder
@@ -182,10 +182,8 @@ class KubeScheduler:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The process (tessera.kube.scheduler_main), kept here for ``-m`` and the console script."""
-    from tessera.kube.scheduler_main import main as process_main
-
-    return process_main(argv)
+    """The process (flags, leader election: tessera.kube.scheduler_main) running this loop."""
+    return scheduler_main.main(KubeScheduler, argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import os
 import signal
 import socket
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from lightkube import AsyncClient, KubeConfig
 
@@ -24,12 +25,20 @@ from tessera.kube.leader import LeaderElector, LostLeadership
 from tessera.kube.namespace import ensure_namespace
 from tessera.kube.parts import Options
 from tessera.kube.rawapi import RawApi
-from tessera.kube.scheduler import KubeScheduler
 
 log = logging.getLogger("tessera.kube")
 
 
-async def _main(args: argparse.Namespace) -> int:
+class Loop(Protocol):
+    async def run(self) -> None: ...
+
+
+MakeLoop = Callable[[AsyncClient, Options, RawApi | None], Loop]
+"""Builds the loop (``tessera.kube.scheduler.KubeScheduler``, which passes itself: this module
+does not import it, so the loop imports the process, not both ways)."""
+
+
+async def _main(args: argparse.Namespace, make: MakeLoop) -> int:
     config = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else None
     client = AsyncClient(config, field_manager=names.COMPONENT, timeout=None, http2=args.http2)
     opts = options_from_args(args)
@@ -41,7 +50,7 @@ async def _main(args: argparse.Namespace) -> int:
     health = start_health_server(args.health_address, args.health_port) \
         if args.health_port else None
     try:
-        return await _run(args, client, config, opts, identity, stop)
+        return await _run(args, client, config, opts, identity, stop, make)
     finally:
         if health is not None:
             health.cancel()
@@ -50,7 +59,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, client: AsyncClient, config: Any, opts: Options,
-               identity: str, stop: asyncio.Event) -> int:
+               identity: str, stop: asyncio.Event, make: MakeLoop) -> int:
     elector = None
     if args.leader_elect:
         # Its own connection: renewals must not queue behind the scheduler's traffic.
@@ -68,7 +77,7 @@ async def _run(args: argparse.Namespace, client: AsyncClient, config: Any, opts:
             return 0
         print(f"leader: {identity}", flush=True)
     raw = RawApi(client.config, connections=min(opts.concurrency, 32)) if args.raw_http else None
-    sched = KubeScheduler(client, opts, raw)
+    sched = make(client, opts, raw)
     runner = asyncio.create_task(sched.run())
     waits: set[asyncio.Task[Any]] = {runner, asyncio.create_task(stop.wait())}
     keeper = asyncio.create_task(elector.keep()) if elector else None
@@ -140,10 +149,10 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(make: MakeLoop, argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    return asyncio.run(_main(args))
+    return asyncio.run(_main(args, make))

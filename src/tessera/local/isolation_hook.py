@@ -62,7 +62,8 @@ class Library:
     ) -> dict[str, str]:
         from tessera.isolation import DeviceShare, process_environment, write_workload_files
         from tessera.isolation.config import LoansConfig
-        from tessera.node.reclaim import DEFAULT_WAIT_MS, prepare_directory
+        from tessera.node.ledger import DEFAULT_WAIT_MS
+        from tessera.node.reclaim import prepare_directory
 
         try:
             shares = [

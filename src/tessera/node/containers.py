@@ -38,7 +38,7 @@ from tessera.isolation.config import (
     LoansConfig,
     render_config,
 )
-from tessera.node.reclaim import DEFAULT_WAIT_MS
+from tessera.node.ledger import DEFAULT_WAIT_MS
 
 CONTAINER_REGION_DIR = "/run/tessera"
 CONTAINER_LOANS_DIR = "/run/tessera-loans"

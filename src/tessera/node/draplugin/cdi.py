@@ -46,7 +46,7 @@ from tessera.isolation.config import (
 from tessera.isolation.library import LIBRARY_NAME
 from tessera.node.containers import REGION_DIR_MODE, REGION_FILE_MODE
 from tessera.node.install import PRELOAD_NAME
-from tessera.node.reclaim import DEFAULT_WAIT_MS
+from tessera.node.ledger import DEFAULT_WAIT_MS
 from tessera.node.resourceslice import parse_mig_device
 
 DRIVER = "gpu.tessera.io"
