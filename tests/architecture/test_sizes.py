@@ -22,7 +22,7 @@ MAX_CLASS_ATTRIBUTES = 20
 FILES: dict[str, tuple[int, str]] = {
     "testing/cluster.py": (738, "harness: the test cluster's whole life cycle (etcd, API "
                            "server, kwok, the kubelet doubles); not split yet"),
-    "node/agent.py": (698, "the node agent's loop with seven sync steps inline; to become a "
+    "node/agent.py": (687, "the node agent's loop with seven sync steps inline; to become a "
                       "loop over sync-step files as the scheduler's bind steps did"),
     "local/control.py": (641, "embedded mode's loop and API surface, with MIG serving shares "
                          "decided after the cycle; to move onto the core's path"),

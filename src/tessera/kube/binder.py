@@ -27,6 +27,7 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import ConfigMap, Pod, PodBinding
 from lightkube.types import PatchType
 
+from tessera import wire
 from tessera.core.state import Placement
 from tessera.kube import names
 from tessera.kube.objects import PodInfo, ProjectResource, placement_to_json
@@ -155,17 +156,17 @@ class Writer:
         portions = [f"{r / m:.4f}".rstrip("0").rstrip(".") for r, m in
                     zip(placement.request_bytes, device_memory, strict=True)]
         return {
-            "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
+            wire.VISIBLE_DEVICES_KEY: ",".join(uuids),
             "TESSERA_GPU_UUIDS": ",".join(uuids),
             "TESSERA_GPU_DEVICE_INDICES": ",".join(str(d) for d in placement.devices),
-            "TESSERA_GPU_MEMORY_REQUEST": ",".join(str(b) for b in placement.request_bytes),
+            wire.MEMORY_REQUEST_KEY: ",".join(str(b) for b in placement.request_bytes),
             # One quantity for every visible device, the form the isolation library reads; on
             # devices of different sizes the smallest share caps all (never above any share).
-            "TESSERA_GPU_MEMORY_LIMIT": str(min(placement.limit_bytes)),
+            wire.MEMORY_LIMIT_KEY: str(min(placement.limit_bytes)),
             "TESSERA_GPU_MEMORY_LIMITS": ",".join(str(b) for b in placement.limit_bytes),
             "TESSERA_GPU_PORTION": ",".join(portions),
-            "TESSERA_ISOLATION": "on",
-            "TESSERA_NODE": placement.node,
+            wire.ISOLATION_KEY: "on",
+            wire.NODE_KEY: placement.node,
             # cGPU's ALIYUN_COM_GPU_MEM_DEV: whole GiB of each device (seed 002: 15 on a V100),
             # the smallest where they differ.
             "ALIYUN_COM_GPU_MEM_DEV": str(min(device_memory) // 2**30) if device_memory else "0",

@@ -41,6 +41,8 @@ from tessera.kube.predicates.spec import (
     taints_of,
 )
 from tessera.kube.predicates.topology import TopologyRequest, topology_request
+from tessera.wire import placement_from_json as placement_from_json
+from tessera.wire import placement_to_json as placement_to_json
 
 ProjectResource = create_global_resource(names.GROUP, names.VERSION, "Project", "projects")
 PodGroupResource = create_namespaced_resource(names.GROUP, names.VERSION, "PodGroup", "podgroups")
@@ -226,25 +228,6 @@ def _containers(items: Any) -> list[ContainerResources]:
             dict((res.limits if res else None) or {}),
         ))
     return out
-
-
-def placement_to_json(p: Placement) -> str:
-    return json.dumps({
-        "node": p.node, "devices": list(p.devices), "request": list(p.request_bytes),
-        "limit": list(p.limit_bytes), "exclusive": p.exclusive, "cpu": p.cpu_milli,
-        "memory": p.memory, **({"gpus": p.gpus} if p.gpus is not None else {}),
-    }, separators=(",", ":"))
-
-
-def placement_from_json(text: str) -> Placement:
-    d = json.loads(text)
-    return Placement(
-        node=str(d["node"]), devices=tuple(int(x) for x in d["devices"]),
-        request_bytes=tuple(int(x) for x in d["request"]),
-        limit_bytes=tuple(int(x) for x in d["limit"]), exclusive=bool(d["exclusive"]),
-        cpu_milli=int(d.get("cpu", 0)), memory=int(d.get("memory", 0)),
-        gpus=None if d.get("gpus") is None else float(d["gpus"]),
-    )
 
 
 def pod_info(pod: Any) -> PodInfo:

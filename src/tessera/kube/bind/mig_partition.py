@@ -8,6 +8,7 @@ the assumption (``InFlight.bind_failed``); the ConfigMap is the janitor's.
 
 from __future__ import annotations
 
+from tessera import wire
 from tessera.kube import names
 from tessera.kube.bind.base import BindContext, BindStep
 from tessera.kube.bind.served_share import served_request
@@ -31,6 +32,6 @@ class MigPartition(BindStep):
         if mig is None or mig.node != ctx.placement.node:
             raise RuntimeError("no MIG partition was chosen for it")
         ctx.partition = mig
-        ctx.configmap = {"TESSERA_MIG_PROFILE": mig.hold.profile,
-                         "TESSERA_MIG_GPU": mig.hold.gpu, "TESSERA_NODE": ctx.placement.node}
+        ctx.configmap = {wire.MIG_PROFILE_KEY: mig.hold.profile, wire.MIG_GPU_KEY: mig.hold.gpu,
+                         wire.NODE_KEY: ctx.placement.node}
         ctx.annotations[names.MIG_PARTITION] = mig.hold.to_json()

@@ -7,8 +7,7 @@ the same numbers from the ``tessera.io/mig-share`` annotation.
 
 from __future__ import annotations
 
-import json
-
+from tessera import wire
 from tessera.core.gpu_models import GPU_MODELS
 from tessera.core.mig import MEMORY_MIB
 from tessera.core.model import GpuRequest
@@ -17,6 +16,7 @@ from tessera.kube.bind.base import BindContext, BindStep
 from tessera.kube.hooks.mig import MigHook
 from tessera.kube.mig import MigHold
 from tessera.kube.parts import Parts
+from tessera.wire import MigShare
 
 
 def served_request(parts: Parts, mig: MigHook, ctx: BindContext) -> GpuRequest | None:
@@ -39,9 +39,9 @@ def served_data(parts: Parts, node: str, hold: MigHold, share: GpuRequest) -> di
     whole = (GPU_MODELS[model].memory_mib if model in GPU_MODELS
              else max(sizes.values(), default=0)) * 2**20
     limit = min(part, share.limit_bytes_on(whole))
-    return {"TESSERA_GPU_MEMORY_LIMIT": str(limit), "TESSERA_GPU_MEMORY_REQUEST":
-            str(min(part, share.bytes_on(whole))), "TESSERA_MIG_SERVES_SHARE": "true",
-            "TESSERA_ISOLATION": "on"}
+    return {wire.MEMORY_LIMIT_KEY: str(limit),
+            wire.MEMORY_REQUEST_KEY: str(min(part, share.bytes_on(whole))),
+            wire.MIG_SERVES_SHARE_KEY: "true", wire.ISOLATION_KEY: "on"}
 
 
 class ServedShare(BindStep):
@@ -61,7 +61,6 @@ class ServedShare(BindStep):
         hold = ctx.partition.hold
         data = served_data(self.parts, ctx.placement.node, hold, share)
         ctx.configmap.update(data)
-        ctx.annotations[names.MIG_SHARE] = json.dumps(
-            {"request": int(data["TESSERA_GPU_MEMORY_REQUEST"]),
-             "limit": int(data["TESSERA_GPU_MEMORY_LIMIT"])}, separators=(",", ":"))
+        ctx.annotations[names.MIG_SHARE] = MigShare(
+            int(data[wire.MEMORY_REQUEST_KEY]), int(data[wire.MEMORY_LIMIT_KEY])).to_json()
         ctx.how = f" (served by MIG {hold.profile} on GPU {hold.gpu})"
