@@ -10,7 +10,9 @@ this module (it imports only the core), so a name or a format changes in one pla
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from tessera.core.state import Placement
 
@@ -130,3 +132,22 @@ def mig_share_from_json(text: str) -> MigShare:
     """Raises ValueError/KeyError/TypeError on an unreadable annotation."""
     d = json.loads(text)
     return MigShare(int(d["request"]), int(d["limit"]))
+
+
+# ---- Events ---------------------------------------------------------------------------------------
+def event_body(*, kind: str, name: str, namespace: str, uid: str, reason: str, message: str,
+               type_: str, component: str, instance: str, host: str | None = None,
+               api_version: str = "v1") -> dict[str, Any]:
+    """A core/v1 Event about one object, as every writer of tessera posts it (the scheduler, the
+    API server, tessera-node): named after the object, the message cut at 1,000 characters."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace or "default"},
+        "involvedObject": {"apiVersion": api_version, "kind": kind, "name": name,
+                           "namespace": namespace, "uid": uid},
+        "reason": reason, "message": message[:1000], "type": type_,
+        "source": {"component": component, **({"host": host} if host else {})},
+        "reportingComponent": component, "reportingInstance": instance,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }

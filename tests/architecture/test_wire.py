@@ -86,3 +86,24 @@ def test_no_module_of_either_side_spells_a_wire_name_itself() -> None:
                     found.append(f"{path.relative_to(SRC)}:{node.lineno} spells "
                                  f"{node.value!r}: use tessera.wire.{values[node.value]}")
     assert found == []
+
+
+def test_every_writer_builds_its_events_with_the_one_builder() -> None:
+    body = wire.event_body(kind="Pod", name="p" * 300, namespace="", uid="u", reason="R",
+                           message="m" * 2000, type_="Warning", component="tessera-node",
+                           instance="n1", host="n1")
+    assert body["metadata"] == {"generateName": "p" * 200 + ".", "namespace": "default"}
+    assert len(body["message"]) == 1000 and body["source"] == {"component": "tessera-node",
+                                                               "host": "n1"}
+    assert "host" not in wire.event_body(kind="Pod", name="p", namespace="ns", uid="u",
+                                         reason="R", message="m", type_="Normal",
+                                         component="c", instance="c")["source"]
+    hand_built = []
+    for part in ("kube", "node"):
+        for path in sorted((SRC / part).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Dict) and any(
+                        isinstance(k, ast.Constant) and k.value == "involvedObject"
+                        for k in node.keys):
+                    hand_built.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert hand_built == []

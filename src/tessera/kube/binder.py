@@ -58,24 +58,16 @@ def configmap_name(pod: str) -> str:
 
 
 NOTICE_BACKLOG = 2000
+"""Normal Events waiting to be posted beyond which new ones are dropped."""
 _CONTENT_TYPES = {PatchType.MERGE: "application/merge-patch+json",
                   PatchType.JSON: "application/json-patch+json"}
 """The lean client's Content-Type for each patch lightkube would send."""
-"""Normal Events waiting to be posted beyond which new ones are dropped."""
 
 
 def _event_body(pod: PodInfo, reason: str, message: str, type_: str) -> dict[str, Any]:
-    now = _now()
-    return {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": f"{pod.name[:200]}.", "namespace": pod.namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name,
-                           "namespace": pod.namespace, "uid": pod.uid},
-        "reason": reason, "message": message[:1000], "type": type_,
-        "source": {"component": names.COMPONENT},
-        "reportingComponent": names.COMPONENT, "reportingInstance": names.COMPONENT,
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-    }
+    return wire.event_body(kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid,
+                           reason=reason, message=message, type_=type_,
+                           component=names.COMPONENT, instance=names.COMPONENT)
 
 
 class Writer:
@@ -324,23 +316,7 @@ class Writer:
             self.notices_pending -= 1
 
     async def event(self, pod: PodInfo, reason: str, message: str, type_: str = "Normal") -> None:
-        now = _now()
-        obj = codecs.from_dict({
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod.name[:200]}.", "namespace": pod.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name,
-                               "namespace": pod.namespace, "uid": pod.uid},
-            "reason": reason,
-            "message": message[:1000],
-            "type": type_,
-            "source": {"component": names.COMPONENT},
-            "reportingComponent": names.COMPONENT,
-            "reportingInstance": names.COMPONENT,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        })
+        obj = codecs.from_dict(_event_body(pod, reason, message, type_))
 
         async def op() -> None:
             await self.client.create(obj)

@@ -28,6 +28,7 @@ import importlib.util
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,7 @@ MIG_JOURNAL = "mig-journal.json"
 """In the containers directory (on the host, so it outlives the agent's pod)."""
 COMPONENT = "tessera-node"
 SLICE_RETRY_SECONDS = 30
+POSTED_MAX = 4096
 CLAIMS_SUBDIR = "claims"
 """Under the containers directory: the isolation files of prepared claims (by claim UID; the
 share directories beside them are 16 hex digits, so neither side removes the other's)."""
@@ -205,7 +207,8 @@ class KubeAgent:
         self.collector = self.observer.collector
         self._event_tasks: set[asyncio.Task[None]] = set()
         self.share_errors: dict[str, str] = {}
-        self.posted: set[tuple[str, str, str]] = set()
+        self.posted: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        """Events posted (object, reason, message), not posted again; the last POSTED_MAX."""
         self.published: dict[str, str] | None = None
         self.uuids_written = 0
         self.syncs = 0
@@ -475,25 +478,20 @@ class KubeAgent:
                          message: str, warning: bool = True) -> None:
         dedup = (uid or name, reason, message)
         if dedup in self.posted:
+            self.posted.move_to_end(dedup)
             return
-        self.posted.add(dedup)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        obj = codecs.from_dict({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace or "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": kind, "name": name,
-                               "namespace": namespace, "uid": uid},
-            "reason": reason, "message": message[:1000],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT, "host": self.opts.node_name},
-            "reportingComponent": COMPONENT, "reportingInstance": self.opts.node_name,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        })
+        self.posted[dedup] = None
+        while len(self.posted) > POSTED_MAX:
+            self.posted.popitem(last=False)
+        obj = codecs.from_dict(wire.event_body(
+            kind=kind, name=name, namespace=namespace, uid=uid, reason=reason, message=message,
+            type_="Warning" if warning else "Normal", component=COMPONENT,
+            instance=self.opts.node_name, host=self.opts.node_name))
         try:
             await self.client.create(obj)
         except Exception as exc:
             log.warning("event %s on %s/%s: %r", reason, namespace, name, exc)
-            self.posted.discard(dedup)
+            self.posted.pop(dedup, None)
 
     # ---- reservation pods: which GPU each got -------------------------------------------------
     async def report_gpu_uuids(self) -> None:
@@ -560,7 +558,9 @@ class KubeAgent:
                 files.write_share(self.opts.containers_dir, share, self.context_overhead(share),
                                   loans_dir=self.opts.loans_dir)
                 shares[share.key] = share
-                self.share_errors.pop(p.uid, None)
+                if self.share_errors.pop(p.uid, None) is not None:  # fixed: if it recurs, say so
+                    for seen in [k for k in self.posted if k[0] == p.uid]:
+                        del self.posted[seen]
             except (ShareFilesError, InvalidRequest) as exc:
                 msg = str(exc)
                 if self.share_errors.get(p.uid) != msg:
