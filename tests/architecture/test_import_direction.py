@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.architecture.imports import _imports, _modules
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "tessera"
 
@@ -44,28 +45,6 @@ def _part(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == "tessera" else None
 
 
-def _imports(tree: ast.AST, module: str) -> Iterator[tuple[int, str]]:
-    """(line, absolute module name) for each import in ``tree``, relative ones resolved."""
-    package = module.rsplit(".", 1)[0]
-    """The package a relative import starts from (for ``x/__init__.py``, module ``x.__init__``)."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
-            if name == "tessera":  # ``from tessera import local``: an arrow to each part named
-                for alias in node.names:
-                    yield node.lineno, f"tessera.{alias.name}"
-            else:
-                yield node.lineno, name
-
-
 def violations(module: str, source: str) -> list[str]:
     """Every import of ``module`` (dotted name) that runs against the direction of imports."""
     here = _part(module)
@@ -88,12 +67,6 @@ def violations(module: str, source: str) -> list[str]:
             elif top not in sys.stdlib_module_names:
                 found.append(f"{where}: the core depends on no third-party package")
     return found
-
-
-def _modules() -> Iterator[tuple[str, Path]]:
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC.parent).with_suffix("")
-        yield ".".join(rel.parts), path
 
 
 def test_every_part_of_the_product_is_named() -> None:

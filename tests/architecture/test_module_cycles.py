@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping
 
-from tests.architecture.test_import_direction import _imports, _modules
+from tests.architecture.imports import _imports, _modules
 
 KNOWN: dict[frozenset[str], str] = {
     frozenset({"tessera.testing.cluster", "tessera.testing.node_agents", "tessera.testing.stack",

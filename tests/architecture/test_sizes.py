@@ -46,7 +46,6 @@ CLASSES: dict[str, tuple[int, int, str]] = {
     "testing/cluster.py:TestCluster": (388, 20, "harness (see testing/cluster.py above)"),
     "core/cycle/session.py:Session": (361, 20, "the cycle's working state, KAI's Session; "
                                       "quota is already its own QuotaLedger"),
-    "kube/binder.py:Writer": (303, 20, "every API write of the scheduler, one method each"),
     "kube/objects.py:PodInfo": (300, 29, "a record: one parsed pod, the fields the cycle "
                                 "reads"),
     "local/store.py:Workload": (300, 26, "a record: one row of the workloads table"),
