@@ -26,9 +26,9 @@ FILES: dict[str, tuple[int, str]] = {
                       "loop over sync-step files as the scheduler's bind steps did"),
     "local/control.py": (641, "embedded mode's loop and API surface, with MIG serving shares "
                          "decided after the cycle; to move onto the core's path"),
-    "kube/api_backend.py": (553, "the REST API's Backend surface on Kubernetes plus its "
+    "kube/api_backend.py": (546, "the REST API's Backend surface on Kubernetes plus its "
                             "reconcile loop"),
-    "kube/objects.py": (526, "the parsers of every object the scheduler watches (one per "
+    "kube/objects.py": (509, "the parsers of every object the scheduler watches (one per "
                         "kind, each small)"),
     "kube/snapshot.py": (515, "one pass from the caches to the core's Snapshot, cached by "
                          "version; its parts share that pass"),
@@ -38,8 +38,8 @@ FILES: dict[str, tuple[int, str]] = {
 CLASSES: dict[str, tuple[int, int, str]] = {
     "local/control.py:LocalBackend": (575, 22, "embedded mode's loop and API surface (see "
                                       "local/control.py above)"),
-    "node/agent.py:KubeAgent": (498, 32, "the node agent's loop (see node/agent.py above)"),
-    "kube/api_backend.py:KubeBackend": (484, 20, "the API's Backend protocol on Kubernetes: "
+    "node/agent.py:KubeAgent": (496, 32, "the node agent's loop (see node/agent.py above)"),
+    "kube/api_backend.py:KubeBackend": (477, 20, "the API's Backend protocol on Kubernetes: "
                                         "one method per endpoint"),
     "local/pods.py:PodProcesses": (442, 20, "embedded pods' processes: start, watch, stop, "
                                    "restart, one record per pod"),
