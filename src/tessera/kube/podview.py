@@ -30,6 +30,8 @@ class PodView(Mapping[PodKey, PodInfo]):
         """The informer's cache, as parsed (never written here)."""
         self.layers: dict[str, dict[PodKey, tuple[PodInfo, PodInfo]]] = {}
         """Hook name -> pod key -> (the pod below the layer, the pod derived from it)."""
+        self.derived = 0
+        """Entries over all layers (0: every read goes straight to the cache)."""
 
     # ---- reading --------------------------------------------------------------------------
     def _through(self, key: PodKey, pod: PodInfo, upto: str | None = None) -> PodInfo:
@@ -42,13 +44,13 @@ class PodView(Mapping[PodKey, PodInfo]):
         return pod
 
     def __getitem__(self, key: PodKey) -> PodInfo:
-        return self._through(key, self.source[key]) if self.layers else self.source[key]
+        return self._through(key, self.source[key]) if self.derived else self.source[key]
 
     def get(self, key: PodKey, default: Any = None) -> Any:
         pod = self.source.get(key)
         if pod is None:
             return default
-        return self._through(key, pod) if self.layers else pod
+        return self._through(key, pod) if self.derived else pod
 
     def __contains__(self, key: object) -> bool:
         return key in self.source
@@ -60,12 +62,12 @@ class PodView(Mapping[PodKey, PodInfo]):
         return len(self.source)
 
     def values(self) -> Any:
-        if not any(self.layers.values()):
+        if not self.derived:
             return self.source.values()
         return [self._through(k, p) for k, p in self.source.items()]
 
     def items(self) -> Any:
-        if not any(self.layers.values()):
+        if not self.derived:
             return self.source.items()
         return [(k, self._through(k, p)) for k, p in self.source.items()]
 
@@ -91,6 +93,7 @@ class PodView(Mapping[PodKey, PodInfo]):
             elif not _has(base, changes):
                 new[key] = (base, dataclasses.replace(base, **changes, version=new_version()))
         self.layers[name] = new
+        self.derived = sum(len(layer) for layer in self.layers.values())
 
 
 def _has(pod: PodInfo, changes: Mapping[str, Any]) -> bool:
