@@ -149,8 +149,8 @@ class PlanApplier:
     def evict_lost(self, ctx: Context) -> None:
         parts = self.parts
         for pod in ctx.orphans + ctx.conflicts:
-            if pod.key in parts.inflight.evicting:
-                continue
+            if pod.key in parts.inflight.evicting or pod.key not in parts.pods:
+                continue  # being evicted, or gone while the cycle ran
             parts.inflight.evicting.add(pod.key)
             lost = pod in ctx.orphans
             metrics.EVICTIONS.labels("NodeLost" if lost else "Conflict").inc()

@@ -108,6 +108,14 @@ class InFlight:
         self.failures[key] = backoff
         return backoff
 
+    def prune(self, exists: Callable[[PodKey], bool]) -> list[PodKey]:
+        """Drops evictions of pods that are gone (a pod deleted while the cycle ran, then
+        evicted by its plan, would otherwise keep every later cycle from evicting anything)."""
+        gone = [k for k in self.evicting if not exists(k)]
+        for key in gone:
+            self.evicting.discard(key)
+        return gone
+
     def refused_move(self, key: PodKey) -> None:
         self.evicting.discard(key)
         self.unmovable[key] = time.monotonic() + UNMOVABLE_SECONDS

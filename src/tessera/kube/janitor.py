@@ -25,6 +25,8 @@ class Janitor:
 
     async def run(self) -> None:
         parts, inflight = self.parts, self.parts.inflight
+        for key in inflight.prune(parts.caches.pods.items.__contains__):
+            log.warning("pod %s/%s was still counted as being evicted after it was gone", *key)
         parts.reservations.release_unused(
             Reservations.tenants(parts.pods.values(), inflight.assumed), parts.spawn)
         for (ns, name), cm in list(parts.caches.configmaps.items.items()):

@@ -141,10 +141,10 @@ class KubeScheduler:
 
     def _log_in_flight(self) -> None:
         if self.inflight.tasks:
-            log.info("in flight: %d bindings (%d waiting for a GPU UUID), %d bound so far, "
-                     "%d API writes", len(self.inflight.tasks),
-                     self.parts.reservations.waiting(), self.binder.bound,
-                     self.parts.writer.calls)
+            log.info("in flight: %d bindings (%d waiting for a GPU UUID), %d evictions, %d "
+                     "bound so far, %d API writes", len(self.inflight.tasks),
+                     self.parts.reservations.waiting(), len(self.inflight.evicting),
+                     self.binder.bound, self.parts.writer.calls)
 
     def derive(self) -> None:
         """Every hook's overlay for this cycle, laid in order, then what each does after."""
