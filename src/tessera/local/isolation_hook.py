@@ -61,8 +61,7 @@ class Library:
         priority: int = 0,
     ) -> dict[str, str]:
         from tessera.isolation import DeviceShare, process_environment, write_workload_files
-        from tessera.isolation.config import LoansConfig
-        from tessera.node.ledger import DEFAULT_WAIT_MS
+        from tessera.isolation.config import DEFAULT_WAIT_MS, LoansConfig
         from tessera.node.reclaim import prepare_directory
 
         try:

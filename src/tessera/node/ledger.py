@@ -33,10 +33,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tessera.node.usage import NodeUsage
 
-DEFAULT_WAIT_MS = 10_000
-"""How long a borrower's allocation waits for the reclaimer to free a loan (the isolation
-config's ``wait_ms``), in milliseconds."""
-
 MAGIC = b"TSLOAN\x00\x01"
 VERSION = 1
 HEADER = struct.Struct("=8sIIIIQQQ")

@@ -38,6 +38,7 @@ from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.isolation.config import (
     CONFIG_ENV,
     CONFIG_NAME,
+    DEFAULT_WAIT_MS,
     LIMIT_ENV,
     REGION_NAME,
     DeviceShare,
@@ -47,7 +48,6 @@ from tessera.isolation.config import (
 from tessera.isolation.library import LIBRARY_NAME
 from tessera.node.containers import REGION_DIR_MODE, REGION_FILE_MODE
 from tessera.node.install import PRELOAD_NAME
-from tessera.node.ledger import DEFAULT_WAIT_MS
 from tessera.node.resourceslice import parse_mig_device
 
 DRIVER = "gpu.tessera.io"
