@@ -4,7 +4,6 @@ through chromium-driver; the ``browser`` and ``artifacts`` fixtures are in conft
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,19 +21,12 @@ if not (CHROMIUM and CHROMEDRIVER):  # scripts/setup.d installs them; say so ins
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
+from tests import waiting  # noqa: E402
+
 
 def until(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # the page is still drawing
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} ({last})")
+    """Polls while the page is still drawing (an exception counts as not yet)."""
+    return waiting.wait_until(what, check, timeout, ignore=(Exception,))
 
 
 def shoot(browser: webdriver.Chrome, artifacts: Path, name: str) -> None:

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +31,10 @@ from tessera.kube.agent_usage import AgentPoller
 from tessera.testing.cluster import free_ports
 from tessera.testing.embedded import EmbeddedServer
 from tests.console.fakegpu import FakeGpuServer, GiB
+from tests.waiting import wait_until as wait_for
 
 HEADROOM = 320 * 2**20
 """What the isolation library charges per CUDA context on a V100 (its headroom)."""
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from lightkube.resources.core_v1 import Namespace
 
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
+from tests.kube.scheduler_env import env, project  # noqa: F401 (tessera-scheduler: one per module)
 
 DEFAULT_GPU_NODES = 2
 

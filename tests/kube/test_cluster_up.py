@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,18 +17,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import waiting
 from tests.kube.test_admission import runai_pod
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    return waiting.wait_until(what, check, timeout, interval=0.2)
 
 
 class Up:

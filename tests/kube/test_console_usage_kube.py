@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,23 +23,13 @@ from tessera.testing.kube_api import KubeApiServer
 from tessera.testing.node_agents import NodeAgent
 from tests.console.conftest import artifacts, browser  # noqa: F401 (Chromium, screenshots)
 from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
+from tests.waiting import wait_until
 
 
 class PollingApiServer(KubeApiServer):
     @property
     def env(self) -> dict[str, str]:
         return {**super().env, "TESSERA_USAGE_INTERVAL": "0.3", "TESSERA_USAGE_TIMEOUT": "0.5"}
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

@@ -27,14 +27,12 @@ from tessera.testing.cluster import TestCluster
 from tessera.testing.node_agents import NodeAgent
 from tests.kube.mig_nodes import mig_node_agents, pod_gone
 from tests.kube.mig_nodes import partitions as mig_partitions
-from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
+from tests.kube.scheduler_env import (
     SchedulerEnv,
     bound,
     claim_status,
-    env,
     get_pod,
     placement,
-    project,
     scheduled_false,
 )
 from tests.waiting import wait_until
@@ -106,7 +104,7 @@ def gone(client: Client, ns: str, pod: str) -> None:
 
 
 def test_tessera_scheduler_allocates_mig_claims_by_choose(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         agent: NodeAgent) -> None:
     ns = project
     wait_until("the MIG devices published", lambda: any(
@@ -151,7 +149,7 @@ def test_tessera_scheduler_allocates_mig_claims_by_choose(
 
 
 def test_mig_claim_of_a_profile_no_gpu_has_waits_with_the_reason(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         agent: NodeAgent) -> None:
     mig_claim_pod(kube_client, project, "big", "3g.40gb")  # an A100-80GB / H100 profile
     why = wait_until("big pending", lambda: scheduled_false(kube_client, project, "big"))
@@ -162,7 +160,7 @@ def test_mig_claim_of_a_profile_no_gpu_has_waits_with_the_reason(
 
 
 def test_partitions_of_annotated_pods_are_not_offered_as_devices(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         agent: NodeAgent) -> None:
     """A pod of the annotation path (tessera.io/gpu-mig-profile) holds a partition: tessera-node
     takes the placements overlapping it out of its slice (kube-scheduler could otherwise give

@@ -44,6 +44,7 @@ from tessera.testing.cluster import TestCluster, free_ports
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.node_agents import NodeAgents, start_node_agents
 from tessera.testing.service_proxy import ServiceProxy
+from tests import waiting
 from tests.kube import image_fixtures
 
 pytestmark = image_fixtures.skip_without_images("tests/kube/test_helm_install.py")
@@ -57,17 +58,8 @@ MODEL = "T4-16GB"
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 60.0,
                alive: Callable[[], None] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        if alive is not None:
-            alive()
-        with contextlib.suppress(ApiError, httpx.HTTPError):
-            result = check()
-            if result:
-                return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    return waiting.wait_until(what, check, timeout, interval=0.2, alive=alive,
+                              ignore=(ApiError, httpx.HTTPError))
 
 
 @dataclass

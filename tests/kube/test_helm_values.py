@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.kube import scheduler as sched
+from tessera.kube import scheduler_main as sched
 from tessera.testing import webhook as local
 
 SCHEMA = json.loads((local.CHART / "values.schema.json").read_text())

@@ -25,14 +25,12 @@ from tessera.testing.cluster import TestCluster
 from tessera.testing.node_agents import NodeAgents
 from tests.kube.mig_nodes import agent_env, mig_node_agents, pod_gone
 from tests.kube.mig_nodes import partitions as mig_partitions
-from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
+from tests.kube.scheduler_env import (
     SchedulerEnv,
     bound,
-    env,
     events,
     get_pod,
     make_project,
-    project,
     scheduled_false,
 )
 from tests.waiting import wait_until
@@ -88,7 +86,7 @@ def gone(client: Client, ns: str, pod: str) -> None:
 
 
 def test_partitions_made_reused_and_removed_on_demand(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         mig_node: NodeAgents, tmp_path: Path) -> None:
     mig_pod(kube_client, project, "mig-a", "MIG 3g.20gb")
     [a] = bound(kube_client, project, "mig-a")
@@ -143,7 +141,7 @@ def test_partitions_made_reused_and_removed_on_demand(
 
 
 def test_profile_no_gpu_has_waits_with_a_reason(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         mig_node: NodeAgents) -> None:
     mig_pod(kube_client, project, "mig-80", "3g.40gb")  # an A100-80GB / H100 profile
     why = wait_until("mig-80 pending", lambda: scheduled_false(kube_client, project, "mig-80"))
@@ -153,7 +151,7 @@ def test_profile_no_gpu_has_waits_with_a_reason(
 
 
 def test_profile_counts_as_its_fraction_in_quota(
-        env: SchedulerEnv, kube_client: Client, kube_namespace: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, kube_namespace: str,
         mig_node: NodeAgents) -> None:
     """A project limited to 0.5 GPU: a 3g.20gb (0.429) runs, a 1g.5gb (0.143) more waits."""
     ns = kube_namespace
@@ -172,7 +170,7 @@ def test_profile_counts_as_its_fraction_in_quota(
 
 
 def test_agent_killed_mid_create_adopts_the_partition(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         mig_node: NodeAgents) -> None:
     """tessera-node killed (SIGKILL) right after it made the GPU instance of a pod's partition:
     restarted, it adopts that instance from its journal and gives it to the pod; never a
@@ -201,7 +199,7 @@ def test_agent_killed_mid_create_adopts_the_partition(
 
 
 def test_nvml_error_is_the_reason_and_nothing_is_left(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         mig_node: NodeAgents) -> None:
     """The compute instance fails (NVML error injected into the fake): the pod gets a Warning
     Event with NVML's error, no GPU instance is left, its container gets no UUID; once the
@@ -223,7 +221,7 @@ def test_nvml_error_is_the_reason_and_nothing_is_left(
 
 
 def test_submitted_through_the_api(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         mig_node: NodeAgents, tmp_path: Path) -> None:
     """``tessera submit --gpu-mig-profile`` on the Kubernetes backend: the pod carries the
     annotation, is given a partition, and the workload counts the profile's fraction; a profile
@@ -323,8 +321,8 @@ def _left(client: Client, ns: str) -> set[str]:
 
 
 def test_reclaim_frees_a_mig_slot_for_a_project_below_its_deserved_quota(
-        env: SchedulerEnv, kube_cluster: TestCluster, kube_client: Client,  # noqa: F811
-        project: str, mig_node: NodeAgents) -> None:  # noqa: F811
+        env: SchedulerEnv, kube_cluster: TestCluster, kube_client: Client,
+        project: str, mig_node: NodeAgents) -> None:
     """A project with no deserved GPUs holds both 3g.20gb of the A100-40GB; a project asking
     its deserved quota for a 3g.20gb gets one: one holder is evicted (Reclaimed) and the new pod
     is bound on the victim's partition, which tessera-node gives it as it is (same MIG UUID)."""
@@ -356,7 +354,7 @@ def test_reclaim_frees_a_mig_slot_for_a_project_below_its_deserved_quota(
 
 
 def test_preemption_within_a_project_frees_a_mig_slot(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         mig_node: NodeAgents) -> None:
     """Two train pods hold both 3g.20gb; an inference pod of the same project preempts one
     (Preempted) and is bound on its slot."""
@@ -376,8 +374,8 @@ def test_preemption_within_a_project_frees_a_mig_slot(
 
 
 def test_no_pod_is_evicted_when_no_eviction_makes_room(
-        env: SchedulerEnv, kube_cluster: TestCluster, kube_client: Client,  # noqa: F811
-        project: str, mig_node: NodeAgents) -> None:  # noqa: F811
+        env: SchedulerEnv, kube_cluster: TestCluster, kube_client: Client,
+        project: str, mig_node: NodeAgents) -> None:
     """A 7g.40gb needs the whole GPU; half of it is held by a pod of the asking project itself
     (same priority: not a victim), so evicting the other project's pod would not make room:
     nobody is evicted and the pod waits with the reason."""
@@ -404,7 +402,7 @@ def test_no_pod_is_evicted_when_no_eviction_makes_room(
 
 
 def test_a_pod_whose_slot_an_operator_took_is_evicted_to_be_placed_again(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         mig_node: NodeAgents, tmp_path: Path) -> None:
     """A pod bound to a slot whose partition tessera-node could not make yet (NVML failing),
     where an operator then makes a partition of their own: its partition can never be made, so

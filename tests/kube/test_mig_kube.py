@@ -16,13 +16,11 @@ from lightkube.resources.core_v1 import Node, Pod
 from tessera.kube import names
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape, node_manifest
-from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
+from tests.kube.scheduler_env import (
     SchedulerEnv,
     bound,
-    env,
     get_pod,
     make_project,
-    project,
     scheduled_false,
 )
 from tests.waiting import wait_until
@@ -57,7 +55,7 @@ def mig_pod(client: Client, ns: str, name: str, resource: str = "nvidia.com/mig-
 
 
 def test_mig_resources_are_placed_where_a_node_advertises_them(
-        env: SchedulerEnv, kube_client: Client, project: str, mig_node: str) -> None:  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str, mig_node: str) -> None:
     mig_pod(kube_client, project, "mig-a")
     mig_pod(kube_client, project, "mig-b")
     assert {p.spec.nodeName for p in bound(kube_client, project, "mig-a", "mig-b")
@@ -78,7 +76,7 @@ def test_mig_resources_are_placed_where_a_node_advertises_them(
 
 
 def test_mig_resources_count_in_the_projects_quota(
-        env: SchedulerEnv, kube_client: Client, kube_namespace: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, kube_namespace: str,
         mig_node: str) -> None:
     """The GPU operator's partitions count as their profile's fraction (3g.20gb = 3/7 of a GPU)
     in the project's quota: a project limited to 0.5 GPU runs one, the second waits with the

@@ -31,13 +31,11 @@ from tessera.node.containers import ShareDevice, read_share
 from tessera.testing.cluster import TestCluster
 from tessera.testing.node_agents import NodeAgents
 from tests.kube.mig_nodes import mig_node_agents
-from tests.kube.test_scheduler import (  # noqa: F401 - fixtures
+from tests.kube.scheduler_env import (
     SchedulerEnv,
     bound,
-    env,
     events,
     get_pod,
-    project,
     reservations,
     scheduled_false,
 )
@@ -87,7 +85,7 @@ def configmap(client: Client, ns: str, pod: str, key: str) -> str:
 
 
 def test_a_share_is_served_by_the_smallest_profile_only_on_labelled_nodes(
-        env: SchedulerEnv, kube_client: Client, project: str,  # noqa: F811
+        env: SchedulerEnv, kube_client: Client, project: str,
         mig_node: NodeAgents) -> None:
     # Without the label: the share waits for a shared GPU, as before.
     share_pod(kube_client, project, "quarter", {names.GPU_PORTION: "0.25"})

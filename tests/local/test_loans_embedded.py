@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from tessera.isolation.build import NativeBuild, ensure_built
 from tessera.testing.embedded import EmbeddedServer
+from tests.waiting import wait_until as wait_for
 
 GiB = 2**30
 V100 = "Tesla V100-SXM2-16GB=16Gi"
@@ -64,16 +64,6 @@ def uuid_env(srv: FakeDriverServer) -> list[str]:
 
 def log_lines(srv: FakeDriverServer, name: str) -> list[str]:
     return srv.cli("logs", name, "-p", "team-a").stdout.splitlines()
-
-
-def wait_for(what: str, check, timeout: float = 30):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def test_a_loan_is_taken_back_for_the_owner(srv: FakeDriverServer) -> None:

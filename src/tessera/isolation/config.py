@@ -19,6 +19,9 @@ from tessera.core.units import parse_memory
 from tessera.isolation.library import library_path
 
 CONFIG_ENV = "TESSERA_GPU_CONFIG"
+DEFAULT_WAIT_MS = 10_000
+"""How long a borrower's allocation waits for the reclaimer to free a loan (``wait_ms``), in
+milliseconds."""
 LIMIT_ENV = "TESSERA_GPU_MEMORY_LIMIT"
 REGION_ENV = "TESSERA_GPU_SHARED_REGION"
 CONTEXT_OVERHEAD_ENV = "TESSERA_GPU_CONTEXT_OVERHEAD"

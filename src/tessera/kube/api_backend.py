@@ -29,7 +29,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from tessera import decoding
+from tessera import decoding, wire
 from tessera.api.auth import TokenAuth
 from tessera.api.backend import (
     Conflict,
@@ -348,18 +348,11 @@ class KubeBackend(TokenAuth):
                 self.client.delete(Pod, pod.metadata.name, namespace=namespace)
 
     def _event(self, group: Any, reason: str, message: str, type_: str = "Normal") -> None:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         meta = group.metadata
-        obj = codecs.from_dict({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta.name[:200]}.", "namespace": meta.namespace},
-            "involvedObject": {"apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": "PodGroup",
-                               "name": meta.name, "namespace": meta.namespace, "uid": meta.uid},
-            "reason": reason, "message": message[:1000], "type": type_,
-            "source": {"component": wd.MANAGER}, "reportingComponent": wd.MANAGER,
-            "reportingInstance": wd.MANAGER, "firstTimestamp": now, "lastTimestamp": now,
-            "count": 1,
-        })
+        obj = codecs.from_dict(wire.event_body(
+            kind="PodGroup", name=meta.name, namespace=meta.namespace, uid=meta.uid,
+            reason=reason, message=message, type_=type_, component=wd.MANAGER,
+            instance=wd.MANAGER, api_version=f"{names.GROUP}/{names.VERSION}"))
         try:
             self.client.create(obj)
         except ApiError as exc:  # best effort, as Events are

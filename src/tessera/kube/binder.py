@@ -27,6 +27,7 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import ConfigMap, Pod, PodBinding
 from lightkube.types import PatchType
 
+from tessera import wire
 from tessera.core.state import Placement
 from tessera.kube import names
 from tessera.kube.objects import PodInfo, ProjectResource, placement_to_json
@@ -57,24 +58,16 @@ def configmap_name(pod: str) -> str:
 
 
 NOTICE_BACKLOG = 2000
+"""Normal Events waiting to be posted beyond which new ones are dropped."""
 _CONTENT_TYPES = {PatchType.MERGE: "application/merge-patch+json",
                   PatchType.JSON: "application/json-patch+json"}
 """The lean client's Content-Type for each patch lightkube would send."""
-"""Normal Events waiting to be posted beyond which new ones are dropped."""
 
 
 def _event_body(pod: PodInfo, reason: str, message: str, type_: str) -> dict[str, Any]:
-    now = _now()
-    return {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": f"{pod.name[:200]}.", "namespace": pod.namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name,
-                           "namespace": pod.namespace, "uid": pod.uid},
-        "reason": reason, "message": message[:1000], "type": type_,
-        "source": {"component": names.COMPONENT},
-        "reportingComponent": names.COMPONENT, "reportingInstance": names.COMPONENT,
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-    }
+    return wire.event_body(kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid,
+                           reason=reason, message=message, type_=type_,
+                           component=names.COMPONENT, instance=names.COMPONENT)
 
 
 class Writer:
@@ -155,17 +148,17 @@ class Writer:
         portions = [f"{r / m:.4f}".rstrip("0").rstrip(".") for r, m in
                     zip(placement.request_bytes, device_memory, strict=True)]
         return {
-            "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
+            wire.VISIBLE_DEVICES_KEY: ",".join(uuids),
             "TESSERA_GPU_UUIDS": ",".join(uuids),
             "TESSERA_GPU_DEVICE_INDICES": ",".join(str(d) for d in placement.devices),
-            "TESSERA_GPU_MEMORY_REQUEST": ",".join(str(b) for b in placement.request_bytes),
+            wire.MEMORY_REQUEST_KEY: ",".join(str(b) for b in placement.request_bytes),
             # One quantity for every visible device, the form the isolation library reads; on
             # devices of different sizes the smallest share caps all (never above any share).
-            "TESSERA_GPU_MEMORY_LIMIT": str(min(placement.limit_bytes)),
+            wire.MEMORY_LIMIT_KEY: str(min(placement.limit_bytes)),
             "TESSERA_GPU_MEMORY_LIMITS": ",".join(str(b) for b in placement.limit_bytes),
             "TESSERA_GPU_PORTION": ",".join(portions),
-            "TESSERA_ISOLATION": "on",
-            "TESSERA_NODE": placement.node,
+            wire.ISOLATION_KEY: "on",
+            wire.NODE_KEY: placement.node,
             # cGPU's ALIYUN_COM_GPU_MEM_DEV: whole GiB of each device (seed 002: 15 on a V100),
             # the smallest where they differ.
             "ALIYUN_COM_GPU_MEM_DEV": str(min(device_memory) // 2**30) if device_memory else "0",
@@ -323,23 +316,7 @@ class Writer:
             self.notices_pending -= 1
 
     async def event(self, pod: PodInfo, reason: str, message: str, type_: str = "Normal") -> None:
-        now = _now()
-        obj = codecs.from_dict({
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod.name[:200]}.", "namespace": pod.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name,
-                               "namespace": pod.namespace, "uid": pod.uid},
-            "reason": reason,
-            "message": message[:1000],
-            "type": type_,
-            "source": {"component": names.COMPONENT},
-            "reportingComponent": names.COMPONENT,
-            "reportingInstance": names.COMPONENT,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        })
+        obj = codecs.from_dict(_event_body(pod, reason, message, type_))
 
         async def op() -> None:
             await self.client.create(obj)

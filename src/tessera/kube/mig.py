@@ -35,29 +35,8 @@ from tessera.core.mig import (
     supported_text,
 )
 from tessera.core.model import Node
-
-
-@dataclass(frozen=True, slots=True)
-class MigHold:
-    """The partition a MIG pod holds (``tessera.io/mig-partition``)."""
-
-    gpu: str
-    """The GPU's UUID."""
-    profile: str
-    start: int
-    remove: tuple[int, ...] = ()
-    """Memory slots of idle partitions tessera-node removes first."""
-
-    def to_json(self) -> str:
-        return json.dumps({"gpu": self.gpu, "profile": self.profile, "start": self.start,
-                           "remove": list(self.remove)}, separators=(",", ":"))
-
-
-def hold_from_json(text: str) -> MigHold:
-    """Raises ValueError/KeyError/TypeError on an unreadable annotation."""
-    d = json.loads(text)
-    return MigHold(str(d["gpu"]), str(d["profile"]), int(d["start"]),
-                   tuple(int(x) for x in d.get("remove") or ()))
+from tessera.wire import MigHold as MigHold
+from tessera.wire import hold_from_json as hold_from_json
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,55 @@
 
 from __future__ import annotations
 
+from tessera.wire import (  # the names tessera-node reads or writes too: one copy, in wire
+    AGENT_URL as AGENT_URL,
+)
+from tessera.wire import (
+    CONFIGMAP as CONFIGMAP,
+)
+from tessera.wire import (
+    GPU_CONFIG_KEY as GPU_CONFIG_KEY,
+)
+from tessera.wire import (
+    GPU_UUID as GPU_UUID,
+)
+from tessera.wire import (
+    MIG_PARTITION as MIG_PARTITION,
+)
+from tessera.wire import (
+    MIG_SHARE as MIG_SHARE,
+)
+from tessera.wire import (
+    NODE_GPU_HEADROOM as NODE_GPU_HEADROOM,
+)
+from tessera.wire import (
+    NODE_GPU_INVENTORY as NODE_GPU_INVENTORY,
+)
+from tessera.wire import (
+    NODE_GPU_UUIDS as NODE_GPU_UUIDS,
+)
+from tessera.wire import (
+    NODE_READY as NODE_READY,
+)
+from tessera.wire import (
+    NODE_READY_REASON as NODE_READY_REASON,
+)
+from tessera.wire import (
+    PLACEMENT as PLACEMENT,
+)
+from tessera.wire import (
+    POD_GROUP as POD_GROUP,
+)
+from tessera.wire import (
+    PRIORITY_CLASS as PRIORITY_CLASS,
+)
+from tessera.wire import (
+    PROJECT as PROJECT,
+)
+from tessera.wire import (
+    RESERVATION_LABEL as RESERVATION_LABEL,
+)
+
 GROUP = "tessera.io"
 VERSION = "v1alpha1"
 SCHEDULER_NAME = "tessera"
@@ -23,40 +72,12 @@ GPU_DEVICES = "tessera.io/gpu-devices"
 GPU_PORTION_LIMIT = "tessera.io/gpu-portion-limit"
 GPU_MEMORY_LIMIT = "tessera.io/gpu-memory-limit"
 GPU_MODEL = "tessera.io/gpu-model"
-POD_GROUP = "tessera.io/pod-group"
-PRIORITY_CLASS = "tessera.io/priority-class"
-PROJECT = "tessera.io/project"
-AGENT_URL = "tessera.io/node-agent-url"
-"""On a Node: where its tessera-node serves /usage (tessera.node.publish writes it)."""
 
-# What the scheduler writes on a pod when it binds it (the source of truth on restart).
-PLACEMENT = "tessera.io/placement"
-CONFIGMAP = "tessera.io/gpu-configmap"
-MIG_SHARE = "tessera.io/mig-share"
-"""On a share a MIG partition serves (docs/mig.md), written at bind: JSON ``{"request": bytes,
-"limit": bytes}``, what tessera-node writes in its isolation files with the partition's UUID."""
-MIG_PARTITION = "tessera.io/mig-partition"
-"""On a MIG pod, written at bind: JSON ``{"gpu": UUID, "profile", "start", "remove": [starts]}``,
-the partition tessera-node makes (or reuses) for it, after removing the idle ones at ``remove``."""
+# What the scheduler writes on a pod when it binds it (the source of truth on restart), and
+# what tessera-node writes on Nodes and reservation pods: imported above from tessera.wire.
 
-# Reservation pods (one per shared physical GPU) and per-pod ConfigMaps.
-RESERVATION_LABEL = "tessera.io/gpu-reservation"
+# Reservation pods (one per shared physical GPU) and per-pod ConfigMaps: only the scheduler's.
 RESERVATION_NODE = "tessera.io/node"
 RESERVATION_DEVICE = "tessera.io/device"
-GPU_UUID = "tessera.io/gpu-uuid"
-"""Annotation on a reservation pod: the UUID of the GPU it holds (written by the node agent,
-from the kubelet pod-resources API; the kubelet double serves that API on kwok nodes)."""
-NODE_GPU_UUIDS = "tessera.io/gpu-uuids"
-NODE_GPU_HEADROOM = "tessera.io/gpu-headroom"
-NODE_GPU_INVENTORY = "tessera.io/gpu-inventory"
-"""tessera-node's inventory (JSON); the scheduler reads its NVLink links."""
-"""Bytes tessera-node keeps back per GPU (device-index order); absent: the model's default."""
-GPU_CONFIG_KEY = "tessera.io/gpu-config-key"
-"""Annotation on a share pod, drawn by the admission webhook (16 hex digits): the host directory
-tessera-node writes the pod's isolation files into (``/var/lib/tessera/containers/KEY``)."""
-NODE_READY = "tessera.io/node-ready"
-"""Annotation on a Node, written by tessera-node: ``"true"`` when it can enforce GPU shares there.
-A GPU node without it gets nothing new from the scheduler (tessera.kube.snapshot)."""
-NODE_READY_REASON = "tessera.io/node-ready-reason"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 CONFIGMAP_POD = "tessera.io/pod"

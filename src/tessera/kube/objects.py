@@ -41,6 +41,8 @@ from tessera.kube.predicates.spec import (
     taints_of,
 )
 from tessera.kube.predicates.topology import TopologyRequest, topology_request
+from tessera.wire import placement_from_json as placement_from_json
+from tessera.wire import placement_to_json as placement_to_json
 
 ProjectResource = create_global_resource(names.GROUP, names.VERSION, "Project", "projects")
 PodGroupResource = create_namespaced_resource(names.GROUP, names.VERSION, "PodGroup", "podgroups")
@@ -97,26 +99,18 @@ class PodInfo:
     """What it states about its node beyond GPU/CPU/memory (None: nothing)."""
     sched_error: str | None = None
     topology: TopologyRequest | None = None
+    """tessera.io/topology-required|preferred (or KAI's spelling) on the pod."""
     owner: str | None = None
     """Kind of its controller (ownerReferences with controller: true), e.g. ReplicaSet."""
     claim_names: tuple[str, ...] = ()
     """ResourceClaims it names (spec.resourceClaims[].resourceClaimName; docs/dra.md)."""
-    base_request: ResourceRequest | None = None
-    """Its request before its claims were read (the scheduler replaces ``request`` with the
-    one its claims make, tessera.kube.claims)."""
-    base_sched: SchedulingSpec | None = None
-    """``sched`` as the pod states it (a pod joining a shared claim is held to its node)."""
-    base_placement: Placement | None = None
-    """``placement`` as recorded (of the pods sharing a claim, the first live one in its
-    ``reservedFor`` is charged its GPUs, the others nothing)."""
-    """tessera.io/topology-required|preferred (or KAI's spelling) on the pod."""
     mig_profile: str | None = None
     """The MIG profile it asks for (``tessera.io/gpu-mig-profile``, canonical)."""
     mig_hold: MigHold | None = None
     """The partition it was given at bind (``tessera.io/mig-partition``)."""
     mig_claim: bool = False
-    """``mig_profile`` is its ResourceClaim's (class mig.tessera.io; the scheduler sets it each
-    cycle), not its annotation's: its partition is the claim's allocation."""
+    """``mig_profile`` is its ResourceClaim's (class mig.tessera.io; the claims hook derives it
+    each cycle, tessera.kube.hooks.claims), not its annotation's: its partition is the claim's allocation."""
     mig_served: bool = False
     """A share served by a MIG partition (docs/mig.md): pending, ``mig_profile`` is the profile
     the scheduler serves it with this cycle; bound, its ``tessera.io/mig-partition`` names it
@@ -236,25 +230,6 @@ def _containers(items: Any) -> list[ContainerResources]:
     return out
 
 
-def placement_to_json(p: Placement) -> str:
-    return json.dumps({
-        "node": p.node, "devices": list(p.devices), "request": list(p.request_bytes),
-        "limit": list(p.limit_bytes), "exclusive": p.exclusive, "cpu": p.cpu_milli,
-        "memory": p.memory, **({"gpus": p.gpus} if p.gpus is not None else {}),
-    }, separators=(",", ":"))
-
-
-def placement_from_json(text: str) -> Placement:
-    d = json.loads(text)
-    return Placement(
-        node=str(d["node"]), devices=tuple(int(x) for x in d["devices"]),
-        request_bytes=tuple(int(x) for x in d["request"]),
-        limit_bytes=tuple(int(x) for x in d["limit"]), exclusive=bool(d["exclusive"]),
-        cpu_milli=int(d.get("cpu", 0)), memory=int(d.get("memory", 0)),
-        gpus=None if d.get("gpus") is None else float(d["gpus"]),
-    )
-
-
 def pod_info(pod: Any) -> PodInfo:
     meta = pod.metadata
     spec = pod.spec
@@ -321,7 +296,6 @@ def pod_info(pod: Any) -> PodInfo:
                           "(kube-controller-manager's resourceclaim controller makes it and "
                           "records it in status.resourceClaimStatuses)")
             info.request = None
-    info.base_request = info.request
     try:
         info.sched = _sched(info.namespace, labels, spec)
         info.topology = topology_request(annotations)
@@ -341,7 +315,6 @@ def pod_info(pod: Any) -> PodInfo:
                                    memory=info.request.memory)
     elif info.node:
         info.placement_error = f"bound to {info.node} without {names.PLACEMENT}"
-    info.base_sched, info.base_placement = info.sched, info.placement
     return info
 
 

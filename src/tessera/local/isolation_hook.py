@@ -61,8 +61,8 @@ class Library:
         priority: int = 0,
     ) -> dict[str, str]:
         from tessera.isolation import DeviceShare, process_environment, write_workload_files
-        from tessera.isolation.config import LoansConfig
-        from tessera.node.reclaim import DEFAULT_WAIT_MS, prepare_directory
+        from tessera.isolation.config import DEFAULT_WAIT_MS, LoansConfig
+        from tessera.node.reclaim import prepare_directory
 
         try:
             shares = [

@@ -25,10 +25,10 @@ import asyncio
 import contextlib
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,7 @@ from lightkube import ApiError, AsyncClient, KubeConfig, codecs
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
+from tessera import wire
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import PROFILES
 from tessera.core.podgroups import share_group
@@ -60,21 +61,11 @@ from tessera.node.usage import NodeUsage
 
 log = logging.getLogger("tessera.node")
 
-PLACEMENT = "tessera.io/placement"
-POD_GPU_UUIDS = "tessera.io/gpu-uuids"
-POD_CONFIGMAP = "tessera.io/gpu-configmap"
-MIG_SHARE = "tessera.io/mig-share"
-"""On a share a MIG partition serves: JSON ``{"request": bytes, "limit": bytes}`` (docs/mig.md)."""
 MIG_JOURNAL = "mig-journal.json"
 """In the containers directory (on the host, so it outlives the agent's pod)."""
-GPU_UUID = "tessera.io/gpu-uuid"
-CONFIG_KEY = "tessera.io/gpu-config-key"
-RESERVATION_LABEL = "tessera.io/gpu-reservation"
-PROJECT = "tessera.io/project"
-POD_GROUP = "tessera.io/pod-group"
-PRIORITY_CLASS = "tessera.io/priority-class"
 COMPONENT = "tessera-node"
 SLICE_RETRY_SECONDS = 30
+POSTED_MAX = 4096
 CLAIMS_SUBDIR = "claims"
 """Under the containers directory: the isolation files of prepared claims (by claim UID; the
 share directories beside them are 16 hex digits, so neither side removes the other's)."""
@@ -147,29 +138,29 @@ def share_of(pod: PodView, containers_dir: Path, mig_uuid: str | None = None) ->
     None for pods without a GPU share. A share a MIG partition serves (``tessera.io/mig-share``)
     holds ``mig_uuid``, the partition made for it (None: not made yet). Raises ShareFilesError
     naming what is wrong."""
-    key = pod.annotations.get(CONFIG_KEY)
-    text = pod.annotations.get(PLACEMENT)
+    key = pod.annotations.get(wire.GPU_CONFIG_KEY)
+    text = pod.annotations.get(wire.PLACEMENT)
     if not key or not text:
         return None
-    served = pod.annotations.get(MIG_SHARE)
+    served = pod.annotations.get(wire.MIG_SHARE)
     try:
-        placement = json.loads(text)
-        if served is not None and not placement.get("devices"):
+        placement = wire.placement_from_json(text)
+        if served is not None and not placement.devices:
             if mig_uuid is None:
                 return None
-            d = json.loads(served)
-            request, limit, uuids = [int(d["request"])], [int(d["limit"])], [mig_uuid]
-        elif placement.get("exclusive") or not placement.get("devices"):
+            share = wire.mig_share_from_json(served)
+            request, limit, uuids = [share.request], [share.limit], [mig_uuid]
+        elif placement.exclusive or not placement.devices:
             return None
         else:
-            request = [int(x) for x in placement["request"]]
-            limit = [int(x) for x in placement["limit"]]
-            uuids = [u for u in pod.annotations.get(POD_GPU_UUIDS, "").split(",") if u]
+            request = list(placement.request_bytes)
+            limit = list(placement.limit_bytes)
+            uuids = [u for u in pod.annotations.get(wire.POD_GPU_UUIDS, "").split(",") if u]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ShareFilesError(f"annotation {PLACEMENT} or {MIG_SHARE} is not readable: "
+        raise ShareFilesError(f"annotation {wire.PLACEMENT} or {wire.MIG_SHARE} is not readable: "
                               f"{exc}") from exc
     if len(uuids) != len(request):
-        raise ShareFilesError(f"annotation {POD_GPU_UUIDS} names {len(uuids)} GPU(s) for "
+        raise ShareFilesError(f"annotation {wire.POD_GPU_UUIDS} names {len(uuids)} GPU(s) for "
                               f"{len(request)} device(s) of the placement")
     files.check_key(key)
     prefix = str(containers_dir / key / "conf") + "/"
@@ -183,9 +174,9 @@ def share_of(pod: PodView, containers_dir: Path, mig_uuid: str | None = None) ->
                  group=groups.pop() if len(groups) == 1 else None,
                  devices=tuple(ShareDevice(u, r, lim) for u, r, lim in
                                zip(uuids, request, limit, strict=True)),
-                 workload=pod.annotations.get(POD_GROUP) or pod.labels.get(POD_GROUP) or pod.name,
-                 project=pod.annotations.get(PROJECT) or pod.labels.get(PROJECT, ""),
-                 priority_class=pod.annotations.get(PRIORITY_CLASS, ""))
+                 workload=pod.annotations.get(wire.POD_GROUP) or pod.labels.get(wire.POD_GROUP) or pod.name,
+                 project=pod.annotations.get(wire.PROJECT) or pod.labels.get(wire.PROJECT, ""),
+                 priority_class=pod.annotations.get(wire.PRIORITY_CLASS, ""))
 
 
 def load_plugin(options: dict[str, str]) -> NodePlugin | None:
@@ -216,7 +207,8 @@ class KubeAgent:
         self.collector = self.observer.collector
         self._event_tasks: set[asyncio.Task[None]] = set()
         self.share_errors: dict[str, str] = {}
-        self.posted: set[tuple[str, str, str]] = set()
+        self.posted: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        """Events posted (object, reason, message), not posted again; the last POSTED_MAX."""
         self.published: dict[str, str] | None = None
         self.uuids_written = 0
         self.syncs = 0
@@ -486,31 +478,26 @@ class KubeAgent:
                          message: str, warning: bool = True) -> None:
         dedup = (uid or name, reason, message)
         if dedup in self.posted:
+            self.posted.move_to_end(dedup)
             return
-        self.posted.add(dedup)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        obj = codecs.from_dict({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace or "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": kind, "name": name,
-                               "namespace": namespace, "uid": uid},
-            "reason": reason, "message": message[:1000],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT, "host": self.opts.node_name},
-            "reportingComponent": COMPONENT, "reportingInstance": self.opts.node_name,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        })
+        self.posted[dedup] = None
+        while len(self.posted) > POSTED_MAX:
+            self.posted.popitem(last=False)
+        obj = codecs.from_dict(wire.event_body(
+            kind=kind, name=name, namespace=namespace, uid=uid, reason=reason, message=message,
+            type_="Warning" if warning else "Normal", component=COMPONENT,
+            instance=self.opts.node_name, host=self.opts.node_name))
         try:
             await self.client.create(obj)
         except Exception as exc:
             log.warning("event %s on %s/%s: %r", reason, namespace, name, exc)
-            self.posted.discard(dedup)
+            self.posted.pop(dedup, None)
 
     # ---- reservation pods: which GPU each got -------------------------------------------------
     async def report_gpu_uuids(self) -> None:
         pending = [p for p in self.pods.values()
-                   if p.labels.get(RESERVATION_LABEL) == "true" and not p.deleting
-                   and not p.annotations.get(GPU_UUID)]
+                   if p.labels.get(wire.RESERVATION_LABEL) == "true" and not p.deleting
+                   and not p.annotations.get(wire.GPU_UUID)]
         if not pending or self.inventory is None:
             return
         try:
@@ -533,9 +520,9 @@ class KubeAgent:
                                       f"on node {self.opts.node_name} does not list")
                 continue
             try:
-                await self.client.patch(Pod, p.name, {"metadata": {"annotations": {GPU_UUID: uuid}}},
+                await self.client.patch(Pod, p.name, {"metadata": {"annotations": {wire.GPU_UUID: uuid}}},
                                         namespace=p.namespace, patch_type=PatchType.MERGE)
-                p.annotations[GPU_UUID] = uuid
+                p.annotations[wire.GPU_UUID] = uuid
                 self.uuids_written += 1
                 log.info("reservation pod %s/%s holds %s", p.namespace, p.name, uuid)
             except ApiError as exc:
@@ -571,7 +558,9 @@ class KubeAgent:
                 files.write_share(self.opts.containers_dir, share, self.context_overhead(share),
                                   loans_dir=self.opts.loans_dir)
                 shares[share.key] = share
-                self.share_errors.pop(p.uid, None)
+                if self.share_errors.pop(p.uid, None) is not None:  # fixed: if it recurs, say so
+                    for seen in [k for k in self.posted if k[0] == p.uid]:
+                        del self.posted[seen]
             except (ShareFilesError, InvalidRequest) as exc:
                 msg = str(exc)
                 if self.share_errors.get(p.uid) != msg:
@@ -579,7 +568,7 @@ class KubeAgent:
                     log.warning("pod %s/%s: %s", p.namespace, p.name, msg)
                 await self.post_event(p.namespace, p.name, p.uid, "Pod", "GPUIsolationFailed", msg)
         if self.listed:
-            keep = {p.annotations.get(CONFIG_KEY, "") for p in self.pods.values()}
+            keep = {p.annotations.get(wire.GPU_CONFIG_KEY, "") for p in self.pods.values()}
             for key in files.remove_stale(self.opts.containers_dir, keep):
                 log.info("removed the isolation files of a pod that is gone (%s)", key)
         return shares
@@ -642,12 +631,12 @@ class KubeAgent:
         if self.mig_written.get(w.uid) == o.uuid:
             return
         pod = self.pods.get((w.namespace, w.name))
-        cm = pod.annotations.get(POD_CONFIGMAP) if pod is not None else None
+        cm = pod.annotations.get(wire.CONFIGMAP) if pod is not None else None
         if not cm:
             return
         try:
             await self.client.patch(ConfigMap, cm, {"data": {
-                "NVIDIA_VISIBLE_DEVICES": o.uuid, "TESSERA_MIG_UUID": o.uuid}},
+                wire.VISIBLE_DEVICES_KEY: o.uuid, wire.MIG_UUID_KEY: o.uuid}},
                 namespace=w.namespace, patch_type=PatchType.MERGE)
         except ApiError as exc:
             log.warning("ConfigMap %s/%s of MIG pod %s: %s", w.namespace, cm, w.name,

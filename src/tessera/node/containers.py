@@ -33,12 +33,12 @@ from pathlib import Path
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.isolation.config import (
     CONFIG_NAME,
+    DEFAULT_WAIT_MS,
     REGION_NAME,
     DeviceShare,
     LoansConfig,
     render_config,
 )
-from tessera.node.reclaim import DEFAULT_WAIT_MS
 
 CONTAINER_REGION_DIR = "/run/tessera"
 CONTAINER_LOANS_DIR = "/run/tessera-loans"

@@ -29,17 +29,17 @@ sync share one lock.
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tessera import wire
 from tessera.core.mig import COMPUTE, PROFILES
 from tessera.node.mig import MigError, MigGpuState, MigNode, MigPartition
 from tessera.node.nvml import Nvml
 
-MIG_PARTITION = "tessera.io/mig-partition"
+MIG_PARTITION = wire.MIG_PARTITION
 CLAIM_OWNER = "claim:"
 """Journal owners of partitions prepared for DRA claims: ``claim:UID``."""
 
@@ -75,9 +75,8 @@ def want_of(namespace: str, name: str, uid: str, annotations: dict[str, str]) ->
     if not text:
         return None
     try:
-        d = json.loads(text)
-        return Want(namespace, name, uid, str(d["gpu"]), str(d["profile"]), int(d["start"]),
-                    tuple(int(x) for x in d.get("remove") or ()))
+        hold = wire.hold_from_json(text)
+        return Want(namespace, name, uid, hold.gpu, hold.profile, hold.start, hold.remove)
     except (ValueError, KeyError, TypeError) as exc:
         raise MigError(f"annotation {MIG_PARTITION} is not readable: {exc}") from None
 

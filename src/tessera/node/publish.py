@@ -30,15 +30,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from tessera import wire
 from tessera.node.headroom import DeviceHeadroom
 from tessera.node.nvml import Inventory
 
-GPU_UUIDS = "tessera.io/gpu-uuids"
-GPU_HEADROOM = "tessera.io/gpu-headroom"
-INVENTORY = "tessera.io/gpu-inventory"
-READY = "tessera.io/node-ready"
-READY_REASON = "tessera.io/node-ready-reason"
-AGENT_URL = "tessera.io/node-agent-url"
+GPU_UUIDS = wire.NODE_GPU_UUIDS
+GPU_HEADROOM = wire.NODE_GPU_HEADROOM
+INVENTORY = wire.NODE_GPU_INVENTORY
+READY = wire.NODE_READY
+READY_REASON = wire.NODE_READY_REASON
+AGENT_URL = wire.AGENT_URL
 
 
 def inventory_json(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None = None,

@@ -66,7 +66,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tessera.node.reclaim")
 
-DEFAULT_WAIT_MS = 10_000
 FAULT_ENV = "TESSERA_NODE_FAULT"
 """Tests only: ``die-mid-reclaim`` makes the process kill itself (SIGKILL) after a reclaim's
 record is written and before its victim is killed."""

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera import wire
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest, Node
 from tessera.core.podgroups import DEFAULT_REGION_GROUP
@@ -23,9 +24,9 @@ from tessera.kube.binder import configmap_name
 from tessera.kube.podspec import containers_of, gpu_request, mig_fraction, mig_profile
 from tessera.kube.predicates.topology import topology_request
 
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+VISIBLE_DEVICES = wire.VISIBLE_DEVICES_KEY
 NO_DEVICES = ("void", "none")
-LIMIT_ENV = "TESSERA_GPU_MEMORY_LIMIT"
+LIMIT_ENV = wire.MEMORY_LIMIT_KEY
 REGION_ENV = "TESSERA_GPU_SHARED_REGION"
 CONFIG_ENV = "TESSERA_GPU_CONFIG"
 CONFIGMAP_KEYS = (VISIBLE_DEVICES, LIMIT_ENV)

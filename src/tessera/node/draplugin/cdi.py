@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from tessera import wire
 from tessera.core.errors import InvalidRequest
 from tessera.core.podgroups import share_group
 from tessera.core.units import parse_memory
@@ -37,6 +38,7 @@ from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.isolation.config import (
     CONFIG_ENV,
     CONFIG_NAME,
+    DEFAULT_WAIT_MS,
     LIMIT_ENV,
     REGION_NAME,
     DeviceShare,
@@ -46,7 +48,6 @@ from tessera.isolation.config import (
 from tessera.isolation.library import LIBRARY_NAME
 from tessera.node.containers import REGION_DIR_MODE, REGION_FILE_MODE
 from tessera.node.install import PRELOAD_NAME
-from tessera.node.reclaim import DEFAULT_WAIT_MS
 from tessera.node.resourceslice import parse_mig_device
 
 DRIVER = "gpu.tessera.io"
@@ -227,7 +228,7 @@ def config_text(uid: str, devices: list[ClaimDevice], cfg: PluginConfig,
 def cdi_spec(uid: str, devices: list[ClaimDevice], cfg: PluginConfig) -> dict[str, Any]:
     library = f"{cfg.library_mount.rstrip('/')}/{cfg.library_name}"
     env = {"LD_PRELOAD": library,
-           "NVIDIA_VISIBLE_DEVICES": ",".join(d.uuid for d in devices)}
+           wire.VISIBLE_DEVICES_KEY: ",".join(d.uuid for d in devices)}
     mounts = [{"hostPath": str(cfg.library_dir), "containerPath": cfg.library_mount,
                "options": ["ro", "bind"]},
               {"hostPath": str(cfg.library_dir / PRELOAD_NAME), "containerPath": PRELOAD_PATH,
@@ -274,7 +275,7 @@ def pods_priority_class(pods: Iterable[Mapping[str, Any]]) -> str:
     found: set[str] = set()
     for pod in pods:
         ann = ((pod.get("metadata") or {}).get("annotations") or {}).get(
-            "tessera.io/priority-class")
+            wire.PRIORITY_CLASS)
         spec = (pod.get("spec") or {}).get("priorityClassName")
         found.add(str(ann or (spec if spec in PRIORITY_CLASSES else "")))
     return found.pop() if len(found) == 1 else ""
