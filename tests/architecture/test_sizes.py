@@ -46,8 +46,9 @@ CLASSES: dict[str, tuple[int, int, str]] = {
     "local/pods.py:PodProcesses": (451, 20, "embedded pods' processes: start, watch, stop, "
                                    "restart, one record per pod"),
     "testing/cluster.py:TestCluster": (388, 20, "harness (see testing/cluster.py above)"),
-    "core/cycle/session.py:Session": (361, 20, "the cycle's working state, KAI's Session; "
-                                      "quota is already its own QuotaLedger"),
+    "core/cycle/session.py:Session": (365, 21, "the cycle's working state, KAI's Session; "
+                                      "quota is already its own QuotaLedger; +1 attribute: "
+                                      "the change counter preempt's cache keys on (#33)"),
     "kube/objects.py:PodInfo": (300, 29, "a record: one parsed pod, the fields the cycle "
                                 "reads"),
     "local/store.py:Workload": (300, 26, "a record: one row of the workloads table"),

@@ -6,19 +6,23 @@ too, so each project's status says how much of its fair share usage history gave
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from tessera.core.fairshare import FairShares, Vector, compute_fair_shares
-from tessera.core.usage import UsageRecord, decayed_usage
+from tessera.core.projects import ProjectTree
+from tessera.core.usage import UsagePolicy, UsageRecord, decayed_usage
+
+from .quota import QuotaLedger
+from .workload_state import WorkloadState
 
 if TYPE_CHECKING:
-    from .session import Session
     from .types import Snapshot
 
 
-def fair_shares(session: Session, snapshot: Snapshot, capacity: Vector, requested: dict[str, Vector],
+def fair_shares(tree: ProjectTree, policy: UsagePolicy | None, workloads: Mapping[str, WorkloadState],
+                quota: QuotaLedger, snapshot: Snapshot, capacity: Vector, requested: dict[str, Vector],
                 unusable: float = 0.0) -> FairShares:
-    tree, policy = session.tree, session.config.usage
     plain = compute_fair_shares(tree, capacity, requested, unusable=unusable)
     if policy is None:
         return plain
@@ -26,15 +30,26 @@ def fair_shares(session: Session, snapshot: Snapshot, capacity: Vector, requeste
     leaves = [name for name in tree.order if tree.is_leaf(name)]
     settings = {name: tree.usage_settings(name, policy.window, policy.half_life) for name in leaves}
     records = list(snapshot.usage)
-    for ws in session.workloads.values():
+    for ws in workloads.values():
         started = ws.spec.started_at
         if ws.was_running and started is not None:
             records.append(UsageRecord(ws.project, started, snapshot.now, ws.vector()[0]))
     usage = decayed_usage(records, snapshot.now, settings)
     shares = compute_fair_shares(tree, capacity, requested, usage, policy.k, unusable)
-    quota = session.quota
     for leaf, amount in usage.items():
         for name in tree.chain(leaf):
             quota.usage[name] = quota.usage.get(name, 0.0) + amount
     quota.from_usage = {name: shares.gpu(name) - plain.gpu(name) for name in tree.order}
     return shares
+
+
+def requested_by_project(quota: QuotaLedger, pending: Iterable[WorkloadState]) -> dict[str, Vector]:
+    """What each project holds plus what its ``pending`` pods ask for: the demand fair share
+    divides by (pods that can never run are left out by the caller: they take no share)."""
+    requested: dict[str, Vector] = {p: (v[0], v[1], v[2]) for p, v in quota.alloc.items()}
+    for ws in pending:
+        for i in ws.unplaced():
+            d = quota.demand(ws.spec.pods[i])
+            r = requested[ws.project]
+            requested[ws.project] = (r[0] + d[0], r[1] + d[1], r[2] + d[2])
+    return requested

@@ -24,11 +24,11 @@ from tessera.core.state import ClusterState, NodeState, Placement
 from tessera.core.units import format_bytes
 from tessera.core.workloads import Workload
 
-from .history import fair_shares
+from .history import fair_shares, requested_by_project
 from .mig_state import LiveRoom, MigState
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
-from .usable import unusable_gpus
+from .usable import movable_gpus, unusable_gpus
 from .validation import validate_workload, validate_workloads
 from .workload_state import FIT, PodPlacements, Wait, WorkloadState, pod_id
 
@@ -130,29 +130,13 @@ class Session:
             if why is not None:
                 self.waits[ws.id] = Wait("unschedulable", why)
         # Fair share divides only capacity some pending request could use (cycle/usable.py).
-        self.unusable = unusable_gpus(self.state, (
+        unusable = unusable_gpus(self.state, (
             ws.spec.pods[i].gpu for ws in self.pending if ws.id not in self.waits for i in ws.unplaced()),
-            self._movable_gpus if "consolidate" in config.actions else None)
-        requested: dict[str, Vector] = {p: (v[0], v[1], v[2]) for p, v in self.quota.alloc.items()}
-        for ws in self.pending:
-            if ws.id in self.waits:
-                continue  # what can never run does not take a share from those that can
-            for i in ws.unplaced():
-                d = self.quota.demand(ws.spec.pods[i])
-                r = requested[ws.project]
-                requested[ws.project] = (r[0] + d[0], r[1] + d[1], r[2] + d[2])
-        self.quota.share_out(fair_shares(self, snapshot, capacity, requested, self.unusable))
-
-    def _movable_gpus(self) -> set[tuple[int, int]]:
-        """(node index, GPU index) of GPUs with a tenant consolidation may move."""
-        found: set[tuple[int, int]] = set()
-        for ws in self.workloads.values():
-            if ws.spec.movable and all(r.gpu.shared for r in ws.spec.pods) and self.evictable(ws, "preempt"):
-                for p in ws.placements:
-                    if p is not None:
-                        index = self.state.by_name[p.node].index
-                        found.update((index, d) for d in p.devices)
-        return found
+            (lambda: movable_gpus(self.workloads.values(), self.state, self.evictable))
+            if "consolidate" in config.actions else None)
+        requested = requested_by_project(self.quota, (ws for ws in self.pending if ws.id not in self.waits))
+        self.quota.share_out(fair_shares(self.tree, config.usage, self.workloads, self.quota, snapshot, capacity,
+                                         requested, unusable))
 
     # -- changes (inside a Statement) -----------------------------------------------------------
 

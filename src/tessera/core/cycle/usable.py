@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.state import ClusterState
 
+from .workload_state import WorkloadState
+
 
 def unusable_gpus(
     state: ClusterState,
@@ -67,3 +69,16 @@ def _can_use(r: GpuRequest, memory: int, model: str, free: int, shared: bool) ->
     if r.kind is GpuKind.WHOLE:
         return not shared
     return r.bytes_on(memory) <= free
+
+
+def movable_gpus(workloads: Iterable[WorkloadState], state: ClusterState,
+                 evictable: Callable[[WorkloadState, str], bool]) -> set[tuple[int, int]]:
+    """(node index, GPU index) of GPUs with a tenant consolidation may move."""
+    found: set[tuple[int, int]] = set()
+    for ws in workloads:
+        if ws.spec.movable and all(r.gpu.shared for r in ws.spec.pods) and evictable(ws, "preempt"):
+            for p in ws.placements:
+                if p is not None:
+                    index = state.by_name[p.node].index
+                    found.update((index, d) for d in p.devices)
+    return found
