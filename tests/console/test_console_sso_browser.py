@@ -42,7 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
 
 def test_sso_button_signs_in_through_the_provider(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
     browser.get(f"{server.url}/")
-    browser.execute_script("sessionStorage.clear()")
+    browser.execute_script("localStorage.clear()")
     browser.get(f"{server.url}/#/login")
     until("the single sign-on button", lambda: browser.find_element(By.ID, "sso-login"))
     shoot(browser, artifacts, "login-sso")

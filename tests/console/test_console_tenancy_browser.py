@@ -40,7 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
 
 
 def _password_login(browser, server: EmbeddedServer, name: str, password: str) -> None:  # type: ignore[no-untyped-def]
-    browser.execute_script("sessionStorage.clear()")
+    browser.execute_script("localStorage.clear()")
     browser.get(f"{server.url}/#/login")
     until("the login page", lambda: browser.find_element(By.ID, "username"))
     browser.find_element(By.ID, "username").send_keys(name)
@@ -65,7 +65,7 @@ def test_1_researcher_of_team_a_sees_nothing_of_team_b(browser, server, artifact
         assert "team-b" not in text and "bsecretjob" not in text, (page, text)
         shoot(browser, artifacts, f"researcher-{page}")
     # Log out revokes the token on the server, not only in the browser
-    token = browser.execute_script("return sessionStorage.getItem('tessera.token')")
+    token = browser.execute_script("return localStorage.getItem('tessera.token')")
     assert httpx.get(f"{server.url}/api/v1/me",
                      headers={"Authorization": f"Bearer {token}"}).status_code == 200
     browser.find_element(By.ID, "logout").click()
@@ -94,7 +94,7 @@ def test_2_generated_first_password_is_changed_at_first_login(browser, server, a
 
 
 def test_3_admin_pages_departments_access_audit_reports(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
-    browser.execute_script("sessionStorage.clear()")
+    browser.execute_script("localStorage.clear()")
     login(browser, server)
     go(browser, server, "departments")
     until("the form", lambda: browser.find_element(By.ID, "d-name"))

@@ -13,7 +13,7 @@
   /* Log out revokes the token on the server first (capture phase: before app.js forgets it). */
   document.addEventListener("click", (ev) => {
     if (!(ev.target instanceof Element) || ev.target.id !== "logout") return;
-    const token = sessionStorage.getItem(TOKEN_KEY);
+    const token = store.getItem(TOKEN_KEY);
     if (token) fetch("/api/v1/token", { method: "DELETE", keepalive: true, headers: { Authorization: `Bearer ${token}` } }).catch(() => {});
   }, true);
 
@@ -42,12 +42,12 @@
             body: { grantType: "client_credentials", clientId: cid.value, clientSecret: secret.value } });
           value = r.accessToken;
         }
-        sessionStorage.setItem(TOKEN_KEY, value);
+        store.setItem(TOKEN_KEY, value);
         if (mustChange) { changePassword(user.value, password.value); return; }
         await api("/api/v1/overview", { login: true });
         location.hash = "#/overview";
       } catch (e) {
-        sessionStorage.removeItem(TOKEN_KEY);
+        store.removeItem(TOKEN_KEY);
         err.textContent = e.status === 401 ? "Wrong user name, password, token or credentials." : e.message;
       }
     } },
@@ -72,7 +72,7 @@
       try {
         await api("/api/v1/me/password", { method: "POST", body: { currentPassword: current, newPassword: next.value } });
         const r = await api("/api/v1/token", { method: "POST", login: true, body: { grantType: "password", username: name, password: next.value } });
-        sessionStorage.setItem(TOKEN_KEY, r.accessToken);
+        store.setItem(TOKEN_KEY, r.accessToken);
         location.hash = "#/overview";
       } catch (e) { err.textContent = e.message; }
     } }, h("h1", {}, "Choose your password"),
