@@ -441,7 +441,12 @@ def _workload(
     if unbound is not None:
         return wait_all(unbound)
     if kind == "g" and pg is None:
-        return wait_all(f"PodGroup {ns}/{gname} ({names.POD_GROUP}) does not exist")
+        inferred = [p.group_min for p in members if p.group_min is not None]
+        if not inferred:
+            return wait_all(f"PodGroup {ns}/{gname} ({names.POD_GROUP}) does not exist")
+        # A gang from the pods' owners (tessera.kube.podgrouper): the smallest minimum its
+        # current members carry (a retried member of a Job lowers it to what is left to run).
+        pg = PodGroupInfo(ns, gname, min(inferred), None, None, version=-1)
     project = (pg.project if pg else None) or members[0].labels.get(names.PROJECT) or owner.get(ns)
     if project is None:
         return wait_all(f"namespace {ns} belongs to no tessera Project "
@@ -470,7 +475,8 @@ def _workload(
     if pg is not None:
         if pg.min_member > len(keys):
             if all(pl is None for pl in placements):
-                return wait_all(f"gang {gname} needs {pg.min_member} pods (PodGroup minMember); "
+                source = "PodGroup minMember" if pg.version >= 0 else names.GANG_MIN_MEMBER
+                return wait_all(f"gang {gname} needs {pg.min_member} pods ({source}); "
                                 f"{len(keys)} exist")
             min_members = len(keys)
         else:

@@ -298,6 +298,10 @@ BINARIES: dict[str, Binary] = {
         Binary("kubectl", KUBERNETES_VERSION, _build_kubernetes_command("kubectl")),
         # Only for the differential check of tessera's predicates against kube-scheduler's.
         Binary("kube-scheduler", KUBERNETES_VERSION, _build_kubernetes_command("kube-scheduler")),
+        # Only for tests that need Kubernetes' own controllers (Jobs, ReplicaSets, garbage
+        # collection, ResourceClaims from templates): TestCluster(controller_manager=True).
+        Binary("kube-controller-manager", KUBERNETES_VERSION,
+               _build_kubernetes_command("kube-controller-manager")),
         Binary("kwok", KWOK_VERSION, _go_install("sigs.k8s.io/kwok/cmd/kwok")),
         Binary("helm", HELM_VERSION, _go_install("helm.sh/helm/v3/cmd/helm")),
         # Only for the single sign-on tests (a real OIDC provider).
@@ -343,7 +347,7 @@ def kwok_stages_file() -> Path:
 # Rough cold build times on a 2-core machine (module downloads included); the estimate shown is
 # the last recorded build time of that binary on this machine when there is one.
 TYPICAL_SECONDS = {"etcd": 120, "kube-apiserver": 300, "kubectl": 60, "kwok": 120, "helm": 120,
-                   "kube-scheduler": 240, "dex": 300}
+                   "kube-scheduler": 240, "dex": 300, "kube-controller-manager": 300}
 
 
 def _holder_path() -> Path:
