@@ -116,6 +116,9 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         lines.append(f"Why pending: {w['phaseMessage']}")
     elif w["phaseMessage"]:
         lines.append(f"Message:     {w['phaseMessage']}")
+    if w.get("gang") or (w.get("minWorkers") or 1) > 1:
+        lines.append(f"Gang:        {w.get('minWorkers')} of {w['workers']} pod(s) start "
+                     "together" + (f" ({w['gang']})" if w.get("gang") else ""))
     lines += [
         f"GPUs:        {'SIMULATED (no NVIDIA driver here)' if w['simulated'] else 'real (NVML)'}",
         f"Request:     {w['gpus']['request']} "

@@ -50,8 +50,7 @@ def gang_annotations_of(result: Gang | PerPod) -> dict[str, str]:
     return {GANG: f"no gang: {result.why}"}
 
 
-GANG = "tessera.io/gang"
-"""Written by the webhook on a pod: how its gang was decided (or why it has none)."""
+GANG = names.GANG
 
 
 class OwnerReader:
