@@ -41,6 +41,9 @@ DEX_API_VERSION = "v2.4.1-0.20260806151424-ab64ed778070"
 (its tags are v2.x "+incompatible" from before modules). Its go.mod replaces its own api/v2
 module with the directory beside it, so it is built from a throw-away module with api/v2
 pinned to the same commit (the published v2.4.0 lacks what this commit uses)."""
+JOBSET_VERSION = "v0.10.1"
+LWS_VERSION = "v0.7.0"
+KUBERAY_VERSION = "v1.5.0"
 
 LDFLAGS_STRIP = "-s -w"
 
@@ -303,6 +306,11 @@ BINARIES: dict[str, Binary] = {
         Binary("kube-controller-manager", KUBERNETES_VERSION,
                _build_kubernetes_command("kube-controller-manager")),
         Binary("kwok", KWOK_VERSION, _go_install("sigs.k8s.io/kwok/cmd/kwok")),
+        # The engines' controllers, only for their tests (tessera.testing.engines).
+        Binary("jobset", JOBSET_VERSION, _go_install("sigs.k8s.io/jobset")),
+        Binary("lws", LWS_VERSION, _go_install("sigs.k8s.io/lws/cmd")),
+        Binary("kuberay", KUBERAY_VERSION,
+               _go_install("github.com/ray-project/kuberay/ray-operator")),
         Binary("helm", HELM_VERSION, _go_install("helm.sh/helm/v3/cmd/helm")),
         # Only for the single sign-on tests (a real OIDC provider).
         Binary("dex", DEX_VERSION, _build_dex),
@@ -347,7 +355,8 @@ def kwok_stages_file() -> Path:
 # Rough cold build times on a 2-core machine (module downloads included); the estimate shown is
 # the last recorded build time of that binary on this machine when there is one.
 TYPICAL_SECONDS = {"etcd": 120, "kube-apiserver": 300, "kubectl": 60, "kwok": 120, "helm": 120,
-                   "kube-scheduler": 240, "dex": 300, "kube-controller-manager": 300}
+                   "kube-scheduler": 240, "dex": 300, "kube-controller-manager": 300,
+                   "jobset": 240, "lws": 240, "kuberay": 240}
 
 
 def _holder_path() -> Path:
