@@ -105,8 +105,16 @@ def _submit(
     name_prefix: str | None = None, ports: list[str] | None = None,
     mig_profile: str | None = None,
     compute_share: tuple[str | None, str | None, str | None] = (None, None, None),
+    framework: str | None = None,
 ) -> None:
     fmt = _fmt(output)
+    if workers < 1:
+        raise CliError(f"--workers: must be at least 1 (got {workers})")
+    if min_workers is not None and not 1 <= min_workers <= workers:
+        raise CliError(f"--min-workers: must be from 1 to --workers ({workers}) "
+                       f"(got {min_workers})")
+    if framework is not None:  # tessera training pytorch|jax|... submit (docs/workloads.md)
+        environment = [*(environment or []), f"{FRAMEWORK_ENV}={framework}"]
     if TRAILING:
         if command:
             raise CliError(f"NAME: give one workload name before -- (got {' '.join([name or '', *command])!r}); "
@@ -213,7 +221,16 @@ DEFAULT_PREFIX = {"Training": "job", "Workspace": "job", "Inference": "job"}
 PRIORITY_NAMES = ("train", "build-preemptible", "build", "interactive", "inference")
 
 
-def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> None:
+FRAMEWORK_ENV = "TESSERA_FRAMEWORK"
+"""Set in every worker of ``tessera training FRAMEWORK submit`` (embedded mode adds that
+framework's rendezvous variables: tessera.local.distributed)."""
+FRAMEWORKS = ("pytorch", "mpi", "jax", "tensorflow", "xgboost")
+"""Run:ai's distributed training types; each is a thin variant of ``training submit``: a gang
+of ``--workers`` pods that start together."""
+
+
+def _register_submit(group: typer.Typer, kind: str | None, help_text: str,
+                     framework: str | None = None) -> None:
     def submit(
         name: Annotated[str | None, typer.Argument(help="Workload name (generated when left out, like Run:ai's job-XXXX)")] = None,
         command: Annotated[list[str] | None, typer.Argument(help="Command after --")] = None,
@@ -245,7 +262,8 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> No
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
                 portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
                 environment, workers, min_workers, image, working_dir, output, on_eviction,
-                name_prefix, ports, gpu_mig_profile, (compute_request, compute_limit, compute_mode))
+                name_prefix, ports, gpu_mig_profile, (compute_request, compute_limit, compute_mode),
+                framework)
 
     submit.__doc__ = help_text
     group.command("submit")(submit)
