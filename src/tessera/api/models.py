@@ -203,11 +203,31 @@ class WorkloadSpec(Strict):
     minWorkers: int | None = Field(default=None, ge=1, le=64, description="Gang minimum")
     ports: list[PortSpec] = Field(default_factory=list, max_length=16,
                                   description="Ports to expose; the URLs show in list/describe")
+    parallelism: int | None = Field(default=None, ge=1, le=64,
+                                    description="A sweep: trials that run at once")
+    completions: int | None = Field(
+        default=None, ge=1, le=10_000, description="A sweep: trials to complete; each sees "
+        "JOB_COMPLETION_INDEX 0..completions-1 (as in a Kubernetes Indexed Job)")
+    backoffLimit: int | None = Field(default=None, ge=0, le=1000,
+                                     description="A sweep: failed trials retried in all (default 6)")
 
     @model_validator(mode="after")
     def _gang(self) -> WorkloadSpec:
         if self.minWorkers is not None and self.minWorkers > self.workers:
             raise invalid("minWorkers", f"must be at most workers ({self.workers})", self.minWorkers)
+        if self.completions is None:
+            if self.parallelism is not None:
+                raise invalid("completions", "is required with parallelism (the number of "
+                              "trials; each sees JOB_COMPLETION_INDEX 0..completions-1)")
+            if self.backoffLimit is not None:
+                raise invalid("backoffLimit", "applies to a sweep: give completions too")
+            return self
+        if self.parallelism is not None and self.parallelism > self.completions:
+            raise invalid("parallelism", f"must be at most completions ({self.completions}): a "
+                          "sweep never runs more trials at once than it has", self.parallelism)
+        if self.workers != 1:
+            raise invalid("workers", "must be 1 in a sweep (each trial is one pod; parallelism "
+                          "says how many run at once)", self.workers)
         return self
 
     @property

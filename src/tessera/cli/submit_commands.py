@@ -106,6 +106,7 @@ def _submit(
     mig_profile: str | None = None,
     compute_share: tuple[str | None, str | None, str | None] = (None, None, None),
     framework: str | None = None,
+    sweep: tuple[int | None, int | None, int | None] = (None, None, None),
 ) -> None:
     fmt = _fmt(output)
     if workers < 1:
@@ -176,6 +177,9 @@ def _submit(
         spec["ports"] = port_specs
     if min_workers is not None:
         spec["minWorkers"] = min_workers
+    for key, value in zip(("parallelism", "completions", "backoffLimit"), sweep, strict=True):
+        if value is not None:
+            spec[key] = value
     if priority is not None:
         spec["priorityClass"] = priority
     generated = name is None
@@ -200,6 +204,13 @@ def _submit(
                           {k: v for k, v in typed_values.items() if v is not None}) from None
     if fmt != "table":
         render.dump(w, fmt)
+        return
+    if w.get("sweep"):
+        sw = w["sweep"]
+        typer.echo(f"sweep {sw['name']} submitted to project {sw['project']}: "
+                   f"{sw['completions']} trials of {w['gpus']['request']}, "
+                   f"{sw['parallelism']} at a time (trials {sw['name']}-0 .. "
+                   f"{sw['name']}-{sw['completions'] - 1})")
         return
     typer.echo(f"{w['type'].lower()} {w['name']} submitted to project {w['projectName']}: "
                f"{w['gpus']['request']}" + (" (name generated)" if generated else "")
@@ -257,13 +268,16 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str,
         compute_request: Annotated[str | None, typer.Option("--gpu-compute-request", help="Guaranteed share of the GPU's time, 0-1 (default: the portion; docs/compute-share.md)")] = None,
         compute_limit: Annotated[str | None, typer.Option("--gpu-compute-limit", help="Ceiling on the GPU time share, request-1 (fair default 1, strict: the request)")] = None,
         compute_mode: Annotated[str | None, typer.Option("--gpu-compute-mode", help="off, fair or strict (default: the cluster's)")] = None,
+        parallelism: Annotated[int | None, typer.Option("--parallelism", help="A sweep: trials that run at once")] = None,
+        completions: Annotated[int | None, typer.Option("--completions", "--runs", help="A sweep: trials to complete; each sees JOB_COMPLETION_INDEX 0..N-1")] = None,
+        backoff_limit: Annotated[int | None, typer.Option("--backoff-limit", help="A sweep: failed trials retried in all (default 6)")] = None,
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
                 portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
                 environment, workers, min_workers, image, working_dir, output, on_eviction,
                 name_prefix, ports, gpu_mig_profile, (compute_request, compute_limit, compute_mode),
-                framework)
+                framework, (parallelism, completions, backoff_limit))
 
     submit.__doc__ = help_text
     group.command("submit")(submit)

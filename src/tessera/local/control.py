@@ -46,7 +46,7 @@ from tessera.core.requests import (
 )
 from tessera.core.state import Placement
 from tessera.isolation.config import REGION_NAME
-from tessera.local import compute_view, containers, isolation_hook
+from tessera.local import compute_view, containers, isolation_hook, sweeps
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
 from tessera.local.gpus import Machine
@@ -112,6 +112,8 @@ class LocalBackend(TokenAuth):
         """GPU memory used, loans and utilisation, read by the node agent's code here."""
         self.mig = LocalMig(machine, data_dir / "mig-journal.json", mig_serves_shares)
         """Partitions of the GPUs in MIG mode, for workloads that ask for a profile."""
+        self.sweeps = sweeps.Sweeps(data_dir / "sweeps.json", self.submit, self._phase_of)
+        """Hyperparameter sweeps: trials P at a time (--parallelism/--completions)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -205,6 +207,7 @@ class LocalBackend(TokenAuth):
         with self._lock:
             self.cycles += 1
             self.runner.reap_kills()
+            self.sweeps.tick()
             for w in list(self._active.values()):
                 if w.phase == "Running":
                     self.processes.check(w)
@@ -470,6 +473,10 @@ class LocalBackend(TokenAuth):
     # -- workloads -------------------------------------------------------------------------------
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
+        if s.spec.get("completions") is not None:  # a sweep (tessera.local.sweeps)
+            with self._lock:
+                return self.sweeps.create(s, s.spec.get("parallelism") or 1, s.spec["completions"],
+                                          s.spec.get("backoffLimit", sweeps.DEFAULT_BACKOFF_LIMIT))
         s = dataclasses.replace(s, gpu=with_runai_limit(s.gpu, s.env))  # as the webhook reads it
         admitted = check_submission(s)
         if not s.command and self.runtime is None:
@@ -574,6 +581,10 @@ class LocalBackend(TokenAuth):
                                  "one pod)", s.workers)
         with self._lock:
             return self.mig.check(s.mig_profile)
+
+    def _phase_of(self, workload_id: str) -> tuple[str, str] | None:
+        w = self._active.get(workload_id) or self.store.workload(workload_id)
+        return None if w is None else (w.phase, w.phase_message)
 
     def _get(self, workload_id: str, kind: str | None) -> Workload:
         with self._lock:
