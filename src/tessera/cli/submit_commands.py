@@ -107,6 +107,7 @@ def _submit(
     compute_share: tuple[str | None, str | None, str | None] = (None, None, None),
     framework: str | None = None,
     sweep: tuple[int | None, int | None, int | None] = (None, None, None),
+    scaling: dict[str, Any] | None = None,
 ) -> None:
     fmt = _fmt(output)
     if workers < 1:
@@ -177,6 +178,18 @@ def _submit(
         spec["ports"] = port_specs
     if min_workers is not None:
         spec["minWorkers"] = min_workers
+    auto = {k: v for k, v in (scaling or {}).items() if v is not None}
+    if auto:
+        if kind != "Inference":
+            flag = {"minReplicas": "--min-replicas", "maxReplicas": "--max-replicas",
+                    "metric": "--metric", "metricThreshold": "--metric-threshold",
+                    "scaleDownDelaySeconds": "--scale-down-delay"}[next(iter(auto))]
+            raise CliError(f"{flag}: only an inference scales: tessera inference submit")
+        if "metricThreshold" not in auto and auto.get("maxReplicas", 1) > 1:
+            raise CliError("--metric-threshold: give the per-replica value of --metric above "
+                           "which a replica is added")
+        auto.setdefault("metricThreshold", 1)
+        spec["autoscaling"] = auto
     for key, value in zip(("parallelism", "completions", "backoffLimit"), sweep, strict=True):
         if value is not None:
             spec[key] = value
@@ -271,13 +284,20 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str,
         parallelism: Annotated[int | None, typer.Option("--parallelism", help="A sweep: trials that run at once")] = None,
         completions: Annotated[int | None, typer.Option("--completions", "--runs", help="A sweep: trials to complete; each sees JOB_COMPLETION_INDEX 0..N-1")] = None,
         backoff_limit: Annotated[int | None, typer.Option("--backoff-limit", help="A sweep: failed trials retried in all (default 6)")] = None,
+        min_replicas: Annotated[int | None, typer.Option("--min-replicas", help="Inference: replicas when idle")] = None,
+        max_replicas: Annotated[int | None, typer.Option("--max-replicas", help="Inference: replicas at most")] = None,
+        metric: Annotated[str | None, typer.Option("--metric", help="Inference: concurrency or throughput")] = None,
+        metric_threshold: Annotated[float | None, typer.Option("--metric-threshold", help="Inference: per replica; above it a replica is added")] = None,
+        scale_down_delay: Annotated[float | None, typer.Option("--scale-down-delay", help="Inference: seconds a lower need must hold before replicas go (default 30)")] = None,
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
                 portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
                 environment, workers, min_workers, image, working_dir, output, on_eviction,
                 name_prefix, ports, gpu_mig_profile, (compute_request, compute_limit, compute_mode),
-                framework, (parallelism, completions, backoff_limit))
+                framework, (parallelism, completions, backoff_limit),
+                {"minReplicas": min_replicas, "maxReplicas": max_replicas, "metric": metric,
+                 "metricThreshold": metric_threshold, "scaleDownDelaySeconds": scale_down_delay})
 
     submit.__doc__ = help_text
     group.command("submit")(submit)

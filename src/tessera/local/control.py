@@ -46,7 +46,7 @@ from tessera.core.requests import (
 )
 from tessera.core.state import Placement
 from tessera.isolation.config import REGION_NAME
-from tessera.local import compute_view, containers, isolation_hook, sweeps
+from tessera.local import compute_view, containers, inference, isolation_hook, sweeps
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
 from tessera.local.gpus import Machine
@@ -114,6 +114,8 @@ class LocalBackend(TokenAuth):
         """Partitions of the GPUs in MIG mode, for workloads that ask for a profile."""
         self.sweeps = sweeps.Sweeps(data_dir / "sweeps.json", self.submit, self._phase_of)
         """Hyperparameter sweeps: trials P at a time (--parallelism/--completions)."""
+        self.services = inference.Services(self.submit, self.delete_workload, self._phase_of)
+        """Inference replicas behind one local port, scaled on a metric."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -139,6 +141,7 @@ class LocalBackend(TokenAuth):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.services.stop()
         with self._lock:
             self.mig.stop()
         self.store.close()
@@ -208,6 +211,7 @@ class LocalBackend(TokenAuth):
             self.cycles += 1
             self.runner.reap_kills()
             self.sweeps.tick()
+            self.services.tick()
             for w in list(self._active.values()):
                 if w.phase == "Running":
                     self.processes.check(w)
@@ -473,6 +477,12 @@ class LocalBackend(TokenAuth):
     # -- workloads -------------------------------------------------------------------------------
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
+        if s.spec.get("autoscaling") is not None:  # tessera.local.inference
+            if s.type != "Inference":
+                raise InvalidRequest("spec.autoscaling", "only an inference scales (tessera "
+                                     "inference submit)")
+            with self._lock:
+                return self.services.create(s, s.spec["autoscaling"])
         if s.spec.get("completions") is not None:  # a sweep (tessera.local.sweeps)
             with self._lock:
                 return self.sweeps.create(s, s.spec.get("parallelism") or 1, s.spec["completions"],
