@@ -17,7 +17,7 @@ from lightkube import Client, codecs
 from tessera.kube import names
 from tessera.testing import engines
 from tessera.testing.cluster import TestCluster
-from tests.kube.workload_stack import (
+from tessera.testing.workload_stack import (
     pods,
     project_namespace,
     scheduled_message,

@@ -20,7 +20,7 @@ from lightkube.resources.core_v1 import Pod
 
 from tessera.kube import names
 from tessera.testing.cluster import TestCluster
-from tests.kube.workload_stack import (
+from tessera.testing.workload_stack import (
     events_of,
     pods,
     project_namespace,

@@ -3,7 +3,8 @@
 scheduler running as the chart's ServiceAccounts with only the chart's RBAC.
 
 Engines' controllers (JobSet, LeaderWorkerSet, KubeRay) are started by the tests that need them
-(tessera.testing.engines)."""
+(tessera.testing.engines). (Test harness, used by tests/kube/test_workload*.py and
+tessera.bench.workloads.)"""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from tessera.kube.objects import ProjectResource
 from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
-from tests.waiting import wait_until
 
 SYSTEM_NS = "tessera-system"
 GPUS_PER_NODE = 4
@@ -30,13 +30,14 @@ NODES = 2
 
 
 @contextlib.contextmanager
-def workload_stack() -> Iterator[TestCluster]:
+def workload_stack(gpus_per_node: int = GPUS_PER_NODE, nodes: int = NODES
+                   ) -> Iterator[TestCluster]:
     cluster = TestCluster(controller_manager=True)
     cluster.start()
     procs: list[subprocess.Popen[bytes]] = []
     hook = None
     try:
-        cluster.create_gpu_nodes(NODES, NodeShape(gpus=GPUS_PER_NODE, model="H100-80GB"),
+        cluster.create_gpu_nodes(nodes, NodeShape(gpus=gpus_per_node, model="H100-80GB"),
                                  prefix="wl-")
         docs = local.helm_template(include_crds=True)
         local.apply(cluster, [d for d in docs if d["kind"] == "CustomResourceDefinition"])
@@ -78,7 +79,7 @@ def project_namespace(client: Client, base: str, deserved: float = 8) -> tuple[s
     project = f"{ns}-proj"
     client.create(ProjectResource(metadata=ObjectMeta(name=project), spec={
         "namespace": ns, "resources": {"gpu": {"deserved": deserved}}}))
-    probe = codecs.from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {
+    probe: Any = codecs.from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": "probe", "annotations": {"tessera.io/gpu-portion": "0.5"}},
         "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
     deadline = time.monotonic() + 15
@@ -93,15 +94,20 @@ def project_namespace(client: Client, base: str, deserved: float = 8) -> tuple[s
 
 
 def pods(client: Client, ns: str, **labels: str) -> list[Pod]:
-    return list(client.list(Pod, namespace=ns, labels=labels or None))
+    selector: dict[str, Any] = dict(labels)
+    return list(client.list(Pod, namespace=ns, labels=selector or None))
 
 
-def wait_pods(client: Client, ns: str, count: int, **labels: str) -> list[Pod]:
-    def check() -> list[Pod] | None:
+def wait_pods(client: Client, ns: str, count: int, timeout: float = 60, **labels: str
+              ) -> list[Pod]:
+    deadline = time.monotonic() + timeout
+    while True:
         got = pods(client, ns, **labels)
-        return got if len(got) >= count else None
-    found: list[Pod] = wait_until(f"{count} pods in {ns}", check, timeout=60)
-    return found
+        if len(got) >= count:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {count} pods in {ns} ({len(got)})")
+        time.sleep(0.1)
 
 
 def events_of(client: Client, ns: str, name: str) -> list[Any]:

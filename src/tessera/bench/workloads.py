@@ -1,0 +1,210 @@
+"""Workload types at scale (issue 32 targets; docs/benchmarks.md).
+
+``sweep``: embedded mode, ``tessera submit --parallelism 8 --completions 100 -g 0.25`` on one
+simulated GPU; samples the trials running every 50 ms; target: never more than 8.
+
+``inference``: embedded mode, an inference of min 1 / max N replicas on concurrency 1 per replica;
+N connections held open; seconds until N replicas run, then until it is back to 1 (the
+scale-down delay included); target: up within 30 s.
+
+``gang``: the kwok cluster with kube-controller-manager and the JobSet controller, tessera's
+webhook and scheduler; a JobSet of 64 pods (16 Jobs x 4) with a GPU share each; seconds from the
+last pod's creation to the last pod's binding; target: 2 s.
+
+Each prints one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SLEEPER = "import sys, time; time.sleep(float(sys.argv[1]))"
+SERVER = r'''
+import os, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(float(self.path.strip("/") or 0))
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+'''
+
+
+def machine() -> str:
+    import os
+    return f"{platform.machine()} {os.cpu_count()} cpus, CPython {platform.python_version()}"
+
+
+def _running(server: Any, prefix: str) -> list[str]:
+    with server.http() as c:
+        rows = c.get("/api/v1/workloads", params={"limit": 500}).json()["workloads"]
+    return [w["name"] for w in rows if w["name"].startswith(prefix) and w["phase"] == "Running"]
+
+
+def _phases(server: Any, prefix: str) -> dict[str, str]:
+    with server.http() as c:
+        rows = c.get("/api/v1/workloads", params={"limit": 500}).json()["workloads"]
+    return {w["name"]: w["phase"] for w in rows if w["name"].startswith(prefix)}
+
+
+def sweep(trials: int, parallelism: int, seconds: float) -> dict[str, Any]:
+    from tessera.testing.embedded import EmbeddedServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedServer(Path(tmp), simulate=["1xV100-16GB"])
+        with server.serving("bench", gpu="1"):
+            t0 = time.monotonic()
+            server.cli("submit", "hpo", "-p", "bench", "-g", "0.25", "--parallelism",
+                       str(parallelism), "--completions", str(trials), "--", sys.executable,
+                       "-c", SLEEPER, str(seconds))
+            peak, samples = 0, 0
+            while True:
+                phases = _phases(server, "hpo-")
+                running = sum(1 for p in phases.values() if p == "Running")
+                peak, samples = max(peak, running), samples + 1
+                done = sum(1 for p in phases.values() if p == "Completed")
+                if done >= trials:
+                    break
+                if time.monotonic() - t0 > 900:
+                    raise SystemExit(f"sweep not done after 900 s: {done} of {trials}")
+                time.sleep(0.05)
+            total = time.monotonic() - t0
+    return {"benchmark": "workloads.sweep", "trials": trials, "parallelism": parallelism,
+            "trial_seconds": seconds, "gpu_per_trial": 0.25, "max_running": peak,
+            "samples": samples, "seconds": round(total, 2), "target_max_running": parallelism,
+            "meets_target": peak <= parallelism, "machine": machine()}
+
+
+def inference(replicas: int, hold: float, delay: float) -> dict[str, Any]:
+    import httpx
+
+    from tessera.testing.embedded import EmbeddedServer, free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "serve.py"
+        script.write_text(SERVER)
+        server = EmbeddedServer(Path(tmp) / "data", simulate=["1xV100-16GB"])
+        with server.serving("bench", gpu="1"):
+            port = free_port()
+            server.cli("inference", "submit", "svc", "-p", "bench", "-g", "0.1", "--port",
+                       str(port), "--min-replicas", "1", "--max-replicas", str(replicas),
+                       "--metric", "concurrency", "--metric-threshold", "1",
+                       "--scale-down-delay", str(delay), "--", sys.executable, str(script))
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{url}/0", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit("the service never answered")
+                time.sleep(0.1)
+            t0 = time.monotonic()
+            load = [threading.Thread(target=httpx.get, args=(f"{url}/{hold}",),
+                                     kwargs={"timeout": hold + 60}) for _ in range(replicas)]
+            for t in load:
+                t.start()
+            while len(_running(server, "svc-")) < replicas:
+                if time.monotonic() - t0 > 120:
+                    raise SystemExit("never scaled up")
+                time.sleep(0.05)
+            up = time.monotonic() - t0
+            for t in load:
+                t.join()
+            t1 = time.monotonic()
+            while len(_running(server, "svc-")) > 1:
+                if time.monotonic() - t1 > 120:
+                    raise SystemExit("never scaled down")
+                time.sleep(0.05)
+            down = time.monotonic() - t1
+    return {"benchmark": "workloads.inference", "max_replicas": replicas,
+            "scale_up_seconds": round(up, 2), "scale_down_seconds": round(down, 2),
+            "scale_down_delay": delay, "target_up_seconds": 30, "meets_target": up <= 30,
+            "machine": machine()}
+
+
+def gang(pods: int) -> dict[str, Any]:
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Pod
+
+    from tessera.testing import engines
+    from tessera.testing.workload_stack import project_namespace, workload_stack
+
+    per_job = 4
+    with workload_stack(gpus_per_node=8, nodes=max(2, pods // 16)) as cluster, \
+            engines.running(cluster, "jobset"):
+        client = cluster.client()
+        ns, _ = project_namespace(client, "bench-gang", deserved=pods)
+        client.create(codecs.from_dict({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "big"},
+            "spec": {"replicatedJobs": [{"name": "workers", "replicas": pods // per_job,
+                                         "template": {"spec": {
+                                             "parallelism": per_job, "completions": per_job,
+                                             "backoffLimit": 0, "template": {
+                                                 "metadata": {"annotations": {
+                                                     "tessera.io/gpu-portion": "0.5"}},
+                                                 "spec": {"restartPolicy": "Never",
+                                                          "containers": [{"name": "w",
+                                                                          "image": "pause"}]}}}}}]}}),
+            namespace=ns)
+        deadline = time.monotonic() + 300
+        bound_at: dict[str, float] = {}
+        created: dict[str, float] = {}
+        while len(bound_at) < pods:
+            for p in client.list(Pod, namespace=ns):
+                created.setdefault(p.metadata.name, time.time())
+                if p.spec.nodeName and p.metadata.name not in bound_at:
+                    bound_at[p.metadata.name] = time.time()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{len(bound_at)} of {pods} bound after 300 s")
+            time.sleep(0.02)
+        last_created = max(created.values())
+        first_bound, last_bound = min(bound_at.values()), max(bound_at.values())
+    return {"benchmark": "workloads.gang", "pods": pods, "engine": "JobSet (+ Job controller)",
+            "seen_last_created_to_last_bound_s": round(last_bound - last_created, 3),
+            "first_to_last_bound_s": round(last_bound - first_bound, 3),
+            "target_seconds": 2.0, "meets_target": last_bound - last_created <= 2.0,
+            "machine": machine()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tessera.bench.workloads")
+    sub = ap.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("sweep")
+    s.add_argument("--trials", type=int, default=100)
+    s.add_argument("--parallelism", type=int, default=8)
+    s.add_argument("--seconds", type=float, default=0.5, help="each trial's run time")
+    i = sub.add_parser("inference")
+    i.add_argument("--replicas", type=int, default=4)
+    i.add_argument("--hold", type=float, default=10.0)
+    i.add_argument("--delay", type=float, default=5.0)
+    g = sub.add_parser("gang")
+    g.add_argument("--pods", type=int, default=64)
+    args = ap.parse_args(argv)
+    if args.what == "sweep":
+        out = sweep(args.trials, args.parallelism, args.seconds)
+    elif args.what == "inference":
+        out = inference(args.replicas, args.hold, args.delay)
+    else:
+        out = gang(args.pods)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    socket.setdefaulttimeout(None)
+    raise SystemExit(main())
