@@ -1,7 +1,7 @@
 """Workload types at scale (issue 32 targets; docs/benchmarks.md).
 
-``sweep``: embedded mode, ``tessera submit --parallelism 8 --completions 100 -g 0.25`` on one
-simulated GPU; samples the trials running every 50 ms; target: never more than 8.
+``sweep``: embedded mode, ``tessera submit --parallelism 8 --completions 100 -g 0.25`` on four
+simulated GPUs (room for 16 at once); samples the trials running every 50 ms; target: never more than 8.
 
 ``inference``: embedded mode, an inference of min 1 / max N replicas on concurrency 1 per replica;
 N connections held open; seconds until N replicas run, then until it is back to 1 (the
@@ -62,8 +62,9 @@ def sweep(trials: int, parallelism: int, seconds: float) -> dict[str, Any]:
     from tessera.testing.embedded import EmbeddedServer
 
     with tempfile.TemporaryDirectory() as tmp:
-        server = EmbeddedServer(Path(tmp), simulate=["1xV100-16GB"])
-        with server.serving("bench", gpu="1"):
+        # 4 GPUs: room for 16 trials of 0.25 at once, so only the sweep holds them to 8.
+        server = EmbeddedServer(Path(tmp), simulate=["4xV100-16GB"])
+        with server.serving("bench", gpu="4"):
             t0 = time.monotonic()
             server.cli("submit", "hpo", "-p", "bench", "-g", "0.25", "--parallelism",
                        str(parallelism), "--completions", str(trials), "--", sys.executable,
@@ -81,7 +82,7 @@ def sweep(trials: int, parallelism: int, seconds: float) -> dict[str, Any]:
                 time.sleep(0.05)
             total = time.monotonic() - t0
     return {"benchmark": "workloads.sweep", "trials": trials, "parallelism": parallelism,
-            "trial_seconds": seconds, "gpu_per_trial": 0.25, "max_running": peak,
+            "trial_seconds": seconds, "gpu_per_trial": 0.25, "gpus": 4, "max_running": peak,
             "samples": samples, "seconds": round(total, 2), "target_max_running": parallelism,
             "meets_target": peak <= parallelism, "machine": machine()}
 

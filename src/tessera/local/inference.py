@@ -228,12 +228,15 @@ class Services:
                 if svc.below_since is None:
                     svc.below_since = now
                 elif now - svc.below_since >= svc.scale_down_delay:
-                    with svc.lock:
-                        victim = max(svc.replicas, key=lambda r: (r.open == 0, svc.replicas.index(r)))
-                        svc.replicas.remove(victim)
-                    self._delete(victim.workload_id)
+                    with svc.lock:  # the idle ones first, the newest first
+                        order = sorted(enumerate(svc.replicas),
+                                       key=lambda x: (x[1].open == 0, x[0]), reverse=True)
+                        victims = [r for _, r in order[:have - want]]
+                        svc.replicas = [r for r in svc.replicas if r not in victims]
+                    for victim in victims:
+                        self._delete(victim.workload_id)
                     svc.history.append((now, len(svc.replicas)))
-                    svc.below_since = now if len(svc.replicas) > want else None
+                    svc.below_since = None
             else:
                 svc.below_since = None
 
