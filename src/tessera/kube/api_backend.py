@@ -236,6 +236,10 @@ class KubeBackend(TokenAuth):
         if s.spec.get("ports"):
             raise InvalidRequest("spec.ports", "is not supported on the Kubernetes backend yet "
                                  "(no Service is created); expose the pod with a Service")
+        if s.spec.get("completions") is not None:  # docs/workloads.md
+            raise InvalidRequest("spec.completions", "a sweep is not made by the Kubernetes "
+                                 "backend yet: apply an Indexed Job (its trials are grouped, "
+                                 "the Job controller runs parallelism and retries)")
         fraction = self._check_mig(s.mig_profile) if s.mig_profile is not None else None
         pclass, min_workers = admitted.priority_class, admitted.min_workers
         nodes, _, _, _ = self._nodes()
