@@ -30,9 +30,9 @@ NODES = 2
 
 
 @contextlib.contextmanager
-def workload_stack(gpus_per_node: int = GPUS_PER_NODE, nodes: int = NODES
-                   ) -> Iterator[TestCluster]:
-    cluster = TestCluster(controller_manager=True)
+def workload_stack(gpus_per_node: int = GPUS_PER_NODE, nodes: int = NODES,
+                   controller_manager: bool = True) -> Iterator[TestCluster]:
+    cluster = TestCluster(controller_manager=controller_manager)
     cluster.start()
     procs: list[subprocess.Popen[bytes]] = []
     hook = None
