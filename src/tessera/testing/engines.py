@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import socket
 import time
@@ -68,6 +69,22 @@ def module_dir(module: str, version: str) -> Path:
     return Path(json.loads(out)["Dir"])
 
 
+def apply_crds(cluster: TestCluster, crds: list[dict[str, Any]]) -> None:
+    """Apply CRDs and wait until each is Established (``kubectl wait`` fails, rather than
+    waits, while a new CRD has no status yet: retried)."""
+    from tessera.testing.webhook import apply
+
+    apply(cluster, crds)
+    def established(name: str) -> bool:
+        return cluster.kubectl("wait", "--for=condition=Established", "--timeout=10s",
+                               f"crd/{name}", check=False).returncode == 0
+
+    for crd in crds:
+        name = str(crd["metadata"]["name"])
+        _wait_for(f"CRD {name} Established", functools.partial(established, name),
+                  timeout=60, interval=0.5)
+
+
 def _webhook_docs(engine: Engine, source: Path, url: str, ca: bytes) -> list[dict[str, Any]]:
     assert engine.webhooks is not None
     docs = [d for d in yaml.safe_load_all((source / engine.webhooks).read_text()) if d]
@@ -96,10 +113,7 @@ def running(cluster: TestCluster, name: str) -> Iterator[ManagedProcess]:
     path = binaries.ensure([engine.binary], report=cluster.report)[engine.binary]
     source = module_dir(engine.module, binary.version)
     crds = [d for rel in engine.crds for d in yaml.safe_load_all((source / rel).read_text()) if d]
-    apply(cluster, crds)
-    for crd in crds:
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-                        f"crd/{crd['metadata']['name']}")
+    apply_crds(cluster, crds)
     wd = cluster.workdir / name
     wd.mkdir(exist_ok=True)
     hook_port, probe_port = free_ports(2)
