@@ -17,6 +17,7 @@ from lightkube import Client, codecs
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod
+from lightkube.types import CascadeType
 
 from tessera.kube import names
 from tessera.testing.cluster import TestCluster
@@ -48,10 +49,11 @@ def template(gpu: dict[str, str], labels: dict[str, str] | None = None,
     """A pod template; ``gpu``: annotations, or ``{"whole": "N"}`` for N whole GPUs."""
     container: dict[str, Any] = {"name": "main", "image": "busybox"}
     ann = dict(gpu)
-    if "whole" in ann:
+    spec: dict[str, Any] = {"restartPolicy": restart, "containers": [container]}
+    if "whole" in ann:  # whole GPUs are tessera's when it schedules the pod
         container["resources"] = {"limits": {"nvidia.com/gpu": ann.pop("whole")}}
-    return {"metadata": {"labels": labels or {}, "annotations": ann},
-            "spec": {"restartPolicy": restart, "containers": [container]}}
+        spec["schedulerName"] = "tessera"
+    return {"metadata": {"labels": labels or {}, "annotations": ann}, "spec": spec}
 
 
 def job(name: str, parallelism: int, completions: int, gpu: dict[str, str],
@@ -112,7 +114,7 @@ def test_indexed_job_gang_too_big_starts_no_pod_and_says_why(stack: TestCluster,
     assert doc["minWorkers"] == 9 and doc["phase"] == "Pending"
     assert "gang" in doc["phaseMessage"], doc["phaseMessage"]
     # Garbage collection (kube-controller-manager) removes the pods with their Job.
-    client.delete(Job, "wide", namespace=ns, propagation_policy="Background")
+    client.delete(Job, "wide", namespace=ns, cascade=CascadeType.BACKGROUND)
     wait_until("the Job's pods deleted", lambda: not pods(client, ns, **{"job-name": "wide"}),
                timeout=60)
 
@@ -143,39 +145,47 @@ def test_deployment_pods_are_scheduled_on_their_own(client: Client) -> None:
     for p in pods(client, ns, app="serve"):
         ann = p.metadata.annotations or {}
         assert names.POD_GROUP not in ann and ann[names.GANG].startswith("no gang")
+    client.delete(Deployment, "serve", namespace=ns)
+    wait_until("the replicas gone", lambda: not pods(client, ns, app="serve"), timeout=60)
 
 
 def test_deployment_gang_override_is_reclaimed_whole(client: Client) -> None:
     """A Deployment made a gang (tessera.io/gang-min-member) runs over its project's quota; a
     project within its quota reclaims room, and the gang is evicted whole, never in part."""
     low, _ = project_namespace(client, "deployment-gang", deserved=0)
-    high, _ = project_namespace(client, "deployment-reclaimer", deserved=4)
+    high, _ = project_namespace(client, "deployment-reclaimer", deserved=8)
     whole = {"whole": "2"}
-    client.create(deployment("gang", 4, whole, {"tessera.io/gang-min-member": "4"}),
+    # 3 members x 2 GPUs on 2 nodes x 4 GPUs.
+    client.create(deployment("gang", 3, whole, {"tessera.io/gang-min-member": "3"}),
                   namespace=low)
-    first = wait_until("the gang of 4 bound", lambda: (lambda got: got if len(got) == 4 else None)(
+    first = wait_until("the gang of 3 bound", lambda: (lambda got: got if len(got) == 3 else None)(
         [p for p in pods(client, low, app="gang") if bound(p)]), timeout=60)
     assert {(p.metadata.annotations or {})[names.POD_GROUP] for p in first} == {"deployment-gang"}
     uids = {p.metadata.uid for p in first}
-    # One GPU for a project within its quota: one member's room would do, but a gang goes whole.
-    client.create(codecs.from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": "needs-one"}, "spec": {"containers": [{"name": "c", "image": "busybox",
-        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}), namespace=high)
-    wait_until("the reclaimer bound", lambda: bound(client.get(Pod, "needs-one", namespace=high)),
-               timeout=90)
+    # A gang of 2 x 3 GPUs of a project within its quota (a pod of 3 per node): reclaim evicts
+    # the over-quota gang, every member of it, and its recreated members wait as a gang.
+    client.create(deployment("reclaimer", 2, {"whole": "3"},
+                             {"tessera.io/gang-min-member": "2"}), namespace=high)
+    try:
+        wait_until("the reclaimer bound", lambda: len([
+            p for p in pods(client, high, app="reclaimer") if bound(p)]) == 2, timeout=90)
+    except AssertionError:
+        raise AssertionError([scheduled_message(p) for p in pods(client, high, app="reclaimer")]
+                             ) from None
 
     def all_gone() -> bool:
         return not uids & {p.metadata.uid for p in pods(client, low, app="gang")
                            if p.metadata.deletionTimestamp is None}
     wait_until("every member of the gang evicted", all_gone, timeout=60)
-    # The ReplicaSet makes the members again: 8 GPUs for the gang, 7 free: none starts.
-    wait_until("the new members wait as a gang", lambda: (lambda got: len(got) == 4 and all(
+    # The ReplicaSet makes the members again: 6 GPUs for the gang, 2 free: none starts.
+    wait_until("the new members wait as a gang", lambda: (lambda got: len(got) == 3 and all(
         "gang" in scheduled_message(p) for p in got))(
         [p for p in pods(client, low, app="gang") if p.metadata.deletionTimestamp is None]),
         timeout=60)
     assert not any(bound(p) for p in pods(client, low, app="gang")
                    if p.metadata.deletionTimestamp is None)
     client.delete(Deployment, "gang", namespace=low)
+    client.delete(Deployment, "reclaimer", namespace=high)
 
 
 def test_unknown_owner_kind_is_per_pod_with_an_event(client: Client) -> None:

@@ -137,7 +137,7 @@ def inference(replicas: int, hold: float, delay: float) -> dict[str, Any]:
             "machine": machine()}
 
 
-def gang_pytorchjob(pods: int) -> dict[str, Any]:
+def gang_pytorchjob(pods: int, whole: bool = False) -> dict[str, Any]:
     """A PyTorchJob (its CRD from the Kubeflow training operator's module) and its pods, created
     by this benchmark as the operator creates them (Master-0, Worker-0..N-2, each owned by the
     PyTorchJob); tessera's webhook and scheduler on the kwok cluster."""
@@ -151,7 +151,7 @@ def gang_pytorchjob(pods: int) -> dict[str, Any]:
     from tessera.testing.engines import apply_crds, module_dir
     from tessera.testing.workload_stack import project_namespace, workload_stack
 
-    with workload_stack(gpus_per_node=8, nodes=max(2, pods // 16),
+    with workload_stack(gpus_per_node=8, nodes=max(2, pods // (8 if whole else 16)),
                         controller_manager=False) as cluster:
         source = module_dir("github.com/kubeflow/training-operator", "v1.9.3")
         crd = yaml.safe_load((source / "manifests/base/crds/kubeflow.org_pytorchjobs.yaml")
@@ -159,8 +159,12 @@ def gang_pytorchjob(pods: int) -> dict[str, Any]:
         apply_crds(cluster, [crd])
         client = cluster.client()
         ns, _ = project_namespace(client, "bench-gang", deserved=pods)
-        tmpl = {"metadata": {"annotations": {"tessera.io/gpu-portion": "0.5"}},
-                "spec": {"containers": [{"name": "pytorch", "image": "pytorch"}]}}
+        share = {} if whole else {"tessera.io/gpu-portion": "0.5"}
+        container: dict[str, Any] = {"name": "pytorch", "image": "pytorch"}
+        if whole:  # one whole GPU each: no reservation pods, no node agent in the path
+            container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+        tmpl = {"metadata": {"annotations": share},
+                "spec": {"schedulerName": "tessera", "containers": [container]}}
         create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
         job = client.create(codecs.from_dict({
             "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "big"},
@@ -173,7 +177,7 @@ def gang_pytorchjob(pods: int) -> dict[str, Any]:
         def create(name: str) -> None:
             client.create(codecs.from_dict({
                 "apiVersion": "v1", "kind": "Pod", "metadata": {
-                    "name": name, "annotations": {"tessera.io/gpu-portion": "0.5"},
+                    "name": name, "annotations": share,
                     "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
                                          "name": "big", "uid": job.metadata.uid,
                                          "controller": True}]},
@@ -199,7 +203,8 @@ def gang_pytorchjob(pods: int) -> dict[str, Any]:
         groups = {(p.metadata.annotations or {}).get("tessera.io/pod-group")
                   for p in client.list(Pod, namespace=ns)}
     last_created = max(created.values())
-    return {"benchmark": "workloads.gang", "pods": pods, "engine": "PyTorchJob (kubeflow.org/v1 "
+    return {"benchmark": "workloads.gang", "pods": pods, "gpu": "1 whole" if whole else "0.5",
+            "engine": "PyTorchJob (kubeflow.org/v1 "
             "CRD; pods created as the training operator does)", "groups": sorted(map(str, groups)),
             "create_seconds": round(last_created - t0, 3),
             "last_created_to_last_bound_s": round(max(bound_at.values()) - last_created, 3),
@@ -267,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("gang")
     g.add_argument("--pods", type=int, default=64)
     g.add_argument("--engine", choices=("pytorchjob", "jobset"), default="pytorchjob")
+    g.add_argument("--whole", action="store_true", help="one whole GPU per pod (default 0.5)")
     args = ap.parse_args(argv)
     if args.what == "sweep":
         out = sweep(args.trials, args.parallelism, args.seconds)
@@ -275,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.engine == "jobset":
         out = gang(args.pods)
     else:
-        out = gang_pytorchjob(args.pods)
+        out = gang_pytorchjob(args.pods, args.whole)
     print(json.dumps(out))
     return 0
 
