@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from lightkube import Client, codecs
+from lightkube.generic_resource import create_namespaced_resource
 
 from tessera.kube import names
 from tessera.testing import engines
@@ -27,6 +28,10 @@ from tessera.testing.workload_stack import (
 from tests.waiting import wait_until
 
 SHARE = {"tessera.io/gpu-portion": "0.5"}
+for _group, _version, _kind in (("ray.io", "v1", "RayCluster"), ("ray.io", "v1", "RayJob"),
+                                ("jobset.x-k8s.io", "v1alpha2", "JobSet"),
+                                ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet")):
+    create_namespaced_resource(_group, _version, _kind, f"{_kind.lower()}s")
 
 
 @pytest.fixture(scope="module")
