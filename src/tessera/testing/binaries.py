@@ -274,6 +274,21 @@ def _build_dex(binary: Binary, out: Path) -> None:
          cwd=workdir, log=binary.log_path, env=_go_env(module_mode=True))
 
 
+def _build_listless(module: str, package: str) -> Callable[[Binary, Path], None]:
+    """``go build`` of ``package`` from a throw-away module requiring ``module@version``: for
+    modules whose version list the proxy refuses (403), which ``go install pkg@version`` reads
+    for its deprecation check (sigs.k8s.io/jobset, sigs.k8s.io/lws)."""
+    def build(binary: Binary, out: Path) -> None:
+        go_mod = _download_go_mod(module, binary.version, log=binary.log_path)
+        text = throwaway_go_mod(require=module, version=binary.version,
+                                go_version=go_directive(go_mod), replaces={})
+        workdir = _write_module(cache_dir() / "build" / f"{binary.name}-{binary.version}", text)
+        _run([_go(), "build", f"-ldflags={LDFLAGS_STRIP}", "-o", str(out), package],
+             cwd=workdir, log=binary.log_path, env=_go_env(module_mode=True))
+
+    return build
+
+
 def _go_install(package: str) -> Callable[[Binary, Path], None]:
     def build(binary: Binary, out: Path) -> None:
         gobin = out.parent / f".gobin-{binary.name}"
@@ -307,8 +322,9 @@ BINARIES: dict[str, Binary] = {
                _build_kubernetes_command("kube-controller-manager")),
         Binary("kwok", KWOK_VERSION, _go_install("sigs.k8s.io/kwok/cmd/kwok")),
         # The engines' controllers, only for their tests (tessera.testing.engines).
-        Binary("jobset", JOBSET_VERSION, _go_install("sigs.k8s.io/jobset")),
-        Binary("lws", LWS_VERSION, _go_install("sigs.k8s.io/lws/cmd")),
+        Binary("jobset", JOBSET_VERSION, _build_listless("sigs.k8s.io/jobset",
+                                                         "sigs.k8s.io/jobset")),
+        Binary("lws", LWS_VERSION, _build_listless("sigs.k8s.io/lws", "sigs.k8s.io/lws/cmd")),
         Binary("kuberay", KUBERAY_VERSION,
                _go_install("github.com/ray-project/kuberay/ray-operator")),
         Binary("helm", HELM_VERSION, _go_install("helm.sh/helm/v3/cmd/helm")),
