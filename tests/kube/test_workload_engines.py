@@ -91,8 +91,10 @@ def jobset_manifest(name: str, workers: int, per_job: int, pod_ann: dict[str, st
         return {"name": rname, "replicas": replicas, "template": {"spec": {
             "parallelism": parallelism, "completions": parallelism, "backoffLimit": 0,
             "template": {"metadata": {"annotations": pod_ann},
-                         "spec": {"restartPolicy": "Never", "containers": [
-                             container("pytorch", gpu)]}}}}}
+                         "spec": {"restartPolicy": "Never",
+                                  # whole GPUs are tessera's when it schedules the pod
+                                  **({"schedulerName": "tessera"} if gpu else {}),
+                                  "containers": [container("pytorch", gpu)]}}}}}
     return codecs.from_dict({
         "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
         "spec": {"replicatedJobs": [rjob("leader", 1, 1), rjob("workers", workers, per_job)]}})
