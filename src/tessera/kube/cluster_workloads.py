@@ -20,6 +20,7 @@ from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
 from tessera.kube import workload_docs as wd
 from tessera.kube.objects import PodGroupResource, ProjectResource, pod_info
+from tessera.kube.podgrouper import min_member_of
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def _requested(rec: wd.Record, nodes: dict[str, CoreNode]) -> float:
 def _inferred_min(pods: list[Any]) -> int:
     """A gang's minimum from its pods (``tessera.io/gang-min-member``, written by the webhook
     from their owners: docs/workloads.md), else every pod."""
-    mins = [pod_info(p).group_min for p in pods]
+    mins = [min_member_of(p.metadata.annotations or {}) for p in pods]
     known = [m for m in mins if m is not None]
     return min(known) if known else len(pods)
 

@@ -95,9 +95,6 @@ class PodInfo:
     gpu_uuid: str | None = None
     group: str | None = None
     """The PodGroup it belongs to (annotation or label ``tessera.io/pod-group``)."""
-    group_min: int | None = None
-    """``tessera.io/gang-min-member``: the gang's minimum when no PodGroup object states it (the
-    webhook writes it on a controller's pods: tessera.kube.podgrouper); None if absent/invalid."""
     sched: SchedulingSpec | None = None
     """What it states about its node beyond GPU/CPU/memory (None: nothing)."""
     sched_error: str | None = None
@@ -233,14 +230,6 @@ def _containers(items: Any) -> list[ContainerResources]:
     return out
 
 
-def _group_min(raw: str | None) -> int | None:
-    try:
-        n = int(raw) if raw is not None else None
-    except ValueError:
-        return None
-    return n if n is not None and n >= 1 else None
-
-
 def pod_info(pod: Any) -> PodInfo:
     meta = pod.metadata
     spec = pod.spec
@@ -266,7 +255,6 @@ def pod_info(pod: Any) -> PodInfo:
         scheduled_message=message,
         group=annotations.get(names.POD_GROUP) or labels.get(names.POD_GROUP),
         owner=next((r.kind for r in meta.ownerReferences or () if r.controller), None),
-        group_min=_group_min(annotations.get(names.GANG_MIN_MEMBER)),
     )
     if labels.get(names.RESERVATION_LABEL) == "true":
         try:

@@ -76,6 +76,27 @@ GANG_KINDS = frozenset({
 KNOWN_KINDS = PER_POD_KINDS | GANG_KINDS
 
 
+def min_member_of(annotations: Mapping[str, str]) -> int | None:
+    """A pod's ``tessera.io/gang-min-member`` (what the webhook wrote), or None if absent or
+    not a whole number ≥ 1."""
+    raw = annotations.get(MIN_MEMBER_OVERRIDE)
+    try:
+        n = int(raw) if raw is not None else 0
+    except ValueError:
+        return None
+    return n if n >= 1 else None
+
+
+def inferred_group(namespace: str, name: str, members: Sequence[Any]) -> Any:
+    """The PodGroup (``tessera.kube.objects.PodGroupInfo``) of pods that name a group no
+    PodGroup object states, from the minimum their owners gave them (the smallest its current
+    members carry: a retried member of a Job lowers it to what is left), or None."""
+    from tessera.kube.objects import PodGroupInfo
+
+    mins = [m for p in members if (m := min_member_of(p.annotations)) is not None]
+    return PodGroupInfo(namespace, name, min(mins), None, None, version=-1) if mins else None
+
+
 def api_group(obj: Obj) -> str:
     """The API group of an object's (or owner reference's) ``apiVersion`` ("" for core)."""
     version = str(obj.get("apiVersion") or "")

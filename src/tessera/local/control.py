@@ -46,7 +46,7 @@ from tessera.core.requests import (
 )
 from tessera.core.state import Placement
 from tessera.isolation.config import REGION_NAME
-from tessera.local import compute_view, containers, inference, isolation_hook, sweeps
+from tessera.local import compute_view, containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
 from tessera.local.gpus import Machine
@@ -57,6 +57,7 @@ from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, r
 from tessera.local.spelling_env import with_runai_limit
 from tessera.local.store import Project, Store, Workload, all_or_nothing
 from tessera.local.usage import LocalUsage
+from tessera.local.workload_types import WorkloadTypes
 from tessera.node.containers import Share, ShareDevice
 from tessera.node.mig import MigError
 from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
@@ -112,10 +113,8 @@ class LocalBackend(TokenAuth):
         """GPU memory used, loans and utilisation, read by the node agent's code here."""
         self.mig = LocalMig(machine, data_dir / "mig-journal.json", mig_serves_shares)
         """Partitions of the GPUs in MIG mode, for workloads that ask for a profile."""
-        self.sweeps = sweeps.Sweeps(data_dir / "sweeps.json", self.submit, self._phase_of)
-        """Hyperparameter sweeps: trials P at a time (--parallelism/--completions)."""
-        self.services = inference.Services(self.submit, self.delete_workload, self._phase_of)
-        """Inference replicas behind one local port, scaled on a metric."""
+        self.types = WorkloadTypes(data_dir, self.submit, self.delete_workload, lambda wid: (
+            self._active.get(wid) or self.store.workload(wid)))  # sweeps, scaling inference
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -141,7 +140,7 @@ class LocalBackend(TokenAuth):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.services.stop()
+        self.types.stop()
         with self._lock:
             self.mig.stop()
         self.store.close()
@@ -210,8 +209,7 @@ class LocalBackend(TokenAuth):
         with self._lock:
             self.cycles += 1
             self.runner.reap_kills()
-            self.sweeps.tick()
-            self.services.tick()
+            self.types.tick()
             for w in list(self._active.values()):
                 if w.phase == "Running":
                     self.processes.check(w)
@@ -477,16 +475,9 @@ class LocalBackend(TokenAuth):
     # -- workloads -------------------------------------------------------------------------------
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
-        if s.spec.get("autoscaling") is not None:  # tessera.local.inference
-            if s.type != "Inference":
-                raise InvalidRequest("spec.autoscaling", "only an inference scales (tessera "
-                                     "inference submit)")
-            with self._lock:
-                return self.services.create(s, s.spec["autoscaling"])
-        if s.spec.get("completions") is not None:  # a sweep (tessera.local.sweeps)
-            with self._lock:
-                return self.sweeps.create(s, s.spec.get("parallelism") or 1, s.spec["completions"],
-                                          s.spec.get("backoffLimit", sweeps.DEFAULT_BACKOFF_LIMIT))
+        with self._lock:  # a sweep or a scaling inference (tessera.local.workload_types)
+            if (routed := self.types.route(s)) is not None:
+                return routed
         s = dataclasses.replace(s, gpu=with_runai_limit(s.gpu, s.env))  # as the webhook reads it
         admitted = check_submission(s)
         if not s.command and self.runtime is None:
@@ -591,10 +582,6 @@ class LocalBackend(TokenAuth):
                                  "one pod)", s.workers)
         with self._lock:
             return self.mig.check(s.mig_profile)
-
-    def _phase_of(self, workload_id: str) -> tuple[str, str] | None:
-        w = self._active.get(workload_id) or self.store.workload(workload_id)
-        return None if w is None else (w.phase, w.phase_message)
 
     def _get(self, workload_id: str, kind: str | None) -> Workload:
         with self._lock:

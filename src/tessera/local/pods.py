@@ -309,9 +309,7 @@ class PodProcesses:
             "TESSERA_PROJECT": w.project_name,
             "TESSERA_POD_INDEX": str(index),
             "TESSERA_WORKERS": str(w.workers),
-            **distributed.torchrun_env(w.id, index, w.workers,
-                                       int(w.spec.get("_masterPort") or 0),
-                                       env.get("TESSERA_FRAMEWORK")),
+            **distributed.torchrun_env(w.id, index, w.workers, int(w.spec.get("_masterPort") or 0), env.get("TESSERA_FRAMEWORK")),
             "CUDA_VISIBLE_DEVICES": uuids if gpus else "",
             "NVIDIA_VISIBLE_DEVICES": uuids if gpus else "none",
         })

@@ -52,13 +52,6 @@ from tessera.testing.gpu_nodes import (
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SCHEDULER_MODULE = "tessera.kube.scheduler"
-CONTROLLER_MANAGER = "kube-controller-manager"
-CONTROLLERS = (
-    "job-controller", "cronjob-controller", "replicaset-controller", "deployment-controller",
-    "statefulset-controller", "garbage-collector-controller", "resourceclaim-controller",
-)
-"""kube-controller-manager's controllers the test cluster runs (not the node lifecycle, IPAM,
-service-account or endpoint controllers: kwok nodes and no Services need them)."""
 
 
 class ClusterError(RuntimeError):
@@ -241,10 +234,6 @@ class TestCluster:
     binary_overrides: dict[str, Path] = field(default_factory=dict)
     """Use these executables instead of the built ones (e.g. ``{"etcd": Path(...)}``)."""
     report: Callable[[str], None] | None = None
-    controller_manager: bool = False
-    """Also run kube-controller-manager (Jobs, ReplicaSets, Deployments, StatefulSets, garbage
-    collection, ResourceClaims from templates): only for the tests that need those controllers
-    (issue 27; the engines' tests, docs/workloads.md)."""
     device_classes: bool = True
     """Create the chart's DRA DeviceClasses at start (off where the chart itself is installed,
     since Helm refuses to adopt objects it did not create)."""
@@ -275,8 +264,6 @@ class TestCluster:
     def start(self) -> None:
         t0 = time.monotonic()
         wanted = [n for n in binaries.CLUSTER_BINARIES if n not in self.binary_overrides]
-        if self.controller_manager and CONTROLLER_MANAGER not in self.binary_overrides:
-            wanted.append(CONTROLLER_MANAGER)
         self.paths = {**binaries.ensure(wanted, report=self.report), **self.binary_overrides}
         stages = binaries.kwok_stages_file()
         self.startup_seconds["binaries"] = time.monotonic() - t0
@@ -416,44 +403,6 @@ class TestCluster:
         time.sleep(0.2)
         kwok.check_alive()
         self.startup_seconds["kwok"] = time.monotonic() - t
-        if self.controller_manager:
-            self._start_controller_manager()
-
-    def _start_controller_manager(self) -> None:
-        """kube-controller-manager with the controllers workloads need, on loopback."""
-        assert self.workdir is not None and self.pki is not None
-        t = time.monotonic()
-        (port,) = free_ports(1)
-        kcm = ManagedProcess(
-            CONTROLLER_MANAGER,
-            [
-                str(self.paths[CONTROLLER_MANAGER]),
-                f"--kubeconfig={self.kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={self.workdir / 'kcm-certs'}",
-                "--leader-elect=false",
-                f"--controllers={','.join(CONTROLLERS)}",
-                f"--service-account-private-key-file={self.pki.sa_private_key}",
-                f"--root-ca-file={self.pki.ca_cert}",
-                "--kube-api-qps=500",
-                "--kube-api-burst=1000",
-                "--concurrent-job-syncs=10",
-                "--v=0",
-            ],
-            self.workdir / "logs" / "kube-controller-manager.log",
-        )
-        self.processes.append(kcm)
-        kcm.start()
-        _wait_for(
-            "kube-controller-manager /healthz",
-            lambda: httpx.get(f"https://127.0.0.1:{port}/healthz", verify=False,
-                              timeout=2).status_code == 200,
-            timeout=60,
-            processes=[kcm],
-            interval=0.2,
-        )
-        self.startup_seconds[CONTROLLER_MANAGER] = time.monotonic() - t
 
     def restart_apiserver(self, *, kill: bool = True, down_seconds: float = 0.0,
                           while_down: Callable[[], None] | None = None) -> float:

@@ -22,6 +22,7 @@ from lightkube.resources.core_v1 import Event, Namespace, Pod
 from tessera.kube.objects import ProjectResource
 from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
+from tessera.testing.controller_manager import start_controller_manager
 from tessera.testing.gpu_nodes import NodeShape
 
 SYSTEM_NS = "tessera-system"
@@ -32,11 +33,13 @@ NODES = 2
 @contextlib.contextmanager
 def workload_stack(gpus_per_node: int = GPUS_PER_NODE, nodes: int = NODES,
                    controller_manager: bool = True) -> Iterator[TestCluster]:
-    cluster = TestCluster(controller_manager=controller_manager)
+    cluster = TestCluster()
     cluster.start()
     procs: list[subprocess.Popen[bytes]] = []
     hook = None
     try:
+        if controller_manager:
+            start_controller_manager(cluster)
         cluster.create_gpu_nodes(nodes, NodeShape(gpus=gpus_per_node, model="H100-80GB"),
                                  prefix="wl-")
         docs = local.helm_template(include_crds=True)

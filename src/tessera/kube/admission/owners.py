@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from tessera.core.errors import InvalidRequest
@@ -26,6 +25,7 @@ from tessera.kube import names, podgrouper
 from tessera.kube.admission import policy
 from tessera.kube.admission.policy import WebhookConfig
 from tessera.kube.podgrouper import Gang, PerPod
+from tessera.wire import event_body
 
 log = logging.getLogger("tessera.webhook")
 
@@ -154,18 +154,12 @@ class OwnerReader:
         self._told.add(uid)
         from lightkube import codecs
 
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         name = str(meta.get("name") or "")
-        event = codecs.from_dict({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{name[:200]}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": owner.get("apiVersion"), "kind": owner.get("kind"),
-                               "name": name, "namespace": namespace, "uid": uid},
-            "reason": "GangNotInferred", "message": message[:1000], "type": "Warning",
-            "source": {"component": "tessera-webhook"}, "reportingComponent": "tessera-webhook",
-            "reportingInstance": "tessera-webhook", "firstTimestamp": now, "lastTimestamp": now,
-            "count": 1,
-        })
+        event = codecs.from_dict(event_body(
+            kind=str(owner.get("kind")), name=name, namespace=namespace, uid=uid,
+            reason="GangNotInferred", message=message, type_="Warning",
+            component="tessera-webhook", instance="tessera-webhook",
+            api_version=str(owner.get("apiVersion") or "v1")))
         try:
             await self.client.create(event)
         except Exception as exc:  # an Event is best effort
