@@ -317,7 +317,7 @@ BINARIES: dict[str, Binary] = {
         # Only for the differential check of tessera's predicates against kube-scheduler's.
         Binary("kube-scheduler", KUBERNETES_VERSION, _build_kubernetes_command("kube-scheduler")),
         # Only for tests that need Kubernetes' own controllers (Jobs, ReplicaSets, garbage
-        # collection, ResourceClaims from templates): TestCluster(controller_manager=True).
+        # collection, ResourceClaims from templates): tessera.testing.controller_manager.
         Binary("kube-controller-manager", KUBERNETES_VERSION,
                _build_kubernetes_command("kube-controller-manager")),
         Binary("kwok", KWOK_VERSION, _go_install("sigs.k8s.io/kwok/cmd/kwok")),
