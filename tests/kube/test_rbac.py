@@ -123,7 +123,9 @@ FORBIDDEN = [
     ("tessera-scheduler", "update", "pods", USER_NS, ""),
     ("tessera-scheduler", "create", "leases", USER_NS, "coordination.k8s.io"),
     ("tessera-scheduler", "update", "leases", "kube-system", "coordination.k8s.io"),
-    # The webhook only reads nodes and projects.
+    # The webhook reads nodes and projects, and gets (never lists) a pod's owners.
+    ("tessera-webhook", "list", "pods", USER_NS, ""),
+    ("tessera-webhook", "list", "jobs", USER_NS, "batch"),
     ("tessera-webhook", "create", "pods", USER_NS, ""),
     ("tessera-webhook", "get", "configmaps", USER_NS, ""),
     ("tessera-webhook", "patch", "nodes", None, ""),

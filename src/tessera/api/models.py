@@ -182,6 +182,29 @@ class PortSpec(Strict):
                                  description="Port on the host (default: the same)")
 
 
+class Autoscaling(Strict):
+    """An inference that scales on a metric (Run:ai's ``autoscaling``; docs/workloads.md)."""
+
+    minReplicas: int = Field(default=1, ge=1, le=16)
+    maxReplicas: int = Field(default=1, ge=1, le=16)
+    metric: ShortText = Field(default="concurrency",
+                              description="concurrency or throughput (what tessera measures)")
+    metricThreshold: float = Field(gt=0, le=1_000_000,
+                                   description="Per replica: scale up above it")
+    scaleDownDelaySeconds: float = Field(default=30, ge=0, le=3600,
+                                         description="How long a lower need must hold")
+
+    @model_validator(mode="after")
+    def _check(self) -> Autoscaling:
+        if self.minReplicas > self.maxReplicas:
+            raise invalid("minReplicas", f"must be at most maxReplicas ({self.maxReplicas})",
+                          self.minReplicas)
+        if self.metric not in ("concurrency", "throughput"):
+            raise invalid("metric", "must be concurrency or throughput (what tessera measures "
+                          "at the service's URL)", self.metric)
+        return self
+
+
 class WorkloadSpec(Strict):
     image: ImageText = Field(
         default="", description="Container image; with no command its entrypoint runs "
@@ -203,11 +226,39 @@ class WorkloadSpec(Strict):
     minWorkers: int | None = Field(default=None, ge=1, le=64, description="Gang minimum")
     ports: list[PortSpec] = Field(default_factory=list, max_length=16,
                                   description="Ports to expose; the URLs show in list/describe")
+    parallelism: int | None = Field(default=None, ge=1, le=64,
+                                    description="A sweep: trials that run at once")
+    completions: int | None = Field(
+        default=None, ge=1, le=10_000, description="A sweep: trials to complete; each sees "
+        "JOB_COMPLETION_INDEX 0..completions-1 (as in a Kubernetes Indexed Job)")
+    backoffLimit: int | None = Field(default=None, ge=0, le=1000,
+                                     description="A sweep: failed trials retried in all (default 6)")
+    autoscaling: Autoscaling | None = Field(default=None, description="An inference that scales")
 
     @model_validator(mode="after")
     def _gang(self) -> WorkloadSpec:
         if self.minWorkers is not None and self.minWorkers > self.workers:
             raise invalid("minWorkers", f"must be at most workers ({self.workers})", self.minWorkers)
+        if self.autoscaling is not None:
+            if len(self.ports) != 1:
+                raise invalid("ports", "an inference that scales serves exactly one port "
+                              "(its stable URL)", len(self.ports))
+            if self.workers != 1 or self.completions is not None:
+                raise invalid("autoscaling", "replicas are one pod each: give neither workers "
+                              "nor completions")
+        if self.completions is None:
+            if self.parallelism is not None:
+                raise invalid("completions", "is required with parallelism (the number of "
+                              "trials; each sees JOB_COMPLETION_INDEX 0..completions-1)")
+            if self.backoffLimit is not None:
+                raise invalid("backoffLimit", "applies to a sweep: give completions too")
+            return self
+        if self.parallelism is not None and self.parallelism > self.completions:
+            raise invalid("parallelism", f"must be at most completions ({self.completions}): a "
+                          "sweep never runs more trials at once than it has", self.parallelism)
+        if self.workers != 1:
+            raise invalid("workers", "must be 1 in a sweep (each trial is one pod; parallelism "
+                          "says how many run at once)", self.workers)
         return self
 
     @property

@@ -105,8 +105,18 @@ def _submit(
     name_prefix: str | None = None, ports: list[str] | None = None,
     mig_profile: str | None = None,
     compute_share: tuple[str | None, str | None, str | None] = (None, None, None),
+    framework: str | None = None,
+    sweep: tuple[int | None, int | None, int | None] = (None, None, None),
+    scaling: dict[str, Any] | None = None,
 ) -> None:
     fmt = _fmt(output)
+    if workers < 1:
+        raise CliError(f"--workers: must be at least 1 (got {workers})")
+    if min_workers is not None and not 1 <= min_workers <= workers:
+        raise CliError(f"--min-workers: must be from 1 to --workers ({workers}) "
+                       f"(got {min_workers})")
+    if framework is not None:  # tessera training pytorch|jax|... submit (docs/workloads.md)
+        environment = [*(environment or []), f"{FRAMEWORK_ENV}={framework}"]
     if TRAILING:
         if command:
             raise CliError(f"NAME: give one workload name before -- (got {' '.join([name or '', *command])!r}); "
@@ -168,6 +178,21 @@ def _submit(
         spec["ports"] = port_specs
     if min_workers is not None:
         spec["minWorkers"] = min_workers
+    auto = {k: v for k, v in (scaling or {}).items() if v is not None}
+    if auto:
+        if kind != "Inference":
+            flag = {"minReplicas": "--min-replicas", "maxReplicas": "--max-replicas",
+                    "metric": "--metric", "metricThreshold": "--metric-threshold",
+                    "scaleDownDelaySeconds": "--scale-down-delay"}[next(iter(auto))]
+            raise CliError(f"{flag}: only an inference scales: tessera inference submit")
+        if "metricThreshold" not in auto and auto.get("maxReplicas", 1) > 1:
+            raise CliError("--metric-threshold: give the per-replica value of --metric above "
+                           "which a replica is added")
+        auto.setdefault("metricThreshold", 1)
+        spec["autoscaling"] = auto
+    for key, value in zip(("parallelism", "completions", "backoffLimit"), sweep, strict=True):
+        if value is not None:
+            spec[key] = value
     if priority is not None:
         spec["priorityClass"] = priority
     generated = name is None
@@ -193,6 +218,13 @@ def _submit(
     if fmt != "table":
         render.dump(w, fmt)
         return
+    if w.get("sweep"):
+        sw = w["sweep"]
+        typer.echo(f"sweep {sw['name']} submitted to project {sw['project']}: "
+                   f"{sw['completions']} trials of {w['gpus']['request']}, "
+                   f"{sw['parallelism']} at a time (trials {sw['name']}-0 .. "
+                   f"{sw['name']}-{sw['completions'] - 1})")
+        return
     typer.echo(f"{w['type'].lower()} {w['name']} submitted to project {w['projectName']}: "
                f"{w['gpus']['request']}" + (" (name generated)" if generated else "")
                + "".join(f"; {url}" for url in w.get("serviceUrls") or []))
@@ -213,7 +245,16 @@ DEFAULT_PREFIX = {"Training": "job", "Workspace": "job", "Inference": "job"}
 PRIORITY_NAMES = ("train", "build-preemptible", "build", "interactive", "inference")
 
 
-def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> None:
+FRAMEWORK_ENV = "TESSERA_FRAMEWORK"
+"""Set in every worker of ``tessera training FRAMEWORK submit`` (embedded mode adds that
+framework's rendezvous variables: tessera.local.distributed)."""
+FRAMEWORKS = ("pytorch", "mpi", "jax", "tensorflow", "xgboost")
+"""Run:ai's distributed training types; each is a thin variant of ``training submit``: a gang
+of ``--workers`` pods that start together."""
+
+
+def _register_submit(group: typer.Typer, kind: str | None, help_text: str,
+                     framework: str | None = None) -> None:
     def submit(
         name: Annotated[str | None, typer.Argument(help="Workload name (generated when left out, like Run:ai's job-XXXX)")] = None,
         command: Annotated[list[str] | None, typer.Argument(help="Command after --")] = None,
@@ -240,12 +281,23 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str) -> No
         compute_request: Annotated[str | None, typer.Option("--gpu-compute-request", help="Guaranteed share of the GPU's time, 0-1 (default: the portion; docs/compute-share.md)")] = None,
         compute_limit: Annotated[str | None, typer.Option("--gpu-compute-limit", help="Ceiling on the GPU time share, request-1 (fair default 1, strict: the request)")] = None,
         compute_mode: Annotated[str | None, typer.Option("--gpu-compute-mode", help="off, fair or strict (default: the cluster's)")] = None,
+        parallelism: Annotated[int | None, typer.Option("--parallelism", help="A sweep: trials that run at once")] = None,
+        completions: Annotated[int | None, typer.Option("--completions", "--runs", help="A sweep: trials to complete; each sees JOB_COMPLETION_INDEX 0..N-1")] = None,
+        backoff_limit: Annotated[int | None, typer.Option("--backoff-limit", help="A sweep: failed trials retried in all (default 6)")] = None,
+        min_replicas: Annotated[int | None, typer.Option("--min-replicas", help="Inference: replicas when idle")] = None,
+        max_replicas: Annotated[int | None, typer.Option("--max-replicas", help="Inference: replicas at most")] = None,
+        metric: Annotated[str | None, typer.Option("--metric", help="Inference: concurrency or throughput")] = None,
+        metric_threshold: Annotated[float | None, typer.Option("--metric-threshold", help="Inference: per replica; above it a replica is added")] = None,
+        scale_down_delay: Annotated[float | None, typer.Option("--scale-down-delay", help="Inference: seconds a lower need must hold before replicas go (default 30)")] = None,
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,
                 portion_limit, memory_request, memory_limit, gpu_model, interactive, priority,
                 environment, workers, min_workers, image, working_dir, output, on_eviction,
-                name_prefix, ports, gpu_mig_profile, (compute_request, compute_limit, compute_mode))
+                name_prefix, ports, gpu_mig_profile, (compute_request, compute_limit, compute_mode),
+                framework, (parallelism, completions, backoff_limit),
+                {"minReplicas": min_replicas, "maxReplicas": max_replicas, "metric": metric,
+                 "metricThreshold": metric_threshold, "scaleDownDelaySeconds": scale_down_delay})
 
     submit.__doc__ = help_text
     group.command("submit")(submit)

@@ -18,7 +18,7 @@ from tessera.cli.client import (
     connect,
 )
 from tessera.cli.flags import typed
-from tessera.cli.submit_commands import _register_submit
+from tessera.cli.submit_commands import FRAMEWORKS, _register_submit
 from tessera.core.request_text import mig_placement_text
 
 # -- reading -------------------------------------------------------------------------------------
@@ -116,6 +116,9 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         lines.append(f"Why pending: {w['phaseMessage']}")
     elif w["phaseMessage"]:
         lines.append(f"Message:     {w['phaseMessage']}")
+    if w.get("gang") or (w.get("minWorkers") or 1) > 1:
+        lines.append(f"Gang:        {w.get('minWorkers')} of {w['workers']} pod(s) start "
+                     "together" + (f" ({w['gang']})" if w.get("gang") else ""))
     lines += [
         f"GPUs:        {'SIMULATED (no NVIDIA driver here)' if w['simulated'] else 'real (NVML)'}",
         f"Request:     {w['gpus']['request']} "
@@ -310,6 +313,13 @@ def _add_kind_groups(only: str | None) -> None:
                             no_args_is_help=True)
         _register_submit(group, kind, f"Submit a {kind.lower()}.")
         _register_verbs(group, kind)
+        if kind == "Training":
+            for fw in FRAMEWORKS:
+                sub = typer.Typer(help=f"Distributed {fw} training: --workers N start together "
+                                  f"(Run:ai's runai training {fw} submit).", no_args_is_help=True)
+                _register_submit(sub, kind, f"Submit a distributed {fw} training (a gang of "
+                                 "--workers pods with the rendezvous variables set).", fw)
+                group.add_typer(sub, name=fw)
         cli.add_typer(group, name=name)
 
 

@@ -58,6 +58,7 @@ from tessera.kube.objects import PodGroupResource, node_info
 from tessera.kube.podspec import pod_request_from_dict
 from tessera.kube.prometheus_usage import PrometheusUsage
 from tessera.kube.tenancy_sync import TenancySync, allocations_of
+from tessera.kube.unsupported import refuse_unsupported
 from tessera.kube.upstream import explain
 
 log = logging.getLogger(__name__)
@@ -233,9 +234,7 @@ class KubeBackend(TokenAuth):
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
         admitted = check_submission(s)
-        if s.spec.get("ports"):
-            raise InvalidRequest("spec.ports", "is not supported on the Kubernetes backend yet "
-                                 "(no Service is created); expose the pod with a Service")
+        refuse_unsupported(s)
         fraction = self._check_mig(s.mig_profile) if s.mig_profile is not None else None
         pclass, min_workers = admitted.priority_class, admitted.min_workers
         nodes, _, _, _ = self._nodes()

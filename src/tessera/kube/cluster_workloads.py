@@ -20,6 +20,7 @@ from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names
 from tessera.kube import workload_docs as wd
 from tessera.kube.objects import PodGroupResource, ProjectResource, pod_info
+from tessera.kube.podgrouper import min_member_of
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,10 @@ class ClusterWorkloads:
             return out
         out["source"] = "tessera" if entry.managed else "manifest"
         out["controller"] = entry.controller
+        gang = next((str(a[names.GANG]) for p in entry.pods
+                     if names.GANG in (a := p.metadata.annotations or {})), None)
+        if gang is not None:
+            out["gang"] = gang
         out["spec"] = wd.spec_doc(rec)
         out["pods"] = pod_docs
         if events:
@@ -182,6 +187,14 @@ def _requested(rec: wd.Record, nodes: dict[str, CoreNode]) -> float:
     return estimate_gpus(rec.gpu, nodes.values(), rec.workers) if nodes else 0.0
 
 
+def _inferred_min(pods: list[Any]) -> int:
+    """A gang's minimum from its pods (``tessera.io/gang-min-member``, written by the webhook
+    from their owners: docs/workloads.md), else every pod."""
+    mins = [min_member_of(p.metadata.annotations or {}) for p in pods]
+    known = [m for m in mins if m is not None]
+    return min(known) if known else len(pods)
+
+
 def manifest_entry(key: tuple[str, str, str], pods: list[Any], owners: dict[Any, str],
                     min_member: dict[tuple[str, str], int]) -> wd.Entry:
     """A workload of pods applied as manifests: read-only, built from the pods themselves."""
@@ -206,7 +219,7 @@ def manifest_entry(key: tuple[str, str, str], pods: list[Any], owners: dict[Any,
         type=labels.get(wd.WORKLOAD_TYPE) or "Training", argv=argv, env={},
         image=(container.image or "") if container else "", working_dir=None,
         priority_class=pclass, preemptible=known.preemptible if known else True,
-        workers=len(pods), min_workers=min_member.get((namespace, name), len(pods)),
+        workers=len(pods), min_workers=min_member.get((namespace, name)) or _inferred_min(pods),
         request=gpu_request_to_dict(gpu),
         spec={"invalidRequest": info.error} if info.error else {},
         mig_profile=info.mig_profile,

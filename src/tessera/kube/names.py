@@ -72,6 +72,12 @@ GPU_DEVICES = "tessera.io/gpu-devices"
 GPU_PORTION_LIMIT = "tessera.io/gpu-portion-limit"
 GPU_MEMORY_LIMIT = "tessera.io/gpu-memory-limit"
 GPU_MODEL = "tessera.io/gpu-model"
+GANG = "tessera.io/gang"
+"""Written by the webhook on a controller's pod: how its gang was decided, or why it has none
+(``tessera describe`` shows it)."""
+GANG_MIN_MEMBER = "tessera.io/gang-min-member"
+"""On a pod (the webhook writes it from the pod's owners, docs/workloads.md) or a top owner (a
+user's override): the gang's minimum when no PodGroup object names it."""
 
 # What the scheduler writes on a pod when it binds it (the source of truth on restart), and
 # what tessera-node writes on Nodes and reservation pods: imported above from tessera.wire.

@@ -32,6 +32,7 @@ from tessera.kube.objects import (
     ProjectInfo,
     priority_class_of,
 )
+from tessera.kube.podgrouper import inferred_group
 from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod, node_facts
 from tessera.kube.predicates.constraint import KubeConstraint, constraint_for
 from tessera.kube.predicates.spec import SchedulingSpec
@@ -440,7 +441,7 @@ def _workload(
     unbound = _claims_wait(pending, claims or {})
     if unbound is not None:
         return wait_all(unbound)
-    if kind == "g" and pg is None:
+    if kind == "g" and pg is None and (pg := inferred_group(ns, gname, members)) is None:
         return wait_all(f"PodGroup {ns}/{gname} ({names.POD_GROUP}) does not exist")
     project = (pg.project if pg else None) or members[0].labels.get(names.PROJECT) or owner.get(ns)
     if project is None:
@@ -470,8 +471,7 @@ def _workload(
     if pg is not None:
         if pg.min_member > len(keys):
             if all(pl is None for pl in placements):
-                return wait_all(f"gang {gname} needs {pg.min_member} pods (PodGroup minMember); "
-                                f"{len(keys)} exist")
+                return wait_all(f"gang {gname} needs {pg.min_member} pods ({'PodGroup minMember' if pg.version >= 0 else names.GANG_MIN_MEMBER}); {len(keys)} exist")
             min_members = len(keys)
         else:
             min_members = pg.min_member

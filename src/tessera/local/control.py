@@ -57,6 +57,7 @@ from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, r
 from tessera.local.spelling_env import with_runai_limit
 from tessera.local.store import Project, Store, Workload, all_or_nothing
 from tessera.local.usage import LocalUsage
+from tessera.local.workload_types import WorkloadTypes
 from tessera.node.containers import Share, ShareDevice
 from tessera.node.mig import MigError
 from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
@@ -112,6 +113,8 @@ class LocalBackend(TokenAuth):
         """GPU memory used, loans and utilisation, read by the node agent's code here."""
         self.mig = LocalMig(machine, data_dir / "mig-journal.json", mig_serves_shares)
         """Partitions of the GPUs in MIG mode, for workloads that ask for a profile."""
+        self.types = WorkloadTypes(data_dir, self.submit, self.delete_workload, lambda wid: (
+            self._active.get(wid) or self.store.workload(wid)))  # sweeps, scaling inference
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -137,6 +140,7 @@ class LocalBackend(TokenAuth):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.types.stop()
         with self._lock:
             self.mig.stop()
         self.store.close()
@@ -205,6 +209,7 @@ class LocalBackend(TokenAuth):
         with self._lock:
             self.cycles += 1
             self.runner.reap_kills()
+            self.types.tick()
             for w in list(self._active.values()):
                 if w.phase == "Running":
                     self.processes.check(w)
@@ -470,6 +475,9 @@ class LocalBackend(TokenAuth):
     # -- workloads -------------------------------------------------------------------------------
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
+        with self._lock:  # a sweep or a scaling inference (tessera.local.workload_types)
+            if (routed := self.types.route(s)) is not None:
+                return routed
         s = dataclasses.replace(s, gpu=with_runai_limit(s.gpu, s.env))  # as the webhook reads it
         admitted = check_submission(s)
         if not s.command and self.runtime is None:

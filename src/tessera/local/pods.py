@@ -27,7 +27,7 @@ from tessera.api.storage import storage_error
 from tessera.core.errors import InvalidRequest
 from tessera.core.state import Placement
 from tessera.core.text import check_argv, check_env
-from tessera.local import containers, faultpoints
+from tessera.local import containers, distributed, faultpoints
 from tessera.local.exec_run import run_capped
 from tessera.local.gpus import Machine
 from tessera.local.isolation_hook import Isolation
@@ -169,6 +169,7 @@ class PodProcesses:
         container = w.spec.get("_container")
         mig = w.spec.get("_migDevice")
         pods: list[dict[str, Any]] = []
+        w.spec["_masterPort"] = distributed.free_port()  # one rendezvous port per start
         for i, p in enumerate(placements):
             env = self.env(w, i, p)
             env[START_KEY] = f"{w.id}/{attempt}/{i}"
@@ -308,6 +309,7 @@ class PodProcesses:
             "TESSERA_PROJECT": w.project_name,
             "TESSERA_POD_INDEX": str(index),
             "TESSERA_WORKERS": str(w.workers),
+            **distributed.torchrun_env(w.id, index, w.workers, int(w.spec.get("_masterPort") or 0), env.get("TESSERA_FRAMEWORK")),
             "CUDA_VISIBLE_DEVICES": uuids if gpus else "",
             "NVIDIA_VISIBLE_DEVICES": uuids if gpus else "none",
         })

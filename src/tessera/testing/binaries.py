@@ -41,6 +41,9 @@ DEX_API_VERSION = "v2.4.1-0.20260806151424-ab64ed778070"
 (its tags are v2.x "+incompatible" from before modules). Its go.mod replaces its own api/v2
 module with the directory beside it, so it is built from a throw-away module with api/v2
 pinned to the same commit (the published v2.4.0 lacks what this commit uses)."""
+JOBSET_VERSION = "v0.10.1"
+LWS_VERSION = "v0.7.0"
+KUBERAY_VERSION = "v1.5.0"
 
 LDFLAGS_STRIP = "-s -w"
 
@@ -271,6 +274,21 @@ def _build_dex(binary: Binary, out: Path) -> None:
          cwd=workdir, log=binary.log_path, env=_go_env(module_mode=True))
 
 
+def _build_listless(module: str, package: str) -> Callable[[Binary, Path], None]:
+    """``go build`` of ``package`` from a throw-away module requiring ``module@version``: for
+    modules whose version list the proxy refuses (403), which ``go install pkg@version`` reads
+    for its deprecation check (sigs.k8s.io/jobset, sigs.k8s.io/lws)."""
+    def build(binary: Binary, out: Path) -> None:
+        go_mod = _download_go_mod(module, binary.version, log=binary.log_path)
+        text = throwaway_go_mod(require=module, version=binary.version,
+                                go_version=go_directive(go_mod), replaces={})
+        workdir = _write_module(cache_dir() / "build" / f"{binary.name}-{binary.version}", text)
+        _run([_go(), "build", f"-ldflags={LDFLAGS_STRIP}", "-o", str(out), package],
+             cwd=workdir, log=binary.log_path, env=_go_env(module_mode=True))
+
+    return build
+
+
 def _go_install(package: str) -> Callable[[Binary, Path], None]:
     def build(binary: Binary, out: Path) -> None:
         gobin = out.parent / f".gobin-{binary.name}"
@@ -298,7 +316,17 @@ BINARIES: dict[str, Binary] = {
         Binary("kubectl", KUBERNETES_VERSION, _build_kubernetes_command("kubectl")),
         # Only for the differential check of tessera's predicates against kube-scheduler's.
         Binary("kube-scheduler", KUBERNETES_VERSION, _build_kubernetes_command("kube-scheduler")),
+        # Only for tests that need Kubernetes' own controllers (Jobs, ReplicaSets, garbage
+        # collection, ResourceClaims from templates): tessera.testing.controller_manager.
+        Binary("kube-controller-manager", KUBERNETES_VERSION,
+               _build_kubernetes_command("kube-controller-manager")),
         Binary("kwok", KWOK_VERSION, _go_install("sigs.k8s.io/kwok/cmd/kwok")),
+        # The engines' controllers, only for their tests (tessera.testing.engines).
+        Binary("jobset", JOBSET_VERSION, _build_listless("sigs.k8s.io/jobset",
+                                                         "sigs.k8s.io/jobset")),
+        Binary("lws", LWS_VERSION, _build_listless("sigs.k8s.io/lws", "sigs.k8s.io/lws/cmd")),
+        Binary("kuberay", KUBERAY_VERSION,
+               _go_install("github.com/ray-project/kuberay/ray-operator")),
         Binary("helm", HELM_VERSION, _go_install("helm.sh/helm/v3/cmd/helm")),
         # Only for the single sign-on tests (a real OIDC provider).
         Binary("dex", DEX_VERSION, _build_dex),
@@ -343,7 +371,8 @@ def kwok_stages_file() -> Path:
 # Rough cold build times on a 2-core machine (module downloads included); the estimate shown is
 # the last recorded build time of that binary on this machine when there is one.
 TYPICAL_SECONDS = {"etcd": 120, "kube-apiserver": 300, "kubectl": 60, "kwok": 120, "helm": 120,
-                   "kube-scheduler": 240, "dex": 300}
+                   "kube-scheduler": 240, "dex": 300, "kube-controller-manager": 300,
+                   "jobset": 240, "lws": 240, "kuberay": 240}
 
 
 def _holder_path() -> Path:

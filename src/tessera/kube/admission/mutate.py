@@ -133,11 +133,13 @@ def mutated(pod: Mapping[str, Any], namespace: str, view: ClusterView,
     return out
 
 
-def admitted(pod: Mapping[str, Any], namespace: str, view: ClusterView, config: WebhookConfig
+def admitted(pod: Mapping[str, Any], namespace: str, view: ClusterView, config: WebhookConfig,
+             gang: Mapping[str, str] | None = None
              ) -> tuple[dict[str, Any] | None, claims.Template | None]:
     """The pod as tessera stores it (None: left alone), and, when the request is rewritten into
     a claim (``config.rewrite_claims``), the ResourceClaimTemplate that must exist in the pod's
-    namespace before it is admitted. Raises InvalidRequest naming the field it refuses."""
+    namespace before it is admitted. ``gang``: annotations from the pod's owners
+    (:mod:`tessera.kube.admission.owners`). Raises InvalidRequest naming the field it refuses."""
     policy.check_user_fields(pod)
     mig_ref: sp.ContainerRef | None = None
     rewritten = mig_resources.rewrite(pod, config.operator_mig, view.mig_offer())
@@ -170,6 +172,7 @@ def admitted(pod: Mapping[str, Any], namespace: str, view: ClusterView, config: 
     meta["annotations"] = ann
     ann.update(t.annotations)
     ann.update(compute_spellings.canonical(pod, t.request, mig=mig is not None, cluster_mode=config.compute_mode))
+    ann.update(gang or {})
     ann[names.PROJECT] = project
     if mig is not None:
         ann[names.MIG_PROFILE] = mig

@@ -84,10 +84,12 @@ def review_mutate(request: dict[str, Any], view: ClusterView,
     return out
 
 
-def review_mutate_claims(request: dict[str, Any], view: ClusterView, config: WebhookConfig
+def review_mutate_claims(request: dict[str, Any], view: ClusterView, config: WebhookConfig,
+                         gang: dict[str, str] | None = None
                          ) -> tuple[dict[str, Any], Template | None]:
     """The review's response and the ResourceClaimTemplate that must exist in the pod's
-    namespace before the response is sent (None: none needed)."""
+    namespace before the response is sent (None: none needed). ``gang``: the pod's gang
+    annotations (:func:`needs_gang`, :mod:`tessera.kube.admission.owners`)."""
     uid = request.get("uid", "")
     if request.get("kind", {}).get("kind") != "Pod":
         return _response(uid, allowed=True), None
@@ -100,12 +102,25 @@ def review_mutate_claims(request: dict[str, Any], view: ClusterView, config: Web
         return _response(uid, allowed=True), None
     namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
     try:
-        out, template = mutate.admitted(pod, namespace, view, config)
+        out, template = mutate.admitted(pod, namespace, view, config, gang)
     except InvalidRequest as exc:
         return _response(uid, allowed=False, message=str(exc)), None
     if out is None:
         return _response(uid, allowed=True), None
     return _response(uid, allowed=True, patch=mutate.json_patch(pod, out)), template
+
+
+def needs_gang(request: dict[str, Any], config: WebhookConfig) -> bool:
+    """Whether the review is a tessera pod's creation whose gang comes from its owners."""
+    pod = request.get("object") or {}
+    return (request.get("operation") == "CREATE" and not request.get("subResource")
+            and (request.get("kind") or {}).get("kind") == "Pod"
+            and bool((pod.get("metadata") or {}).get("ownerReferences"))
+            and policy.asks_for_gpu(pod, config))
+
+
+GangOf = Callable[[str, dict[str, Any], WebhookConfig], Awaitable[dict[str, str]]]
+"""The gang annotations of a pod (``OwnerReader.gang_annotations``)."""
 
 
 EnsureTemplate = Callable[[str, Template], Awaitable[None]]
@@ -208,6 +223,8 @@ class WebhookApp:
     ensure_template: EnsureTemplate | None = None
     """Where ``config.rewrite_claims``: creates a rewritten pod's ResourceClaimTemplate."""
     _semaphore: asyncio.Semaphore | None = None
+    gang_of: GangOf | None = None
+    """Reads a controller's pod's owners for its gang (None: pods keep only what they state)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -270,8 +287,13 @@ class WebhookApp:
         uid = request.get("uid", "")
         try:
             if path == "/mutate":
+                gang = None
+                if self.gang_of is not None and needs_gang(request, self.config):
+                    obj = request.get("object") or {}
+                    gang = await self.gang_of(str(request.get("namespace") or (
+                        obj.get("metadata") or {}).get("namespace", "")), obj, self.config)
                 out, template = await asyncio.to_thread(
-                    _checked, review_mutate_claims, request, self.view, self.config)
+                    _checked, review_mutate_claims, request, self.view, self.config, gang)
                 if template is not None and out["response"]["allowed"] \
                         and not request.get("dryRun"):  # sideEffects: NoneOnDryRun
                     if self.ensure_template is None:
@@ -410,8 +432,11 @@ async def serve(*, host: str, port: int, certfile: str, keyfile: str, config: We
     import uvicorn
 
     informers = InformerView(client)
+    from tessera.kube.admission.owners import OwnerReader
+
     app = WebhookApp(informers.as_view(), config, record_latency=bool(record_latencies),
-                     ensure_template=template_writer(client) if config.rewrite_claims else None)
+                     ensure_template=template_writer(client) if config.rewrite_claims else None,
+                     gang_of=OwnerReader(client).gang_annotations)
     tls: dict[str, Any] = {}
     if client_ca:
         tls = {"ssl_ca_certs": client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}

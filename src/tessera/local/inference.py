@@ -1,0 +1,256 @@
+"""Inference that scales, in embedded mode: ``tessera inference submit NAME --port 8080
+--min-replicas 1 --max-replicas 4 --metric concurrency --metric-threshold 2 -- CMD``.
+
+The service is reached at one stable URL, ``http://127.0.0.1:PORT``: a TCP proxy there hands
+each connection to the replica with the fewest open connections. Each replica is a one-pod
+inference workload ``NAME-K`` whose process listens on ``$PORT`` (a free port drawn for it; the
+proxy only sends it connections once that port accepts).
+
+Scaling, every control cycle, as Knative's and Run:ai's autoscaler do:
+
+* ``concurrency``: the connections open through the proxy (the most seen in the last 2 s);
+* ``throughput``: connections opened per second over the last 10 s;
+
+``desired = ceil(metric / threshold)``, kept within ``[min, max]``. A higher ``desired`` starts
+replicas at once; a lower one removes them only after it has held for ``scale-down delay``
+seconds (default 30), so an idle service goes back to ``min``. The proxy counts connections, so
+requests sent over one kept-alive connection count once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.api.backend import WorkloadSubmission
+from tessera.core.errors import InvalidRequest
+
+METRICS = ("concurrency", "throughput")
+DEFAULT_SCALE_DOWN_DELAY = 30.0
+CONCURRENCY_WINDOW = 2.0
+THROUGHPUT_WINDOW = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (dst, src):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass
+class Replica:
+    workload_id: str
+    port: int
+    open: int = 0
+
+
+@dataclass
+class Service:
+    name: str
+    project: str
+    port: int
+    min_replicas: int
+    max_replicas: int
+    metric: str
+    threshold: float
+    scale_down_delay: float
+    submission: WorkloadSubmission
+    replicas: list[Replica] = field(default_factory=list)
+    next_index: int = 0
+    open: int = 0
+    opened: deque[float] = field(default_factory=deque)
+    peaks: deque[tuple[float, int]] = field(default_factory=deque)
+    below_since: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    listener: socket.socket | None = None
+    history: list[tuple[float, int]] = field(default_factory=list)
+    """(time, replicas) at each change: what the scaling did."""
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metric_value(self, now: float) -> float:
+        with self.lock:
+            while self.opened and self.opened[0] < now - THROUGHPUT_WINDOW:
+                self.opened.popleft()
+            while self.peaks and self.peaks[0][0] < now - CONCURRENCY_WINDOW:
+                self.peaks.popleft()
+            if self.metric == "throughput":
+                return len(self.opened) / THROUGHPUT_WINDOW
+            return float(max([self.open, *(n for _, n in self.peaks)]))
+
+    def desired(self, now: float) -> int:
+        want = math.ceil(self.metric_value(now) / self.threshold)
+        return max(self.min_replicas, min(self.max_replicas, want))
+
+
+class Services:
+    def __init__(self, submit: Callable[[WorkloadSubmission], dict[str, Any]],
+                 delete: Callable[[str], None], phase_of: Callable[[str], tuple[str, str] | None]
+                 ) -> None:
+        self._submit = submit
+        self._delete = delete
+        self._phase_of = phase_of
+        self.services: dict[str, Service] = {}
+
+    def create(self, s: WorkloadSubmission, auto: dict[str, Any]) -> dict[str, Any]:
+        ports = s.spec.get("ports") or []
+        if len(ports) != 1:
+            raise InvalidRequest("spec.ports", "an inference that scales serves one port "
+                                 "(--port): its stable URL", len(ports))
+        port = int(ports[0].get("external") or ports[0]["container"])
+        key = f"{s.project}/{s.name}"
+        if key in self.services:
+            raise InvalidRequest("name", f"an inference named {s.name} already exists", s.name)
+        try:
+            listener = socket.create_server(("127.0.0.1", port))
+        except OSError:
+            raise InvalidRequest("spec.ports[0]", f"port {port} is already in use on 127.0.0.1",
+                                 port) from None
+        spec = {k: v for k, v in s.spec.items() if k not in ("ports", "autoscaling")}
+        svc = Service(s.name, s.project, port, int(auto["minReplicas"]),
+                      int(auto["maxReplicas"]), str(auto["metric"]),
+                      float(auto["metricThreshold"]),
+                      float(auto.get("scaleDownDelaySeconds", DEFAULT_SCALE_DOWN_DELAY)),
+                      dataclasses.replace(s, spec=spec), listener=listener)
+        try:
+            first = self._add(svc)  # the first replica validates the request (quota, GPUs)
+        except BaseException:
+            listener.close()
+            raise
+        self.services[key] = svc
+        threading.Thread(target=self._accept, args=(svc,), daemon=True,
+                         name=f"inference-{s.name}").start()
+        while len(svc.replicas) < svc.min_replicas:
+            self._add(svc)
+        return {**first, "name": s.name, "serviceUrls": [svc.url()], "inference": self.doc(svc)}
+
+    def _add(self, svc: Service) -> dict[str, Any]:
+        rport = _free_port()
+        sub = svc.submission
+        w = self._submit(dataclasses.replace(
+            sub, name=f"{svc.name}-{svc.next_index}",
+            env={**sub.env, "PORT": str(rport), "TESSERA_INFERENCE": svc.name},
+            spec={**sub.spec, "inference": svc.name}))
+        svc.next_index += 1
+        with svc.lock:
+            svc.replicas.append(Replica(str(w["workloadId"]), rport))
+        svc.history.append((time.time(), len(svc.replicas)))
+        return w
+
+    def _accept(self, svc: Service) -> None:
+        assert svc.listener is not None
+        while True:
+            try:
+                conn, _ = svc.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(svc, conn), daemon=True).start()
+
+    def _serve(self, svc: Service, conn: socket.socket) -> None:
+        now = time.time()
+        with svc.lock:
+            svc.open += 1
+            svc.opened.append(now)
+            svc.peaks.append((now, svc.open))
+            order = sorted(svc.replicas, key=lambda r: r.open)
+        upstream = None
+        chosen = None
+        deadline = time.monotonic() + 30
+        while upstream is None and time.monotonic() < deadline:
+            for r in order:  # the least busy replica that accepts (a new one may still start)
+                try:
+                    upstream = socket.create_connection(("127.0.0.1", r.port), timeout=1)
+                    chosen = r
+                    break
+                except OSError:
+                    continue
+            if upstream is None:
+                time.sleep(0.05)
+                with svc.lock:
+                    order = sorted(svc.replicas, key=lambda r: r.open)
+        try:
+            if upstream is None or chosen is None:
+                return
+            upstream.settimeout(None)
+            with svc.lock:
+                chosen.open += 1
+            back = threading.Thread(target=_pipe, args=(upstream, conn), daemon=True)
+            back.start()
+            _pipe(conn, upstream)
+            back.join()
+            with svc.lock:
+                chosen.open -= 1
+        finally:
+            conn.close()
+            if upstream is not None:
+                upstream.close()
+            with svc.lock:
+                svc.open -= 1
+
+    def tick(self) -> None:
+        now = time.time()
+        for svc in list(self.services.values()):
+            with svc.lock:
+                svc.replicas = [r for r in svc.replicas
+                                if (self._phase_of(r.workload_id) or ("Deleted",))[0]
+                                not in ("Deleted", "Failed", "Completed")]
+            want = svc.desired(now)
+            have = len(svc.replicas)
+            if want > have:
+                svc.below_since = None
+                for _ in range(want - have):
+                    try:
+                        self._add(svc)
+                    except InvalidRequest:
+                        break
+            elif want < have:
+                if svc.below_since is None:
+                    svc.below_since = now
+                elif now - svc.below_since >= svc.scale_down_delay:
+                    with svc.lock:  # the idle ones first, the newest first
+                        order = sorted(enumerate(svc.replicas),
+                                       key=lambda x: (x[1].open == 0, x[0]), reverse=True)
+                        victims = [r for _, r in order[:have - want]]
+                        svc.replicas = [r for r in svc.replicas if r not in victims]
+                    for victim in victims:
+                        self._delete(victim.workload_id)
+                    svc.history.append((now, len(svc.replicas)))
+                    svc.below_since = None
+            else:
+                svc.below_since = None
+
+    def doc(self, svc: Service) -> dict[str, Any]:
+        return {"url": svc.url(), "minReplicas": svc.min_replicas,
+                "maxReplicas": svc.max_replicas, "metric": svc.metric,
+                "metricThreshold": svc.threshold, "scaleDownDelaySeconds": svc.scale_down_delay,
+                "replicas": len(svc.replicas), "metricValue": svc.metric_value(time.time()),
+                "history": [{"time": t, "replicas": n} for t, n in svc.history]}
+
+    def find(self, project: str, name: str) -> Service | None:
+        return self.services.get(f"{project}/{name}")
+
+    def stop(self) -> None:
+        for svc in self.services.values():
+            if svc.listener is not None:
+                svc.listener.close()

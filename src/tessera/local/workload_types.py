@@ -1,0 +1,48 @@
+"""The workload types embedded mode runs on top of plain workloads: sweeps
+(:mod:`tessera.local.sweeps`) and inference that scales (:mod:`tessera.local.inference`). One
+seam for the backend: :meth:`route` takes a submission of one of these types, :meth:`tick` runs
+in every control cycle (docs/workloads.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tessera.api.backend import WorkloadSubmission
+from tessera.core.errors import InvalidRequest
+from tessera.local import inference, sweeps
+
+
+class WorkloadTypes:
+    def __init__(self, data_dir: Path, submit: Callable[[WorkloadSubmission], dict[str, Any]],
+                 delete: Callable[[str], None], lookup: Callable[[str], Any]) -> None:
+        """``lookup``: a workload id -> its stored workload (``phase``, ``phase_message``) or
+        None once deleted."""
+        def phase_of(wid: str) -> tuple[str, str] | None:
+            w = lookup(wid)
+            return None if w is None else (w.phase, w.phase_message)
+
+        self.sweeps = sweeps.Sweeps(data_dir / "sweeps.json", submit, phase_of)
+        """Hyperparameter sweeps: trials P at a time (--parallelism/--completions)."""
+        self.services = inference.Services(submit, delete, phase_of)
+        """Inference replicas behind one local port, scaled on a metric."""
+
+    def route(self, s: WorkloadSubmission) -> dict[str, Any] | None:
+        """The answer for a sweep or a scaling inference (None: a plain workload)."""
+        if s.spec.get("autoscaling") is not None:
+            if s.type != "Inference":
+                raise InvalidRequest("spec.autoscaling", "only an inference scales (tessera "
+                                     "inference submit)")
+            return self.services.create(s, s.spec["autoscaling"])
+        if s.spec.get("completions") is not None:
+            return self.sweeps.create(s, s.spec.get("parallelism") or 1, s.spec["completions"],
+                                      s.spec.get("backoffLimit", sweeps.DEFAULT_BACKOFF_LIMIT))
+        return None
+
+    def tick(self) -> None:
+        self.sweeps.tick()
+        self.services.tick()
+
+    def stop(self) -> None:
+        self.services.stop()

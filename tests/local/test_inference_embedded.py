@@ -1,0 +1,116 @@
+"""Inference that scales, in embedded mode (tessera.local.inference): replicas behind one stable
+URL on 127.0.0.1, added when the metric (open connections) rises above the threshold and taken
+away once it has stayed low for the scale-down delay."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tessera.testing.embedded import EmbeddedServer, free_port
+from tests.waiting import wait_until
+
+SERVER = r'''
+import os, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(float(self.path.strip("/") or 0))
+        body = os.environ["TESSERA_WORKLOAD_NAME"].encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+'''
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    s = EmbeddedServer(tmp_path_factory.mktemp("infer"), simulate=["1xV100-16GB"])
+    with s.serving("team", gpu="1"):
+        yield s
+
+
+def running(server: EmbeddedServer, prefix: str) -> list[str]:
+    rows = server.cli_json("list", "-p", "team")["workloads"]
+    return sorted(w["name"] for w in rows
+                  if w["name"].startswith(prefix + "-") and w["phase"] == "Running")
+
+
+def test_inference_scales_on_concurrency_and_back(server: EmbeddedServer, tmp_path: Path) -> None:
+    script = tmp_path / "serve.py"
+    script.write_text(SERVER)
+    port = free_port()
+    got = server.cli("inference", "submit", "svc", "-p", "team", "-g", "0.25", "--port",
+                     str(port), "--min-replicas", "1", "--max-replicas", "3", "--metric",
+                     "concurrency", "--metric-threshold", "1", "--scale-down-delay", "2",
+                     "--working-dir", str(tmp_path), "--", sys.executable, str(script))
+    url = f"http://127.0.0.1:{port}"
+    assert url in got.stdout
+    answer = wait_until("the stable URL answers", lambda: _get(f"{url}/0"), timeout=30)
+    assert answer == "svc-0"
+    assert running(server, "svc") == ["svc-0"]
+    # Three requests held open: concurrency 3, threshold 1 per replica -> 3 replicas.
+    t0 = time.monotonic()
+    answers: list[str] = []
+    load = [threading.Thread(target=lambda: answers.append(_get(f"{url}/4") or ""))
+            for _ in range(3)]
+    for t in load:
+        t.start()
+    wait_until("3 replicas running", lambda: running(server, "svc") == ["svc-0", "svc-1", "svc-2"],
+               timeout=30)
+    scale_up = time.monotonic() - t0
+    for t in load:
+        t.join()
+    assert answers == ["svc-0"] * 3  # they arrived before the new replicas
+    # Idle: back to the minimum after the scale-down delay (2 s).
+    t1 = time.monotonic()
+    wait_until("back to 1 replica", lambda: running(server, "svc") == ["svc-0"], timeout=30)
+    scale_down = time.monotonic() - t1
+    assert scale_down >= 2.0
+    assert _get(f"{url}/0") == "svc-0"
+    print(f"scale up 1->3 in {scale_up:.1f} s; down 3->1 in {scale_down:.1f} s")
+
+
+def _get(url: str) -> str | None:
+    try:
+        r = httpx.get(url, timeout=30)
+        return r.text if r.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+def test_bad_inference_flags_are_named(server: EmbeddedServer) -> None:
+    port = free_port()
+    base = ["inference", "submit", "bad", "-p", "team", "-g", "0.25"]
+    cases = [
+        (["--port", str(port), "--min-replicas", "3", "--max-replicas", "2",
+          "--metric-threshold", "1"], "--min-replicas: must be at most maxReplicas (2)"),
+        (["--port", str(port), "--max-replicas", "2", "--metric", "latency",
+          "--metric-threshold", "1"], "--metric: must be concurrency or throughput"),
+        (["--port", "70000", "--max-replicas", "2", "--metric-threshold", "1"], "--port"),
+        (["--max-replicas", "2", "--metric-threshold", "1"], "--port"),
+        (["--port", str(port), "--max-replicas", "2"], "--metric-threshold"),
+    ]
+    for args, message in cases:
+        got = server.cli(*base, *args, "--", "true", check=False)
+        assert got.returncode != 0 and message in got.stderr, (args, got.stderr)
+    busy = socket.create_server(("127.0.0.1", 0))
+    try:
+        taken = busy.getsockname()[1]
+        got = server.cli(*base, "--port", str(taken), "--max-replicas", "2",
+                         "--metric-threshold", "1", "--", "true", check=False)
+        assert got.returncode != 0 and f"--port: port {taken} is already in use" in got.stderr, \
+            got.stderr
+    finally:
+        busy.close()
+    got = server.cli("training", "submit", "t", "-p", "team", "-g", "0.25", "--max-replicas",
+                     "2", "--", "true", check=False)
+    assert "--max-replicas: only an inference scales" in got.stderr
