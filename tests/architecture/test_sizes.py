@@ -24,26 +24,29 @@ FILES: dict[str, tuple[int, str]] = {
                            "server, kwok, the kubelet doubles); not split yet"),
     "node/agent.py": (698, "the node agent's loop with seven sync steps inline; to become a "
                       "loop over sync-step files as the scheduler's bind steps did"),
-    "local/control.py": (667, "embedded mode's loop and API surface, with MIG serving shares "
-                         "decided after the cycle; to move onto the core's path"),
+    "local/control.py": (675, "embedded mode's loop and API surface, with MIG serving shares "
+                         "decided after the cycle; to move onto the core's path (+8: the "
+                         "workload-types seam's wiring, #32)"),
     "kube/api_backend.py": (556, "the REST API's Backend surface on Kubernetes plus its "
                             "reconcile loop"),
     "kube/objects.py": (509, "the parsers of every object the scheduler watches (one per "
                         "kind, each small)"),
-    "testing/binaries.py": (518, "harness: the pinned Go and C binaries the tests build (one "
-                            "recipe each); grew past 500 when main merged issue 27's"),
+    "testing/binaries.py": (547, "harness: the pinned Go and C binaries the tests build (one "
+                            "recipe each); grew past 500 with issue 27's and #32's "
+                            "kube-controller-manager and engines; the recipes table to move out"),
     "kube/snapshot.py": (515, "one pass from the caches to the core's Snapshot, cached by "
                          "version; its parts share that pass"),
 }
 """Files over ``MAX_FILE_LINES``: path under src/tessera -> (ceiling, why)."""
 
 CLASSES: dict[str, tuple[int, int, str]] = {
-    "local/control.py:LocalBackend": (598, 22, "embedded mode's loop and API surface (see "
-                                      "local/control.py above)"),
+    "local/control.py:LocalBackend": (605, 23, "embedded mode's loop and API surface (see "
+                                      "local/control.py above; +1 attribute: the "
+                                      "workload types, #32)"),
     "node/agent.py:KubeAgent": (503, 32, "the node agent's loop (see node/agent.py above)"),
     "kube/api_backend.py:KubeBackend": (485, 20, "the API's Backend protocol on Kubernetes: "
                                         "one method per endpoint"),
-    "local/pods.py:PodProcesses": (451, 20, "embedded pods' processes: start, watch, stop, "
+    "local/pods.py:PodProcesses": (453, 20, "embedded pods' processes: start, watch, stop, "
                                    "restart, one record per pod"),
     "testing/cluster.py:TestCluster": (388, 20, "harness (see testing/cluster.py above)"),
     "core/cycle/session.py:Session": (365, 21, "the cycle's working state, KAI's Session; "
