@@ -13,6 +13,7 @@ import pytest
 
 from tessera.api.tenancy.guard import POLICY
 from tessera.testing.embedded import EmbeddedServer, submit_body
+from tests.waiting import wait_until
 
 PASSWORD = "Correct-Horse-42"
 
@@ -94,7 +95,9 @@ def test_researcher_of_team_a_cannot_see_submit_to_or_delete_in_team_b(
     tenants = [w for n in doc["nodes"] for g in n["gpus"] for w in g["workloads"]]
     assert all(w["project"] in ("team-a", "") for w in tenants)
     assert "b-job" not in str(tenants)
-    overview = alice.get("/api/v1/overview").json()
+    # the Overview is read from a snapshot at most a second old: wait for one with the projects
+    overview = wait_until("an overview with the projects", lambda: (
+        o := alice.get("/api/v1/overview").json())["projects"] and o)
     assert [p["name"] for p in overview["projects"]] == ["team-a"]
     history = alice.get("/api/v1/metrics/history").json()
     assert "team-b" not in str(history) and "b-job" not in str(history)
