@@ -128,8 +128,8 @@ class Install:
         pod_name = f"{deployment}-0"
         env: dict[str, str] = {}
         for e in c.get("env", []):
-            if "value" in e:
-                env[e["name"]] = e["value"]
+            if "valueFrom" not in e:  # an empty value comes back without its "value" key
+                env[e["name"]] = e.get("value", "")
                 continue
             src = e["valueFrom"]
             if "fieldRef" in src:
