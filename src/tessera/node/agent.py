@@ -371,10 +371,10 @@ class KubeAgent:
         when nothing changed."""
         if self.mig is not None and self.mig_states is None:
             return  # the first MIG sync says which placements are free to offer
-        specs = (dra.pool_specs(self.inventory, self.headroom, self.mig_offers())
-                 if self.ready and self.inventory is not None and self.opts.dra_slices
-                 and self.opts.dra_registered()
-                 else {})
+        inventory = self.inventory if self.ready and self.opts.dra_slices else None
+        if inventory is not None and not self.opts.dra_registered():
+            return  # until the kubelet registers the plugin: nothing new, nothing withdrawn
+        specs = dra.pool_specs(inventory, self.headroom, self.mig_offers()) if inventory else {}
         digest = dra.pool_digest(specs) if specs else ""
         if digest == self.slice_digest:
             return
