@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -47,12 +48,16 @@ def _refused(c: httpx.Client, body: dict[str, Any], field: str) -> str:
     return str(message)
 
 
-def _still_schedules(server: EmbeddedServer, c: httpx.Client, name: str) -> None:
+def _still_schedules(server: EmbeddedServer, c: httpx.Client, name: str,
+                     then: Callable[[str], None] | None = None) -> None:
+    """A workload still runs after the bad input; ``then(workload id)`` runs while it does."""
     r = c.post("/api/v1/workloads/trainings", json=submit_body(name, PROJECT,
                                                                 gpuPortionRequest=0.1))
     assert r.status_code == 202, r.text
     wid = r.json()["workloadId"]
     server.wait_phase(c, "trainings", wid, "Running")
+    if then is not None:
+        then(wid)
     c.delete(f"/api/v1/workloads/trainings/{wid}")
 
 
@@ -83,10 +88,12 @@ def test_nul_and_lone_surrogates_are_refused_in_every_text_field(
     _refused(client, b, "name")
     r = post(client, "/api/v1/org-unit/projects", {"name": f"p{value}"})
     assert r.status_code == 422 and "name" in r.json()["message"]
-    # exec: the argv is refused too
-    r = post(client, "/api/v1/workloads/trainings/none/exec", {"command": ["echo", value]})
-    assert r.status_code == 422 and r.json()["message"].startswith("command.1")
-    _still_schedules(server, client, f"after-{bad}")
+
+    def exec_refused(wid: str) -> None:  # exec into a running workload: the argv is refused too
+        r = post(client, f"/api/v1/workloads/trainings/{wid}/exec", {"command": ["echo", value]})
+        assert r.status_code == 422 and r.json()["message"].startswith("command.1"), r.text
+
+    _still_schedules(server, client, f"after-{bad}", exec_refused)
 
 
 def test_names_ending_in_a_newline_are_refused(client: httpx.Client) -> None:
