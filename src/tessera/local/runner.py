@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,29 @@ _SHIM = (
     '"$@"; rc=$?; echo "$rc" > "$TESSERA_EXIT_FILE.tmp"; mv -f "$TESSERA_EXIT_FILE.tmp" '
     '"$TESSERA_EXIT_FILE"; exit "$rc"'
 )
+
+
+def marked_group_leaders(marker: bytes) -> Iterator[tuple[int, int, str]]:
+    """Live (non-zombie) process-group leaders whose environment holds an entry starting with
+    ``marker``: (pid, start ticks, the rest of that entry). How a server finds the processes it
+    started without their pids written down."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                raw = f.read()
+            fields = raw[raw.rindex(")") + 2 :].split()
+            if int(fields[2]) != pid or fields[0] == "Z":
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as fb:
+                environ = fb.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(marker):
+                yield pid, int(fields[19]), item[len(marker):].decode(errors="replace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,25 +174,7 @@ class Runner:
         index -> (pid, start ticks). How a restarted server finds processes of a start that
         was interrupted before their pids were written down."""
         marker = f"TESSERA_START_KEY={key_prefix}".encode()
-        found: dict[str, tuple[int, int]] = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    raw = f.read()
-                fields = raw[raw.rindex(")") + 2 :].split()
-                if int(fields[2]) != pid or fields[0] == "Z":
-                    continue
-                with open(f"/proc/{pid}/environ", "rb") as fb:
-                    environ = fb.read()
-            except (OSError, ValueError, IndexError):
-                continue
-            for item in environ.split(b"\0"):
-                if item.startswith(marker):
-                    found[item[len(marker):].decode(errors="replace")] = (pid, int(fields[19]))
-        return found
+        return {value: (pid, ticks) for pid, ticks, value in marked_group_leaders(marker)}
 
     def group_alive(self, pid: int) -> bool:
         """Whether any live (non-zombie) process is left in the process group ``pid``."""

@@ -11,10 +11,11 @@ from scratch, said loudly (docs/robustness.md, "Store lost or corrupt").
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+
+from .runner import marked_group_leaders
 
 TABLES = frozenset({"meta", "projects", "workloads", "events"})
 
@@ -34,25 +35,8 @@ def live_pods(directory: Path) -> list[LivePod]:
     """Process-group leaders started by a server of ``directory`` that still run (their
     environment names an exit file under ``directory/run``)."""
     marker = f"TESSERA_EXIT_FILE={directory / 'run'}/".encode()
-    found: list[LivePod] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                raw = f.read()
-            fields = raw[raw.rindex(")") + 2 :].split()
-            if int(fields[2]) != pid or fields[0] == "Z":
-                continue
-            with open(f"/proc/{pid}/environ", "rb") as fb:
-                environ = fb.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        for item in environ.split(b"\0"):
-            if item.startswith(marker):
-                found.append(LivePod(pid, item[len(marker):].decode(errors="replace")))
-    return sorted(found, key=lambda p: p.pid)
+    return sorted((LivePod(pid, key) for pid, _, key in marked_group_leaders(marker)),
+                  key=lambda p: p.pid)
 
 
 def _problem(path: Path) -> str | None:
