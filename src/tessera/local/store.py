@@ -12,8 +12,6 @@ import copy
 import dataclasses
 import json
 import os
-import sqlite3
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.api.backend import WorkloadQuery
+from tessera.api.sqlite_db import SqliteDb
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -231,47 +230,17 @@ def _workload(row: Sequence[Any]) -> Workload:
     return Workload(**values)
 
 
-class Store:
+class Store(SqliteDb):
     def __init__(self, path: Path) -> None:
         private_dir(path.parent)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         path.chmod(0o600)  # env values and tokens' hashes: the server's user only
-        self.path = path
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a write the API acknowledged survives a power cut, not only a crash.
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+        super().__init__(path, SCHEMA)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(workloads)")}
         for column, decl in (("request_text", "TEXT NOT NULL DEFAULT ''"),
                              ("running_pods", "INTEGER NOT NULL DEFAULT 0")):
             if column not in have:
                 self._db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """All statements inside commit together or not at all."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-                # COMMIT can fail too (disk full while the WAL grows); SQLite then leaves the
-                # transaction open, so it is rolled back here like any other failure.
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
-
-    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
 
     # -- meta -------------------------------------------------------------------------------------
 
