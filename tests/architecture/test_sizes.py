@@ -22,8 +22,6 @@ MAX_CLASS_ATTRIBUTES = 20
 FILES: dict[str, tuple[int, str]] = {
     "testing/cluster.py": (738, "harness: the test cluster's whole life cycle (etcd, API "
                            "server, kwok, the kubelet doubles); not split yet"),
-    "node/agent.py": (698, "the node agent's loop with seven sync steps inline; to become a "
-                      "loop over sync-step files as the scheduler's bind steps did"),
     "local/control.py": (675, "embedded mode's loop and API surface, with MIG serving shares "
                          "decided after the cycle; to move onto the core's path (+8: the "
                          "workload-types seam's wiring, #32)"),
@@ -43,7 +41,6 @@ CLASSES: dict[str, tuple[int, int, str]] = {
     "local/control.py:LocalBackend": (605, 23, "embedded mode's loop and API surface (see "
                                       "local/control.py above; +1 attribute: the "
                                       "workload types, #32)"),
-    "node/agent.py:KubeAgent": (503, 32, "the node agent's loop (see node/agent.py above)"),
     "kube/api_backend.py:KubeBackend": (485, 20, "the API's Backend protocol on Kubernetes: "
                                         "one method per endpoint"),
     "local/pods.py:PodProcesses": (453, 20, "embedded pods' processes: start, watch, stop, "

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from tessera import wire
 from tessera.core.state import Placement
 from tessera.kube import names
-from tessera.node.agent import PodView, share_of
+from tessera.node.agent_options import PodView
 from tessera.node.kube_mig import want_of
+from tessera.node.sync.share_files import share_of
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "tessera"
 
