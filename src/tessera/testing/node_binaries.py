@@ -1,6 +1,8 @@
 """Go binaries for the node-side tests, built like the cluster's (tessera.testing.binaries:
 pinned, from the Go module proxy only, cached in ``<cache>/bin``).
 
+- ``kubelet`` (the cluster's version) and containerd's ``containerd``,
+  ``containerd-shim-runc-v2`` and ``ctr``: the real-node tier (tessera.testing.realnode).
 - ``cdi-validate``: a small main (``tools/cdi_validate/main.go``) linking the CDI reference
   implementation, ``tags.cncf.io/container-device-interface`` (what containerd and CRI-O use),
   to check tessera's CDI specs and inject them into an OCI spec as a runtime would.
@@ -19,6 +21,9 @@ from tessera.testing.binaries import Binary
 
 CDI_MODULE = "tags.cncf.io/container-device-interface"
 CDI_VERSION = "v1.1.2"
+CONTAINERD_VERSION = "v2.4.2"
+"""The real-node tier's runtime (tessera.testing.realnode): 2.x for CDI (Debian's 1.6 has none).
+Its go.mod has no local replaces, so each command is a plain ``go install``."""
 TOOLS = Path(__file__).resolve().parent / "tools"
 
 
@@ -42,6 +47,11 @@ def _build_tool(tool: str, requires: dict[str, str]) -> Callable[[Binary, Path],
 
 NODE_BINARIES = [
     Binary("cdi-validate", CDI_VERSION, _build_tool("cdi_validate", {CDI_MODULE: CDI_VERSION})),
+    # The real-node tier: a real kubelet at the cluster's version, and containerd's commands.
+    Binary("kubelet", binaries.KUBERNETES_VERSION, binaries._build_kubernetes_command("kubelet")),
+    *(Binary(cmd, CONTAINERD_VERSION,
+             binaries._go_install(f"github.com/containerd/containerd/v2/cmd/{cmd}"))
+      for cmd in ("containerd", "containerd-shim-runc-v2", "ctr")),
 ]
 for _b in NODE_BINARIES:
     binaries.BINARIES.setdefault(_b.name, _b)

@@ -1,0 +1,208 @@
+"""End to end on a real kubelet + containerd + runc node (see conftest.py): what kwok cannot show.
+
+Each test's pods land on the real node by its label; kube-scheduler v1.36.3 allocates the DRA
+claims against the ResourceSlice tessera-node published; the kubelet calls tessera-node's DRA
+plugin; containerd applies the CDI spec it wrote; runc starts the container as a non-root user.
+The container's own output (the kubelet's log files) is what the tests read."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from lightkube import ApiError, codecs
+from lightkube.resources.core_v1 import Event, Node, Pod
+
+from tessera.kube.claims import ResourceClaim
+from tessera.node.podresources.client import list_claim_devices
+from tessera.node.resourceslice import ResourceSlice
+from tessera.testing.node_images import PROBE_DIR, PROBE_IMAGE
+from tessera.testing.realnode import NODE_NAME
+from tessera.testing.realnode_agent import driver_env, driver_volumes
+from tests.realnode.conftest import RealWorld
+from tests.waiting import wait_until
+
+GIB = 2**30
+POD_UID = 4321
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+def claim(name: str, ns: str, memory: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "share.gpu.tessera.io",
+                "capacity": {"requests": {"memory": memory}}}}]}}}
+
+
+def probe_pod(real: RealWorld, name: str, ns: str, claim_name: str, script: str) -> dict[str, Any]:
+    """A pod of the probe image on the real node, as user 4321, using ``claim_name``; the
+    container runs ``script`` (dash) with cuprobe at $PROBE."""
+    volumes, mounts = driver_volumes(real.agent)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"nodeSelector": {"tessera.io/real-node": "true"},
+                     "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "securityContext": {"runAsUser": POD_UID, "runAsGroup": POD_UID},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+                     "volumes": volumes,
+                     "containers": [{
+                         "name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                         "command": ["/bin/sh", "-c", script],
+                         "env": [*driver_env(real.agent),
+                                 {"name": "PROBE", "value": f"{PROBE_DIR}/cuprobe"}],
+                         "volumeMounts": mounts,
+                         "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def phase(real: RealWorld, name: str, ns: str = "default") -> str:
+    assert real.scheduler.poll() is None, "kube-scheduler exited"
+    real.agent.process.check_alive()
+    p = real.cluster.client().get(Pod, name, namespace=ns)
+    return (p.status.phase if p.status else None) or "Pending"
+
+
+def finished(real: RealWorld, name: str, timeout: float = 120.0) -> str:
+    def done() -> str | None:
+        ph = phase(real, name)
+        return ph if ph in ("Succeeded", "Failed") else None
+    try:
+        return wait_until(f"pod {name} to finish on the real node", done, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnose(real, name)}") from None
+
+
+def diagnose(real: RealWorld, name: str, ns: str = "default") -> str:
+    client = real.cluster.client()
+    events = [f"{e.reason}: {e.message}" for e in client.list(Event, namespace=ns)
+              if e.involvedObject.name == name]
+    return (f"events of {name}: {events}\nlog: {real.node.pod_log(ns, name, 'main')}\n"
+            f"kubelet log tail:\n{real.node.world.log_tail(25) if real.node.world else ''}")
+
+
+def test_real_node_is_ready_next_to_the_kwok_nodes(real: RealWorld) -> None:
+    """The real kubelet registered its Node (kubelet v1.36.3, containerd 2.x) and it is Ready,
+    next to a kwok node of the same cluster."""
+    client = real.cluster.client()
+    node = client.get(Node, NODE_NAME)
+    info = node.status.nodeInfo
+    assert info.kubeletVersion == "v1.36.3"
+    assert info.containerRuntimeVersion.startswith("containerd://2."), info
+    assert {a.type: a.address for a in node.status.addresses}["InternalIP"] == real.node.ip
+    kwok = client.get(Node, real.kwok_node)
+    assert {c.type: c.status for c in kwok.status.conditions}["Ready"] == "True"
+
+
+def test_real_node_runs_a_share_pod_non_root_with_the_library_and_its_limit(
+        real: RealWorld) -> None:
+    """A 4 GiB share of an A100-40GB through a DRA claim: kube-scheduler allocates it on the
+    real node, the kubelet has tessera-node prepare it, containerd applies the CDI spec (the
+    library preloaded, its config mounted), runc starts the container as uid 4321. Inside, the
+    CUDA allocator is the library's, 3 GiB fit and one more GiB past the share fails with
+    CUDA_ERROR_OUT_OF_MEMORY, and the config names the share's limit."""
+    client = real.cluster.client()
+    ns = "default"
+    client.create(codecs.from_dict(claim("quarter", ns, "4Gi")))
+    script = ("grep -E '^(Uid|Gid):' /proc/self/status; echo preload=$LD_PRELOAD; "
+              "echo config=$TESSERA_GPU_CONFIG; cat $TESSERA_GPU_CONFIG; "
+              f"printf 'owner_alloc\\ninit\\nctx 0\\nalloc {3 * GIB}\\nalloc {GIB}\\nexit\\n' "
+              "| $PROBE")
+    client.create(codecs.from_dict(probe_pod(real, "share", ns, "quarter", script)))
+    result = finished(real, "share")
+    log = real.node.pod_log(ns, "share", "main")
+    assert result == "Succeeded", diagnose(real, "share")
+    assert re.search(rf"^Uid:\s+{POD_UID}\s", log, re.M), log
+    assert "preload=/usr/local/tessera/libtessera-cuda.so" in log, log
+    assert "owner=libtessera-cuda.so" in log, log  # cuMemAlloc resolves to the library's
+    assert f"limit={4 * GIB}" in log, log
+    rcs = [int(m) for m in re.findall(r"^rc=(\d+) ptr=", log, re.M)]
+    assert rcs == [0, CUDA_ERROR_OUT_OF_MEMORY], log
+    c = client.get(ResourceClaim, "quarter", namespace=ns).to_dict()
+    (r,) = c["status"]["allocation"]["devices"]["results"]
+    assert (r["driver"], r["pool"]) == ("gpu.tessera.io", NODE_NAME)
+
+
+def test_real_node_pod_resources_carry_the_dra_devices(real: RealWorld) -> None:
+    """pod-resources read from the real kubelet: the running DRA pod's container lists its
+    claim, driver, pool, device and CDI device (``dynamic_resources``, which the proto used to
+    drop)."""
+    client = real.cluster.client()
+    ns = "default"
+    client.create(codecs.from_dict(claim("held", ns, "2Gi")))
+    client.create(codecs.from_dict(probe_pod(real, "holder", ns, "held", "sleep 600")))
+    wait_until("holder running", lambda: phase(real, "holder") == "Running", 120)
+    c = client.get(ResourceClaim, "held", namespace=ns).to_dict()
+    (r,) = c["status"]["allocation"]["devices"]["results"]
+
+    def listed() -> Any:
+        return [d for d in list_claim_devices(real.node.pod_resources_socket)
+                if d.pod == "holder"] or None
+    (d,) = wait_until("the kubelet's pod-resources lists the claim", listed, 30)
+    assert (d.namespace, d.container, d.claim, d.claim_namespace) == (ns, "main", "held", ns)
+    assert (d.driver, d.pool, d.device) == ("gpu.tessera.io", NODE_NAME, r["device"])
+    assert d.cdi_devices == (f"gpu.tessera.io/claim={c['metadata']['uid']}-{r['device']}",)
+    client.delete(Pod, "holder", namespace=ns, grace_period=0)
+
+
+def test_real_node_kubelet_watches_resource_health_without_unimplemented(
+        real: RealWorld) -> None:
+    """NodeWatchResources is served: the kubelet's health stream to tessera's plugin never
+    fails with Unimplemented (it did every 5 s before), over more than two of its retry
+    periods after the plugin registered."""
+    wait_until("the kubelet registered gpu.tessera.io",
+               lambda: "gpu.tessera.io" in real.node.kubelet_log_text(), 60)
+    time.sleep(12)
+    log = real.node.kubelet_log_text()
+    assert "Register new plugin" in log or "Registering plugin" in log or "RegisterPlugin" in log
+    bad = [line for line in log.splitlines()
+           if "WatchResources" in line and "Unimplemented" in line]
+    assert not bad, bad[:3]
+
+
+def test_real_node_slice_is_published_only_after_the_kubelet_registered_the_plugin(
+        real: RealWorld) -> None:
+    """tessera-node restarted with its ResourceSlice gone: the slice reappears only once the
+    real kubelet has registered the new plugin, so a pod created the moment it appears is
+    prepared at once (before the fix it got FailedPrepareDynamicResources "not registered"
+    and waited 83 s in the kubelet's back-off)."""
+    client = real.cluster.client()
+    ns = "default"
+    agent = real.agent
+    agent.process.stop()
+    for s in client.list(ResourceSlice):
+        if s.to_dict()["spec"].get("nodeName") == NODE_NAME:
+            client.delete(ResourceSlice, s.to_dict()["metadata"]["name"])
+    registrations_before = real.node.kubelet_log_text().count("gpu.tessera.io-reg.sock")
+    agent.process.start(env=agent.env)
+
+    def slice_up() -> bool:
+        return any(s.to_dict()["spec"].get("nodeName") == NODE_NAME
+                   for s in client.list(ResourceSlice))
+    wait_until("tessera-node's slice is published again", slice_up, 60, interval=0.05)
+    registered = real.node.kubelet_log_text().count("gpu.tessera.io-reg.sock")
+    assert registered > registrations_before, "slice published before the kubelet registered"
+    client.create(codecs.from_dict(claim("early", ns, "1Gi")))
+    client.create(codecs.from_dict(probe_pod(real, "early", ns, "early", "echo started")))
+    assert finished(real, "early") == "Succeeded", diagnose(real, "early")
+    reasons = [e.reason for e in client.list(Event, namespace=ns)
+               if e.involvedObject.name == "early"]
+    assert "FailedPrepareDynamicResources" not in reasons, diagnose(real, "early")
+
+
+def test_real_node_teardown_leaves_no_pod(real: RealWorld) -> None:
+    """Deleting pods on the real node really stops their containers (the kubelet reports them
+    gone), which the tier's teardown relies on."""
+    client = real.cluster.client()
+    ns = "default"
+    client.create(codecs.from_dict(claim("gone", ns, "1Gi")))
+    client.create(codecs.from_dict(probe_pod(real, "gone", ns, "gone", "sleep 600")))
+    wait_until("gone running", lambda: phase(real, "gone") == "Running", 120)
+    client.delete(Pod, "gone", namespace=ns, grace_period=0)
+
+    def deleted() -> bool:
+        try:
+            client.get(Pod, "gone", namespace=ns)
+            return False
+        except ApiError:
+            return True
+    wait_until("pod gone", deleted, 60)
