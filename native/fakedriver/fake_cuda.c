@@ -144,7 +144,12 @@ static void used_add(int dev, int64_t delta) {
 static uint64_t device_free(int dev) {
     fake_device *d = fake_cuda_device(dev);
     uint64_t busy = g_used[dev] + d->other_used + fake_state_others_on(d);
-    return busy >= d->total ? 0 : d->total - busy;
+    uint64_t free_bytes = busy >= d->total ? 0 : d->total - busy;
+    if (d->mig_gi < 0) {  /* NVML's per-cgroup limits (r615+) bind whole GPUs, not MIG devices */
+        uint64_t room = fake_memlimit_room(d->index);
+        if (room < free_bytes) free_bytes = room;
+    }
+    return free_bytes;
 }
 
 static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }

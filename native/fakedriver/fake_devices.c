@@ -244,6 +244,7 @@ typedef struct {
     uint64_t reserved[7];
     fake_proc slots[FAKE_STATE_SLOTS];
     fake_mig_state mig;
+    fake_memlimit_table memlimits; /* NVML per-cgroup memory limits (fake_memlimits.c) */
 } state_file;
 
 #define STATE_MAGIC 0x3274617473656b66ULL /* "fkstat2" */
@@ -521,6 +522,10 @@ const fake_mig_profile *fake_mig_profiles(const fake_device *d, int *n) {
 }
 
 static fake_mig_state g_local_mig; /* without FAKE_GPU_STATE: this process's own */
+
+fake_memlimit_table *fake_memlimits_get(void) {
+    return fake_state_enabled() ? &g_state->memlimits : NULL;
+}
 
 fake_mig_state *fake_mig_state_get(void) {
     return fake_state_enabled() ? &g_state->mig : &g_local_mig;

@@ -109,6 +109,33 @@ fake_mig_state *fake_mig_state_get(void);
 void fake_mig_uuid(const fake_device *d, uint64_t serial, char *out, size_t len, unsigned char bytes[16]);
 /* The physical device, GI and CI of a MIG UUID that exists now; 0 when none. */
 int fake_mig_find(const char *uuid, int *phys, unsigned *gi, unsigned *ci);
+/* ---- NVML per-cgroup memory limits (nvmlDeviceSetMemoryLimits_v1, driver branch r615+) ----
+ * A limit names a cgroup by its sysfs path ("/sys/fs/cgroup/memory/kubepods/.../pod<uid>" on
+ * cgroup v1, "/sys/fs/cgroup/kubepods.slice/..." on v2) and binds every process in that cgroup
+ * or below it: their device memory together (allocations and contexts, as NVML counts a
+ * process's memory) may not pass hardLimit on that GPU. Kept in FAKE_GPU_STATE, so the agent
+ * that sets a limit and the processes it binds see the same table. A limit whose cgroup no
+ * longer exists is gone, as the driver clears it when the cgroup is removed. */
+#define FAKE_MEMLIMIT_SLOTS 64
+#define FAKE_MEMLIMIT_MIN_BRANCH 615
+typedef struct {
+    uint32_t live, phys;
+    uint64_t soft, hard;
+    char cgroup[232];
+} fake_memlimit;
+typedef struct { fake_memlimit e[FAKE_MEMLIMIT_SLOTS]; } fake_memlimit_table;
+/* The table in the shared state; NULL without FAKE_GPU_STATE. Between lock and unlock. */
+fake_memlimit_table *fake_memlimits_get(void);
+/* The driver branch FAKE_NVML_DRIVER_VERSION names (its major number; default 570). */
+int fake_driver_branch(void);
+/* NVML_SUCCESS or the NVML error of setting (soft 0 and hard UINT64_MAX: clearing) a limit. */
+int fake_memlimit_set(int phys, const char *cgroup, uint64_t soft, uint64_t hard);
+/* The limit set for exactly that cgroup (0 / UINT64_MAX when none) and what it uses now. */
+int fake_memlimit_get(int phys, const char *cgroup, uint64_t *soft, uint64_t *hard, uint64_t *used);
+/* Bytes this process may still allocate on physical device phys under every limit of its
+ * cgroup and its ancestors (UINT64_MAX when none); call under fake_state_lock. */
+uint64_t fake_memlimit_room(int phys);
+
 /* This process's pid as the driver knows it (the host's, also inside a PID namespace). */
 int fake_self_pid(void);
 

@@ -13,6 +13,9 @@
  * FAKE_GPU_MIG_<i>=1 on an A100/H100/H200: MIG mode (GPU and compute instances in FAKE_GPU_STATE);
  * FAKE_GPU_MIG_MODE_DIR: the file DIR/<i> ("1"/"0"), where it exists, is the mode at each call.
  * FAKE_NVML_FAIL=FUNCTION=CODE,...: that MIG call fails with that NVML error.
+ * FAKE_NVML_DRIVER_VERSION selects driver-branch behaviour: from 615.* the per-cgroup memory
+ * limits (nvmlDeviceSetMemoryLimits_v1 / nvmlDeviceGetMemoryLimits_v1, fake_memlimits.c) exist and
+ * the fake CUDA enforces them; below, the calls are NVML_ERROR_FUNCTION_NOT_FOUND.
  * FAKE_NVML_HOST_PIDS=1: processes are listed by the PID the host sees (PID + 1000000), as NVML
  * lists them to a process inside a container with its own PID namespace.
  */
@@ -1190,4 +1193,42 @@ static uint64_t mig_used_bytes(fake_device *d, unsigned gi) {
     uint64_t sum = 0;
     for (int i = 0; i < n; i++) sum += procs[i].used[d->index];
     return sum;
+}
+
+/* ---- per-cgroup memory limits (r615+; fake_memlimits.c) ---- */
+typedef struct {
+    const char *nameSpace;
+    unsigned long long softLimit, hardLimit;
+} fake_nvmlSetMemoryLimits_v1_t;
+typedef struct {
+    const char *nameSpace;
+    unsigned long long softLimit, hardLimit, currentUsed;
+} fake_nvmlGetMemoryLimits_v1_t;
+
+EXPORT nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t device,
+                                                 fake_nvmlSetMemoryLimits_v1_t *limits) {
+    if (fake_driver_branch() < FAKE_MEMLIMIT_MIN_BRANCH) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (!g_init) return NVML_ERROR_UNINITIALIZED;
+    if (is_mig_handle(device)) return NVML_ERROR_NOT_SUPPORTED;
+    fake_device *d = dev_of(device);
+    if (!d || !limits || !limits->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+    return (nvmlReturn_t)fake_memlimit_set(d->index, limits->nameSpace, limits->softLimit,
+                                           limits->hardLimit);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t device,
+                                                 fake_nvmlGetMemoryLimits_v1_t *limits) {
+    if (fake_driver_branch() < FAKE_MEMLIMIT_MIN_BRANCH) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (!g_init) return NVML_ERROR_UNINITIALIZED;
+    if (is_mig_handle(device)) return NVML_ERROR_NOT_SUPPORTED;
+    fake_device *d = dev_of(device);
+    if (!d || !limits || !limits->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t soft, hard, used;
+    int rc = fake_memlimit_get(d->index, limits->nameSpace, &soft, &hard, &used);
+    if (rc == NVML_SUCCESS) {
+        limits->softLimit = soft;
+        limits->hardLimit = hard;
+        limits->currentUsed = used;
+    }
+    return (nvmlReturn_t)rc;
 }
