@@ -25,7 +25,7 @@ import pynvml
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 MIN_BRANCH = 615
-UNLIMITED = pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX
+UNLIMITED: int = pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX
 
 
 class MemLimitError(RuntimeError):
