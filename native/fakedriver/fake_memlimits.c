@@ -152,7 +152,10 @@ uint64_t fake_memlimit_room(int phys) {
     for (int i = 0; i < FAKE_MEMLIMIT_SLOTS; i++) {
         fake_memlimit *e = &t->e[i];
         if (!__atomic_load_n(&e->live, __ATOMIC_ACQUIRE) || (int)e->phys != phys) continue;
-        if (!proc_in(0, e->cgroup) || !is_cgroup_dir(e->cgroup)) continue;
+        /* No existence check here: inside a container /sys/fs/cgroup is the container's own
+         * view, while limits name the host's paths (the driver knows them in the kernel). A
+         * removed cgroup holds no process, so its limit binds no one. */
+        if (!proc_in(0, e->cgroup)) continue;
         uint64_t used = cgroup_used(phys, e->cgroup);
         uint64_t left = used >= e->hard ? 0 : e->hard - used;
         if (left < room) room = left;

@@ -10,6 +10,7 @@ is ready. Nothing in :mod:`tessera.node.agent` changes. See docs/architecture.md
 from __future__ import annotations
 
 from tessera.node.sync.base import NodeContext, SyncStep
+from tessera.node.sync.driver_limits import DriverLimits
 from tessera.node.sync.gpu_uuids import ReportGpuUuids
 from tessera.node.sync.mig_partitions import FollowMigModes, MigPartitions
 from tessera.node.sync.node_annotations import PublishNode
@@ -24,6 +25,7 @@ STEPS: tuple[type[SyncStep], ...] = (
     ResourceSlices,   # the DRA pool of this node (after the MIG sync: what is free to offer)
     ReportGpuUuids,   # reservation pods: which GPU the device plugin gave each
     ShareFiles,       # share pods' isolation files (after the MIG sync: partitions' UUIDs)
+    DriverLimits,     # the driver's per-cgroup hard cap for those shares, where it has one
     ObserveUsage,     # usage, metrics, escapes, the loans reclaimer (over this sync's shares)
 )
 """Run in this order at every sync."""
