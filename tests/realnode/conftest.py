@@ -18,6 +18,8 @@ from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.realnode import RealNode
 from tessera.testing.realnode_agent import RealNodeAgent, start_agent
 
+NEW_DRIVER = "615.42.01"
+
 
 @dataclass
 class RealWorld:
@@ -38,7 +40,8 @@ def real() -> Iterator[RealWorld]:
         (kwok_node,) = cluster.create_gpu_nodes(1, NodeShape(gpus=1, model="A100-40GB"),
                                                 prefix="kwok-")
         node.start()
-        agent = start_agent(node)
+        # a driver of branch r615+: NVML's per-cgroup limits hold the shares' hard cap too
+        agent = start_agent(node, env_overrides={"FAKE_NVML_DRIVER_VERSION": NEW_DRIVER})
         path = binaries.ensure(["kube-scheduler"])["kube-scheduler"]
         assert cluster.workdir is not None
         log = (cluster.workdir / "logs" / "kube-scheduler.log").open("ab")

@@ -38,8 +38,13 @@ def claim(name: str, ns: str, memory: str) -> dict[str, Any]:
 
 def probe_pod(real: RealWorld, name: str, ns: str, claim_name: str, script: str) -> dict[str, Any]:
     """A pod of the probe image on the real node, as user 4321, using ``claim_name``; the
-    container runs ``script`` (dash) with cuprobe at $PROBE."""
+    container runs ``script`` (dash) with cuprobe at $PROBE and the test's go-file directory
+    at /sync (a test touches ``go_file(real, name)`` to let the script go on)."""
     volumes, mounts = driver_volumes(real.agent)
+    sync = real.agent.root / "sync"
+    sync.mkdir(exist_ok=True)
+    volumes = [*volumes, {"name": "sync", "hostPath": {"path": str(sync), "type": "Directory"}}]
+    mounts = [*mounts, {"name": "sync", "mountPath": "/sync", "readOnly": True}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
             "spec": {"nodeSelector": {"tessera.io/real-node": "true"},
                      "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
@@ -206,3 +211,32 @@ def test_real_node_teardown_leaves_no_pod(real: RealWorld) -> None:
         except ApiError:
             return True
     wait_until("pod gone", deleted, 60)
+
+
+def test_real_node_driver_cap_holds_an_allocation_the_library_does_not_see(
+        real: RealWorld) -> None:
+    """On a driver of branch r615+ tessera-node also sets NVML's per-cgroup hard limit on the
+    share pod's cgroup (the DriverLimits sync step): an allocation that bypasses the library
+    (the fake driver's unhooked entry point, as a process that escaped the preload would make)
+    is refused by the driver once the pod's share is used, where on older drivers only the
+    library's accounting stands (tests/node/test_memlimits.py)."""
+    client = real.cluster.client()
+    ns = "default"
+    client.create(codecs.from_dict(claim("capped", ns, "4Gi")))
+    script = ("while [ ! -e /sync/capped ]; do sleep 0.2; done; "
+              f"printf 'init\\nctx 0\\nalloc {3 * GIB}\\nunhooked {2 * GIB}\\n"
+              f"unhooked {256 * 2**20}\\nexit\\n' | $PROBE")
+    client.create(codecs.from_dict(probe_pod(real, "capped", ns, "capped", script)))
+    wait_until("capped running", lambda: phase(real, "capped") == "Running", 120)
+    pod_uid = client.get(Pod, "capped", namespace=ns).metadata.uid
+    agent_log = real.agent.process.log_path
+
+    def limit_set() -> bool:
+        return any("driver limit set" in line and pod_uid in line
+                   for line in agent_log.read_text(errors="replace").splitlines())
+    wait_until("tessera-node set the driver limit on the pod's cgroup", limit_set, 60)
+    (real.agent.root / "sync" / "capped").touch()
+    assert finished(real, "capped") == "Succeeded", diagnose(real, "capped")
+    log = real.node.pod_log(ns, "capped", "main")
+    rcs = [int(m) for m in re.findall(r"^rc=(\d+) ptr=", log, re.M)]
+    assert rcs == [0, CUDA_ERROR_OUT_OF_MEMORY, 0], log  # 2 GiB past the cap, 256 MiB within

@@ -72,6 +72,7 @@ class DriverLimits(SyncStep):
             try:
                 memlimits.set_hard(handles[uuid], cgroup, hard)
                 self.applied[(cgroup, uuid)] = hard
+                log.info("driver limit set: cgroup %s on %s, hard %d bytes", cgroup, uuid, hard)
             except memlimits.MemLimitError as exc:
                 log.warning("driver limit for %s on %s not set: %s", cgroup, uuid, exc)
         for key in [k for k in self.applied if k not in wanted]:
