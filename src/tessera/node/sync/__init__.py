@@ -17,6 +17,7 @@ from tessera.node.sync.node_annotations import PublishNode
 from tessera.node.sync.share_files import ShareFiles
 from tessera.node.sync.slices import ResourceSlices
 from tessera.node.sync.usage import ObserveUsage
+from tessera.node.sync.whole_gpus import WholeGpuTruth
 
 STEPS: tuple[type[SyncStep], ...] = (
     FollowMigModes,   # MIG mode switched by the operator: the inventory read again
@@ -24,6 +25,7 @@ STEPS: tuple[type[SyncStep], ...] = (
     PublishNode,      # inventory, readiness, headroom, partitions as Node annotations
     ResourceSlices,   # the DRA pool of this node (after the MIG sync: what is free to offer)
     ReportGpuUuids,   # reservation pods: which GPU the device plugin gave each
+    WholeGpuTruth,    # whole-GPU pods: the placement follows the GPUs the kubelet gave them
     ShareFiles,       # share pods' isolation files (after the MIG sync: partitions' UUIDs)
     DriverLimits,     # the driver's per-cgroup hard cap for those shares, where it has one
     ObserveUsage,     # usage, metrics, escapes, the loans reclaimer (over this sync's shares)
