@@ -318,12 +318,18 @@ static int pid_alive(int pid) {
  * /proc it sees (/proc/self names the pid in the PID namespace /proc was mounted for: the
  * host's in the tests' pod processes, which share the host's /proc); the real driver knows it in
  * the kernel. Cached per process (a forked child looks again). */
+const char *fake_host_proc(void) {
+    const char *p = getenv("FAKE_HOST_PROC");
+    return p && *p && strlen(p) < 256 ? p : "/proc";
+}
+
 int fake_self_pid(void) {
     static int cached_for = -1, cached = -1;
     int me = getpid();
     if (cached_for == me) return cached;
-    char buf[32];
-    ssize_t n = readlink("/proc/self", buf, sizeof buf - 1);
+    char buf[32], self[300];
+    snprintf(self, sizeof self, "%s/self", fake_host_proc());
+    ssize_t n = readlink(self, buf, sizeof buf - 1);
     int pid = me;
     if (n > 0) {
         buf[n] = '\0';
@@ -338,8 +344,8 @@ int fake_self_pid(void) {
 /* Liveness by /proc alone (no kill(pid, 0)): the pids in the state file are the host's, which
  * kill() inside a PID namespace would not name. */
 static int pid_alive_uncached(int pid) {
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    char path[320], buf[256];
+    snprintf(path, sizeof path, "%s/%d/stat", fake_host_proc(), pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
     ssize_t n = read(fd, buf, sizeof buf - 1);

@@ -136,6 +136,10 @@ int fake_memlimit_get(int phys, const char *cgroup, uint64_t *soft, uint64_t *ha
  * cgroup and its ancestors (UINT64_MAX when none); call under fake_state_lock. */
 uint64_t fake_memlimit_room(int phys);
 
+/* Where the host's /proc is: FAKE_HOST_PROC (a container given the host's /proc there, the test
+ * world's stand-in for the kernel driver, which knows every process by its host pid), else
+ * /proc. Pids in the shared state and in NVML's answers are the host's either way. */
+const char *fake_host_proc(void);
 /* This process's pid as the driver knows it (the host's, also inside a PID namespace). */
 int fake_self_pid(void);
 

@@ -46,8 +46,8 @@ static int under(const char *path, const char *root) {
  * hierarchies, v1 ("N:memory,...:/path" under /sys/fs/cgroup/<controller>) or v2 ("0::/path"
  * under /sys/fs/cgroup or /sys/fs/cgroup/unified). */
 static int proc_in(int pid, const char *cgroup) {
-    char file[64], line[1024], full[1400];
-    if (pid > 0) snprintf(file, sizeof file, "/proc/%d/cgroup", pid);
+    char file[320], line[1024], full[1400];
+    if (pid > 0) snprintf(file, sizeof file, "%s/%d/cgroup", fake_host_proc(), pid);
     else snprintf(file, sizeof file, "/proc/self/cgroup");
     FILE *f = fopen(file, "re");
     if (!f) return 0;

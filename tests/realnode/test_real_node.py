@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.request
 from typing import Any
 
 from lightkube import ApiError, codecs
@@ -146,6 +147,16 @@ def test_real_node_pod_resources_carry_the_dra_devices(real: RealWorld) -> None:
     assert (d.namespace, d.container, d.claim, d.claim_namespace) == (ns, "main", "held", ns)
     assert (d.driver, d.pool, d.device) == ("gpu.tessera.io", NODE_NAME, r["device"])
     assert d.cdi_devices == (f"gpu.tessera.io/claim={c['metadata']['uid']}-{r['device']}",)
+
+    def metrics() -> str | None:  # the claim's container has its per-container metrics
+        text = urllib.request.urlopen(
+            f"http://127.0.0.1:{real.agent.port}/metrics", timeout=5).read().decode()
+        lines = [ln for ln in text.splitlines()
+                 if ln.startswith("tessera_container_gpu_memory_limit_bytes")
+                 and 'pod="holder"' in ln and 'container="main"' in ln]
+        return lines[0] if lines else None
+    line = wait_until("tessera-node's metrics for the claim's container", metrics, 30)
+    assert float(line.rsplit(" ", 1)[1]) == 2 * GIB, line
     client.delete(Pod, "holder", namespace=ns, grace_period=0)
 
 
@@ -219,13 +230,15 @@ def test_real_node_driver_cap_holds_an_allocation_the_library_does_not_see(
     share pod's cgroup (the DriverLimits sync step): an allocation that bypasses the library
     (the fake driver's unhooked entry point, as a process that escaped the preload would make)
     is refused by the driver once the pod's share is used, where on older drivers only the
-    library's accounting stands (tests/node/test_memlimits.py)."""
+    library's accounting stands (tests/node/test_memlimits.py). The 256 MiB it did get past the
+    library is an escape on a DRA claim's container: tessera-node's escape detection reports it
+    (a GPUIsolationEscape Event on the pod)."""
     client = real.cluster.client()
     ns = "default"
     client.create(codecs.from_dict(claim("capped", ns, "4Gi")))
     script = ("while [ ! -e /sync/capped ]; do sleep 0.2; done; "
-              f"printf 'init\\nctx 0\\nalloc {3 * GIB}\\nunhooked {2 * GIB}\\n"
-              f"unhooked {256 * 2**20}\\nexit\\n' | $PROBE")
+              f"(printf 'init\\nctx 0\\nalloc {3 * GIB}\\nunhooked {2 * GIB}\\n"
+              f"unhooked {256 * 2**20}\\n'; sleep 120) | $PROBE")
     client.create(codecs.from_dict(probe_pod(real, "capped", ns, "capped", script)))
     wait_until("capped running", lambda: phase(real, "capped") == "Running", 120)
     pod_uid = client.get(Pod, "capped", namespace=ns).metadata.uid
@@ -236,7 +249,17 @@ def test_real_node_driver_cap_holds_an_allocation_the_library_does_not_see(
                    for line in agent_log.read_text(errors="replace").splitlines())
     wait_until("tessera-node set the driver limit on the pod's cgroup", limit_set, 60)
     (real.agent.root / "sync" / "capped").touch()
-    assert finished(real, "capped") == "Succeeded", diagnose(real, "capped")
-    log = real.node.pod_log(ns, "capped", "main")
-    rcs = [int(m) for m in re.findall(r"^rc=(\d+) ptr=", log, re.M)]
-    assert rcs == [0, CUDA_ERROR_OUT_OF_MEMORY, 0], log  # 2 GiB past the cap, 256 MiB within
+
+    def answered() -> list[int] | None:
+        log = real.node.pod_log(ns, "capped", "main")
+        rcs = [int(m) for m in re.findall(r"^rc=(\d+) ptr=", log, re.M)]
+        return rcs if len(rcs) == 3 else None
+    rcs = wait_until("the probe's three allocations", answered, 60)
+    assert rcs == [0, CUDA_ERROR_OUT_OF_MEMORY, 0], real.node.pod_log(ns, "capped", "main")
+
+    def escape() -> list[str] | None:
+        return [e.message or "" for e in client.list(Event, namespace=ns)
+                if e.involvedObject.name == "capped" and e.reason == "GPUIsolationEscape"] or None
+    messages = wait_until("escape detection on the claim's container", escape, 60)
+    assert "capped" in messages[0], messages
+    client.delete(Pod, "capped", namespace=ns, grace_period=0)

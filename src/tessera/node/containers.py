@@ -96,7 +96,14 @@ def config_dir(root: Path, key: str, container: str) -> Path:
     return share_dir(root, key) / "conf" / container
 
 
+CLAIM_KEY_PREFIX = "claim-"
+"""Shares of DRA claims (tessera.node.sync.claim_shares) are keyed ``claim-<claim uid>``; their
+files are the claim's, under ``<root>/claims/<uid>`` (tessera.node.draplugin.cdi)."""
+
+
 def region_path(root: Path, key: str) -> Path:
+    if key.startswith(CLAIM_KEY_PREFIX):
+        return root / "claims" / key[len(CLAIM_KEY_PREFIX):] / "region" / REGION_NAME
     return share_dir(root, key) / "region" / REGION_NAME
 
 

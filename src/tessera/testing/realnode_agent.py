@@ -5,7 +5,10 @@ It runs on the host (the node's sockets and directories are plain paths here) un
 capabilities, user and ``no_new_privs`` of the chart's rendered DaemonSet
 (tessera.testing.chart_privileges), on a fake NVML machine (the only double: the GPU and its
 driver). The pods get the same fake driver the way the NVIDIA container toolkit gives them the
-real one: :func:`driver_volume` mounts its directory and :func:`driver_env` names it.
+real one: :func:`driver_volumes` mounts its directory and :func:`driver_env` names it. The fake
+driver also gets the host's ``/proc`` (read-only, ``FAKE_HOST_PROC``): the real driver knows a
+container's processes by their host pids in the kernel, the fake learns them there, so NVML on
+the node lists them as a real one does.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tessera.testing.realnode import RealNode
 
 DRIVER_MOUNT = "/usr/local/nvidia/lib64"
 STATE_MOUNT = "/var/run/fake-gpu"
+HOST_PROC_MOUNT = "/host/proc"
 
 
 @dataclass
@@ -102,6 +106,7 @@ def driver_env(agent: RealNodeAgent) -> list[dict[str, str]]:
     env = {k: v for k, v in agent.env.items() if k.startswith("FAKE_")}
     env["FAKE_GPU_STATE"] = f"{STATE_MOUNT}/gpu.state"
     env["LD_LIBRARY_PATH"] = DRIVER_MOUNT
+    env["FAKE_HOST_PROC"] = HOST_PROC_MOUNT  # the fake knows host pids, as the kernel driver does
     return [{"name": k, "value": v} for k, v in sorted(env.items())]
 
 
@@ -111,7 +116,9 @@ def driver_volumes(agent: RealNodeAgent) -> tuple[list[dict[str, Any]], list[dic
     volumes: list[dict[str, Any]] = [{"name": "nvidia-driver", "hostPath": {"path": str(native.fake_dir),
                                                       "type": "Directory"}},
                {"name": "fake-gpu-state", "hostPath": {"path": str(agent.state_dir),
-                                                       "type": "Directory"}}]
+                                                       "type": "Directory"}},
+               {"name": "host-proc", "hostPath": {"path": "/proc", "type": "Directory"}}]
     mounts: list[dict[str, Any]] = [{"name": "nvidia-driver", "mountPath": DRIVER_MOUNT, "readOnly": True},
-              {"name": "fake-gpu-state", "mountPath": STATE_MOUNT}]
+              {"name": "fake-gpu-state", "mountPath": STATE_MOUNT},
+              {"name": "host-proc", "mountPath": HOST_PROC_MOUNT, "readOnly": True}]
     return volumes, mounts

@@ -10,6 +10,7 @@ is ready. Nothing in :mod:`tessera.node.agent` changes. See docs/architecture.md
 from __future__ import annotations
 
 from tessera.node.sync.base import NodeContext, SyncStep
+from tessera.node.sync.claim_shares import ClaimShares
 from tessera.node.sync.driver_limits import DriverLimits
 from tessera.node.sync.gpu_uuids import ReportGpuUuids
 from tessera.node.sync.mig_partitions import FollowMigModes, MigPartitions
@@ -27,6 +28,7 @@ STEPS: tuple[type[SyncStep], ...] = (
     ReportGpuUuids,   # reservation pods: which GPU the device plugin gave each
     WholeGpuTruth,    # whole-GPU pods: the placement follows the GPUs the kubelet gave them
     ShareFiles,       # share pods' isolation files (after the MIG sync: partitions' UUIDs)
+    ClaimShares,      # DRA claims' containers join the shares (metrics, escapes, driver cap)
     DriverLimits,     # the driver's per-cgroup hard cap for those shares, where it has one
     ObserveUsage,     # usage, metrics, escapes, the loans reclaimer (over this sync's shares)
 )

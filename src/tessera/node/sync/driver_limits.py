@@ -6,38 +6,23 @@ every pod holding a share of a whole GPU gets a hard limit on that GPU for its p
 share's limit, which is what the isolation library enforces too (both count the context and every
 allocation, so the pod gets the same room either way). The driver's cap holds whatever the
 process does to its loader or environment; the library stays for charging, ``cuMemGetInfo``,
-loans and drivers before r615. Shares come from this sync's annotation-path shares and from the
-DRA claims the kubelet reports per container (pod-resources ``dynamic_resources``; the claim's
-limits are in the config tessera-node's plugin wrote when it prepared it). A limit is removed once
+loans and drivers before r615. Shares are this sync's: the annotation path's (ShareFiles) and the
+DRA claims' the kubelet reports per container (ClaimShares). A limit is removed once
 its pod no longer holds the share; a pod whose cgroup the node does not show yet is tried again
 at the next sync. MIG partitions are not covered by the API (the partition is the cap)."""
 
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 from tessera.node import memlimits
-from tessera.node.podresources.client import PodResourcesError, list_claim_devices
 from tessera.node.sync.base import NodeContext, SyncStep
 
 log = logging.getLogger("tessera.node")
-DRIVER = "gpu.tessera.io"
-_DEVICE_LINE = re.compile(r"^device index=\d+ uuid=(GPU-\S+) request=\d+ limit=(\d+)", re.M)
 
 Wanted = dict[tuple[Path, str], int]
 """(pod cgroup, GPU UUID) -> hard limit in bytes."""
-
-
-def claim_limits(containers_dir: Path, claim_uid: str) -> dict[str, int]:
-    """GPU UUID -> limit of a prepared claim, from the config its plugin wrote."""
-    conf = containers_dir / "claims" / claim_uid / "conf" / "gpu-isolation.conf"
-    try:
-        text = conf.read_text()
-    except OSError:
-        return {}
-    return {m.group(1): int(m.group(2)) for m in _DEVICE_LINE.finditer(text)}
 
 
 class DriverLimits(SyncStep):
@@ -85,26 +70,12 @@ class DriverLimits(SyncStep):
                     log.warning("driver limit for %s on %s not cleared: %s", cgroup, uuid, exc)
 
     def wanted(self, node: NodeContext, gpus: set[str]) -> Wanted:
+        """This sync's shares (both paths: ClaimShares adds the DRA claims) on whole GPUs."""
         per_pod: dict[str, dict[str, int]] = {}
         for share in node.shares.values():
             for d in share.devices:
                 if d.uuid in gpus:
                     per_pod.setdefault(share.uid, {})[d.uuid] = d.limit_bytes
-        by_name = {(p.namespace, p.name): p.uid for p in node.pods.values()
-                   if not p.deleting and not p.finished}
-        try:
-            devices = list_claim_devices(node.opts.pod_resources_socket)
-        except PodResourcesError:
-            devices = []
-        for dev in devices:
-            uid = by_name.get((dev.namespace, dev.pod))
-            if dev.driver != DRIVER or uid is None:
-                continue
-            for cdi in dev.cdi_devices:
-                claim_uid = cdi.partition("=")[2][:36]
-                for uuid, limit in claim_limits(node.opts.containers_dir, claim_uid).items():
-                    if uuid in gpus:
-                        per_pod.setdefault(uid, {})[uuid] = limit
         out: Wanted = {}
         for pod_uid, limits in per_pod.items():
             for cgroup in memlimits.pod_cgroups(pod_uid, self.cgroup_root):
