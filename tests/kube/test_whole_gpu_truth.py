@@ -35,7 +35,7 @@ def test_the_record_follows_the_gpus_the_kubelet_gave(kube_cluster: TestCluster,
         "spec": {"nodeName": node, "containers": [{
             "name": "main", "image": "example.invalid/cuda:12",
             "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}))
-    socket = agent.node_root / "kubelet.sock"
+    socket = agent.root / "kubelet.sock"
 
     def given() -> list[str] | None:
         return gpus_by_pod(list_devices(socket)).get((ns, "whole"))

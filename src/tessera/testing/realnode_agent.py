@@ -88,6 +88,9 @@ def start_agent(node: RealNode, *, model: str = "A100-40GB", gpus: int = 2,
             f"--pod-resources-socket={node.pod_resources_socket}",
             f"--library-dir={root / 'isolation'}",
             f"--containers-dir={root / 'containers'}",
+            # the runtime mounts the claims' files from here (the chart's hostPath is the same
+            # path on both sides)
+            f"--containers-host-dir={root / 'containers'}",
             f"--loans-dir={root / 'loans'}",
             "--metrics-address=127.0.0.1", f"--metrics-port={port}",
             f"--dra-registration-dir={node.registration_dir}",
