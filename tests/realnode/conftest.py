@@ -40,8 +40,11 @@ def real() -> Iterator[RealWorld]:
         (kwok_node,) = cluster.create_gpu_nodes(1, NodeShape(gpus=1, model="A100-40GB"),
                                                 prefix="kwok-")
         node.start()
-        # a driver of branch r615+: NVML's per-cgroup limits hold the shares' hard cap too
-        agent = start_agent(node, env_overrides={"FAKE_NVML_DRIVER_VERSION": NEW_DRIVER})
+        # a driver of branch r615+ (NVML's per-cgroup limits hold the shares' hard cap too);
+        # GPU 0 whole for shares, GPU 1 in MIG mode (the chart's MIG opt-in for its partitions)
+        agent = start_agent(node, env_overrides={"FAKE_NVML_DRIVER_VERSION": NEW_DRIVER,
+                                                 "FAKE_GPU_MIG_1": "1"},
+                            chart_values=("nodeAgent.manageMig=true",))
         path = binaries.ensure(["kube-scheduler"])["kube-scheduler"]
         assert cluster.workdir is not None
         log = (cluster.workdir / "logs" / "kube-scheduler.log").open("ab")

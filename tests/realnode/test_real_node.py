@@ -263,3 +263,35 @@ def test_real_node_driver_cap_holds_an_allocation_the_library_does_not_see(
     messages = wait_until("escape detection on the claim's container", escape, 60)
     assert "capped" in messages[0], messages
     client.delete(Pod, "capped", namespace=ns, grace_period=0)
+
+
+def test_real_node_mig_partition_claim_reaches_the_container(real: RealWorld) -> None:
+    """A claim of class mig.tessera.io (profile 3g.20gb) on the real node: kube-scheduler
+    allocates a partition of the MIG-mode GPU, the kubelet has tessera-node (with the chart's
+    MIG opt-in) make it through NVML, containerd injects its MIG UUID, and the CUDA program in
+    the container (as uid 4321) gets a context on that partition with the partition's memory:
+    1 GiB fits, 21 GiB does not."""
+    client = real.cluster.client()
+    ns = "default"
+    client.create(codecs.from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "mig", "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "mig.tessera.io",
+            "selectors": [{"cel": {"expression":
+                                   'device.attributes["gpu.tessera.io"].profile == "3g.20gb"'}}],
+        }}]}}}))
+    # CUDA_VISIBLE_DEVICES from NVIDIA_VISIBLE_DEVICES: what the NVIDIA container runtime does
+    # with the device it is given (the fake CUDA reads the former).
+    script = ("echo visible=$NVIDIA_VISIBLE_DEVICES; export CUDA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; "
+              f"printf 'init\\ncount\\nctx 0\\ninfo\\nalloc {GIB}\\nalloc {21 * GIB}\\nexit\\n' "
+              "| $PROBE")
+    client.create(codecs.from_dict(probe_pod(real, "mig", ns, "mig", script)))
+    assert finished(real, "mig") == "Succeeded", diagnose(real, "mig")
+    log = real.node.pod_log(ns, "mig", "main")
+    assert re.search(r"^visible=MIG-[0-9a-f-]{36}$", log, re.M), log
+    assert "rc=0 count=1" in log, log
+    total = int(re.search(r"^rc=0 free=\d+ total=(\d+)", log, re.M).group(1))  # type: ignore[union-attr]
+    assert 19 * GIB < total <= 20 * GIB, log
+    rcs = [int(m) for m in re.findall(r"^rc=(\d+) ptr=", log, re.M)]
+    assert rcs == [0, CUDA_ERROR_OUT_OF_MEMORY], log

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 from tessera import wire
 from tessera.node.containers import CLAIM_KEY_PREFIX, Share, ShareDevice
@@ -38,12 +39,17 @@ def claim_limits(containers_dir: Path, claim_uid: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in _DEVICE_LINE.finditer(text)}
 
 
+def uses_claims(spec: dict[str, Any]) -> bool:
+    return any(((c or {}).get("resources") or {}).get("claims")
+               for c in spec.get("containers") or [])
+
+
 class ClaimShares(SyncStep):
     name = "claim-shares"
 
     async def sync(self, node: NodeContext) -> None:
-        if node.inventory is None:
-            return
+        if node.inventory is None or not any(uses_claims(p.spec) for p in node.pods.values()):
+            return  # no pod-resources call while no pod on the node uses a claim
         try:
             devices = await asyncio.to_thread(list_claim_devices, node.opts.pod_resources_socket)
         except PodResourcesError as exc:
