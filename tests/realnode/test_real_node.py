@@ -295,3 +295,23 @@ def test_real_node_mig_partition_claim_reaches_the_container(real: RealWorld) ->
     assert 19 * GIB < total <= 20 * GIB, log
     rcs = [int(m) for m in re.findall(r"^rc=(\d+) ptr=", log, re.M)]
     assert rcs == [0, CUDA_ERROR_OUT_OF_MEMORY], log
+
+
+def test_real_node_headroom_is_measured_and_reported(real: RealWorld) -> None:
+    """tessera-node, under the chart's privileges on the real node, measures each whole GPU's
+    context headroom by creating a CUDA context there (not the model's default) and reports it
+    on the Node (``tessera.io/gpu-inventory``, ``tessera.io/gpu-headroom``); the share pods'
+    configs charge that measured headroom per context."""
+    import json
+
+    from tessera import wire
+
+    def inventory() -> Any:
+        ann = real.cluster.client().get(Node, NODE_NAME).metadata.annotations or {}
+        raw = ann.get(wire.NODE_GPU_INVENTORY)
+        return (json.loads(raw), ann.get(wire.NODE_GPU_HEADROOM)) if raw else None
+    inv, headroom = wait_until("tessera-node's inventory on the real Node", inventory, 60)
+    whole = next(g for g in inv["gpus"] if not g["mig"])
+    assert whole["headroomSource"] == "measured", whole
+    assert whole["headroom"] == 448 * 2**20, whole  # the fake A100's CUDA 12 context
+    assert headroom is not None and str(whole["headroom"]) in headroom.split(",")
