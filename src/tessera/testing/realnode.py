@@ -108,6 +108,11 @@ class RealNode:
         missing = missing_prerequisites()
         if missing:
             raise RealNodeUnavailable("the real node needs " + "; ".join(missing))
+        busy = [p for p in Path("/sys/fs/cgroup/pids/kubepods").rglob("cgroup.procs")
+                if p.read_text().strip()]
+        if busy:  # the kubelet's cgroups are machine-wide: one real node at a time
+            raise RealNodeUnavailable(f"another kubelet's pods run on this machine ({busy[0]}); "
+                                      "the real-node tier runs one node per machine at a time")
         t0 = time.monotonic()
         paths = ensure_binaries()
         bindir = self.scratch / "bin"
