@@ -25,13 +25,13 @@ FILES: dict[str, tuple[int, str]] = {
     "local/control.py": (675, "embedded mode's loop and API surface, with MIG serving shares "
                          "decided after the cycle; to move onto the core's path (+8: the "
                          "workload-types seam's wiring, #32)"),
-    "kube/api_backend.py": (556, "the REST API's Backend surface on Kubernetes plus its "
-                            "reconcile loop"),
+    "kube/api_backend.py": (557, "the REST API's Backend surface on Kubernetes plus its "
+                            "reconcile loop (+1: a sweep is its Indexed Job's, kube/sweeps.py)"),
     "kube/objects.py": (509, "the parsers of every object the scheduler watches (one per "
                         "kind, each small)"),
-    "testing/binaries.py": (547, "harness: the pinned Go and C binaries the tests build (one "
+    "testing/binaries.py": (551, "harness: the pinned Go and C binaries the tests build (one "
                             "recipe each); grew past 500 with issue 27's and #32's "
-                            "kube-controller-manager and engines; the recipes table to move out"),
+                            "kube-controller-manager and engines (+4: Kubeflow Trainer); the recipes table to move out"),
     "kube/snapshot.py": (515, "one pass from the caches to the core's Snapshot, cached by "
                          "version; its parts share that pass"),
 }

@@ -306,3 +306,52 @@ def test_the_mig_hook_forgets_a_waiting_share_with_its_pod() -> None:
     sched.mig.serving[("ns", "p")] = GpuRequest.of_memory(2**30)
     sched.inflight.forget(("ns", "p"))
     assert sched.mig.serving == {}
+
+
+def test_stale_gang_clock_starts_when_below_and_resets_when_whole() -> None:
+    """tessera.kube.stale_gangs: a gang is due only after ``grace`` seconds below its minimum
+    in a row; back at its minimum (or gone) the clock is dropped."""
+    from tessera.kube.objects import PodGroupInfo
+    from tessera.kube.stale_gangs import StaleGangs, below_minimum
+
+    def member(name: str, node: str | None) -> PodInfo:
+        return PodInfo("ns", name, name, node, "Running" if node else "Pending", False, 0.0,
+                       None, {}, {}, None, group="g")
+
+    groups = {("ns", "g"): PodGroupInfo("ns", "g", 3, None, None)}
+    half = [member("a", "n1"), member("b", None), member("c", None)]
+    whole = [member("a", "n1"), member("b", "n1"), member("c", "n2")]
+    below = below_minimum(half, groups, lambda p: bool(p.node))
+    assert list(below) == [("ns", "g")] and below[("ns", "g")][:2] == (1, 3)
+    assert below_minimum(whole, groups, lambda p: bool(p.node)) == {}
+    assert below_minimum([member("b", None)], groups, lambda p: bool(p.node)) == {}
+    stale = StaleGangs(grace=10)
+    assert stale.due(below, now=100) == []
+    assert stale.due(below, now=109) == []
+    assert stale.due({}, now=110) == []           # whole again: the clock is dropped
+    assert stale.due(below, now=111) == []        # below again: a new grace starts
+    due = stale.due(below, now=121.5)
+    assert [(k, n, m, [p.name for p in bound]) for k, n, m, bound in due] == [
+        (("ns", "g"), 1, 3, ["a"])]
+    assert StaleGangs(grace=0).due(below, now=1e9) == []
+
+
+async def test_gang_barrier_releases_all_or_aborts_all() -> None:
+    import asyncio
+
+    from tessera.kube.bind.gang import GangAborted, GangBarrier
+
+    ok = GangBarrier("g", 2)
+    await asyncio.gather(ok.arrive(), ok.arrive())
+    assert ok.passed
+    bad = GangBarrier("g", 3)
+    first = asyncio.create_task(bad.arrive())
+    await asyncio.sleep(0)
+    bad.fail("member x failed")
+    with pytest.raises(GangAborted, match="member x failed"):
+        await first
+    with pytest.raises(GangAborted):
+        await bad.arrive()
+    assert not bad.passed
+    ok.fail("too late")  # past the barrier: no effect
+    assert ok.passed

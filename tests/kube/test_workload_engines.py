@@ -30,7 +30,8 @@ from tests.waiting import wait_until
 SHARE = {"tessera.io/gpu-portion": "0.5"}
 for _group, _version, _kind in (("ray.io", "v1", "RayCluster"), ("ray.io", "v1", "RayJob"),
                                 ("jobset.x-k8s.io", "v1alpha2", "JobSet"),
-                                ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet")):
+                                ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet"),
+                                ("trainer.kubeflow.org", "v1alpha1", "TrainJob")):
     create_namespaced_resource(_group, _version, _kind, f"{_kind.lower()}s")
 
 
@@ -55,6 +56,22 @@ def jobset(stack: TestCluster) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def lws(stack: TestCluster) -> Iterator[None]:
     with engines.running(stack, "leaderworkerset"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def trainer(stack: TestCluster, jobset: None) -> Iterator[None]:
+    """Kubeflow Trainer v2 (a TrainJob becomes a JobSet: the jobset engine runs too), with the
+    torch-distributed ClusterTrainingRuntime of the same module, as its install applies it."""
+    import yaml
+
+    from tessera.testing import binaries
+    from tessera.testing.webhook import apply
+
+    with engines.running(stack, "trainer"):
+        source = engines.module_dir(binaries.TRAINER, binaries.TRAINER_VERSION)
+        apply(stack, [d for d in yaml.safe_load_all(
+            (source / "manifests/base/runtimes/torch_distributed.yaml").read_text()) if d])
         yield
 
 
@@ -187,3 +204,29 @@ def test_rayjob_cluster_is_one_gang(client: Client, kuberay: None) -> None:
     ray = all_bound(client, ns, 3, **{"ray.io/is-ray-node": "yes"})
     assert {(p.metadata.annotations or {})[names.POD_GROUP] for p in ray} == {"rayjob-rj"}
     assert {(p.metadata.annotations or {})[names.GANG_MIN_MEMBER] for p in ray} == {"3"}
+
+
+def test_trainjob_is_one_gang_through_its_jobset(client: Client, trainer: None) -> None:
+    """A TrainJob as Kubeflow Trainer's docs write it (runtimeRef torch-distributed, numNodes),
+    a GPU share added through podTemplateOverrides: Trainer's controller makes a JobSet, the
+    JobSet controller its Job, the Job controller the pods; tessera's webhook follows the owners
+    up to the TrainJob and makes them one gang that starts together."""
+    ns, _ = project_namespace(client, "trainjob")
+    client.create(codecs.from_dict({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": "pytorch-mnist"},
+        "spec": {"runtimeRef": {"name": "torch-distributed"},
+                 "trainer": {"numNodes": 4, "command": ["torchrun", "train.py"]},
+                 "podTemplateOverrides": [{"targetJobs": [{"name": "node"}],
+                                           "metadata": {"annotations": SHARE}}]}}),
+        namespace=ns)
+    label = {"jobset.sigs.k8s.io/jobset-name": "pytorch-mnist"}
+    wait_pods(client, ns, 4, timeout=120, **label)
+    got = pods(client, ns, **label)
+    assert {(p.metadata.annotations or {})[names.POD_GROUP] for p in got} == {
+        "trainjob-pytorch-mnist"}
+    assert {(p.metadata.annotations or {})[names.GANG_MIN_MEMBER] for p in got} == {"4"}
+    assert all("TrainJob pytorch-mnist" in (p.metadata.annotations or {})[names.GANG]
+               for p in got)
+    wait_until("all 4 bound", lambda: all(bound(p) for p in pods(client, ns, **label)),
+               timeout=90)

@@ -47,7 +47,7 @@ from tessera.core.mig import fraction_on, profile_slots, supported_text
 from tessera.core.model import Node as CoreNode
 from tessera.core.request_text import request_text
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
-from tessera.kube import names
+from tessera.kube import names, sweeps
 from tessera.kube import workload_docs as wd
 from tessera.kube.agent_usage import AgentPoller
 from tessera.kube.cluster_projects import ClusterProjects, api_message, api_status
@@ -229,7 +229,6 @@ class KubeBackend(TokenAuth):
     def delete_project(self, id_or_name: str) -> None:
         self.project_objects.delete(id_or_name)
 
-
     # -- submit ----------------------------------------------------------------------------------
 
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
@@ -288,8 +287,9 @@ class KubeBackend(TokenAuth):
                 raise Conflict(f"a workload named {s.name} already exists in project "
                                f"{pdoc['name']}") from None
             raise Upstream(f"PodGroup {namespace}/{s.name}: {api_message(exc)}") from None
-        try:
-            self._create_pods(rec, created.metadata.uid, range(s.workers), new=True)
+        try:  # a sweep's trials are its Indexed Job's (tessera.kube.sweeps)
+            sweeps.create_job(self.client, rec, created.metadata.uid) if sweeps.is_sweep(rec) \
+                else self._create_pods(rec, created.metadata.uid, range(s.workers), new=True)
         except Exception:
             self._delete_all(namespace, s.name, rec.id)
             raise
@@ -431,7 +431,8 @@ class KubeBackend(TokenAuth):
                            "suspend")
         self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
             wd.SUSPENDED: "true"}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
-        for pod in self.workloads.pods_of(rec.namespace, rec.id):
+        for pod in [] if sweeps.suspend_job(self.client, rec, True) else self.workloads.pods_of(
+                rec.namespace, rec.id):  # a sweep's Job controller removes its trials
             with contextlib.suppress(ApiError):
                 self.client.delete(Pod, pod.metadata.name, namespace=rec.namespace)
         self._event(entry.group, "Suspended", "suspended by user; its pods are deleted")
@@ -446,7 +447,8 @@ class KubeBackend(TokenAuth):
             raise Conflict(f"workload {rec.name} is {doc['phase']}; only Stopped workloads resume")
         self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
             wd.SUSPENDED: None}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
-        self._create_pods(rec, entry.group.metadata.uid, range(rec.workers))
+        _ = sweeps.suspend_job(self.client, rec, False) or self._create_pods(
+            rec, entry.group.metadata.uid, range(rec.workers))
         self._event(entry.group, "Resumed", "resumed by user; its pods are created again")
         return self.workload(workload_id, kind)
 
@@ -467,8 +469,8 @@ class KubeBackend(TokenAuth):
                 continue
             rec = wd.Record.from_json(ann[wd.RECORD])
             pods = pods_by.get(rec.id, [])
-            if any((p.status.phase if p.status else None) in ("Succeeded", "Failed")
-                   for p in pods):
+            if sweeps.is_sweep(rec) or any(  # a sweep's trials are its Job's to make
+                    (p.status.phase if p.status else None) in ("Succeeded", "Failed") for p in pods):
                 continue
             have = {int((p.metadata.labels or {}).get(wd.POD_INDEX, -1)) for p in pods}
             missing = [i for i in range(rec.workers) if i not in have]

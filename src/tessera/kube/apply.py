@@ -17,6 +17,7 @@ from tessera.core.cycle import Plan
 from tessera.core.model import GpuKind
 from tessera.kube import metrics
 from tessera.kube.bind.binder import Binder
+from tessera.kube.bind.gang import GangBarrier
 from tessera.kube.hooks import CycleHook
 from tessera.kube.inflight import UNMOVABLE_SECONDS
 from tessera.kube.objects import PodInfo, PodKey
@@ -113,19 +114,44 @@ class PlanApplier:
             victims += [o for v in victims for o in self._partners(v)]
             if b.action == "consolidate":
                 victims += moved
-            for pb in b.pods:
-                key = keys[pb.pod]
-                pod = parts.pods.get(key)
-                if pod is None or pod.node or key in inflight.assumed:
-                    continue
-                if inflight.backing_off(key, time.monotonic()):
-                    continue
+            members = [(keys[pb.pod], pb) for pb in b.pods]
+            pods = {key: parts.pods.get(key) for key, _ in members}
+            todo = [(key, pb) for key, pb in members if (p := pods[key]) is not None
+                    and not p.node and key not in inflight.assumed]
+            # Pods of one binding start together or none (a gang, tessera.kube.bind.gang):
+            # a member backing off from a failed binding holds the others back too.
+            now = time.monotonic()
+            held = next((key for key, _ in todo if inflight.backing_off(key, now)), None)
+            if held is not None:
+                if len(todo) > 1:
+                    self._held_back(b.workload_id, [k for k, _ in todo if k != held], held)
+                continue
+            reserved: list[PodKey] = []
+            for key, pb in todo:
+                pod = pods[key]
+                assert pod is not None
                 if not all(h.reserve(pod, pb, victims) for h in self.hooks):
-                    continue  # e.g. a MIG slot taken by another pod of this cycle
+                    break  # e.g. a MIG slot taken by another pod of this cycle
+                reserved.append(key)
                 inflight.assumed[key] = pb.placement
+            if len(reserved) < len(todo):
+                for key in reserved:  # the next cycle looks again, for all of them
+                    inflight.unassume(key)
+                continue
+            gang = GangBarrier(b.workload_id, len(todo)) if len(todo) > 1 else None
+            for key, pb in todo:
                 parts.report.forget(key)
                 inflight.tasks[key] = asyncio.create_task(
-                    self.binder.bind(key, pb.placement, victims))
+                    self.binder.bind(key, pb.placement, victims, gang))
+
+    def _held_back(self, workload_id: str, keys: list[PodKey], held: PodKey) -> None:
+        failure = self.parts.inflight.failures[held]
+        for key in keys:
+            pod = self.parts.pods.get(key)
+            if pod is not None:
+                self.parts.report.waiting(pod, (
+                    f"gang {workload_id} waits: the binding of its member {held[0]}/{held[1]} "
+                    f"failed ({failure.error}); no member is bound until it can be"))
 
     def _tell_waiting(self, plan: Plan, ctx: Context) -> None:
         parts, inflight = self.parts, self.parts.inflight

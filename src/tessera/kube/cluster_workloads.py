@@ -17,7 +17,7 @@ from tessera.core.model import Node as CoreNode
 from tessera.core.request_text import request_text
 from tessera.core.requests import estimate_gpus, gpu_request_to_dict
 from tessera.core.workloads import PRIORITY_CLASSES
-from tessera.kube import names
+from tessera.kube import names, sweeps
 from tessera.kube import workload_docs as wd
 from tessera.kube.objects import PodGroupResource, ProjectResource, pod_info
 from tessera.kube.podgrouper import min_member_of
@@ -113,8 +113,11 @@ class ClusterWorkloads:
             pod_docs.sort(key=lambda d: d["name"])
             for i, d in enumerate(pod_docs):
                 d["index"] = i
-        phase, message, code = wd.phase_of(rec.workers, entry.annotations, entry.deleting,
-                                           pod_docs)
+        if sweeps.is_sweep(rec):
+            phase, message, code = sweeps.phase(rec, entry.annotations, entry.deleting, pod_docs)
+        else:
+            phase, message, code = wd.phase_of(rec.workers, entry.annotations, entry.deleting,
+                                               pod_docs)
         bound = [d for d in pod_docs if d["nodeName"]]
         starts = [wd.created_at(p) for p in entry.pods if p.spec and p.spec.nodeName]
         gpu = rec.gpu

@@ -1,6 +1,7 @@
 """Cleaning up half-done work, every ~2 s and once at start: reservation pods with no tenants,
-ConfigMaps whose pod is gone or unbound (and not being bound), what each hook collects, and
-shared pods whose reservation pod vanished."""
+ConfigMaps whose pod is gone or unbound (and not being bound), what each hook collects, shared
+pods whose reservation pod vanished, and gangs left below their minimum
+(tessera.kube.stale_gangs)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import Pod
 
 from tessera.kube.hooks import CycleHook
+from tessera.kube.objects import PodInfo
 from tessera.kube.parts import Parts
 from tessera.kube.reservations import Reservations
+from tessera.kube.stale_gangs import StaleGangs
 
 log = logging.getLogger("tessera.kube")
 
@@ -22,6 +25,7 @@ class Janitor:
         self.hooks = hooks
         self.checking: set[tuple[str, str]] = set()
         """ConfigMaps whose pod the API server is being asked about before they are deleted."""
+        self.stale = StaleGangs(parts.opts.stale_gang_seconds)
 
     async def run(self) -> None:
         parts, inflight = self.parts, self.parts.inflight
@@ -51,6 +55,21 @@ class Janitor:
                     pod, "GPUReservationLost",
                     f"the reservation pod holding its GPU on {pod.node} (device {missing[0]}) "
                     "disappeared, so the GPU may be given to another pod"))
+        self._stale_gangs()
+
+    def _stale_gangs(self) -> None:
+        parts, inflight = self.parts, self.parts.inflight
+
+        def placed(pod: PodInfo) -> bool:
+            # Bound only: a member whose binding is being retried must not restart the grace
+            # (its members pass the gang barrier together, so a gang being bound is not below).
+            return bool(pod.node)
+
+        for pod, why in self.stale.evictions(parts.pods.values(), parts.caches.pod_groups.items,
+                                             placed):
+            if pod.key not in inflight.evicting:
+                inflight.evicting.add(pod.key)
+                parts.spawn(parts.writer.evict(pod, "StaleGang", why))
 
     async def _drop_configmap(self, ns: str, name: str, pod_name: str) -> None:
         """Deletes a pod's ConfigMap once the API server itself says the pod is gone or unbound:

@@ -18,6 +18,9 @@ CYCLE_SECONDS = Histogram(
 BINDINGS = Counter("tessera_scheduler_bindings", "pods bound to a node", registry=SCHEDULER)
 BINDING_FAILURES = Counter("tessera_scheduler_binding_failures",
                            "bindings that failed (retried with back-off)", registry=SCHEDULER)
+GANG_ABORTS = Counter("tessera_scheduler_gang_member_aborts",
+                      "gang members not bound because another member of the gang could not be",
+                      registry=SCHEDULER)
 EVICTIONS = Counter("tessera_scheduler_evictions", "pods evicted, by reason", ["reason"],
                     registry=SCHEDULER)
 PENDING = Gauge("tessera_scheduler_pending_pods", "pods waiting to be placed, by reason",

@@ -42,6 +42,9 @@ class Options:
     min_runtime: float = 0.0
     """Seconds a pod runs before reclaim or preemption may evict it, unless its project (the
     Project's reclaimMinRuntimeSeconds / preemptMinRuntimeSeconds) says otherwise."""
+    stale_gang_seconds: float = 60.0
+    """A gang with some members bound but fewer than its minimum for this long is evicted whole
+    (tessera.kube.stale_gangs; 0: never)."""
 
     def cycle_config(self, evicting: bool) -> CycleConfig:
         """The core's configuration for one cycle; while evictions are in flight, only allocate

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
@@ -17,6 +19,16 @@ log = logging.getLogger("tessera.kube")
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
+NUMBERS_REFRESH = 10.0
+"""Seconds before a reason that changed only in its numbers is written again (``gang g needs 64
+pods; 12 exist`` -> ``; 13 exist``): while a gang's pods are being created every member's reason
+changed every cycle, two writes per pod per cycle, O(pods²) for one gang."""
+_NUMBER = re.compile(r"\d+(\.\d+)?")
+
+
+def _shape(message: str) -> str:
+    return _NUMBER.sub("#", message)
+
 
 class Reporter:
     def __init__(self, writer: Writer, spawn: Spawn, wake: asyncio.Event) -> None:
@@ -25,18 +37,26 @@ class Reporter:
         self._wake = wake
         self._waits: dict[PodKey, str] = {}
         """The waiting reason last written on each pod."""
+        self._written_at: dict[PodKey, float] = {}
         self._status: dict[str, dict[str, Any]] = {}
         """The status last written on each project."""
 
     def forget(self, key: PodKey) -> None:
         """The pod is bound or gone: nothing written on it is current any more."""
         self._waits.pop(key, None)
+        self._written_at.pop(key, None)
 
     def waiting(self, pod: PodInfo, message: str) -> None:
         """Say on the pod why it waits (unless that is what it says already)."""
-        if self._waits.get(pod.key) == message:
+        last = self._waits.get(pod.key)
+        if last == message:
             return
+        now = time.monotonic()
+        if last is not None and _shape(last) == _shape(message) and \
+                now - self._written_at.get(pod.key, 0.0) < NUMBERS_REFRESH:
+            return  # only a count moved: written again after NUMBERS_REFRESH
         self._waits[pod.key] = message
+        self._written_at[pod.key] = now
         if pod.scheduled_message != message:
             self._spawn(self._write_unschedulable(pod, message))
 

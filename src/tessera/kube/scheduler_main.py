@@ -115,7 +115,8 @@ def _seconds(text: str) -> float:
 def options_from_args(args: argparse.Namespace) -> Options:
     return Options(system_namespace=args.system_namespace, concurrency=args.concurrency,
                    reservation_image=args.reservation_image, policy=args.policy,
-                   reclaim=args.reclaim, min_runtime=args.min_runtime_seconds)
+                   reclaim=args.reclaim, min_runtime=args.min_runtime_seconds,
+                   stale_gang_seconds=args.stale_gang_seconds)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -138,6 +139,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-runtime-seconds", type=_seconds, default=0.0, metavar="SECONDS",
                         help="a pod runs at least this long before reclaim or preemption may "
                         "evict it (a Project's own value wins)")
+    parser.add_argument("--stale-gang-seconds", type=_seconds, default=60.0, metavar="SECONDS",
+                        help="evict a gang whose bound members stay fewer than its minimum for "
+                        "this long, so that it starts again together (0: never)")
     parser.add_argument("--http2", action=argparse.BooleanOptionalAction, default=False,
                         help="one multiplexed HTTP/2 connection to the API server")
     parser.add_argument("--raw-http", action=argparse.BooleanOptionalAction, default=True,

@@ -8,10 +8,10 @@ from tessera.core.errors import InvalidRequest
 
 
 def refuse_unsupported(s: WorkloadSubmission) -> None:
+    if s.spec.get("autoscaling"):
+        raise InvalidRequest("spec.autoscaling", "is not supported on the Kubernetes backend yet "
+                             "(no Deployment or scaler is made); apply a Deployment, a Service "
+                             "and a HorizontalPodAutoscaler, whose pods tessera schedules")
     if s.spec.get("ports"):
         raise InvalidRequest("spec.ports", "is not supported on the Kubernetes backend yet "
                              "(no Service is created); expose the pod with a Service")
-    if s.spec.get("completions") is not None:
-        raise InvalidRequest("spec.completions", "a sweep is not made by the Kubernetes "
-                             "backend yet: apply an Indexed Job (its trials are grouped, the "
-                             "Job controller runs parallelism and retries)")

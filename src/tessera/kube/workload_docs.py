@@ -200,7 +200,9 @@ def pod_doc(pod: Any, nodes: Mapping[str, Node], uuids: Mapping[str, Sequence[st
         phase = "Terminating"
     mig = _mig_partition(ann.get(names.MIG_PARTITION), mig_gpus)
     return {
-        "index": int((meta.labels or {}).get(POD_INDEX, 0)),
+        # A sweep's trial: its Indexed Job's completion index (tessera.kube.sweeps).
+        "index": int((meta.labels or {}).get(POD_INDEX) or (meta.labels or {}).get(
+            "batch.kubernetes.io/job-completion-index") or 0),
         "name": meta.name,
         "namespace": meta.namespace,
         "phase": phase,

@@ -44,6 +44,7 @@ pinned to the same commit (the published v2.4.0 lacks what this commit uses)."""
 JOBSET_VERSION = "v0.10.1"
 LWS_VERSION = "v0.7.0"
 KUBERAY_VERSION = "v1.5.0"
+TRAINER_VERSION = "v2.1.0"  # Kubeflow Trainer (TrainJob v2), only for the trainjob tests
 
 LDFLAGS_STRIP = "-s -w"
 
@@ -308,6 +309,7 @@ def _go_install(package: str) -> Callable[[Binary, Path], None]:
     return build
 
 
+TRAINER = "github.com/kubeflow/trainer/v2"
 BINARIES: dict[str, Binary] = {
     b.name: b
     for b in [
@@ -327,6 +329,8 @@ BINARIES: dict[str, Binary] = {
         Binary("lws", LWS_VERSION, _build_listless("sigs.k8s.io/lws", "sigs.k8s.io/lws/cmd")),
         Binary("kuberay", KUBERAY_VERSION,
                _go_install("github.com/ray-project/kuberay/ray-operator")),
+        Binary("trainer", TRAINER_VERSION, _build_listless(TRAINER, f"{TRAINER}/cmd/trainer-"
+                                                           "controller-manager")),
         Binary("helm", HELM_VERSION, _go_install("helm.sh/helm/v3/cmd/helm")),
         # Only for the single sign-on tests (a real OIDC provider).
         Binary("dex", DEX_VERSION, _build_dex),
@@ -372,7 +376,7 @@ def kwok_stages_file() -> Path:
 # the last recorded build time of that binary on this machine when there is one.
 TYPICAL_SECONDS = {"etcd": 120, "kube-apiserver": 300, "kubectl": 60, "kwok": 120, "helm": 120,
                    "kube-scheduler": 240, "dex": 300, "kube-controller-manager": 300,
-                   "jobset": 240, "lws": 240, "kuberay": 240}
+                   "jobset": 240, "lws": 240, "kuberay": 240, "trainer": 300}
 
 
 def _holder_path() -> Path:

@@ -15,6 +15,7 @@ import base64
 import contextlib
 import functools
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -44,6 +45,10 @@ class Engine:
     config_group: str | None = None
     """``config.<group>/v1alpha1 Configuration`` passed with ``--config`` (controller-runtime
     engines of sigs.k8s.io); None: flags only (KubeRay)."""
+    certs_key: str = "internalCertManagement"
+    """The Configuration's field that turns its own certificate management off (Kubeflow
+    Trainer: ``certManagement``, which has no ``webhook.certDir``: its serving certificate goes
+    where controller-runtime looks by default, under ``$TMPDIR``)."""
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
@@ -57,6 +62,12 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "config.lws.x-k8s.io"),
     Engine("kuberay", "kuberay", "github.com/ray-project/kuberay/ray-operator",
            ("config/crd/bases/ray.io_rayclusters.yaml", "config/crd/bases/ray.io_rayjobs.yaml")),
+    # Kubeflow Trainer v2: a TrainJob becomes a JobSet (run the jobset engine too).
+    Engine("trainer", "trainer", binaries.TRAINER, tuple(
+        f"manifests/base/crds/trainer.kubeflow.org_{k}.yaml"
+        for k in ("trainjobs", "trainingruntimes", "clustertrainingruntimes")),
+        "manifests/base/webhook/manifests.yaml", None, "config.trainer.kubeflow.org",
+        "certManagement"),
 )}
 
 
@@ -95,7 +106,8 @@ def _webhook_docs(engine: Engine, source: Path, url: str, ca: bytes) -> list[dic
             path = hook["clientConfig"]["service"]["path"]
             hook["clientConfig"] = {"url": f"{url}{path}",
                                     "caBundle": base64.b64encode(ca).decode()}
-            if any("pods" in r.get("resources", []) for r in hook.get("rules", [])):
+            if engine.pod_label and any("pods" in r.get("resources", [])
+                                        for r in hook.get("rules", [])):
                 hook["objectSelector"] = {"matchExpressions": [
                     {"key": engine.pod_label, "operator": "Exists"}]}
     return docs
@@ -120,15 +132,16 @@ def running(cluster: TestCluster, name: str) -> Iterator[ManagedProcess]:
     args: list[str] = []
     if engine.config_group is not None:
         cert, key, _ = cluster.issue_serving_cert(f"{name}-webhook")
-        certs = wd / "certs"
-        certs.mkdir(exist_ok=True)
+        certs = wd / "k8s-webhook-server" / "serving-certs"
+        certs.mkdir(parents=True, exist_ok=True)
         (certs / "tls.crt").write_bytes(Path(cert).read_bytes())
         (certs / "tls.key").write_bytes(Path(key).read_bytes())
         (wd / "config.yaml").write_text(yaml.safe_dump({
             "apiVersion": f"{engine.config_group}/v1alpha1", "kind": "Configuration",
             "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False},
-            "webhook": {"port": hook_port, "host": "127.0.0.1", "certDir": str(certs)},
+            engine.certs_key: {"enable": False},
+            "webhook": {"port": hook_port, "host": "127.0.0.1", **(
+                {"certDir": str(certs)} if engine.certs_key == "internalCertManagement" else {})},
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{probe_port}"},
             "clientConnection": {"qps": 500, "burst": 1000},
@@ -141,7 +154,7 @@ def running(cluster: TestCluster, name: str) -> Iterator[ManagedProcess]:
     proc = ManagedProcess(name, [str(path), *args], cluster.workdir / "logs" / f"{name}.log")
     cluster.processes.append(proc)
     t0 = time.monotonic()
-    proc.start()
+    proc.start(env={**os.environ, "TMPDIR": str(wd)})
     _wait_for(f"{name} /readyz", lambda: httpx.get(f"http://127.0.0.1:{probe_port}/readyz",
                                                     timeout=2).status_code == 200,
               timeout=90, processes=[proc], interval=0.2)

@@ -12,7 +12,7 @@ import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from lightkube import Client, codecs
@@ -32,7 +32,8 @@ NODES = 2
 
 @contextlib.contextmanager
 def workload_stack(gpus_per_node: int = GPUS_PER_NODE, nodes: int = NODES,
-                   controller_manager: bool = True) -> Iterator[TestCluster]:
+                   controller_manager: bool = True, scheduler_args: Sequence[str] = ()
+                   ) -> Iterator[TestCluster]:
     cluster = TestCluster()
     cluster.start()
     procs: list[subprocess.Popen[bytes]] = []
@@ -54,7 +55,9 @@ def workload_stack(gpus_per_node: int = GPUS_PER_NODE, nodes: int = NODES,
         with (cluster.workdir / "logs" / "scheduler.log").open("ab") as log:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tessera.kube.scheduler", f"--kubeconfig={sched_kc}",
-                 "--lease-duration=3", "--identity=workloads"],
+                 # The chart's lease (15 s): a 3 s lease was lost under load (the renewal
+                 # timing out at 1 s), which stopped the only scheduler mid-gang.
+                 "--identity=workloads", *scheduler_args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         hook = local.start_webhook(cluster, name="workloads-webhook", kubeconfig=hook_kc)
         local.register(cluster, hook)

@@ -18,6 +18,7 @@ from lightkube import ApiError
 from tessera.core.state import Placement
 from tessera.kube import metrics
 from tessera.kube.bind.base import Abandon, BindContext, BindStep
+from tessera.kube.bind.gang import GangAborted, GangBarrier
 from tessera.kube.objects import PodKey
 from tessera.kube.parts import Parts
 
@@ -38,7 +39,10 @@ class Binder:
                 raise TimeoutError("evicted pods did not go away")
             await asyncio.sleep(0.05)
 
-    async def bind(self, key: PodKey, placement: Placement, victims: list[PodKey]) -> None:
+    async def bind(self, key: PodKey, placement: Placement, victims: list[PodKey],
+                   gang: GangBarrier | None = None) -> None:
+        """Bind one pod; with ``gang``, only once every member of its gang has run its steps
+        (tessera.kube.bind.gang): a member that fails or is called off before that stops all."""
         parts, inflight = self.parts, self.parts.inflight
         done: list[BindStep] = []
         ctx: BindContext | None = None
@@ -53,6 +57,8 @@ class Binder:
                 if step.applies(ctx):
                     done.append(step)
                     await step.pre_bind(ctx)
+            if gang is not None:
+                await gang.arrive()
             await parts.writer.bind(ctx.pod, placement, ctx.annotations)
             self.bound += 1
             metrics.BINDINGS.inc()
@@ -61,14 +67,38 @@ class Binder:
                 ctx.pod, "Scheduled", f"Successfully assigned {ctx.pod.namespace}/"
                 f"{ctx.pod.name} to {placement.node}{ctx.how}"))
         except Abandon:
+            self._stop_gang(gang, key, "a member went away or was bound meanwhile")
             inflight.assumed.pop(key, None)
+        except GangAborted as exc:
+            self._aborted(key, placement, exc, done, ctx)
         except asyncio.CancelledError:
+            self._stop_gang(gang, key, "a member's binding was called off")
             raise
         except Exception as exc:
+            self._stop_gang(gang, key, f"binding {key[0]}/{key[1]} failed: {exc}")
             self._failed(key, placement, exc, done, ctx)
         finally:
             if inflight.tasks.get(key) is asyncio.current_task():
                 del inflight.tasks[key]
+
+    @staticmethod
+    def _stop_gang(gang: GangBarrier | None, key: PodKey, why: str) -> None:
+        if gang is not None:
+            gang.fail(f"{why} ({key[0]}/{key[1]})" if key[1] not in why else why)
+
+    def _aborted(self, key: PodKey, placement: Placement, exc: GangAborted,
+                 done: list[BindStep], ctx: BindContext | None) -> None:
+        """Another member failed first: undo this one's steps and give its room back, with no
+        back-off of its own (the failed member's keeps the gang from being retried at once)."""
+        inflight = self.parts.inflight
+        if inflight.assumed.get(key) is placement:
+            inflight.unassume(key)
+        if ctx is not None:
+            for step in reversed(done):
+                step.rollback(ctx)
+        log.info("binding %s/%s called off: %s", key[0], key[1], exc)
+        metrics.GANG_ABORTS.inc()
+        self.parts.wake.set()
 
     def _failed(self, key: PodKey, placement: Placement, exc: Exception,
                 done: list[BindStep], ctx: BindContext | None) -> None:

@@ -628,7 +628,7 @@ async function workload(kind, id) {
   put(main,
     h("div", { class: "row" }, title, badge, h("span", { class: "spacer" }), buttons.suspend, buttons.resume, buttons.delete),
     why, failure, h("div", { class: "panel" }, dl),
-    h("h2", {}, "Pods"), h("div", { class: "panel" }, h("table", {}, h("thead", {}, h("tr", {}, ["#", "Phase", "Node", "GPUs", "Exit code"].map((t) => h("th", {}, t)))), pods)),
+    h("h2", {}, "Members"), h("div", { class: "panel" }, h("table", { id: "w-members" }, h("thead", {}, h("tr", {}, ["#", "Pod", "Role", "Phase", "Node", "GPUs", "Exit code"].map((t) => h("th", {}, t)))), pods)),
     h("h2", {}, "Events"), h("div", { class: "panel" }, h("table", { id: "events" }, events)),
     h("div", { class: "row" }, h("h2", {}, "Log (live)"), podPick), log);
   const usageOf = async (doc) => {
@@ -659,7 +659,7 @@ async function workload(kind, id) {
     failure.hidden = w.phase !== "Failed";
     setKids(failure, `${w.phase}|${w.exitCode}|${w.phaseMessage}`, () => [h("strong", {}, `Failed${w.exitCode !== null && w.exitCode !== undefined ? ` with exit code ${w.exitCode}` : ""}: `), w.phaseMessage || "no message"]);
     setText(kv.project, w.projectName);
-    setText(kv.type, `${w.type}${w.preemptible ? " (preemptible)" : ""}`);
+    setText(kv.type, workloadTypeText(w));
     setText(kv.request, w.gpus ? w.gpus.request : "—");
     setText(kv.allocated, w.gpus ? `${fmtGpus(w.gpus.allocated)} of ${fmtGpus(w.gpus.requested)}` : "—");
     setText(kv.placement, w.nodeName ? `${w.nodeName}: ${(w.pods || []).map((p) => p.gpuPlacement).filter(Boolean).join("; ") || "no GPU"}` : "not placed");
@@ -671,9 +671,9 @@ async function workload(kind, id) {
     setText(kv.started, w.startedAt ? when(w.startedAt) : "not started yet");
     setText(kv.duration, w.startedAt ? fmtDuration(((w.completedAt ? Date.parse(w.completedAt) : Date.now()) - Date.parse(w.startedAt)) / 1000) + (w.completedAt ? "" : " so far") : "—");
     setText(kv.exit, w.exitCode === null || w.exitCode === undefined ? "—" : String(w.exitCode));
-    const podRows = (w.pods || []).map((p) => [p.index, p.phase || "—", p.nodeName || "—", p.gpuPlacement || "—", p.exitCode ?? "—"]);
+    const podRows = memberRows(w);
     setKids(pods, JSON.stringify(podRows), () => podRows.length ? podRows.map((r) => h("tr", {}, r.map((x) => h("td", {}, x))))
-      : h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No pods yet: the workload has not started.")));
+      : h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No pods yet: the workload has not started.")));
     setKids(podPick, JSON.stringify(podRows.map((r) => r[0])), () => (podRows.length ? podRows : [[0]]).map((r) => h("option", { value: r[0], selected: r[0] === pod }, `pod ${r[0]}`)));
     const ev = (w.events || []).slice(-30).reverse();
     setKids(events, JSON.stringify(ev), () => ev.length ? ev.map((e) => h("tr", {}, h("td", { class: "opt" }, when(e.time)), h("td", {}, e.kind || e.reason || ""), h("td", { style: { whiteSpace: "normal" } }, e.message || "")))
