@@ -46,6 +46,7 @@ from tessera.api.tenancy.departments import check_project_fits, mount_department
 from tessera.api.tenancy.exposure import Exposure
 from tessera.api.tenancy.guard import ApiRefusal, make_guard, principal_of
 from tessera.api.tenancy.ledger import Ledger
+from tessera.api.tenancy.metering import Meter, reader
 from tessera.api.tenancy.oidc_routes import mount_oidc
 from tessera.api.tenancy.reports import AccountingCollector, mount_reports
 from tessera.api.tenancy.routes import mount_auth
@@ -433,7 +434,10 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
 
     ledger = Ledger(backend.data_dir / "tessera.db")
     mount_reports(api, tenancy, ledger, lambda: [p["name"] for p in backend.projects()])
-    mount_console(app, api, backend, [AccountingCollector(ledger)],
-                  lambda request: seen(request, "workloads:read"))
+    history = mount_console(app, api, backend, [AccountingCollector(ledger)],
+                            lambda request: seen(request, "workloads:read"))
+    counters = [c.gpu_seconds for c in getattr(backend, "metrics_collectors", list)()
+                if hasattr(c, "gpu_seconds")]  # embedded: the compute arbiters' GPU time
+    Meter(ledger, reader(history.snapshots.get, counters)).start()
     app.include_router(api)
     return app
