@@ -42,7 +42,12 @@ from tessera.api.offline_docs import mount_offline_docs
 from tessera.api.storage import storage_error
 from tessera.api.tenancy.audit import AuditTrail, mount_audit
 from tessera.api.tenancy.departments import LOCK as DEPARTMENT_LOCK
-from tessera.api.tenancy.departments import check_project_fits, mount_departments, with_department
+from tessera.api.tenancy.departments import (
+    check_name_free,
+    check_project_fits,
+    mount_departments,
+    with_department,
+)
 from tessera.api.tenancy.exposure import Exposure
 from tessera.api.tenancy.guard import ApiRefusal, make_guard, principal_of
 from tessera.api.tenancy.ledger import Ledger
@@ -251,6 +256,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         fields = ProjectFields(body.name, gpu.deserved, gpu.limit, gpu.overQuotaWeight,
                                body.priority)
         with DEPARTMENTS:
+            check_name_free(tenancy, backend, body.name, "project")
             check_project_fits(tenancy, backend, body.parentId, body.name, gpu.deserved,
                                gpu.limit)
             doc = backend.create_project(fields)
