@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tessera.api import openapi_types
 from tessera.api.backend import (
     Backend,
     Conflict,
@@ -146,6 +147,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         redoc_url=None,
     )
     mount_offline_docs(app)
+    openapi_types.install(app)  # every JSON answer typed by a model (tessera.api.response_models)
     app.add_middleware(BodyLimit)
     tenancy = Tenancy(backend.data_dir, backend.auth_store)
     tenancy.ensure_admin_rule()
