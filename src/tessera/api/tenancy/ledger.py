@@ -114,14 +114,21 @@ class Ledger:
                 out.append((wid, hour, name, project, user,
                             seconds * (stop - t) / (end - start), t, stop))
                 t = stop
-        with self._lock:
-            self._db.executemany(
-                "INSERT INTO gpu_used (workload_id, hour, workload, project, user, gpu_seconds,"
-                " start_time, end_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (workload_id, hour) DO UPDATE SET"
-                " gpu_seconds = gpu_seconds + excluded.gpu_seconds,"
-                " start_time = MIN(start_time, excluded.start_time),"
-                " end_time = MAX(end_time, excluded.end_time)", out)
+        with self._lock:  # one transaction (one fsync) for the whole reading
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT INTO gpu_used (workload_id, hour, workload, project, user,"
+                    " gpu_seconds, start_time, end_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (workload_id, hour) DO UPDATE SET"
+                    " gpu_seconds = gpu_seconds + excluded.gpu_seconds,"
+                    " start_time = MIN(start_time, excluded.start_time),"
+                    " end_time = MAX(end_time, excluded.end_time)", out)
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
 
     def report(self, since: float, until: float, by: str, now: float | None = None,
                projects: frozenset[str] | None = None) -> list[dict[str, Any]]:
@@ -155,8 +162,9 @@ class Ledger:
             if by == "workload":
                 row.update({"name": workload, "project": project})
             rows.append(row)
+        have = {r[by] for r in rows}
         for k, hours in used.items():
-            if not any(r[by] == k for r in rows):
+            if k not in have:
                 rows.append({by: k, "gpu_hours_allocated": 0.0, "gpu_hours_used": round(hours, 6)})
         rows.sort(key=lambda r: (-r["gpu_hours_allocated"], str(r[by])))
         return rows
