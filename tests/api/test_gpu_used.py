@@ -80,6 +80,18 @@ def test_arbiter_gpu_time_is_used_exactly_where_present(tmp_path: Path) -> None:
     assert used["v"] == pytest.approx(15 / 3600, abs=1e-6)
 
 
+def test_a_bad_metering_interval_is_refused_naming_the_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tessera.api.tenancy.metering import interval_from_env
+
+    for bad in ("abc", "0", "-5", "nan", "1e9"):
+        monkeypatch.setenv("TESSERA_METERING_INTERVAL", bad)
+        with pytest.raises(SystemExit, match="TESSERA_METERING_INTERVAL: must be a number"):
+            interval_from_env()
+    monkeypatch.setenv("TESSERA_METERING_INTERVAL", "2.5")
+    assert interval_from_env() == 2.5
+
+
 class MeteredServer(FakeGpuServer):
     @property
     def env(self) -> dict[str, str]:

@@ -52,7 +52,7 @@ from tessera.api.tenancy.departments import (
 from tessera.api.tenancy.exposure import Exposure
 from tessera.api.tenancy.guard import ApiRefusal, make_guard, principal_of
 from tessera.api.tenancy.ledger import Ledger
-from tessera.api.tenancy.metering import Meter, reader
+from tessera.api.tenancy.metering import Meter, interval_from_env, reader
 from tessera.api.tenancy.oidc_routes import mount_oidc
 from tessera.api.tenancy.reports import AccountingCollector, mount_reports
 from tessera.api.tenancy.routes import mount_auth
@@ -446,6 +446,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
                             lambda request: seen(request, "workloads:read"))
     counters = [c.gpu_seconds for c in getattr(backend, "metrics_collectors", list)()
                 if hasattr(c, "gpu_seconds")]  # embedded: the compute arbiters' GPU time
-    Meter(ledger, reader(history.snapshots.get, counters)).start()
+    every = interval_from_env()  # GPU-hours used
+    Meter(ledger, reader(lambda: history.snapshots.get(every), counters), every).start()
     app.include_router(api)
     return app

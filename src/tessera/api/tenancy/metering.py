@@ -2,7 +2,8 @@
 (``gpu_used``, :mod:`tessera.api.tenancy.ledger`) next to what it was allocated.
 
 A daemon thread in the API server (both backends) takes a reading every
-``TESSERA_METERING_INTERVAL`` seconds (default 10) and, for each workload holding GPUs in the
+``TESSERA_METERING_INTERVAL`` seconds (default 10; the snapshot the console's history took, when
+it is no older, so metering adds no reads of the backend) and, for each workload holding GPUs in the
 ledger (an open allocation interval), adds the GPU-seconds it used since the previous reading:
 
 - **GPU time charged by the compute arbiter** where the workload runs under one (embedded mode
@@ -35,6 +36,20 @@ from tessera.api.tenancy.ledger import Ledger
 log = logging.getLogger("tessera.metering")
 
 
+def interval_from_env() -> float:
+    """``TESSERA_METERING_INTERVAL`` (default 10 s), refused at start when it is not a positive
+    number rather than metering nonsense."""
+    raw = os.environ.get("TESSERA_METERING_INTERVAL") or "10"
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 86400:
+        raise SystemExit(f"error: TESSERA_METERING_INTERVAL: must be a number of seconds "
+                         f"above 0 and below 86400 (got {raw!r})")
+    return value
+
+
 @dataclass(frozen=True)
 class Reading:
     time: float
@@ -51,7 +66,7 @@ class Meter:
                  interval: float | None = None) -> None:
         self.ledger = ledger
         self.read = read
-        self.interval = interval or float(os.environ.get("TESSERA_METERING_INTERVAL", "10"))
+        self.interval = interval or interval_from_env()
         self.max_gap = 3 * self.interval
         self._last: Reading | None = None
         self._stop = threading.Event()
