@@ -144,3 +144,48 @@ def test_a_workload_busy_half_the_time_uses_half_its_allocation(srv: MeteredServ
                                                       "to": _iso(time.time() + 600)}).json()
     assert 'tessera_gpu_hours_used_total{department="",project="acct"}' in metrics
     assert body["rows"][0]["gpu_hours_used"] == pytest.approx(project["gpu_hours_used"], abs=1e-5)
+
+
+class ArbiterServer(FakeGpuServer):
+    """Compute share on (``--gpu-compute-mode fair``) and the fake driver's timing model, so
+    a workload's kernels take GPU time and its compute arbiter charges it."""
+
+    @property
+    def env(self) -> dict[str, str]:
+        (self.root / "sim").mkdir(parents=True, exist_ok=True)
+        return {**super().env, "TESSERA_GPU_COMPUTE_MODE": "fair", "FAKE_CUDA_KERNEL_TIME": "grid",
+                "FAKE_GPU_SIM_DIR": str(self.root / "sim"), "TESSERA_METERING_INTERVAL": "0.5"}
+
+
+def test_gpu_time_the_arbiter_charged_is_what_is_used(tmp_path: Path) -> None:
+    """cuspin on a 0.5 share, launching kernels half of each second (``--onoff 500``): the
+    compute arbiter charges it about 0.5 GPU-seconds a second, and GPU-hours used is that
+    charge (NVML says 0% for it here, so the arbiter's counter is what was metered)."""
+    s = ArbiterServer(tmp_path)
+    with s.serving("acct", gpu="2"):
+        spin = str(s.native.program("cuspin"))
+        s.cli("submit", "spin", "-p", "acct", "-g", "0.5", "--gpu-compute-request", "0.5",
+              "--gpu-compute-limit", "1", "--", spin, "--us", "1000", "--inflight", "8",
+              "--seconds", "600", "--onoff", "500")
+
+        def charged() -> float:
+            gpus = s.cli_json("describe", "spin", "-p", "acct", "-o", "json")["computeShare"]["gpus"]
+            return float(sum(g["gpuSecondsTotal"] for g in gpus))
+
+        wait_until("GPU time charged", lambda: charged() > 1.0, timeout=60)
+        before, t_before = charged(), time.time()
+        time.sleep(10)
+        s.cli("suspend", "spin", "-p", "acct")
+        after, t_after = charged(), time.time()
+        wait_until("stopped", lambda: s.cli_json("describe", "spin", "-p", "acct", "-o", "json")
+                   ["phase"] == "Stopped", timeout=60)
+        time.sleep(1.5)
+        span = ["--from", _iso(time.time() - 600), "--to", _iso(time.time() + 600)]
+        [row] = json.loads(s.cli("report", "usage", *span, "--by", "workload", "-o",
+                                 "json").stdout)
+    used = row["gpu_hours_used"] * 3600
+    # busy half the time: about half a GPU-second per second while measured
+    assert 0.4 < (after - before) / (t_after - t_before) < 0.6, (before, after)
+    # what was metered is the arbiter's charge (less what it charged before the meter's first
+    # reading of its counter, a second or so)
+    assert after - 2.0 < used <= after + 0.1, (used, after)
