@@ -94,3 +94,25 @@ def test_cli_device_flow(sso: tuple[EmbeddedServer, Dex], tmp_path: Path) -> Non
     assert f"as {USER} (groups: {GROUP})" in out
     token = json.loads((tmp_path / "cli.json").read_text())["token"]
     _check_identity(server, token)
+
+
+def test_device_flow_answers_match_their_models(sso: tuple[EmbeddedServer, Dex]) -> None:
+    """The device flow's REST answers, against a real provider, validate against the models
+    /openapi.json documents (tests/api/test_response_models.py checks the other routes)."""
+    from tessera.api.openapi_types import ROUTES
+
+    server, dex = sso
+    r = httpx.post(f"{server.url}/api/v1/auth/oidc/device")
+    assert r.status_code == 200, r.text
+    start = ROUTES[("POST", "/api/v1/auth/oidc/device")].model_validate(r.json())
+    poll = httpx.post(f"{server.url}/api/v1/auth/oidc/device/token",
+                      json={"deviceCode": r.json()["deviceCode"]})
+    assert poll.status_code == 428, poll.text  # not approved yet
+    assert httpx.post(f"{dex.issuer}/device/auth/verify_code", data={
+        "user_code": r.json()["userCode"]}, follow_redirects=True, timeout=30).status_code == 200
+    assert start is not None
+    done = httpx.post(f"{server.url}/api/v1/auth/oidc/device/token",
+                      json={"deviceCode": r.json()["deviceCode"]})
+    assert done.status_code == 200, done.text
+    token = ROUTES[("POST", "/api/v1/auth/oidc/device/token")].model_validate(done.json())
+    assert token.username == USER and token.groups == [GROUP]  # type: ignore[attr-defined]

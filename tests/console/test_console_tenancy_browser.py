@@ -5,6 +5,7 @@ an admin's Departments, Access, Audit and Reports pages."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -108,9 +109,25 @@ def test_3_admin_pages_departments_access_audit_reports(browser, server, artifac
     go(browser, server, "audit")
     until("the audit", lambda: "/api/v1/org-unit/departments" in browser.find_element(By.ID, "audit").text)
     shoot(browser, artifacts, "audit")
+    # measured use of team-a's workload, as the meter writes it (simulated GPUs measure none):
+    # the chart shows a used bar beside the allocated one, team-b's row none
+    from tessera.api.tenancy.ledger import Ledger
+
+    ledger = Ledger(server.data / "tessera.db")
+    try:
+        [(wid, (name, project, user, _))] = [
+            kv for kv in ledger.open_allocations().items() if kv[1][1] == "team-a"]
+        now = time.time()
+        ledger.add_used([(wid, name, project, user, now - 600, now - 300, 360.0)])
+    finally:
+        ledger.close()
     go(browser, server, "reports")
     until("both projects", lambda: browser.find_element(By.CSS_SELECTOR, "tr[data-key=team-b]")
           and browser.find_element(By.CSS_SELECTOR, "tr[data-key=team-a]"))
+    row_a = browser.find_element(By.CSS_SELECTOR, "tr[data-key=team-a]")
+    assert row_a.find_elements(By.CSS_SELECTOR, ".bar.used") and "0.10" in row_a.text
+    row_b = browser.find_element(By.CSS_SELECTOR, "tr[data-key=team-b]")
+    assert not row_b.find_elements(By.CSS_SELECTOR, ".bar.used") and "—" in row_b.text
     assert browser.find_element(By.ID, "report-csv").get_attribute("download") == \
         "gpu-hours-by-project.csv"
     shoot(browser, artifacts, "reports")

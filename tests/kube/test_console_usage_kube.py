@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +30,8 @@ from tests.waiting import wait_until
 class PollingApiServer(KubeApiServer):
     @property
     def env(self) -> dict[str, str]:
-        return {**super().env, "TESSERA_USAGE_INTERVAL": "0.3", "TESSERA_USAGE_TIMEOUT": "0.5"}
+        return {**super().env, "TESSERA_USAGE_INTERVAL": "0.3", "TESSERA_USAGE_TIMEOUT": "0.5",
+                "TESSERA_METERING_INTERVAL": "0.5"}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,17 @@ def nodes(server: KubeApiServer) -> dict[str, dict[str, Any]]:
         r = c.get("/api/v1/cluster", timeout=10)
     r.raise_for_status()
     return {n["name"]: n for n in r.json()["nodes"]}
+
+
+def _used(server: KubeApiServer, name: str) -> float | None:
+    """GPU-hours used of the workload named ``name`` over the last hour (None: not measured)."""
+    span = {"from": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600)),
+            "to": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60)),
+            "by": "workload"}
+    with server.http() as c:
+        rows = c.get("/api/v1/reports/usage", params=span).json()["rows"]
+    mine = [r["gpu_hours_used"] for r in rows if r.get("name") == name]
+    return mine[0] if mine else None
 
 
 def test_each_agent_publishes_its_address_once(setup: Any, kube_client: Client) -> None:
@@ -168,6 +181,14 @@ def test_a_dynamic_fraction_on_a_node_shows_its_usage_and_loan(
         assert got["loanedBytes"] == got["chargedBytes"] - 2 * 2**30
         assert got["gpu"]["usedBytes"] == 6 * 2**30 + 448 * 2**20
         assert got["gpu"]["loanedBytes"] == got["loanedBytes"]
+        # GPU-hours used (docs/accounting.md): the API server meters the agent's 30% into the
+        # ledger, so over any stretch the report grows by 0.3 GPU-seconds per second
+        used_1, t_1 = wait_until("metered", lambda: (u := _used(server, "dyn")) and u), time.time()
+        time.sleep(6.0)
+        used_2, t_2 = _used(server, "dyn"), time.time()
+        assert used_1 is not None and used_2 is not None
+        expected = 0.3 * (t_2 - t_1)
+        assert expected - 0.7 < (used_2 - used_1) * 3600 < expected + 0.7, (used_1, used_2)
     finally:
         if proc is not None and proc.popen.poll() is None:
             proc.popen.kill()

@@ -140,3 +140,53 @@ def test_gpu_hours_of_a_half_gpu_workload_on_kubernetes(server: KubeApiServer) -
     seconds = row["gpu_hours_allocated"] * 3600 / 0.5
     assert (t_stop - t_run) - 1.5 < seconds < (t_stop - t_run) + 3.0, (seconds, t_stop - t_run)
     assert row["project"] == "ten-acct"
+
+
+def test_department_quota_applies_in_tessera_scheduler(
+        server: KubeApiServer, kube_cluster: TestCluster) -> None:
+    """Departments are mirrored as Project objects above their projects' (spec.parent), and
+    tessera-scheduler applies the department's limit: a whole-GPU workload its own project
+    allows waits, naming the department, until the department's limit is raised. The REST
+    project list leaves the department's object out."""
+    from tessera.kube.objects import ProjectResource
+
+    client = kube_cluster.client()
+    with server.http() as admin:
+        r = admin.post("/api/v1/org-unit/departments", json={
+            "name": "ten-dept", "resources": {"gpu": {"deserved": 1, "limit": 1}}})
+        assert r.status_code == 201, r.text
+        for p in ("ten-d1", "ten-d2"):
+            r = admin.post("/api/v1/org-unit/projects", json={
+                "name": p, "parentId": "ten-dept",
+                "resources": {"gpu": {"deserved": 0.5, "limit": 1}}})
+            assert r.status_code == 201, r.text
+        wait_until("the department's Project object and its projects' parent", lambda: all(
+            (client.get(ProjectResource, p).get("spec") or {}).get("parent") == "ten-dept"
+            for p in ("ten-d1", "ten-d2")), timeout=30)
+        dept = client.get(ProjectResource, "ten-dept")
+        assert dept.metadata.labels["tessera.io/department"] == "true"
+        assert dept["spec"]["resources"]["gpu"] == {"deserved": 1.0, "limit": 1.0,
+                                                    "overQuotaWeight": 1.0}
+        listed = [p["name"] for p in admin.get("/api/v1/org-unit/projects").json()["projects"]]
+        assert "ten-dept" not in listed and "ten-d1" in listed
+        assert admin.get("/api/v1/org-unit/projects/ten-dept").status_code == 404
+        wids = []
+        for name, project in (("one", "ten-d1"), ("two", "ten-d2")):
+            r = admin.post("/api/v1/workloads/trainings", json={
+                "name": name, "projectId": project, "spec": {
+                    "command": "sleep", "args": "600", "compute": {"gpuDevicesRequest": 1}}})
+            assert r.status_code == 202, r.text
+            wids.append(r.json()["workloadId"])
+            if name == "one":
+                server.wait_phase(admin, "trainings", wids[0], "Running", timeout=60)
+        doc = wait_until("the department's reason", lambda: "limit" in (
+            d := admin.get(f"/api/v1/workloads/trainings/{wids[1]}").json())["phaseMessage"]
+            and d, timeout=60)
+        assert doc["phase"] == "Pending"
+        assert "department ten-dept is at its limit of 1 GPU" in doc["phaseMessage"], doc
+        r = admin.put("/api/v1/org-unit/departments/ten-dept", json={
+            "resources": {"gpu": {"deserved": 1, "limit": 2}}})
+        assert r.status_code == 200, r.text
+        server.wait_phase(admin, "trainings", wids[1], "Running", timeout=60)
+        for wid in wids:
+            admin.delete(f"/api/v1/workloads/trainings/{wid}")

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tessera.api import openapi_types
 from tessera.api.backend import (
     Backend,
     Conflict,
@@ -42,10 +43,16 @@ from tessera.api.offline_docs import mount_offline_docs
 from tessera.api.storage import storage_error
 from tessera.api.tenancy.audit import AuditTrail, mount_audit
 from tessera.api.tenancy.departments import LOCK as DEPARTMENT_LOCK
-from tessera.api.tenancy.departments import check_project_fits, mount_departments, with_department
+from tessera.api.tenancy.departments import (
+    check_name_free,
+    check_project_fits,
+    mount_departments,
+    with_department,
+)
 from tessera.api.tenancy.exposure import Exposure
 from tessera.api.tenancy.guard import ApiRefusal, make_guard, principal_of
 from tessera.api.tenancy.ledger import Ledger
+from tessera.api.tenancy.metering import Meter, interval_from_env, reader
 from tessera.api.tenancy.oidc_routes import mount_oidc
 from tessera.api.tenancy.reports import AccountingCollector, mount_reports
 from tessera.api.tenancy.routes import mount_auth
@@ -140,6 +147,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         redoc_url=None,
     )
     mount_offline_docs(app)
+    openapi_types.install(app)  # every JSON answer typed by a model (tessera.api.response_models)
     app.add_middleware(BodyLimit)
     tenancy = Tenancy(backend.data_dir, backend.auth_store)
     tenancy.ensure_admin_rule()
@@ -250,6 +258,7 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
         fields = ProjectFields(body.name, gpu.deserved, gpu.limit, gpu.overQuotaWeight,
                                body.priority)
         with DEPARTMENTS:
+            check_name_free(tenancy, backend, body.name, "project")
             check_project_fits(tenancy, backend, body.parentId, body.name, gpu.deserved,
                                gpu.limit)
             doc = backend.create_project(fields)
@@ -433,7 +442,11 @@ def create_app(backend: Backend, *, title: str = "tessera") -> FastAPI:
 
     ledger = Ledger(backend.data_dir / "tessera.db")
     mount_reports(api, tenancy, ledger, lambda: [p["name"] for p in backend.projects()])
-    mount_console(app, api, backend, [AccountingCollector(ledger)],
-                  lambda request: seen(request, "workloads:read"))
+    history = mount_console(app, api, backend, [AccountingCollector(ledger)],
+                            lambda request: seen(request, "workloads:read"))
+    counters = [c.gpu_seconds for c in getattr(backend, "metrics_collectors", list)()
+                if hasattr(c, "gpu_seconds")]  # embedded: the compute arbiters' GPU time
+    every = interval_from_env()  # GPU-hours used
+    Meter(ledger, reader(lambda: history.snapshots.get(every), counters), every).start()
     app.include_router(api)
     return app

@@ -254,8 +254,11 @@ class SnapshotCache:
         self._lock = threading.Lock()
         self._last: Snapshot | None = None
 
-    def get(self) -> Snapshot:
+    def get(self, max_age: float | None = None) -> Snapshot:
+        """``max_age``: how old a snapshot this caller takes (a reader that can wait, such as
+        the GPU-hours meter, shares the history's instead of reading one of its own)."""
         with self._lock:
-            if self._last is None or time.time() - self._last.time > self.max_age:
+            age = self.max_age if max_age is None else max_age
+            if self._last is None or time.time() - self._last.time > age:
                 self._last = self.reader(self.backend)
             return self._last

@@ -4,7 +4,8 @@
 
 Each workload binds once to a few times (fractions, whole GPUs, MIG fractions) with suspends in
 between, in 200 projects of 20 departments, submitted by 1,000 users: about five intervals per
-workload in the ledger's SQLite table. Each report (by project, department, user, workload)
+workload in the ledger's SQLite table, and the measured use of each interval (a random 10-90%
+busy) as the meter keeps it, one row per workload and clock hour. Each report (by project, department, user, workload)
 over the whole range is timed; the last line printed is one JSON object.
 """
 
@@ -52,17 +53,25 @@ def main(argv: list[str] | None = None) -> int:
                        [(f"proj-{p}", f"dept-{p % 20}") for p in range(200)])
         db.commit()
         db.close()
+        ledger.add_used([(w, name, project, user, start, end, gpus * (end - start)
+                          * rng.uniform(0.1, 0.9))
+                         for w, name, project, user, gpus, start, end in rows])
+        with sqlite3.connect(str(path)) as db:
+            used_rows = db.execute("SELECT COUNT(*) FROM gpu_used").fetchone()[0]
         timings = {}
         for by in ("project", "department", "user", "workload"):
-            times = []
+            times, cpu = [], []
             for _ in range(args.repeat):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 out = ledger.report(t0, t0 + span, by, now=t0 + span)
                 times.append(time.perf_counter() - start)
+                cpu.append(time.process_time() - start_cpu)
             timings[f"{by}_seconds_median"] = round(statistics.median(times), 4)
+            timings[f"{by}_cpu_seconds_median"] = round(statistics.median(cpu), 4)
             timings[f"{by}_rows"] = len(out)
         ledger.close()
     print(json.dumps({"workloads": args.workloads, "days": args.days, "intervals": len(rows),
+                      "used_rows": used_rows,
                       **timings}))
     return 0
 

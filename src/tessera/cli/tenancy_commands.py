@@ -177,7 +177,7 @@ DEPARTMENT_FIELDS = {"resources.gpu.deserved": "--deserved", "resources.gpu.limi
 def department_create(
     name: str,
     deserved: Annotated[float, typer.Option("--deserved", "--gpu", help="GPUs its projects may deserve in all")] = 0.0,
-    limit: Annotated[float | None, typer.Option("--limit", help="Most GPUs any of its projects may use")] = None,
+    limit: Annotated[float | None, typer.Option("--limit", help="Most GPUs its projects may use together (the scheduler holds back what would go past it)")] = None,
     weight: Annotated[float, typer.Option("--over-quota-weight")] = 1.0,
 ) -> None:
     """Create a department (projects join it with tessera project create --department)."""

@@ -17,6 +17,7 @@ from tessera.api.validation import NAME, check_project
 from tessera.core.errors import InvalidRequest
 from tessera.kube import names
 from tessera.kube import workload_docs as wd
+from tessera.kube.department_sync import is_department
 from tessera.kube.objects import PodGroupResource, ProjectResource
 
 CREATED_BY = "tessera.io/created-by"
@@ -97,17 +98,19 @@ class ClusterProjects:
 
     def docs(self) -> list[dict[str, Any]]:
         objs = sorted(self.client.list(ProjectResource), key=wd.created_at)
-        return [self.doc(o) for o in objs]
+        return [self.doc(o) for o in objs if not is_department(o)]
 
     def get(self, id_or_name: str) -> Any:
         if NAME.fullmatch(id_or_name):
             try:
-                return self.client.get(ProjectResource, id_or_name)
+                obj = self.client.get(ProjectResource, id_or_name)
+                if not is_department(obj):  # the departments' mirror: not a project
+                    return obj
             except ApiError as exc:
                 if api_status(exc) != 404:
                     raise Upstream(api_message(exc)) from None
         for obj in self.client.list(ProjectResource):
-            if obj.metadata.uid == id_or_name:
+            if obj.metadata.uid == id_or_name and not is_department(obj):
                 return obj
         raise NotFound(f"project {id_or_name} not found")
 

@@ -12,6 +12,8 @@
   identities. Applications have no Kubernetes identity and get no binding. RoleBindings carry
   ``app.kubernetes.io/managed-by: tessera-api``; missing ones are created, changed or stale ones
   deleted, others are never touched.
+- **Departments become Project objects** above their projects' (``spec.parent``), so the
+  scheduler applies their quotas (:mod:`tessera.kube.department_sync`).
 - **GPU accounting**: the workloads' allocated GPUs are observed each round into the ledger
   (``tessera.api.tenancy.ledger``), so intervals are exact to the reconcile interval.
 """
@@ -34,6 +36,7 @@ from lightkube.resources.rbac_authorization_v1 import RoleBinding
 
 from tessera.api.tenancy.ledger import Ledger
 from tessera.api.tenancy.store import Rule, TenancyStore
+from tessera.kube.department_sync import reconcile_departments
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,8 @@ class TenancySync:
         if now - self._last >= self.every:
             self._last = now
             self.reconcile_bindings()
+            reconcile_departments(self.client, self.store.departments(),
+                                  self.store.project_departments())
 
     def reconcile_bindings(self) -> tuple[int, int]:
         """Create missing RoleBindings, delete tessera's stale ones: (created, deleted)."""

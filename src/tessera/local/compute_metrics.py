@@ -40,6 +40,11 @@ class ComputeCollector(Collector):
         self.directory = directory
         self.name = workload_name or (lambda key: key)
 
+    def gpu_seconds(self) -> dict[tuple[str, str], float]:
+        """(GPU, workload id) -> GPU seconds charged: what GPU-hours used meters
+        (tessera.api.tenancy.metering)."""
+        return {k: u.total_seconds for k, u in read(self.directory).items()}
+
     def collect(self) -> Iterator[Metric]:
         labels = ["workload", "gpu"]
         total = CounterMetricFamily("tessera_workload_gpu_time_seconds",

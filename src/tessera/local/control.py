@@ -87,7 +87,7 @@ class LocalBackend(TokenAuth):
         """podman or docker, for images with no command (tessera.local.containers)."""
         self.runtime_note = runtime_note
         self.machine = machine
-        self.scheduler = LocalCycle(policy)
+        self.scheduler = LocalCycle(policy, data_dir / "tessera.db")
         self.grace = grace
         self.interval = interval
         self.store = Store(data_dir / "tessera.db")

@@ -10,7 +10,8 @@ cannot do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tessera.core.constraints import NodeConstraint
@@ -29,6 +30,7 @@ from tessera.core.model import GpuRequest, Node, ResourceRequest
 from tessera.core.requests import gpu_request_from_dict
 from tessera.core.state import Placement
 from tessera.local import store
+from tessera.local.departments import DepartmentTree
 
 ACTIONS = ("allocate", "reclaim", "preempt", "backfill")
 """The cycle's actions in embedded mode (no consolidate: a process cannot be moved)."""
@@ -84,8 +86,12 @@ def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now
 class LocalCycle:
     """The core's projects/fair-share cycle with embedded mode's actions and placement policy."""
 
-    def __init__(self, policy: str = "fgd") -> None:
+    def __init__(self, policy: str = "fgd", tenancy_db: Path | None = None) -> None:
+        """``tenancy_db``: the API's tenancy store, whose departments go above their projects
+        (tessera.local.departments)."""
         self.config = CycleConfig(actions=ACTIONS, policy=policy)
+        self.tree: Callable[[tuple[Project, ...]], tuple[Project, ...]] = (
+            (lambda projects: projects) if tenancy_db is None else DepartmentTree(tenancy_db))
         self.name = ("tessera.core.cycle (fair share, reclaim, priority preemption); "
                      f"placement policy {policy}")
 
@@ -93,7 +99,7 @@ class LocalCycle:
             workloads: Iterable[Workload], now: float,
             mig: Mapping[str, tuple[MigGpu, ...]] | None = None) -> Plan:
         """``mig``: the machine's GPUs in MIG mode and their partitions (``Snapshot.mig``)."""
-        return run_cycle(Snapshot(tuple(nodes), tuple(core_project(p) for p in projects),
+        return run_cycle(Snapshot(tuple(nodes), self.tree(tuple(core_project(p) for p in projects)),
                                   tuple(workloads), now, dict(mig or {})), self.config)
 
 

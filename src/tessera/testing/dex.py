@@ -2,11 +2,13 @@
 ``tessera.testing.binaries`` (pinned), started on a free loopback port with an in-memory store,
 one static client (tessera) and Dex's ``mockCallback`` connector, which signs in the fixed user
 ``kilgore@kilgore.trout`` in groups ``authors`` without a form (so a test can follow the
-redirects), with the approval screen skipped."""
+redirects), with the approval screen skipped. With ``tls`` (certificate, key, CA) it serves
+HTTPS, as kube-apiserver requires of an OIDC issuer."""
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -23,10 +25,12 @@ CLIENT_SECRET = "tessera-test-secret"
 
 
 class Dex:
-    def __init__(self, root: Path, redirect_uris: list[str]) -> None:
+    def __init__(self, root: Path, redirect_uris: list[str],
+                 tls: tuple[Path, Path, Path] | None = None) -> None:
         self.root = root
         self.port = free_port()
-        self.issuer = f"http://127.0.0.1:{self.port}/dex"
+        self.tls = tls
+        self.issuer = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/dex"
         self.redirect_uris = redirect_uris
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -36,7 +40,7 @@ class Dex:
 storage:
   type: memory
 web:
-  http: 127.0.0.1:{self.port}
+{self._web()}
 oauth2:
   skipApprovalScreen: true
 staticClients:
@@ -52,6 +56,17 @@ connectors:
 enablePasswordDB: false
 """
 
+    def _web(self) -> str:
+        if self.tls is None:
+            return f"  http: 127.0.0.1:{self.port}"
+        cert, key, _ = self.tls
+        return f"  https: 127.0.0.1:{self.port}\n  tlsCert: {cert}\n  tlsKey: {key}"
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """What an HTTPS client checks Dex's certificate against."""
+        return ssl.create_default_context(cafile=str(self.tls[2])) if self.tls else True
+
     def start(self) -> Dex:
         dex = binaries.ensure(["dex"])["dex"]
         self.root.mkdir(parents=True, exist_ok=True)
@@ -66,7 +81,7 @@ enablePasswordDB: false
                 raise RuntimeError(f"dex exited: {(self.root / 'dex.log').read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.issuer}/.well-known/openid-configuration",
-                             timeout=0.5).status_code == 200:
+                             timeout=0.5, verify=self.verify).status_code == 200:
                     return self
             time.sleep(0.1)
         raise RuntimeError("dex did not answer in 30 s")

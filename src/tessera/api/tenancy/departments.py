@@ -2,8 +2,10 @@
 department's GPU quota bounds the sum of its projects' (deserved and limit).
 
 Departments and each project's department are kept by the API server (tenancy store), the same
-for both backends; the scheduler does not see them yet (docs/tenancy.md says where this differs
-from Run:ai)."""
+for both backends; the scheduler puts them above their projects in its tree
+(tessera.core.departments: embedded mode reads the store each cycle, on Kubernetes the API
+server mirrors them as Project objects, tessera.kube.department_sync), so their quotas apply at
+placement time too."""
 
 
 import threading
@@ -36,6 +38,15 @@ def department_doc(d: Department, projects: list[dict[str, Any]]) -> dict[str, A
 def with_department(tenancy: Tenancy, doc: dict[str, Any]) -> dict[str, Any]:
     doc["parentId"] = tenancy.authz.department_of(doc["name"])
     return doc
+
+
+def check_name_free(tenancy: Tenancy, backend: Backend, name: str, kind: str) -> None:
+    """Departments and projects share one name space (the scheduler's tree, and on Kubernetes
+    the Project objects): a new one may not take the other kind's name."""
+    if kind == "project" and tenancy.store.department(name) is not None:
+        raise Conflict(f"department {name} exists: a project may not have a department's name")
+    if kind == "department" and any(p["name"] == name for p in backend.projects()):
+        raise Conflict(f"project {name} exists: a department may not have a project's name")
 
 
 def check_project_fits(tenancy: Tenancy, backend: Backend, department: str | None,
@@ -87,6 +98,7 @@ def mount_departments(api: APIRouter, tenancy: Tenancy, backend: Backend) -> Non
         with LOCK:
             if store.department(body.name) is not None:
                 raise Conflict(f"department {body.name} already exists")
+            check_name_free(tenancy, backend, body.name, "department")
             d = Department(body.name, gpu.deserved, gpu.limit, gpu.overQuotaWeight)
             store.put_department(d, create=True)
         return department_doc(d, [])

@@ -32,11 +32,11 @@ CREATE TABLE IF NOT EXISTS gpu_allocations (
     start_time REAL NOT NULL, end_time REAL);
 CREATE INDEX IF NOT EXISTS gpu_allocations_open ON gpu_allocations (workload_id, end_time);
 CREATE INDEX IF NOT EXISTS gpu_allocations_start ON gpu_allocations (start_time);
-CREATE TABLE IF NOT EXISTS gpu_usage (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, workload_id TEXT NOT NULL, workload TEXT NOT NULL,
-    project TEXT NOT NULL, user TEXT NOT NULL DEFAULT '', gpus_used REAL NOT NULL,
-    start_time REAL NOT NULL, end_time REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS gpu_usage_start ON gpu_usage (start_time);
+CREATE TABLE IF NOT EXISTS gpu_used (
+    workload_id TEXT NOT NULL, hour REAL NOT NULL, workload TEXT NOT NULL,
+    project TEXT NOT NULL, user TEXT NOT NULL DEFAULT '', gpu_seconds REAL NOT NULL,
+    start_time REAL NOT NULL, end_time REAL NOT NULL, PRIMARY KEY (workload_id, hour));
+CREATE INDEX IF NOT EXISTS gpu_used_start ON gpu_used (start_time);
 """
 
 BY = {"project": "a.project", "department": "COALESCE(d.department, '')",
@@ -92,12 +92,43 @@ class Ledger:
                     self._db.execute("ROLLBACK")
                 raise
 
-    def add_usage(self, rows: list[tuple[str, str, str, str, float, float, float]]) -> None:
-        """Measured use: (workload id, name, project, user, GPUs used, start, end) samples."""
+    def open_allocations(self) -> dict[str, tuple[str, str, str, float]]:
+        """Workloads holding GPUs now: id -> (name, project, user, GPUs)."""
         with self._lock:
-            self._db.executemany(
-                "INSERT INTO gpu_usage (workload_id, workload, project, user, gpus_used,"
-                " start_time, end_time) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            return {r[0]: (r[1], r[2], r[3], r[4]) for r in self._db.execute(
+                "SELECT workload_id, workload, project, user, gpus FROM gpu_allocations"
+                " WHERE end_time IS NULL")}
+
+    def add_used(self, rows: list[tuple[str, str, str, str, float, float, float]]) -> None:
+        """Measured use: (workload id, name, project, user, start, end, GPU-seconds used in
+        [start, end)). Kept per workload and hour (``gpu_used``): a span crossing an hour is
+        split in proportion, and each hour's row adds the seconds and widens its span."""
+        out = []
+        for wid, name, project, user, start, end, seconds in rows:
+            if end <= start:
+                continue
+            t = start
+            while t < end:
+                hour = float(int(t // 3600) * 3600)
+                stop = min(end, hour + 3600)
+                out.append((wid, hour, name, project, user,
+                            seconds * (stop - t) / (end - start), t, stop))
+                t = stop
+        with self._lock:  # one transaction (one fsync) for the whole reading
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT INTO gpu_used (workload_id, hour, workload, project, user,"
+                    " gpu_seconds, start_time, end_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (workload_id, hour) DO UPDATE SET"
+                    " gpu_seconds = gpu_seconds + excluded.gpu_seconds,"
+                    " start_time = MIN(start_time, excluded.start_time),"
+                    " end_time = MAX(end_time, excluded.end_time)", out)
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
 
     def report(self, since: float, until: float, by: str, now: float | None = None,
                projects: frozenset[str] | None = None) -> list[dict[str, Any]]:
@@ -118,9 +149,9 @@ class Ledger:
                 f" AND a.start_time < :now{only} GROUP BY {key}",
                 {"now": now, "to": until, "from": since, "projects": names}).fetchall()
             used = dict(self._db.execute(
-                f"SELECT {key}, SUM(a.gpus_used * (MIN(a.end_time, :to)"
-                "  - MAX(a.start_time, :from))) / 3600.0"
-                " FROM gpu_usage a LEFT JOIN project_departments d ON d.project=a.project"
+                f"SELECT {key}, SUM(a.gpu_seconds * (MIN(a.end_time, :to)"
+                "  - MAX(a.start_time, :from)) / (a.end_time - a.start_time)) / 3600.0"
+                " FROM gpu_used a LEFT JOIN project_departments d ON d.project=a.project"
                 f" WHERE a.start_time < :to AND a.end_time > :from{only} GROUP BY {key}",
                 {"to": until, "from": since, "projects": names}).fetchall())
         rows = []
@@ -131,17 +162,21 @@ class Ledger:
             if by == "workload":
                 row.update({"name": workload, "project": project})
             rows.append(row)
+        have = {r[by] for r in rows}
         for k, hours in used.items():
-            if not any(r[by] == k for r in rows):
+            if k not in have:
                 rows.append({by: k, "gpu_hours_allocated": 0.0, "gpu_hours_used": round(hours, 6)})
         rows.sort(key=lambda r: (-r["gpu_hours_allocated"], str(r[by])))
         return rows
 
-    def totals(self, now: float | None = None) -> list[tuple[str, str, float]]:
-        """(project, department, GPU-hours allocated since the ledger began): Prometheus."""
+    def totals(self, now: float | None = None) -> list[tuple[str, str, float, float | None]]:
+        """(project, department, GPU-hours allocated and used since the ledger began; used is
+        None where nothing was measured): Prometheus."""
         now = time.time() if now is None else now
         with self._lock:
-            return [(r[0], r[1], r[2]) for r in self._db.execute(
+            used = dict(self._db.execute(
+                "SELECT project, SUM(gpu_seconds) / 3600.0 FROM gpu_used GROUP BY project"))
+            return [(r[0], r[1], r[2], used.get(r[0])) for r in self._db.execute(
                 "SELECT a.project, COALESCE(d.department, ''), SUM(a.gpus * "
                 "(COALESCE(a.end_time, :now) - a.start_time)) / 3600.0 FROM gpu_allocations a"
                 " LEFT JOIN project_departments d ON d.project=a.project GROUP BY a.project",

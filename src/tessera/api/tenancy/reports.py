@@ -47,8 +47,9 @@ def mount_reports(api: APIRouter, tenancy: Tenancy, ledger: Ledger,
 
 
 class AccountingCollector(Collector):
-    """``tessera_gpu_hours_allocated_total{project,department}``: GPU-hours allocated since the
-    ledger began (the same numbers as the report, so Grafana can show them)."""
+    """``tessera_gpu_hours_allocated_total`` and ``tessera_gpu_hours_used_total``
+    ``{project,department}``: GPU-hours allocated and measured used since the ledger began (the
+    same numbers as the report, so Grafana can show them)."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
@@ -57,6 +58,12 @@ class AccountingCollector(Collector):
         family = CounterMetricFamily("tessera_gpu_hours_allocated",
                                      "GPU-hours allocated to workloads (bindings x time)",
                                      labels=["project", "department"])
-        for project, department, hours in self.ledger.totals():
+        used = CounterMetricFamily("tessera_gpu_hours_used",
+                                   "GPU-hours workloads used (GPU time measured by the node "
+                                   "agents and compute arbiters)", labels=["project", "department"])
+        for project, department, hours, used_hours in self.ledger.totals():
             family.add_metric([project, department], max(hours, 0.0))
+            if used_hours is not None:
+                used.add_metric([project, department], max(used_hours, 0.0))
         yield family
+        yield used

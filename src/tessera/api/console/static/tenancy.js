@@ -152,13 +152,15 @@
       try {
         const q = new URLSearchParams({ from: from.value, to: to.value, by: by.value });
         const rows = (await api(`/api/v1/reports/usage?${q}`)).rows;
-        const key = by.value; const peak = Math.max(1e-9, ...rows.map((r) => r.gpu_hours_allocated));
+        const key = by.value; const peak = Math.max(1e-9, ...rows.map((r) => Math.max(r.gpu_hours_allocated, r.gpu_hours_used ?? 0)));
+        const bar = (hours, cls, bg, title) => h("div", { class: `bar ${cls}`, title, style: { width: `${(100 * hours) / peak}%`, minWidth: "0", height: "8px", margin: "1px 0", background: bg } });
         const csv = [`${key},gpu_hours_allocated,gpu_hours_used`, ...rows.map((r) => `"${String(r[key]).replace(/"/g, '""')}",${r.gpu_hours_allocated},${r.gpu_hours_used ?? ""}`)].join("\n");
         const link = h("a", { id: "report-csv", class: "btn secondary", download: `gpu-hours-by-${key}.csv`,
           href: URL.createObjectURL(new Blob([csv + "\n"], { type: "text/csv" })) }, "Download CSV");
         put(out, table("report-table", [key, "GPU-hours allocated", "", "GPU-hours used"], rows.map((r) => h("tr", { "data-key": String(r[key]) },
           h("td", {}, String(r[key]) || "—"), h("td", {}, r.gpu_hours_allocated.toFixed(2)),
-          h("td", { style: { width: "40%" } }, h("div", { class: "bar", style: { width: `${(100 * r.gpu_hours_allocated) / peak}%`, height: "10px", background: color(String(r[key])) } })),
+          h("td", { style: { width: "40%" } }, bar(r.gpu_hours_allocated, "allocated", color(String(r[key])), "allocated"),
+            r.gpu_hours_used === null ? null : bar(r.gpu_hours_used, "used", "#555", "used (measured)")),
           h("td", {}, r.gpu_hours_used === null ? "—" : r.gpu_hours_used.toFixed(2))))), h("div", { class: "row" }, link));
       } catch (e) { err.textContent = e.message; }
     };
