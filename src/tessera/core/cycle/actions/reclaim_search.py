@@ -77,7 +77,8 @@ class ReclaimSearch:
                                   self.within_caps, max_rounds=4 * ws.required() + 4,
                                   dead=self.dead, blocked=self.blocked,
                                   dead_above=self.dead_above if self.gpu_only else None,
-                                  budget=self.owed)
+                                  budget=self.owed,
+                                  takes_up_to=self.takes_up_to if self.gpu_only else None)
         if result is None:
             stmt.discard()
             self._explain_no_victims()
@@ -202,6 +203,12 @@ class ReclaimSearch:
             stop = self._blocked[project] = any(
                 self.slack_of(name, guaranteed)[0] <= EPS for name in side)
         return stop
+
+    def takes_up_to(self, project: str) -> float:
+        """GPU-only, ``project`` not ``blocked``: ``allow`` takes a victim of it holding more
+        than 0 GPUs, with nothing taken yet, iff it holds at most this."""
+        side, guaranteed = self.side_of(project)
+        return min(self.slack_of(name, guaranteed)[0] for name in side) + EPS
 
     def dead_above(self, project: str) -> float:
         """GPU-only: ``dead(v)`` for a victim ``v`` of ``project`` is ``v``'s GPUs > this."""
