@@ -191,13 +191,23 @@ def cheapest_node(
             if v.evicted:
                 continue
             g = v.vector()[0]
-            limit = up_to.get(v.project)
+            project = v.project
+            limit = up_to.get(project)
             if limit is None:
-                limit = up_to[v.project] = -1.0 if is_refused(v.project) else takes_up_to(v.project)
+                limit = up_to[project] = -1.0 if is_refused(project) else takes_up_to(project)
             if g <= 0 or g <= limit:
                 return None
-            if dead is None or not is_dead(v):
+            if dead is None:
                 others.append(v)
+            elif dead_above is None:
+                if not dead(v):
+                    others.append(v)
+            else:
+                above = limits.get(project)
+                if above is None:
+                    above = limits[project] = dead_above(project)
+                if g <= above:
+                    others.append(v)
         return others
 
     for order, (node, group) in enumerate(index.by_node.items()):
