@@ -40,7 +40,8 @@ class NodeIndex:
                 group = self.by_node.setdefault(p.node, [])
                 if not group or group[-1] is not v:
                     group.append(v)
-        self.room_seen: dict[tuple[str, ResourceRequest], tuple[object, tuple[int, ...], bool]] = (
+        self.room_seen: dict[str, tuple[object, tuple[int, ...], list[int], list[int], int, int,
+                                        dict[ResourceRequest, bool]]] = (
             {} if like is None else like.room_seen)
         """Memo of the "would every victim left make room" test: (node's state signature,
         those victims, answer), reused while neither changed."""
@@ -210,8 +211,10 @@ def cheapest_node(
                     others.append(v)
         return others
 
+    # Nodes marked during this call are behind the scan: one set for the call is the same.
+    skip_set: set[str] = skip[0] if len(skip) == 1 else set().union(*skip)
     for order, (node, group) in enumerate(index.by_node.items()):
-        if node in pruned or any(node in nodes for nodes in skip):
+        if node in pruned or node in skip_set:
             continue
         scanned += 1
         if scanned > 4 * nodes_budget:
@@ -381,27 +384,28 @@ def _fewest(ns: NodeState, request: ResourceRequest, pool: list[tuple[WorkloadSt
 
 def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: ResourceRequest,
                others: list[WorkloadState]) -> bool:
-    """Would ``request`` fit on ``ns`` with every pod of ``others`` there gone? Memoised per
-    (node, request) while the node's state (its signature object, renewed on every change) and
-    the victims are the same."""
-    key = (ns.name, request)
+    """Would ``request`` fit on ``ns`` with every pod of ``others`` there gone? What the node
+    would have free is memoised per node, and each request's answer with it, while the node's
+    state (its signature object, renewed on every change) and the victims are the same."""
     sig = ns.signature()
-    ids = tuple(id(v) for v in others)
-    seen = index.room_seen.get(key)
-    if seen is not None and seen[0] is sig and seen[1] == ids:
-        return seen[2]
-    free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
-    tenants = list(ns.dev_tenants)
-    cpu, mem = ns.free_cpu, ns.free_mem
-    node = ns.name
-    for v in others:
-        for p in v.placements:
-            if p is not None and p.node == node:
-                _free_on(p, free, tenants)
-                cpu += p.cpu_milli
-                mem += p.memory
-    fits = _fits_after(ns, request, free, tenants, cpu, mem)
-    index.room_seen[key] = (sig, ids, fits)
+    ids = tuple(map(id, others))
+    seen = index.room_seen.get(ns.name)
+    if seen is None or seen[0] is not sig or seen[1] != ids:
+        free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+        tenants = list(ns.dev_tenants)
+        cpu, mem = ns.free_cpu, ns.free_mem
+        node = ns.name
+        for v in others:
+            for p in v.placements:
+                if p is not None and p.node == node:
+                    _free_on(p, free, tenants)
+                    cpu += p.cpu_milli
+                    mem += p.memory
+        seen = index.room_seen[node] = (sig, ids, free, tenants, cpu, mem, {})
+    answers = seen[6]
+    fits = answers.get(request)
+    if fits is None:
+        fits = answers[request] = _fits_after(ns, request, seen[2], seen[3], seen[4], seen[5])
     return fits
 
 
