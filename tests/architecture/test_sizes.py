@@ -48,7 +48,8 @@ CLASSES: dict[str, tuple[int, int, str]] = {
     "testing/cluster.py:TestCluster": (388, 20, "harness (see testing/cluster.py above)"),
     "core/cycle/session.py:Session": (365, 21, "the cycle's working state, KAI's Session; "
                                       "quota is already its own QuotaLedger; +1 attribute: "
-                                      "the change counter preempt's cache keys on (#33)"),
+                                      "one node per kind of GPUs, for the never-fits "
+                                      "check (#33)"),
     "kube/objects.py:PodInfo": (300, 29, "a record: one parsed pod, the fields the cycle "
                                 "reads"),
     "local/store.py:Workload": (300, 26, "a record: one row of the workloads table"),

@@ -99,9 +99,6 @@ class Session:
         self.evictions: dict[str, Eviction] = {}
         self.moves: dict[tuple[str, int], Move] = {}
         self.moved: set[str] = set()
-        self.changes = 0
-        """Counts evictions, restores and bindings made (never goes down, not even on a
-        discard): a cache of what the plan so far implies is current while this is unchanged."""
         for spec in sorted(snapshot.workloads, key=lambda w: w.id):
             spec = self._live_mig_room(spec)
             ws = WorkloadState(spec, self.tree.chain(spec.project))
@@ -125,6 +122,11 @@ class Session:
             max((n.cpu_milli for n in self.nodes), default=0),
             max((n.memory for n in self.nodes), default=0),
         )
+        kinds: dict[tuple[tuple[str, int, int], ...], Node] = {}
+        for n in self.nodes:
+            kinds.setdefault(tuple((g.model, g.memory, g.headroom) for g in n.gpus), n)
+        self._node_kinds = tuple(kinds.values())
+        """One node per distinct set of GPUs: what ``check_against_cluster`` looks at."""
         for ws in self.pending:
             why = self._never_fits(ws)
             if why is not None:
@@ -175,7 +177,6 @@ class Session:
         return p
 
     def evict(self, ws: WorkloadState, action: str, reason: str, for_workload: str) -> None:
-        self.changes += 1
         gpus = ws.vector()[0]
         for i, p in enumerate(ws.placements):
             if p is not None:
@@ -192,7 +193,6 @@ class Session:
 
     def restore(self, ws: WorkloadState) -> bool:
         """Undo an eviction if every pod fits back where it was (used to drop needless victims)."""
-        self.changes += 1
         placements = ws.spec.placements
         if any(p is not None and self.state.fits(p) is not None for p in placements):
             return False
@@ -226,7 +226,6 @@ class Session:
         message: str,
         after: Sequence[str] = (),
     ) -> None:
-        self.changes += 1
         previous = self.bindings.get(ws.id)
         pods = dict(previous.pods) if previous else {}
         pods.update(placed)
@@ -249,7 +248,6 @@ class Session:
 
     def record_move(self, ws: WorkloadState, pod: int, source: Placement, target: Placement, reason: str) -> None:
         """A pod moves; moved twice in one plan, it is one move from where it ran at snapshot."""
-        self.changes += 1
         key = (ws.id, pod)
         previous = self.moves.get(key)
         if previous is not None:
@@ -435,7 +433,7 @@ class Session:
             gpu = request.gpu
             if gpu not in self._never:
                 try:
-                    check_against_cluster(gpu, self.nodes)
+                    check_against_cluster(gpu, self._node_kinds)
                     self._never[gpu] = None
                 except InvalidRequest as exc:
                     self._never[gpu] = f"no node can ever hold it: {exc}"

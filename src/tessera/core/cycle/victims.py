@@ -40,6 +40,11 @@ class NodeIndex:
                 group = self.by_node.setdefault(p.node, [])
                 if not group or group[-1] is not v:
                     group.append(v)
+        self.room_seen: dict[str, tuple[object, tuple[int, ...], list[int], list[int], int, int,
+                                        dict[ResourceRequest, bool]]] = (
+            {} if like is None else like.room_seen)
+        """Memo of the "would every victim left make room" test: (node's state signature,
+        those victims, answer), reused while neither changed."""
         self.pruned: set[str] = set() if like is None else like.pruned
         self.no_room: dict[ResourceRequest, set[str]] = {} if like is None else like.no_room
         """Nodes where even every live victim would not make room for that request."""
@@ -115,6 +120,7 @@ def cheapest_node(
     blocked: Callable[[str], bool] | None = None,
     dead_above: Callable[[str], float] | None = None,
     budget: float = float("inf"),
+    takes_up_to: Callable[[str], float] | None = None,
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
@@ -129,6 +135,12 @@ def cheapest_node(
     on those victims (the same answer, without asking per victim). Likewise
     ``dead_above(project)``, with ``dead``: the GPUs above which a victim of that project is
     dead (``dead(v)`` is ``v``'s GPUs > that), asked once per project and call.
+
+    ``takes_up_to(project)``: with ``blocked`` and GPU-only rules, the most GPUs a victim of
+    that project may hold for ``allow`` to take it when nothing was taken yet (negative: none).
+    A node where no project's smallest victim is within that has no victim this search may
+    take; it is handled without asking per victim (the same outcome: only the pruning and the
+    no-room marks, the latter memoised per node state).
 
     ``budget``: GPUs the caller may still evict (reclaim: what the reclaimer is owed). Nodes
     and victim sets within it come before those above it; among equals, fewer workloads, then
@@ -169,8 +181,40 @@ def cheapest_node(
             found = refused[project] = blocked(project)
         return found
 
+    up_to: dict[str, float] = {}
+
+    def untakable(group: list[WorkloadState]) -> list[WorkloadState] | None:
+        """The victims left on a node (not evicted, not dead) if this search may take none of
+        them, else None."""
+        assert takes_up_to is not None
+        others: list[WorkloadState] = []
+        for v in group:
+            if v.evicted:
+                continue
+            g = v.vector()[0]
+            project = v.project
+            limit = up_to.get(project)
+            if limit is None:
+                limit = up_to[project] = -1.0 if is_refused(project) else takes_up_to(project)
+            if g <= 0 or g <= limit:
+                return None
+            if dead is None:
+                others.append(v)
+            elif dead_above is None:
+                if not dead(v):
+                    others.append(v)
+            else:
+                above = limits.get(project)
+                if above is None:
+                    above = limits[project] = dead_above(project)
+                if g <= above:
+                    others.append(v)
+        return others
+
+    # Nodes marked during this call are behind the scan: one set for the call is the same.
+    skip_set: set[str] = skip[0] if len(skip) == 1 else set().union(*skip)
     for order, (node, group) in enumerate(index.by_node.items()):
-        if node in pruned or any(node in nodes for nodes in skip):
+        if node in pruned or node in skip_set:
             continue
         scanned += 1
         if scanned > 4 * nodes_budget:
@@ -184,6 +228,16 @@ def cheapest_node(
                 ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
             if not ok:
                 continue
+        untaken = untakable(group) if takes_up_to is not None and not pod_level else None
+        if untaken is not None:
+            if not untaken:
+                gone.append(node)
+            elif dead is not None and not _room_with(session, index, ns, request, untaken):
+                index.mark_no_room(session, request, node)
+            if examined >= nodes_budget or feasible >= 4 or (
+                    best is not None and best[3] <= (False, 1) and best[0] <= floor):
+                break
+            continue
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
         cpu, mem = ns.free_cpu, ns.free_mem
@@ -328,6 +382,33 @@ def _fewest(ns: NodeState, request: ResourceRequest, pool: list[tuple[WorkloadSt
     return pods(fallback), gpus(fallback)
 
 
+def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: ResourceRequest,
+               others: list[WorkloadState]) -> bool:
+    """Would ``request`` fit on ``ns`` with every pod of ``others`` there gone? What the node
+    would have free is memoised per node, and each request's answer with it, while the node's
+    state (its signature object, renewed on every change) and the victims are the same."""
+    sig = ns.signature()
+    ids = tuple(map(id, others))
+    seen = index.room_seen.get(ns.name)
+    if seen is None or seen[0] is not sig or seen[1] != ids:
+        free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+        tenants = list(ns.dev_tenants)
+        cpu, mem = ns.free_cpu, ns.free_mem
+        node = ns.name
+        for v in others:
+            for p in v.placements:
+                if p is not None and p.node == node:
+                    _free_on(p, free, tenants)
+                    cpu += p.cpu_milli
+                    mem += p.memory
+        seen = index.room_seen[node] = (sig, ids, free, tenants, cpu, mem, {})
+    answers = seen[6]
+    fits = answers.get(request)
+    if fits is None:
+        fits = answers[request] = _fits_after(ns, request, seen[2], seen[3], seen[4], seen[5])
+    return fits
+
+
 def _at_least(big: ResourceRequest, small: ResourceRequest) -> bool:
     """``big`` needs at least what ``small`` does on any node, so where ``small`` cannot get
     room, ``big`` cannot either."""
@@ -365,6 +446,7 @@ def evict_until_fits(
     blocked: Callable[[str], bool] | None = None,
     dead_above: Callable[[str], float] | None = None,
     budget: Callable[[], float] | None = None,
+    takes_up_to: Callable[[str], float] | None = None,
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 
@@ -380,7 +462,8 @@ def evict_until_fits(
         chosen = cheapest_node(session, fail, index, allow, dead=dead,
                                constraint=session.constraint_for(ws, fail), blocked=blocked,
                                dead_above=dead_above,
-                               budget=float("inf") if budget is None else budget())
+                               budget=float("inf") if budget is None else budget(),
+                               takes_up_to=takes_up_to)
         if not chosen:
             return None
         for v in chosen:

@@ -34,25 +34,25 @@ class Preempt:
                 by_project.setdefault(v.project, []).append(v)
         for group in by_project.values():
             group.sort(key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
-        # Victims for one (project, priority below) stay the same until the plan changes
-        # (``session.changes``), so the filtered list and its node index are built once per
-        # such change, not once per waiting workload.
-        cache: dict[tuple[str, int], tuple[int, list[WorkloadState], NodeIndex]] = {}
+        # The victims for one (project, priority below) change only when one of them is
+        # evicted, put back or settled: the node index is rebuilt only then (a failed attempt
+        # leaves them as they were), not once per waiting workload.
+        cache: dict[tuple[str, int], tuple[list[WorkloadState], NodeIndex]] = {}
         for ws in session.quota.fair_order(w for w in waiting if w.project in by_project):
             if not ws.unplaced():
                 continue
-            version = session.changes
             key = (ws.project, ws.priority)
+            victims = [
+                v
+                for v in by_project[ws.project]
+                if v.priority < ws.priority and not v.evicted and not session.settled(v)
+            ]
             found = cache.get(key)
-            if found is None or found[0] != version:
-                victims = [
-                    v
-                    for v in by_project[ws.project]
-                    if v.priority < ws.priority and not v.evicted and not session.settled(v)
-                ]
-                found = cache[key] = (version, victims, NodeIndex(victims))
-            if found[1]:
-                self._try(session, ws, found[1], found[2])
+            if found is None or len(found[0]) != len(victims) or any(
+                    a is not b for a, b in zip(found[0], victims, strict=True)):
+                found = cache[key] = (victims, NodeIndex(victims))
+            if found[0]:
+                self._try(session, ws, found[0], found[1])
 
     def _try(self, session: Session, ws: WorkloadState, victims: list[WorkloadState],
              index: NodeIndex) -> bool:

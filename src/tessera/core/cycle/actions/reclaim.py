@@ -50,6 +50,7 @@ class Reclaim:
             return
         order = VictimOrder(session, victims)
         failed: set[tuple[str, Shape]] = set()
+        splits: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {}
         for ws in session.quota.fair_order(waiting):
             key = (ws.project, shape(ws))
             if key in failed or not ws.unplaced():
@@ -57,7 +58,7 @@ class Reclaim:
             if session.quota.check(ws, gang_demand(session, ws),
                                    fair_caps=_leaf_only(session, ws)) is not None:
                 continue
-            if not ReclaimSearch(session, ws, order.index_for(ws)).run():
+            if not ReclaimSearch(session, ws, order.index_for(ws), splits).run():
                 failed.add(key)
 
 

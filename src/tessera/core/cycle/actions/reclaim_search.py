@@ -47,7 +47,10 @@ def floor_of(session: Session, name: str, guaranteed: bool) -> Vector:
 class ReclaimSearch:
     """The victim search for one waiting workload ``ws`` over the victims of ``index``."""
 
-    def __init__(self, session: Session, ws: WorkloadState, index: NodeIndex) -> None:
+    def __init__(self, session: Session, ws: WorkloadState, index: NodeIndex,
+                 splits: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
+                 ) -> None:
+        """``splits``: ``split``'s answers, shared by the searches of one action."""
         self.session = session
         self.ws = ws
         self.index = index
@@ -57,6 +60,8 @@ class ReclaimSearch:
         self.demand = gang_demand(session, ws)
         self.caps = reclaimer_caps(session, ws)
         self._sides: dict[str, tuple[tuple[str, ...], bool]] = {}
+        self._guaranteed: dict[tuple[str, ...], bool] = {}
+        self.splits = {} if splits is None else splits
         self._slack: dict[tuple[str, bool], Vector] = {}
         """How far each victim-side project is above what it must keep; only evictions change it."""
         self._blocked: dict[str, bool] = {}
@@ -77,7 +82,8 @@ class ReclaimSearch:
                                   self.within_caps, max_rounds=4 * ws.required() + 4,
                                   dead=self.dead, blocked=self.blocked,
                                   dead_above=self.dead_above if self.gpu_only else None,
-                                  budget=self.owed)
+                                  budget=self.owed,
+                                  takes_up_to=self.takes_up_to if self.gpu_only else None)
         if result is None:
             stmt.discard()
             self._explain_no_victims()
@@ -203,6 +209,12 @@ class ReclaimSearch:
                 self.slack_of(name, guaranteed)[0] <= EPS for name in side)
         return stop
 
+    def takes_up_to(self, project: str) -> float:
+        """GPU-only, ``project`` not ``blocked``: ``allow`` takes a victim of it holding more
+        than 0 GPUs, with nothing taken yet, iff it holds at most this."""
+        side, guaranteed = self.side_of(project)
+        return min(self.slack_of(name, guaranteed)[0] for name in side) + EPS
+
     def dead_above(self, project: str) -> float:
         """GPU-only: ``dead(v)`` for a victim ``v`` of ``project`` is ``v``'s GPUs > this."""
         slack = self.slack_of(project, True)[0]
@@ -230,18 +242,31 @@ class ReclaimSearch:
         keep min(fair share, deserved), KAI's GuaranteeDeservedQuota)."""
         found = self._sides.get(project)
         if found is None:
-            tree, ws, session, demand = self.tree, self.ws, self.session, self.demand
+            side, mine = self.split(project)
+            guaranteed = self._guaranteed.get(mine)
+            if guaranteed is None:
+                tree, session, demand = self.tree, self.session, self.demand
+                guaranteed = self._guaranteed[mine] = all(
+                    demand[r] <= 0
+                    or session.quota.alloc[name][r] + demand[r] <= tree[name].quota(r).deserved_amount + EPS
+                    for name in mine
+                    for r in self.governed
+                )
+            found = self._sides[project] = (side, guaranteed)
+        return found
+
+    def split(self, project: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the victim's chain below the lowest common ancestor, the reclaimer's): the tree's
+        shape only, so kept for the whole action (``splits``)."""
+        key = (project, self.ws.project)
+        found = self.splits.get(key)
+        if found is None:
+            tree, ws = self.tree, self.ws
             lca = tree.lowest_common_ancestor(project, ws.project)
             chain = tree.chain(project)
             mine = ws.chain if lca is None else ws.chain[: ws.chain.index(lca)]
-            guaranteed = all(
-                demand[r] <= 0
-                or session.quota.alloc[name][r] + demand[r] <= tree[name].quota(r).deserved_amount + EPS
-                for name in mine
-                for r in self.governed
-            )
             side = chain if lca is None else chain[: chain.index(lca)]
-            found = self._sides[project] = (side, guaranteed)
+            found = self.splits[key] = (side, mine)
         return found
 
     def slack_of(self, name: str, guaranteed: bool) -> Vector:
