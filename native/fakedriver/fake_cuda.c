@@ -17,6 +17,8 @@
  *                               publishes its bytes per device there (fake_devices.h), so free
  *                               memory is what the others left and the fake NVML lists processes
  *   FAKE_GPU_SM_UTIL            this process's SM utilisation as the fake NVML reports it (percent)
+ *   FAKE_CUDA_CTX_SIGNAL        PATH: a context creation, its memory taken, creates PATH and waits
+ *                               for PATH.done (another process acts in the middle of a creation)
  * Built with -DFAKE_HIDE_PTSZ (fake-noptsz/), the _ptsz variants are not exported.
  */
 #define _GNU_SOURCE
@@ -201,6 +203,18 @@ static CUresult release(alloc_rec **table, uint64_t key) {
     return CUDA_SUCCESS;
 }
 
+/* FAKE_CUDA_CTX_SIGNAL=PATH: once a context's memory is taken, create PATH and wait (up to 5 s)
+ * for PATH.done, so a test can make another process act while the context is being created. */
+static void ctx_signal(void) {
+    const char *path = getenv("FAKE_CUDA_CTX_SIGNAL");
+    if (!path || !*path) return;
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+    char done[4096];
+    snprintf(done, sizeof done, "%s.done", path);
+    for (int i = 0; i < 1000 && access(done, F_OK) != 0; i++) usleep(5000);
+}
+
 static CUresult ctx_charge(int dev, int sign) {
     uint64_t bytes = fake_context_bytes_on(fake_cuda_device(dev));
     CUresult rc = CUDA_SUCCESS;
@@ -214,6 +228,7 @@ static CUresult ctx_charge(int dev, int sign) {
     }
     fake_state_unlock();
     pthread_mutex_unlock(&g_mu);
+    if (sign > 0 && rc == CUDA_SUCCESS) ctx_signal();
     return rc;
 }
 

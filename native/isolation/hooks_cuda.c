@@ -317,22 +317,25 @@ CUresult ts_hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
     return rc;
 }
 
-/* Adds delta to a handle's count (caller holds ts_tab_mu); at zero the record moves to *gone. */
+/* Adds delta to a handle's count (caller holds ts_tab_mu); at zero the record moves to *gone and
+ * 2 is returned (the caller gives the charge back) — or 3 for an exported (pinned) allocation,
+ * whose charge stays until the process exits (hooks_share.c). */
 static int handle_ref(uint64_t handle, int delta, ts_record *gone) {
     ts_record *r = ts_table_find(&ts_handles, handle);
     if (!r) return 0;
     r->refs += delta;
     if (r->refs <= 0) {
         ts_record dropped;
-        ts_table_take(&ts_handles, handle, gone ? gone : &dropped);
-        return 2;
+        if (!gone) gone = &dropped;
+        ts_table_take(&ts_handles, handle, gone);
+        return gone->kind == TS_KIND_PINNED ? 3 : 2;
     }
     return 1;
 }
 
 static void handle_unref_undo(const ts_record *gone, int state) {
     /* caller holds ts_tab_mu: put back what handle_ref(-1) changed */
-    if (state == 2) {
+    if (state == 2 || state == 3) {
         ts_record r = *gone;
         r.refs = 1;
         ts_table_put_record(&ts_handles, &r);
@@ -533,13 +536,18 @@ static void measure_begin(int mode, int dev, measuring *m) {
  * settled to it (*charged updated). Returns 0 if the settled charge no longer fits the limit: the
  * charge has then been given back entirely and the caller undoes the context.
  */
-static int measure_end(measuring *m, int dev, int created, int rdev, uint64_t *charged) {
+static int measure_end(measuring *m, int dev, CUcontext ctx, int created, int rdev, uint64_t *charged) {
     if (!m->active) return 1;
     m->active = 0;
-    int fits = 1;
+    int fits = 1, exact = 0;
     const char *how;
-    uint64_t bytes = ts_ctx_probe_after(&m->probe, dev, &how);
     ts_dev *d = ts_device(dev);
+    uint64_t bytes = ts_ctx_probe_after(&m->probe, dev, created ? ctx : NULL, rdev, d ? d->limit : 0, &exact, &how);
+    if (bytes && !exact && d && bytes < d->ctx_overhead) {
+        TS_INFO("device %d: context memory read as %llu bytes from %s; the default %llu bytes is charged", dev,
+                (unsigned long long)bytes, how, (unsigned long long)d->ctx_overhead);
+        bytes = 0; /* a lower bound below the default: the default stands */
+    }
     if (created && d) {
         if (bytes) {
             TS_INFO("device %d: a CUDA context holds %llu bytes (measured from %s); each context is charged that",
@@ -587,7 +595,7 @@ CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         rc = real(pctx, dev);
         if (rc == CUDA_SUCCESS) {
             ts_primary_refs[dev]++;
-            if (!measure_end(&m, dev, creating, rdev, &overhead)) {
+            if (!measure_end(&m, dev, pctx ? *pctx : NULL, creating, rdev, &overhead)) {
                 dev_fn release = ts_real.cuDevicePrimaryCtxRelease_v2 ? REAL(cuDevicePrimaryCtxRelease_v2, dev_fn)
                                                                       : REAL(cuDevicePrimaryCtxRelease, dev_fn);
                 if (release) release(dev);
@@ -599,7 +607,7 @@ CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         }
     }
     pthread_mutex_unlock(&ts_tab_mu);
-    measure_end(&m, dev, 0, -1, &overhead);
+    measure_end(&m, dev, NULL, 0, -1, &overhead);
     return rc;
 }
 
@@ -675,18 +683,18 @@ static CUresult ctx_reserve(int dev, int *rdev, uint64_t *charged, measuring *m)
     measure_begin(mode, dev, m);
     *charged = overhead_of(dev);
     CUresult rc = reserve_settling(mode, dev, *charged, rdev, "context creation");
-    if (rc != CUDA_SUCCESS) measure_end(m, dev, 0, -1, charged);
+    if (rc != CUDA_SUCCESS) measure_end(m, dev, NULL, 0, -1, charged);
     return rc;
 }
 
 static CUresult ctx_created(CUresult rc, CUcontext *pctx, int dev, int rdev, uint64_t charged, measuring *m) {
     if (rc != CUDA_SUCCESS || !pctx) {
-        measure_end(m, dev, 0, -1, &charged);
+        measure_end(m, dev, NULL, 0, -1, &charged);
         if (rdev >= 0) ts_region_release(rdev, charged);
         return rc;
     }
     if (ts_mode() != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return rc;
-    if (!measure_end(m, dev, 1, rdev, &charged)) {
+    if (!measure_end(m, dev, *pctx, 1, rdev, &charged)) {
         if (ts_real.cuCtxDestroy_v2) REAL(cuCtxDestroy_v2, ctx_destroy_fn)(*pctx);
         *pctx = NULL;
         return CUDA_ERROR_OUT_OF_MEMORY;

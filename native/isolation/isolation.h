@@ -101,7 +101,8 @@ typedef struct {
     uint64_t aux;   /* VMM mappings: the handle mapped there */
 } ts_record;
 
-enum { TS_KIND_SYNC = 0, TS_KIND_ASYNC = 1, TS_KIND_OTHER = 2, TS_KIND_POOL = 3 };
+/* TS_KIND_PINNED: a VMM allocation exported to other processes (hooks_share.c): charged until exit. */
+enum { TS_KIND_SYNC = 0, TS_KIND_ASYNC = 1, TS_KIND_OTHER = 2, TS_KIND_POOL = 3, TS_KIND_PINNED = 4 };
 
 typedef struct {
     ts_record *slots;

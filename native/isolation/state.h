@@ -23,8 +23,11 @@ typedef struct {
 } ts_ctx_probe;
 /* Taken just before the driver creates the context; NVML stays initialised until _after. */
 void ts_ctx_probe_before(const char *uuid, ts_ctx_probe *p);
-/* Bytes the new context holds, 0 when it could not be measured; *how says how (or why not). */
-uint64_t ts_ctx_probe_after(ts_ctx_probe *p, int ordinal, const char **how);
+/* Bytes the new context ctx holds, 0 when it could not be measured; *how says how (or why not);
+ * *exact: 0 when the reading is only a lower bound (the drop in free memory). Probe allocations
+ * are charged on rdev (when >= 0) against limit while they exist. */
+uint64_t ts_ctx_probe_after(ts_ctx_probe *p, int ordinal, CUcontext ctx, int rdev, uint64_t limit, int *exact,
+                            const char **how);
 /* Serialises the creations that measure (lock order: before the bind mutex and ts_tab_mu). */
 extern pthread_mutex_t ts_measure_mu;
 
