@@ -104,13 +104,20 @@ CUresult ts_reserve(int mode, int ordinal, uint64_t size, int *rdev, const char 
 
 static void track(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind) {
     if (rdev < 0) return;
-    pthread_mutex_lock(&ts_tab_mu);
-    int rc = ts_table_put(t, key, size, rdev, ordinal, kind);
-    pthread_mutex_unlock(&ts_tab_mu);
+    int rc;
+    if (!t) { /* the device-pointer table (ptrs.c) */
+        ts_record r = {.key = key, .size = size, .rdev = rdev, .ordinal = ordinal, .kind = kind};
+        rc = ts_ptrs_put(&r);
+    } else {
+        pthread_mutex_lock(&ts_tab_mu);
+        rc = ts_table_put(t, key, size, rdev, ordinal, kind);
+        pthread_mutex_unlock(&ts_tab_mu);
+    }
     if (rc != 0) ts_log(TS_LOG_WARN, "cannot record allocation %#llx; it stays charged", (unsigned long long)key);
 }
 
 static int untrack(ts_table *t, uint64_t key, ts_record *out) {
+    if (!t) return ts_ptrs_take(key, out);
     pthread_mutex_lock(&ts_tab_mu);
     int found = ts_table_take(t, key, out);
     pthread_mutex_unlock(&ts_tab_mu);
@@ -123,7 +130,10 @@ void ts_track(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, i
 
 int ts_untrack(ts_table *t, uint64_t key, ts_record *out) { return untrack(t, key, out); }
 
-static void retrack(ts_table *t, const ts_record *r) { track(t, r->key, r->size, r->rdev, r->ordinal, r->kind); }
+static void retrack(ts_table *t, const ts_record *r) {
+    if (!t) ts_ptrs_put(r); /* the whole record (a pool allocation keeps its pool in aux) */
+    else track(t, r->key, r->size, r->rdev, r->ordinal, r->kind);
+}
 
 /* ---- synchronous allocations ---- */
 
@@ -143,7 +153,7 @@ CUresult ts_hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
     }
-    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_SYNC);
+    track(TS_PTRS, *dptr, size, rdev, ord, TS_KIND_SYNC);
     return rc;
 }
 
@@ -163,7 +173,7 @@ CUresult ts_hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int 
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
     }
-    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_SYNC);
+    track(TS_PTRS, *dptr, size, rdev, ord, TS_KIND_SYNC);
     return rc;
 }
 
@@ -204,7 +214,7 @@ CUresult ts_hook_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t wid
     } else if (actual < guess) {
         ts_region_release(rdev, guess - actual);
     }
-    track(&ts_ptrs, *dptr, actual, rdev, ord, TS_KIND_SYNC);
+    track(TS_PTRS, *dptr, actual, rdev, ord, TS_KIND_SYNC);
     return rc;
 }
 
@@ -213,9 +223,9 @@ CUresult ts_hook_cuMemFree_v2(CUdeviceptr ptr) {
     NEED_REAL(cuMemFree_v2);
     free_fn real = REAL(cuMemFree_v2, free_fn);
     ts_record r;
-    if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(&ts_ptrs, ptr, &r)) return real(ptr);
+    if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(TS_PTRS, ptr, &r)) return real(ptr);
     CUresult rc = real(ptr);
-    if (rc != CUDA_SUCCESS) retrack(&ts_ptrs, &r);
+    if (rc != CUDA_SUCCESS) retrack(TS_PTRS, &r);
     else if (r.kind == TS_KIND_POOL || r.kind == TS_KIND_ASYNC) ts_pool_freed(&r); /* back to its pool */
     else ts_region_release(r.rdev, r.size);
     return rc;
@@ -651,7 +661,7 @@ static CUresult primary_reset(dev_fn real, CUdevice dev) {
         ts_primary_refs[dev] = 0;
         /* With other contexts on the device we cannot tell whose allocations died: keep them
          * charged (over-counting never lets a workload past its limit). */
-        if (ts_custom_ctxs[dev] == 0) ts_table_drop_ordinal(&ts_ptrs, dev, TS_KIND_SYNC, sums);
+        if (ts_custom_ctxs[dev] == 0) ts_ptrs_drop_ordinal(dev, TS_KIND_SYNC, sums);
     }
     pthread_mutex_unlock(&ts_tab_mu);
     for (int i = 0; i < TS_MAX_DEVICES; i++)

@@ -197,7 +197,8 @@ __attribute__((noinline)) static void *refuse_unknown_abi(const char *how, const
 }
 
 static pthread_mutex_t g_bind_mu = PTHREAD_MUTEX_INITIALIZER;
-static int g_bound[2];
+int ts_bound[2]; /* read inline by BIND_OR_FAIL (state.h) */
+#define g_bound ts_bound
 
 static void *open_driver(const char *soname) {
     void *h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);

@@ -63,6 +63,7 @@ typedef struct {
 void *ts_real_dlsym(void *handle, const char *name);
 
 int ts_bind(int lib);
+extern int ts_bound[2]; /* 1 once ts_bind(lib) succeeded */
 void ts_bind_lock(void);
 void ts_bind_unlock(void);
 void ts_bind_reinit(void);

@@ -120,4 +120,12 @@ void ts_table_clear(ts_table *t);
 /* Removes every record of one CUDA ordinal and kind; adds their bytes per region device to sums. */
 void ts_table_drop_ordinal(ts_table *t, int ordinal, int kind, uint64_t sums[TS_MAX_DEVICES]);
 
+/* ---- charged device pointers, sharded by address (ptrs.c) ---- */
+int ts_ptrs_put(const ts_record *r);
+int ts_ptrs_take(uint64_t key, ts_record *out);
+void ts_ptrs_drop_ordinal(int ordinal, int kind, uint64_t sums[TS_MAX_DEVICES]);
+void ts_ptrs_fork_prepare(void);
+void ts_ptrs_fork_parent(void);
+void ts_ptrs_fork_child(void);
+
 #endif

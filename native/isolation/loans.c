@@ -460,10 +460,10 @@ static int driver_short(loan_dev *ld, uint64_t size) {
 }
 
 int ts_loans_reserve(int rdev, uint64_t size) {
-    t_reclaim_deadline = 0;
     if (rdev < 0 || rdev >= TS_MAX_DEVICES) return 1;
     loan_dev *ld = &g_dev[rdev];
-    if (ld->state == 0) return 1;
+    if (ld->state == 0) return 1; /* no loans on this device (ts_loans_retry_driver never reads the deadline) */
+    t_reclaim_deadline = 0;
     if (ld->state < 0) return 0;
     uint64_t deadline = 0;
     int waited = 0;

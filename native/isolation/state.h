@@ -33,12 +33,15 @@ extern pthread_mutex_t ts_measure_mu;
 
 extern ts_config ts_cfg;
 extern pthread_mutex_t ts_tab_mu;
-extern ts_table ts_ptrs, ts_handles, ts_maps, ts_ctxs, ts_pools, ts_arrays;
+extern ts_table ts_handles, ts_maps, ts_ctxs, ts_pools, ts_arrays;
 extern int ts_primary_refs[TS_MAX_DEVICES];
 extern int ts_custom_ctxs[TS_MAX_DEVICES];
 
-#define BIND_OR_FAIL() \
-    do { if (ts_bind(TS_LIB_CUDA) != 0) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+#define BIND_OR_FAIL()                                                                                   \
+    do {                                                                                                 \
+        if (!__atomic_load_n(&ts_bound[TS_LIB_CUDA], __ATOMIC_ACQUIRE) && ts_bind(TS_LIB_CUDA) != 0)     \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                           \
+    } while (0)
 /* A hook is only reachable for an entry point the driver has, but a program linked against a
  * newer driver than the one installed could still call one: answer instead of jumping to NULL. */
 #define NEED_REAL(name) \
@@ -54,6 +57,8 @@ void ts_format_uuid(const unsigned char *u, char *out, size_t len);
 /* Shared by the hook files (hooks_cuda.c, hooks_extra.c). */
 CUresult ts_reserve(int mode, int ordinal, uint64_t size, int *rdev, const char *what);
 CUresult ts_current_ordinal(int *ord);
+/* TS_PTRS: the sharded device-pointer table (ptrs.c) for ts_track/ts_untrack. */
+#define TS_PTRS ((ts_table *)0)
 void ts_track(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind);
 int ts_untrack(ts_table *t, uint64_t key, ts_record *out);
 /* Stream-ordered pools: what each pool holds is charged (pools.c). */
