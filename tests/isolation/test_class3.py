@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.isolation.conftest import GiB, H100, clean_env
+from tests.isolation.conftest import H100, GiB, clean_env
 
 MiB = 2**20
 LIMIT = 2 * GiB
