@@ -16,6 +16,9 @@
  *   hold-free SIZE F    (a helper, another tenant) allocates SIZE, waits for file F, frees all but
  *                       10 MiB of it and creates F.done; then waits for stdin to close.
  *   ctx-fill -          the primary context (measured by the library at creation), then fill.
+ *   region-write PATH   class 7: writes the shared region file PATH (the device total back to 0)
+ *                       before every allocation while filling; prints, then waits for stdin to
+ *                       close (so the node agent can see it).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -173,10 +177,34 @@ static int hold_free(uint64_t size, const char *flag) {
     return 0;
 }
 
+static int region_write(const char *path) {
+    h = dlopen("libcuda.so.1", RTLD_NOW);
+    start();
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return 5;
+    unsigned char *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) return 5;
+    alloc_fn f = (alloc_fn)need("cuMemAlloc_v2");
+    CUdeviceptr p;
+    for (uint64_t total = 0; total < CAP; total += STEP) {
+        __atomic_store_n((uint64_t *)(m + 128 + 72), 0, __ATOMIC_SEQ_CST); /* devices[0].used */
+        if (f(&p, STEP) != CUDA_SUCCESS) {
+            refused++;
+            break;
+        }
+    }
+    printf("held0=%llu refused=%d\n", held(), refused);
+    fflush(stdout);
+    char c;
+    while (read(0, &c, 1) > 0) {}
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     const char *c = argv[1];
     if (strcmp(c, "hold-free") == 0) return argc < 4 ? 2 : hold_free(strtoull(argv[2], NULL, 10), argv[3]);
+    if (strcmp(c, "region-write") == 0) return argc < 3 ? 2 : region_write(argv[2]);
     if (strcmp(c, "ipc-open") == 0) {
         int rc = ipc_open();
         if (rc) return rc;
