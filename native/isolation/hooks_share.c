@@ -89,6 +89,15 @@ static void remember_export(int type, const void *out) {
     pthread_mutex_unlock(&ts_tab_mu);
 }
 
+/* A forked child exported nothing: what its parent exported is charged to the parent only. */
+void ts_share_after_fork(void) {
+    free(g_exports);
+    g_exports = NULL;
+    g_n_exports = g_cap_exports = 0;
+    g_fd_ambiguous = 0;
+    ts_table_clear(&g_ipc);
+}
+
 typedef CUresult (*export_fn)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
 typedef CUresult (*import_fn)(CUmemGenericAllocationHandle *, void *, int);
 

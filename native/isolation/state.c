@@ -187,6 +187,7 @@ static void child(void) {
     ts_loans_detach_after_fork();
     ts_compute_after_fork();
     ts_ptrs_fork_child();
+    ts_share_after_fork();
     ts_table_clear(&ts_handles);
     ts_table_clear(&ts_maps);
     ts_table_clear(&ts_arrays);

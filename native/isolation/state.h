@@ -69,6 +69,8 @@ CUresult ts_pool_free(void *real, CUdeviceptr ptr, CUstream s);
 void ts_pool_freed(const ts_record *r);
 /* A context went away: what its cuCtxSetLimit reserves were charged is given back (hooks_extra.c). */
 void ts_ctx_limits_release(CUcontext c);
+/* After fork, in the child: no exports, no IPC memory of its own (hooks_share.c). */
+void ts_share_after_fork(void);
 void ts_pool_created(CUmemoryPool pool, int ordinal);
 void ts_pool_destroyed(CUmemoryPool pool, CUresult rc);
 void ts_pools_settle_all(void);
