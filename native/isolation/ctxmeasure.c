@@ -131,13 +131,14 @@ static uint64_t probe_match(nvmlDevice_t dev, CUcontext ctx, int rdev, uint64_t 
     unsigned seed = (unsigned)ts.tv_nsec ^ ((unsigned)getpid() << 16);
     uint64_t k1 = 1 + (uint64_t)(rand_r(&seed) % 8), k2 = 1 + (k1 + (uint64_t)(rand_r(&seed) % 7)) % 8;
     uint64_t s1 = k1 * PROBE_PAGE, s2 = k2 * PROBE_PAGE;
-    if (rdev >= 0 && ts_region_reserve(rdev, s1 + s2, limit) != 1) return 0;
     static unsigned pids[3][MAX_PROCS];
     static uint64_t bytes[3][MAX_PROCS]; /* under ts_measure_mu */
     int n[3] = {-1, -1, -1};
+    n[0] = list_procs(dev, pids[0], bytes[0]);
+    if (n[0] <= 0) return 0; /* NVML lists nobody: nothing to match */
+    if (rdev >= 0 && ts_region_reserve(rdev, s1 + s2, limit) != 1) return 0;
     CUdeviceptr p1 = 0, p2 = 0;
     if (((push_fn)ts_real.cuCtxPushCurrent_v2)(ctx) == CUDA_SUCCESS) {
-        n[0] = list_procs(dev, pids[0], bytes[0]);
         if (((alloc_fn)ts_real.cuMemAlloc_v2)(&p1, s1) == CUDA_SUCCESS) {
             n[1] = list_procs(dev, pids[1], bytes[1]);
             if (((alloc_fn)ts_real.cuMemAlloc_v2)(&p2, s2) == CUDA_SUCCESS) {
