@@ -65,10 +65,10 @@ def _unmap(build: NativeBuild, env: dict[str, str], live: int, rounds: int) -> f
     return float(fields["ns_per_map_unmap"])
 
 
-def _instructions(build: NativeBuild, env: dict[str, str]) -> float | None:
-    """Instructions per pair: the difference of two callgrind runs (20k and 40k pairs)."""
+def _instructions(build: NativeBuild, env: dict[str, str], base: int = 20_000) -> float | None:
+    """Instructions per pair: the difference of two callgrind runs (base and 2 x base pairs)."""
     counts = []
-    for pairs in (20_000, 40_000):
+    for pairs in (base, 2 * base):
         with tempfile.TemporaryDirectory() as tmp:
             run_env = dict(env)
             if "TESSERA_GPU_SHARED_REGION" in run_env:
@@ -80,7 +80,7 @@ def _instructions(build: NativeBuild, env: dict[str, str]) -> float | None:
             if done.returncode != 0 or not found:
                 return None
             counts.append(int(found[-1].split()[-1]))
-    return (counts[1] - counts[0]) / 22_000  # each run also warms up with pairs / 10 + 1
+    return (counts[1] - counts[0]) / (base + (2 * base // 10 - base // 10))  # each run warms up with pairs / 10 + 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 two[name].append(_run(build, setups[name], args.pairs, args.size, threads=2))
             for name in unmap:
                 unmap[name].append(_unmap(build, setups[name], args.live, max(200, args.pairs // 50)))
-        instructions = {name: _instructions(build, setups[name]) for name in ("baseline", "shared_region", "compare")
-                        if args.instructions and name in setups}
+        instructions = {name: _instructions(build, setups[name], min(20_000, args.pairs))
+                        for name in ("baseline", "shared_region", "compare") if args.instructions and name in setups}
     median = {name: statistics.median(values) for name, values in samples.items()}
     for name, value in median.items():
         print(f"{name:>14}: {value:8.1f} ns/pair  (runs: {', '.join(f'{v:.0f}' for v in samples[name])})")
