@@ -17,6 +17,8 @@
  *                               publishes its bytes per device there (fake_devices.h), so free
  *                               memory is what the others left and the fake NVML lists processes
  *   FAKE_GPU_SM_UTIL            this process's SM utilisation as the fake NVML reports it (percent)
+ *   FAKE_CUDA_CTX_SIGNAL        PATH: a context creation, its memory taken, creates PATH and waits
+ *                               for PATH.done (another process acts in the middle of a creation)
  * Built with -DFAKE_HIDE_PTSZ (fake-noptsz/), the _ptsz variants are not exported.
  */
 #define _GNU_SOURCE
@@ -77,6 +79,9 @@ typedef struct alloc_rec {
     int refs;
     CUmemoryPool pool; /* stream-ordered allocation from this pool */
     uint64_t len;      /* a mapping: its length */
+    int urefs;         /* VMM handles: the program's references (create/import, retain; release drops one) */
+    int htypes;        /* VMM handles: requestedHandleTypes at creation (what it may be exported as) */
+    uint64_t target;   /* an imported VMM handle: the handle of the allocation it refers to (0: none) */
     struct alloc_rec *next;
 } alloc_rec;
 
@@ -87,6 +92,7 @@ static alloc_rec *g_ptrs[NBUCKETS];
 static alloc_rec *g_handles[NBUCKETS];
 static alloc_rec *g_maps[NBUCKETS]; /* mapped address -> handle */
 static alloc_rec *g_arrays[NBUCKETS]; /* live array handles */
+static alloc_rec *g_ipc[NBUCKETS];    /* IPC allocations opened here (fake_share.c) */
 static uint64_t g_used[FAKE_MAX_DEVICES];
 static uint64_t g_counter;
 static int g_initialized;
@@ -114,6 +120,9 @@ static void rec_put(alloc_rec **table, uint64_t key, uint64_t size, int dev) {
     r->refs = 1;
     r->pool = NULL;
     r->len = 0;
+    r->urefs = 1;
+    r->htypes = 0;
+    r->target = 0;
     unsigned b = bucket(key);
     r->next = table[b];
     table[b] = r;
@@ -133,6 +142,7 @@ static alloc_rec *rec_take(alloc_rec **table, uint64_t key) {
 
 static alloc_rec *find(alloc_rec **table, uint64_t key);
 static void handle_unref(uint64_t handle);
+#include "fake_share.h"
 
 /* Charges (or frees) bytes on CUDA ordinal dev and publishes them to the cross-process state
  * (FAKE_GPU_STATE, fake_devices.c) so other processes and the fake NVML see them. */
@@ -193,6 +203,18 @@ static CUresult release(alloc_rec **table, uint64_t key) {
     return CUDA_SUCCESS;
 }
 
+/* FAKE_CUDA_CTX_SIGNAL=PATH: once a context's memory is taken, create PATH and wait (up to 5 s)
+ * for PATH.done, so a test can make another process act while the context is being created. */
+static void ctx_signal(void) {
+    const char *path = getenv("FAKE_CUDA_CTX_SIGNAL");
+    if (!path || !*path) return;
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+    char done[4096];
+    snprintf(done, sizeof done, "%s.done", path);
+    for (int i = 0; i < 1000 && access(done, F_OK) != 0; i++) usleep(5000);
+}
+
 static CUresult ctx_charge(int dev, int sign) {
     uint64_t bytes = fake_context_bytes_on(fake_cuda_device(dev));
     CUresult rc = CUDA_SUCCESS;
@@ -206,6 +228,7 @@ static CUresult ctx_charge(int dev, int sign) {
     }
     fake_state_unlock();
     pthread_mutex_unlock(&g_mu);
+    if (sign > 0 && rc == CUDA_SUCCESS) ctx_signal();
     return rc;
 }
 
@@ -424,6 +447,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     NEED_CTX(c);
     if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
+    fake_exports_poll();
     *free_bytes = device_free(c->dev);
     pthread_mutex_unlock(&g_mu);
     *total_bytes = fake_cuda_device(c->dev)->total;
@@ -699,6 +723,7 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
 EXPORT CUresult fakeCudaHeldBytes(CUdevice dev, unsigned long long *bytes) {
     if (!bytes || dev < 0 || dev >= FAKE_MAX_DEVICES) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
+    fake_exports_poll();
     *bytes = g_used[dev];
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
@@ -1021,17 +1046,85 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                prop->location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    return charge(dev, size, handle, g_handles);
+    if (prop->requestedHandleTypes & ~(FAKE_HANDLE_TYPE_FD | FAKE_HANDLE_TYPE_FABRIC)) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = charge(dev, size, handle, g_handles);
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_mu);
+        find(g_handles, *handle)->htypes = prop->requestedHandleTypes;
+        pthread_mutex_unlock(&g_mu);
+    }
+    return rc;
 }
 
+/* The program's reference goes; the memory stays while mappings, imported handles or exported
+ * shareable handles (fake_share.c) still refer to it. A released handle is invalid. */
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     NEED_INIT();
     pthread_mutex_lock(&g_mu);
-    int known = find(g_handles, handle) != NULL;
-    if (known) handle_unref(handle);
+    fake_exports_poll();
+    alloc_rec *r = find(g_handles, handle);
+    int known = r != NULL && r->urefs > 0;
+    if (known) {
+        r->urefs--;
+        handle_unref(handle);
+    }
     pthread_mutex_unlock(&g_mu);
     return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+
+/* ---- for fake_share.c (caller holds the lock) ---- */
+void fake_lock(void) { pthread_mutex_lock(&g_mu); }
+void fake_unlock(void) { pthread_mutex_unlock(&g_mu); }
+/* A handle the program may use (not released): its allocation's size, device and handle types. */
+int fake_vmm_valid(uint64_t h, uint64_t *size, int *dev, int *types) {
+    alloc_rec *r = find(g_handles, h);
+    if (!r || r->urefs <= 0) return 0;
+    alloc_rec *a = r->target ? find(g_handles, r->target) : r;
+    if (!a) return 0;
+    if (size) *size = a->size;
+    if (dev) *dev = a->dev;
+    if (types) *types = a->htypes;
+    return 1;
+}
+int fake_vmm_exists(uint64_t h) { return find(g_handles, h) != NULL; }
+uint64_t fake_vmm_root(uint64_t h) {
+    alloc_rec *r = find(g_handles, h);
+    return r && r->target ? r->target : h;
+}
+void fake_vmm_ref(uint64_t h) {
+    alloc_rec *r = find(g_handles, h);
+    if (r) r->refs++;
+}
+void fake_vmm_unref(uint64_t h) { handle_unref(h); }
+/* A new program handle referring to root's allocation (an import). */
+uint64_t fake_vmm_alias(uint64_t root) {
+    uint64_t key = (0x6ULL << 52) | ((++g_counter) << 12);
+    rec_put(g_handles, key, 0, -1);
+    find(g_handles, key)->target = root;
+    fake_vmm_ref(root);
+    return key;
+}
+/* For IPC: the allocation at a device pointer (exact or inside). */
+int fake_ptr_range(uint64_t p, uint64_t *base, uint64_t *size, int *dev) {
+    alloc_rec *r = find(g_ptrs, p);
+    if (!r) r = find(g_ipc, p);
+    for (unsigned b = 0; !r && b < NBUCKETS; b++) {
+        for (alloc_rec *q = g_ptrs[b]; q && !r; q = q->next)
+            if (p >= q->key && p - q->key < q->size) r = q;
+        for (alloc_rec *q = g_ipc[b]; q && !r; q = q->next)
+            if (p >= q->key && p - q->key < q->size) r = q;
+    }
+    if (!r) return 0;
+    *base = r->key;
+    *size = r->size;
+    *dev = r->dev >= 0 ? r->dev : (r->pool ? r->pool->dev : -1);
+    return 1;
+}
+/* For IPC: charges an opened allocation to this process (key in the IPC table). */
+CUresult fake_ipc_charge(int dev, uint64_t size, uint64_t *key) {
+    return charge(dev, size, (unsigned long long *)key, g_ipc);
+}
+CUresult fake_ipc_release(uint64_t key) { return release(g_ipc, key); }
 
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
                                     unsigned long long flags) {
@@ -1060,7 +1153,8 @@ static void handle_unref(uint64_t handle) {
     alloc_rec *r = find(g_handles, handle);
     if (!r || --r->refs > 0) return;
     r = rec_take(g_handles, handle);
-    if (r->dev >= 0) used_add(r->dev, -(int64_t)(r->size));
+    if (r->target) handle_unref(r->target); /* an imported handle: its allocation loses a reference */
+    else if (r->dev >= 0) used_add(r->dev, -(int64_t)(r->size));
     free(r);
 }
 
@@ -1073,6 +1167,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     if (!ptr || !size || !h) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     alloc_rec *hr = find(g_handles, h);
+    if (hr && hr->urefs <= 0) hr = NULL; /* released: not the program's to map any more */
     if (hr) {
         hr->refs++;
         rec_put(g_maps, ptr, h, -1);
@@ -1123,7 +1218,10 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, voi
     if (found) {
         *h = found->size;
         alloc_rec *hr = find(g_handles, found->size);
-        if (hr) hr->refs++;
+        if (hr) {
+            hr->refs++;
+            hr->urefs++;
+        }
     }
     pthread_mutex_unlock(&g_mu);
     return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
@@ -1346,6 +1444,13 @@ static const proc_entry g_procs[] = {
     P("cuMemMap", 10020, 0, cuMemMap, NULL),
     P("cuMemUnmap", 10020, 0, cuMemUnmap, NULL),
     P("cuMemRetainAllocationHandle", 11000, 0, cuMemRetainAllocationHandle, NULL),
+    P("cuMemExportToShareableHandle", 10020, 0, cuMemExportToShareableHandle, NULL),
+    P("cuMemImportFromShareableHandle", 10020, 0, cuMemImportFromShareableHandle, NULL),
+    P("cuIpcGetMemHandle", 4010, 0, cuIpcGetMemHandle, NULL),
+    P("cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle, NULL),
+    P("cuIpcOpenMemHandle", 11000, 0, cuIpcOpenMemHandle_v2, NULL),
+    P("cuIpcCloseMemHandle", 4010, 0, cuIpcCloseMemHandle, NULL),
+    P("cuMemGetAddressRange", 3020, 0, cuMemGetAddressRange_v2, NULL),
     P("cuGetErrorName", 6000, 0, cuGetErrorName, NULL),
     P("cuArrayCreate", 3020, 0, cuArrayCreate_v2, NULL),
     P("cuArrayCreate", 2000, 0, cuArrayCreate, NULL),

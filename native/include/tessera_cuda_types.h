@@ -117,6 +117,12 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* CUmemAllocationHandleType: what a VMM allocation may be exported as (cuMemExportToShareableHandle). */
+enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1, CU_MEM_HANDLE_TYPE_FABRIC = 8 };
+typedef struct { unsigned char data[64]; } CUmemFabricHandle;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+enum { CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1 };
+
 typedef struct {
     int allocType;   /* CUmemAllocationType */
     int handleTypes; /* CUmemAllocationHandleType */

@@ -104,13 +104,20 @@ CUresult ts_reserve(int mode, int ordinal, uint64_t size, int *rdev, const char 
 
 static void track(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind) {
     if (rdev < 0) return;
-    pthread_mutex_lock(&ts_tab_mu);
-    int rc = ts_table_put(t, key, size, rdev, ordinal, kind);
-    pthread_mutex_unlock(&ts_tab_mu);
+    int rc;
+    if (!t) { /* the device-pointer table (ptrs.c) */
+        ts_record r = {.key = key, .size = size, .rdev = rdev, .ordinal = ordinal, .kind = kind};
+        rc = ts_ptrs_put(&r);
+    } else {
+        pthread_mutex_lock(&ts_tab_mu);
+        rc = ts_table_put(t, key, size, rdev, ordinal, kind);
+        pthread_mutex_unlock(&ts_tab_mu);
+    }
     if (rc != 0) ts_log(TS_LOG_WARN, "cannot record allocation %#llx; it stays charged", (unsigned long long)key);
 }
 
 static int untrack(ts_table *t, uint64_t key, ts_record *out) {
+    if (!t) return ts_ptrs_take(key, out);
     pthread_mutex_lock(&ts_tab_mu);
     int found = ts_table_take(t, key, out);
     pthread_mutex_unlock(&ts_tab_mu);
@@ -123,7 +130,10 @@ void ts_track(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, i
 
 int ts_untrack(ts_table *t, uint64_t key, ts_record *out) { return untrack(t, key, out); }
 
-static void retrack(ts_table *t, const ts_record *r) { track(t, r->key, r->size, r->rdev, r->ordinal, r->kind); }
+static void retrack(ts_table *t, const ts_record *r) {
+    if (!t) ts_ptrs_put(r); /* the whole record (a pool allocation keeps its pool in aux) */
+    else track(t, r->key, r->size, r->rdev, r->ordinal, r->kind);
+}
 
 /* ---- synchronous allocations ---- */
 
@@ -143,7 +153,7 @@ CUresult ts_hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
     }
-    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_SYNC);
+    track(TS_PTRS, *dptr, size, rdev, ord, TS_KIND_SYNC);
     return rc;
 }
 
@@ -163,7 +173,7 @@ CUresult ts_hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int 
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
     }
-    track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_SYNC);
+    track(TS_PTRS, *dptr, size, rdev, ord, TS_KIND_SYNC);
     return rc;
 }
 
@@ -204,7 +214,7 @@ CUresult ts_hook_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t wid
     } else if (actual < guess) {
         ts_region_release(rdev, guess - actual);
     }
-    track(&ts_ptrs, *dptr, actual, rdev, ord, TS_KIND_SYNC);
+    track(TS_PTRS, *dptr, actual, rdev, ord, TS_KIND_SYNC);
     return rc;
 }
 
@@ -213,9 +223,9 @@ CUresult ts_hook_cuMemFree_v2(CUdeviceptr ptr) {
     NEED_REAL(cuMemFree_v2);
     free_fn real = REAL(cuMemFree_v2, free_fn);
     ts_record r;
-    if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(&ts_ptrs, ptr, &r)) return real(ptr);
+    if (ts_mode() == TS_MODE_PASSTHROUGH || !untrack(TS_PTRS, ptr, &r)) return real(ptr);
     CUresult rc = real(ptr);
-    if (rc != CUDA_SUCCESS) retrack(&ts_ptrs, &r);
+    if (rc != CUDA_SUCCESS) retrack(TS_PTRS, &r);
     else if (r.kind == TS_KIND_POOL || r.kind == TS_KIND_ASYNC) ts_pool_freed(&r); /* back to its pool */
     else ts_region_release(r.rdev, r.size);
     return rc;
@@ -317,22 +327,25 @@ CUresult ts_hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
     return rc;
 }
 
-/* Adds delta to a handle's count (caller holds ts_tab_mu); at zero the record moves to *gone. */
+/* Adds delta to a handle's count (caller holds ts_tab_mu); at zero the record moves to *gone and
+ * 2 is returned (the caller gives the charge back) — or 3 for an exported (pinned) allocation,
+ * whose charge stays until the process exits (hooks_share.c). */
 static int handle_ref(uint64_t handle, int delta, ts_record *gone) {
     ts_record *r = ts_table_find(&ts_handles, handle);
     if (!r) return 0;
     r->refs += delta;
     if (r->refs <= 0) {
         ts_record dropped;
-        ts_table_take(&ts_handles, handle, gone ? gone : &dropped);
-        return 2;
+        if (!gone) gone = &dropped;
+        ts_table_take(&ts_handles, handle, gone);
+        return gone->kind == TS_KIND_PINNED ? 3 : 2;
     }
     return 1;
 }
 
 static void handle_unref_undo(const ts_record *gone, int state) {
     /* caller holds ts_tab_mu: put back what handle_ref(-1) changed */
-    if (state == 2) {
+    if (state == 2 || state == 3) {
         ts_record r = *gone;
         r.refs = 1;
         ts_table_put_record(&ts_handles, &r);
@@ -533,13 +546,18 @@ static void measure_begin(int mode, int dev, measuring *m) {
  * settled to it (*charged updated). Returns 0 if the settled charge no longer fits the limit: the
  * charge has then been given back entirely and the caller undoes the context.
  */
-static int measure_end(measuring *m, int dev, int created, int rdev, uint64_t *charged) {
+static int measure_end(measuring *m, int dev, CUcontext ctx, int created, int rdev, uint64_t *charged) {
     if (!m->active) return 1;
     m->active = 0;
-    int fits = 1;
+    int fits = 1, exact = 0;
     const char *how;
-    uint64_t bytes = ts_ctx_probe_after(&m->probe, dev, &how);
     ts_dev *d = ts_device(dev);
+    uint64_t bytes = ts_ctx_probe_after(&m->probe, dev, created ? ctx : NULL, rdev, d ? d->limit : 0, &exact, &how);
+    if (bytes && !exact && d && bytes < d->ctx_overhead) {
+        TS_INFO("device %d: context memory read as %llu bytes from %s; the default %llu bytes is charged", dev,
+                (unsigned long long)bytes, how, (unsigned long long)d->ctx_overhead);
+        bytes = 0; /* a lower bound below the default: the default stands */
+    }
     if (created && d) {
         if (bytes) {
             TS_INFO("device %d: a CUDA context holds %llu bytes (measured from %s); each context is charged that",
@@ -587,7 +605,7 @@ CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         rc = real(pctx, dev);
         if (rc == CUDA_SUCCESS) {
             ts_primary_refs[dev]++;
-            if (!measure_end(&m, dev, creating, rdev, &overhead)) {
+            if (!measure_end(&m, dev, pctx ? *pctx : NULL, creating, rdev, &overhead)) {
                 dev_fn release = ts_real.cuDevicePrimaryCtxRelease_v2 ? REAL(cuDevicePrimaryCtxRelease_v2, dev_fn)
                                                                       : REAL(cuDevicePrimaryCtxRelease, dev_fn);
                 if (release) release(dev);
@@ -599,7 +617,7 @@ CUresult ts_hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         }
     }
     pthread_mutex_unlock(&ts_tab_mu);
-    measure_end(&m, dev, 0, -1, &overhead);
+    measure_end(&m, dev, NULL, 0, -1, &overhead);
     return rc;
 }
 
@@ -643,7 +661,7 @@ static CUresult primary_reset(dev_fn real, CUdevice dev) {
         ts_primary_refs[dev] = 0;
         /* With other contexts on the device we cannot tell whose allocations died: keep them
          * charged (over-counting never lets a workload past its limit). */
-        if (ts_custom_ctxs[dev] == 0) ts_table_drop_ordinal(&ts_ptrs, dev, TS_KIND_SYNC, sums);
+        if (ts_custom_ctxs[dev] == 0) ts_ptrs_drop_ordinal(dev, TS_KIND_SYNC, sums);
     }
     pthread_mutex_unlock(&ts_tab_mu);
     for (int i = 0; i < TS_MAX_DEVICES; i++)
@@ -675,18 +693,18 @@ static CUresult ctx_reserve(int dev, int *rdev, uint64_t *charged, measuring *m)
     measure_begin(mode, dev, m);
     *charged = overhead_of(dev);
     CUresult rc = reserve_settling(mode, dev, *charged, rdev, "context creation");
-    if (rc != CUDA_SUCCESS) measure_end(m, dev, 0, -1, charged);
+    if (rc != CUDA_SUCCESS) measure_end(m, dev, NULL, 0, -1, charged);
     return rc;
 }
 
 static CUresult ctx_created(CUresult rc, CUcontext *pctx, int dev, int rdev, uint64_t charged, measuring *m) {
     if (rc != CUDA_SUCCESS || !pctx) {
-        measure_end(m, dev, 0, -1, &charged);
+        measure_end(m, dev, NULL, 0, -1, &charged);
         if (rdev >= 0) ts_region_release(rdev, charged);
         return rc;
     }
     if (ts_mode() != TS_MODE_LIMITED || dev < 0 || dev >= TS_MAX_DEVICES) return rc;
-    if (!measure_end(m, dev, 1, rdev, &charged)) {
+    if (!measure_end(m, dev, *pctx, 1, rdev, &charged)) {
         if (ts_real.cuCtxDestroy_v2) REAL(cuCtxDestroy_v2, ctx_destroy_fn)(*pctx);
         *pctx = NULL;
         return CUDA_ERROR_OUT_OF_MEMORY;

@@ -48,7 +48,7 @@ CUresult ts_hook_cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int size) {
         if (rdev >= 0) ts_region_release(rdev, size);
         return rc;
     }
-    ts_track(&ts_ptrs, (uint64_t)*dptr, size, rdev, ord, TS_KIND_SYNC);
+    ts_track(TS_PTRS, (uint64_t)*dptr, size, rdev, ord, TS_KIND_SYNC);
     return rc;
 }
 
@@ -82,7 +82,7 @@ CUresult ts_hook_cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsi
     } else if (rdev >= 0 && actual < guess) {
         ts_region_release(rdev, guess - actual);
     }
-    ts_track(&ts_ptrs, (uint64_t)*dptr, actual, rdev, ord, TS_KIND_SYNC);
+    ts_track(TS_PTRS, (uint64_t)*dptr, actual, rdev, ord, TS_KIND_SYNC);
     return rc;
 }
 
@@ -91,9 +91,9 @@ CUresult ts_hook_cuMemFree(CUdeviceptr_v1 ptr) {
     NEED_REAL(cuMemFree);
     free_v1_fn real = REAL(cuMemFree, free_v1_fn);
     ts_record r;
-    if (ts_mode() == TS_MODE_PASSTHROUGH || !ts_untrack(&ts_ptrs, (uint64_t)ptr, &r)) return real(ptr);
+    if (ts_mode() == TS_MODE_PASSTHROUGH || !ts_untrack(TS_PTRS, (uint64_t)ptr, &r)) return real(ptr);
     CUresult rc = real(ptr);
-    if (rc != CUDA_SUCCESS) ts_track(&ts_ptrs, r.key, r.size, r.rdev, r.ordinal, r.kind);
+    if (rc != CUDA_SUCCESS) ts_track(TS_PTRS, r.key, r.size, r.rdev, r.ordinal, r.kind);
     else ts_region_release(r.rdev, r.size);
     return rc;
 }

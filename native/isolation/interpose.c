@@ -197,7 +197,8 @@ __attribute__((noinline)) static void *refuse_unknown_abi(const char *how, const
 }
 
 static pthread_mutex_t g_bind_mu = PTHREAD_MUTEX_INITIALIZER;
-static int g_bound[2];
+int ts_bound[2]; /* read inline by BIND_OR_FAIL (state.h) */
+#define g_bound ts_bound
 
 static void *open_driver(const char *soname) {
     void *h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
@@ -457,6 +458,14 @@ static const ts_variant g_variants[] = {
     {"cuGraphAddNode", "cuGraphAddNode", 12020, 0},
     {"cuGraphAddNode", "cuGraphAddNode_v2", 12030, 0},
     {"cuCtxSetLimit", "cuCtxSetLimit", 3010, 0},
+    {"cuMemExportToShareableHandle", "cuMemExportToShareableHandle", 10020, 0},
+    {"cuMemImportFromShareableHandle", "cuMemImportFromShareableHandle", 10020, 0},
+    {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle", 4010, 0},
+    {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", 11000, 0},
+    {"cuIpcCloseMemHandle", "cuIpcCloseMemHandle", 4010, 0},
+    {"cuMemPoolExportToShareableHandle", "cuMemPoolExportToShareableHandle", 11020, 0},
+    {"cuMemPoolImportFromShareableHandle", "cuMemPoolImportFromShareableHandle", 11020, 0},
+    {"cuMemPoolImportPointer", "cuMemPoolImportPointer", 11020, 0},
     {"cuGetProcAddress", "cuGetProcAddress", 11030, 0},
     {"cuGetProcAddress", "cuGetProcAddress_v2", 12000, 0},
     TS_LAUNCH_VARIANTS

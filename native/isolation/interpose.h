@@ -26,7 +26,10 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuMemAlloc) X(cuMemAllocPitch) X(cuMemFree) X(cuMemGetInfo) X(cuDeviceTotalMem)           \
     X(cuCtxCreate) X(cuCtxDestroy)                                                              \
     X(cuMemPoolTrimTo) X(cuGraphAddMemAllocNode) X(cuGraphAddNode) X(cuGraphAddNode_v2)         \
-    X(cuCtxSetLimit) X(cuArrayCreate) X(cuArray3DCreate) TS_LAUNCH_HOOKS(X)
+    X(cuCtxSetLimit) X(cuArrayCreate) X(cuArray3DCreate)                                       \
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuIpcOpenMemHandle)     \
+    X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuMemPoolExportToShareableHandle)         \
+    X(cuMemPoolImportFromShareableHandle) X(cuMemPoolImportPointer) TS_LAUNCH_HOOKS(X)
 
 #define TS_NVML_HOOKS(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 
@@ -35,7 +38,8 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)           \
     X(cuStreamGetCtx) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceGetCount)              \
     X(cuDeviceGetName) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolGetAttribute) \
-    X(cuStreamIsCapturing) X(cuCtxGetLimit) X(cuDeviceGetAttribute) TS_LAUNCH_HELPERS(X)
+    X(cuStreamIsCapturing) X(cuCtxGetLimit) X(cuDeviceGetAttribute) X(cuMemGetAddressRange_v2)       \
+    TS_LAUNCH_HELPERS(X)
 
 #define TS_NVML_HELPERS(X) X(nvmlDeviceGetUUID) X(nvmlDeviceGetIndex) X(nvmlInit_v2) X(nvmlShutdown)   \
     X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetComputeRunningProcesses)                        \
@@ -59,6 +63,7 @@ typedef struct {
 void *ts_real_dlsym(void *handle, const char *name);
 
 int ts_bind(int lib);
+extern int ts_bound[2]; /* 1 once ts_bind(lib) succeeded */
 void ts_bind_lock(void);
 void ts_bind_unlock(void);
 void ts_bind_reinit(void);
@@ -117,6 +122,14 @@ CUresult ts_hook_cuGraphAddNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, 
 CUresult ts_hook_cuCtxSetLimit(int, size_t);
 CUresult ts_hook_cuArrayCreate(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *);
 CUresult ts_hook_cuArray3DCreate(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *);
+CUresult ts_hook_cuMemExportToShareableHandle(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+CUresult ts_hook_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *, void *, int);
+CUresult ts_hook_cuIpcOpenMemHandle(CUdeviceptr *, CUipcMemHandle, unsigned int);
+CUresult ts_hook_cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned int);
+CUresult ts_hook_cuIpcCloseMemHandle(CUdeviceptr);
+CUresult ts_hook_cuMemPoolExportToShareableHandle(void *, CUmemoryPool, int, unsigned long long);
+CUresult ts_hook_cuMemPoolImportFromShareableHandle(CUmemoryPool *, void *, int, unsigned long long);
+CUresult ts_hook_cuMemPoolImportPointer(CUdeviceptr *, CUmemoryPool, void *);
 nvmlReturn_t ts_hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t ts_hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
 

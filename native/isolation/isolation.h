@@ -101,7 +101,8 @@ typedef struct {
     uint64_t aux;   /* VMM mappings: the handle mapped there */
 } ts_record;
 
-enum { TS_KIND_SYNC = 0, TS_KIND_ASYNC = 1, TS_KIND_OTHER = 2, TS_KIND_POOL = 3 };
+/* TS_KIND_PINNED: a VMM allocation exported to other processes (hooks_share.c): charged until exit. */
+enum { TS_KIND_SYNC = 0, TS_KIND_ASYNC = 1, TS_KIND_OTHER = 2, TS_KIND_POOL = 3, TS_KIND_PINNED = 4 };
 
 typedef struct {
     ts_record *slots;
@@ -118,5 +119,13 @@ int ts_table_take_range(ts_table *t, uint64_t lo, uint64_t hi, ts_record *out);
 void ts_table_clear(ts_table *t);
 /* Removes every record of one CUDA ordinal and kind; adds their bytes per region device to sums. */
 void ts_table_drop_ordinal(ts_table *t, int ordinal, int kind, uint64_t sums[TS_MAX_DEVICES]);
+
+/* ---- charged device pointers, sharded by address (ptrs.c) ---- */
+int ts_ptrs_put(const ts_record *r);
+int ts_ptrs_take(uint64_t key, ts_record *out);
+void ts_ptrs_drop_ordinal(int ordinal, int kind, uint64_t sums[TS_MAX_DEVICES]);
+void ts_ptrs_fork_prepare(void);
+void ts_ptrs_fork_parent(void);
+void ts_ptrs_fork_child(void);
 
 #endif

@@ -364,7 +364,20 @@ enum { FITS = 1, LOAN_REFUSED = 0, SHORT = 2 };
 /* Decides over the live entries, this process's already holding what it asks for (published).
  * check_alive: skip entries whose process is dead (an F_OFD_GETLK each). Dead entries are never
  * cleared here (a process may be claiming one right now); take_entry reuses them. */
-static int decide(loan_dev *ld, int check_alive, uint64_t *free_now) {
+typedef CUresult (*mem_info_fn)(size_t *, size_t *);
+
+/* Bytes the driver says the device holds beside `mine` (this workload's charge); UINT64_MAX when
+ * it cannot say (the claims then stand: a loan is refused rather than granted on doubt). */
+static uint64_t driver_used_by_others(uint64_t mine) {
+    size_t free_b = 0, total_b = 0;
+    if (!ts_real.cuMemGetInfo_v2 || ((mem_info_fn)ts_real.cuMemGetInfo_v2)(&free_b, &total_b) != CUDA_SUCCESS ||
+        free_b > total_b)
+        return UINT64_MAX;
+    uint64_t used = total_b - free_b;
+    return used > mine ? used - mine : 0;
+}
+
+static int decide(loan_dev *ld, int check_alive, uint64_t size, uint64_t *free_now) {
     uint32_t hwm = __atomic_load_n(&ld->hdr->hwm, __ATOMIC_ACQUIRE);
     if (hwm > LEDGER_ENTRIES) hwm = LEDGER_ENTRIES;
     /* Per share: charged and request (entries of one share agree on the request). */
@@ -391,15 +404,25 @@ static int decide(loan_dev *ld, int check_alive, uint64_t *free_now) {
         }
         shares[k].charged = shares[k].charged + c < shares[k].charged ? UINT64_MAX : shares[k].charged + c;
     }
-    uint64_t reserved_others = 0;
+    /* What the others keep back: their requests, plus their loans (charged above the request). */
+    uint64_t requests = 0, loans = 0;
     for (int k = 0; k < n; k++) {
-        uint64_t r = shares[k].charged > shares[k].request ? shares[k].charged : shares[k].request;
-        reserved_others = reserved_others + r < reserved_others ? UINT64_MAX : reserved_others + r;
+        uint64_t r = shares[k].request, l = shares[k].charged > r ? shares[k].charged - r : 0;
+        requests = requests + r < requests ? UINT64_MAX : requests + r;
+        loans = loans + l < loans ? UINT64_MAX : loans + l;
     }
     uint64_t cap = ld->capacity;
     *free_now = used < cap ? cap - used : 0;
     if (mine <= ld->request) return used <= cap ? FITS : SHORT;
-    /* Above the request: only from memory no other workload is guaranteed. */
+    /* Above the request: only from memory no other workload is guaranteed. Every entry is written
+     * by its own tenant, so what the others claim is bounded by what is true (issue #28): their
+     * loans by what the driver says the device holds beside this workload's charge, their
+     * requests by what this workload's own request leaves of the capacity. */
+    uint64_t others_real = driver_used_by_others(mine > size ? mine - size : 0);
+    if (loans > others_real) loans = others_real;
+    uint64_t room = cap > ld->request ? cap - ld->request : 0;
+    if (requests > room) requests = room;
+    uint64_t reserved_others = requests + loans < requests ? UINT64_MAX : requests + loans;
     return reserved_others <= cap && mine <= cap - reserved_others ? FITS : LOAN_REFUSED;
 }
 
@@ -423,8 +446,8 @@ static int try_charge(loan_dev *ld, uint64_t size, uint64_t *free_now) {
             nanosleep(&pause, NULL);
         }
         publish(ld, size);
-        r = decide(ld, 0, free_now);
-        if (r != FITS) r = decide(ld, 1, free_now); /* the dead hold nothing */
+        r = decide(ld, 0, size, free_now);
+        if (r != FITS) r = decide(ld, 1, size, free_now); /* the dead hold nothing */
         if (r == FITS) return r;
         withdraw(ld, size);
     }
@@ -446,8 +469,6 @@ int ts_loans_retry_driver(int rdev) {
     return 1;
 }
 
-typedef CUresult (*mem_info_fn)(size_t *, size_t *);
-
 /* The ledger says the GPU is short; does the driver agree? A ledger entry is written by its own
  * process (any tenant can write any entry), so a within-request allocation is held back only
  * when the driver's free memory (beside the headroom) is short too. */
@@ -460,10 +481,10 @@ static int driver_short(loan_dev *ld, uint64_t size) {
 }
 
 int ts_loans_reserve(int rdev, uint64_t size) {
-    t_reclaim_deadline = 0;
     if (rdev < 0 || rdev >= TS_MAX_DEVICES) return 1;
     loan_dev *ld = &g_dev[rdev];
-    if (ld->state == 0) return 1;
+    if (ld->state == 0) return 1; /* no loans on this device (ts_loans_retry_driver never reads the deadline) */
+    t_reclaim_deadline = 0;
     if (ld->state < 0) return 0;
     uint64_t deadline = 0;
     int waited = 0;

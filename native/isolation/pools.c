@@ -185,7 +185,7 @@ CUresult ts_pool_alloc(void *real, int with_pool, CUdeviceptr *dptr, size_t size
             if (rdev >= 0) ts_region_release(rdev, size);
             return rc;
         }
-        ts_track(&ts_ptrs, *dptr, size, rdev, ord, TS_KIND_ASYNC);
+        ts_track(TS_PTRS, *dptr, size, rdev, ord, TS_KIND_ASYNC);
         return rc;
     }
     uint64_t reserved = 0, used = 0, need = size;
@@ -212,7 +212,7 @@ CUresult ts_pool_alloc(void *real, int with_pool, CUdeviceptr *dptr, size_t size
     ts_record a = {.key = *dptr, .size = size, .rdev = pr.rdev, .ordinal = ord, .kind = TS_KIND_POOL, .aux = key};
     uint64_t extra = 0;
     pthread_mutex_lock(&ts_tab_mu);
-    ts_table_put_record(&ts_ptrs, &a);
+    ts_ptrs_put(&a);
     ts_record *r = ts_table_find(&ts_pools, key);
     if (r) r->aux += size;
     uint64_t now;
@@ -243,11 +243,11 @@ CUresult ts_pool_alloc(void *real, int with_pool, CUdeviceptr *dptr, size_t size
 CUresult ts_pool_free(void *real, CUdeviceptr ptr, CUstream s) {
     free_async_fn f = (free_async_fn)real;
     ts_record r;
-    if (ts_mode() == TS_MODE_PASSTHROUGH || !ts_untrack(&ts_ptrs, ptr, &r)) return f(ptr, s);
+    if (ts_mode() == TS_MODE_PASSTHROUGH || !ts_untrack(TS_PTRS, ptr, &r)) return f(ptr, s);
     CUresult rc = f(ptr, s);
     if (rc != CUDA_SUCCESS) {
         pthread_mutex_lock(&ts_tab_mu);
-        ts_table_put_record(&ts_ptrs, &r);
+        ts_ptrs_put(&r);
         pthread_mutex_unlock(&ts_tab_mu);
         return rc;
     }

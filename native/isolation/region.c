@@ -3,9 +3,10 @@
  * the per-device usage totals and one slot per process with what that process holds.
  *
  * Locking (survives a process killed at any instant):
- *  - every update happens under a robust, process-shared pthread mutex stored in the file; if
- *    its owner dies, the next locker gets EOWNERDEAD, reclaims dead slots and recomputes the
- *    totals from the remaining slots, so a half-done update is never trusted;
+ *  - charges and releases are lock-free (atomic updates in an order that can only over-count if
+ *    the process dies in the middle; see reclaim_slot); taking a slot, registering a device and
+ *    reclaiming dead processes' slots happen under a robust, process-shared pthread mutex stored
+ *    in the file; if its owner dies, the next locker gets EOWNERDEAD and reclaims dead slots;
  *  - each process holds an open-file-description lock (F_OFD_SETLK) on the first byte of its
  *    slot; the kernel drops it when the process dies, so "is the owner alive" is answered by
  *    F_OFD_GETLK, immune to PID reuse and PID namespaces;
@@ -115,28 +116,42 @@ static int slot_alive(int i, int fd) {
     return fl.l_type != F_UNLCK;
 }
 
-/* Reclaims the slots of dead processes; with recompute, rebuilds every total from the slots. */
-static void sweep(int recompute) {
+/*
+ * Charges are lock-free (issue #28: no lock convoy between threads or processes). A charge adds
+ * to the device total first (a compare-and-swap against the limit) and then to the process's
+ * slot; a release takes from the slot first and then from the total. So at every instant a
+ * process's slot is at most what it contributed to the total, and reclaiming a dead process's
+ * slot (subtracting what the slot says) can only leave the total too high, never too low: a
+ * process killed between its two updates over-counts (fails closed) until every process of the
+ * workload is gone, when the next one to attach finds nobody alive and starts the totals afresh.
+ * Sweeps run under the lock (one sweeper at a time); the slot is released before its bytes are
+ * subtracted, so a sweeper killed in between also only over-counts.
+ */
+static void reclaim_slot(region_slot *s) {
+    uint64_t used[REGION_DEVICES];
+    for (int d = 0; d < REGION_DEVICES; d++) used[d] = __atomic_load_n(&s->used[d], __ATOMIC_ACQUIRE);
+    TS_DEBUG("reclaiming the slot of dead process %d", s->pid);
+    memset(s, 0, sizeof *s);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    for (int d = 0; d < REGION_DEVICES; d++) {
+        if (!used[d]) continue;
+        uint64_t cur = __atomic_load_n(&g_hdr->devices[d].used, __ATOMIC_RELAXED);
+        uint64_t next;
+        do next = cur - (used[d] < cur ? used[d] : cur);
+        while (!__atomic_compare_exchange_n(&g_hdr->devices[d].used, &cur, next, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_RELAXED));
+    }
+}
+
+/* Reclaims the slots of dead processes (caller holds the lock). */
+static void sweep(int unused) {
+    (void)unused;
     uint32_t hwm = g_hdr->slot_hwm > REGION_SLOTS ? REGION_SLOTS : g_hdr->slot_hwm;
     int fd = region_fd();
     for (uint32_t i = 0; i < hwm; i++) {
         region_slot *s = &g_slots[i];
         if (!s->in_use || slot_alive((int)i, fd)) continue;
-        TS_DEBUG("reclaiming slot %u of dead process %d", i, s->pid);
-        if (!recompute) {
-            for (int d = 0; d < REGION_DEVICES; d++) {
-                uint64_t u = s->used[d];
-                g_hdr->devices[d].used -= u < g_hdr->devices[d].used ? u : g_hdr->devices[d].used;
-            }
-        }
-        memset(s, 0, sizeof *s);
-    }
-    if (recompute) {
-        uint64_t sums[REGION_DEVICES] = {0};
-        for (uint32_t i = 0; i < hwm; i++)
-            if (g_slots[i].in_use)
-                for (int d = 0; d < REGION_DEVICES; d++) sums[d] += g_slots[i].used[d];
-        for (int d = 0; d < REGION_DEVICES; d++) g_hdr->devices[d].used = sums[d];
+        reclaim_slot(s);
     }
 }
 
@@ -182,7 +197,7 @@ static int locked(int rc, long ms) {
         int holder = __atomic_load_n(&g_hdr->holder_pid, __ATOMIC_RELAXED);
         if (!g_lock_stuck || ts_log_level >= TS_LOG_DEBUG)
             ts_log(TS_LOG_ERROR, "the shared region lock has been held for more than %ld ms by process %d "
-                   "(stopped?); GPU memory allocations are refused until it is released", ms, holder);
+                   "(stopped?); processes of the workload that have not charged anything yet are refused until it is released (allocations of the others go on)", ms, holder);
         g_lock_stuck = 1;
         return -1;
     }
@@ -340,6 +355,18 @@ void ts_region_detach_after_fork(void) {
     g_pid = 0;
 }
 
+/* Nobody else of the workload is alive (and this process has charged nothing yet: charges need a
+ * slot): whatever the totals say is left over by processes killed mid-update; start afresh. */
+static void heal_if_alone(int mine, int fd) {
+    if (fd < 0) return;
+    uint32_t hwm = g_hdr->slot_hwm > REGION_SLOTS ? REGION_SLOTS : g_hdr->slot_hwm;
+    for (uint32_t i = 0; i < hwm; i++)
+        if ((int)i != mine && g_slots[i].in_use && slot_alive((int)i, fd)) return;
+    for (uint32_t i = 0; i < hwm; i++) /* the dead ones' slots go with what they counted */
+        if ((int)i != mine && g_slots[i].in_use) memset(&g_slots[i], 0, sizeof g_slots[i]);
+    for (int d = 0; d < REGION_DEVICES; d++) __atomic_store_n(&g_hdr->devices[d].used, 0, __ATOMIC_RELEASE);
+}
+
 static int take_slot_locked(void) {
     int fd = region_fd();
     if (g_fd >= 0 && fd < 0) return -1; /* the region's descriptor is gone: no slot lock to take */
@@ -354,6 +381,7 @@ static int take_slot_locked(void) {
             memset(s, 0, sizeof *s);
             s->pid = (int32_t)getpid();
             s->in_use = 1;
+            heal_if_alone(i, fd);
             if ((uint32_t)i + 1 > g_hdr->slot_hwm) g_hdr->slot_hwm = (uint32_t)i + 1;
             g_my_slot = i;
             TS_DEBUG("took slot %d of the shared region", i);
@@ -406,29 +434,44 @@ uint64_t ts_region_limit(int rdev) {
     return __atomic_load_n(&g_hdr->devices[rdev].limit, __ATOMIC_ACQUIRE);
 }
 
-static int region_reserve(int rdev, uint64_t size, uint64_t limit) {
+static int attach_slot(void) {
+    if (__atomic_load_n(&g_my_slot, __ATOMIC_ACQUIRE) >= 0) return 0;
     if (region_lock() != 0) return -1;
-    if (g_my_slot < 0 && take_slot_locked() != 0) {
-        region_unlock();
-        return -1;
-    }
-    region_device *d = &g_hdr->devices[rdev];
-    int ok = size <= limit && d->used <= limit - size;
-    if (!ok && sweep_due()) {
-        sweep(0);
-        ok = size <= limit && d->used <= limit - size;
-    }
-    if (ok) {
-        g_slots[g_my_slot].used[rdev] += size;
-        if (g_fault_stall && (g_fault_size == 0 || g_fault_size == size)) {
-            ssize_t w = write(STDERR_FILENO, "tessera-fault: stalled in lock\n", 31);
-            (void)w;
-            for (;;) pause();
-        }
-        d->used += size;
-    }
+    int rc = g_my_slot >= 0 ? 0 : take_slot_locked();
     region_unlock();
-    return ok;
+    return rc;
+}
+
+/* The test fault: the charge of the given size is made under the lock, which is then held forever
+ * with the total raised and the slot not (a half-made charge). */
+static void fault_stall(region_device *d, uint64_t size) {
+    if (region_lock() != 0) return;
+    __atomic_fetch_add(&d->used, size, __ATOMIC_ACQ_REL);
+    ssize_t w = write(STDERR_FILENO, "tessera-fault: stalled in lock\n", 31);
+    (void)w;
+    for (;;) pause();
+}
+
+static int region_reserve(int rdev, uint64_t size, uint64_t limit) {
+    if (attach_slot() != 0) return -1;
+    region_device *d = &g_hdr->devices[rdev];
+    if (size > limit) return 0;
+    if (g_fault_stall && (g_fault_size == 0 || g_fault_size == size)) fault_stall(d, size);
+    uint64_t cur = __atomic_load_n(&d->used, __ATOMIC_RELAXED);
+    for (int swept = 0;;) {
+        if (cur > limit - size) {
+            /* Over the limit: dead processes may still be counted (at most one sweep per interval). */
+            if (swept || !sweep_due() || region_lock() != 0) return 0;
+            sweep(0);
+            region_unlock();
+            swept = 1;
+            cur = __atomic_load_n(&d->used, __ATOMIC_RELAXED);
+            continue;
+        }
+        if (__atomic_compare_exchange_n(&d->used, &cur, cur + size, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) break;
+    }
+    __atomic_fetch_add(&g_slots[g_my_slot].used[rdev], size, __ATOMIC_RELEASE);
+    return 1;
 }
 
 int ts_region_reserve(int rdev, uint64_t size, uint64_t limit) {
@@ -443,21 +486,24 @@ int ts_region_reserve(int rdev, uint64_t size, uint64_t limit) {
 
 void ts_region_release(int rdev, uint64_t size) {
     if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES || g_my_slot < 0) return;
-    if (region_lock() != 0) return;
     region_slot *s = &g_slots[g_my_slot];
-    uint64_t mine = size < s->used[rdev] ? size : s->used[rdev];
-    s->used[rdev] -= mine;
+    uint64_t cur = __atomic_load_n(&s->used[rdev], __ATOMIC_RELAXED), mine;
+    do mine = size < cur ? size : cur;
+    while (!__atomic_compare_exchange_n(&s->used[rdev], &cur, cur - mine, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
     region_device *d = &g_hdr->devices[rdev];
-    d->used -= mine < d->used ? mine : d->used;
-    region_unlock();
+    uint64_t tot = __atomic_load_n(&d->used, __ATOMIC_RELAXED), sub;
+    do sub = mine < tot ? mine : tot;
+    while (!__atomic_compare_exchange_n(&d->used, &tot, tot - sub, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
     ts_loans_release(rdev, mine);
 }
 
 uint64_t ts_region_used(int rdev) {
     if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES) return 0;
-    if (region_lock() != 0) return UINT64_MAX;
-    sweep(0);
-    uint64_t used = g_hdr->devices[rdev].used;
-    region_unlock();
-    return used;
+    /* Sweeps for the dead when the lock is free; never waits for it (a stopped holder). */
+    int rc = pthread_mutex_trylock(&g_hdr->lock.mutex);
+    if (rc != EBUSY && locked(rc, 0) == 0) {
+        sweep(0);
+        region_unlock();
+    }
+    return __atomic_load_n(&g_hdr->devices[rdev].used, __ATOMIC_ACQUIRE);
 }

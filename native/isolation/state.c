@@ -12,7 +12,7 @@ ts_config ts_cfg;
 ts_dev ts_devs[TS_MAX_DEVICES];
 pthread_mutex_t ts_tab_mu = PTHREAD_MUTEX_INITIALIZER;
 pthread_mutex_t ts_measure_mu = PTHREAD_MUTEX_INITIALIZER;
-ts_table ts_ptrs, ts_handles, ts_maps, ts_ctxs, ts_pools, ts_arrays;
+ts_table ts_handles, ts_maps, ts_ctxs, ts_pools, ts_arrays;
 int ts_primary_refs[TS_MAX_DEVICES];
 int ts_custom_ctxs[TS_MAX_DEVICES];
 
@@ -167,9 +167,11 @@ static void prepare(void) {
     ts_bind_lock();
     pthread_mutex_lock(&g_init_mu);
     pthread_mutex_lock(&ts_tab_mu);
+    ts_ptrs_fork_prepare();
 }
 
 static void parent(void) {
+    ts_ptrs_fork_parent();
     pthread_mutex_unlock(&ts_tab_mu);
     pthread_mutex_unlock(&g_init_mu);
     ts_bind_unlock();
@@ -184,7 +186,8 @@ static void child(void) {
     ts_region_detach_after_fork();
     ts_loans_detach_after_fork();
     ts_compute_after_fork();
-    ts_table_clear(&ts_ptrs);
+    ts_ptrs_fork_child();
+    ts_share_after_fork();
     ts_table_clear(&ts_handles);
     ts_table_clear(&ts_maps);
     ts_table_clear(&ts_arrays);

@@ -33,14 +33,16 @@ static int grow(ts_table *t) {
     return 0;
 }
 
-int ts_table_put(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind) {
+/* Inserts (or replaces: the driver reused an address we still hold) a whole record, one probe. */
+int ts_table_put_record(ts_table *t, const ts_record *r) {
+    uint64_t key = r->key;
     if (key == EMPTY || key == TOMBSTONE) return -1;
     if ((t->count + t->tombstones + 1) * 10 > t->cap * 7 && grow(t) != 0) return -1;
     size_t j = slot_of(key, t->cap);
     size_t reuse = (size_t)-1;
     while (t->slots[j].key != EMPTY) {
-        if (t->slots[j].key == key) { /* the driver reused an address we still hold: replace */
-            t->slots[j] = (ts_record){key, size, rdev, ordinal, kind, 0, 0};
+        if (t->slots[j].key == key) {
+            t->slots[j] = *r;
             return 0;
         }
         if (t->slots[j].key == TOMBSTONE && reuse == (size_t)-1) reuse = j;
@@ -50,9 +52,31 @@ int ts_table_put(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal
         j = reuse;
         t->tombstones--;
     }
-    t->slots[j] = (ts_record){key, size, rdev, ordinal, kind, 0, 0};
+    t->slots[j] = *r;
     t->count++;
     return 0;
+}
+
+int ts_table_put(ts_table *t, uint64_t key, uint64_t size, int rdev, int ordinal, int kind) {
+    ts_record r = {key, size, rdev, ordinal, kind, 0, 0};
+    return ts_table_put_record(t, &r);
+}
+
+/* Frees slot j. When the next slot is empty no probe runs through j, so it (and the tombstones
+ * just before it) become empty again: alloc/free churn leaves no tombstones to probe past. */
+static void remove_at(ts_table *t, size_t j) {
+    size_t mask = t->cap - 1;
+    t->count--;
+    if (t->slots[(j + 1) & mask].key != EMPTY) {
+        t->slots[j].key = TOMBSTONE;
+        t->tombstones++;
+        return;
+    }
+    t->slots[j].key = EMPTY;
+    for (size_t k = (j - 1) & mask; t->slots[k].key == TOMBSTONE && k != j; k = (k - 1) & mask) {
+        t->slots[k].key = EMPTY;
+        t->tombstones--;
+    }
 }
 
 int ts_table_take(ts_table *t, uint64_t key, ts_record *out) {
@@ -61,9 +85,7 @@ int ts_table_take(ts_table *t, uint64_t key, ts_record *out) {
     while (t->slots[j].key != EMPTY) {
         if (t->slots[j].key == key) {
             *out = t->slots[j];
-            t->slots[j].key = TOMBSTONE;
-            t->count--;
-            t->tombstones++;
+            remove_at(t, j);
             return 1;
         }
         j = (j + 1) & (t->cap - 1);
@@ -85,14 +107,6 @@ void ts_table_drop_ordinal(ts_table *t, int ordinal, int kind, uint64_t sums[TS_
         t->count--;
         t->tombstones++;
     }
-}
-
-int ts_table_put_record(ts_table *t, const ts_record *r) {
-    if (ts_table_put(t, r->key, r->size, r->rdev, r->ordinal, r->kind) != 0) return -1;
-    ts_record *in = ts_table_find(t, r->key);
-    in->refs = r->refs;
-    in->aux = r->aux;
-    return 0;
 }
 
 ts_record *ts_table_find(ts_table *t, uint64_t key) {

@@ -3,7 +3,9 @@
  * of the library (libtessera-cuda-asan.so, with libasan preloaded first) on the fake driver.
  * Random calls with hostile arguments: sizes near SIZE_MAX and 0, foreign and stale pointers,
  * double frees, pool memory freed by the synchronous API and the other way round, VMM handles
- * released twice, unmapped twice, mapped at odd ranges, context limits, NULL out-pointers.
+ * released twice, unmapped twice, mapped at odd ranges, context limits, NULL out-pointers, VMM
+ * handles exported and imported back (descriptors closed, junk descriptors, fabric handles),
+ * IPC handles opened and closed.
  * After every call the invariant is checked: what the driver holds for the process
  * (fakeCudaHeldBytes) is at most the limit. Any sanitizer finding aborts the run.
  *
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tessera_cuda_types.h"
 
@@ -50,6 +53,8 @@ static CUdeviceptr ptrs[POOL];
 static CUmemGenericAllocationHandle handles[POOL];
 static CUdeviceptr maps[POOL];
 static size_t map_size[POOL];
+static int fds[POOL];
+static unsigned char fabric[POOL][64];
 
 static CUdeviceptr any_ptr(void) {
     switch (next() % 4) {
@@ -85,7 +90,7 @@ int main(int argc, char **argv) {
         int slot = (int)(next() % POOL);
         CUdeviceptr p = 0;
         size_t sz = odd_size();
-        switch (next() % 20) {
+        switch (next() % 24) {
         case 0: F(CUresult(*)(CUdeviceptr *, size_t), "cuMemAlloc_v2")(next() % 16 ? &p : NULL, sz); break;
         case 1: F(CUresult(*)(CUdeviceptr), "cuMemFree_v2")(any_ptr()); break;
         case 2: F(CUresult(*)(CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync")(&p, sz, s); break;
@@ -105,6 +110,7 @@ int main(int argc, char **argv) {
             prop.type = 1;
             prop.location.type = next() % 6 ? CU_MEM_LOCATION_TYPE_DEVICE : (int)(next() % 5);
             prop.location.id = next() % 8 ? 0 : (int)next();
+            prop.requestedHandleTypes = (int[]){0, 1, 8, 9, 2}[next() % 5];
             size_t vs = next() % 2 ? (size_t)((next() % 64) + 1) << 21 : sz;
             F(CUresult(*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long),
               "cuMemCreate")(&handles[slot], vs, next() % 16 ? &prop : NULL, 0);
@@ -163,6 +169,48 @@ int main(int argc, char **argv) {
         case 19: {
             CUdeviceptr_v1 q = 0;
             F(CUresult(*)(CUdeviceptr_v1 *, unsigned), "cuMemAlloc")(&q, (unsigned)odd_size());
+            break;
+        }
+        case 20: { /* export a handle (descriptor, fabric, or a type it was not created for) */
+            int type = (int[]){1, 8, 2, 0}[next() % 4];
+            unsigned char out[64];
+            memset(out, 0, sizeof out);
+            if (F(CUresult(*)(void *, CUmemGenericAllocationHandle, int, unsigned long long),
+                  "cuMemExportToShareableHandle")(next() % 16 ? out : NULL, handles[next() % POOL], type,
+                                                  next() % 8 ? 0 : next()) == 0) {
+                if (type == 1) {
+                    int fd;
+                    memcpy(&fd, out, sizeof fd);
+                    if (fds[slot] > 0) close(fds[slot]);
+                    fds[slot] = fd;
+                } else {
+                    memcpy(fabric[slot], out, 64);
+                }
+            }
+            break;
+        }
+        case 21: { /* import back: an exported descriptor or fabric handle, a closed one, junk */
+            CUmemGenericAllocationHandle got = 0;
+            int type = next() % 2 ? 1 : 8;
+            void *os = type == 1 ? (void *)(intptr_t)(next() % 4 ? fds[slot] : (int)(next() % 64))
+                                 : (void *)(next() % 8 ? fabric[slot] : NULL);
+            if (F(CUresult(*)(CUmemGenericAllocationHandle *, void *, int), "cuMemImportFromShareableHandle")(
+                    next() % 16 ? &got : NULL, os, type) == 0 && got)
+                handles[slot] = got;
+            break;
+        }
+        case 22: { /* a descriptor closed: the driver may free what only it kept alive */
+            if (fds[slot] > 0) close(fds[slot]);
+            fds[slot] = 0;
+            break;
+        }
+        case 23: { /* IPC: a handle of our own allocation opened here (refused by the driver), junk, close */
+            CUipcMemHandle ih;
+            memset(&ih, (int)(next() & 0xff), sizeof ih);
+            if (next() % 2) F(CUresult(*)(CUipcMemHandle *, CUdeviceptr), "cuIpcGetMemHandle")(&ih, any_ptr());
+            CUdeviceptr q = 0;
+            F(CUresult(*)(CUdeviceptr *, CUipcMemHandle, unsigned), "cuIpcOpenMemHandle_v2")(next() % 16 ? &q : NULL, ih, 1);
+            F(CUresult(*)(CUdeviceptr), "cuIpcCloseMemHandle")(next() % 2 ? q : any_ptr());
             break;
         }
         }

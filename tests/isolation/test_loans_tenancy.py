@@ -141,3 +141,21 @@ def test_an_entry_claiming_another_share_is_ignored(native, tmp_path, gpu, probe
     trusted, _ = rec._trusted(led, led.read().entries)
     rec.close()
     assert trusted == []
+
+
+def test_an_inflated_loan_in_the_ledger_refuses_nobody_elses_loan(native, tmp_path, gpu, probe):  # type: ignore[no-untyped-def]
+    """A tenant writes its entry up to 20 GiB charged (a 10 GiB loan it does not hold). Before:
+    every other workload's loan was refused (23 - 20 GiB kept back: a got 3 GiB). Others' loans
+    are now bounded by what the driver says the device holds beside the deciding workload, so a
+    still borrows what nobody is guaranteed or really holds."""
+    a = started(probe, workload(native, tmp_path, "a", gpu, 8 * GiB, 20 * GiB))
+    b = started(probe, workload(native, tmp_path, "b", gpu, 10 * GiB, 20 * GiB))
+    b.alloc(1 * GiB)
+    led = Ledger(tmp_path / "loans" / f"{gpu}.ledger")
+    off = ENTRIES_OFFSET + _entry_of(led, b.proc.pid).index * ENTRY_SIZE
+    fields = list(ENTRY.unpack_from(led.map, off))
+    fields[6] = 20 * GiB  # charged: a loan of 10 GiB above b's request, held by nobody
+    ENTRY.pack_into(led.map, off, *fields)
+    led.close()
+    a.alloc(11 * GiB - CTX)  # 3 GiB on loan: b really holds 1.5 GiB, within its 10 GiB request
+    assert a(f"alloc {1 * GiB}")["rc"] == 2  # b's request (and what it really holds) stays kept back
