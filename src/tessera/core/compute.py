@@ -76,6 +76,12 @@ def _fraction(value: object, name: str) -> Decimal:
     return d
 
 
+def parse_fraction(value: object, name: str) -> Decimal:
+    """A compute request or limit as written (``0.3``): a number in [0, 1], else refused naming
+    ``name``."""
+    return _fraction(value, name)
+
+
 def check_mode(value: object, name: str) -> str:
     mode = str(value).strip().lower()
     if mode not in MODES:

@@ -202,6 +202,7 @@ class PodProcesses:
                 "requestBytes": list(p.request_bytes),
                 "limitBytes": list(p.limit_bytes),
                 "exclusive": p.exclusive,
+                **({"compute": p.compute} if p.compute else {}),
                 "pid": None,
                 "startTicks": 0,
                 "log": str(log),

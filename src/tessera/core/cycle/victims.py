@@ -15,7 +15,7 @@ from itertools import combinations
 
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
-from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.model import COMPUTE_FULL, GpuKind, ResourceRequest
 from tessera.core.state import NodeState, Placement
 
 from .session import PodPlacements, Session, Statement, WorkloadState
@@ -81,8 +81,10 @@ def take(tentative: Tentative, v: WorkloadState) -> None:
 
 
 def _fits_after(
-    ns: NodeState, request: ResourceRequest, free: Sequence[int], tenants: Sequence[int], cpu: int, mem: int
+    ns: NodeState, request: ResourceRequest, free: Sequence[int], tenants: Sequence[int], cpu: int, mem: int,
+    compute: Sequence[int],
 ) -> bool:
+    """``compute``: millionths of each device's time promised once the victims are gone."""
     if request.cpu_milli > cpu or request.memory > mem:
         return False
     gpu = request.gpu
@@ -95,7 +97,8 @@ def _fits_after(
         if gpu.kind is GpuKind.WHOLE:
             ok = tenants[i] == 0
         else:
-            ok = gpu.bytes_on(ns.dev_memory[i]) <= free[i]
+            ok = (gpu.bytes_on(ns.dev_memory[i]) <= free[i]
+                  and gpu.compute_units <= COMPUTE_FULL - compute[i])
         if ok:
             count += 1
             if count >= gpu.devices:
@@ -186,6 +189,7 @@ def cheapest_node(
                 continue
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
+        compute = list(ns.dev_compute)
         cpu, mem = ns.free_cpu, ns.free_mem
         tentative: Tentative = {}
         chosen: list[tuple[WorkloadState, int]] = []
@@ -212,7 +216,7 @@ def cheapest_node(
             for i, p in enumerate(v.placements):
                 if p is None or p.node != node:
                     continue
-                _free_on(p, free, tenants)
+                _free_on(p, free, tenants, compute)
                 cpu += p.cpu_milli
                 mem += p.memory
                 chosen.append((v, i))
@@ -220,7 +224,7 @@ def cheapest_node(
                 cost += vec[0] if pod_level and vec is not None else 0.0
             if not pod_level:
                 cost += v.vector()[0]
-            if _fits_after(ns, request, free, tenants, cpu, mem):
+            if _fits_after(ns, request, free, tenants, cpu, mem, compute):
                 feasible += 1
                 if not pod_level:
                     # The other victims here of the projects already taken from, if this
@@ -252,10 +256,10 @@ def cheapest_node(
                 for v in others:
                     for p in v.placements:
                         if p is not None and p.node == node:
-                            _free_on(p, free, tenants)
+                            _free_on(p, free, tenants, compute)
                             cpu += p.cpu_milli
                             mem += p.memory
-                if not _fits_after(ns, request, free, tenants, cpu, mem):
+                if not _fits_after(ns, request, free, tenants, cpu, mem, compute):
                     index.mark_no_room(session, request, node)
         if examined >= nodes_budget or feasible >= 4 or (
                 best is not None and best[3] <= (False, 1) and best[0] <= floor):
@@ -285,14 +289,15 @@ def _fewest(ns: NodeState, request: ResourceRequest, pool: list[tuple[WorkloadSt
     def fits(chosen: Sequence[WorkloadState]) -> bool:
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
+        compute = list(ns.dev_compute)
         cpu, mem = ns.free_cpu, ns.free_mem
         for w, i in pods(chosen):
             p = w.placements[i]
             assert p is not None
-            _free_on(p, free, tenants)
+            _free_on(p, free, tenants, compute)
             cpu += p.cpu_milli
             mem += p.memory
-        return _fits_after(ns, request, free, tenants, cpu, mem)
+        return _fits_after(ns, request, free, tenants, cpu, mem, compute)
 
     def gpus(chosen: Sequence[WorkloadState]) -> float:
         return sum(w.vector()[0] for w in chosen)
@@ -347,10 +352,11 @@ def _at_least(big: ResourceRequest, small: ResourceRequest) -> bool:
     return True
 
 
-def _free_on(p: Placement, free: list[int], tenants: list[int]) -> None:
+def _free_on(p: Placement, free: list[int], tenants: list[int], compute: list[int]) -> None:
     for d, b in zip(p.devices, p.request_bytes, strict=True):
         free[d] += b
         tenants[d] -= 1
+        compute[d] -= p.compute
 
 
 def evict_until_fits(
