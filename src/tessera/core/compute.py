@@ -82,6 +82,19 @@ def parse_fraction(value: object, name: str) -> Decimal:
     return _fraction(value, name)
 
 
+def parse_quantity(value: object, name: str) -> Decimal:
+    """A compute amount as a Kubernetes quantity (a DRA claim's ``capacity.requests.compute``):
+    ``300m`` or ``0.3`` is 0.3 of the GPU's time; within [0, 1]."""
+    text = str(value).strip()
+    if text.endswith("m") and not isinstance(value, bool):
+        try:
+            return _fraction(Decimal(text[:-1]) / 1000, name)
+        except (InvalidOperation, InvalidRequest):
+            raise InvalidRequest(name, "must be a quantity in [0, 1] of the GPU's time, such as 300m "
+                                 "or 0.3", text[:20]) from None
+    return _fraction(value, name)
+
+
 def check_mode(value: object, name: str) -> str:
     mode = str(value).strip().lower()
     if mode not in MODES:
