@@ -1,0 +1,61 @@
+"""Sync step: the compute share's arbiters (issue 30; docs/compute-share.md,
+:mod:`tessera.node.compute_arbiters`). Runs before the share files: each share pod with a compute
+share gets its entry in its GPUs' arbiters, and the text of its ``gpu-compute.conf``
+(``node.compute_conf``), which the share-files step writes into the container's config directory
+in the same rename that lets the kubelet start the container. A share whose arbiter cannot be
+set up is named in ``node.compute_errors``: the share-files step then writes none of its files
+(fail closed: the container cannot start ungated) and posts the reason as an Event."""
+
+from __future__ import annotations
+
+import logging
+
+from tessera import wire
+from tessera.core.errors import InvalidRequest
+from tessera.node.compute_arbiters import ComputeArbiters, ComputeSetupError, entry_of
+from tessera.node.containers import ShareFilesError
+from tessera.node.sync.base import NodeContext, SyncStep
+from tessera.node.sync.share_files import share_of
+
+log = logging.getLogger("tessera.node")
+
+
+class ComputeArbitersStep(SyncStep):
+    name = "compute-arbiters"
+
+    def __init__(self) -> None:
+        self.arbiters: ComputeArbiters | None = None
+
+    async def sync(self, node: NodeContext) -> None:
+        opts = node.opts
+        if self.arbiters is None:
+            self.arbiters = ComputeArbiters(opts.loans_dir)
+        confs: dict[str, str] = {}
+        errors: dict[str, str] = {}
+        for p in list(node.pods.values()):
+            if p.deleting or wire.GPU_CONFIG_KEY not in p.annotations:
+                continue
+            try:
+                share = share_of(p, opts.containers_host_dir, node.mig.written.get(p.uid))
+                if share is None:
+                    continue
+                entry = entry_of(share.key, [d.uuid for d in share.devices], p.annotations,
+                                 share.priority_class)
+                if entry is not None:
+                    confs[share.key] = self.arbiters.apply(entry)
+            except ShareFilesError:
+                continue  # the share-files step says what is wrong with the pod
+            except (ComputeSetupError, InvalidRequest) as exc:
+                key = p.annotations[wire.GPU_CONFIG_KEY]
+                errors[key] = f"compute share: {exc}"
+                log.warning("pod %s/%s: %s", p.namespace, p.name, errors[key])
+        if node.listed:
+            live = {p.annotations.get(wire.GPU_CONFIG_KEY, "") for p in node.pods.values() if not p.deleting}
+            for key in self.arbiters.forget_gone(live):
+                log.info("removed the compute arbiter entry of a pod that is gone (%s)", key)
+        node.compute_conf = confs
+        node.compute_errors = errors
+
+    def failed(self) -> None:
+        if self.arbiters is not None:
+            self.arbiters.written.clear()  # rewrite every entry at the next sync
