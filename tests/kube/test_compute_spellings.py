@@ -59,3 +59,12 @@ def test_refusals_name_the_annotation() -> None:
     with pytest.raises(InvalidRequest, match="whole GPUs"):
         canonical(pod({"tessera.io/gpu-compute-request": "0.3"}), GpuRequest.whole(1), mig=False,
                   cluster_mode="fair")
+
+
+def test_the_workload_document_shows_the_pods_compute_share() -> None:
+    from tessera.kube.admission.compute_spellings import share_doc
+
+    ann = canonical(pod({"tessera.io/gpu-compute-request": "0.3"}), HALF, mig=False, cluster_mode="fair")
+    doc = share_doc(ann)
+    assert doc is not None and doc["text"] == f"request 0.3, limit 1 (fair); {ENFORCED}"
+    assert share_doc({}) is None

@@ -79,3 +79,18 @@ def canonical(pod: Mapping[str, Any], gpu: GpuRequest, *, mig: bool, cluster_mod
     status = ENFORCED if gpu.devices <= 1 else not_enforced_multi_gpu(gpu.devices)
     return {compute.ANNOTATION_REQUEST: str(share.request), compute.ANNOTATION_LIMIT: str(share.limit),
             compute.ANNOTATION_MODE: share.mode, STATUS: status}
+
+
+def share_doc(annotations: Mapping[str, str]) -> dict[str, Any] | None:
+    """A pod's compute share as the workload document shows it (``computeShare``: the console's
+    workload page, ``describe``); None without one. The time it is charged is in the node's
+    arbiter, not read here."""
+    if compute.ANNOTATION_REQUEST not in annotations:
+        return None
+    out = {"gpuComputeRequest": annotations[compute.ANNOTATION_REQUEST],
+           "gpuComputeLimit": annotations.get(compute.ANNOTATION_LIMIT, "1"),
+           "gpuComputeMode": annotations.get(compute.ANNOTATION_MODE, ""),
+           "status": annotations.get(STATUS, "")}
+    out["text"] = (f"request {out['gpuComputeRequest']}, limit {out['gpuComputeLimit']} "
+                   f"({out['gpuComputeMode']}); {out['status']}")
+    return out

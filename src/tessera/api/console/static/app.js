@@ -681,7 +681,8 @@ async function workload(kind, id) {
     setText(kv.usage, usage);
     const cs = w.computeShare;
     setText(kv.compute, cs ? `request ${cs.gpuComputeRequest}, limit ${cs.gpuComputeLimit} (${cs.gpuComputeMode})`
-      + (cs.gpus || []).map((g) => `; GPU time ${pct(g.gpuTime1s)} (1 s), ${pct(g.gpuTime10s)} (10 s)${g.enforced ? "" : ", not enforced: multi-GPU"}`).join("") : "—");
+      + (cs.gpus || []).map((g) => `; GPU time ${pct(g.gpuTime1s)} (1 s), ${pct(g.gpuTime10s)} (10 s)${g.enforced ? "" : ", not enforced: multi-GPU"}`).join("")
+      + (cs.status ? `; ${cs.status}` : "") : "—");
     setKids(kv.urls, JSON.stringify(w.serviceUrls || []), () => (w.serviceUrls || []).length
       ? w.serviceUrls.flatMap((u, i) => [i ? ", " : "", h("a", { href: u, target: "_blank", rel: "noopener" }, u)]) : "—");
     setText(kv.command, [w.image, w.spec && w.spec.command ? `${w.spec.command} ${w.spec.args || ""}`.trim() : ""].filter(Boolean).join(" — ") || "—");
