@@ -65,7 +65,7 @@ static int g_ncost;
 static uint64_t g_my_lease;       /* lease word of the lease this process last launched under */
 static double g_bound = 2e6; /* queued work allowed now: D when others wait, 4 D alone */
 static int64_t g_room = 1;     /* launches that bound allows at the current cost estimate */
-static int64_t g_every = 1;    /* launches between progress samples (a quarter of the bound) */
+static int64_t g_every = 1;    /* launches between progress samples (about D / 4 of work) */
 static ts_arb_header *g_hdr;   /* the arbiter's header: the fast path reads it directly */
 static int64_t g_lease_launch0; /* g_launched when the current lease began */
 
@@ -259,7 +259,7 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
     if (__builtin_expect(__atomic_load_n(&g_hdr->lease, __ATOMIC_ACQUIRE) == g_my_lease && g_my_lease &&
                              now < __atomic_load_n(&g_hdr->lease_deadline, __ATOMIC_ACQUIRE) &&
                              __atomic_load_n(&g_hdr->preempt, __ATOMIC_RELAXED) == 0 && queued < g_room &&
-                             g_launched - g_last_sample < 2 * g_every,
+                             g_launched - g_last_sample < 64,
                          1)) {
         __atomic_store_n(&g_hdr->holder_alive, now, __ATOMIC_RELAXED);
         __atomic_store_n(&g_hdr->holder_busy, now + (int64_t)((double)(queued + 1) * g_cost), __ATOMIC_RELAXED);
@@ -297,13 +297,9 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
         g_bound = bound;
         g_room = (int64_t)(bound / g_cost);
         if (g_room < 1) g_room = 1;
-        /* Samples a quarter of the bound apart: D / 4 while others wait (the bound must hold
-         * tightly), D alone (the bound is 4 D). Each sample is an event record and query in
-         * the driver, so sampling alone at the contended spacing cost 4x the driver calls for
-         * nothing (the overhead target, docs/benchmarks.md). */
-        g_every = (int64_t)(bound / 4 / g_cost);
+        g_every = (int64_t)((double)ts_arb_drain(g_arb) / 4 / g_cost);
         if (g_every < 1) g_every = 1;
-        if (g_every > SAMPLES * 4) g_every = SAMPLES * 4;
+        if (g_every > 64) g_every = 64;
         int ring_full = (g_head + 1) % SAMPLES == g_tail;
         if ((out < bound || g_launched - g_done_idx < 2) && !ring_full) break;
         /* Launches after the last sample are invisible to reap(): sample them now, or a
