@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
@@ -130,6 +131,14 @@ def test_a_strict_share_is_held_to_its_limit_by_the_nodes_arbiter(node: Any, rea
         assert 0.15 <= used <= 0.36, done
         (entry,) = [u for u in arbiter.usage(share) if u.key == key]
         assert entry.leases > 0 and entry.total_seconds > 0.5
+        # tessera-node's /metrics: the pod's charged GPU time, next to its request and limit.
+        body = httpx.get(node.metrics_url, timeout=5).text
+        line = next(x for x in body.splitlines()
+                    if x.startswith("tessera_workload_gpu_time_seconds_total{") and 'pod="strict"' in x)
+        assert f'namespace="{ns}"' in line and f'gpu_uuid="{node.uuids[0]}"' in line
+        assert float(line.rsplit(" ", 1)[1]) > 0.5
+        assert any(x.startswith("tessera_workload_gpu_compute_limit{") and 'pod="strict"' in x
+                   and x.endswith(" 0.3") for x in body.splitlines())
 
         kube_client.delete(Pod, "strict", namespace=ns, grace_period=0)
         wait_until("its entry removed", lambda: key not in {u.key for u in arbiter.usage(share)})
