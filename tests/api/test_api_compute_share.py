@@ -88,3 +88,15 @@ def test_memory_shares_wait_for_gpu_time_and_say_why(fair_server: EmbeddedServer
     s.cli("delete", "m1", "-p", "mem")
     with s.http() as c:
         s.wait_phase(c, "trainings", listed["m2"]["workloadId"], "Running", timeout=30)
+
+
+def test_a_project_limit_counts_the_compute_request(fair_server: EmbeddedServer) -> None:
+    """Quota counts max(memory portion, compute request): 4 GB of an 80 GB GPU promised 0.7 of
+    its time counts as 0.7 GPU, over a 0.5 GPU project limit, refused when submitted."""
+    s = fair_server
+    s.cli("project", "create", "capped", "--gpu", "0", "--limit", "0.5")
+    r = s.cli("submit", "big-time", "-p", "capped", "--gpu-memory", "4G", "--gpu-compute-request", "0.7",
+              "--", "sleep", "600", check=False)
+    assert r.returncode != 0 and "more than project capped's limit of 0.5" in r.stderr, r.stderr
+    s.cli("submit", "small-time", "-p", "capped", "--gpu-memory", "4G", "--gpu-compute-request", "0.4",
+          "--", "sleep", "600")

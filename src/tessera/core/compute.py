@@ -13,6 +13,7 @@ request counts. Enforcement is the lease arbiter of libtessera-cuda.so (docs/com
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -144,6 +145,14 @@ def resolve(gpu: GpuRequest, *, request: object = None, limit: object = None, mo
     elif effective == "strict" and lim != r:
         raise InvalidRequest(names.limit, f"must equal the compute request ({r}) in strict mode", str(lim))
     return ComputeShare(r, lim, effective, explicit=asked)
+
+
+def on_request(gpu: GpuRequest, share: ComputeShare | None) -> GpuRequest:
+    """The GPU request carrying its compute request, as placement and quota count it (a share
+    promised more of the GPU's time than of its memory counts as that time)."""
+    if share is None or gpu.kind not in (GpuKind.PORTION, GpuKind.MEMORY):
+        return gpu
+    return dataclasses.replace(gpu, compute=share.request)
 
 
 def counted_portion(gpu: GpuRequest, share: ComputeShare | None, memory_portion: float) -> float:
