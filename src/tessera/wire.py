@@ -78,6 +78,7 @@ def placement_to_json(p: Placement) -> str:
         "node": p.node, "devices": list(p.devices), "request": list(p.request_bytes),
         "limit": list(p.limit_bytes), "exclusive": p.exclusive, "cpu": p.cpu_milli,
         "memory": p.memory, **({"gpus": p.gpus} if p.gpus is not None else {}),
+        **({"compute": p.compute} if p.compute else {}),
     }, separators=(",", ":"))
 
 
@@ -90,6 +91,7 @@ def placement_from_json(text: str) -> Placement:
         limit_bytes=tuple(int(x) for x in d["limit"]), exclusive=bool(d["exclusive"]),
         cpu_milli=int(d.get("cpu", 0)), memory=int(d.get("memory", 0)),
         gpus=None if d.get("gpus") is None else float(d["gpus"]),
+        compute=int(d.get("compute", 0)),
     )
 
 

@@ -61,3 +61,42 @@ def test_bad_flags_are_refused_naming_the_flag(fair_server: EmbeddedServer) -> N
         r = c.post("/api/v1/workloads/trainings", json=submit_body("bad", "p", gpuPortionRequest=0.5,
                                                                    gpuComputeRequest=0.6, gpuComputeLimit=0.4))
     assert r.status_code == 422 and r.json()["message"].startswith("spec.compute.gpuComputeLimit")
+
+
+def test_memory_shares_wait_for_gpu_time_and_say_why(fair_server: EmbeddedServer) -> None:
+    """Two memory shares promised 0.6 of the one GPU's time each: the memory fits both, the time
+    does not, so the second waits, saying so (placement keeps the requests on a GPU within 1)."""
+    s = fair_server
+    s.cli("project", "create", "mem", "--gpu", "1")
+    for name in ("m1", "m2"):
+        s.cli("submit", name, "-p", "mem", "--gpu-memory", "4G", "--gpu-compute-request", "0.6",
+              "--", "sleep", "600")
+    with s.http() as c:
+        listed = {w["name"]: w for w in c.get("/api/v1/workloads").json()["workloads"]
+                  if w["name"] in ("m1", "m2")}
+        first = s.wait_phase(c, "trainings", listed["m1"]["workloadId"], "Running", timeout=30)
+        assert first["phase"] == "Running"
+        deadline = time.monotonic() + 15
+        while True:
+            w = c.get(f"/api/v1/workloads/trainings/{listed['m2']['workloadId']}").json()
+            if "waiting for GPU time" in (w.get("phaseMessage") or ""):
+                break
+            assert time.monotonic() < deadline, w
+            time.sleep(0.1)
+    assert w["phase"] == "Pending"
+    assert "none has 0.6 of its time unpromised" in w["phaseMessage"]
+    s.cli("delete", "m1", "-p", "mem")
+    with s.http() as c:
+        s.wait_phase(c, "trainings", listed["m2"]["workloadId"], "Running", timeout=30)
+
+
+def test_a_project_limit_counts_the_compute_request(fair_server: EmbeddedServer) -> None:
+    """Quota counts max(memory portion, compute request): 4 GB of an 80 GB GPU promised 0.7 of
+    its time counts as 0.7 GPU, over a 0.5 GPU project limit, refused when submitted."""
+    s = fair_server
+    s.cli("project", "create", "capped", "--gpu", "0", "--limit", "0.5")
+    r = s.cli("submit", "big-time", "-p", "capped", "--gpu-memory", "4G", "--gpu-compute-request", "0.7",
+              "--", "sleep", "600", check=False)
+    assert r.returncode != 0 and "more than project capped's limit of 0.5" in r.stderr, r.stderr
+    s.cli("submit", "small-time", "-p", "capped", "--gpu-memory", "4G", "--gpu-compute-request", "0.4",
+          "--", "sleep", "600")

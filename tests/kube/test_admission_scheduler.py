@@ -32,7 +32,9 @@ from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
-def stack(kube_cluster: TestCluster, kube_client: Client) -> Iterator[TestCluster]:
+def stack(request: pytest.FixtureRequest, kube_cluster: TestCluster, kube_client: Client
+          ) -> Iterator[TestCluster]:
+    """The webhook and the scheduler; a module may set ``WEBHOOK_ARGS`` (more webhook flags)."""
     docs = local.helm_template(include_crds=True)
     local.apply(kube_cluster, [d for d in docs if d["kind"] == "CustomResourceDefinition"])
     kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
@@ -50,7 +52,8 @@ def stack(kube_cluster: TestCluster, kube_client: Client) -> Iterator[TestCluste
             procs.append(subprocess.Popen([sys.executable, *args], stdout=log,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
 
-    hook = local.start_webhook(kube_cluster, name="e2e-webhook", kubeconfig=hook_kc)
+    hook = local.start_webhook(kube_cluster, name="e2e-webhook", kubeconfig=hook_kc,
+                               extra_args=list(getattr(request.module, "WEBHOOK_ARGS", ())))
     spawn("e2e-scheduler", ["-m", "tessera.kube.scheduler", f"--kubeconfig={sched_kc}",
                             "--lease-name=tessera-scheduler-admission-e2e",
                             "--lease-duration=3", "--identity=e2e"])

@@ -12,6 +12,7 @@ from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest
 from tessera.core.state import Placement
 from tessera.kube.claims import (
+    allocated_placement,
     allocation_status,
     claim_gpu_request,
     claims_mig_profile,
@@ -48,6 +49,24 @@ def test_memory_share_whole_and_portion() -> None:
     assert r is not None and r.kind is GpuKind.PORTION and r.portion == Decimal("0.25")
 
 
+def test_compute_capacity_is_the_shares_compute_request() -> None:
+    """``capacity.requests.compute`` (docs/compute-share.md): a quantity of the GPU's time that
+    placement counts (Σ ≤ 1 per GPU), in the allocation's consumedCapacity, and read back."""
+    r = claim_gpu_request([claim(share(memory="5Gi", compute="600m"))])
+    assert r is not None and r.kind is GpuKind.MEMORY and r.compute == Decimal("0.6")
+    r = claim_gpu_request([claim(share(shares="50", compute="0.3"))])
+    assert r is not None and r.portion == Decimal("0.5") and r.compute == Decimal("0.3")
+    c = claim(share(memory="5Gi", compute="600m"))
+    c["metadata"]["uid"] = "u-9"
+    p = Placement("node-a", devices=(1,), request_bytes=(5 * 2**30,), limit_bytes=(5 * 2**30,),
+                  compute=600_000)
+    st = allocation_status(c, "gpu", p, GpuRequest.of_memory(5 * 2**30), [("pod-a", "pu-1")])
+    assert st["allocation"]["devices"]["results"][0]["consumedCapacity"]["compute"] == "600m"
+    c["status"] = st
+    held = allocated_placement(c)
+    assert held is not None and held.compute == 600_000
+
+
 def test_claims_of_other_drivers_are_not_tesseras() -> None:
     assert claim_gpu_request([claim(exactly("gpu.nvidia.com"))]) is None
     assert claim_gpu_request([]) is None
@@ -59,6 +78,10 @@ def test_claims_of_other_drivers_are_not_tesseras() -> None:
     ([claim(share())], "capacity.requests", "memory"),
     ([claim(share(shares="150"))], "capacity.requests.shares", "1 to 100"),
     ([claim(share(cores="2"))], "capacity.requests.cores", "not a capacity"),
+    ([claim(share(memory="1Gi", compute="2"))], "capacity.requests.compute", "[0, 1]"),
+    ([claim(share(memory="1Gi", compute="lots"))], "capacity.requests.compute", "[0, 1]"),
+    ([claim(share(shares="20", compute="300m"))], "capacity.requests.compute", "may not exceed the shares"),
+    ([claim(share(compute="300m"))], "capacity.requests", "memory"),
     ([claim(exactly("gpu.tessera.io", capacity={"requests": {"memory": "1Gi"}}))],
      "capacity", "whole GPUs"),
     ([claim(exactly("gpu.tessera.io", allocationMode="All"))], "allocationMode", "ExactCount"),

@@ -8,7 +8,7 @@ import pytest
 
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuRequest
-from tessera.kube.admission.compute_spellings import NOT_ENFORCED, canonical
+from tessera.kube.admission.compute_spellings import ENFORCED, canonical, not_enforced_multi_gpu
 
 HALF = GpuRequest.fraction("0.5")
 
@@ -23,7 +23,11 @@ def test_tessera_annotations_are_kept_canonical() -> None:
                     mig=False, cluster_mode="fair")
     assert out == {"tessera.io/gpu-compute-request": "0.3", "tessera.io/gpu-compute-limit": "0.8",
                    "tessera.io/gpu-compute-mode": "fair",
-                   "tessera.io/gpu-compute-status": NOT_ENFORCED}
+                   "tessera.io/gpu-compute-status": ENFORCED}
+    two = canonical(pod({"tessera.io/gpu-compute-request": "0.3"}), GpuRequest.fraction("0.5", devices=2),
+                    mig=False, cluster_mode="fair")
+    assert two["tessera.io/gpu-compute-status"] == not_enforced_multi_gpu(2)
+    assert two["tessera.io/gpu-compute-status"].startswith("not enforced: multi-GPU (2 GPUs")
 
 
 def test_defaults_from_the_portion() -> None:
@@ -55,3 +59,12 @@ def test_refusals_name_the_annotation() -> None:
     with pytest.raises(InvalidRequest, match="whole GPUs"):
         canonical(pod({"tessera.io/gpu-compute-request": "0.3"}), GpuRequest.whole(1), mig=False,
                   cluster_mode="fair")
+
+
+def test_the_workload_document_shows_the_pods_compute_share() -> None:
+    from tessera.kube.admission.compute_spellings import share_doc
+
+    ann = canonical(pod({"tessera.io/gpu-compute-request": "0.3"}), HALF, mig=False, cluster_mode="fair")
+    doc = share_doc(ann)
+    assert doc is not None and doc["text"] == f"request 0.3, limit 1 (fair); {ENFORCED}"
+    assert share_doc({}) is None

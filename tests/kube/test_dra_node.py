@@ -182,3 +182,43 @@ def test_no_dra_plugin_serves_no_socket_and_withdraws_the_slice(kube_cluster: Te
     finally:
         first.stop()
         kube_client.delete(Node, node)
+
+
+def test_a_claims_compute_share_is_in_its_gpus_arbiter_when_prepared(
+        kube_cluster: TestCluster, kube_client: Client, kube_namespace: str) -> None:
+    """A share claim with ``capacity.requests.compute`` (docs/compute-share.md), allocated with
+    ``consumedCapacity.compute``: prepare over the kubelet's gRPC writes its entry into the GPU's
+    arbiter in the node's ledger directory and ``gpu-compute.conf`` beside its config (mounted at
+    /etc/tessera), before answering; unprepare removes the entry."""
+    from tessera.isolation import arbiter
+
+    agent = agent_of(kube_cluster)
+    info = get_info(agent)
+    ns = kube_namespace
+    claim = kube_client.create(codecs.from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "timed", "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "share.gpu.tessera.io",
+            "capacity": {"requests": {"memory": "5Gi", "compute": "400m"}}}}]}}})).to_dict()
+    uid = claim["metadata"]["uid"]
+    p = Placement(agent.node, devices=(0,), request_bytes=(5 * GIB,), limit_bytes=(5 * GIB,),
+                  compute=400_000)
+    status = allocation_status(claim, "gpu", p, GpuRequest.of_memory(5 * GIB), [])
+    out = kube_cluster.kubectl("patch", "resourceclaim", "timed", "-n", ns, "--subresource=status",
+                               "--type=merge", "-p", json.dumps({"status": status}), check=False)
+    assert out.returncode == 0, out.stderr
+    req = [dra_pb2.Claim(namespace=ns, name="timed", uid=uid)]
+    try:
+        got = prepare(info.endpoint, req).claims[uid]
+        assert got.error == ""
+        conf = agent.containers_dir / "claims" / uid / "conf" / "gpu-compute.conf"
+        assert conf.read_text().splitlines()[1:] == [
+            f"arbiter /run/tessera-loans/compute/{agent.uuids[0]}.share", f"workload {uid}"]
+        share = agent.root / "loans" / "compute" / f"{agent.uuids[0]}.share"
+        (entry,) = [u for u in arbiter.usage(share) if u.key == uid]
+        assert (round(entry.request, 3), entry.limit) == (0.4, 1.0)
+        assert prepare(info.endpoint, req, unprepare=True).claims[uid].error == ""
+        assert uid not in {u.key for u in arbiter.usage(share)}
+    finally:
+        prepare(info.endpoint, req, unprepare=True)

@@ -114,11 +114,12 @@ def check_compute(s: WorkloadSubmission, cluster_mode: str | None = None) -> com
 
 
 def check_limit(gpu: GpuRequest, nodes: Iterable[Node], workers: int, project: str,
-                limit: float | None) -> float:
+                limit: float | None, compute: compute_rules.ComputeShare | None = None) -> float:
     """The request against the project's hard limit; returns the GPUs it counts as
-    (``estimate_gpus``). Whether any GPU could ever hold it is ``check_against_cluster``, which
-    backends call first."""
-    estimate = estimate_gpus(gpu, nodes, workers)
+    (``estimate_gpus``; with its compute share, max(memory portion, compute request) per
+    device, as quota counts it). Whether any GPU could ever hold it is
+    ``check_against_cluster``, which backends call first."""
+    estimate = estimate_gpus(compute_rules.on_request(gpu, compute), nodes, workers)
     if limit is not None and estimate > limit + 1e-9:
         raise InvalidRequest(
             "spec.compute",

@@ -13,6 +13,7 @@ request counts. Enforcement is the lease arbiter of libtessera-cuda.so (docs/com
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -76,6 +77,25 @@ def _fraction(value: object, name: str) -> Decimal:
     return d
 
 
+def parse_fraction(value: object, name: str) -> Decimal:
+    """A compute request or limit as written (``0.3``): a number in [0, 1], else refused naming
+    ``name``."""
+    return _fraction(value, name)
+
+
+def parse_quantity(value: object, name: str) -> Decimal:
+    """A compute amount as a Kubernetes quantity (a DRA claim's ``capacity.requests.compute``):
+    ``300m`` or ``0.3`` is 0.3 of the GPU's time; within [0, 1]."""
+    text = str(value).strip()
+    if text.endswith("m") and not isinstance(value, bool):
+        try:
+            return _fraction(Decimal(text[:-1]) / 1000, name)
+        except (InvalidOperation, InvalidRequest):
+            raise InvalidRequest(name, "must be a quantity in [0, 1] of the GPU's time, such as 300m "
+                                 "or 0.3", text[:20]) from None
+    return _fraction(value, name)
+
+
 def check_mode(value: object, name: str) -> str:
     mode = str(value).strip().lower()
     if mode not in MODES:
@@ -125,6 +145,14 @@ def resolve(gpu: GpuRequest, *, request: object = None, limit: object = None, mo
     elif effective == "strict" and lim != r:
         raise InvalidRequest(names.limit, f"must equal the compute request ({r}) in strict mode", str(lim))
     return ComputeShare(r, lim, effective, explicit=asked)
+
+
+def on_request(gpu: GpuRequest, share: ComputeShare | None) -> GpuRequest:
+    """The GPU request carrying its compute request, as placement and quota count it (a share
+    promised more of the GPU's time than of its memory counts as that time)."""
+    if share is None or gpu.kind not in (GpuKind.PORTION, GpuKind.MEMORY):
+        return gpu
+    return dataclasses.replace(gpu, compute=share.request)
 
 
 def counted_portion(gpu: GpuRequest, share: ComputeShare | None, memory_portion: float) -> float:

@@ -91,9 +91,17 @@ class GpuRequest:
     memory: int | None = None
     memory_limit: int | None = None
     models: frozenset[str] = frozenset()
+    compute: Decimal | None = None
+    """Compute request per device (tessera.core.compute): the share of each device's time it is
+    promised. Placement keeps the promises on a device within 1; None: none promised."""
 
     def __post_init__(self) -> None:
         _validate_gpu_request(self)
+
+    @property
+    def compute_units(self) -> int:
+        """The compute request in millionths of a device's time (0 when none)."""
+        return compute_units(self.compute)
 
     @classmethod
     def none(cls) -> GpuRequest:
@@ -160,11 +168,14 @@ class GpuRequest:
         """GPUs this request counts as on devices of that size (quota and reporting)."""
         if self.kind is GpuKind.WHOLE:
             return float(self.devices)
+        compute = 0.0 if self.compute is None else float(self.compute)
         if self.kind is GpuKind.PORTION:
             assert self.portion is not None
-            return float(self.portion) * self.devices
+            return max(float(self.portion), compute) * self.devices
         if self.kind is GpuKind.MEMORY:
-            return self.bytes_on(device_memory) / device_memory * self.devices
+            # max(memory portion, compute request): a share promised more of the GPU's time
+            # than of its memory counts as that time (docs/compute-share.md).
+            return max(self.bytes_on(device_memory) / device_memory, compute) * self.devices
         return 0.0
 
     def describe(self) -> str:
@@ -184,8 +195,19 @@ class GpuRequest:
             assert self.memory is not None
             burst = ("" if self.memory_limit is None or self.memory_limit == self.memory
                      else f", bursting to {memory_text(self.memory_limit)}")
-            return f"{memory_text(self.memory)} of GPU memory{each}{models}{burst}"
+            time = ("" if not self.compute else
+                    f", promised {_portion_text(self.compute)} of its time")
+            return f"{memory_text(self.memory)} of GPU memory{each}{models}{burst}{time}"
         return "no GPU"
+
+
+COMPUTE_FULL = 1_000_000
+"""A device's whole time in compute units (millionths)."""
+
+
+def compute_units(value: Decimal | None) -> int:
+    """A compute request (a fraction of a device's time) in millionths, rounded to nearest."""
+    return 0 if value is None else int((value * COMPUTE_FULL).to_integral_value())
 
 
 def _portion_text(value: Decimal) -> str:
@@ -194,6 +216,13 @@ def _portion_text(value: Decimal) -> str:
 
 
 def _validate_gpu_request(r: GpuRequest) -> None:
+    if r.compute is not None:
+        if r.kind not in (GpuKind.PORTION, GpuKind.MEMORY):
+            raise InvalidRequest("gpu_compute_request", "needs a shared GPU (a portion or a memory "
+                                 "amount); whole GPUs' time is not shared", str(r.compute))
+        if not (r.compute.is_finite() and 0 <= r.compute <= 1):
+            raise InvalidRequest("gpu_compute_request", "must be a number in [0, 1], such as 0.3",
+                                 str(r.compute))
     if r.kind is GpuKind.NONE:
         if r.devices or r.portion is not None or r.memory is not None:
             raise InvalidRequest("gpu", "a request without GPUs must not name devices, portion or memory")

@@ -192,6 +192,7 @@ def gpu_request_to_dict(gpu: GpuRequest) -> dict[str, object]:
         "memory": gpu.memory,
         "memoryLimit": gpu.memory_limit,
         "models": sorted(gpu.models),
+        **({"compute": str(gpu.compute)} if gpu.compute is not None else {}),
     }
 
 
@@ -205,4 +206,5 @@ def gpu_request_from_dict(d: Mapping[str, Any]) -> GpuRequest:
         memory=d["memory"],
         memory_limit=d["memoryLimit"],
         models=frozenset(d["models"]),
+        compute=None if d.get("compute") is None else Decimal(str(d["compute"])),
     )

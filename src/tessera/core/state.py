@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import Node
+from tessera.core.model import COMPUTE_FULL, Node
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +33,16 @@ class Placement:
     gpus: float | None = None
     """GPUs it counts as for quota and fair share when its GPU is none of the node's devices
     (a MIG partition: the profile's fraction, tessera.core.mig); None: counted from devices."""
+    compute: int = 0
+    """Compute request on each of its devices, in millionths of a device's time
+    (``GpuRequest.compute_units``): the promises on a device stay within ``COMPUTE_FULL``."""
 
 
 class NodeState:
     """Free capacity of one node. Mutated only through ClusterState."""
 
     __slots__ = (
+        "dev_compute",
         "dev_memory",
         "dev_models",
         "dev_tenants",
@@ -63,6 +67,8 @@ class NodeState:
         self.dev_memory = [g.schedulable for g in gpus]
         self.dev_models = [g.model for g in gpus]
         self.dev_used = [0] * len(gpus)
+        self.dev_compute = [0] * len(gpus)
+        """Compute requests promised on each device, in millionths of its time."""
         self.dev_tenants = [0] * len(gpus)
         self.dev_whole = [False] * len(gpus)
         """Held by a whole-GPU (exclusive) placement: no one else may take a share of it."""
@@ -76,10 +82,15 @@ class NodeState:
     def dev_free(self, i: int) -> int:
         return self.dev_memory[i] - self.dev_used[i]
 
+    def dev_compute_free(self, i: int) -> int:
+        """Millionths of device ``i``'s time no share is promised."""
+        return COMPUTE_FULL - self.dev_compute[i]
+
     def signature(self) -> tuple[object, ...]:
         """Everything placement decisions on this node depend on (cached until it changes)."""
         if self.sig is None:
-            self.sig = (self.static_id, self.free_cpu, self.free_mem, tuple(self.dev_used))
+            self.sig = (self.static_id, self.free_cpu, self.free_mem, tuple(self.dev_used),
+                        tuple(self.dev_compute))
         return self.sig
 
     def gpus_total(self) -> int:
@@ -164,6 +175,12 @@ class ClusterState:
                 return f"GPU {i} of node {ns.name} is shared"
             if want > ns.dev_free(i):
                 return f"GPU {i} of node {ns.name} has too little memory free"
+            if placement.compute > ns.dev_compute_free(i):
+                return (f"GPU {i} of node {ns.name} has {ns.dev_compute_free(i) / COMPUTE_FULL:g} of "
+                        f"its time unpromised, less than the compute request "
+                        f"{placement.compute / COMPUTE_FULL:g}")
+        if not 0 <= placement.compute <= COMPUTE_FULL:
+            return f"a compute request must be within [0, 1] of a device's time ({placement.compute})"
         return None
 
     def assign(self, alloc_id: str, placement: Placement) -> None:
@@ -190,6 +207,7 @@ class ClusterState:
         ns.free_mem -= sign * p.memory
         for i, nbytes in zip(p.devices, p.request_bytes, strict=True):
             ns.dev_used[i] += sign * nbytes
+            ns.dev_compute[i] += sign * p.compute
             ns.dev_tenants[i] += sign
             if p.exclusive:
                 ns.dev_whole[i] = sign > 0

@@ -255,7 +255,7 @@ class KubeBackend(TokenAuth):
                                      f"{fraction:.3g}), more than project {pdoc['name']}'s "
                                      f"limit {limit:g}", s.mig_profile)
         else:
-            check_limit(s.gpu, nodes.values(), s.workers, pdoc["name"], limit)
+            check_limit(s.gpu, nodes.values(), s.workers, pdoc["name"], limit, admitted.compute)
         rec = wd.Record(
             id=str(uuid.uuid4()), name=s.name, namespace=namespace, project=pdoc["name"],
             type=s.type, argv=list(s.command), env=dict(s.env), image=s.image or self.image,

@@ -8,7 +8,9 @@ quota and fair share treat both alike:
 - class ``gpu.tessera.io``: ``count`` whole GPUs (no capacity; a capacity there is refused);
 - class ``share.gpu.tessera.io``: ``count`` devices each with ``capacity.requests.memory``
   (bytes, rounded up to whole MiB as the slice's request policy does) or
-  ``capacity.requests.shares`` (hundredths of a GPU: a portion);
+  ``capacity.requests.shares`` (hundredths of a GPU: a portion), and optionally
+  ``capacity.requests.compute``, a compute share's request (``300m``: 0.3 of the GPU's time,
+  at most the portion; placement keeps the requests on a GPU within 1, docs/compute-share.md);
 - class ``mig.tessera.io``: one MIG partition of the profile its one selector names
   (``device.attributes["gpu.tessera.io"].profile == "3g.20gb"``), placed like a pod annotated
   ``tessera.io/gpu-mig-profile`` (:func:`claims_mig_profile`; docs/mig.md), allocated as the
@@ -30,9 +32,10 @@ from typing import Any
 
 from lightkube.generic_resource import create_namespaced_resource
 
+from tessera.core import compute
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import parse_placement_name, parse_profile, placement_name
-from tessera.core.model import GpuRequest
+from tessera.core.model import GpuKind, GpuRequest, compute_units
 from tessera.core.state import Placement
 from tessera.core.units import parse_memory
 
@@ -229,23 +232,32 @@ def _request(claim: Mapping[str, Any], i: int, req: Mapping[str, Any]) -> GpuReq
                                  f"class {WHOLE_CLASS} gives whole GPUs; ask for part of one "
                                  f"with class {SHARE_CLASS}")
         return GpuRequest.whole(count)
-    unknown = sorted(set(capacity) - {"memory", "shares"})
+    unknown = sorted(set(capacity) - {"memory", "shares", "compute"})
     if unknown:
         raise InvalidRequest(_field(claim, f"{where}.capacity.requests.{unknown[0]}"),
-                             "is not a capacity of gpu.tessera.io devices (memory, shares)")
+                             "is not a capacity of gpu.tessera.io devices (memory, shares, compute)")
+    time = None
+    if "compute" in capacity:
+        time = compute.parse_quantity(capacity.pop("compute"),
+                                      _field(claim, f"{where}.capacity.requests.compute"))
     if ("memory" in capacity) == ("shares" in capacity):
         raise InvalidRequest(_field(claim, f"{where}.capacity.requests"),
                              f"class {SHARE_CLASS} needs memory (a quantity, 5Gi) or shares "
                              "(hundredths of a GPU), one of them")
     if "memory" in capacity:
         nbytes = parse_memory(capacity["memory"], _field(claim, f"{where}.capacity.requests.memory"))
-        return GpuRequest.of_memory(_round_mib(nbytes), devices=count)
+        return GpuRequest(GpuKind.MEMORY, devices=count, memory=_round_mib(nbytes), compute=time)
     field = _field(claim, f"{where}.capacity.requests.shares")
     text = str(capacity["shares"]).strip()
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= SHARES:
         raise InvalidRequest(field, f"must be a whole number of hundredths, 1 to {SHARES}",
                              capacity["shares"])
-    return GpuRequest.fraction(Decimal(int(text)) / SHARES, devices=count)
+    portion = Decimal(int(text)) / SHARES
+    if time is not None and time > portion:
+        raise InvalidRequest(_field(claim, f"{where}.capacity.requests.compute"),
+                             f"may not exceed the shares asked ({text} hundredths): placement reserves "
+                             "a GPU's time by portion", str(time))
+    return GpuRequest(GpuKind.PORTION, devices=count, portion=portion, compute=time)
 
 
 def share_id(claim_uid: str, device: int) -> str:
@@ -266,7 +278,9 @@ def allocation_status(claim: Mapping[str, Any], request_name: str, placement: Pl
         results.append({"request": request_name, "driver": DRIVER, "pool": placement.node,
                         "device": f"gpu-{dev}", "shareID": share_id(uid, dev),
                         "consumedCapacity": {"memory": str(_round_mib(nbytes)),
-                                             "shares": str(shares)}})
+                                             "shares": str(shares),
+                                             **({"compute": f"{placement.compute // 1000}m"}
+                                                if placement.compute else {})}})
     return {
         "allocation": {
             "devices": {"results": results},
@@ -312,8 +326,17 @@ def allocated_placement(claim: Mapping[str, Any]) -> Placement | None:
     exclusive = any((req.get("exactly") or {}).get("deviceClassName") == WHOLE_CLASS
                     for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests")
                     or [])
+    time = {compute_units(_consumed_compute(r)) for r in results}
     return Placement(str(results[0].get("pool", "")), devices=devices, request_bytes=nbytes,
-                     limit_bytes=nbytes, exclusive=exclusive)
+                     limit_bytes=nbytes, exclusive=exclusive, compute=max(time, default=0))
+
+
+def _consumed_compute(result: Mapping[str, Any]) -> Decimal | None:
+    text = (result.get("consumedCapacity") or {}).get("compute")
+    try:
+        return compute.parse_quantity(text, "consumedCapacity.compute") if text else None
+    except InvalidRequest:
+        return None
 
 
 def _consumed(result: Mapping[str, Any]) -> int:

@@ -19,6 +19,7 @@ from tessera.core.requests import estimate_gpus, gpu_request_to_dict
 from tessera.core.workloads import PRIORITY_CLASSES
 from tessera.kube import names, sweeps
 from tessera.kube import workload_docs as wd
+from tessera.kube.admission import compute_spellings
 from tessera.kube.objects import PodGroupResource, ProjectResource, pod_info
 from tessera.kube.podgrouper import min_member_of
 
@@ -160,6 +161,9 @@ class ClusterWorkloads:
                      if names.GANG in (a := p.metadata.annotations or {})), None)
         if gang is not None:
             out["gang"] = gang
+        share = compute_spellings.share_doc(entry.pods[0].metadata.annotations or {}) if entry.pods else None
+        if share is not None:
+            out["computeShare"] = share
         out["spec"] = wd.spec_doc(rec)
         out["pods"] = pod_docs
         if events:

@@ -19,12 +19,14 @@ GPU spellings (after the webhook has translated Run:ai / cGPU ones):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
+from tessera.core import compute
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import parse_profile, profile_fraction
 from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
@@ -150,6 +152,15 @@ def _renamed(exc: InvalidRequest) -> InvalidRequest:
     return InvalidRequest(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.rule, exc.value)
 
 
+def _with_compute(gpu: GpuRequest, annotations: Mapping[str, str]) -> GpuRequest:
+    """The share with its compute request (``tessera.io/gpu-compute-request``, which the webhook
+    writes in canonical form): placement keeps the requests on a GPU within 1."""
+    value = annotations.get(compute.ANNOTATION_REQUEST)
+    if value is None or not gpu.shared or annotations.get(compute.ANNOTATION_MODE, "").strip() == "off":
+        return gpu
+    return dataclasses.replace(gpu, compute=compute.parse_fraction(value, compute.ANNOTATION_REQUEST))
+
+
 def pod_request(
     annotations: Mapping[str, str],
     containers: Sequence[ContainerResources],
@@ -168,7 +179,7 @@ def pod_request(
         a, b = _container_amounts(c, "requests")
         cpu = max(cpu, a)
         mem = max(mem, b)
-    return ResourceRequest(gpu=gpu, cpu_milli=cpu, memory=mem,
+    return ResourceRequest(gpu=_with_compute(gpu, annotations), cpu_milli=cpu, memory=mem,
                            gpus=fraction if fraction is not None else static,
                            mig=None if fraction is None else mig_profile(annotations))
 

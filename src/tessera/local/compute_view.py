@@ -37,3 +37,4 @@ def annotate_gpus(gpus: list[dict[str, Any]], directory: Path, names: dict[str, 
             u = by_name.get((g["uuid"], (h["project"], h["name"])))
             if u is not None:
                 h["gpuTime1s"], h["gpuTime10s"] = round(u.share_1s, 3), round(u.share_10s, 3)
+                h["computeRequest"], h["computeLimit"] = round(u.request, 6), round(u.limit, 6)

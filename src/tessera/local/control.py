@@ -520,7 +520,7 @@ class LocalBackend(TokenAuth):
                 estimate = fraction
             else:
                 estimate = check_limit(s.gpu, [self.machine.node], s.workers, project.name,
-                                       project.limit)
+                                       project.limit, admitted.compute)
             if self.store.workload_by_name(project.id, s.name) is not None:
                 raise Conflict(f"a workload named {s.name} already exists in project {project.name}")
             spec = {k: v for k, v in s.spec.items() if not k.startswith("_")}

@@ -201,7 +201,7 @@ class PodProcesses:
                 "uuids": [by_index[d].uuid for d in p.devices],
                 "requestBytes": list(p.request_bytes),
                 "limitBytes": list(p.limit_bytes),
-                "exclusive": p.exclusive,
+                "exclusive": p.exclusive, **({"compute": p.compute} if p.compute else {}),
                 "pid": None,
                 "startTicks": 0,
                 "log": str(log),

@@ -10,10 +10,12 @@ cannot do.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tessera.core.compute import ComputeShare
 from tessera.core.constraints import NodeConstraint
 from tessera.core.cycle import (
     CycleConfig,
@@ -49,7 +51,17 @@ def pod_placement(pod: dict[str, Any]) -> Placement:
         limit_bytes=tuple(pod["limitBytes"]),
         exclusive=pod["exclusive"],
         gpus=float(pod["mig"]["fraction"]) if pod.get("mig") else None,
+        compute=int(pod.get("compute", 0)),
     )
+
+
+def _with_compute(gpu: GpuRequest, spec: Mapping[str, Any]) -> GpuRequest:
+    """The GPU request with its compute request (``spec._compute``, tessera.core.compute), which
+    placement keeps within 1 per device."""
+    share = spec.get("_compute")
+    if not share or gpu.compute is not None:
+        return gpu
+    return dataclasses.replace(gpu, compute=ComputeShare.from_dict(share).request)
 
 
 def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now: float,
@@ -64,8 +76,8 @@ def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now
     served = w.spec.get("_migDevice") if running and not profile else None
     if served:  # a share served by a partition (docs/mig.md): counted and evicted as its profile
         profile, gpus = served["profile"], float(served["fraction"])
-    request = ResourceRequest(gpu_request_from_dict(w.request)) if not profile else \
-        ResourceRequest(GpuRequest.none(), gpus=gpus, mig=profile)
+    request = ResourceRequest(_with_compute(gpu_request_from_dict(w.request), w.spec)) if not profile \
+        else ResourceRequest(GpuRequest.none(), gpus=gpus, mig=profile)
     return Workload(
         id=w.id,
         project=w.project_name,

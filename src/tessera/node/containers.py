@@ -26,7 +26,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -172,11 +172,14 @@ def _region(root: Path, share: Share, host_paths: bool) -> None:
 
 
 def write_share(root: Path, share: Share, context_overhead_bytes: int = 0, *,
-                host_paths: bool = False, loans_dir: Path | None = None) -> list[Path]:
+                host_paths: bool = False, loans_dir: Path | None = None,
+                extra: Mapping[str, str] | None = None) -> list[Path]:
     """Writes (or rewrites, unchanged content is left alone) the files of one share; returns the
     config files. ``host_paths``: the processes run on this host, not in a container (embedded
-    mode, tests), so the config names the region by its host path. Raises ShareFilesError;
-    InvalidRequest (from render_config) for bad values."""
+    mode, tests), so the config names the region by its host path. ``extra``: more files of each
+    container's config directory (name -> text: the compute share's ``gpu-compute.conf``), in
+    it from the moment it appears. Raises ShareFilesError; InvalidRequest (from render_config)
+    for bad values."""
     text = render(share, context_overhead_bytes,
                   region_path(root, share.key).resolve() if host_paths else None,
                   (loans_dir if host_paths else Path(CONTAINER_LOANS_DIR)) if loans_dir else None)
@@ -188,18 +191,21 @@ def write_share(root: Path, share: Share, context_overhead_bytes: int = 0, *,
         for container in share.containers:
             final = config_dir(root, share.key, container)
             conf = final / CONFIG_NAME
-            if conf.is_file() and conf.read_text() == text:
+            files = {**(extra or {}), CONFIG_NAME: text}
+            if all((final / n).is_file() and (final / n).read_text() == t for n, t in files.items()):
                 written.append(conf)
                 continue
             if final.is_dir():
-                _write(conf, text, 0o644)
+                for name, body in files.items():  # the isolation config last
+                    _write(final / name, body, 0o644)
             else:
                 # Build the directory aside and rename it into place: the kubelet's
                 # "type: Directory" check never sees it without its file.
                 staging = final.with_name(f".tmp-{container}.{os.getpid()}")
                 shutil.rmtree(staging, ignore_errors=True)
                 staging.mkdir(parents=True)
-                _write(staging / CONFIG_NAME, text, 0o644)
+                for name, body in files.items():
+                    _write(staging / name, body, 0o644)
                 os.chmod(staging, 0o755)
                 os.replace(staging, final)
             written.append(conf)

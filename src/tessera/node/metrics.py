@@ -9,7 +9,7 @@ scrape costs the same whatever NVML or the regions cost to read.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -51,8 +51,12 @@ class NodeCollector(Collector):
         self.ready = False
         self.escaped_processes = 0
         self.sync_seconds = 0.0
+        self.extra: list[Callable[[], Iterable[Metric]]] = []
+        """More metric families, rendered last (a sync step's: the compute share's GPU time)."""
 
     def collect(self) -> Iterator[Metric]:
+        for more in self.extra:
+            yield from more()
         node = self.node
         ready = GaugeMetricFamily("tessera_node_ready",
                                   "1 when the agent can enforce GPU shares on this node", labels=["node"])

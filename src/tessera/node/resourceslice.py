@@ -17,6 +17,8 @@ Each GPU is one device ``gpu-<index>`` with
   GPU);
 - consumable capacity ``shares``: 100 (percent of the GPU, a Run:ai-style portion); a request that
   does not name it consumes none, so memory alone decides how many fit;
+- consumable capacity ``compute``: 1 (the GPU's time; a compute share's request, ``300m`` =
+  0.3, docs/compute-share.md); a request that does not name it consumes none;
 - ``allowMultipleAllocations: true``: several claims may hold one GPU, each with its own share.
 
 GPUs in MIG mode are offered as *partitionable devices* too (KEP-4815, ``DRAPartitionableDevices``,
@@ -105,6 +107,8 @@ def devices(inv: Inventory, headroom: Mapping[int, DeviceHeadroom] | None = None
                     "validRange": {"min": str(MiB), "step": str(MiB)}}},
                 "shares": {"value": str(SHARES), "requestPolicy": {
                     "default": "0", "validRange": {"min": "0", "step": "1"}}},
+                "compute": {"value": "1", "requestPolicy": {
+                    "default": "0", "validRange": {"min": "0", "step": "1m"}}},
             },
             "allowMultipleAllocations": True,
         })

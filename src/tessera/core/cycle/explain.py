@@ -9,6 +9,7 @@ the state changes.
 from __future__ import annotations
 
 from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.placement.explain import compute_reason
 from tessera.core.state import ClusterState, NodeState
 from tessera.core.units import format_bytes
 
@@ -63,7 +64,7 @@ class FitExplainer:
                 free = memory - used[i]
                 if largest is None or free > largest[0]:
                     largest, need_on_largest = (free, -ns.index, -i), need
-                if need <= free:
+                if need <= free and gpu.compute_units <= ns.dev_compute_free(i):
                     count += 1
             if count > best_count:
                 best_count, best_node = count, ns.name
@@ -72,6 +73,9 @@ class FitExplainer:
         if not any_model:
             return f"no node has a GPU of model {'|'.join(sorted(gpu.models))}"
         if not gpu_ok:
+            timed = None if whole else compute_reason(nodes, gpu)
+            if timed is not None:
+                return timed
             if whole:
                 where = f" (node {best_node})" if best_count else ""
                 return (
@@ -114,7 +118,10 @@ def _pods_that_fit(ns: NodeState, request: ResourceRequest) -> int:
             per_device += 1 if ns.dev_tenants[i] == 0 else 0
         else:
             need = gpu.bytes_on(memory)
-            per_device += (memory - ns.dev_used[i]) // need if need > 0 else 0
+            fit = (memory - ns.dev_used[i]) // need if need > 0 else 0
+            if gpu.compute_units:
+                fit = min(fit, ns.dev_compute_free(i) // gpu.compute_units)
+            per_device += fit
     return per_device // max(gpu.devices, 1)
 
 

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
 from tessera.core.fairshare import EPS, FairShares, Vector
-from tessera.core.model import GpuKind, Node, ResourceRequest
+from tessera.core.model import COMPUTE_FULL, GpuKind, Node, ResourceRequest
 from tessera.core.projects import ProjectTree, Resource
 from tessera.core.state import ClusterState, Placement
 from tessera.core.units import format_bytes, format_gpus
@@ -104,7 +104,9 @@ class QuotaLedger:
             gpus = float(len(p.devices))
         else:
             memory = self._state.by_name[p.node].dev_memory
-            gpus = sum(b / memory[i] for i, b in zip(p.devices, p.request_bytes, strict=True))
+            # max(memory portion, compute request) per device (docs/compute-share.md)
+            time = p.compute / COMPUTE_FULL
+            gpus = sum(max(b / memory[i], time) for i, b in zip(p.devices, p.request_bytes, strict=True))
         return (gpus, float(p.cpu_milli), float(p.memory))
 
     def account(self, ws: WorkloadState, pod: int, p: Placement | None, sign: int) -> None:

@@ -15,7 +15,7 @@ from itertools import combinations
 
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
-from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.model import COMPUTE_FULL, GpuKind, ResourceRequest
 from tessera.core.state import NodeState, Placement
 
 from .session import PodPlacements, Session, Statement, WorkloadState
@@ -41,7 +41,7 @@ class NodeIndex:
                 if not group or group[-1] is not v:
                     group.append(v)
         self.room_seen: dict[str, tuple[object, tuple[int, ...], list[int], list[int], int, int,
-                                        dict[ResourceRequest, bool]]] = (
+                                        list[int], dict[ResourceRequest, bool]]] = (
             {} if like is None else like.room_seen)
         """Memo of the "would every victim left make room" test: (node's state signature,
         those victims, answer), reused while neither changed."""
@@ -86,8 +86,10 @@ def take(tentative: Tentative, v: WorkloadState) -> None:
 
 
 def _fits_after(
-    ns: NodeState, request: ResourceRequest, free: Sequence[int], tenants: Sequence[int], cpu: int, mem: int
+    ns: NodeState, request: ResourceRequest, free: Sequence[int], tenants: Sequence[int], cpu: int, mem: int,
+    compute: Sequence[int],
 ) -> bool:
+    """``compute``: millionths of each device's time promised once the victims are gone."""
     if request.cpu_milli > cpu or request.memory > mem:
         return False
     gpu = request.gpu
@@ -100,7 +102,8 @@ def _fits_after(
         if gpu.kind is GpuKind.WHOLE:
             ok = tenants[i] == 0
         else:
-            ok = gpu.bytes_on(ns.dev_memory[i]) <= free[i]
+            ok = (gpu.bytes_on(ns.dev_memory[i]) <= free[i]
+                  and gpu.compute_units <= COMPUTE_FULL - compute[i])
         if ok:
             count += 1
             if count >= gpu.devices:
@@ -240,6 +243,7 @@ def cheapest_node(
             continue
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
+        compute = list(ns.dev_compute)
         cpu, mem = ns.free_cpu, ns.free_mem
         tentative: Tentative = {}
         chosen: list[tuple[WorkloadState, int]] = []
@@ -266,7 +270,7 @@ def cheapest_node(
             for i, p in enumerate(v.placements):
                 if p is None or p.node != node:
                     continue
-                _free_on(p, free, tenants)
+                _free_on(p, free, tenants, compute)
                 cpu += p.cpu_milli
                 mem += p.memory
                 chosen.append((v, i))
@@ -274,7 +278,7 @@ def cheapest_node(
                 cost += vec[0] if pod_level and vec is not None else 0.0
             if not pod_level:
                 cost += v.vector()[0]
-            if _fits_after(ns, request, free, tenants, cpu, mem):
+            if _fits_after(ns, request, free, tenants, cpu, mem, compute):
                 feasible += 1
                 if not pod_level:
                     # The other victims here of the projects already taken from, if this
@@ -306,10 +310,10 @@ def cheapest_node(
                 for v in others:
                     for p in v.placements:
                         if p is not None and p.node == node:
-                            _free_on(p, free, tenants)
+                            _free_on(p, free, tenants, compute)
                             cpu += p.cpu_milli
                             mem += p.memory
-                if not _fits_after(ns, request, free, tenants, cpu, mem):
+                if not _fits_after(ns, request, free, tenants, cpu, mem, compute):
                     index.mark_no_room(session, request, node)
         if examined >= nodes_budget or feasible >= 4 or (
                 best is not None and best[3] <= (False, 1) and best[0] <= floor):
@@ -339,14 +343,15 @@ def _fewest(ns: NodeState, request: ResourceRequest, pool: list[tuple[WorkloadSt
     def fits(chosen: Sequence[WorkloadState]) -> bool:
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
+        compute = list(ns.dev_compute)
         cpu, mem = ns.free_cpu, ns.free_mem
         for w, i in pods(chosen):
             p = w.placements[i]
             assert p is not None
-            _free_on(p, free, tenants)
+            _free_on(p, free, tenants, compute)
             cpu += p.cpu_milli
             mem += p.memory
-        return _fits_after(ns, request, free, tenants, cpu, mem)
+        return _fits_after(ns, request, free, tenants, cpu, mem, compute)
 
     def gpus(chosen: Sequence[WorkloadState]) -> float:
         return sum(w.vector()[0] for w in chosen)
@@ -393,19 +398,21 @@ def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: Resou
     if seen is None or seen[0] is not sig or seen[1] != ids:
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
+        compute = list(ns.dev_compute)
         cpu, mem = ns.free_cpu, ns.free_mem
         node = ns.name
         for v in others:
             for p in v.placements:
                 if p is not None and p.node == node:
-                    _free_on(p, free, tenants)
+                    _free_on(p, free, tenants, compute)
                     cpu += p.cpu_milli
                     mem += p.memory
-        seen = index.room_seen[node] = (sig, ids, free, tenants, cpu, mem, {})
-    answers = seen[6]
+        seen = index.room_seen[node] = (sig, ids, free, tenants, cpu, mem, compute, {})
+    answers = seen[7]
     fits = answers.get(request)
     if fits is None:
-        fits = answers[request] = _fits_after(ns, request, seen[2], seen[3], seen[4], seen[5])
+        fits = answers[request] = _fits_after(ns, request, seen[2], seen[3], seen[4], seen[5],
+                                              seen[6])
     return fits
 
 
@@ -428,10 +435,11 @@ def _at_least(big: ResourceRequest, small: ResourceRequest) -> bool:
     return True
 
 
-def _free_on(p: Placement, free: list[int], tenants: list[int]) -> None:
+def _free_on(p: Placement, free: list[int], tenants: list[int], compute: list[int]) -> None:
     for d, b in zip(p.devices, p.request_bytes, strict=True):
         free[d] += b
         tenants[d] -= 1
+        compute[d] -= p.compute
 
 
 def evict_until_fits(

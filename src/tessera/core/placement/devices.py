@@ -34,12 +34,14 @@ def fitting_devices(ns: NodeState, gpu: GpuRequest) -> list[int]:
             for i, model in enumerate(ns.dev_models)
             if ns.dev_tenants[i] == 0 and gpu.allows(model)
         ]
+    compute = gpu.compute_units
     return [
         i
         for i, model in enumerate(ns.dev_models)
         if gpu.allows(model)
         and gpu.bytes_on(ns.dev_memory[i]) <= ns.dev_memory[i] - ns.dev_used[i]
         and not ns.dev_whole[i]
+        and compute <= ns.dev_compute_free(i)
     ]
 
 
@@ -72,9 +74,10 @@ def _options(ns: NodeState, gpu: GpuRequest, fit: list[int]) -> list[tuple[int, 
     if gpu.kind is GpuKind.WHOLE:
         return [tuple(fit[: gpu.devices])]
     if gpu.devices == 1:
-        seen: dict[tuple[int, int, str], int] = {}
+        seen: dict[tuple[int, int, str, int], int] = {}
         for i in fit:
-            seen.setdefault((ns.dev_memory[i] - ns.dev_used[i], ns.dev_memory[i], ns.dev_models[i]), i)
+            seen.setdefault((ns.dev_memory[i] - ns.dev_used[i], ns.dev_memory[i], ns.dev_models[i],
+                             ns.dev_compute[i] if gpu.compute else 0), i)
         return [(i,) for i in sorted(seen.values())]
     by_free = sorted(fit, key=lambda i: (ns.dev_memory[i] - ns.dev_used[i], i))
     tight = tuple(sorted(by_free[: gpu.devices]))
@@ -118,6 +121,7 @@ def make_placement(ns: NodeState, request: ResourceRequest, devices: tuple[int, 
         memory=request.memory,
         models=gpu.models,
         gpus=request.gpus,
+        compute=gpu.compute_units,
     )
 
 

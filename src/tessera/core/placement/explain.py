@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.model import COMPUTE_FULL, GpuKind, GpuRequest, ResourceRequest
 from tessera.core.placement.devices import fitting_devices
 from tessera.core.state import ClusterState, NodeState
 from tessera.core.units import format_bytes
@@ -29,8 +29,37 @@ def explain_no_fit(state: ClusterState, request: ResourceRequest) -> str:
     return f"no node fits {gpu.describe()}"
 
 
+def compute_reason(nodes: list[NodeState], gpu: GpuRequest) -> str | None:
+    """Why a share with a compute request waits when GPUs have its memory but not its time:
+    the compute requests on one GPU add up to at most 1 (docs/compute-share.md). None when
+    the memory (or something else) is what is missing."""
+    want = gpu.compute_units
+    if not want or gpu.kind not in (GpuKind.PORTION, GpuKind.MEMORY):
+        return None
+    best: tuple[int, NodeState, int] | None = None  # unpromised time, node, device
+    roomy = 0
+    for ns in nodes:
+        for i, model in enumerate(ns.dev_models):
+            if (not gpu.allows(model) or ns.dev_whole[i]
+                    or gpu.bytes_on(ns.dev_memory[i]) > ns.dev_free(i)):
+                continue
+            roomy += 1
+            if ns.dev_compute_free(i) >= want:
+                return None
+            if best is None or ns.dev_compute_free(i) > best[0]:
+                best = (ns.dev_compute_free(i), ns, i)
+    if best is None:
+        return None
+    return (f"waiting for GPU time: {roomy} GPU(s) have the memory for {gpu.describe()} but none has "
+            f"{gpu.compute} of its time unpromised (the compute requests on a GPU add up to at most "
+            f"1); the most is {best[0] / COMPUTE_FULL:g} on {best[1].name} GPU {best[2]}")
+
+
 def _gpu_reason(state: ClusterState, request: ResourceRequest) -> str:
     gpu = request.gpu
+    timed = compute_reason(state.nodes, gpu)
+    if timed is not None:
+        return timed
     candidates = [
         (ns, i) for ns in state.nodes for i, m in enumerate(ns.dev_models) if gpu.allows(m)
     ]

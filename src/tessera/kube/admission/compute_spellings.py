@@ -21,9 +21,16 @@ from tessera.core.model import GpuRequest
 
 HAMI_CORES = "nvidia.com/gpucores"
 STATUS = "tessera.io/gpu-compute-status"
-NOT_ENFORCED = ("not enforced: tessera-node does not run compute arbiters on Kubernetes nodes yet "
-                "(docs/compute-share.md)")
-"""Said on every pod given a compute share, so it is never silently unenforced."""
+ENFORCED = ("enforced: tessera-node's arbiter of its GPU (the container starts only once its entry "
+            "is written; docs/compute-share.md)")
+"""Said on a one-GPU share: tessera-node writes its arbiter entry and gpu-compute.conf into the
+config directory the container needs to start (tessera.node.compute_arbiters), so it cannot run
+ungated while the isolation library is loaded."""
+
+
+def not_enforced_multi_gpu(devices: int) -> str:
+    return (f"not enforced: multi-GPU ({devices} GPUs; leases are per GPU and not aligned across "
+            "them, so its kernels run ungated; docs/compute-share.md)")
 KAI_MODE_OLD = "kai.scheduler/gpu-compute-sharing-mode"
 KAI_MODE_SUFFIX = ".gpu-compute.mode"
 KAI_MODE_PREFIX = "nvidia.com/container."
@@ -69,5 +76,21 @@ def canonical(pod: Mapping[str, Any], gpu: GpuRequest, *, mig: bool, cluster_mod
                             names=names)
     if share is None:
         return {}
+    status = ENFORCED if gpu.devices <= 1 else not_enforced_multi_gpu(gpu.devices)
     return {compute.ANNOTATION_REQUEST: str(share.request), compute.ANNOTATION_LIMIT: str(share.limit),
-            compute.ANNOTATION_MODE: share.mode, STATUS: NOT_ENFORCED}
+            compute.ANNOTATION_MODE: share.mode, STATUS: status}
+
+
+def share_doc(annotations: Mapping[str, str]) -> dict[str, Any] | None:
+    """A pod's compute share as the workload document shows it (``computeShare``: the console's
+    workload page, ``describe``); None without one. The time it is charged is in the node's
+    arbiter, not read here."""
+    if compute.ANNOTATION_REQUEST not in annotations:
+        return None
+    out = {"gpuComputeRequest": annotations[compute.ANNOTATION_REQUEST],
+           "gpuComputeLimit": annotations.get(compute.ANNOTATION_LIMIT, "1"),
+           "gpuComputeMode": annotations.get(compute.ANNOTATION_MODE, ""),
+           "status": annotations.get(STATUS, "")}
+    out["text"] = (f"request {out['gpuComputeRequest']}, limit {out['gpuComputeLimit']} "
+                   f"({out['gpuComputeMode']}); {out['status']}")
+    return out

@@ -178,11 +178,11 @@ class ClaimHook(CycleHook):
                     nbytes = held_bytes(held, gpu, ni.node)
                     placement = dataclasses.replace(base, devices=held.devices,
                                                     request_bytes=nbytes, limit_bytes=nbytes,
-                                                    exclusive=held.exclusive)
+                                                    exclusive=held.exclusive, compute=held.compute)
                     request = dataclasses.replace(request, gpu=gpu)
             elif base.devices:
                 placement = dataclasses.replace(base, devices=(), request_bytes=(),
-                                                limit_bytes=(), exclusive=False)
+                                                limit_bytes=(), exclusive=False, compute=0)
                 request = dataclasses.replace(request, gpu=GpuRequest.none())
         if (placement, request) == (pod.placement, pod.request):
             return {}

@@ -49,6 +49,7 @@ from tessera.node.draplugin.cdi import (
     write_claim_files,
     write_spec,
 )
+from tessera.node.draplugin.compute import claim_compute, prepare_compute, release_compute
 from tessera.node.draplugin.health import DraHealth
 
 log = logging.getLogger("tessera.node.dra")
@@ -106,6 +107,9 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
             name = str((claim.get("metadata") or {}).get("name", ""))
             text = config_text(c.uid, devices, cfg, pods_priority_class(users))
             write_claim_files(cfg, c.uid, text, pods_group(users, name))
+            prepare_compute(cfg, c.uid, devices, claim, pods_priority_class(users))
+        elif claim_compute(claim) is not None:
+            prepare_compute(cfg, c.uid, devices, claim)  # refuses: nowhere to write the conf
         write_spec(cfg, c.uid, cdi_spec(c.uid, devices, cfg))
         replies = []
         for d in devices:
@@ -156,6 +160,7 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
             try:
                 cfg = self.config()
                 remove_claim(cfg, c.uid)
+                release_compute(cfg, c.uid)
                 if cfg.mig is not None:
                     cfg.mig.release_claim(c.uid)  # left idle, for reuse
                 out.claims[c.uid].error = ""

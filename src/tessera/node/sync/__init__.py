@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tessera.node.sync.base import NodeContext, SyncStep
 from tessera.node.sync.claim_shares import ClaimShares
+from tessera.node.sync.compute_arbiters import ComputeArbitersStep
 from tessera.node.sync.driver_limits import DriverLimits
 from tessera.node.sync.gpu_uuids import ReportGpuUuids
 from tessera.node.sync.mig_partitions import FollowMigModes, MigPartitions
@@ -27,6 +28,7 @@ STEPS: tuple[type[SyncStep], ...] = (
     ResourceSlices,   # the DRA pool of this node (after the MIG sync: what is free to offer)
     ReportGpuUuids,   # reservation pods: which GPU the device plugin gave each
     WholeGpuTruth,    # whole-GPU pods: the placement follows the GPUs the kubelet gave them
+    ComputeArbitersStep,  # compute shares' arbiter entries (before the files that name them)
     ShareFiles,       # share pods' isolation files (after the MIG sync: partitions' UUIDs)
     ClaimShares,      # DRA claims' containers join the shares (metrics, escapes, driver cap)
     DriverLimits,     # the driver's per-cgroup hard cap for those shares, where it has one

@@ -60,6 +60,10 @@ class NodeContext:
     mig: MigView = field(default_factory=MigView)
     shares: dict[str, Share] = field(default_factory=dict)
     """This sync's shares by key (tessera.node.sync.share_files)."""
+    compute_conf: dict[str, str] = field(default_factory=dict)
+    """Share key -> its gpu-compute.conf, this sync (tessera.node.sync.compute_arbiters)."""
+    compute_errors: dict[str, str] = field(default_factory=dict)
+    """Share key -> why its compute share cannot be enforced: no files are written for it."""
     usage: NodeUsage | None = None
     observer: Observer | None = None
 

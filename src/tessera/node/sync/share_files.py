@@ -13,6 +13,7 @@ from tessera.core.errors import InvalidRequest
 from tessera.core.podgroups import share_group
 from tessera.node import containers as files
 from tessera.node.agent_options import PodView
+from tessera.node.compute_arbiters import CONF_NAME
 from tessera.node.containers import Share, ShareDevice, ShareFilesError
 from tessera.node.sync.base import NodeContext, SyncStep
 
@@ -99,8 +100,12 @@ class ShareFiles(SyncStep):
                 if not node.ready:
                     raise ShareFilesError(f"node {opts.node_name} is not ready for GPU "
                                           f"shares: {node.reason}")
+                if share.key in node.compute_errors:  # fail closed: never started ungated
+                    raise ShareFilesError(node.compute_errors[share.key])
+                conf = node.compute_conf.get(share.key)
                 files.write_share(opts.containers_dir, share, context_overhead(node, share),
-                                  loans_dir=opts.loans_dir)
+                                  loans_dir=opts.loans_dir,
+                                  extra={CONF_NAME: conf} if conf is not None else None)
                 shares[share.key] = share
                 if self.errors.pop(p.uid, None) is not None:  # fixed: if it recurs, say so
                     node.events.forget(p.uid)

@@ -325,7 +325,7 @@ async function gpus() {
           const usage = w.usedBytes !== undefined && w.usedBytes !== null
             ? `; using ${fmtBytes(w.usedBytes)}${w.utilization !== null && w.utilization !== undefined ? `, ${pct(w.utilization)} busy` : ""}` : "";
           const loan = w.loanedBytes ? `; ${fmtBytes(w.loanedBytes)} on loan` : "";
-          return { w, project, bytes, text: `${w.name}${project ? ` (${project})` : ""}: ${w.exclusive ? "whole GPU" : fmtBytes(w.bytes)}${usage}${loan}` };
+          return { w, project, bytes, text: `${w.name}${project ? ` (${project})` : ""}: ${w.exclusive ? "whole GPU" : fmtBytes(w.bytes)}${usage}${loan}${computeText(w)}` };
         });
         /* Many small shares: those under SLIVER of the GPU merge into one "+N shares" segment
            (its width their sum, so the bar stays proportional; its details list them). */
@@ -361,7 +361,8 @@ async function gpus() {
           h("div", { class: "num" },
             h("span", { class: "alloc" }, `${fmtBytes(held)} / ${fmtBytes(usable)} allocated`), h("br"),
             h("span", { class: "use" }, known ? `${fmtBytes(g.usedBytes)} used, ${pct(g.utilization)} busy` : "used: —"),
-            g.loanedBytes ? h("span", { class: "loaned" }, h("br"), `${fmtBytes(g.loanedBytes)} on loan`) : null));
+            g.loanedBytes ? h("span", { class: "loaned" }, h("br"), `${fmtBytes(g.loanedBytes)} on loan`) : null,
+            gpuTimeLine(g)));
       }),
       (n.migGpus || []).map((g) => migGpu(g, projectOf, used))));
     const legend = h("div", { class: "legend" }, [...used].filter(Boolean).sort().map((p) => h("span", {}, h("i", { style: { background: color(p) } }), p)),
@@ -377,6 +378,20 @@ async function gpus() {
   };
   await draw();
   every(5000, () => draw().catch(() => {}));
+}
+
+/* Compute share (docs/compute-share.md): a share's request and limit of the GPU's time and the
+   time the arbiter charged it over the last second; a GPU's line sums them. */
+function computeText(w) {
+  if (w.computeRequest === undefined || w.computeRequest === null) return "";
+  return `; compute request ${fmtGpus(w.computeRequest)}, limit ${fmtGpus(w.computeLimit)}, GPU time ${pct(w.gpuTime1s)} (1 s)`;
+}
+function gpuTimeLine(g) {
+  const timed = g.workloads.filter((w) => w.computeRequest !== undefined && w.computeRequest !== null);
+  if (!timed.length) return null;
+  const promised = timed.reduce((t, w) => t + w.computeRequest, 0);
+  const used = timed.reduce((t, w) => t + (w.gpuTime1s || 0), 0);
+  return h("span", { class: "gputime" }, h("br"), `GPU time ${pct(used)} (1 s), ${pct(promised)} promised`);
 }
 
 /* A bar segment: focusable, its details in the GPU row's detail line on focus or hover (and as
@@ -620,7 +635,7 @@ async function workload(kind, id) {
   const failure = h("div", { class: "panel failure", id: "w-failure", hidden: true });
   const kv = {};
   const fields = [["project", "Project"], ["type", "Type"], ["request", "GPU request"], ["allocated", "GPUs allocated"],
-    ["placement", "Placement"], ["usage", "GPU use now"], ["urls", "Service URL"], ["command", "Image / command"],
+    ["placement", "Placement"], ["compute", "Compute share"], ["usage", "GPU use now"], ["urls", "Service URL"], ["command", "Image / command"],
     ["created", "Created"], ["started", "Started"], ["duration", "Duration"], ["exit", "Exit code"]];
   const dl = h("dl", { class: "kv" }, fields.flatMap(([k, label]) => { kv[k] = h("dd", { id: `w-${k}` }); return [h("dt", {}, label), kv[k]]; }));
   const pods = h("tbody", { id: "w-pods" });
@@ -664,6 +679,10 @@ async function workload(kind, id) {
     setText(kv.allocated, w.gpus ? `${fmtGpus(w.gpus.allocated)} of ${fmtGpus(w.gpus.requested)}` : "—");
     setText(kv.placement, w.nodeName ? `${w.nodeName}: ${(w.pods || []).map((p) => p.gpuPlacement).filter(Boolean).join("; ") || "no GPU"}` : "not placed");
     setText(kv.usage, usage);
+    const cs = w.computeShare;
+    setText(kv.compute, cs ? `request ${cs.gpuComputeRequest}, limit ${cs.gpuComputeLimit} (${cs.gpuComputeMode})`
+      + (cs.gpus || []).map((g) => `; GPU time ${pct(g.gpuTime1s)} (1 s), ${pct(g.gpuTime10s)} (10 s)${g.enforced ? "" : ", not enforced: multi-GPU"}`).join("")
+      + (cs.status ? `; ${cs.status}` : "") : "—");
     setKids(kv.urls, JSON.stringify(w.serviceUrls || []), () => (w.serviceUrls || []).length
       ? w.serviceUrls.flatMap((u, i) => [i ? ", " : "", h("a", { href: u, target: "_blank", rel: "noopener" }, u)]) : "—");
     setText(kv.command, [w.image, w.spec && w.spec.command ? `${w.spec.command} ${w.spec.args || ""}`.trim() : ""].filter(Boolean).join(" — ") || "—");
