@@ -230,8 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--page", action="store_true",
-                        help="only the GPUs page drawn in Chromium: 4,000 GPUs, 2 with 30 shares "
+                        help="only the GPUs page drawn in Chromium: --nodes nodes x 8 GPUs on the "
+                             "Kubernetes backend, --crowded GPUs with 30 shares "
                              "(tessera.bench.console_page)")
+    parser.add_argument("--crowded", type=int, default=3,
+                        help="--page: GPUs to fill with 30 shares of 0.03 each")
     parser.add_argument("--no-usage", action="store_true",
                         help="Kubernetes part: no node publishes an agent address (nothing polled)")
     args = parser.parse_args(argv)
@@ -241,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.page:
         from tessera.bench.console_page import page
 
-        result.update(page(repeats=max(3, min(args.repeats, 15))))
+        result.update(page(nodes=args.nodes or 500, crowded=max(1, args.crowded),
+                           repeats=max(3, min(args.repeats, 15))))
         print(json.dumps(result), flush=True)
         return 0
     result.update(embedded(args.workloads, args.repeats))

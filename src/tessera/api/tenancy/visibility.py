@@ -19,8 +19,9 @@ def redact_cluster(doc: dict[str, Any], visible: frozenset[str] | None) -> dict[
                                 for w in gpu.get("workloads", [])]
         for gpu in node.get("migGpus", []):
             for part in gpu.get("partitions", []):
-                if part.get("workload") is not None:
+                if part.get("workload") is not None and part.get("project") not in visible:
                     part["workload"] = "(hidden)"
+                    part["project"] = ""
     return doc
 
 

@@ -129,7 +129,7 @@ async function api(path, opts = {}) {
 }
 
 /* ---------- pages ---------- */
-const pages = { login, overview, gpus, projects, workloads, workload, submit, metrics };
+const pages = { login, overview, projects, workloads, workload, submit, metrics };
 
 async function route() {
   clearTimers();
@@ -290,95 +290,7 @@ function shareBar(value, scale, mark, name) {
   return bar;
 }
 
-/* The node agent's state on a node: nothing when it reported, else why there are no numbers. */
-function agentNote(n) {
-  const a = n.agent || { state: "waiting", message: "" };
-  if (a.state === "ok") return h("span", { class: "muted agent", "data-agent-state": "ok", title: a.message || "" }, `usage from tessera-node, ${a.ageSeconds ?? 0}s ago`);
-  const what = { unreachable: "node agent not answering", "no-agent": "no node agent", "not-ready": "node agent has no usage",
-    waiting: "waiting for the node agent", simulated: "simulated GPUs: no usage to read" }[a.state] || a.state;
-  return h("span", { class: `badge ${a.state === "simulated" ? "" : "warn"} agent`, "data-agent-state": a.state, title: a.message || "" },
-    `${what}${a.message && a.state !== "simulated" ? `: ${a.message}` : ""}`);
-}
 function pct(x) { return x === null || x === undefined ? "—" : `${Math.round(100 * x)}%`; }
-
-async function gpus() {
-  const draw = async () => {
-    const [c, list] = await Promise.all([api("/api/v1/cluster"),
-      api("/api/v1/workloads?limit=10000&fields=name,projectName&shape=rows")]);
-    document.getElementById("sim").hidden = !c.simulated;
-    const projectOf = {};
-    for (const [name, project] of list.rows) projectOf[name] = project;
-    const used = new Set();
-    let anyLoan = false;
-    let anyUsed = false;
-    const nodes = c.nodes.map((n) => h("div", { class: "panel node", "data-node": n.name },
-      h("div", { class: "row", style: { marginBottom: "6px" } }, h("h2", { style: { margin: 0 } }, n.name), agentNote(n)),
-      n.gpus.map((g) => {
-        const usable = g.memoryBytes - (g.headroomBytes || 0);
-        const known = g.usedBytes !== undefined;
-        const detail = h("div", { class: "segdetail muted", "aria-live": "polite" });
-        anyUsed = anyUsed || known;
-        const shares = g.workloads.map((w) => {
-          const project = w.project || projectOf[w.name] || "";
-          used.add(project);
-          const bytes = w.exclusive ? usable : w.bytes;
-          const usage = w.usedBytes !== undefined && w.usedBytes !== null
-            ? `; using ${fmtBytes(w.usedBytes)}${w.utilization !== null && w.utilization !== undefined ? `, ${pct(w.utilization)} busy` : ""}` : "";
-          const loan = w.loanedBytes ? `; ${fmtBytes(w.loanedBytes)} on loan` : "";
-          return { w, project, bytes, text: `${w.name}${project ? ` (${project})` : ""}: ${w.exclusive ? "whole GPU" : fmtBytes(w.bytes)}${usage}${loan}${computeText(w)}` };
-        });
-        /* Many small shares: those under SLIVER of the GPU merge into one "+N shares" segment
-           (its width their sum, so the bar stays proportional; its details list them). */
-        const slivers = shares.length > MAX_SHARES ? shares.filter((x) => x.bytes + (x.w.loanedBytes || 0) < SLIVER * g.memoryBytes) : [];
-        const merged = slivers.length > 1 ? new Set(slivers) : new Set();
-        const segs = shares.filter((x) => !merged.has(x)).flatMap(({ w, project, bytes, text }) => {
-          const bg = color(project || w.name);
-          const seg = segment(detail, text, { class: "seg share", "data-workload": w.name, "data-used": w.usedBytes ?? "",
-            style: { width: `${(100 * bytes) / g.memoryBytes}%`, background: bg, color: inkOn(bg) } }, w.name);
-          if (w.usedBytes !== undefined && w.usedBytes !== null && bytes > 0) {
-            seg.append(h("i", { class: "fill", style: { width: `${Math.min(100, (100 * Math.min(w.usedBytes, bytes)) / bytes)}%` } }));
-          }
-          if (!w.loanedBytes) return [seg];
-          anyLoan = true;  /* the loan right after its share: memory it holds above its request */
-          return [seg, segment(detail, `${w.name} holds ${fmtBytes(w.loanedBytes)} above its request: on loan, taken back when an owner needs it`,
-            { class: "seg loan", "data-loan": w.name, "data-bytes": w.loanedBytes, style: { width: `${(100 * w.loanedBytes) / g.memoryBytes}%` } }, "loan")];
-        });
-        if (merged.size) {
-          const list = [...merged];
-          const total = list.reduce((t, x) => t + x.bytes + (x.w.loanedBytes || 0), 0);
-          anyLoan = anyLoan || list.some((x) => x.w.loanedBytes);
-          segs.push(segment(detail, `${list.length} small shares, ${fmtBytes(total)} in all: ${list.map((x) => x.text).join("; ")}`,
-            { class: "seg more", "data-merged": list.length, "data-bytes": total, style: { width: `${(100 * total) / g.memoryBytes}%` } }, `+${list.length} shares`));
-        }
-        if (g.headroomBytes) segs.push(h("div", { class: "seg headroom", title: `${fmtBytes(g.headroomBytes)} kept for the driver and CUDA contexts`,
-          style: { width: `${(100 * g.headroomBytes) / g.memoryBytes}%`, marginLeft: "auto" } }));
-        const held = g.workloads.some((w) => w.exclusive) ? usable : g.allocatedBytes;
-        const usedBar = h("div", { class: "usedbar", title: known ? `${fmtBytes(g.usedBytes)} in use (NVML) of ${fmtBytes(g.memoryBytes)}` : "memory in use: no report" },
-          known ? h("i", { style: { width: `${Math.min(100, (100 * g.usedBytes) / g.memoryBytes)}%` } }) : null);
-        return h("div", { class: "gpu", "data-uuid": g.uuid, "data-used": known ? g.usedBytes : "" },
-          h("div", { class: "name" }, h("strong", {}, `GPU ${g.index}`), ` ${g.model}`, h("br"), h("span", { class: "muted" }, fmtBytes(g.memoryBytes))),
-          h("div", { class: "track" }, h("div", { class: "bar", role: "group", "aria-label": `GPU ${g.index} ${g.model}: ${shares.length} share${shares.length === 1 ? "" : "s"}` }, segs), usedBar, detail),
-          h("div", { class: "num" },
-            h("span", { class: "alloc" }, `${fmtBytes(held)} / ${fmtBytes(usable)} allocated`), h("br"),
-            h("span", { class: "use" }, known ? `${fmtBytes(g.usedBytes)} used, ${pct(g.utilization)} busy` : "used: —"),
-            g.loanedBytes ? h("span", { class: "loaned" }, h("br"), `${fmtBytes(g.loanedBytes)} on loan`) : null,
-            gpuTimeLine(g)));
-      }),
-      (n.migGpus || []).map((g) => migGpu(g, projectOf, used))));
-    const legend = h("div", { class: "legend" }, [...used].filter(Boolean).sort().map((p) => h("span", {}, h("i", { style: { background: color(p) } }), p)),
-      anyUsed ? h("span", {}, h("i", { class: "key-used" }), "in use (NVML)") : null,
-      anyLoan ? h("span", {}, h("i", { class: "key-loan" }), "on loan") : null,
-      h("span", {}, h("i", { class: "key-headroom" }), "headroom"),
-      c.nodes.some((n) => (n.migGpus || []).length) ? h("span", {}, h("i", { class: "key-idle" }), "idle MIG partition") : null);
-    put(main, h("h1", {}, "GPUs"),
-      c.simulated ? h("p", { class: "badge warn" }, "These GPUs are simulated: no NVIDIA driver here.") : null,
-      h("p", { class: "muted" }, "Each bar is one GPU's memory, split into the shares placed on it (coloured by project; the dark line in a share is the memory its processes use); memory a dynamic fraction holds above its request is marked as a loan. Many small shares on one GPU are drawn as one \u201c+N shares\u201d segment. Focus or point at a segment for its details. The thin bar below is the memory in use on the GPU, as the node agent reads it.",
-        c.nodes.some((n) => (n.migGpus || []).length) ? " A GPU in MIG mode is drawn as its eight memory slots, each partition where it sits: held by a workload, idle (kept for reuse until its room is needed) or an operator's." : ""),
-      legend, ...(nodes.length ? nodes : [h("p", { class: "muted" }, "No GPU nodes.")]));
-  };
-  await draw();
-  every(5000, () => draw().catch(() => {}));
-}
 
 /* Compute share (docs/compute-share.md): a share's request and limit of the GPU's time and the
    time the arbiter charged it over the last second; a GPU's line sums them. */
@@ -392,46 +304,6 @@ function gpuTimeLine(g) {
   const promised = timed.reduce((t, w) => t + w.computeRequest, 0);
   const used = timed.reduce((t, w) => t + (w.gpuTime1s || 0), 0);
   return h("span", { class: "gputime" }, h("br"), `GPU time ${pct(used)} (1 s), ${pct(promised)} promised`);
-}
-
-/* A bar segment: focusable, its details in the GPU row's detail line on focus or hover (and as
-   its accessible name), not only in a hover title. */
-const MAX_SHARES = 10;
-const SLIVER = 0.05;
-function segment(detail, text, attrs, label) {
-  const show = () => { detail.textContent = text; };
-  const hide = () => { if (detail.textContent === text) detail.textContent = ""; };
-  return h("div", { ...attrs, tabindex: 0, title: text, "aria-label": text, onfocus: show, onblur: hide, onmouseenter: show, onmouseleave: hide }, label);
-}
-
-/* A GPU in MIG mode: its eight memory slots, each partition drawn where it sits (coloured by its
-   workload's project; idle ones are kept for reuse until their room is needed). */
-function migGpu(g, projectOf, used) {
-  const detail = h("div", { class: "segdetail muted", "aria-live": "polite" });
-  const parts = [...(g.partitions || [])].sort((a, b) => a.start - b.start);
-  const segs = [];
-  let at = 0;
-  for (const p of parts) {
-    for (; at < p.start; at++) segs.push(h("div", { class: "seg free", title: `memory slot ${at}: free` }));
-    const project = p.workload ? projectOf[p.workload] || "" : "";
-    if (project) used.add(project);
-    const who = p.workload ? `${p.workload}${project ? ` (${project})` : ""}`
-      : p.managed ? "idle: kept for reuse, removed when its room is needed" : "not tessera's (an operator's partition)";
-    const bg = p.workload ? color(project || p.workload) : null;
-    segs.push(segment(detail, `MIG ${p.profile} on GPU ${g.index}, slot ${p.start}: ${who}${p.uuid ? ` (${p.uuid})` : ""}`,
-      { class: `seg part ${p.workload ? "held" : p.managed ? "idle" : "operator"}`,
-        "data-profile": p.profile, "data-start": p.start, "data-workload": p.workload || "",
-        style: { width: `${(100 * (p.slots || 1)) / 8}%`, background: bg, color: bg ? inkOn(bg) : null } },
-      `${p.profile}${p.workload ? ` ${p.workload}` : ""}`));
-    at = p.start + (p.slots || 1);
-  }
-  for (; at < 8; at++) segs.push(h("div", { class: "seg free", title: `memory slot ${at}: free` }));
-  const busy = parts.filter((p) => p.workload).length;
-  return h("div", { class: "gpu mig", "data-uuid": g.uuid },
-    h("div", { class: "name" }, h("strong", {}, "MIG"), ` ${g.model}`, h("br"), h("span", { class: "muted", title: g.uuid }, `NVML GPU ${g.index}, MIG mode`)),
-    h("div", { class: "track" }, h("div", { class: "bar slots", role: "group", "aria-label": `MIG GPU ${g.index} ${g.model}` }, segs), detail),
-    h("div", { class: "num" }, g.partitions === null ? "partitions: NVML not open"
-      : `${parts.length} partition${parts.length === 1 ? "" : "s"}, ${busy} in use`));
 }
 
 /* Field errors from the API beside the input whose data-field the error names. */
@@ -830,4 +702,5 @@ async function metrics() {
 
 document.getElementById("logout").addEventListener("click", () => { store.removeItem(TOKEN_KEY); location.hash = "#/login"; });
 window.addEventListener("hashchange", route);
-route();
+/* after every script: gpus.js and tenancy.js add their pages to `pages` */
+document.addEventListener("DOMContentLoaded", () => { route(); });
