@@ -75,11 +75,16 @@ def source_key(native_dir: Path = NATIVE_DIR) -> str:
     return digest.hexdigest()[:16]
 
 
-def ensure_built(native_dir: Path = NATIVE_DIR, *, quiet: bool = True) -> NativeBuild:
-    """Builds everything under native/ unless the cache already holds this exact tree's build."""
+def ensure_built(native_dir: Path = NATIVE_DIR, *, quiet: bool = True,
+                 lib_only: bool = False) -> NativeBuild:
+    """Builds everything under native/ unless the cache already holds this exact tree's build.
+    ``lib_only``: only the isolation library (what the product needs; the fake driver and the
+    test programs are for tests), cached apart unless the whole build is there already."""
     key = source_key(native_dir)
     root = cache_root()
-    final = root / key
+    if lib_only and (root / key / ".complete").is_file():
+        return ensure_built(native_dir, quiet=quiet)
+    final = root / (f"{key}-lib" if lib_only else key)
     if (final / ".complete").is_file():
         with contextlib.suppress(OSError):
             os.utime(final)  # in use: keeps it from being pruned
@@ -89,11 +94,12 @@ def ensure_built(native_dir: Path = NATIVE_DIR, *, quiet: bool = True) -> Native
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / ".complete").is_file():
             return NativeBuild(final)
-        work = root / f"{key}.tmp-{os.getpid()}"
+        work = root / f"{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
         jobs = str(min(2, os.cpu_count() or 1))
         result = subprocess.run(
-            ["make", "-C", str(native_dir), f"-j{jobs}", f"BUILD={work}", f"CC={_compiler()}", "all"],
+            ["make", "-C", str(native_dir), f"-j{jobs}", f"BUILD={work}", f"CC={_compiler()}",
+             "lib" if lib_only else "all"],
             capture_output=True, text=True,
         )
         if result.returncode != 0:
@@ -101,7 +107,7 @@ def ensure_built(native_dir: Path = NATIVE_DIR, *, quiet: bool = True) -> Native
             raise NativeBuildError(f"make -C {native_dir} failed:\n{result.stdout}\n{result.stderr}")
         if not quiet:
             print(result.stdout, end="")
-        (work / ".complete").write_text(key + "\n")
+        (work / ".complete").write_text(final.name + "\n")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(work, final)
         _prune(root, keep=key)
@@ -113,7 +119,7 @@ def _prune(root: Path, keep: str, max_age_s: float = 7 * 86400) -> None:
     using a recent one, so those stay)."""
     now = time.time()
     for old in root.iterdir():
-        if not old.is_dir() or old.name == keep:
+        if not old.is_dir() or old.name.split("-")[0] == keep:
             continue
         try:
             if now - old.stat().st_mtime > max_age_s:
@@ -141,9 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera.isolation.build")
     parser.add_argument("--install", action="store_true", help="copy the library into the package")
     parser.add_argument("--print-dir", action="store_true", help="print the build directory")
+    parser.add_argument("--lib-only", action="store_true",
+                        help="only the isolation library (./dev run), not the fake driver and the "
+                             "test programs")
     args = parser.parse_args(argv)
     try:
-        build = ensure_built(quiet=True)
+        build = ensure_built(quiet=True, lib_only=args.lib_only)
     except NativeBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
