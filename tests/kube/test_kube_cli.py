@@ -470,3 +470,47 @@ def test_whole_gpus_use_the_device_plugin_resource(server: KubeApiServer,
     top = server.cli("top").stdout
     assert top.count("big (whole)") == 2
     server.cli("delete", "big", *p)
+
+
+def test_pending_time_runs_from_the_last_transition_to_pending(server: KubeApiServer) -> None:
+    """Kubernetes too (issue 34): a resumed workload's wait is timed from its resume (the new
+    pods' creation) to its binding (PodScheduled's transition), not from its submission; the
+    workload document says both, and ``tessera_workload_pending_seconds`` observes the short
+    second wait, not the first run."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def pending() -> tuple[float, float]:
+        with server.http() as http:
+            text = http.get("/metrics", timeout=10).text
+        got = {s.name: s.value for f in text_string_to_metric_families(text)
+               if f.name == "tessera_workload_pending_seconds" for s in f.samples
+               if s.labels.get("type") == "Training" and not s.name.endswith("_bucket")}
+        return (got.get("tessera_workload_pending_seconds_count", 0.0),
+                got.get("tessera_workload_pending_seconds_sum", 0.0))
+
+    server.cli("project", "create", "cli-pend", "--gpu", "1")
+    p = ["-p", "cli-pend"]
+    pending()  # the collector's watermark: starts after this are observed
+    time.sleep(1.1)
+    server.cli("training", "submit", "pw", *p, "-g", "0.2", "--gpu-model", MODEL, "--",
+               "sleep", "600")
+    _wait(server, "pw", project="cli-pend")
+    first = server.cli_json("describe", "pw", *p)
+    assert first["createdAt"] <= first["pendingSince"] <= first["startedAt"]
+    count, total = wait_until("the first start observed", lambda: (
+        x if (x := pending())[0] >= 1 else None))
+    time.sleep(5)  # it runs a while, then is stopped and resumed
+    server.cli("training", "suspend", "pw", *p)
+    _wait(server, "pw", status="Stopped", project="cli-pend")
+    time.sleep(1.5)
+    server.cli("training", "resume", "pw", *p)
+    _wait(server, "pw", project="cli-pend")
+    again = server.cli_json("describe", "pw", *p)
+    assert again["createdAt"] == first["createdAt"]
+    assert again["pendingSince"] > first["startedAt"]  # the resume, after the first run began
+    assert again["pendingSince"] <= again["startedAt"]
+    _, total2 = wait_until("the second start observed", lambda: (
+        x if (x := pending())[0] >= count + 1 else None))
+    # the second wait: from the resume to the binding (seconds), not from submission (> 6 s)
+    assert total2 - total < 5, (total, total2, again)
+    server.cli("delete", "pw", *p)

@@ -120,7 +120,7 @@ class ClusterWorkloads:
             phase, message, code = wd.phase_of(rec.workers, entry.annotations, entry.deleting,
                                                pod_docs)
         bound = [d for d in pod_docs if d["nodeName"]]
-        starts = [wd.created_at(p) for p in entry.pods if p.spec and p.spec.nodeName]
+        starts = [wd.bound_at(p) for p in entry.pods if p.spec and p.spec.nodeName]
         gpu = rec.gpu
         out: dict[str, Any] = {
             "workloadId": rec.id,
@@ -133,7 +133,7 @@ class ClusterWorkloads:
             "phaseMessage": message,
             "createdAt": wd.iso(entry.created),
             "startedAt": wd.iso(min(starts)) if starts and phase != "Pending" else None,
-            "pendingSince": wd.iso(entry.created),  # a requeue re-creates the pods, not this
+            "pendingSince": wd.iso(wd.pending_since(entry.created, entry.pods)),
             "completedAt": None,
             "exitCode": code,
             "priorityClass": rec.priority_class,

@@ -322,3 +322,21 @@ class Entry:
 
 def created_at(obj: Any) -> float:
     return timestamp(obj.metadata.creationTimestamp) or 0.0
+
+
+def bound_at(pod: Any) -> float:
+    """When a bound pod started, as far as tessera is concerned: its binding, which the API
+    server stamps as the PodScheduled condition's transition to True; else the kubelet's start
+    time; else its creation."""
+    status = pod.status
+    for c in (status.conditions if status else None) or []:
+        if c.type == "PodScheduled" and c.status == "True" and c.lastTransitionTime:
+            return timestamp(c.lastTransitionTime) or created_at(pod)
+    return (timestamp(status.startTime) if status else None) or created_at(pod)
+
+
+def pending_since(created: float, pods: Sequence[Any]) -> float:
+    """The workload's last transition to Pending: its current pods' creation (a requeue, a
+    resume or a replaced pod makes new pods, which wait again), not the workload's submission;
+    the workload's creation while it has no pods yet."""
+    return max(created, min(created_at(p) for p in pods)) if pods else created
