@@ -22,6 +22,7 @@ node until its GPU rows are drawn. Target (issue 34): p50 < 300 ms to interactiv
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -77,6 +78,12 @@ last.scrollIntoView();
 """
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (and its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _say(msg: str) -> None:
     print(f"[bench.console --page] {msg}", file=sys.stderr, flush=True)
 
@@ -103,9 +110,16 @@ def _measure(url: str, token: str, nodes: int, per: int, repeats: int, profile: 
         driver.execute_script("localStorage.setItem('tessera.token', arguments[0])", token)
         driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
                                {"source": WATCH % {"nodes": nodes, "per": per}})
-        times, fetched, sizes = [], [], []
+        driver.execute_cdp_cmd("Performance.enable", {"timeDomain": "threadTicks"})
+
+        def cpu() -> float:  # the page's main thread's CPU time (s): not inflated by load
+            got = driver.execute_cdp_cmd("Performance.getMetrics", {})["metrics"]
+            return next(m["value"] for m in got if m["name"] == "ThreadTime")
+
+        times, fetched, sizes, render, scripts, thread = [], [], [], [], [], []
         for i in range(repeats + 1):
             driver.get("about:blank")
+            t_cpu = cpu()
             driver.get(f"{url}/#/gpus")
             deadline = time.monotonic() + 60
             drawn = None
@@ -115,9 +129,12 @@ def _measure(url: str, token: str, nodes: int, per: int, repeats: int, profile: 
             if drawn is None:
                 raise RuntimeError("the GPUs page was not drawn in 60 s")
             if i:
+                thread.append((cpu() - t_cpu) * 1000)
                 times.append(float(drawn))
                 ends = driver.execute_script(FETCHES)
                 fetched.append(max(e["end"] for e in ends))
+                render.append(float(drawn) - fetched[-1])
+                scripts.append(min(e["start"] for e in ends))
                 sizes = [(e["url"].split("?")[0], {k: round(v, 1) for k, v in e.items()
                                                    if k != "url"}) for e in ends]
         time.sleep(7)  # one 5 s refresh of the page falls in this window
@@ -129,6 +146,9 @@ def _measure(url: str, token: str, nodes: int, per: int, repeats: int, profile: 
     return {"gpus_page_interactive_p50_ms": round(statistics.median(times), 1),
             "gpus_page_interactive_max_ms": round(max(times), 1),
             "gpus_page_fetched_p50_ms": round(statistics.median(fetched), 1),
+            "gpus_page_first_fetch_start_p50_ms": round(statistics.median(scripts), 1),
+            "gpus_page_drawn_after_data_p50_ms": round(statistics.median(render), 1),
+            "gpus_page_main_thread_cpu_p50_ms": round(statistics.median(thread), 1),
             "gpus_page_fetches_last_load": dict(sizes),
             "gpus_page_longest_task_after_load_ms": round(max(after, default=0.0), 1),
             "gpus_page_scroll_to_last_node_ms": round(scroll["ms"], 1),
@@ -206,11 +226,16 @@ def page(nodes: int = 500, crowded: int = 3, shares: int = 30, repeats: int = 9)
                         _say(f"waiting: {placed} shares placed, {reporting} nodes reporting usage")
                     time.sleep(1.0)
                 _say(f"{placed} shares placed, every node's usage in")
-                api_times = []
+                assert server.proc is not None
+                server_pid = server.proc.pid
+                api_times, api_cpu = [], []
                 for _ in range(repeats):
+                    time.sleep(1.1)  # the cached document has expired: each one is built
+                    cpu0 = _cpu_seconds(server_pid)
                     t = time.perf_counter()
                     r = c.get("/api/v1/cluster", timeout=30)
                     api_times.append((time.perf_counter() - t) * 1000)
+                    api_cpu.append((_cpu_seconds(server_pid) - cpu0) * 1000)
                 per_gpu = sorted((len(g["workloads"]) for n in doc["nodes"] for g in n["gpus"]),
                                  reverse=True)
                 out = {"page_nodes": len(doc["nodes"]),
@@ -218,6 +243,7 @@ def page(nodes: int = 500, crowded: int = 3, shares: int = 30, repeats: int = 9)
                        "page_crowded_gpus": sum(1 for x in per_gpu if x >= 10),
                        "page_shares_per_crowded_gpu": [x for x in per_gpu if x >= 10],
                        "cluster_api_p50_ms": round(statistics.median(api_times), 1),
+                       "cluster_api_server_cpu_p50_ms": round(statistics.median(api_cpu), 1),
                        "cluster_doc_bytes": len(r.content)}
                 token = server.token()
             out.update(_measure(server.url, token, nodes, 8, repeats, f"{tmp}/profile"))

@@ -632,7 +632,16 @@ async function submit() {
   name.focus();
 }
 
+/* uPlot (the charts) is loaded by the Metrics page only: the other pages do not wait for it. */
+function needUplot() {
+  if (window.uPlot) return Promise.resolve();
+  return needUplot.loading || (needUplot.loading = new Promise((resolve, reject) => {
+    const src = document.querySelector('meta[name="tessera-uplot"]').content;
+    document.head.append(h("script", { src, onload: resolve, onerror: () => { needUplot.loading = null; reject(new ApiError(0, { message: "the chart library did not load" })); } }));
+  }));
+}
 async function metrics() {
+  await needUplot();
   const minutes = h("select", { id: "m-minutes", "aria-label": "Time range" }, [15, 60, 180, 360, 1440].map((m) => h("option", { value: m, selected: m === 60 }, m < 60 ? `last ${m} min` : `last ${m / 60} h`)));
   const byProject = h("div", { class: "chart", id: "chart-projects" });
   const byWorkload = h("div", { class: "chart", id: "chart-workloads" });
