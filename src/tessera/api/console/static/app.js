@@ -329,24 +329,52 @@ function field(label, input, hint) {
   return h("label", {}, label, input, hint ? h("span", { class: "muted" }, hint) : null, h("span", { class: "err", "data-for": input.id }));
 }
 
+/* Projects: quota, what each holds and asks for, what waits, its fair share, on one scale for
+   every row (deserved as the bar's mark); refreshed every 5 s without touching the forms. */
 async function projects() {
-  const list = (await api("/api/v1/org-unit/projects")).projects;
-  const over = await api("/api/v1/overview");
-  const byName = Object.fromEntries(over.projects.map((p) => [p.name, p]));
-  const rows = list.map((p) => {
-    const q = p.resources.gpu; const o = byName[p.name] || {};
-    return h("tr", { "data-project": p.name },
-      h("td", {}, h("strong", {}, p.name)), h("td", {}, fmtGpus(q.deserved)), h("td", {}, q.limit === null || q.limit === undefined ? "none" : fmtGpus(q.limit)),
-      h("td", { class: "opt" }, fmtGpus(q.overQuotaWeight)), h("td", { class: "opt" }, p.priority),
-      h("td", {}, fmtGpus(p.status.allocated.gpu)), h("td", {}, fmtGpus(o.fairShare)),
-      h("td", {}, shareBar(p.status.allocated.gpu, Math.max(q.deserved || 0, o.fairShare || 0, p.status.allocated.gpu, 1), o.fairShare, p.name)),
-      h("td", {}, h("button", { class: "btn secondary", type: "button", "data-edit": p.name, onclick: () => editProject(p) }, "Edit")));
-  });
-  put(main, h("h1", {}, "Projects"),
+  const body = h("tbody", {});
+  const note = h("p", { class: "badge warn", id: "quota-note", hidden: true });
+  const draw = async () => {
+    const [list, over, waiting] = await Promise.all([api("/api/v1/org-unit/projects"), api("/api/v1/overview"),
+      api("/api/v1/workloads?limit=10000&shape=rows&fields=projectName&filterBy=phase%3D%3DPending")]);
+    const byName = Object.fromEntries(over.projects.map((p) => [p.name, p]));
+    const pending = {};
+    for (const [project] of waiting.rows) pending[project] = (pending[project] || 0) + 1;
+    const scale = Math.max(1, ...list.projects.map((p) => { const o = byName[p.name] || {};
+      return Math.max(p.resources.gpu.deserved || 0, o.fairShare || 0, p.status.allocated.gpu || 0, o.requested || 0); }));
+    const deserved = list.projects.reduce((t, p) => t + Math.max(0, p.resources.gpu.deserved || 0), 0);
+    note.hidden = !(deserved > over.gpus.total + 1e-9);
+    note.textContent = `The projects' deserved quotas add up to ${fmtGpus(deserved)} GPUs on ${fmtGpus(over.gpus.total)}: they cannot all have their deserved share at once (each gets its fair share instead).`;
+    body.replaceChildren(...list.projects.map((p) => {
+      const q = p.resources.gpu; const o = byName[p.name] || {};
+      return h("tr", { "data-project": p.name },
+        h("td", {}, h("strong", {}, p.name)), h("td", { class: "num" }, fmtGpus(q.deserved)), h("td", { class: "num" }, q.limit === null || q.limit === undefined ? "none" : fmtGpus(q.limit)),
+        h("td", { class: "opt num" }, fmtGpus(q.overQuotaWeight)), h("td", { class: "opt num" }, p.priority),
+        h("td", { class: "num", "data-col": "allocated" }, fmtGpus(p.status.allocated.gpu)), h("td", { class: "num", "data-col": "requested" }, fmtGpus(o.requested)),
+        h("td", { class: "num", "data-col": "pending" }, pending[p.name] ? h("a", { href: `#/workloads?phase=Pending&project=${encodeURIComponent(p.name)}` }, String(pending[p.name])) : "0"),
+        h("td", { class: "num" }, fmtGpus(o.fairShare)),
+        h("td", {}, shareBar(p.status.allocated.gpu, scale, q.deserved, p.name)),
+        h("td", {}, h("div", { class: "row" },
+          h("button", { class: "btn secondary", type: "button", "data-edit": p.name, onclick: () => editProject(p) }, "Edit"),
+          h("button", { class: "btn danger", type: "button", "data-delete": p.name, onclick: () => deleteProject(p.name, draw) }, "Delete"))));
+    }));
+  };
+  await draw();
+  put(main, h("h1", {}, "Projects"), note,
     h("div", { class: "panel" }, h("table", { id: "projects" },
-      h("thead", {}, h("tr", {}, ["Project", "Deserved", "Limit", "Weight", "Priority", "Allocated", "Fair share", "", ""].map((t, i) => h("th", { class: i === 3 || i === 4 ? "opt" : null }, t)))),
-      h("tbody", {}, rows))),
+      h("thead", {}, h("tr", {}, ["Project", "Deserved", "Limit", "Weight", "Priority", "Allocated", "Requested", "Pending", "Fair share", "", ""].map((t, i) => h("th", { class: i === 3 || i === 4 ? "opt" : null }, t)))),
+      body)),
+    h("p", { class: "muted" }, "The bars share one scale; the dark mark is the project's deserved quota."),
     h("div", { id: "project-editor" }), projectForm(null));
+  every(5000, () => draw().catch(() => {}));
+}
+async function deleteProject(name, redraw) {
+  if (!window.confirm(`Delete project ${name}? Its access rules go with it.`)) return;
+  try {
+    await api(`/api/v1/org-unit/projects/${encodeURIComponent(name)}`, { method: "DELETE" });
+    toast(`Project ${name} deleted.`);
+    await redraw();
+  } catch (e) { toast(e.message); }
 }
 function projectForm(p) {
   const q = p ? p.resources.gpu : {};
@@ -377,7 +405,7 @@ function projectForm(p) {
         await api("/api/v1/org-unit/projects", { method: "POST", body: { name: name.value, resources: { gpu }, priority: num(priority.value) } });
         toast(`Project ${name.value} created.`);
       }
-      await projects();
+      clearTimers(); await projects();
     } catch (e) { showErrors(form, e); }
   } },
     h("h2", { style: { marginTop: 0 } }, p ? `Edit ${p.name}` : "New project"),
