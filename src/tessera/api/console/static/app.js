@@ -131,7 +131,9 @@ async function api(path, opts = {}) {
 /* ---------- pages ---------- */
 const pages = { login, overview, projects, workloads, workload, submit, metrics };
 
+let routeGen = 0;  /* which route() drew last: a page whose data comes after a newer route stops */
 async function route() {
+  routeGen++;
   clearTimers();
   const [page, ...rest] = (location.hash.replace(/^#\/?/, "").split("?")[0] || "overview").split("/");
   const authed = !!store.getItem(TOKEN_KEY);

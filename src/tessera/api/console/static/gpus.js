@@ -189,8 +189,10 @@
       count.textContent = q ? `${visible} of ${shown.size} nodes` : `${shown.size} node${shown.size === 1 ? "" : "s"}`;
     }
 
+    const gen = routeGen;
     const draw = async () => {
       const c = await api("/api/v1/cluster");
+      if (gen !== routeGen) return;  /* another page (or this one again) was opened meanwhile */
       simNote.hidden = !c.simulated;
       /* MIG partitions name their workload; the project comes with it, or from the list. */
       if (c.nodes.some((n) => (n.migGpus || []).some((g) => (g.partitions || []).some((p) => p.workload && p.project === undefined)))) {

@@ -169,5 +169,5 @@
     await draw();
   };
 
-  route();
+  /* app.js draws the page once every script has run (DOMContentLoaded) */
 })();
