@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds native/ (GPU memory isolation library, fake driver, test programs) with the machine's
-# gcc and installs libtessera-cuda.so into src/tessera/isolation/lib/. Cached by content hash
+# Builds the C isolation library from native/ (test, setup: also the fake driver and the test
+# programs) with the machine's gcc and installs libtessera-cuda.so into src/tessera/isolation/lib/. Cached by content hash
 # under ${TESSERA_CACHE:-$HOME/.cache/tessera}/native/, so an unchanged tree costs one hash.
 # ./dev run (DEV_CMD=run) builds only the library; test and setup build everything.
 # needed-by: run test setup

@@ -3,9 +3,10 @@
 The cluster document (every node and GPU, who holds what, the node agents' usage) is the
 console's largest: 500 nodes × 8 GPUs make about 1.5 MB of JSON, and building it reads every
 workload pod. Every open GPUs page asks for it every 5 s, and the answer may be up to ``max_age``
-seconds old (as the Overview's snapshot, tessera.api.telemetry.SnapshotCache): the cache keeps
-the last document with its JSON, built by one request while the others wait for it (not built
-once per waiting request). A caller who may read every project gets the JSON as built; any other
+seconds old (as the Overview's snapshot, tessera.api.telemetry.SnapshotCache), or up to
+``stale_for`` seconds while a newer one is built in the background, so a page polling it never
+waits for a build: the cache keeps the last document with its JSON, built by one request or the
+background while the others take its result. A caller who may read every project gets the JSON as built; any other
 caller a redacted copy (the cached document is never changed)."""
 
 from __future__ import annotations
@@ -33,19 +34,48 @@ def dumps(doc: dict[str, Any]) -> bytes:
 
 
 class ClusterCache:
-    def __init__(self, build: Callable[[], dict[str, Any]], max_age: float = 1.0) -> None:
+    def __init__(self, build: Callable[[], dict[str, Any]], max_age: float = 1.0,
+                 stale_for: float = 5.0) -> None:
         self.build = build
         self.max_age = max_age
-        self._lock = threading.Lock()
+        self.stale_for = stale_for
+        self._lock = threading.Lock()  # one build at a time; the others take its result
         self._last: Built | None = None
+        self._refreshing = False
+
+    def _build(self) -> Built:
+        doc = self.build()
+        built = self._last = Built(time.monotonic(), doc, dumps(doc))
+        return built
+
+    def _refresh(self) -> None:
+        try:
+            with self._lock:
+                self._build()
+        except Exception:  # the next request builds it (and answers the error)
+            pass
+        finally:
+            self._refreshing = False
 
     def get(self) -> Built:
-        with self._lock:  # one build at a time; the others take its result
-            last = self._last
-            if last is None or time.monotonic() - last.time > self.max_age:
-                doc = self.build()
-                last = self._last = Built(time.monotonic(), doc, dumps(doc))
+        """The last document if it is at most ``max_age`` old; up to ``stale_for`` old it is
+        answered at once while a new one is built in the background (the next caller has it);
+        older, or dropped by a write, it is built now."""
+        last = self._last
+        age = None if last is None else time.monotonic() - last.time
+        if last is not None and age is not None and age <= self.max_age:
             return last
+        if last is not None and age is not None and age <= self.stale_for:
+            if not self._refreshing:
+                self._refreshing = True
+                threading.Thread(target=self._refresh, name="cluster-document",
+                                 daemon=True).start()
+            return last
+        with self._lock:
+            last = self._last
+            if last is not None and time.monotonic() - last.time <= self.max_age:
+                return last  # built by another caller while this one waited
+            return self._build()
 
     def body(self, redact: Callable[[dict[str, Any]], dict[str, Any]] | None) -> bytes:
         """The JSON for a caller: as built (``redact`` None), or of a redacted copy."""

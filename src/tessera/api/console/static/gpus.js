@@ -239,10 +239,14 @@
         }
         e.node = n; e.key = rowsKey(n); e.words = haystack(n);
         const sum = summary(n);
-        const headText = JSON.stringify([n.agent || null, sum]);
+        const headText = JSON.stringify([n.agent ? { ...n.agent, ageSeconds: null } : null, sum]);
         if (headText !== e.headText) {
           e.headText = headText;
           e.head.replaceChildren(h("h2", {}, n.name), agentNote(n), h("span", { class: "muted node-sum" }, sum));
+        } else if (n.agent && n.agent.state === "ok") {  /* only the report's age moved */
+          const note = e.head.querySelector(".agent");
+          const text = agentNote(n).textContent;
+          if (note && note.textContent !== text) note.textContent = text;
         }
         if (e.drawn === null) e.body.style.minHeight = `${Math.round(rowHeight * (n.gpus.length + (n.migGpus || []).length))}px`;
         else if (e.drawn !== e.key && e.near) drawRows(e);
