@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from tessera.bench.agent_stand_ins import AgentStandIns
 from tessera.bench.api import fill_store
 from tessera.testing.embedded import EmbeddedServer
 
@@ -82,67 +83,6 @@ def embedded(workloads: int, repeats: int) -> dict[str, Any]:
             server.cleanup()
 
 
-def _stand_in_docs(uuids: dict[str, list[str]]) -> dict[str, bytes]:
-    """``/NODE/usage`` -> each node's document: its 8 GPUs in use, built by the agent's code."""
-    from tessera.node.nvml import GpuUsage
-    from tessera.node.report import usage_document
-    from tessera.node.usage import NodeUsage
-
-    docs: dict[str, bytes] = {}
-    for node, ids in uuids.items():
-        gpus = tuple(GpuUsage(u, i, 80 * 2**30, (i + 1) * 2**30, 10 * i) for i, u in enumerate(ids))
-        docs[f"/{node}/usage"] = json.dumps(usage_document(node, NodeUsage(gpus, {}, (), ()),
-                                                           True)).encode()
-    return docs
-
-
-def serve_stand_ins(uuids_file: str) -> None:
-    """The stand-in agents, in a process of their own (so they take no CPU from the process
-    that times the requests): prints the base URL, serves until killed."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    docs = _stand_in_docs(json.loads(Path(uuids_file).read_text()))
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = docs.get(self.path)
-            self.send_response(200 if body else 404)
-            self.send_header("Content-Length", str(len(body or b"")))
-            self.end_headers()
-            self.wfile.write(body or b"")
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    print(f"http://127.0.0.1:{server.server_port}", flush=True)
-    server.serve_forever()
-
-
-class _AgentStandIns:
-    """``GET /NODE/usage`` for every node (:func:`serve_stand_ins` in a child process)."""
-
-    def __init__(self, uuids: dict[str, list[str]], workdir: Path) -> None:
-        import subprocess
-        import sys
-
-        path = workdir / "stand-in-uuids.json"
-        path.write_text(json.dumps(uuids))
-        self.docs = _stand_in_docs(uuids)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from tessera.bench.console import "
-             f"serve_stand_ins; serve_stand_ins({str(path)!r})"],
-            stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.url = self.proc.stdout.readline().strip()
-        if not self.url:
-            raise RuntimeError("the stand-in agents did not start")
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
 def _merge_cost(cluster: dict[str, Any], docs: dict[str, bytes], repeats: int = 10) -> float:
     """What joining every node's report to the cluster document costs (in this process, so the
     figure is the join alone, not the round trip)."""
@@ -181,7 +121,7 @@ def kubernetes(nodes: int, repeats: int, usage: bool = True) -> dict[str, Any]:
         uuids = {str(n.metadata.name): (n.metadata.annotations or {})[GPU_UUIDS_ANNOTATION]
                  .split(",") for n in client.list(Node)
                  if n.metadata and str(n.metadata.name) in set(names)}
-        agents = _AgentStandIns(uuids if usage else {}, Path(tmp))
+        agents = AgentStandIns(uuids if usage else {}, Path(tmp))
         for name in names if usage else ():
             client.patch(Node, name, {"metadata": {"annotations": {AGENT_URL: f"{agents.url}/{name}"}}},
                          patch_type=PatchType.MERGE)

@@ -159,7 +159,7 @@ def page(nodes: int = 500, crowded: int = 3, shares: int = 30, repeats: int = 9)
     from lightkube.resources.core_v1 import Node
     from lightkube.types import PatchType
 
-    from tessera.bench.console import _AgentStandIns
+    from tessera.bench.agent_stand_ins import AgentStandIns
     from tessera.kube.names import AGENT_URL
     from tessera.testing.cluster import TestCluster
     from tessera.testing.embedded import submit_body
@@ -179,7 +179,7 @@ def page(nodes: int = 500, crowded: int = 3, shares: int = 30, repeats: int = 9)
         uuids = {str(n.metadata.name): (n.metadata.annotations or {})[GPU_UUIDS_ANNOTATION]
                  .split(",") for n in client.list(Node)
                  if n.metadata and str(n.metadata.name) in set(names)}
-        agents = _AgentStandIns(uuids, Path(tmp))
+        agents = AgentStandIns(uuids, Path(tmp))
         for name in names:
             client.patch(Node, name, {"metadata": {"annotations": {AGENT_URL: f"{agents.url}/{name}"}}},
                          patch_type=PatchType.MERGE)

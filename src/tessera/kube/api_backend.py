@@ -166,8 +166,7 @@ class KubeBackend(TokenAuth):
         nodes, uuids, simulated, driver = self._nodes(cached=True)
         tenants: dict[tuple[str, int], list[dict[str, Any]]] = {}
         mig_holders: dict[tuple[str, int], tuple[str, str]] = {}
-        """(GPU UUID, memory slot) -> the workload holding that MIG partition and its project
-        (dynamic MIG)."""
+        """(GPU UUID, memory slot) -> the MIG partition's workload and project (dynamic MIG)."""
         for pod in self.client.list(Pod, namespace="*",
                                     fields={"spec.schedulerName": names.SCHEDULER_NAME}):
             doc = wd.pod_doc(pod, nodes, uuids)
@@ -201,9 +200,8 @@ class KubeBackend(TokenAuth):
                                         "partitions": [
                     {"profile": p.profile, "start": p.start,
                      "slots": profile_slots(g.model, p.profile), "uuid": p.uuid or None,
-                     "managed": not p.busy,
-                     "workload": mig_holders.get((g.uuid, p.start), (None, None))[0],
-                     "project": mig_holders.get((g.uuid, p.start), (None, None))[1]}
+                     "managed": not p.busy, **dict(zip(("workload", "project"), mig_holders.get(
+                         (g.uuid, p.start), (None, None)), strict=True))}
                     for p in g.partitions]} for g in mig[name]]
             out_nodes.append(node_doc)
         return merge({
