@@ -115,3 +115,22 @@ def test_the_phone_width_keeps_rows_too(browser, server, artifacts) -> None:  # 
         shoot(browser, artifacts, "gpus-many-small-shares-phone")
     finally:
         browser.set_window_size(1280, 900)
+
+
+def test_a_refresh_redraws_a_changed_node_and_keeps_focus(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]
+    """Every 5 s the page draws again only the nodes whose data changed; the segment that had
+    keyboard focus has it again in the new drawing (not lost to <body>)."""
+    go(browser, server, "gpus")
+    seg = until("big-a's segment", lambda: browser.find_element(By.CSS_SELECTOR, '.seg.share[data-workload="big-a"]'))
+    browser.execute_script("arguments[0].focus(); arguments[0].__old = true;", seg)
+    server.cli("submit", "late", "-p", "sweep", "-g", "0.03", "--", "sleep", "600")
+
+    def redrawn() -> bool:  # a new element for big-a (the node drawn again), and it has focus
+        return bool(browser.execute_script(
+            "const a = document.activeElement;"
+            " return !!a && a.dataset.workload === 'big-a' && !a.__old"
+            " && [...document.querySelectorAll('.seg')].some((s) => (s.getAttribute('aria-label') || '').includes('late'));"))
+    until("the node drawn again with late, focus kept on big-a", redrawn, timeout=30)
+    active = browser.switch_to.active_element
+    assert active.get_attribute("data-workload") == "big-a"
+    server.cli("delete", "late", "-p", "sweep")

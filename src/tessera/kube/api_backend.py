@@ -165,8 +165,7 @@ class KubeBackend(TokenAuth):
     def cluster(self) -> dict[str, Any]:
         nodes, uuids, simulated, driver = self._nodes(cached=True)
         tenants: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        mig_holders: dict[tuple[str, int], tuple[str, str]] = {}
-        """(GPU UUID, memory slot) -> the MIG partition's workload and project (dynamic MIG)."""
+        mig_holders: dict[tuple[str, int], dict[str, Any]] = {}  # (GPU, slot) -> holder, project
         for pod in self.client.list(Pod, namespace="*",
                                     fields={"spec.schedulerName": names.SCHEDULER_NAME}):
             doc = wd.pod_doc(pod, nodes, uuids)
@@ -176,7 +175,8 @@ class KubeBackend(TokenAuth):
             if hold and doc["phase"] not in ("Succeeded", "Failed"):
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     h = hold_from_json(hold)
-                    mig_holders[(h.gpu, h.start)] = (holder, labels.get(names.PROJECT, ""))
+                    mig_holders[(h.gpu, h.start)] = {"workload": holder,
+                                                     "project": labels.get(names.PROJECT, "")}
             if doc["phase"] in ("Succeeded", "Failed") or not doc["gpuDevices"]:
                 continue
             for d in doc["gpuDevices"]:
@@ -200,8 +200,7 @@ class KubeBackend(TokenAuth):
                                         "partitions": [
                     {"profile": p.profile, "start": p.start,
                      "slots": profile_slots(g.model, p.profile), "uuid": p.uuid or None,
-                     "managed": not p.busy, **dict(zip(("workload", "project"), mig_holders.get(
-                         (g.uuid, p.start), (None, None)), strict=True))}
+                     "managed": not p.busy, **mig_holders.get((g.uuid, p.start), {"workload": None})}
                     for p in g.partitions]} for g in mig[name]]
             out_nodes.append(node_doc)
         return merge({
