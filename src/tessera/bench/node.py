@@ -119,7 +119,7 @@ def reclaim_times(rounds: int) -> list[float]:
 
 
 def run(containers: int, gpus: int, scrapes: int, say: Any, reclaims: int = 30) -> dict[str, Any]:
-    from tessera.testing.cluster import free_ports
+    from tessera.testing.processes import free_ports
 
     native = ensure_built()
     work = Path(tempfile.mkdtemp(prefix="tessera-bench-node-"))

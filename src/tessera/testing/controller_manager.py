@@ -9,12 +9,8 @@ import time
 import httpx
 
 from tessera.testing import binaries
-from tessera.testing.cluster import (
-    ManagedProcess,
-    TestCluster,
-    _wait_for,
-    free_ports,
-)
+from tessera.testing.cluster import TestCluster
+from tessera.testing.processes import ManagedProcess, _wait_for, free_ports
 
 CONTROLLER_MANAGER = "kube-controller-manager"
 CONTROLLERS = (

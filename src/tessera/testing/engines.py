@@ -27,7 +27,8 @@ import httpx
 import yaml
 
 from tessera.testing import binaries
-from tessera.testing.cluster import ManagedProcess, TestCluster, _wait_for, free_ports
+from tessera.testing.cluster import TestCluster
+from tessera.testing.processes import ManagedProcess, _wait_for, free_ports
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ import os
 from pathlib import Path
 
 from tessera.testing import binaries
-from tessera.testing.cluster import ManagedProcess, TestCluster, free_ports
+from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import KWOK_ANNOTATION, NodeShape, node_manifest
+from tessera.testing.processes import ManagedProcess, free_ports
 
 IO_ANNOTATION = "tessera.io/kwok-io"
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from tessera.core.gpu_models import GPU_MODELS
 from tessera.isolation.build import ensure_built
-from tessera.testing.cluster import ClusterError, ManagedProcess, TestCluster, free_ports
 from tessera.testing.gpu_nodes import GPU_UUIDS_ANNOTATION
+from tessera.testing.processes import ClusterError, ClusterHandle, ManagedProcess, free_ports
 
 READY = "tessera.io/node-ready"
 
@@ -72,7 +72,7 @@ class NodeAgent:
 
 @dataclass
 class NodeAgents:
-    cluster: TestCluster
+    cluster: ClusterHandle
     kubelet: ManagedProcess
     agents: dict[str, NodeAgent] = field(default_factory=dict)
 
@@ -122,7 +122,7 @@ def fake_machine_env(fake_dir: Path, model: str, uuids: list[str], state: Path) 
     }
 
 
-def start_node_agents(cluster: TestCluster, nodes: list[str], *, kubeconfig: Path | None = None,
+def start_node_agents(cluster: ClusterHandle, nodes: list[str], *, kubeconfig: Path | None = None,
                       on_escape: str = "warn", sync_interval: float = 0.5,
                       extra_args: list[str] | None = None,
                       env_overrides: dict[str, str] | None = None,

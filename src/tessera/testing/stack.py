@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 
 from tessera.kube import names
 from tessera.testing import webhook as local
-from tessera.testing.cluster import ManagedProcess, TestCluster, free_ports
+from tessera.testing.processes import ClusterHandle, ManagedProcess, free_ports
 
 DEFAULT_NAMESPACE = "default"
 
 
 @dataclass
 class Stack:
-    cluster: TestCluster
+    cluster: ClusterHandle
     components: list[ManagedProcess] = field(default_factory=list)
     webhook_url: str = ""
     restarts: dict[str, int] = field(default_factory=dict)
@@ -52,7 +52,7 @@ class Stack:
         self.components.clear()
 
 
-def start_stack(cluster: TestCluster, *, gpus: int = 0) -> Stack:
+def start_stack(cluster: ClusterHandle, *, gpus: int = 0) -> Stack:
     """Start webhook and scheduler against ``cluster`` (nodes may come before or after);
     ``gpus``: the default Project's deserved GPUs."""
     assert cluster.workdir is not None

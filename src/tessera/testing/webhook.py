@@ -20,7 +20,7 @@ import httpx
 import yaml
 
 from tessera.testing import binaries
-from tessera.testing.cluster import ManagedProcess, TestCluster
+from tessera.testing.processes import ClusterHandle, ManagedProcess
 
 CHART = Path(__file__).resolve().parents[3] / "deploy" / "helm" / "tessera"
 KUBE_VERSION = binaries.KUBERNETES_VERSION.lstrip("v")
@@ -58,7 +58,7 @@ class LocalWebhook:
         self.process.stop()
 
 
-def start_webhook(cluster: TestCluster, *, name: str = "tessera-webhook",
+def start_webhook(cluster: ClusterHandle, *, name: str = "tessera-webhook",
                   kubeconfig: Path | None = None, extra_args: list[str] | None = None,
                   timeout: float = 30.0, wait_ready: bool = True, port: int = 0,
                   client_cert: tuple[Path, Path] | None = None) -> LocalWebhook:
@@ -110,14 +110,14 @@ def webhook_configurations(url: str, ca_bundle: bytes, *extra_set: str) -> list[
     return [d for d in docs if d.get("kind") in WEBHOOK_KINDS]
 
 
-def register(cluster: TestCluster, webhook: LocalWebhook, *extra_set: str) -> list[dict[str, Any]]:
+def register(cluster: ClusterHandle, webhook: LocalWebhook, *extra_set: str) -> list[dict[str, Any]]:
     """Apply the chart's webhook configurations for ``webhook`` (server-side apply)."""
     docs = webhook_configurations(webhook.url, webhook.ca_bundle, *extra_set)
     apply(cluster, docs)
     return docs
 
 
-def apply(cluster: TestCluster, docs: list[dict[str, Any]], *args: str,
+def apply(cluster: ClusterHandle, docs: list[dict[str, Any]], *args: str,
           kubeconfig: Path | None = None) -> str:
     """``kubectl apply --server-side`` of ``docs``; returns kubectl's output."""
     assert cluster.workdir is not None
@@ -131,6 +131,6 @@ def apply(cluster: TestCluster, docs: list[dict[str, Any]], *args: str,
     return out.stdout
 
 
-def unregister(cluster: TestCluster) -> None:
+def unregister(cluster: ClusterHandle) -> None:
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         cluster.kubectl("delete", kind, "tessera", "--ignore-not-found")
