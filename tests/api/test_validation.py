@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from tessera.api.backend import ProjectFields, WorkloadSubmission
-from tessera.api.validation import check_limit, check_project, check_submission
+from tessera.api.validation import (
+    check_limit,
+    check_mig_limit,
+    check_mig_profile,
+    check_project,
+    check_submission,
+)
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuDevice, GpuRequest, Node
 from tessera.core.units import GiB
@@ -86,3 +92,32 @@ def test_compute_share_defaults_from_the_cluster_mode(monkeypatch: pytest.Monkey
     monkeypatch.setenv("TESSERA_GPU_COMPUTE_MODE", "off")
     assert check_submission(sub(gpu=GpuRequest.fraction("0.25"))).compute is None
     assert check_submission(sub(gpu=GpuRequest.fraction("0.25"), mig_profile=None)).compute is None
+
+
+# ---- MIG submissions: one rule set, one wording, for both backends -----------------------------
+def test_mig_profile_checks_name_the_field_and_what_exists() -> None:
+    assert check_mig_profile("3g.20gb", {"A100-40GB"}, "on this cluster", 2) \
+        == pytest.approx(3 / 7, abs=1e-3)
+    with pytest.raises(InvalidRequest) as e:
+        check_mig_profile("1g.5gb", set(), "on this machine", 1)
+    assert str(e.value).startswith("spec.compute.gpuMigProfile: no GPU in MIG mode on this "
+                                   "machine (MIG mode is an operator's choice")
+    with pytest.raises(InvalidRequest) as e:
+        check_mig_profile("3g.40gb", {"A100-40GB"}, "on this cluster", 1)
+    assert str(e.value).startswith("spec.compute.gpuMigProfile: no GPU in MIG mode on this "
+                                   "cluster has this profile (MIG profiles here: A100-40GB: ")
+    with pytest.raises(InvalidRequest) as e:
+        check_mig_profile("1g.5gb", {"A100-40GB"}, "on this machine", 2, max_workers=1)
+    assert e.value.field == "spec.workers"
+
+
+def test_mig_limit_counts_every_worker_s_partition() -> None:
+    assert check_mig_limit(0.25, 2, "p", 0.5) == 0.5
+    assert check_mig_limit(0.25, 2, "p", None) == 0.5
+    with pytest.raises(InvalidRequest) as e:
+        check_mig_limit(3 / 7, 2, "p", 0.5, value="3g.20gb")
+    assert str(e.value) == ("spec.compute.gpuMigProfile: counts as 0.857 GPU (2 x 0.429), more "
+                            "than project p's limit 0.5 (got '3g.20gb')")
+    with pytest.raises(InvalidRequest) as e:
+        check_mig_limit(4 / 7, 1, "small", 0.5)
+    assert "counts as 0.571 GPU, more than project small's limit 0.5" in str(e.value)

@@ -222,7 +222,8 @@ def test_bad_input_same_messages(server: KubeApiServer) -> None:
         (["project", "create", "cli-bad"], "project cli-bad already exists"),
         (["project", "create", "Bad_Name"], "NAME: must be lowercase letters"),
         (["submit", "x", "-p", "cli-bad", "--gpu-mig-profile", "3g.20gb", "--", "true"],
-         "--gpu-mig-profile: no node of this cluster has a GPU in MIG mode"),
+         "--gpu-mig-profile: no GPU in MIG mode on this cluster (MIG mode is an operator's "
+         "choice"),
     ]
     for args, needle in cases:
         r = server.cli(*args, check=False)
@@ -413,7 +414,7 @@ def test_submit_through_the_admission_webhook(server: KubeApiServer, kube_cluste
     from lightkube.resources.core_v1 import ConfigMap
 
     from tessera.testing import webhook as local
-    from tests.kube.test_admission import wait_webhook_sees_project
+    from tests.kube.admission_helpers import wait_webhook_sees_project
 
     # The harness hook runs the scheduler with the admin certificate (user tessera-admin): tell
     # the webhook that this is the scheduler, the only writer of per-pod ConfigMaps.

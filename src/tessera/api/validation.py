@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tessera.api.backend import ProjectFields, WorkloadSubmission
 from tessera.core import compute as compute_rules
 from tessera.core.errors import InvalidRequest
+from tessera.core.mig import fraction_on, supported_text
 from tessera.core.model import GpuRequest, Node
 from tessera.core.requests import estimate_gpus
 from tessera.core.text import (
@@ -126,3 +127,39 @@ def check_limit(gpu: GpuRequest, nodes: Iterable[Node], workers: int, project: s
             f"asks {format_gpus(estimate)} GPUs, more than project {project}'s limit of {limit:g}",
         )
     return estimate
+
+
+MIG_FIELD = "spec.compute.gpuMigProfile"
+NO_MIG = ("(MIG mode is an operator's choice, set with nvidia-smi -mig 1; tessera never "
+          "switches it)")
+
+
+def check_mig_profile(profile: str, models: Iterable[str], where: str, workers: int,
+                      max_workers: int | None = None) -> float:
+    """A MIG submission against the models of the GPUs in MIG mode ``where`` ("on this
+    machine", "on this cluster"): the GPU fraction one partition of ``profile`` counts as; else
+    the refusal, in the same words on both backends. ``max_workers``: the most pods a MIG
+    workload may have on this backend (embedded mode serves one partition per workload)."""
+    if max_workers is not None and workers > max_workers:
+        raise InvalidRequest("spec.workers", f"must be at most {max_workers} with "
+                             f"gpuMigProfile {where} (one partition, one pod)", workers)
+    models = set(models)
+    if not models:
+        raise InvalidRequest(MIG_FIELD, f"no GPU in MIG mode {where} {NO_MIG}", profile)
+    fraction = fraction_on(models, profile)
+    if fraction is None:
+        raise InvalidRequest(MIG_FIELD, f"no GPU in MIG mode {where} has this profile (MIG "
+                             f"profiles here: {supported_text(models)})", profile)
+    return fraction
+
+
+def check_mig_limit(fraction: float, workers: int, project: str, limit: float | None,
+                    field: str = MIG_FIELD, value: object = None) -> float:
+    """MIG partitions (``workers`` of ``fraction`` each) against the project's hard limit;
+    returns the GPUs they count as."""
+    counts = fraction * workers
+    if limit is not None and counts > limit + 1e-9:
+        each = f" ({workers} x {fraction:.3g})" if workers != 1 else ""
+        raise InvalidRequest(field, f"counts as {counts:.3g} GPU{each}, more than project "
+                             f"{project}'s limit {limit:g}", value)
+    return counts

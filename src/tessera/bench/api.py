@@ -62,6 +62,7 @@ def bench_submit(server: EmbeddedServer, count: int) -> list[float]:
 
 
 def fill_store(server: EmbeddedServer, count: int) -> None:
+    from tessera.local.records import Phase
     from tessera.local.store import Store, Workload
 
     store = Store(server.data / "tessera.db")
@@ -74,7 +75,7 @@ def fill_store(server: EmbeddedServer, count: int) -> None:
         rows.append(Workload(
             seq=0, id=str(uuid.uuid4()), name=f"w{i:05d}", project_id=project.id,
             project_name=project.name, type="Training",
-            phase="Completed" if i % 3 else "Failed",
+            phase=Phase.COMPLETED if i % 3 else Phase.FAILED,
             phase_message="all pods exited with code 0" if i % 3 else "pod 0: exited with code 1",
             spec={"_argv": ["python", "train.py", f"--seed={i}"], "_env": {}},
             request=request, preemptible=True, priority_class="train", priority=50,

@@ -41,9 +41,14 @@ from tessera.api.backend import (
 )
 from tessera.api.token_store import TokenStore
 from tessera.api.usage import merge
-from tessera.api.validation import check_limit, check_submission
+from tessera.api.validation import (
+    check_limit,
+    check_mig_limit,
+    check_mig_profile,
+    check_submission,
+)
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import fraction_on, profile_slots, supported_text
+from tessera.core.mig import profile_slots
 from tessera.core.model import Node as CoreNode
 from tessera.core.request_text import request_text
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
@@ -234,7 +239,7 @@ class KubeBackend(TokenAuth):
     def submit(self, s: WorkloadSubmission) -> dict[str, Any]:
         admitted = check_submission(s)
         refuse_unsupported(s)
-        fraction = self._check_mig(s.mig_profile) if s.mig_profile is not None else None
+        fraction = self._check_mig(s.mig_profile, s.workers) if s.mig_profile is not None else None
         pclass, min_workers = admitted.priority_class, admitted.min_workers
         nodes, _, _, _ = self._nodes()
         check_against_cluster(s.gpu, nodes.values())
@@ -249,11 +254,7 @@ class KubeBackend(TokenAuth):
                                  "cannot run workloads)", s.project)
         limit = pdoc["resources"]["gpu"]["limit"]
         if fraction is not None:
-            if limit is not None and fraction * s.workers > limit + 1e-9:
-                raise InvalidRequest("spec.compute.gpuMigProfile",
-                                     f"counts as {fraction * s.workers:.3g} GPU ({s.workers} x "
-                                     f"{fraction:.3g}), more than project {pdoc['name']}'s "
-                                     f"limit {limit:g}", s.mig_profile)
+            check_mig_limit(fraction, s.workers, pdoc["name"], limit, value=s.mig_profile)
         else:
             check_limit(s.gpu, nodes.values(), s.workers, pdoc["name"], limit, admitted.compute)
         rec = wd.Record(
@@ -298,22 +299,13 @@ class KubeBackend(TokenAuth):
         return self.workloads.doc(self.workloads.managed(created, self.workloads.pods_of(namespace, rec.id)),
                                   nodes, {}, brief=False, events=False)
 
-    def _check_mig(self, profile: str) -> float:
+    def _check_mig(self, profile: str, workers: int) -> float:
         """A MIG profile some node's GPU in MIG mode has (read now, from each tessera-node's
-        inventory): its GPU fraction; else a refusal naming the field and what exists. Whether
-        there is room is the scheduler's to say (the pod waits with the reason)."""
-        field = "spec.compute.gpuMigProfile"
+        inventory): its GPU fraction; else the refusal (tessera.api.validation, the same words
+        as embedded mode). Whether there is room is the scheduler's to say (the pod waits with
+        the reason)."""
         models = {g.model for o in self.client.list(Node) for g in node_info(o).mig}
-        if not models:
-            raise InvalidRequest(field, "no node of this cluster has a GPU in MIG mode (its "
-                                        "tessera-node reports MIG mode; an operator enables it "
-                                        "with nvidia-smi -mig 1, tessera never switches it)",
-                                 profile)
-        fraction = fraction_on(models, profile)
-        if fraction is None:
-            raise InvalidRequest(field, f"no GPU in MIG mode on this cluster has this profile "
-                                        f"(MIG profiles here: {supported_text(models)})", profile)
-        return fraction
+        return check_mig_profile(profile, models, "on this cluster", workers)
 
     def _create_pods(self, rec: wd.Record, owner_uid: str | None, indices: Iterable[int],
                      new: bool = False) -> int:

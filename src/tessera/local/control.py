@@ -33,7 +33,7 @@ from tessera.api.backend import (
 )
 from tessera.api.token_store import TokenStore
 from tessera.api.usage import merge
-from tessera.api.validation import check_limit, check_project, check_submission
+from tessera.api.validation import check_limit, check_mig_limit, check_project, check_submission
 from tessera.core.cycle import Plan, Waiting
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
@@ -52,6 +52,7 @@ from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workloa
 from tessera.local.gpus import Machine
 from tessera.local.mig import LocalMig, RoomNow, room_now
 from tessera.local.pods import PodProcesses
+from tessera.local.records import Phase, pid_of
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
 from tessera.local.spelling_env import with_runai_limit
@@ -167,14 +168,14 @@ class LocalBackend(TokenAuth):
         with self._lock:
             count = 0
             for w in list(self._active.values()):
-                if w.phase in ("Running", "Pending"):
+                if w.phase in (Phase.RUNNING, Phase.PENDING):
                     self.processes.begin_stop(w, "Stopped", "stopped by tessera down")
                     count += 1
         deadline = time.monotonic() + self.grace + 2
         while time.monotonic() < deadline:
             self.cycle()
             with self._lock:
-                if not any(w.phase in ("Stopping", "Deleting") for w in self._active.values()):
+                if not any(w.phase in (Phase.STOPPING, Phase.DELETING) for w in self._active.values()):
                     break
             time.sleep(0.05)
         return count
@@ -211,9 +212,9 @@ class LocalBackend(TokenAuth):
             self.runner.reap_kills()
             self.types.tick()
             for w in list(self._active.values()):
-                if w.phase == "Running":
+                if w.phase == Phase.RUNNING:
                     self.processes.check(w)
-                elif w.phase in ("Stopping", "Deleting"):
+                elif w.phase in (Phase.STOPPING, Phase.DELETING):
                     self.processes.finish_stop(w)
             now = time.time()
             layout = self._mig_layout()
@@ -238,7 +239,7 @@ class LocalBackend(TokenAuth):
 
     def _servable(self, wid: str) -> bool:
         w = self._active.get(wid)
-        return (w is not None and w.phase == "Pending" and not w.spec.get("_mig")
+        return (w is not None and w.phase == Phase.PENDING and not w.spec.get("_mig")
                 and not w.spec.get("_starting") and w.workers == 1
                 and not w.spec.get("_container")
                 and self.mig.serving_fraction(gpu_request_from_dict(w.request)) is not None)
@@ -281,7 +282,7 @@ class LocalBackend(TokenAuth):
             return [], ""
         self.mig.release({w.id for w in self._active.values()
                           if (w.spec.get("_mig") or w.spec.get("_migDevice")) and (
-            w.phase in ("Running", "Stopping", "Deleting") or w.spec.get("_starting"))})
+            w.phase in (Phase.RUNNING, Phase.STOPPING, Phase.DELETING) or w.spec.get("_starting"))})
         return self.mig.for_cycle()
 
     def _workloads(self, now: float, layout: tuple[list[MigGpu], str] = ([], "")) -> list[CoreWorkload]:
@@ -292,13 +293,13 @@ class LocalBackend(TokenAuth):
         here = {g.index: g.uuid for g in self.machine.node.gpus}
         rooms: dict[str, RoomNow] = {}
         for wid, victims in list(self._awaiting.items()):
-            if not any(v in self._active and self._active[v].phase != "Pending" for v in victims):
+            if not any(v in self._active and self._active[v].phase != Phase.PENDING for v in victims):
                 del self._awaiting[wid]
         for w in self._active.values():
             profile = w.spec.get("_mig")
-            if profile and w.phase == "Pending" and w.spec.get("_starting"):
+            if profile and w.phase == Phase.PENDING and w.spec.get("_starting"):
                 continue
-            if w.phase == "Pending":
+            if w.phase == Phase.PENDING:
                 if not profile:
                     w.spec.pop("_migDevice", None)  # a share served by MIG before: placed anew
                 if w.id not in self._awaiting:
@@ -307,7 +308,7 @@ class LocalBackend(TokenAuth):
                         room = rooms.get(profile) or rooms.setdefault(
                             profile, room_now(layout[0], layout[1], profile))
                     out.append(core_workload(w, None, now, room))
-            elif w.phase in ("Running", "Stopping", "Deleting"):
+            elif w.phase in (Phase.RUNNING, Phase.STOPPING, Phase.DELETING):
                 placements = [
                     pod_placement(p) for p in w.pods
                     if p.get("holds", True)
@@ -322,7 +323,7 @@ class LocalBackend(TokenAuth):
     def _apply(self, plan: Plan, pending: set[str]) -> None:
         for ev in plan.evictions:
             w = self._active.get(ev.workload_id)
-            if w is not None and w.phase == "Running":
+            if w is not None and w.phase == Phase.RUNNING:
                 if w.spec.get("onEviction") == "fail":
                     self.processes.begin_stop(
                         w, "Failed", f"evicted (onEviction: fail): {ev.reason}", kind="Preempted"
@@ -332,7 +333,7 @@ class LocalBackend(TokenAuth):
         waiting = {x.workload_id: self._reason(x) for x in plan.waiting if x.workload_id in pending}
         for b in plan.bindings:
             w = self._active.get(b.workload_id)
-            if b.workload_id not in pending or w is None or w.phase != "Pending":
+            if b.workload_id not in pending or w is None or w.phase != Phase.PENDING:
                 continue
             if b.after_evictions:
                 victims = ", ".join(self._active[v].name if v in self._active else v
@@ -356,7 +357,7 @@ class LocalBackend(TokenAuth):
             self.processes.start(w, placements, b.message)
         for wid, reason in waiting.items():
             w = self._active.get(wid)
-            if w is not None and w.phase == "Pending" and w.phase_message != reason:
+            if w is not None and w.phase == Phase.PENDING and w.phase_message != reason:
                 with all_or_nothing(w, self._active):
                     w.phase_message = reason
                     self.store.save(w, ("Waiting", reason))
@@ -409,7 +410,7 @@ class LocalBackend(TokenAuth):
                     if not pod.get("holds") or pod.get("exclusive") or not pod.get("pid"):
                         continue
                     key = f"{w.id}-{pod['index']}"
-                    sessions[int(pod["pid"])] = key
+                    sessions[pid_of(pod)] = key
                     shares.append(Share(
                         key=key, namespace=w.project_name, pod=f"{w.name}-{pod['index']}",
                         uid="", containers=(), workload=w.name, project=w.project_name,
@@ -512,12 +513,10 @@ class LocalBackend(TokenAuth):
             if project is None:
                 raise InvalidRequest("projectId", "no project with this id or name", s.project)
             if fraction is not None:
-                if project.limit is not None and fraction > project.limit:
-                    raise InvalidRequest(
-                        "spec.compute.gpuMigProfile" if s.mig_profile else "spec.compute",
-                        f"counts as {fraction:g} GPU, more than project {project.name}'s limit "
-                        f"{project.limit:g}", s.mig_profile or s.gpu.describe())
-                estimate = fraction
+                estimate = check_mig_limit(
+                    fraction, s.workers, project.name, project.limit,
+                    "spec.compute.gpuMigProfile" if s.mig_profile else "spec.compute",
+                    s.mig_profile or s.gpu.describe())
             else:
                 estimate = check_limit(s.gpu, [self.machine.node], s.workers, project.name,
                                        project.limit, admitted.compute)
@@ -549,7 +548,7 @@ class LocalBackend(TokenAuth):
                 project_id=project.id,
                 project_name=project.name,
                 type=s.type,
-                phase="Pending",
+                phase=Phase.PENDING,
                 phase_message="waiting for the next scheduling cycle",
                 spec=spec,
                 request=gpu_request_to_dict(s.gpu),
@@ -577,11 +576,8 @@ class LocalBackend(TokenAuth):
         """A MIG request this machine can serve: its GPU fraction; else a refusal naming the
         field and what exists."""
         assert s.mig_profile is not None
-        if s.workers != 1:
-            raise InvalidRequest("spec.workers", "must be 1 with gpuMigProfile (one partition, "
-                                 "one pod)", s.workers)
         with self._lock:
-            return self.mig.check(s.mig_profile)
+            return self.mig.check(s.mig_profile, s.workers)
 
     def _get(self, workload_id: str, kind: str | None) -> Workload:
         with self._lock:
@@ -620,7 +616,7 @@ class LocalBackend(TokenAuth):
             if active is None:
                 self.store.delete_workload(w.id)
                 return
-            if active.phase == "Pending":
+            if active.phase == Phase.PENDING:
                 self.store.delete_workload(w.id)  # first: a full disk changes nothing
                 self._active.pop(w.id, None)
                 self._wake.set()
@@ -631,11 +627,11 @@ class LocalBackend(TokenAuth):
         with self._lock:
             w = self._get(workload_id, kind)
             active = self._active.get(w.id)
-            if active is None or active.phase in ("Stopping", "Deleting"):
+            if active is None or active.phase in (Phase.STOPPING, Phase.DELETING):
                 raise Conflict(f"workload {w.name} is {w.phase}; only Pending or Running suspend")
-            if active.phase == "Pending":
+            if active.phase == Phase.PENDING:
                 with all_or_nothing(active, self._active):
-                    active.phase, active.phase_message = "Stopped", "suspended by user"
+                    active.phase, active.phase_message = Phase.STOPPED, "suspended by user"
                     self._active.pop(w.id, None)
                     self.store.save(active, ("Stopped", "suspended by user"))
             else:
@@ -645,10 +641,10 @@ class LocalBackend(TokenAuth):
     def resume(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
         with self._lock:
             w = self._get(workload_id, kind)
-            if w.phase != "Stopped":
+            if w.phase != Phase.STOPPED:
                 raise Conflict(f"workload {w.name} is {w.phase}; only Stopped workloads resume")
             with all_or_nothing(w, self._active):
-                w.phase, w.phase_message, w.pods = "Pending", "resumed by user", []
+                w.phase, w.phase_message, w.pods = Phase.PENDING, "resumed by user", []
                 w.spec["_pendingSince"] = time.time()  # the wait is timed from here (metrics)
                 w.completed = None
                 w.exit_code = None

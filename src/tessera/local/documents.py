@@ -10,6 +10,7 @@ from tessera.api.models import compute_doc
 from tessera.core.model import Node
 from tessera.core.request_text import devices_text, mig_placement_text, request_text
 from tessera.core.requests import gpu_request_from_dict
+from tessera.local.records import PodPhase, PodRecord
 from tessera.local.store import Project, Workload
 
 
@@ -17,7 +18,7 @@ def iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def pod_doc(p: dict[str, Any]) -> dict[str, Any]:
+def pod_doc(p: PodRecord) -> dict[str, Any]:
     return {
         "index": p["index"],
         "phase": p.get("phase"),
@@ -69,7 +70,7 @@ def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
         "gpuDevices": w.devices,
         "workers": w.workers,
         "minWorkers": w.min_workers,
-        "runningPods": sum(1 for p in w.pods if p.get("phase") == "Running"),
+        "runningPods": sum(1 for p in w.pods if p.get("phase") == PodPhase.RUNNING),
         "gpus": {
             "requested": round(w.gpus_requested, 4),
             "allocated": round(w.gpus_allocated, 4),
@@ -113,7 +114,7 @@ def project_doc(p: Project, allocated: float) -> dict[str, Any]:
     }
 
 
-def node_doc(node: Node, held: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+def node_doc(node: Node, held: list[tuple[str, str, PodRecord]]) -> dict[str, Any]:
     """The machine's GPUs and who holds what on each; ``held``: (workload name, project, pod
     record) for every pod holding GPUs. Each share names its pod as ``PROJECT/NAME-INDEX``, the
     name the usage reader gives it (tessera.local.usage)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tessera.api.validation import check_mig_profile
 from tessera.core.constraints import PlacedPods
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import (
@@ -29,10 +30,8 @@ from tessera.core.mig import (
     Partition,
     choose,
     choose_serving,
-    fraction_on,
     profile_slots,
     serving_profile,
-    supported_text,
 )
 from tessera.core.model import GpuRequest, Node
 from tessera.local.gpus import Machine
@@ -77,20 +76,14 @@ class LocalMig:
         self._nvml = None
         self.node = None
 
-    def check(self, profile: str) -> float:
-        """Refuses a profile this machine cannot serve (naming what it has); its GPU fraction."""
-        if not self.gpus:
-            raise InvalidRequest(FIELD, "this machine has no GPU in MIG mode (MIG mode is an "
-                                        "operator's choice, set with nvidia-smi -mig 1; tessera "
-                                        "never switches it)", profile)
+    def check(self, profile: str, workers: int = 1) -> float:
+        """Refuses a MIG submission this machine cannot serve (the shared rules and words of
+        tessera.api.validation, naming what it has); its GPU fraction."""
+        fraction = check_mig_profile(profile, {g.model for g in self.gpus}, "on this machine",
+                                     workers, max_workers=1)
         if self.node is None:
             raise InvalidRequest(FIELD, "this machine's MIG GPUs cannot be managed now (NVML did "
                                         "not open; see the server's log)", profile)
-        models = {g.model for g in self.gpus}
-        fraction = fraction_on(models, profile)
-        if fraction is None:
-            raise InvalidRequest(FIELD, f"no MIG GPU here has this profile (MIG profiles here: "
-                                        f"{supported_text(models)})", profile)
         return fraction
 
     def _layout(self, states: list[MigGpuState]) -> list[MigGpu]:

@@ -31,8 +31,9 @@ from tessera.local import containers, distributed, faultpoints
 from tessera.local.exec_run import run_capped
 from tessera.local.gpus import Machine
 from tessera.local.isolation_hook import Isolation
+from tessera.local.pod_env import pod_env
+from tessera.local.records import Phase, PodPhase, PodRecord, pid_of
 from tessera.local.runner import Runner
-from tessera.local.spelling_env import cgpu_env
 from tessera.local.store import Store, Workload, all_or_nothing
 
 START_KEY = "TESSERA_START_KEY"
@@ -68,14 +69,14 @@ class PodProcesses:
         backend's lock, before its loop starts)."""
         for w in self.store.active_workloads():
             self.active[w.id] = w
-            if w.phase == "Pending":
+            if w.phase == Phase.PENDING:
                 if w.spec.get("_starting"):
                     self.resume_start(w)
                 continue
             alive = [
                 p for p in w.pods
-                if p.get("pid") and p.get("phase") == "Running"
-                and self.runner.adopt(p["pid"], p.get("startTicks", 0))
+                if p.get("pid") and p.get("phase") == PodPhase.RUNNING
+                and self.runner.adopt(pid_of(p), p.get("startTicks", 0))
             ]
             here = {g.index: g.uuid for g in self.machine.node.gpus}
             gone = [
@@ -90,8 +91,8 @@ class PodProcesses:
                     "changed while the server was down)", kind="Failed",
                 )
                 continue
-            if w.phase == "Running":
-                if len(alive) == len([p for p in w.pods if p.get("phase") == "Running"]):
+            if w.phase == Phase.RUNNING:
+                if len(alive) == len([p for p in w.pods if p.get("phase") == PodPhase.RUNNING]):
                     self.store.add_event(
                         w.id, "Reattached",
                         f"server restarted; re-attached to {len(alive)} running pod(s)"
@@ -103,11 +104,11 @@ class PodProcesses:
                 for p in alive:
                     self.terminate(p, self.grace)
 
-    def terminate(self, pod: dict[str, Any], grace: float) -> None:
+    def terminate(self, pod: PodRecord, grace: float) -> None:
         """Stop a pod: SIGTERM to its process group, SIGKILL after ``grace``; a pod that is an
         image's container is also stopped through its runtime (a killed ``docker run`` client
         would leave the container running)."""
-        self.runner.terminate(pod["pid"], grace)
+        self.runner.terminate(pid_of(pod), grace)
         runtime, _, name = str(pod.get("env", {}).get("TESSERA_CONTAINER", "")).partition(":")
         path = shutil.which(runtime) if runtime in containers.RUNTIMES else None
         if path and name:
@@ -141,15 +142,15 @@ class PodProcesses:
             w.pods = pods
             self.store.save(w, ("Starting", f"starting {len(pods)} pod(s) (attempt {attempt})"))
         faultpoints.hit("start-intent")
-        launched: list[dict[str, Any]] = []
+        launched: list[PodRecord] = []
         try:
             for pod in pods:
                 if launched:
                     faultpoints.hit("start-between-pods")
                 proc = self.runner.start(f"{w.id}-{pod['index']}", pod.pop("argv"),
                                          pod.pop("hostEnv"), pod.pop("cwd"))
-                pod.update(pid=proc.pid, startTicks=proc.start_ticks, log=proc.log,
-                           exitFile=proc.exit_file, phase="Running")
+                pod.update({"pid": proc.pid, "startTicks": proc.start_ticks, "log": proc.log,
+                            "exitFile": proc.exit_file, "phase": PodPhase.RUNNING})
                 launched.append(pod)
         except Exception as exc:
             if storage_error(exc) is not None:
@@ -162,16 +163,16 @@ class PodProcesses:
                                    f"{', '.join(str(p['pid']) for p in pods)}"))
 
     def _planned(self, w: Workload, placements: Sequence[Placement],
-                 attempt: str) -> list[dict[str, Any]]:
+                 attempt: str) -> list[PodRecord]:
         """The pod records to start (phase Starting, no pid yet), with what launching needs."""
         by_index = {g.index: g for g in self.machine.node.gpus}
         argv = list(w.spec.get("_argv") or [])
         container = w.spec.get("_container")
         mig = w.spec.get("_migDevice")
-        pods: list[dict[str, Any]] = []
+        pods: list[PodRecord] = []
         w.spec["_masterPort"] = distributed.free_port()  # one rendezvous port per start
         for i, p in enumerate(placements):
-            env = self.env(w, i, p)
+            env = pod_env(w, i, p, self.machine, self.isolation, self.sim_bin)
             env[START_KEY] = f"{w.id}/{attempt}/{i}"
             pod_argv, cwd = argv, w.spec.get("workingDir")
             if container:
@@ -192,10 +193,9 @@ class PodProcesses:
             check_argv(list(pod_argv), "spec.command")
             check_env(env, "spec.environmentVariables")
             log, exit_file = self.runner.paths(f"{w.id}-{i}")
-            pods.append({
-                **({"mig": dict(mig)} if mig else {}),
+            record: PodRecord = {
                 "index": i,
-                "phase": "Starting",
+                "phase": PodPhase.STARTING,
                 "node": p.node,
                 "devices": list(p.devices),
                 "uuids": [by_index[d].uuid for d in p.devices],
@@ -212,10 +212,13 @@ class PodProcesses:
                 "argv": pod_argv,
                 "hostEnv": host_env,
                 "cwd": cwd,
-            })
+            }
+            if mig:
+                record["mig"] = dict(mig)
+            pods.append(record)
         return pods
 
-    def _requeue_start(self, w: Workload, launched: list[dict[str, Any]], exc: Exception) -> None:
+    def _requeue_start(self, w: Workload, launched: list[PodRecord], exc: Exception) -> None:
         """The data directory is full (a pod's log cannot be created): not the workload's
         fault. What was launched is stopped and the workload waits for the next cycle. If even
         that cannot be stored, the stored intent stays, which a restart resolves the same way
@@ -225,18 +228,18 @@ class PodProcesses:
         reason = f"waiting: could not start ({storage_error(exc)[1]})"  # type: ignore[index]
         w.spec.pop("_starting", None)
         w.pods = []
-        w.phase, w.phase_message = "Pending", reason
+        w.phase, w.phase_message = Phase.PENDING, reason
         with contextlib.suppress(sqlite3.Error, OSError):
             self.store.save(w, ("Waiting", reason))
 
-    def _fail_start(self, w: Workload, launched: list[dict[str, Any]], exc: Exception) -> None:
+    def _fail_start(self, w: Workload, launched: list[PodRecord], exc: Exception) -> None:
         for pod in launched:
             self.terminate(pod, 0)
         reason = str(exc) if isinstance(exc, InvalidRequest | OSError) else repr(exc)
         with all_or_nothing(w, self.active):
             w.spec.pop("_starting", None)
             w.pods = []
-            w.phase, w.phase_message, w.completed = "Failed", f"could not start: {reason}", time.time()
+            w.phase, w.phase_message, w.completed = Phase.FAILED, f"could not start: {reason}", time.time()
             self.active.pop(w.id, None)
             self.store.save(w, ("Failed", w.phase_message))
 
@@ -244,9 +247,10 @@ class PodProcesses:
         """The attempt's pods all run: the workload is Running (one write)."""
         w.spec.pop("_starting", None)
         for pod in w.pods:
-            for key in ("argv", "hostEnv", "cwd"):
-                pod.pop(key, None)
-        w.phase = "Running"
+            pod.pop("argv", None)
+            pod.pop("hostEnv", None)
+            pod.pop("cwd", None)
+        w.phase = Phase.RUNNING
         w.phase_message = message
         w.started = time.time()
         w.exit_code = None
@@ -268,12 +272,12 @@ class PodProcesses:
         the attempt runs, else kill what runs of it and queue the workload again."""
         attempt = w.spec.get("_starting")
         found = self.runner.find_started(f"{w.id}/{attempt}/")
-        pods = [p for p in w.pods if p.get("phase") == "Starting"]
+        pods = [p for p in w.pods if p.get("phase") == PodPhase.STARTING]
         if pods and all(str(p["index"]) in found for p in pods):
             for p in pods:
                 pid, ticks = found[str(p["index"])]
                 self.runner.adopt(pid, ticks)
-                p.update(pid=pid, startTicks=ticks, phase="Running")
+                p.update({"pid": pid, "startTicks": ticks, "phase": PodPhase.RUNNING})
             self._confirm(w, w.phase_message or "started", (
                 "Reattached", f"server restarted during the start; re-attached to all "
                 f"{len(pods)} pod(s) of attempt {attempt}"))
@@ -283,12 +287,12 @@ class PodProcesses:
             self.runner.kill_now(pid)
         w.spec.pop("_starting", None)
         w.pods = []
-        w.phase = "Pending"
+        w.phase = Phase.PENDING
         w.phase_message = "queued again: the server stopped while starting it"
         self.store.save(w, ("Requeued", f"the server stopped during start attempt {attempt}; "
                             f"{len(found)} of {len(pods)} pod(s) had started and were killed"))
 
-    def gpus_of(self, pod: dict[str, Any]) -> float:
+    def gpus_of(self, pod: PodRecord) -> float:
         if pod.get("mig"):
             return float(pod["mig"]["fraction"])  # a MIG partition: its share of the GPU
         if pod["exclusive"]:
@@ -297,59 +301,6 @@ class PodProcesses:
         return float(
             sum(b / mem[d] for d, b in zip(pod["devices"], pod["requestBytes"], strict=True))
         )
-
-    def env(self, w: Workload, index: int, p: Placement) -> dict[str, str]:
-        by_index = {g.index: g for g in self.machine.node.gpus}
-        gpus = [by_index[d] for d in p.devices]
-        env = {str(k): str(v) for k, v in (w.spec.get("_env") or {}).items()}
-        uuids = ",".join(g.uuid for g in gpus)
-        env.update({
-            "TESSERA_WORKLOAD_NAME": w.name,
-            "TESSERA_WORKLOAD_ID": w.id,
-            "TESSERA_PROJECT": w.project_name,
-            "TESSERA_POD_INDEX": str(index),
-            "TESSERA_WORKERS": str(w.workers),
-            **distributed.torchrun_env(w.id, index, w.workers, int(w.spec.get("_masterPort") or 0), env.get("TESSERA_FRAMEWORK")),
-            "CUDA_VISIBLE_DEVICES": uuids if gpus else "",
-            "NVIDIA_VISIBLE_DEVICES": uuids if gpus else "none",
-        })
-        if gpus:
-            env.update({
-                "TESSERA_SHARE_UUIDS": uuids,
-                "TESSERA_SHARE_PRODUCTS": ",".join(g.product or g.model for g in gpus),
-                "TESSERA_SHARE_DEVICE_BYTES": ",".join(str(g.memory) for g in gpus),
-                "TESSERA_SHARE_HEADROOM_BYTES": ",".join(str(g.headroom) for g in gpus),
-                "TESSERA_SHARE_REQUEST_BYTES": ",".join(str(b) for b in p.request_bytes),
-                "TESSERA_SHARE_LIMIT_BYTES": ",".join(str(b) for b in p.limit_bytes),
-                "TESSERA_SHARE_EXCLUSIVE": "1" if p.exclusive else "0",
-            })
-            if not p.exclusive:  # cGPU's variables, as on Kubernetes (tessera.local.spelling_env)
-                env.update(cgpu_env([g.memory for g in gpus], p.request_bytes))
-        mig = w.spec.get("_migDevice")
-        if mig:  # a MIG partition (tessera.local.mig): the process sees only that MIG device
-            env.update({"CUDA_VISIBLE_DEVICES": mig["uuid"], "NVIDIA_VISIBLE_DEVICES": mig["uuid"],
-                        "TESSERA_MIG_PROFILE": mig["profile"], "TESSERA_MIG_GPU": mig["gpu"]})
-        ports = w.spec.get("_ports") or []
-        if ports:
-            env["PORT"] = str(ports[0][0])
-            env["TESSERA_SERVICE_PORTS"] = ",".join(str(c) for c, _ in ports)
-            env["TESSERA_SERVICE_URLS"] = ",".join(w.spec.get("_serviceUrls") or [])
-        if self.machine.simulated:
-            env["TESSERA_SIMULATED"] = "1"
-            env["PATH"] = f"{self.sim_bin}{os.pathsep}{os.environ.get('PATH', '')}"
-        env["TESSERA_ISOLATION"] = "off"
-        if gpus and not p.exclusive:
-            env.update(
-                self.isolation.env(f"{w.id}-{index}", [g.uuid for g in gpus], p,
-                                   {**os.environ, **env}, priority=w.priority)
-            )
-            iso_dir = getattr(self.isolation, "dir", None)
-            if w.spec.get("_compute") and env.get("TESSERA_ISOLATION") == "on" and iso_dir is not None:
-                from tessera.local import compute_share
-
-                env.update(compute_share.env(iso_dir.parent, w.id, [g.uuid for g in gpus], w.spec["_compute"],
-                                             latency=w.type == "Inference"))
-        return env
 
     def check(self, w: Workload, restarted: bool = False) -> None:
         unsaved = w.spec.pop("_unsaved", None)
@@ -363,18 +314,18 @@ class PodProcesses:
         changed = False
         failed: tuple[int | None, str] | None = None
         for pod in w.pods:
-            if pod.get("phase") != "Running":
+            if pod.get("phase") != PodPhase.RUNNING:
                 continue
-            ended = self.runner.check(pod["pid"], pod.get("startTicks", 0), pod["exitFile"])
+            ended = self.runner.check(pid_of(pod), pod.get("startTicks", 0), pod["exitFile"])
             if ended is None:
                 continue
             changed = True
             pod["exitCode"] = ended.code
             pod["holds"] = False
             if ended.code == 0:
-                pod["phase"] = "Completed"
+                pod["phase"] = PodPhase.COMPLETED
             else:
-                pod["phase"] = "Failed"
+                pod["phase"] = PodPhase.FAILED
                 reason = ended.reason
                 if ended.code is None and restarted:
                     reason = "the process was gone when the server restarted and left no exit code"
@@ -385,18 +336,18 @@ class PodProcesses:
         now = time.time()
         if failed is not None:
             for pod in w.pods:
-                if pod.get("phase") == "Running":
+                if pod.get("phase") == PodPhase.RUNNING:
                     self.terminate(pod, self.grace)
-                    pod["phase"] = "Failed"
+                    pod["phase"] = PodPhase.FAILED
                     pod["holds"] = False
-            w.phase, w.exit_code, w.completed = "Failed", failed[0], now
+            w.phase, w.exit_code, w.completed = Phase.FAILED, failed[0], now
             w.phase_message = failed[1]
             w.gpus_allocated = 0.0
             self.active.pop(w.id, None)
             self.store.save(w, ("Failed", w.phase_message))
             self.wake.set()
-        elif all(p.get("phase") == "Completed" for p in w.pods):
-            w.phase, w.exit_code, w.completed = "Completed", 0, now
+        elif all(p.get("phase") == PodPhase.COMPLETED for p in w.pods):
+            w.phase, w.exit_code, w.completed = Phase.COMPLETED, 0, now
             w.phase_message = "all pods exited with code 0"
             w.gpus_allocated = 0.0
             self.active.pop(w.id, None)
@@ -411,27 +362,27 @@ class PodProcesses:
         with all_or_nothing(w, self.active):  # stored before any pod is signalled
             w.spec["_after_stop"] = target
             if target == "Deleted":
-                w.phase = "Deleting"
+                w.phase = Phase.DELETING
             else:
-                w.phase = "Stopping"
+                w.phase = Phase.STOPPING
             w.phase_message = reason
             self.store.save(w, (kind, reason))
         for pod in w.pods:
-            if pod.get("phase") == "Running":
+            if pod.get("phase") == PodPhase.RUNNING:
                 self.terminate(pod, self.grace)
         self.finish_stop(w)
         self.wake.set()
 
     def finish_stop(self, w: Workload) -> None:
         for pod in w.pods:
-            if pod.get("phase") != "Running":
+            if pod.get("phase") != PodPhase.RUNNING:
                 continue
-            ended = self.runner.check(pod["pid"], pod.get("startTicks", 0), pod["exitFile"])
-            if ended is not None or not self.runner.group_alive(pod["pid"]):
-                pod["phase"] = "Stopped"
+            ended = self.runner.check(pid_of(pod), pod.get("startTicks", 0), pod["exitFile"])
+            if ended is not None or not self.runner.group_alive(pid_of(pod)):
+                pod["phase"] = PodPhase.STOPPED
                 pod["holds"] = False
                 pod["exitCode"] = None if ended is None else ended.code
-        if any(p.get("phase") == "Running" for p in w.pods):
+        if any(p.get("phase") == PodPhase.RUNNING for p in w.pods):
             return
         target = w.spec.get("_after_stop", "Stopped")
         if target == "Deleted":
@@ -445,17 +396,17 @@ class PodProcesses:
             w.node = ""
             w.devices = ""
             if target == "Pending":
-                w.phase = "Pending"
+                w.phase = Phase.PENDING
                 w.spec["_pendingSince"] = time.time()  # the wait is timed from here (metrics)
                 w.pods = []
                 self.store.save(w, ("Requeued", f"requeued after: {w.phase_message}"))
             elif target == "Failed":
-                w.phase = "Failed"
+                w.phase = Phase.FAILED
                 w.completed = time.time()
                 self.active.pop(w.id, None)
                 self.store.save(w, ("Failed", w.phase_message))
             else:
-                w.phase = "Stopped"
+                w.phase = Phase.STOPPED
                 w.completed = time.time()
                 self.active.pop(w.id, None)
                 self.store.save(w, ("Stopped", "all pods stopped"))
@@ -476,7 +427,7 @@ class PodProcesses:
 
     def exec(self, w: Workload, pod: int, command: list[str], timeout: float) -> dict[str, Any]:
         """COMMAND with the pod's environment (in its container, for an image)."""
-        if w.phase != "Running":
+        if w.phase != Phase.RUNNING:
             raise Conflict(f"workload {w.name} is {w.phase}; exec needs it Running")
         match = [p for p in w.pods if p["index"] == pod]
         if not match:

@@ -33,6 +33,7 @@ from tessera.core.requests import gpu_request_from_dict
 from tessera.core.state import Placement
 from tessera.local import store
 from tessera.local.departments import DepartmentTree
+from tessera.local.records import Phase, PodRecord
 
 ACTIONS = ("allocate", "reclaim", "preempt", "backfill")
 """The cycle's actions in embedded mode (no consolidate: a process cannot be moved)."""
@@ -42,7 +43,7 @@ def core_project(p: store.Project) -> Project:
     return Project(p.name, gpu=Quota(p.deserved, p.limit, p.over_quota_weight), priority=p.priority)
 
 
-def pod_placement(pod: dict[str, Any]) -> Placement:
+def pod_placement(pod: PodRecord) -> Placement:
     """Where a stored pod runs (the pod record written by the control loop when it started)."""
     return Placement(
         node=pod["node"],
@@ -89,7 +90,7 @@ def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now
         started_at=(w.started or now) if running else None,
         placements=((*placements, *(None,) * (w.workers - len(placements)))
                     if placements is not None else ()),
-        preemptible=w.preemptible and (not running or w.phase == "Running"),
+        preemptible=w.preemptible and (not running or w.phase == Phase.RUNNING),
         priority=w.priority,
         name=w.name,
     )

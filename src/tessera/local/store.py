@@ -21,6 +21,7 @@ from typing import Any
 
 from tessera.api.backend import WorkloadQuery
 from tessera.api.sqlite_db import SqliteDb
+from tessera.local.records import ACTIVE_PHASES, Phase, PodPhase, PodRecord
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -73,7 +74,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_workload ON events (workload_id);
 """
 
-ACTIVE_PHASES = ("Pending", "Running", "Stopping", "Deleting")
+
 _ISO = "'%Y-%m-%dT%H:%M:%SZ'"
 BRIEF_FIELDS: dict[str, str] = {
     "workloadId": "id",
@@ -168,7 +169,7 @@ class Workload:
     project_id: int
     project_name: str
     type: str
-    phase: str
+    phase: Phase
     phase_message: str
     spec: dict[str, Any]
     request: dict[str, Any]
@@ -185,7 +186,7 @@ class Workload:
     created: float
     started: float | None
     completed: float | None
-    pods: list[dict[str, Any]] = field(default_factory=list)
+    pods: list[PodRecord] = field(default_factory=list)
     request_text: str = ""
     """The request in words (kept so listings need not rebuild it)."""
     running_pods: int = 0
@@ -225,7 +226,9 @@ def _workload(row: Sequence[Any]) -> Workload:
     values = dict(zip(WORKLOAD_COLUMNS, row, strict=True))
     values["spec"] = json.loads(values["spec"])
     values["request"] = json.loads(values["request"])
-    values["pods"] = json.loads(values["pods"])
+    values["phase"] = Phase(values["phase"])
+    values["pods"] = [{**p, "phase": PodPhase(p["phase"])} if "phase" in p else p
+                      for p in json.loads(values["pods"])]
     values["preemptible"] = bool(values["preemptible"])
     return Workload(**values)
 
@@ -341,7 +344,7 @@ class Store(SqliteDb):
         values["request"] = json.dumps(w.request)
         values["pods"] = json.dumps(w.pods)
         values["preemptible"] = int(w.preemptible)
-        values["running_pods"] = sum(1 for p in w.pods if p.get("phase") == "Running")
+        values["running_pods"] = sum(1 for p in w.pods if p.get("phase") == PodPhase.RUNNING)
         return values
 
     def save(self, w: Workload, event: tuple[str, str] | None = None) -> None:
