@@ -14,7 +14,7 @@ from selenium.webdriver.support.ui import Select
 
 from tessera.isolation.build import ensure_built
 from tests.console.browsing import go, login, shoot, until
-from tests.local.test_mig_embedded import MigServer
+from tests.local.mig_server import MigServer
 
 
 @pytest.fixture(scope="module")

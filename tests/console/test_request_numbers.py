@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.isolation.build import ensure_built
-from tests.local.test_mig_embedded import MigServer
-from tests.node.test_fake_mig import nvml
+from tests.local.mig_server import MigServer
+from tests.node.fake_mig import nvml
 
 
 @pytest.fixture(scope="module")

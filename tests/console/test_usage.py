@@ -363,7 +363,7 @@ def test_prometheus_source_reports_what_the_agent_exported(native: Any, tmp_path
     gone and its last sample ages, ``unreachable``; Prometheus down: every node says so."""
     from tessera.kube.prometheus_usage import PrometheusUsage
     from tests.isolation.conftest import CTX
-    from tests.node.test_metrics_escapes import INFER, TRAIN, UUIDS, Machine
+    from tests.node.machines import INFER, TRAIN, UUIDS, Machine
     from tests.prometheus_server import start_prometheus
 
     m = Machine(native, tmp_path)

@@ -24,7 +24,7 @@ from tessera.node.ledger import (
 )
 from tessera.node.reclaim import Reclaim, Reclaimer, ReclaimerThread, prepare_directory
 from tests.isolation.conftest import GiB, fake_uuids
-from tests.isolation.test_loans import CTX, GPU, started, workload
+from tests.isolation.loans_helpers import CTX, GPU, started, workload
 
 
 @pytest.fixture

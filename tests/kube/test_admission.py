@@ -21,12 +21,21 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, PodBinding
 
 from tessera.core.units import parse_memory
 from tessera.kube import names
-from tessera.kube.objects import ProjectResource
 from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
+from tests.kube.admission_helpers import (
+    SYSTEM_NS,
+    _cgpu,
+    _seq,
+    create,
+    create_project_namespace,
+    delete_pods,
+    plain_pod,
+    refused,
+    runai_pod,
+    wait_webhook_sees_project,
+)
 from tests.waiting import wait_until
-
-SYSTEM_NS = "tessera-system"
 
 # The cGPU seed (shared/seeds/002), step 1, verbatim.
 BINPACK_1 = """\
@@ -64,26 +73,6 @@ spec:
 """
 
 
-def runai_pod(name: str, annotations: dict[str, str], **container: Any) -> dict[str, Any]:
-    """A pod as Run:ai's CLI v1 submits it (``runai submit NAME -i IMAGE -g 0.5``): the share
-    as an annotation, Run:ai's scheduler name, the project label."""
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"project": "team-a", "release": name},
-                     "annotations": annotations},
-        "spec": {
-            "schedulerName": "runai-scheduler",
-            "restartPolicy": "Never",
-            "containers": [{"name": name, "image": "runai.jfrog.io/demo/quickstart", **container}],
-        },
-    }
-
-
-def plain_pod(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "main", "image": "busybox"}], **spec}}
-
-
 @pytest.fixture(scope="module")
 def webhook(kube_cluster: TestCluster) -> Iterator[local.LocalWebhook]:
     """The webhook as ServiceAccount tessera-system/tessera-webhook with the chart's RBAC, and
@@ -107,34 +96,6 @@ def webhook(kube_cluster: TestCluster) -> Iterator[local.LocalWebhook]:
         hook.stop()
 
 
-_seq = iter(range(10**6))
-
-
-def create_project_namespace(client: Client, base: str) -> tuple[str, str]:
-    ns = f"{base}-{next(_seq)}"
-    client.create(Namespace(metadata=ObjectMeta(name=ns)))
-    project = f"{ns}-proj"
-    client.create(ProjectResource(metadata=ObjectMeta(name=project), spec={
-        "namespace": ns, "resources": {"gpu": {"deserved": 4}}}))
-    return ns, project
-
-
-def wait_webhook_sees_project(client: Client, ns: str) -> None:
-    """The webhook learns Projects through a watch: wait until a dry-run is no longer refused
-    for want of a project."""
-    probe = codecs.from_dict(runai_pod("probe", {"gpu-fraction": "0.5"}))
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            client.create(probe, namespace=ns, dry_run=True)
-            return
-        except ApiError as exc:
-            if "belongs to no tessera Project" not in str(exc.status.message) \
-                    or time.monotonic() > deadline:
-                raise
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def team(webhook: local.LocalWebhook, kube_client: Client) -> Iterator[tuple[str, str]]:
     """A namespace owned by a Project (Run:ai's runai-team-a / team-a). Its pods are deleted
@@ -143,25 +104,6 @@ def team(webhook: local.LocalWebhook, kube_client: Client) -> Iterator[tuple[str
     wait_webhook_sees_project(kube_client, ns)
     yield ns, project
     delete_pods(kube_client, ns)
-
-
-def delete_pods(client: Client, ns: str) -> None:
-    for pod in client.list(Pod, namespace=ns):
-        with contextlib.suppress(ApiError):
-            client.delete(Pod, pod.metadata.name, namespace=ns, grace_period=0)
-    deadline = time.monotonic() + 30
-    while list(client.list(Pod, namespace=ns)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def create(client: Client, manifest: dict[str, Any], ns: str) -> Any:
-    return client.create(codecs.from_dict(copy.deepcopy(manifest)), namespace=ns)
-
-
-def refused(client: Client, manifest: dict[str, Any], ns: str) -> str:
-    with pytest.raises(ApiError) as info:
-        create(client, manifest, ns)
-    return str(info.value.status.message)
 
 
 def env_of(container: Any) -> dict[str, Any]:
@@ -456,14 +398,6 @@ def test_pods_without_gpu_are_not_touched(kube_client: Client, team: tuple[str, 
 # ---- refusals ------------------------------------------------------------------------------------
 def _runai(ann: dict[str, str], **container: Any) -> dict[str, Any]:
     return runai_pod("bad", ann, **container)
-
-
-def _cgpu(count: str | None, mem: Any) -> dict[str, Any]:
-    pod = plain_pod("bad", containers=[{"name": "main", "image": "x", "resources": {
-        "limits": {"aliyun.com/gpu-mem": mem}} if mem is not None else {}}])
-    if count is not None:
-        pod["metadata"]["labels"] = {"aliyun.com/gpu-count": count}
-    return pod
 
 
 def _canon(ann: dict[str, str], **container: Any) -> dict[str, Any]:

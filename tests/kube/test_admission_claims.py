@@ -31,7 +31,7 @@ from tessera.kube.admission import claims
 from tessera.kube.claims import ResourceClaim
 from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
-from tests.kube.test_admission import (
+from tests.kube.admission_helpers import (
     SYSTEM_NS,
     create,
     create_project_namespace,
@@ -40,7 +40,7 @@ from tests.kube.test_admission import (
     runai_pod,
     wait_webhook_sees_project,
 )
-from tests.kube.test_rbac import allowed
+from tests.kube.rbac_helpers import allowed
 from tests.waiting import wait_until
 
 ON = "dra.rewriteRequests=true"

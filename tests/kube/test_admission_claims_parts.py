@@ -18,7 +18,7 @@ from tessera.kube import claims as kube_claims
 from tessera.kube import names
 from tessera.kube.admission import claims, mutate, policy
 from tessera.kube.admission.policy import WebhookConfig
-from tests.kube.test_admission_spellings import VIEW, pod
+from tests.kube.spelling_helpers import VIEW, pod
 
 ON = WebhookConfig(rewrite_claims=True)
 

@@ -9,7 +9,7 @@ from lightkube.resources.core_v1 import Pod
 
 from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
-from tests.kube.test_admission import (
+from tests.kube.admission_helpers import (
     _cgpu,
     create_project_namespace,
     delete_pods,

@@ -5,22 +5,15 @@ webhook wired into the containers."""
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
 from tessera.isolation.config import manual_environment
 from tessera.kube import names
-from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
-from tests.kube.test_admission import (
-    SYSTEM_NS,
+from tests.kube.admission_helpers import (
     _cgpu,
     create,
     create_project_namespace,
@@ -29,47 +22,6 @@ from tests.kube.test_admission import (
     wait_webhook_sees_project,
 )
 from tests.waiting import wait_until
-
-
-@pytest.fixture(scope="module")
-def stack(request: pytest.FixtureRequest, kube_cluster: TestCluster, kube_client: Client
-          ) -> Iterator[TestCluster]:
-    """The webhook and the scheduler; a module may set ``WEBHOOK_ARGS`` (more webhook flags)."""
-    docs = local.helm_template(include_crds=True)
-    local.apply(kube_cluster, [d for d in docs if d["kind"] == "CustomResourceDefinition"])
-    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-                         "crd/projects.tessera.io", "crd/podgroups.tessera.io")
-    sched_kc = kube_cluster.service_account_kubeconfig(SYSTEM_NS, "tessera-scheduler")
-    hook_kc = kube_cluster.service_account_kubeconfig(SYSTEM_NS, "tessera-webhook")
-    local.apply(kube_cluster, [d for d in docs if d["kind"] in (
-        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")])
-    assert kube_cluster.workdir is not None
-    logs = kube_cluster.workdir / "logs"
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def spawn(name: str, args: list[str]) -> None:
-        with (logs / f"{name}.log").open("ab") as log:
-            procs.append(subprocess.Popen([sys.executable, *args], stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-
-    hook = local.start_webhook(kube_cluster, name="e2e-webhook", kubeconfig=hook_kc,
-                               extra_args=list(getattr(request.module, "WEBHOOK_ARGS", ())))
-    spawn("e2e-scheduler", ["-m", "tessera.kube.scheduler", f"--kubeconfig={sched_kc}",
-                            "--lease-name=tessera-scheduler-admission-e2e",
-                            "--lease-duration=3", "--identity=e2e"])
-    try:
-        local.register(kube_cluster, hook)
-        yield kube_cluster
-    finally:
-        local.unregister(kube_cluster)
-        hook.stop()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(10)
-            if p.poll() is None:
-                p.kill()
 
 
 def bound(client: Client, ns: str, name: str) -> Pod:

@@ -4,28 +4,19 @@ reads back, through the scheduler's parser, as the same GpuRequest."""
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import GpuDevice, GpuRequest, Node
+from tessera.core.model import GpuRequest
 from tessera.core.units import GiB, MiB
 from tessera.kube import names
 from tessera.kube.admission import mutate, policy, spellings
-from tessera.kube.admission.policy import ClusterView, WebhookConfig
+from tessera.kube.admission.policy import WebhookConfig
 from tessera.kube.podspec import gpu_request
-
-NODES = [Node("n0", tuple(GpuDevice(f"u{i}", i, 81559 * MiB, "H100-80GB") for i in range(8)))]
-VIEW = ClusterView(nodes=lambda: NODES, project_of=lambda ns: "team-a")
-
-
-def pod(annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-        **container: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "p", "annotations": annotations or {}, "labels": labels or {}},
-            "spec": {"containers": [{"name": "main", "image": "x", **container}]}}
+from tests.kube.spelling_helpers import VIEW, pod
 
 
 def canonical(t: spellings.Translation) -> GpuRequest:

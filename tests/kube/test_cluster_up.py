@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests import waiting
-from tests.kube.test_admission import runai_pod
+from tests.kube.admission_helpers import runai_pod
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:

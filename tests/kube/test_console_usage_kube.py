@@ -23,7 +23,6 @@ from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.kube_api import KubeApiServer
 from tessera.testing.node_agents import NodeAgent
 from tests.console.conftest import artifacts, browser  # noqa: F401 (Chromium, screenshots)
-from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
 from tests.waiting import wait_until
 
 
@@ -129,20 +128,19 @@ def test_the_node_is_written_once_not_per_sync(setup: Any) -> None:
 
 
 def test_a_dynamic_fraction_on_a_node_shows_its_usage_and_loan(
-        setup: Any, stack: TestCluster, kube_client: Client) -> None:  # noqa: F811
+        setup: Any, stack: TestCluster, kube_client: Client) -> None:
     """A Run:ai manifest admitted by the webhook and bound by tessera-scheduler; its container's
     process (cuprobe on the node's fake driver, with exactly the pod's mounts) takes 6 GiB against
     a 2 GiB request: the API server's cluster document shows it, joined by namespace/pod."""
     from tessera.isolation.build import ensure_built
     from tessera.testing import pod_process
-    from tests.kube.test_admission import (
+    from tests.kube.admission_helpers import (
         create,
         create_project_namespace,
         runai_pod,
         wait_webhook_sees_project,
     )
-    from tests.kube.test_node_isolation import agent_of
-    from tests.kube.test_node_loans import Process
+    from tests.kube.node_helpers import Process, agent_of
 
     server = setup[0]
     (node,) = stack.create_gpu_nodes(1, NodeShape(gpus=1, model="L4-24GB"), prefix="usage-dyn-")

@@ -4,7 +4,6 @@ is not a quantity is refused by the API server."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +13,10 @@ from lightkube import ApiError, Client, codecs
 from lightkube.generic_resource import create_namespaced_resource
 
 from tessera.testing.cluster import TestCluster
+from tests.kube.dra_docs import doc_claims
 
-ROOT = Path(__file__).resolve().parents[2]
 ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim",
                                            "resourceclaims")
-
-
-def doc_claims() -> list[dict[str, Any]]:
-    text = (ROOT / "docs" / "dra.md").read_text()
-    docs: list[dict[str, Any]] = []
-    for block in re.findall(r"^```yaml\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
-        if "kind: ResourceClaim" in block:  # the slice's block is abridged (…), not YAML
-            docs += [d for d in yaml.safe_load_all(block) if d and d["kind"] == "ResourceClaim"]
-    return docs
 
 
 def test_docs_example_claims_are_accepted(kube_client: Client, kube_namespace: str) -> None:

@@ -30,7 +30,7 @@ from tessera.testing import binaries
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.node_agents import NodeAgent, start_node_agents
-from tests.node.test_fake_mig import nvml
+from tests.node.fake_mig import nvml
 from tests.waiting import wait_until
 
 NS = "default"

@@ -23,7 +23,7 @@ from tessera.node.resourceslice import ResourceSlice, slice_name
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.node_agents import NodeAgent, start_node_agents
-from tests.kube.test_dra import doc_claims
+from tests.kube.dra_docs import doc_claims
 from tests.waiting import wait_until
 
 GIB = 2**30

@@ -8,43 +8,28 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
-from typing import Any
 
 import httpx
 from lightkube import Client
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.core_v1 import Node, Pod
 
 from tessera.isolation.config import CONFIG_HEADER
 from tessera.kube import names
 from tessera.testing.cluster import TestCluster
-from tests.kube.test_admission import (
+from tests.kube.admission_helpers import (
     create,
     create_project_namespace,
     delete_pods,
     runai_pod,
     wait_webhook_sees_project,
 )
-from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
+from tests.kube.node_helpers import agent_of
 from tests.waiting import wait_until
 
 CONTAINERS_HOST_DIR = "/var/lib/tessera/containers"
 
 
-
-
-def agent_of(cluster: TestCluster, node: str) -> Any:
-    for group in cluster.node_agents:
-        if node in group.agents:
-            return group.agents[node]
-    raise AssertionError(f"no tessera-node for {node}")
-
-
-def events(client: Client, ns: str, name: str) -> list[Event]:
-    return [e for e in client.list(Event, namespace=ns)
-            if e.involvedObject.name == name]
-
-
-def test_share_container_gets_its_config_file_from_the_node(stack: TestCluster,  # noqa: F811
+def test_share_container_gets_its_config_file_from_the_node(stack: TestCluster,
                                                             kube_client: Client) -> None:
     ns, _ = create_project_namespace(kube_client, "iso-files")
     wait_webhook_sees_project(kube_client, ns)
@@ -118,7 +103,7 @@ def test_agent_config_dir_matches_the_webhook_default() -> None:
     assert AgentOptions(node_name="n").containers_host_dir == Path(CONTAINERS_HOST_DIR)
 
 
-def test_region_belongs_to_the_group_the_pod_states(stack: TestCluster,  # noqa: F811
+def test_region_belongs_to_the_group_the_pod_states(stack: TestCluster,
                                                     kube_client: Client) -> None:
     """A pod with its own fsGroup keeps it (the webhook adds nothing) and its region is that
     group's."""

@@ -21,42 +21,20 @@ from tessera.testing import pod_process
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tests.isolation.conftest import GiB
-from tests.kube.test_admission import (
+from tests.kube.admission_helpers import (
     create,
     create_project_namespace,
     runai_pod,
     wait_webhook_sees_project,
 )
-from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
-from tests.kube.test_node_isolation import agent_of, events, wait_until
+from tests.kube.node_helpers import Process, agent_of, events
+from tests.waiting import wait_until
 
 NODE = "loans-l4-0"
 
 
-class Process:
-    """One pod process running cuprobe: a command, its one-line answer."""
-
-    def __init__(self, popen: Any) -> None:
-        self.popen = popen
-
-    def send(self, line: str) -> None:
-        self.popen.stdin.write(line + "\n")
-        self.popen.stdin.flush()
-
-    def answer(self, timeout: float = 20.0) -> str:
-        import select
-
-        ready, _, _ = select.select([self.popen.stdout], [], [], timeout)
-        assert ready, "no answer from the pod's process"
-        return str(self.popen.stdout.readline().strip())
-
-    def __call__(self, line: str) -> str:
-        self.send(line)
-        return self.answer()
-
-
 @pytest.fixture(scope="module")
-def node(stack: TestCluster, kube_client: Client) -> Iterator[Any]:  # noqa: F811
+def node(stack: TestCluster, kube_client: Client) -> Iterator[Any]:
     stack.create_gpu_nodes(1, NodeShape(gpus=1, model="L4-24GB"), prefix="loans-l4-")
     yield agent_of(stack, NODE)
     with contextlib.suppress(Exception):

@@ -27,15 +27,14 @@ from lightkube.resources.core_v1 import Node, Pod
 from tessera.testing import pod_process
 from tessera.testing.cluster import TestCluster
 from tests.isolation.conftest import GiB
-from tests.kube.test_admission import (
+from tests.kube.admission_helpers import (
     create,
     create_project_namespace,
     runai_pod,
     wait_webhook_sees_project,
 )
-from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
-from tests.kube.test_node_isolation import agent_of, wait_until
-from tests.kube.test_node_loans import Process
+from tests.kube.node_helpers import Process, agent_of
+from tests.waiting import wait_until
 
 NODE = "uids-l4-0"
 
@@ -44,7 +43,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="processes under other
 
 
 @pytest.fixture(scope="module")
-def node(stack: TestCluster, kube_client: Client) -> Iterator[Any]:  # noqa: F811
+def node(stack: TestCluster, kube_client: Client) -> Iterator[Any]:
     from tessera.testing.gpu_nodes import NodeShape
 
     stack.create_gpu_nodes(1, NodeShape(gpus=1, model="L4-24GB"), prefix="uids-l4-")

@@ -14,16 +14,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from lightkube import ApiError, Client, codecs
-from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
+from lightkube import ApiError, codecs
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 
 from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
+from tests.kube.rbac_helpers import NS, allowed
 
-NS = "tessera-system"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
               "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 ACCOUNTS = ("tessera-scheduler", "tessera-webhook", "tessera-api", "tessera-node-agent")
@@ -55,19 +53,6 @@ def chart_rbac(kube_cluster: TestCluster) -> dict[tuple[str, str], dict[str, Any
             break
         time.sleep(0.2)
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
-
-
-def allowed(client: Client, account: str, verb: str, resource: str, namespace: str | None,
-            group: str = "", name: str | None = None) -> bool:
-    """SubjectAccessReview for ServiceAccount NS/account (what RBAC alone decides)."""
-    res, _, sub = resource.partition("/")
-    review = client.create(SubjectAccessReview(spec=SubjectAccessReviewSpec(
-        user=f"system:serviceaccount:{NS}:{account}",
-        groups=["system:serviceaccounts", f"system:serviceaccounts:{NS}", "system:authenticated"],
-        resourceAttributes=ResourceAttributes(verb=verb, group=group, resource=res,
-                                              subresource=sub or None, namespace=namespace,
-                                              name=name))))
-    return bool(review.status and review.status.allowed)
 
 
 def test_every_rule_a_component_needs_is_granted(

@@ -6,67 +6,16 @@ only their MIG device; refusals and waits that say why; a server killed mid-crea
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from tessera.isolation.build import NativeBuild, ensure_built
 from tessera.testing.embedded import EmbeddedServer
-from tests.node.test_fake_mig import A100_40, nvml
+from tests.local.mig_server import HOLD, MigServer, env_of
+from tests.node.fake_mig import A100_40, nvml
 from tests.waiting import wait_until
-
-V100 = "Tesla V100-SXM2-16GB=16Gi"
-HOLD = ["sh", "-c", "sleep 600"]
-
-
-class MigServer(EmbeddedServer):
-    def __init__(self, root: Path, native: NativeBuild, **extra: str) -> None:
-        super().__init__(root, simulate=())
-        self.native = native
-        self.extra = extra
-
-    @property
-    def env(self) -> dict[str, str]:
-        env = super().env
-        env.update({"LD_LIBRARY_PATH": str(self.native.fake_dir),
-                    "FAKE_GPU_DEVICES": f"{A100_40};{V100}", "FAKE_GPU_MIG_0": "1",
-                    "FAKE_GPU_STATE": str(self.root / "gpu.state"), **self.extra})
-        return env
-
-    def machine_env(self) -> dict[str, str]:
-        """The machine's NVML as another process reads it (without the server's fault knobs)."""
-        return {k: v for k, v in self.env.items()
-                if k not in ("FAKE_NVML_FAIL", "TESSERA_FAULT_POINT")}
-
-    def submit(self, name: str, *args: str, project: str = "team-a") -> subprocess.CompletedProcess[str]:
-        return self.cli("submit", name, "-p", project, *args, "--", *HOLD, check=False)
-
-    def workload(self, client: httpx.Client, name: str) -> dict[str, Any]:
-        wid = next(w["workloadId"] for w in client.get("/api/v1/workloads").json()["workloads"]
-                   if w["name"] == name)
-        doc: dict[str, Any] = client.get(f"/api/v1/workloads/trainings/{wid}").json()
-        return doc
-
-    def wait_for(self, client: httpx.Client, name: str, phase: str,
-                 message: str = "") -> dict[str, Any]:
-        wid = self.workload(client, name)["workloadId"]
-        w = self.wait_phase(client, "trainings", wid, phase)
-        while message not in w["phaseMessage"]:
-            w = self.wait_phase(client, "trainings", wid, phase)
-        return w
-
-    def partitions(self) -> list[dict[str, Any]]:
-        r = subprocess.run([sys.executable, "-m", "tessera.node", "mig", "--json", "--journal",
-                            str(self.data / "mig-journal.json")], env=self.machine_env(),
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        parts: list[dict[str, Any]] = json.loads(r.stdout)[0]["partitions"]
-        return parts
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +28,6 @@ def server(native: NativeBuild, tmp_path: Path) -> Iterator[MigServer]:
     s = MigServer(tmp_path, native)
     with s.serving("team-a"):
         yield s
-
-
-def env_of(w: dict[str, Any]) -> dict[str, str]:
-    env: dict[str, str] = w["pods"][0]["env"]
-    return env
 
 
 def test_partitions_are_made_reused_and_kept_idle(server: MigServer) -> None:
@@ -148,12 +92,14 @@ def test_bad_requests_are_refused_naming_the_flag_and_what_exists(server: MigSer
     assert "--gpu-mig-profile: is not a MIG profile of any GPU tessera knows (1g.5gb," in r.stderr
     r = server.submit("x", "--gpu-mig-profile", "3g.40gb")
     assert r.returncode != 0
-    assert ("--gpu-mig-profile: no MIG GPU here has this profile (MIG profiles here: A100-40GB: "
+    assert ("--gpu-mig-profile: no GPU in MIG mode on this machine has this profile (MIG profiles "
+            "here: A100-40GB: "
             "1g.5gb, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb) (got '3g.40gb')") in r.stderr
     r = server.submit("x", "-g", "0.5", "--gpu-mig-profile", "3g.20gb")
     assert "--gpu-mig-profile: give a MIG profile or -g/--gpu, not both" in r.stderr
     r = server.submit("x", "--gpu-mig-profile", "1g.5gb", "--workers", "2")
-    assert "--workers: must be 1 with gpuMigProfile" in r.stderr
+    assert ("--workers: must be at most 1 with gpuMigProfile on this machine (one partition, "
+            "one pod) (got 2)") in r.stderr
     with server.http() as client:
         r = client.post("/api/v1/workloads/trainings", json={
             "name": "x", "projectId": "team-a", "spec": {"command": "true", "compute": {
@@ -180,7 +126,7 @@ def test_no_mig_gpu_on_the_machine(tmp_path: Path) -> None:
         r = s.cli("submit", "x", "-p", "team-a", "--gpu-mig-profile", "1g.5gb", "--", "true",
                   check=False)
         assert r.returncode != 0
-        assert ("--gpu-mig-profile: this machine has no GPU in MIG mode (MIG mode is an "
+        assert ("--gpu-mig-profile: no GPU in MIG mode on this machine (MIG mode is an "
                 "operator's choice") in r.stderr
     finally:
         s.cleanup()
@@ -267,7 +213,7 @@ def test_image_gets_its_mig_device(native: NativeBuild, tmp_path: Path) -> None:
     import stat
     from collections.abc import Sequence
 
-    from tests.cli.test_container_runtime import FAKE_RUNTIME
+    from tests.cli.fake_runtime import FAKE_RUNTIME
 
     bindir, state = tmp_path / "bin", tmp_path / "state"
     bindir.mkdir()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tessera.isolation.build import NativeBuild, ensure_built
-from tests.local.test_mig_embedded import HOLD, MigServer, env_of
+from tests.local.mig_server import HOLD, MigServer, env_of
 
 
 @pytest.fixture(scope="module")

@@ -5,47 +5,17 @@ MIG device is charged to its instance."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tessera.core.mig import PROFILES
 from tessera.isolation.build import NativeBuild
 from tests.node.conftest import machine_env, start_proc
+from tests.node.fake_mig import A100_40, nvml
 
-A100_40 = "NVIDIA A100-SXM4-40GB=40Gi"
 A100_80 = "NVIDIA A100-SXM4-80GB=80Gi"
 H100_80 = "NVIDIA H100 80GB HBM3=81559Mi"
-PRELUDE = """
-import ctypes, json, pynvml as nv
-nv.nvmlInit()
-h = nv.nvmlDeviceGetHandleByIndex(0)
-def err(fn, *a):
-    try:
-        fn(*a)
-    except nv.NVMLError as e:
-        return e.value
-    return 0
-def place(start, size):
-    p = nv.c_nvmlGpuInstancePlacement_t()
-    p.start, p.size = start, size
-    return ctypes.byref(p)
-"""
-
-
-def nvml(env: Mapping[str, str], code: str) -> Any:
-    """Runs code after PRELUDE in a fresh process on the fake NVML; returns its `out`."""
-    program = PRELUDE + textwrap.dedent(code) + "\nprint(json.dumps(out))\n"
-    done = subprocess.run([sys.executable, "-c", program], env=dict(env), capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 PROFILE_TABLE = """

@@ -11,7 +11,7 @@ from typing import Any
 
 from tessera.isolation.build import NativeBuild
 from tests.node.conftest import machine_env, node_cli, node_json, start_proc
-from tests.node.test_fake_mig import A100_40, nvml
+from tests.node.fake_mig import A100_40, nvml
 
 MACHINE = f"{A100_40};{A100_40};Tesla V100-SXM2-16GB=16Gi"
 
