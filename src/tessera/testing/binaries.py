@@ -12,7 +12,8 @@ each locally-replaced module with its published version (``k8s.io/api v0.Y.Z`` f
 release's own go.mod, so it follows the release when the pin moves.
 
 Run ``python -m tessera.testing.binaries ensure`` to build what is missing and print the paths.
-(Test harness, about 500 lines: each pinned binary's build recipe, the cache and its lock.)
+(Each pinned binary's build recipe, the cache and its lock; building Go itself is
+``tessera.testing.go_build``.)
 """
 
 from __future__ import annotations
@@ -22,14 +23,23 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from tessera.testing import go_build
+
+# Kept under these names here: the recipes below and other harness modules use them.
+(LDFLAGS_STRIP, BuildError, cache_dir, local_replaces, go_directive, throwaway_go_mod,
+ kubernetes_staging_version, kubernetes_module_dir, _go, _go_env, _run, _download_go_mod,
+ _write_module, _kubernetes_ldflags) = (
+    go_build.LDFLAGS_STRIP, go_build.BuildError, go_build.cache_dir, go_build.local_replaces,
+    go_build.go_directive, go_build.throwaway_go_mod, go_build.kubernetes_staging_version,
+    go_build.kubernetes_module_dir, go_build._go, go_build._go_env, go_build._run,
+    go_build._download_go_mod, go_build._write_module, go_build._kubernetes_ldflags)
 
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
@@ -45,17 +55,6 @@ JOBSET_VERSION = "v0.10.1"
 LWS_VERSION = "v0.7.0"
 KUBERAY_VERSION = "v1.5.0"
 TRAINER_VERSION = "v2.1.0"  # Kubeflow Trainer (TrainJob v2), only for the trainjob tests
-
-LDFLAGS_STRIP = "-s -w"
-
-
-class BuildError(RuntimeError):
-    """A binary could not be built; the message carries the tail of the build log."""
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("TESSERA_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "tessera"
 
 
 def bin_dir() -> Path:
@@ -76,154 +75,6 @@ class Binary:
     @property
     def log_path(self) -> Path:
         return cache_dir() / "logs" / f"build-{self.name}-{self.version}.log"
-
-
-def _go() -> str:
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError("the Go toolchain ('go') is not on PATH; install Go >= 1.26 and retry")
-    return go
-
-
-def _go_env(*, module_mode: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    flags = [
-        f for f in env.get("GOFLAGS", "").split() if not f.startswith(("-mod=", "-buildvcs"))
-    ]
-    flags += ["-trimpath", "-buildvcs=false"]
-    if module_mode:
-        flags.append("-mod=mod")
-    env["GOFLAGS"] = " ".join(flags)
-    env["CGO_ENABLED"] = "0"
-    env["GOTOOLCHAIN"] = "local"
-    env.setdefault("GOMAXPROCS", str(os.cpu_count() or 1))
-    return env
-
-
-def _run(args: list[str], *, cwd: Path, log: Path, env: dict[str, str]) -> str:
-    """Run a go command, appending its output to ``log``; return its stdout."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as fh:
-        fh.write(f"$ (cd {cwd} && {' '.join(args)})\n")
-        fh.flush()
-        proc = subprocess.run(
-            args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=fh, text=True, check=False
-        )
-        if proc.stdout and args[1:3] != ["mod", "download"]:
-            fh.write(proc.stdout)
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise BuildError(
-            f"`{' '.join(args)}` failed with exit code {proc.returncode} (log: {log}):\n{tail}"
-        )
-    return proc.stdout
-
-
-def _download_go_mod(module: str, version: str, *, log: Path) -> str:
-    """The text of ``module@version``'s go.mod, fetched into the module cache."""
-    out = _run(
-        [_go(), "mod", "download", "-json", f"{module}@{version}"],
-        cwd=cache_dir(),
-        log=log,
-        env=_go_env(module_mode=False),
-    )
-    info = json.loads(out)
-    if "Error" in info:
-        raise BuildError(f"go mod download {module}@{version}: {info['Error']}")
-    return Path(info["GoMod"]).read_text()
-
-
-_REPLACE_LINE = re.compile(r"^\s*(?:replace\s+)?(\S+)(?:\s+v\S+)?\s*=>\s*(\.{1,2}/\S*)\s*$")
-
-
-def local_replaces(go_mod: str) -> dict[str, str]:
-    """Modules that ``go_mod`` replaces with a local directory: module path -> directory."""
-    found: dict[str, str] = {}
-    for line in go_mod.splitlines():
-        m = _REPLACE_LINE.match(line.split("//")[0])
-        if m:
-            found[m.group(1)] = m.group(2)
-    return found
-
-
-def go_directive(go_mod: str) -> str:
-    m = re.search(r"^go\s+(\S+)\s*$", go_mod, re.MULTILINE)
-    if m is None:
-        raise BuildError("go.mod has no 'go' directive")
-    return m.group(1)
-
-
-def throwaway_go_mod(
-    *, require: str, version: str, go_version: str, replaces: dict[str, str]
-) -> str:
-    """A main module requiring ``require@version`` with each of ``replaces`` pinned."""
-    lines = [
-        "// Generated by tessera.testing.binaries; throw-away module, safe to delete.",
-        "module tessera.local/throwaway",
-        "",
-        f"go {go_version}",
-        "",
-        f"require {require} {version}",
-        "",
-        "replace (",
-    ]
-    lines += [f"\t{mod} => {mod} {ver}" for mod, ver in sorted(replaces.items())]
-    lines += [")", ""]
-    return "\n".join(lines)
-
-
-def kubernetes_staging_version(version: str) -> str:
-    """k8s.io/kubernetes v1.Y.Z publishes its staging modules as v0.Y.Z."""
-    m = re.fullmatch(r"v1\.(\d+)\.(\d+)", version)
-    if m is None:
-        raise BuildError(f"kubernetes version must look like v1.Y.Z, got {version!r}")
-    return f"v0.{m.group(1)}.{m.group(2)}"
-
-
-def kubernetes_module_dir(version: str) -> Path:
-    """Generate (idempotently) the throw-away module that builds Kubernetes ``version``."""
-    log = cache_dir() / "logs" / f"build-kubernetes-module-{version}.log"
-    go_mod = _download_go_mod("k8s.io/kubernetes", version, log=log)
-    staging = {
-        mod: kubernetes_staging_version(version)
-        for mod, target in local_replaces(go_mod).items()
-        if target.startswith("./staging/")
-    }
-    if not staging:
-        raise BuildError(f"k8s.io/kubernetes {version}: no staging modules found in its go.mod")
-    text = throwaway_go_mod(
-        require="k8s.io/kubernetes",
-        version=version,
-        go_version=go_directive(go_mod),
-        replaces=staging,
-    )
-    return _write_module(cache_dir() / "build" / f"kubernetes-{version}", text)
-
-
-def _write_module(workdir: Path, go_mod: str) -> Path:
-    """Write go.mod unless it is already this text; a changed go.mod starts a fresh go.sum."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "go.mod"
-    if not path.exists() or path.read_text() != go_mod:
-        path.write_text(go_mod)
-        (workdir / "go.sum").unlink(missing_ok=True)
-    return workdir
-
-
-def _kubernetes_ldflags(version: str, package_roots: list[str]) -> str:
-    """Version stamps as Kubernetes' own build sets them (hack/lib/version.sh)."""
-    m = re.fullmatch(r"v(\d+)\.(\d+)\.\d+", version)
-    assert m is not None
-    stamps = {
-        "gitVersion": version,
-        "gitMajor": m.group(1),
-        "gitMinor": m.group(2),
-        "gitTreeState": "clean",
-    }
-    parts = [LDFLAGS_STRIP]
-    for root in package_roots:
-        parts += [f"-X {root}.{key}={value}" for key, value in stamps.items()]
-    return " ".join(parts)
 
 
 def _build_kubernetes_command(command: str) -> Callable[[Binary, Path], None]:
