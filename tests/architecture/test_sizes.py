@@ -22,9 +22,9 @@ MAX_CLASS_ATTRIBUTES = 20
 FILES: dict[str, tuple[int, str]] = {
     "testing/cluster.py": (639, "harness: the test cluster's whole life cycle (etcd, API "
                            "server, kwok, the kubelet doubles); not split yet"),
-    "local/control.py": (671, "embedded mode's loop and API surface, with MIG serving shares "
-                         "decided after the cycle; to move onto the core's path (+8: the "
-                         "workload-types seam's wiring, #32)"),
+    "local/control.py": (650, "embedded mode's loop and API surface (MIG serving shares is "
+                         "local/mig_serving.py, on the core's path; +8: the workload-types "
+                         "seam's wiring, #32)"),
     "kube/api_backend.py": (557, "the REST API's Backend surface on Kubernetes plus its "
                             "reconcile loop (+1: a sweep is its Indexed Job's, kube/sweeps.py)"),
     "kube/objects.py": (509, "the parsers of every object the scheduler watches (one per "
@@ -35,7 +35,7 @@ FILES: dict[str, tuple[int, str]] = {
 """Files over ``MAX_FILE_LINES``: path under src/tessera -> (ceiling, why)."""
 
 CLASSES: dict[str, tuple[int, int, str]] = {
-    "local/control.py:LocalBackend": (600, 23, "embedded mode's loop and API surface (see "
+    "local/control.py:LocalBackend": (584, 23, "embedded mode's loop and API surface (see "
                                       "local/control.py above; +1 attribute: the "
                                       "workload types, #32)"),
     "kube/api_backend.py:KubeBackend": (470, 11, "the API's Backend protocol on Kubernetes: "

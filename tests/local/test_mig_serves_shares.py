@@ -16,6 +16,7 @@ import pytest
 
 from tessera.isolation.build import NativeBuild, ensure_built
 from tests.local.mig_server import HOLD, MigServer, env_of
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +102,22 @@ def test_a_bad_switch_value_is_refused_naming_it(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert ("TESSERA_MIG_SERVES_SHARES: must be true or false (whether this node's GPUs in MIG "
             "mode may serve shares by the smallest fitting profile) (got 'maybe')") in r.stderr
+
+
+def test_a_served_share_is_counted_by_the_cycle_as_its_profile(serving: MigServer) -> None:
+    """The cycle decides a served share (asked as its profile from the cycle after it waited
+    for room): the project's limit counts the profile, and the wait is the cycle's own."""
+    with serving.http() as client:
+        share(serving, "whole", "-g", "1")  # the V100: no shared room for the rest
+        serving.wait_for(client, "whole", "Running")
+        serving.cli("project", "create", "small", "--gpu", "0.28", "--limit", "0.28")
+        share(serving, "q1", "-g", "0.25", project="small")
+        q1 = serving.wait_for(client, "q1", "Running")
+        assert "served by MIG 1g.10gb" in q1["phaseMessage"] and q1["gpus"]["allocated"] == 0.143
+        # 0.13 as a share would fit the limit (0.143 + 0.13 = 0.273), as its 1g.10gb it does
+        # not (0.286): the cycle keeps it waiting for the limit, counting the profile.
+        share(serving, "q2", "-g", "0.13", project="small")
+        q2 = wait_until("q2 waiting for its project's limit", lambda: next(
+            (w for w in [serving.workload(client, "q2")] if "limit" in w["phaseMessage"]), None))
+        assert q2["phase"] == "Pending" and q2["phaseMessage"] == ("project small is at its limit of 0.28 GPU: 0.14 in use, "
+                                      "this needs 0.14 more"), q2

@@ -124,6 +124,12 @@ def parse_serves_shares(value: object, field: str) -> bool:
                                 "serve shares by the smallest fitting profile)", value)
 
 
+SERVABLE_WAITS = ("placement", "unschedulable", "fair-share")
+"""The cycle's waits a MIG partition serving a share may end (docs/mig.md, both modes): no room
+on the shared GPUs (over its fair share too: a free partition is idle room). A limit or quota
+wait is not one: a partition would count against the same limit."""
+
+
 def serving_profile(request: GpuRequest, model: str) -> MigProfile | None:
     """The profile that would serve this share on a MIG GPU of ``model``, or None when it is not
     one a partition can serve: only a share of one device (a portion or an amount of memory, not

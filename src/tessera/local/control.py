@@ -63,11 +63,6 @@ from tessera.node.containers import Share, ShareDevice
 from tessera.node.mig import MigError
 from tessera.node.reclaim import Reclaim, ReclaimerThread, prepare_directory
 
-SERVABLE_WAITS = ("placement", "unschedulable", "fair-share")
-"""The cycle's waits a MIG partition may end: no room on the shared GPUs (over its fair share
-too: a free partition is idle room). A limit or quota wait is not one: a partition would count
-against the same limit."""
-
 
 class LocalBackend(TokenAuth):
     """Implements ``tessera.api.backend.Backend`` on this machine."""
@@ -218,6 +213,8 @@ class LocalBackend(TokenAuth):
                     self.processes.finish_stop(w)
             now = time.time()
             layout = self._mig_layout()
+            self.mig.serving.begin({w.id for w in self._active.values()
+                                    if w.phase == Phase.PENDING})
             workloads = self._workloads(now, layout)
             pending = [w for w in workloads if not w.placements]
             plan = refused((), "")
@@ -228,13 +225,12 @@ class LocalBackend(TokenAuth):
                                                   layout[0])} if layout[0] else None)
                 except InvalidRequest as exc:
                     plan = refused(pending, f"the scheduling cycle refused this machine's state: {exc}")
-            # Shares the cycle left waiting for room may be served by a MIG partition (the
-            # operator's choice, docs/mig.md); their wait is told there, with MIG's reason too.
-            servable = {x.workload_id: x.reason for x in plan.waiting
-                        if x.kind in SERVABLE_WAITS and self._servable(x.workload_id)}
-            self._apply(plan, {w.id for w in pending} - set(servable))
-            if servable:
-                self._serve_shares(servable)
+            # Shares left waiting for room may be served by a MIG partition from the next cycle
+            # on (the operator's choice; tessera.local.mig_serving, docs/mig.md).
+            for x in plan.waiting:
+                if self._servable(x.workload_id):
+                    self.mig.serving.waited(x.workload_id, x.kind)
+            self._apply(plan, {w.id for w in pending})
             return plan
 
     def _servable(self, wid: str) -> bool:
@@ -243,37 +239,6 @@ class LocalBackend(TokenAuth):
                 and not w.spec.get("_starting") and w.workers == 1
                 and not w.spec.get("_container")
                 and self.mig.serving_fraction(gpu_request_from_dict(w.request)) is not None)
-
-    def _serve_shares(self, servable: dict[str, str]) -> None:
-        """Shares the cycle left waiting for room (id -> its reason), in submission order: each
-        gets a partition of the smallest profile that holds it, counted as that profile, or
-        waits with both reasons."""
-        waiting: dict[str, str] = {}
-        for w in sorted((self._active[wid] for wid in servable), key=lambda w: w.created):
-            share = gpu_request_from_dict(w.request)
-            counts = self.mig.serving_fraction(share) or w.gpus_requested
-            project = self.store.project_named(w.project_name)
-            if project is not None and project.limit is not None:
-                used = sum(x.gpus_allocated for x in self._active.values()
-                           if x.project_id == w.project_id and x.id != w.id)
-                if used + counts > project.limit + 1e-9:
-                    waiting[w.id] = (f"{servable[w.id]}; nor on a MIG GPU: project "
-                                     f"{project.name} uses {used:g} of its limit "
-                                     f"{project.limit:g} GPUs and the MIG partition serving "
-                                     f"{share.describe()} counts as {counts:g}")
-                    continue
-            try:
-                device, message = self.mig.place(w.id, share)
-            except MigError as exc:
-                waiting[w.id] = f"{servable[w.id]}; nor on a MIG GPU: {exc}"
-                continue
-            w.spec["_migDevice"] = device
-            self.processes.start(w, [Placement(node=self.machine.node.name, exclusive=True,
-                                               gpus=float(device["fraction"]))], message)
-        if waiting:
-            self._apply(Plan((), (), (), tuple(Waiting(wid, "", "placement", reason)
-                                               for wid, reason in waiting.items()), {}),
-                        set(waiting))
 
     def _mig_layout(self) -> tuple[list[MigGpu], str]:
         """Partitions of MIG workloads that no longer run become idle (kept for reuse); then the
@@ -303,11 +268,15 @@ class LocalBackend(TokenAuth):
                 if not profile:
                     w.spec.pop("_migDevice", None)  # a share served by MIG before: placed anew
                 if w.id not in self._awaiting:
-                    room = None
+                    room, served = None, None
                     if profile:
                         room = rooms.get(profile) or rooms.setdefault(
                             profile, room_now(layout[0], layout[1], profile))
-                    out.append(core_workload(w, None, now, room))
+                    elif self.mig.serves_shares:  # asked as its profile (mig_serving)
+                        served = self.mig.serving.ask(w.id, gpu_request_from_dict(w.request),
+                                                      layout[0], layout[1])
+                        room = RoomNow(served[0], True, "") if served else None
+                    out.append(core_workload(w, None, now, room, served))
             elif w.phase in (Phase.RUNNING, Phase.STOPPING, Phase.DELETING):
                 placements = [
                     pod_placement(p) for p in w.pods
@@ -342,6 +311,16 @@ class LocalBackend(TokenAuth):
                 self._awaiting[b.workload_id] = tuple(b.after_evictions)
                 continue
             placements = [pb.placement for pb in sorted(b.pods, key=lambda pb: pb.pod)]
+            if b.workload_id in self.mig.serving.asked:
+                try:  # a share served by a partition: the one choose_serving picks
+                    device, message = self.mig.place(w.id, gpu_request_from_dict(w.request))
+                except MigError as exc:
+                    waiting[b.workload_id] = f"waiting: {exc}"
+                    continue
+                w.spec["_migDevice"] = device
+                self.processes.start(w, [Placement(node=self.machine.node.name, exclusive=True,
+                                                   gpus=float(device["fraction"]))], message)
+                continue
             if w.spec.get("_mig"):
                 # The partition: reused or made through NVML (choose over the same partitions
                 # the cycle saw); an NVML error is the reason to wait, nothing half-made.
@@ -365,10 +344,10 @@ class LocalBackend(TokenAuth):
     def _reason(self, waiting: Waiting) -> str:
         """A MIG workload's reason without the cluster's ``0/1 nodes are available: `` (one
         machine here)."""
-        w = self._active.get(waiting.workload_id)
-        if w is not None and w.spec.get("_mig"):
-            return waiting.reason.replace("0/1 nodes are available: ", "")
-        return waiting.reason
+        w, reason = self._active.get(waiting.workload_id), waiting.reason
+        if w is not None and (w.spec.get("_mig") or w.id in self.mig.serving.asked):
+            reason = reason.replace("0/1 nodes are available: ", "")
+        return self.mig.serving.reason(waiting.workload_id, waiting.kind, reason)
 
     # -- cluster ---------------------------------------------------------------------------------
 

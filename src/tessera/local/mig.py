@@ -35,6 +35,7 @@ from tessera.core.mig import (
 )
 from tessera.core.model import GpuRequest, Node
 from tessera.local.gpus import Machine
+from tessera.local.mig_serving import ServedShares
 from tessera.node.mig import MigError, MigGpuState, MigNode
 from tessera.node.nvml import Nvml, NvmlUnavailable
 
@@ -57,6 +58,8 @@ class LocalMig:
         profile that holds it (``tessera up --mig-serves-shares``; docs/mig.md)."""
         self._nvml: Nvml | None = None
         self.node: MigNode | None = None
+        self.serving = ServedShares()
+        """Shares a partition may serve, asked of the cycle as their profile."""
 
     def start(self) -> list[str]:
         """Opens NVML and repairs what a crash left (the journal); lines to log."""

@@ -66,17 +66,21 @@ def _with_compute(gpu: GpuRequest, spec: Mapping[str, Any]) -> GpuRequest:
 
 
 def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now: float,
-                  mig: NodeConstraint | None = None) -> Workload:
+                  mig: NodeConstraint | None = None,
+                  served: tuple[str, float] | None = None) -> Workload:
     """A stored workload as the cycle sees it: pending (``placements`` None) or running on
     ``placements``. One that is already stopping is not preemptible (it is going anyway). A
     MIG workload asks its profile's fraction (``ResourceRequest.mig``); pending, ``mig`` is
-    where it may go (``tessera.local.mig.RoomNow``)."""
+    where it may go (``tessera.local.mig.RoomNow``). ``served``: a pending share asked as the
+    profile that would serve it, and its fraction (``tessera.local.mig_serving``)."""
     running = placements is not None
     profile = w.spec.get("_mig")
     gpus = w.gpus_requested
-    served = w.spec.get("_migDevice") if running and not profile else None
-    if served:  # a share served by a partition (docs/mig.md): counted and evicted as its profile
-        profile, gpus = served["profile"], float(served["fraction"])
+    device = w.spec.get("_migDevice") if running and not profile else None
+    if device:  # a share served by a partition (docs/mig.md): counted and evicted as its profile
+        profile, gpus = device["profile"], float(device["fraction"])
+    elif served is not None and not running:
+        profile, gpus = served
     request = ResourceRequest(_with_compute(gpu_request_from_dict(w.request), w.spec)) if not profile \
         else ResourceRequest(GpuRequest.none(), gpus=gpus, mig=profile)
     return Workload(

@@ -16,7 +16,13 @@ from typing import Any
 
 from tessera.core.cycle import PodBinding
 from tessera.core.errors import InvalidRequest
-from tessera.core.mig import SERVES_SHARES, choose, parse_serves_shares, serving_profile
+from tessera.core.mig import (
+    SERVABLE_WAITS,
+    SERVES_SHARES,
+    choose,
+    parse_serves_shares,
+    serving_profile,
+)
 from tessera.core.model import GpuRequest
 from tessera.kube import claims as dra
 from tessera.kube import metrics
@@ -28,9 +34,6 @@ from tessera.kube.podview import Overlay
 
 log = logging.getLogger("tessera.kube")
 
-SERVABLE_WAITS = ("placement", "unschedulable", "fair-share")
-"""The cycle's waits a MIG partition may end (no room on the shared GPUs, over its fair share
-too: a free partition is idle room); not a wait for a limit or quota (docs/mig.md)."""
 
 
 def servable(pod: PodInfo) -> bool:
