@@ -115,41 +115,6 @@ def test_auth_401_and_nothing_changes(server: EmbeddedServer) -> None:
     assert server.credentials()["clientSecret"] not in secrets_stored
 
 
-def test_list_filter_sort_and_paging(server: EmbeddedServer) -> None:
-    with server.http() as c:
-        _project(c, "p-list", deserved=0, limit=None)
-        for name in ("c-one", "a-two", "b-three"):
-            body = submit_body(name, "p-list")
-            assert c.post("/api/v1/workloads/trainings", json=body).status_code == 202
-        r = c.get("/api/v1/workloads", params={
-            "filterBy": "projectName==p-list", "sortBy": "name", "limit": 2})
-        page = r.json()
-        assert [w["name"] for w in page["workloads"]] == ["a-two", "b-three"]
-        assert page["total"] == 3 and page["next"] == 2
-        r = c.get("/api/v1/workloads", params={
-            "filterBy": "projectName==p-list", "sortBy": "name", "offset": 2, "limit": 2})
-        assert [w["name"] for w in r.json()["workloads"]] == ["c-one"]
-        assert r.json()["next"] is None
-        r = c.get("/api/v1/workloads", params={
-            "filterBy": "projectName==p-list", "sortBy": "name", "sortOrder": "desc"})
-        assert [w["name"] for w in r.json()["workloads"]] == ["c-one", "b-three", "a-two"]
-        r = c.get("/api/v1/workloads", params={"filterBy": "projectName==p-list", "search": "thr"})
-        assert [w["name"] for w in r.json()["workloads"]] == ["b-three"]
-        r = c.get("/api/v1/workloads/workspaces", params={"filterBy": "projectName==p-list"})
-        assert r.json()["workloads"] == []
-        r = c.get("/api/v1/workloads", params={
-            "filterBy": "projectName==p-list", "sortBy": "name", "fields": "phase,name",
-            "shape": "rows"})
-        assert r.json()["columns"] == ["phase", "name"]
-        assert [row[1] for row in r.json()["rows"]] == ["a-two", "b-three", "c-one"]
-        r = c.get("/api/v1/workloads", params={"fields": "name,colour"})
-        assert r.status_code == 422 and r.json()["message"].startswith("fields")
-        r = c.get("/api/v1/workloads", params={"filterBy": "colour==red"})
-        assert r.status_code == 422 and r.json()["message"].startswith("filterBy")
-        r = c.get("/api/v1/workloads", params={"limit": 0})
-        assert r.status_code == 422 and r.json()["message"].startswith("limit")
-
-
 def test_suspend_resume_delete_free_the_share(server: EmbeddedServer) -> None:
     with server.http() as c:
         _project(c, "p-life")
