@@ -13,10 +13,11 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
+from tessera.api.compute_fields import compute_doc as compute_doc  # the view, shared
 from tessera.core import text as tx
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import parse_profile
-from tessera.core.model import GpuKind, GpuRequest
+from tessera.core.model import GpuRequest
 from tessera.core.requests import parse_gpu_request
 
 CORE_TO_API = {
@@ -349,19 +350,3 @@ class ProjectPatch(Strict):
                   and given.overQuotaWeight is not None else gpu["overQuotaWeight"])
         priority = self.priority if self.priority is not None else current["priority"]
         return float(deserved), None if limit is None else float(limit), float(weight), int(priority)
-
-
-def compute_doc(gpu: GpuRequest) -> dict[str, Any]:
-    """A request as the API shows it: Run:ai's ``spec.compute`` fields."""
-    doc: dict[str, Any] = {"gpuDevicesRequest": gpu.devices or None}
-    if gpu.kind is GpuKind.PORTION:
-        doc["gpuRequestType"] = "portion"
-        doc["gpuPortionRequest"] = float(gpu.portion) if gpu.portion is not None else None
-        doc["gpuPortionLimit"] = float(gpu.portion_limit) if gpu.portion_limit else None
-    elif gpu.kind is GpuKind.MEMORY:
-        doc["gpuRequestType"] = "memory"
-        doc["gpuMemoryRequest"] = f"{gpu.memory}"
-        doc["gpuMemoryLimit"] = None if gpu.memory_limit is None else f"{gpu.memory_limit}"
-    if gpu.models:
-        doc["gpuModel"] = "|".join(sorted(gpu.models))
-    return doc

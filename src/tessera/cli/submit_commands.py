@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tessera.api.compute_fields import submission_compute
 from tessera.cli import render
 from tessera.cli.app import FLAG_NAMES, KIND_PATH, Output, ProjectOpt, _backend, _fmt, _project, cli
 from tessera.cli.client import (
@@ -48,19 +49,7 @@ def _compute(
             flag = "--gpu-memory-request"
         shown = "" if exc.value is None else f" (got {exc.value!r})"
         raise CliError(f"{flag}: {exc.rule}{shown}") from None
-    compute: dict[str, Any] = {}
-    if req.kind.value == "whole":
-        compute["gpuDevicesRequest"] = req.devices
-    elif req.kind.value == "portion":
-        compute.update(gpuRequestType="portion", gpuDevicesRequest=req.devices,
-                       gpuPortionRequest=str(req.portion))
-        if req.portion_limit is not None:
-            compute["gpuPortionLimit"] = str(req.portion_limit)
-    elif req.kind.value == "memory":
-        compute.update(gpuRequestType="memory", gpuDevicesRequest=req.devices,
-                       gpuMemoryRequest=str(memory))
-        if memory_limit is not None:
-            compute["gpuMemoryLimit"] = str(memory_limit)
+    compute = submission_compute(req, memory, memory_limit)
     if gpu_model:
         compute["gpuModel"] = gpu_model
     return compute
