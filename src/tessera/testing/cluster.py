@@ -47,12 +47,10 @@ from tessera.testing.gpu_nodes import (
     NodeShape,
     node_manifest,
 )
-from tessera.testing.processes import (  # re-exported: the harness and the tests import them here
-    ClusterError,
-    ManagedProcess,
-    _wait_for,
-    free_ports,
-)
+from tessera.testing.processes import ClusterError as ClusterError  # re-exported: the harness
+from tessera.testing.processes import ManagedProcess as ManagedProcess  # and the tests import
+from tessera.testing.processes import _wait_for as _wait_for  # these from here
+from tessera.testing.processes import free_ports as free_ports
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SCHEDULER_MODULE = "tessera.kube.scheduler"
