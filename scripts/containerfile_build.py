@@ -14,8 +14,8 @@ container runs and no registry answers:
   * both images are written as OCI archives (`buildah push ... oci-archive:`) and the digests
     printed; the last line is one JSON object.
 
-tests/kube/test_containerfile_build.py unpacks the archives and starts every entry point from
-them with chroot, as tests/kube/test_images.py does for `./dev image`.
+tests/kube/deploy/test_containerfile_build.py unpacks the archives and starts every entry point from
+them with chroot, as tests/kube/deploy/test_images.py does for `./dev image`.
 Needs root, buildah, mmdebstrap (scripts/setup.d/40-image-tools.sh installs them).
 """
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tools that build and check tessera's OCI images without a container runtime (./dev image,
-# tests/kube/test_images.py): mmdebstrap (a Debian root filesystem from Debian's archive) and
+# tests/kube/deploy/test_images.py): mmdebstrap (a Debian root filesystem from Debian's archive) and
 # umoci (OCI layouts), and buildah (builds the Containerfiles with chroot isolation,
-# tests/kube/test_containerfile_build.py), all Debian packages. Installed with apt-get when missing (root, or
+# tests/kube/deploy/test_containerfile_build.py), all Debian packages. Installed with apt-get when missing (root, or
 # passwordless sudo as on CI runners); otherwise one line says what the image tests will skip.
 # Quick when present. The .debs mmdebstrap downloads for the images are kept in
 # ${TESSERA_CACHE:-$HOME/.cache/tessera}/apt-archives (cache that directory on CI).

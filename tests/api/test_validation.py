@@ -1,5 +1,5 @@
 """The checks both backends share (tessera.api.validation), tested once here; the backends'
-own tests show they call them (tests/api for embedded mode, tests/kube/test_kube_cli.py)."""
+own tests show they call them (tests/api for embedded mode, tests/kube/api/test_kube_cli.py)."""
 
 from __future__ import annotations
 

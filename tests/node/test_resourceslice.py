@@ -1,5 +1,5 @@
 """The ResourceSlice tessera-node publishes (pure part, tessera.node.resourceslice); the
-object's acceptance by the real API server is tested in tests/kube/test_node_agent.py."""
+object's acceptance by the real API server is tested in tests/kube/node/test_node_agent.py."""
 
 from __future__ import annotations
 

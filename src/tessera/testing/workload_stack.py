@@ -3,7 +3,7 @@
 scheduler running as the chart's ServiceAccounts with only the chart's RBAC.
 
 Engines' controllers (JobSet, LeaderWorkerSet, KubeRay) are started by the tests that need them
-(tessera.testing.engines). (Test harness, used by tests/kube/test_workload*.py and
+(tessera.testing.engines). (Test harness, used by tests/kube/workloads/test_workload*.py and
 tessera.bench.workloads.)"""
 
 from __future__ import annotations

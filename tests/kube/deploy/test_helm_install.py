@@ -47,7 +47,7 @@ from tessera.testing.service_proxy import ServiceProxy
 from tests import waiting
 from tests.kube import image_fixtures
 
-pytestmark = image_fixtures.skip_without_images("tests/kube/test_helm_install.py")
+pytestmark = image_fixtures.skip_without_images("tests/kube/deploy/test_helm_install.py")
 built = image_fixtures.built
 images = image_fixtures.images
 

@@ -28,7 +28,7 @@ from tessera.testing.kwok_io import cri_log, start_io_nodes
 from tests.shares import share
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOOP = "import time; [time.sleep(1) for _ in iter(int, 1)]"
 MODEL = "A100-80GB"
 IO_MODEL = "H200-141GB"

@@ -39,11 +39,11 @@ from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster, free_ports
 from tests.kube import image_fixtures
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NS = "images-test"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-pytestmark = image_fixtures.skip_without_images("tests/kube/test_images.py")
+pytestmark = image_fixtures.skip_without_images("tests/kube/deploy/test_images.py")
 built = image_fixtures.built
 images = image_fixtures.images
 

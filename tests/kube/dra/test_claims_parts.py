@@ -1,5 +1,5 @@
 """tessera.kube.claims, the pure part: claims to the core's request, refusals naming the field,
-the allocation status (its acceptance by the API server: tests/kube/test_dra.py)."""
+the allocation status (its acceptance by the API server: tests/kube/dra/test_dra.py)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from tessera.kube import names
 from tessera.testing.embedded import EmbeddedServer, submit_body
 from tessera.testing.kube_api import KubeApiServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module", params=["embedded", "kubernetes"])

@@ -18,7 +18,7 @@ from lightkube import ApiError, codecs
 from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NS = "tessera-system"
 
 

@@ -21,7 +21,7 @@ from tessera.testing.cluster import TestCluster, start_scheduler
 from tessera.testing.kube_api import KubeApiServer
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PASSWORD = "Correct-Horse-42"
 
 

@@ -33,7 +33,7 @@ from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MINE = {"tessera-test": "constraints"}
 
 

@@ -161,7 +161,7 @@ def test_pod_disruption_budgets() -> None:
 
 def test_scheduler_reads_every_policy_value_the_chart_passes() -> None:
     """The chart's scheduler arguments become the core's CycleConfig (the end-to-end effect on
-    preemption is tests/kube/test_helm_install.py)."""
+    preemption is tests/kube/deploy/test_helm_install.py)."""
     docs = _kinds(local.helm_template("policy.placement=binpack", "policy.reclaim=false",
                                       "policy.minRuntimeSeconds=300"))
     args = _container(docs, "Deployment", "tessera-scheduler")["args"]

@@ -231,7 +231,7 @@ def test_only_the_scheduler_deletes_per_pod_configmaps(
     """A user who may do anything with ConfigMaps in their namespace (as the ``edit`` role allows) cannot
     delete a pod's ``-tessera-gpu`` ConfigMap, one by one or all at once; their own ConfigMaps
     they can; the scheduler can. (Creating or changing one is refused by the webhook:
-    tests/kube/test_admission.py.)"""
+    tests/kube/admission/test_admission.py.)"""
     admin = kube_cluster.client()
     sched = kube_cluster.client(kube_cluster.service_account_kubeconfig(
         NS, "tessera-scheduler", create=False))
@@ -277,7 +277,7 @@ def test_only_the_scheduler_deletes_per_pod_configmaps(
 
 def test_api_rbac_file_carries_the_same_policy() -> None:
     """deploy/api-rbac.yaml (tessera up --kubernetes, the CLI tests) holds the chart's policy."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     declared = {d["kind"]: d for d in yaml.safe_load_all((root / "deploy" / "api-rbac.yaml")
                                                          .read_text()) if d}
     chart = {(d["kind"], d["metadata"]["name"]): d for d in local.helm_template()}

@@ -1,7 +1,7 @@
 """The Containerfiles (deploy/images/) built as `docker build` / `podman build` would build them —
 with buildah, RUN steps under chroot isolation, on a Debian base made by mmdebstrap since no base
 image can be pulled here (scripts/containerfile_build.py) — then unpacked and started with chroot
-like the images of `./dev image` (tests/kube/test_images.py).
+like the images of `./dev image` (tests/kube/deploy/test_images.py).
 
 What this proves: the Containerfiles build from a clean checkout (every COPY source, every RUN
 step: apt-get, the isolation library's make, pip installing tessera and its dependencies), the
@@ -25,7 +25,7 @@ import pytest
 from tessera.testing import oci
 from tests.kube.image_fixtures import ENTRY_POINTS, run_build
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _script():  # type: ignore[no-untyped-def]
@@ -39,7 +39,7 @@ def _script():  # type: ignore[no-untyped-def]
 
 _WHY = _script().why_not() or oci.can_run()
 if _WHY is not None:
-    print(f"\ntests/kube/test_containerfile_build.py skipped: {_WHY}", file=sys.stderr)
+    print(f"\ntests/kube/deploy/test_containerfile_build.py skipped: {_WHY}", file=sys.stderr)
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"Containerfile build: {_WHY}")
 
 

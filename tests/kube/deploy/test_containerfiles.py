@@ -1,8 +1,8 @@
-"""The Containerfiles (deploy/images/) are built by tests/kube/test_containerfile_build.py
+"""The Containerfiles (deploy/images/) are built by tests/kube/deploy/test_containerfile_build.py
 (buildah, chroot isolation); these quick checks keep them in step with what `./dev image` builds
 and the chart expects:
 every COPY source exists, the same user, venv and PATH, the node image built on the control
-plane's. tests/kube/test_images.py checks the images `./dev image` builds by running them."""
+plane's. tests/kube/deploy/test_images.py checks the images `./dev image` builds by running them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 IMAGES = ROOT / "deploy" / "images"
 
 
