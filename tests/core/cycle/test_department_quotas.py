@@ -17,7 +17,7 @@ from tessera.core.cycle import CycleConfig, Project, Quota, Snapshot, Workload, 
 from tessera.core.departments import Department, with_departments
 from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
 from tessera.core.units import GiB
-from tests.core.cycle.test_properties import apply, gpus
+from tests.core.cycle.plan_helpers import apply, gpus
 
 EPS = 1e-6
 

@@ -8,13 +8,14 @@ from decimal import Decimal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tessera.core.cycle import CycleConfig, Plan, Project, Quota, Snapshot, Workload, run_cycle
+from tessera.core.cycle import CycleConfig, Project, Quota, Snapshot, Workload, run_cycle
 from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
 from tessera.core.placement import NoFit, Placer
 from tessera.core.projects import ProjectTree
 from tessera.core.state import ClusterState, Placement
 from tessera.core.units import GiB
 from tessera.core.workloads import priority_class
+from tests.core.cycle.plan_helpers import apply, gpus
 
 EPS = 1e-6
 CLASSES = ("train", "train", "build", "inference", "build-preemptible")
@@ -103,36 +104,6 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, CycleConfig]:
         reclaim_min_runtime=draw(st.sampled_from([0.0, 300.0])),
     )
     return Snapshot(tuple(node_list), tuple(projects), tuple(workloads), now=1000.0), config
-
-
-def apply(snap: Snapshot, plan: Plan) -> ClusterState:
-    """The cluster after the plan; ``assign`` refuses any over-commitment."""
-    state = ClusterState(snap.nodes)
-    gone = set(plan.evicted)
-    moved = {(m.workload_id, m.pod): m.target for m in plan.moves}
-    by_id = {w.id: w for w in snap.workloads}
-    for m in plan.moves:
-        assert m.source == by_id[m.workload_id].placements[m.pod]
-        assert (m.source.node, m.source.devices) != (m.target.node, m.target.devices)
-        assert m.workload_id not in gone and by_id[m.workload_id].is_preemptible
-        assert all(r.gpu.shared for r in by_id[m.workload_id].pods)
-    for w in snap.workloads:
-        if w.id in gone:
-            continue
-        for i, p in enumerate(w.placements):
-            if p is not None:
-                state.assign(f"{w.id}#{i}", moved.get((w.id, i), p))
-    for b in plan.bindings:
-        for pb in b.pods:
-            state.assign(f"{b.workload_id}#{pb.pod}", pb.placement)
-    return state
-
-
-def gpus(state: ClusterState, p: Placement) -> float:
-    if p.exclusive:
-        return float(len(p.devices))
-    mem = state.by_name[p.node].dev_memory
-    return sum(b / mem[d] for d, b in zip(p.devices, p.request_bytes, strict=True))
 
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
