@@ -28,7 +28,7 @@ from tessera.testing.embedded import free_port
 from tessera.testing.kube_api import KubeApiServer
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CALLBACK = "http://127.0.0.1:9/oidc-test-callback"
 """A redirect URI nothing serves: the test reads the code from the redirect itself."""
 
