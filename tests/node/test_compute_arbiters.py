@@ -1,7 +1,7 @@
 """tessera-node's compute arbiters (tessera.node.compute_arbiters): made under exactly the
 privileges the Helm chart gives tessera-node, usable by a pod's process running as another user
 and group, and out of the tenants' reach where it matters (they cannot create, replace or delete
-an arbiter). The end-to-end check on the API server is tests/kube/test_compute_share_kube.py."""
+an arbiter). The end-to-end check on the API server is tests/kube/node/test_compute_share_kube.py."""
 
 from __future__ import annotations
 

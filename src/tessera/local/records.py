@@ -51,6 +51,8 @@ class PodRecord(TypedDict, total=False):
     requestBytes: list[int]
     limitBytes: list[int]
     exclusive: bool
+    compute: int
+    """Its compute request on each of its GPUs (tessera.core.compute), when it has one."""
     holds: bool
     """Whether it holds its GPUs (False once it stopped)."""
     pid: int | None

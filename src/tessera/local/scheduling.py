@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tessera.core.compute import ComputeShare
 from tessera.core.constraints import NodeConstraint

@@ -30,17 +30,17 @@ from tessera.isolation import arbiter
 from tessera.kube.admission.compute_spellings import ENFORCED, STATUS
 from tessera.testing import pod_process
 from tessera.testing.cluster import TestCluster
-from tests.kube.test_admission import (
+from tests.kube.admission_helpers import (
     create,
     create_project_namespace,
     runai_pod,
     wait_webhook_sees_project,
 )
-from tests.kube.test_admission_scheduler import stack  # noqa: F401 (the webhook + scheduler)
-from tests.kube.test_node_isolation import agent_of, events, wait_until
+from tests.kube.node_helpers import agent_of, events
+from tests.waiting import wait_until
 
 WEBHOOK_ARGS = ["--gpu-compute-mode=fair"]
-"""The cluster's compute-share mode for this module's webhook (tests/kube/test_admission_scheduler)."""
+"""The cluster's compute-share mode for this module's webhook (the stack fixture of tests/kube/conftest.py)."""
 NODE = "compute-t4-0"
 POD_UID = 4321
 
@@ -49,7 +49,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="processes under other
 
 
 @pytest.fixture(scope="module")
-def node(stack: TestCluster, kube_client: Client) -> Iterator[Any]:  # noqa: F811
+def node(stack: TestCluster, kube_client: Client) -> Iterator[Any]:
     from tessera.testing.gpu_nodes import NodeShape
 
     stack.create_gpu_nodes(1, NodeShape(gpus=1, model="T4-16GB"), prefix="compute-t4-")
