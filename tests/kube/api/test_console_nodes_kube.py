@@ -21,7 +21,7 @@ from tests.console.conftest import artifacts, browser  # noqa: F401 (Chromium, s
 from tests.waiting import wait_until
 
 COUNT = 40
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
