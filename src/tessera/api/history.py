@@ -20,15 +20,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tessera.api.periodic import Periodic
 from tessera.api.telemetry import ACTIVE, SnapshotCache
 
 MAX_WORKLOADS = 100
@@ -57,16 +58,17 @@ def _key(project: str, name: str) -> str:
     return sys.intern(f"{project}/{name}")
 
 
-class History:
+class History(Periodic):
+    thread_name = "tessera-history"
+    failure_level = logging.DEBUG  # the next sample simply comes later; nothing is lost
+
     def __init__(self, snapshots: SnapshotCache, interval: float | None = None,
                  hours: float | None = None, path: Path | None = None) -> None:
+        super().__init__(interval or float(os.environ.get("TESSERA_HISTORY_INTERVAL", "10")))
         self.snapshots = snapshots
-        self.interval = interval or float(os.environ.get("TESSERA_HISTORY_INTERVAL", "10"))
         hours = hours or float(os.environ.get("TESSERA_HISTORY_HOURS", "6"))
         self.hours = hours
         self.samples: deque[Sample] = deque(maxlen=max(1, int(hours * 3600 / self.interval)))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.path = path
         self._lines = 0
         if path is not None:
@@ -121,20 +123,8 @@ class History:
             self._keep(s)
         return s
 
-    def start(self) -> History:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tessera-history", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(Exception):  # a backend hiccup must not end the history
-                self.sample()
-            self._stop.wait(self.interval)
+    def step(self) -> None:
+        self.sample()
 
     def document(self, since: float) -> dict[str, Any]:
         """Samples newer than ``since`` (epoch seconds) as columns: one list per series."""

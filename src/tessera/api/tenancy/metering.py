@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from tessera.api.periodic import Periodic
 from tessera.api.tenancy.ledger import Ledger
 
 log = logging.getLogger("tessera.metering")
@@ -61,16 +61,16 @@ class Reading:
     """(GPU, workload id) -> GPU seconds the compute arbiter has charged it (a counter)."""
 
 
-class Meter:
+class Meter(Periodic):
+    thread_name = "tessera-metering"
+
     def __init__(self, ledger: Ledger, read: Callable[[], Reading],
                  interval: float | None = None) -> None:
+        super().__init__(interval or interval_from_env())
         self.ledger = ledger
         self.read = read
-        self.interval = interval or interval_from_env()
         self.max_gap = 3 * self.interval
         self._last: Reading | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def tick(self, reading: Reading | None = None) -> int:
         """One reading into the ledger: the rows written."""
@@ -99,23 +99,8 @@ class Meter:
             self.ledger.add_used(rows)
         return len(rows)
 
-    def start(self) -> Meter:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tessera-metering",
-                                            daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception as exc:  # a backend hiccup must not end the metering
-                log.warning("GPU accounting: metering failed: %r", exc)
-            self._stop.wait(self.interval)
+    def step(self) -> None:
+        self.tick()
 
 
 def reader(snapshot: Callable[[], object],
