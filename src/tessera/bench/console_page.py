@@ -165,6 +165,7 @@ def page(nodes: int = 500, crowded: int = 3, shares: int = 30, repeats: int = 9)
     from tessera.testing.embedded import submit_body
     from tessera.testing.gpu_nodes import GPU_UUIDS_ANNOTATION, NodeShape
     from tessera.testing.kube_api import KubeApiServer
+    from tessera.testing.processes import stop_processes
 
     root = Path(__file__).resolve().parents[3]
     with TestCluster(report=_say) as cluster, tempfile.TemporaryDirectory() as tmp:
@@ -251,13 +252,7 @@ def page(nodes: int = 500, crowded: int = 3, shares: int = 30, repeats: int = 9)
         finally:
             server.stop()
             agents.stop()
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_processes(procs)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ from tessera.kube.objects import ProjectResource
 from tessera.kube.rawapi import KubeHTTPError, RawApi
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
+from tessera.testing.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -363,13 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copyfile(logs / "bench-scheduler.log", args.logs)
             say(f"scheduler log: {args.logs}")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         cluster.stop()
     whole = result.get("whole", {}).get("seconds_to_all_bound", 0.0)
     half = result.get("half", {}).get("seconds_to_all_bound", 0.0)

@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -153,3 +153,17 @@ def _wait_for(
             logs = "".join(f"\n--- {p.name}:\n{p.log_tail(15)}" for p in processes)
             raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}{detail}{logs}")
         time.sleep(interval)
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[Any]], grace: float = 30.0) -> None:
+    """SIGTERM every process first (so they shut down in parallel), then wait up to ``grace``
+    seconds for each and SIGKILL the ones still running."""
+    procs = list(procs)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -24,6 +24,7 @@ from tessera.testing import webhook as local
 from tessera.testing.cluster import TestCluster
 from tessera.testing.controller_manager import start_controller_manager
 from tessera.testing.gpu_nodes import NodeShape
+from tessera.testing.processes import stop_processes
 
 SYSTEM_NS = "tessera-system"
 GPUS_PER_NODE = 4
@@ -65,12 +66,7 @@ def workload_stack(gpus_per_node: int = GPUS_PER_NODE, nodes: int = NODES,
     finally:
         if hook is not None:
             hook.stop()
-        for p in procs:
-            p.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(10)
-            if p.poll() is None:
-                p.kill()
+        stop_processes(procs, grace=10)
         cluster.stop()
 
 
