@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,11 @@ class PollingApiServer(KubeApiServer):
 @pytest.fixture(scope="module")
 def setup(kube_cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[tuple[PollingApiServer, dict[str, NodeAgent], str]]:
+    # The chart installs tessera's CRDs with the API server; the module must not rely on an
+    # earlier module's scheduler having applied them (it failed alone with 502 on PodGroups).
+    kube_cluster.kubectl("apply", "-f", str(Path(__file__).resolve().parents[3] / "deploy" / "crds"))
+    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                         "crd/projects.tessera.io", "crd/podgroups.tessera.io")
     with_agents = kube_cluster.create_gpu_nodes(2, NodeShape(gpus=2, model="L4-24GB"),
                                                 prefix="usage-node-")
     group = kube_cluster.node_agents[-1]
@@ -231,12 +237,22 @@ def test_the_gpus_page_says_which_agent_does_not_answer(setup: Any, browser: Any
         assert badge(bare).get_attribute("data-agent-state") == "no-agent"
         assert "no node agent" in badge(bare).text
         assert badge(fine).get_attribute("data-agent-state") == "ok"
+
+        def rows(node: str) -> list[Any]:
+            """The node's GPU rows, scrolled to: the page draws a node's rows only when its
+            panel comes near the window (docs/console.md), and the session's cluster has many
+            nodes by the time this test runs."""
+            browser.execute_script("arguments[0].scrollIntoView()",
+                                   browser.find_element(By.CSS_SELECTOR, f'.node[data-node="{node}"]'))
+            return until(f"{node}'s GPU rows", lambda: browser.find_elements(
+                By.CSS_SELECTOR, f'.node[data-node="{node}"] .gpu'))
+
         for node in (stuck, bare):  # no numbers rather than zeros
-            gpus = browser.find_elements(By.CSS_SELECTOR, f'.node[data-node="{node}"] .gpu')
-            assert gpus and all(g.get_attribute("data-used") == "" for g in gpus)
+            gpus = rows(node)
+            assert all(g.get_attribute("data-used") == "" for g in gpus)
             assert all("used: —" in g.text for g in gpus)
-        ok_gpus = browser.find_elements(By.CSS_SELECTOR, f'.node[data-node="{fine}"] .gpu')
-        assert ok_gpus and all(g.get_attribute("data-used") == "0" for g in ok_gpus)
+        ok_gpus = rows(fine)
+        assert all(g.get_attribute("data-used") == "0" for g in ok_gpus)
         browser.execute_script("arguments[0].scrollIntoView()", badge(stuck))
         shoot(browser, artifacts, "kube-gpus-agents")
     finally:
