@@ -114,7 +114,10 @@ def test_partitions_made_reused_and_removed_on_demand(
     try:
         want = [{"index": 0, "uuid": hold["gpu"], "model": "A100-40GB", "partitions": [{
             "profile": "3g.20gb", "start": hold["start"], "slots": 4, "uuid": first,
-            "managed": True, "workload": "mig-b"}]}]
+            "managed": True, "workload": "mig-b",
+            # the holder's project label, as for shares (this test's pods carry none)
+            "project": (kube_client.get(Pod, "mig-b", namespace=project).metadata.labels  # type: ignore[union-attr]
+                        or {}).get(names.PROJECT, "")}]}]
 
         def mig_doc() -> list[dict[str, Any]] | None:
             node = next((n for n in backend.cluster()["nodes"] if n["name"] == NODE), None)
