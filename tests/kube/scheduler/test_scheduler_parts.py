@@ -267,3 +267,21 @@ def test_reservations_track_uuids_tenants_and_what_is_missing() -> None:
     assumed = {("team-a", "b"): Placement("n2", (0,), (2**30,), (2**30,))}
     whole = _pod("c", node="n1", placement=Placement("n1", (2,), (2**30,), (2**30,), True))
     assert Reservations.tenants([bound, whole], assumed) == {("n1", 1), ("n2", 0)}
+
+
+def test_conflict_search_skips_workloads_without_pods() -> None:
+    """When the core refuses a snapshot, the scheduler looks for the conflicting pods; the fence
+    workload that keeps pods off unschedulable nodes has no pods, and the search raised
+    KeyError('tessera.io/unschedulable-nodes'), which stopped the scheduler (seen in a full run
+    after a gang member's recorded placement conflicted)."""
+    from tessera.core.cycle import Snapshot, Workload
+    from tessera.core.model import GpuDevice, GpuRequest, ResourceRequest
+    from tessera.kube.snapshot import FENCE_PROJECT, FENCE_WORKLOAD, Context, find_conflicts
+
+    node = Node("n1", (GpuDevice("GPU-n1-0", 0, 16 * 2**30, "V100M16"),), cpu_milli=64_000,
+                memory=512 * 2**30)
+    fence = Workload(id=FENCE_WORKLOAD, project=FENCE_PROJECT,
+                     pods=(ResourceRequest(GpuRequest.none()),),
+                     placements=(Placement("n1", (), (), ()),), started_at=0.0)
+    snap = Snapshot((node,), (Project(FENCE_PROJECT),), (fence,), 0.0)
+    assert find_conflicts(snap, Context(), {}) == []
