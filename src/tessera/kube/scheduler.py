@@ -40,6 +40,7 @@ from tessera.kube.bind import bind_steps
 from tessera.kube.bind.binder import Binder
 from tessera.kube.binder import Writer
 from tessera.kube.caches import ClusterCaches
+from tessera.kube.conflicts import LastingConflicts
 from tessera.kube.hooks import MigHook, cycle_hooks
 from tessera.kube.inflight import InFlight
 from tessera.kube.janitor import Janitor
@@ -79,6 +80,7 @@ class KubeScheduler:
         self.janitor = Janitor(self.parts, self.hooks)
         self.inflight.on_forget += [self.parts.report.forget, *(h.forget for h in self.hooks)]
         self.snapshots = SnapshotBuilder()
+        self.conflicts = LastingConflicts()
         self.cycles = 0
         self.last_cycle_seconds = 0.0
 
@@ -166,7 +168,7 @@ class KubeScheduler:
             plan = await asyncio.to_thread(run_cycle, snapshot, config)
         except InvalidRequest as exc:
             log.error("cycle refused the snapshot: %s", exc)
-            ctx.conflicts = find_conflicts(snapshot, ctx, self.pods)
+            ctx.conflicts = self.conflicts.lasting(find_conflicts(snapshot, ctx, self.pods))
             self.applier.evict_lost(ctx)
             return None
         self.cycles += 1

@@ -285,3 +285,25 @@ def test_conflict_search_skips_workloads_without_pods() -> None:
                      placements=(Placement("n1", (), (), ()),), started_at=0.0)
     snap = Snapshot((node,), (Project(FENCE_PROJECT),), (fence,), 0.0)
     assert find_conflicts(snap, Context(), {}) == []
+
+
+def test_a_collision_is_acted_on_only_once_it_has_lasted() -> None:
+    """A swap of two pods' whole GPUs being written by tessera-node collides for a moment; only a
+    collision that lasts the grace period leads to an eviction, and one that ended starts over."""
+    from tessera.kube.conflicts import LastingConflicts
+
+    def pod(name: str) -> PodInfo:
+        return PodInfo("ns", name, name, "n1", "Running", False, 0.0, 0.0, {}, {}, None)
+
+    now = [100.0]
+    lasting = LastingConflicts(grace=15.0, clock=lambda: now[0])
+    a, b = pod("a"), pod("b")
+    assert lasting.lasting([a]) == []
+    now[0] = 110.0
+    assert lasting.lasting([a, b]) == []
+    now[0] = 115.0
+    assert lasting.lasting([a, b]) == [a]
+    now[0] = 116.0
+    assert lasting.lasting([b]) == []  # a's collision ended: forgotten
+    now[0] = 125.0
+    assert lasting.lasting([a, b]) == [b]
