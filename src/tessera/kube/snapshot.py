@@ -502,7 +502,6 @@ def find_conflicts(snapshot: Snapshot, ctx: Context, pods: Mapping[PodKey, PodIn
     state = ClusterState(snapshot.nodes)
     bad: list[PodInfo] = []
     for w in snapshot.workloads:
-        # The fence workload (unschedulable nodes) and other synthetic ones have no pods.
         for key, pl in zip(ctx.pods_of.get(w.id, ()), w.placements or (), strict=False):
             if pl is None:
                 continue
