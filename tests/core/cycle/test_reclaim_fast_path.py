@@ -49,8 +49,8 @@ def test_no_take_shortcut_and_room_memo_leave_the_plan_as_the_full_scan(
     def counting_room(session, index, ns, request, others):  # type: ignore[no-untyped-def]
         used["shortcut"] += 1
         seen = index.room_seen.get(ns.name)
-        if seen is not None and seen[0] is ns.sig and seen[1] == tuple(map(id, others)) \
-                and request in seen[7]:
+        if seen is not None and seen.sig is ns.sig and seen.victims == tuple(map(id, others)) \
+                and request in seen.answers:
             used["memo_hits"] += 1
         return original_room(session, index, ns, request, others)
 

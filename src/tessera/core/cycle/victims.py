@@ -18,6 +18,7 @@ from tessera.core.fairshare import EPS, Vector
 from tessera.core.model import COMPUTE_FULL, GpuKind, ResourceRequest
 from tessera.core.state import NodeState, Placement
 
+from .room_seen import RoomSeen
 from .session import PodPlacements, Session, Statement, WorkloadState
 
 Tentative = dict[str, list[float]]
@@ -40,9 +41,7 @@ class NodeIndex:
                 group = self.by_node.setdefault(p.node, [])
                 if not group or group[-1] is not v:
                     group.append(v)
-        self.room_seen: dict[str, tuple[object, tuple[int, ...], list[int], list[int], int, int,
-                                        list[int], dict[ResourceRequest, bool]]] = (
-            {} if like is None else like.room_seen)
+        self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
         """Memo of the "would every victim left make room" test: (node's state signature,
         those victims, answer), reused while neither changed."""
         self.pruned: set[str] = set() if like is None else like.pruned
@@ -307,12 +306,9 @@ def cheapest_node(
                 gone.append(node)
             elif dead is not None:
                 # Would even every victim left here make room? (Quota rules aside.)
-                for v in others:
-                    for p in v.placements:
-                        if p is not None and p.node == node:
-                            _free_on(p, free, tenants, compute)
-                            cpu += p.cpu_milli
-                            mem += p.memory
+                more_cpu, more_mem = _free_all_on(node, others, free, tenants, compute)
+                cpu += more_cpu
+                mem += more_mem
                 if not _fits_after(ns, request, free, tenants, cpu, mem, compute):
                     index.mark_no_room(session, request, node)
         if examined >= nodes_budget or feasible >= 4 or (
@@ -395,25 +391,32 @@ def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: Resou
     sig = ns.signature()
     ids = tuple(map(id, others))
     seen = index.room_seen.get(ns.name)
-    if seen is None or seen[0] is not sig or seen[1] != ids:
+    if seen is None or seen.sig is not sig or seen.victims != ids:
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
         compute = list(ns.dev_compute)
-        cpu, mem = ns.free_cpu, ns.free_mem
-        node = ns.name
-        for v in others:
-            for p in v.placements:
-                if p is not None and p.node == node:
-                    _free_on(p, free, tenants, compute)
-                    cpu += p.cpu_milli
-                    mem += p.memory
-        seen = index.room_seen[node] = (sig, ids, free, tenants, cpu, mem, compute, {})
-    answers = seen[7]
-    fits = answers.get(request)
+        more_cpu, more_mem = _free_all_on(ns.name, others, free, tenants, compute)
+        seen = index.room_seen[ns.name] = RoomSeen(
+            sig, ids, free, tenants, ns.free_cpu + more_cpu, ns.free_mem + more_mem, compute, {})
+    fits = seen.answers.get(request)
     if fits is None:
-        fits = answers[request] = _fits_after(ns, request, seen[2], seen[3], seen[4], seen[5],
-                                              seen[6])
+        fits = seen.answers[request] = _fits_after(ns, request, seen.free, seen.tenants,
+                                                   seen.cpu, seen.mem, seen.compute)
     return fits
+
+
+def _free_all_on(node: str, victims: Sequence[WorkloadState], free: list[int],
+                 tenants: list[int], compute: list[int]) -> tuple[int, int]:
+    """Free every pod of ``victims`` placed on ``node`` in the device vectors; the CPU and
+    memory they give back."""
+    cpu = mem = 0
+    for v in victims:
+        for p in v.placements:
+            if p is not None and p.node == node:
+                _free_on(p, free, tenants, compute)
+                cpu += p.cpu_milli
+                mem += p.memory
+    return cpu, mem
 
 
 def _at_least(big: ResourceRequest, small: ResourceRequest) -> bool:
