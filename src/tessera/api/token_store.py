@@ -8,10 +8,10 @@ the Kubernetes backend needs from SQLite.
 from __future__ import annotations
 
 import os
-import sqlite3
-import threading
 import time
 from pathlib import Path
+
+from tessera.api.sqlite_db import SqliteDb
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clients (client_id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL,
@@ -21,30 +21,20 @@ CREATE TABLE IF NOT EXISTS tokens (token_hash TEXT PRIMARY KEY, client_id TEXT N
 """
 
 
-class TokenStore:
+class TokenStore(SqliteDb):
     """Implements ``tessera.api.auth.AuthStore``; only hashes of secrets and tokens are kept."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         path.chmod(0o600)
-        self.path = path
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+        super().__init__(path, SCHEMA)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(tokens)")}
         for column, decl in (("kind", "TEXT NOT NULL DEFAULT 'app'"),
                              ("groups", "TEXT NOT NULL DEFAULT '[]'"),
                              ("restricted", "INTEGER NOT NULL DEFAULT 0")):
             if column not in have:  # a data directory from before tenancy (docs/tenancy.md)
                 self._db.execute(f"ALTER TABLE tokens ADD COLUMN {column} {decl}")
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
     def client_secret_hash(self, client_id: str) -> str | None:
         with self._lock:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from tessera.api.sqlite_db import SqliteDb
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS gpu_allocations (
@@ -52,20 +52,11 @@ def retention_days() -> float:
         return RETENTION_DAYS
 
 
-class Ledger:
+class Ledger(SqliteDb):
     def __init__(self, path: Path) -> None:
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+        super().__init__(path, SCHEMA)
         self._db.execute("CREATE TABLE IF NOT EXISTS project_departments ("
                          "project TEXT PRIMARY KEY, department TEXT NOT NULL)")
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
     def observe(self, now: float, held: Mapping[str, tuple[str, str, str, float]]) -> None:
         """The allocations now: workload id -> (name, project, user, GPUs held). Intervals of
