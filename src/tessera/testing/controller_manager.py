@@ -16,8 +16,10 @@ CONTROLLER_MANAGER = "kube-controller-manager"
 CONTROLLERS = (
     "job-controller", "cronjob-controller", "replicaset-controller", "deployment-controller",
     "statefulset-controller", "garbage-collector-controller", "resourceclaim-controller",
+    "namespace-controller",
 )
-"""kube-controller-manager's controllers the test cluster runs (not the node lifecycle, IPAM,
+"""kube-controller-manager's controllers the test cluster runs (the namespace controller: a test
+that deletes its namespaces gets its pods and GPUs back; not the node lifecycle, IPAM,
 service-account or endpoint controllers: kwok nodes and no Services need them)."""
 
 

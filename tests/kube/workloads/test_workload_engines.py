@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 from lightkube import Client, codecs
+from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Namespace, Pod
 
 from tessera.kube import names
 from tessera.testing import engines
@@ -45,6 +47,20 @@ def stack() -> Iterator[TestCluster]:
 def client(stack: TestCluster) -> Client:
     c: Client = stack.client()
     return c
+
+
+@pytest.fixture(autouse=True)
+def each_test_gives_its_gpus_back(client: Client) -> Iterator[None]:
+    """The tests share two nodes of 4 GPUs: each deletes the namespaces it made, and waits until
+    their pods are gone, so that the next test's gang does not find the GPUs still held (the
+    trainjob gang of 4 halves waited behind the LeaderWorkerSet's and the RayJob's pods)."""
+    before = {n.metadata.name for n in client.list(Namespace)}
+    yield
+    made = [n.metadata.name for n in client.list(Namespace) if n.metadata.name not in before]
+    for ns in made:
+        client.delete(Namespace, ns)
+    wait_until("the test's pods to be deleted", lambda: not any(
+        list(client.list(Pod, namespace=ns)) for ns in made), timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -212,14 +228,26 @@ def test_trainjob_is_one_gang_through_its_jobset(client: Client, trainer: None) 
     JobSet controller its Job, the Job controller the pods; tessera's webhook follows the owners
     up to the TrainJob and makes them one gang that starts together."""
     ns, _ = project_namespace(client, "trainjob")
-    client.create(codecs.from_dict({
+    trainjob = codecs.from_dict({
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
         "metadata": {"name": "pytorch-mnist"},
         "spec": {"runtimeRef": {"name": "torch-distributed"},
                  "trainer": {"numNodes": 4, "command": ["torchrun", "train.py"]},
                  "podTemplateOverrides": [{"targetJobs": [{"name": "node"}],
-                                           "metadata": {"annotations": SHARE}}]}}),
-        namespace=ns)
+                                           "metadata": {"annotations": SHARE}}]}})
+
+    def created() -> bool:
+        # Trainer's validating webhook reads runtimes from its informer cache: until the cache
+        # has seen the runtime the fixture applied, it refuses the TrainJob ("must be created
+        # before the TrainJob is created"). Any other refusal fails the test at once.
+        try:
+            client.create(trainjob, namespace=ns)
+        except ApiError as exc:
+            if "must be created before" in str(exc):
+                return False
+            raise
+        return True
+    wait_until("Trainer's webhook to accept the TrainJob", created, timeout=60)
     label = {"jobset.sigs.k8s.io/jobset-name": "pytorch-mnist"}
     wait_pods(client, ns, 4, timeout=120, **label)
     got = pods(client, ns, **label)
