@@ -29,16 +29,15 @@ def test_benchmark_prints_one_json_object_last(capsys):
 
 def test_benchmark_compares_another_library_and_counts_instructions(capsys, tmp_path):
     """--compare runs a second build in the same rounds; --instructions counts a pair's
-    instructions under valgrind (skipped numbers are null where valgrind is missing)."""
+    instructions under valgrind (scripts/setup.d/40-valgrind.sh installs it)."""
+    assert shutil.which("valgrind"), "valgrind missing: scripts/setup.d/40-valgrind.sh installs it"
     other = tmp_path / "libtessera-cuda.so"
     shutil.copy(ensure_built().library, other)
-    argv = ["--pairs", "2000", "--repeats", "1", "--live", "500", "--compare", str(other)]
-    if shutil.which("valgrind"):
-        argv.append("--instructions")
+    argv = ["--pairs", "2000", "--repeats", "1", "--live", "500", "--compare", str(other),
+            "--instructions"]
     assert bench.main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["compare_library"] == str(other)
     assert isinstance(result["compare_overhead_ns_per_pair"], float)
     assert isinstance(result["compare_two_threads_overhead_ns_per_pair"], float)
-    if "--instructions" in argv:
-        assert result["instructions_per_pair_shared_region"] > result["instructions_per_pair_baseline"] > 0
+    assert result["instructions_per_pair_shared_region"] > result["instructions_per_pair_baseline"] > 0
