@@ -44,10 +44,9 @@ CLASSES: dict[str, tuple[int, int, str]] = {
                                    "restart, one record per pod (the environment is "
                                    "local/pod_env.py)"),
     "testing/cluster.py:TestCluster": (388, 16, "harness (see testing/cluster.py above)"),
-    "core/cycle/session.py:Session": (365, 21, "the cycle's working state, KAI's Session; "
-                                      "quota is already its own QuotaLedger; +1 attribute: "
-                                      "one node per kind of GPUs, for the never-fits "
-                                      "check (#33)"),
+    "core/cycle/session.py:Session": (339, 19, "the cycle's working state, KAI's Session; "
+                                      "quota is already its own QuotaLedger, the never-fits "
+                                      "check its own NeverFits"),
     "kube/objects.py:PodInfo": (300, 29, "a record: one parsed pod, the fields the cycle "
                                 "reads"),
     "local/store.py:Workload": (300, 26, "a record: one row of the workloads table"),

@@ -16,16 +16,15 @@ from tessera.core.constraints import NodeConstraint, without_room
 from tessera.core.errors import InvalidRequest
 from tessera.core.fairshare import Vector
 from tessera.core.mig import MigChoice, profile_of
-from tessera.core.model import GpuRequest, Node, ResourceRequest
+from tessera.core.model import Node, ResourceRequest
 from tessera.core.placement import NoFit, Placer
 from tessera.core.projects import ProjectTree
-from tessera.core.requests import check_against_cluster
 from tessera.core.state import ClusterState, NodeState, Placement
-from tessera.core.units import format_bytes
 from tessera.core.workloads import Workload
 
 from .history import fair_shares, requested_by_project
 from .mig_state import LiveRoom, MigState
+from .never_fits import NeverFits
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
 from .usable import movable_gpus, unusable_gpus
@@ -93,7 +92,6 @@ class Session:
         """The partition each MIG pod bound in this cycle takes (``PodBinding.mig``)."""
         self.quota = QuotaLedger(self.tree, self.nodes, self.state)
         self.workloads: dict[str, WorkloadState] = {}
-        self._never: dict[GpuRequest, str | None] = {}
         self.waits: dict[str, Wait] = {}
         self.bindings: dict[str, _Bind] = {}
         self.evictions: dict[str, Eviction] = {}
@@ -118,15 +116,7 @@ class Session:
         )
         self.pending: list[WorkloadState] = [ws for ws in self.workloads.values() if ws.unplaced()]
         self.placer = Placer(self.state, policy=config.policy)
-        self._max_host = (
-            max((n.cpu_milli for n in self.nodes), default=0),
-            max((n.memory for n in self.nodes), default=0),
-        )
-        kinds: dict[tuple[tuple[str, int, int], ...], Node] = {}
-        for n in self.nodes:
-            kinds.setdefault(tuple((g.model, g.memory, g.headroom) for g in n.gpus), n)
-        self._node_kinds = tuple(kinds.values())
-        """One node per distinct set of GPUs: what ``check_against_cluster`` looks at."""
+        self.never = NeverFits(self.nodes)
         for ws in self.pending:
             why = self._never_fits(ws)
             if why is not None:
@@ -415,7 +405,6 @@ class Session:
         return False
 
     def _never_fits(self, ws: WorkloadState) -> str | None:
-        cpu, memory = self._max_host
         for i in ws.unplaced()[: max(ws.required(), 1)]:
             request = ws.spec.pods[i]
             constraint = ws.spec.constraint_of(i)
@@ -423,21 +412,7 @@ class Session:
                     and not self._mig_room_possible(request, constraint):
                 refused = constraint.refusals(self.nodes)
                 return f"0/{len(self.nodes)} nodes are available: {refused or 'no node is allowed'}"
-            if request.cpu_milli > cpu:
-                return f"no node can ever hold it: it asks {request.cpu_milli / 1000:g} CPU, the largest node has {cpu / 1000:g}"
-            if request.memory > memory:
-                return (
-                    f"no node can ever hold it: it asks {format_bytes(request.memory)} of memory, "
-                    f"the largest node has {format_bytes(memory)}"
-                )
-            gpu = request.gpu
-            if gpu not in self._never:
-                try:
-                    check_against_cluster(gpu, self._node_kinds)
-                    self._never[gpu] = None
-                except InvalidRequest as exc:
-                    self._never[gpu] = f"no node can ever hold it: {exc}"
-            why = self._never[gpu]
+            why = self.never.why(request)
             if why is not None:
                 return why
         return None
