@@ -22,7 +22,7 @@ MAX_CLASS_ATTRIBUTES = 20
 FILES: dict[str, tuple[int, str]] = {
     "testing/cluster.py": (637, "harness: the test cluster's whole life cycle (etcd, API "
                            "server, kwok, the kubelet doubles); not split yet"),
-    "local/control.py": (650, "embedded mode's loop and API surface (MIG serving shares is "
+    "local/control.py": (646, "embedded mode's loop and API surface (MIG serving shares is "
                          "local/mig_serving.py, on the core's path; +8: the workload-types "
                          "seam's wiring, #32)"),
     "kube/api_backend.py": (557, "the REST API's Backend surface on Kubernetes plus its "
@@ -49,7 +49,8 @@ CLASSES: dict[str, tuple[int, int, str]] = {
                                       "check its own NeverFits"),
     "kube/objects.py:PodInfo": (300, 29, "a record: one parsed pod, the fields the cycle "
                                 "reads"),
-    "local/store.py:Workload": (300, 26, "a record: one row of the workloads table"),
+    "local/store.py:Workload": (300, 27, "a record: one row of the workloads table (+1: "
+                                "control, the loop's state out of the user's spec, #29)"),
     "bench/trace.py:TraceResult": (300, 21, "a record: one benchmark's result"),
 }
 """Classes over a limit: "path:Class" -> (line ceiling, attribute ceiling, why)."""

@@ -114,10 +114,11 @@ def test_a_stored_workload_no_process_can_take_fails_alone(tmp_path: Path) -> No
             s.wait_phase(c, "trainings", wid, "Stopped")
         s.stop(stop_workloads=False)
         con = sqlite3.connect(str(s.data / "tessera.db"))
-        spec = json.loads(con.execute("SELECT spec FROM workloads WHERE id=?", (wid,)).fetchone()[0])
-        spec["_env"] = {"X": "a\x00b"}
-        con.execute("UPDATE workloads SET spec=?, phase='Pending' WHERE id=?",
-                    (json.dumps(spec), wid))
+        control = json.loads(con.execute("SELECT control FROM workloads WHERE id=?",
+                                         (wid,)).fetchone()[0])
+        control["env"] = {"X": "a\x00b"}
+        con.execute("UPDATE workloads SET control=?, phase='Pending' WHERE id=?",
+                    (json.dumps(control), wid))
         con.commit()
         con.close()
         s.start()

@@ -75,6 +75,10 @@ def check_submission(s: WorkloadSubmission) -> Admitted:
     can receive is refused before it is stored."""
     check_name(s.name)
     check_text(s.project, "projectId", MAX_SHORT)
+    for key in s.spec:
+        if str(key).startswith("_"):  # the backends' own state, never the user's to set
+            raise InvalidRequest(f"spec.{key}", "is not a field of a workload's spec (names "
+                                 "starting with '_' are reserved for tessera's own state)")
     check_argv(list(s.command), "spec.command")
     check_env(dict(s.env), "spec.environmentVariables")
     check_text(s.image, "spec.image", MAX_IMAGE)

@@ -62,7 +62,7 @@ def bench_submit(server: EmbeddedServer, count: int) -> list[float]:
 
 
 def fill_store(server: EmbeddedServer, count: int) -> None:
-    from tessera.local.records import Phase
+    from tessera.local.records import Control, Phase
     from tessera.local.store import Store, Workload
 
     store = Store(server.data / "tessera.db")
@@ -77,7 +77,7 @@ def fill_store(server: EmbeddedServer, count: int) -> None:
             project_name=project.name, type="Training",
             phase=Phase.COMPLETED if i % 3 else Phase.FAILED,
             phase_message="all pods exited with code 0" if i % 3 else "pod 0: exited with code 1",
-            spec={"_argv": ["python", "train.py", f"--seed={i}"], "_env": {}},
+            spec={}, control=Control(argv=["python", "train.py", f"--seed={i}"]),
             request=request, preemptible=True, priority_class="train", priority=50,
             workers=1, min_workers=1, gpus_requested=0.25, gpus_allocated=0.0, node="",
             devices="", exit_code=0 if i % 3 else 1, created=now - count + i,

@@ -15,7 +15,7 @@ _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 _OPEN = f"""
   INSERT INTO gpu_allocations (workload_id, workload, project, user, gpus, start_time)
   SELECT NEW.id, NEW.name, NEW.project_name,
-         COALESCE(json_extract(NEW.spec, '$._submittedBy'), ''), NEW.gpus_allocated, {_NOW}
+         COALESCE(json_extract(NEW.control, '$.submitted_by'), ''), NEW.gpus_allocated, {_NOW}
   WHERE NEW.gpus_allocated > 0;"""
 TRIGGERS = f"""
 CREATE TRIGGER IF NOT EXISTS accounting_insert AFTER INSERT ON workloads

@@ -52,7 +52,7 @@ from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workloa
 from tessera.local.gpus import Machine
 from tessera.local.mig import LocalMig, RoomNow, room_now
 from tessera.local.pods import PodProcesses
-from tessera.local.records import Phase, pid_of
+from tessera.local.records import ContainerRef, Control, Phase, pid_of
 from tessera.local.runner import Runner
 from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
 from tessera.local.spelling_env import with_runai_limit
@@ -235,9 +235,9 @@ class LocalBackend(TokenAuth):
 
     def _servable(self, wid: str) -> bool:
         w = self._active.get(wid)
-        return (w is not None and w.phase == Phase.PENDING and not w.spec.get("_mig")
-                and not w.spec.get("_starting") and w.workers == 1
-                and not w.spec.get("_container")
+        return (w is not None and w.phase == Phase.PENDING and not w.control.mig_profile
+                and not w.control.starting and w.workers == 1
+                and not w.control.container
                 and self.mig.serving_fraction(gpu_request_from_dict(w.request)) is not None)
 
     def _mig_layout(self) -> tuple[list[MigGpu], str]:
@@ -246,8 +246,8 @@ class LocalBackend(TokenAuth):
         if not self.machine.mig:
             return [], ""
         self.mig.release({w.id for w in self._active.values()
-                          if (w.spec.get("_mig") or w.spec.get("_migDevice")) and (
-            w.phase in (Phase.RUNNING, Phase.STOPPING, Phase.DELETING) or w.spec.get("_starting"))})
+                          if (w.control.mig_profile or w.control.mig_device) and (
+            w.phase in (Phase.RUNNING, Phase.STOPPING, Phase.DELETING) or w.control.starting)})
         return self.mig.for_cycle()
 
     def _workloads(self, now: float, layout: tuple[list[MigGpu], str] = ([], "")) -> list[CoreWorkload]:
@@ -261,12 +261,12 @@ class LocalBackend(TokenAuth):
             if not any(v in self._active and self._active[v].phase != Phase.PENDING for v in victims):
                 del self._awaiting[wid]
         for w in self._active.values():
-            profile = w.spec.get("_mig")
-            if profile and w.phase == Phase.PENDING and w.spec.get("_starting"):
+            profile = w.control.mig_profile
+            if profile and w.phase == Phase.PENDING and w.control.starting:
                 continue
             if w.phase == Phase.PENDING:
                 if not profile:
-                    w.spec.pop("_migDevice", None)  # a share served by MIG before: placed anew
+                    w.control.mig_device = None  # a share served by MIG before: placed anew
                 if w.id not in self._awaiting:
                     room, served = None, None
                     if profile:
@@ -317,19 +317,19 @@ class LocalBackend(TokenAuth):
                 except MigError as exc:
                     waiting[b.workload_id] = f"waiting: {exc}"
                     continue
-                w.spec["_migDevice"] = device
+                w.control.mig_device = device
                 self.processes.start(w, [Placement(node=self.machine.node.name, exclusive=True,
                                                    gpus=float(device["fraction"]))], message)
                 continue
-            if w.spec.get("_mig"):
+            if w.control.mig_profile:
                 # The partition: reused or made through NVML (choose over the same partitions
                 # the cycle saw); an NVML error is the reason to wait, nothing half-made.
                 try:
-                    device, message = self.mig.place(w.id, w.spec["_mig"])
+                    device, message = self.mig.place(w.id, w.control.mig_profile)
                 except MigError as exc:
                     waiting[b.workload_id] = f"waiting: {exc}"
                     continue
-                w.spec["_migDevice"] = device
+                w.control.mig_device = device
                 self.processes.start(w, [Placement(node=self.machine.node.name, exclusive=True)],
                                      message)
                 continue
@@ -345,7 +345,7 @@ class LocalBackend(TokenAuth):
         """A MIG workload's reason without the cluster's ``0/1 nodes are available: `` (one
         machine here)."""
         w, reason = self._active.get(waiting.workload_id), waiting.reason
-        if w is not None and (w.spec.get("_mig") or w.id in self.mig.serving.asked):
+        if w is not None and (w.control.mig_profile or w.id in self.mig.serving.asked):
             reason = reason.replace("0/1 nodes are available: ", "")
         return self.mig.serving.reason(waiting.workload_id, waiting.kind, reason)
 
@@ -501,22 +501,17 @@ class LocalBackend(TokenAuth):
                                        project.limit, admitted.compute)
             if self.store.workload_by_name(project.id, s.name) is not None:
                 raise Conflict(f"a workload named {s.name} already exists in project {project.name}")
-            spec = {k: v for k, v in s.spec.items() if not k.startswith("_")}
-            spec["_argv"] = list(s.command)
+            spec = dict(s.spec)
             ports = [(int(p["container"]), int(p.get("external") or p["container"]))
                      for p in s.spec.get("ports") or []]
-            if ports:
-                spec["_ports"] = ports
-                spec["_serviceUrls"] = [f"http://127.0.0.1:{ext}" for _, ext in ports]
-            if not s.command and self.runtime is not None:
-                spec["_container"] = {"runtime": self.runtime.name, "path": self.runtime.path,
-                                      "cdi": self.runtime.cdi, "image": s.image}
-            spec["_env"] = dict(s.env)
-            if admitted.compute is not None:
-                spec["_compute"] = admitted.compute.to_dict()
-            spec["_submittedBy"] = s.submitted_by  # GPU accounting (tessera.local.accounting)
-            if s.mig_profile is not None:
-                spec["_mig"] = s.mig_profile
+            control = Control(
+                argv=list(s.command), env=dict(s.env), ports=ports,
+                service_urls=[f"http://127.0.0.1:{ext}" for _, ext in ports],
+                container=ContainerRef(runtime=self.runtime.name, path=self.runtime.path,
+                                       cdi=self.runtime.cdi, image=s.image)
+                if not s.command and self.runtime is not None else None,
+                compute=admitted.compute.to_dict() if admitted.compute is not None else None,
+                submitted_by=s.submitted_by, mig_profile=s.mig_profile)
             if s.working_dir:
                 spec["workingDir"] = s.working_dir
             now = time.time()
@@ -545,6 +540,7 @@ class LocalBackend(TokenAuth):
                 started=None,
                 completed=None,
                 request_text=request_text(s.gpu, s.workers, s.mig_profile),
+                control=control,
             )
             self.store.insert_workload(w, f"submitted to project {project.name}: {w.request_text}")
             self._active[w.id] = w
@@ -578,10 +574,10 @@ class LocalBackend(TokenAuth):
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
         w = self._get(workload_id, kind)
         out = self.workload_dict(w)
-        if w.spec.get("_compute"):
+        if w.control.compute:
             from tessera.local.compute_view import compute_view
 
-            out["computeShare"] = compute_view(self.data_dir / "compute", w.id, w.spec["_compute"])
+            out["computeShare"] = compute_view(self.data_dir / "compute", w.id, w.control.compute)
         out["events"] = [
             {"time": iso(e.time), "kind": e.kind, "message": e.message}
             for e in self.store.events(w.id)
@@ -624,7 +620,7 @@ class LocalBackend(TokenAuth):
                 raise Conflict(f"workload {w.name} is {w.phase}; only Stopped workloads resume")
             with all_or_nothing(w, self._active):
                 w.phase, w.phase_message, w.pods = Phase.PENDING, "resumed by user", []
-                w.spec["_pendingSince"] = time.time()  # the wait is timed from here (metrics)
+                w.control.pending_since = time.time()  # the wait is timed from here (metrics)
                 w.completed = None
                 w.exit_code = None
                 self._active[w.id] = w

@@ -48,7 +48,7 @@ def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
     """A workload as the API shows it; ``brief``: the listing's fields only (the same keys as
     ``store.BRIEF_FIELDS``)."""
     gpu = gpu_request_from_dict(w.request)
-    mig = w.spec.get("_mig")
+    mig = w.control.mig_profile
     compute = {"gpuMigProfile": mig} if mig else compute_doc(gpu)
     out: dict[str, Any] = {
         "workloadId": w.id,
@@ -61,7 +61,7 @@ def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
         "phaseMessage": w.phase_message,
         "createdAt": iso(w.created),
         "startedAt": iso(w.started) if w.started else None,
-        "pendingSince": iso(w.spec.get("_pendingSince") or w.created),
+        "pendingSince": iso(w.control.pending_since or w.created),
         "completedAt": iso(w.completed) if w.completed else None,
         "exitCode": w.exit_code,
         "priorityClass": w.priority_class,
@@ -78,16 +78,16 @@ def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
         },
         "simulated": simulated,
         "image": w.spec.get("image") or "",
-        "serviceUrls": list(w.spec.get("_serviceUrls") or []),
+        "serviceUrls": list(w.control.service_urls),
     }
     if brief:
         return out
-    spec = {k: v for k, v in w.spec.items() if not k.startswith("_")}
-    argv = w.spec.get("_argv") or []
+    spec = dict(w.spec)  # the user's, as given (the loop's own state is w.control)
+    argv = w.control.argv
     spec["command"] = argv[0] if argv else ""
     spec["args"] = shlex.join(argv[1:])
     spec["environmentVariables"] = [
-        {"name": k, "value": v} for k, v in (w.spec.get("_env") or {}).items()
+        {"name": k, "value": v} for k, v in w.control.env.items()
     ]
     spec["compute"] = compute
     out["spec"] = spec

@@ -20,7 +20,7 @@ def pod_env(w: Workload, index: int, p: Placement, machine: Machine, isolation: 
     its service ports, its compute share."""
     by_index = {g.index: g for g in machine.node.gpus}
     gpus = [by_index[d] for d in p.devices]
-    env = {str(k): str(v) for k, v in (w.spec.get("_env") or {}).items()}
+    env = {str(k): str(v) for k, v in w.control.env.items()}
     uuids = ",".join(g.uuid for g in gpus)
     env.update({
         "TESSERA_WORKLOAD_NAME": w.name,
@@ -28,7 +28,7 @@ def pod_env(w: Workload, index: int, p: Placement, machine: Machine, isolation: 
         "TESSERA_PROJECT": w.project_name,
         "TESSERA_POD_INDEX": str(index),
         "TESSERA_WORKERS": str(w.workers),
-        **distributed.torchrun_env(w.id, index, w.workers, int(w.spec.get("_masterPort") or 0), env.get("TESSERA_FRAMEWORK")),
+        **distributed.torchrun_env(w.id, index, w.workers, w.control.master_port, env.get("TESSERA_FRAMEWORK")),
         "CUDA_VISIBLE_DEVICES": uuids if gpus else "",
         "NVIDIA_VISIBLE_DEVICES": uuids if gpus else "none",
     })
@@ -44,15 +44,15 @@ def pod_env(w: Workload, index: int, p: Placement, machine: Machine, isolation: 
         })
         if not p.exclusive:  # cGPU's variables, as on Kubernetes (tessera.local.spelling_env)
             env.update(cgpu_env([g.memory for g in gpus], p.request_bytes))
-    mig = w.spec.get("_migDevice")
+    mig = w.control.mig_device
     if mig:  # a MIG partition (tessera.local.mig): the process sees only that MIG device
         env.update({"CUDA_VISIBLE_DEVICES": mig["uuid"], "NVIDIA_VISIBLE_DEVICES": mig["uuid"],
                     "TESSERA_MIG_PROFILE": mig["profile"], "TESSERA_MIG_GPU": mig["gpu"]})
-    ports = w.spec.get("_ports") or []
+    ports = w.control.ports
     if ports:
         env["PORT"] = str(ports[0][0])
         env["TESSERA_SERVICE_PORTS"] = ",".join(str(c) for c, _ in ports)
-        env["TESSERA_SERVICE_URLS"] = ",".join(w.spec.get("_serviceUrls") or [])
+        env["TESSERA_SERVICE_URLS"] = ",".join(w.control.service_urls)
     if machine.simulated:
         env["TESSERA_SIMULATED"] = "1"
         env["PATH"] = f"{sim_bin}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -63,9 +63,9 @@ def pod_env(w: Workload, index: int, p: Placement, machine: Machine, isolation: 
                                {**os.environ, **env}, priority=w.priority)
         )
         iso_dir = getattr(isolation, "dir", None)
-        if w.spec.get("_compute") and env.get("TESSERA_ISOLATION") == "on" and iso_dir is not None:
+        if w.control.compute and env.get("TESSERA_ISOLATION") == "on" and iso_dir is not None:
             from tessera.local import compute_share
 
-            env.update(compute_share.env(iso_dir.parent, w.id, [g.uuid for g in gpus], w.spec["_compute"],
+            env.update(compute_share.env(iso_dir.parent, w.id, [g.uuid for g in gpus], w.control.compute,
                                          latency=w.type == "Inference"))
     return env

@@ -70,7 +70,7 @@ class PodProcesses:
         for w in self.store.active_workloads():
             self.active[w.id] = w
             if w.phase == Phase.PENDING:
-                if w.spec.get("_starting"):
+                if w.control.starting:
                     self.resume_start(w)
                 continue
             alive = [
@@ -138,7 +138,7 @@ class PodProcesses:
                 self._fail_start(w, [], exc)
             return
         with all_or_nothing(w, self.active):
-            w.spec["_starting"] = attempt
+            w.control.starting = attempt
             w.pods = pods
             self.store.save(w, ("Starting", f"starting {len(pods)} pod(s) (attempt {attempt})"))
         faultpoints.hit("start-intent")
@@ -166,11 +166,11 @@ class PodProcesses:
                  attempt: str) -> list[PodRecord]:
         """The pod records to start (phase Starting, no pid yet), with what launching needs."""
         by_index = {g.index: g for g in self.machine.node.gpus}
-        argv = list(w.spec.get("_argv") or [])
-        container = w.spec.get("_container")
-        mig = w.spec.get("_migDevice")
+        argv = list(w.control.argv)
+        container = w.control.container
+        mig = w.control.mig_device
         pods: list[PodRecord] = []
-        w.spec["_masterPort"] = distributed.free_port()  # one rendezvous port per start
+        w.control.master_port = distributed.free_port()  # one rendezvous port per start
         for i, p in enumerate(placements):
             env = pod_env(w, i, p, self.machine, self.isolation, self.sim_bin)
             env[START_KEY] = f"{w.id}/{attempt}/{i}"
@@ -184,7 +184,7 @@ class PodProcesses:
                                        [mig["uuid"]] if mig else
                                        [by_index[d].uuid for d in p.devices],
                                        containers.isolation_mounts(env),
-                                       ports=[tuple(x) for x in w.spec.get("_ports") or []])
+                                       ports=list(w.control.ports))
                 env["TESSERA_CONTAINER"] = f"{rt.name}:{rt.container_name(f'{w.id}-{i}')}"
                 cwd = None
             host_env = {**os.environ, **env}
@@ -226,7 +226,7 @@ class PodProcesses:
         for pod in launched:
             self.terminate(pod, 0)
         reason = f"waiting: could not start ({storage_error(exc)[1]})"  # type: ignore[index]
-        w.spec.pop("_starting", None)
+        w.control.starting = None
         w.pods = []
         w.phase, w.phase_message = Phase.PENDING, reason
         with contextlib.suppress(sqlite3.Error, OSError):
@@ -237,7 +237,7 @@ class PodProcesses:
             self.terminate(pod, 0)
         reason = str(exc) if isinstance(exc, InvalidRequest | OSError) else repr(exc)
         with all_or_nothing(w, self.active):
-            w.spec.pop("_starting", None)
+            w.control.starting = None
             w.pods = []
             w.phase, w.phase_message, w.completed = Phase.FAILED, f"could not start: {reason}", time.time()
             self.active.pop(w.id, None)
@@ -245,7 +245,7 @@ class PodProcesses:
 
     def _confirm(self, w: Workload, message: str, event: tuple[str, str]) -> None:
         """The attempt's pods all run: the workload is Running (one write)."""
-        w.spec.pop("_starting", None)
+        w.control.starting = None
         for pod in w.pods:
             pod.pop("argv", None)
             pod.pop("hostEnv", None)
@@ -265,12 +265,12 @@ class PodProcesses:
             # the disk takes it.
             if storage_error(exc) is None:
                 raise
-            w.spec["_unsaved"] = list(event)
+            w.control.unsaved = list(event)
 
     def resume_start(self, w: Workload) -> None:
         """A start the server was killed in (its intent is stored): re-attach if every pod of
         the attempt runs, else kill what runs of it and queue the workload again."""
-        attempt = w.spec.get("_starting")
+        attempt = w.control.starting
         found = self.runner.find_started(f"{w.id}/{attempt}/")
         pods = [p for p in w.pods if p.get("phase") == PodPhase.STARTING]
         if pods and all(str(p["index"]) in found for p in pods):
@@ -285,7 +285,7 @@ class PodProcesses:
         for pid, _ in found.values():
             self.runner.terminate(pid, 0)
             self.runner.kill_now(pid)
-        w.spec.pop("_starting", None)
+        w.control.starting = None
         w.pods = []
         w.phase = Phase.PENDING
         w.phase_message = "queued again: the server stopped while starting it"
@@ -303,12 +303,12 @@ class PodProcesses:
         )
 
     def check(self, w: Workload, restarted: bool = False) -> None:
-        unsaved = w.spec.pop("_unsaved", None)
+        unsaved, w.control.unsaved = w.control.unsaved, None
         if unsaved:  # a start confirmed while the disk was full: store it now
             try:
                 self.store.save(w, (unsaved[0], unsaved[1]))
             except Exception as exc:
-                w.spec["_unsaved"] = unsaved
+                w.control.unsaved = unsaved
                 if storage_error(exc) is None:
                     raise
         changed = False
@@ -397,7 +397,7 @@ class PodProcesses:
             w.devices = ""
             if target == "Pending":
                 w.phase = Phase.PENDING
-                w.spec["_pendingSince"] = time.time()  # the wait is timed from here (metrics)
+                w.control.pending_since = time.time()  # the wait is timed from here (metrics)
                 w.pods = []
                 self.store.save(w, ("Requeued", f"requeued after: {w.phase_message}"))
             elif target == "Failed":
@@ -435,8 +435,8 @@ class PodProcesses:
         pod_env = match[0].get("env", {})
         if pod_env.get("TESSERA_CONTAINER"):
             rt_name, _, cname = pod_env["TESSERA_CONTAINER"].partition(":")
-            container = w.spec.get("_container") or {}
-            command = [str(container.get("path") or rt_name), "exec", "-i", cname, *command]
+            container = w.control.container
+            command = [container["path"] if container else rt_name, "exec", "-i", cname, *command]
         done = run_capped(command, {**os.environ, **pod_env}, w.spec.get("workingDir") or None,
                           timeout)
         out = {"exitCode": done.code, "stdout": done.stdout.decode(errors="replace"),

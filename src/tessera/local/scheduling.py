@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tessera.core.compute import ComputeShare
 from tessera.core.constraints import NodeConstraint
@@ -56,10 +55,9 @@ def pod_placement(pod: PodRecord) -> Placement:
     )
 
 
-def _with_compute(gpu: GpuRequest, spec: Mapping[str, Any]) -> GpuRequest:
-    """The GPU request with its compute request (``spec._compute``, tessera.core.compute), which
-    placement keeps within 1 per device."""
-    share = spec.get("_compute")
+def _with_compute(gpu: GpuRequest, share: dict[str, object] | None) -> GpuRequest:
+    """The GPU request with its compute request (``Control.compute``, tessera.core.compute),
+    which placement keeps within 1 per device."""
     if not share or gpu.compute is not None:
         return gpu
     return dataclasses.replace(gpu, compute=ComputeShare.from_dict(share).request)
@@ -74,14 +72,14 @@ def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now
     where it may go (``tessera.local.mig.RoomNow``). ``served``: a pending share asked as the
     profile that would serve it, and its fraction (``tessera.local.mig_serving``)."""
     running = placements is not None
-    profile = w.spec.get("_mig")
+    profile = w.control.mig_profile
     gpus = w.gpus_requested
-    device = w.spec.get("_migDevice") if running and not profile else None
+    device = w.control.mig_device if running and not profile else None
     if device:  # a share served by a partition (docs/mig.md): counted and evicted as its profile
         profile, gpus = device["profile"], float(device["fraction"])
     elif served is not None and not running:
         profile, gpus = served
-    request = ResourceRequest(_with_compute(gpu_request_from_dict(w.request), w.spec)) if not profile \
+    request = ResourceRequest(_with_compute(gpu_request_from_dict(w.request), w.control.compute)) if not profile \
         else ResourceRequest(GpuRequest.none(), gpus=gpus, mig=profile)
     return Workload(
         id=w.id,

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tessera.local.store import Store
     from tessera.local.store_check import StoreLost, check_store
+    from tessera.local.store_schema import StoreTooNew
 
     try:
         warning = check_store(directory)
@@ -82,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if warning:
         print(f"tessera: {warning}", file=sys.stderr, flush=True)
-    store = Store(directory / "tessera.db")
+    try:
+        store = Store(directory / "tessera.db")  # an earlier release's tables are migrated
+    except StoreTooNew as exc:
+        print(f"tessera: {exc}", file=sys.stderr)
+        return 1
     simulate = list(args.simulate)
     if not simulate:
         saved = store.meta("simulate")

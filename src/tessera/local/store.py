@@ -1,5 +1,5 @@
-"""Durable state of embedded mode: one SQLite database in WAL mode. (About 420 lines: the
-schema, the listing built in SQL and the project, workload and event tables of one database.)
+"""Durable state of embedded mode: one SQLite database in WAL mode: the listing built in SQL and
+the project, workload and event tables (their schema and its versions: store_schema.py).
 
 Every change is committed before the API answers, so a server killed at any moment restarts with
 every project and workload it acknowledged. One connection guarded by a lock serves the API's
@@ -21,59 +21,8 @@ from typing import Any
 
 from tessera.api.backend import WorkloadQuery
 from tessera.api.sqlite_db import SqliteDb
-from tessera.local.records import ACTIVE_PHASES, Phase, PodPhase, PodRecord
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS projects (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    name TEXT NOT NULL UNIQUE,
-    deserved REAL NOT NULL DEFAULT 0,
-    gpu_limit REAL,
-    over_quota_weight REAL NOT NULL DEFAULT 1,
-    priority INTEGER NOT NULL DEFAULT 50,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS workloads (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    name TEXT NOT NULL,
-    project_id INTEGER NOT NULL,
-    project_name TEXT NOT NULL,
-    type TEXT NOT NULL,
-    phase TEXT NOT NULL,
-    phase_message TEXT NOT NULL DEFAULT '',
-    spec TEXT NOT NULL,
-    request TEXT NOT NULL,
-    preemptible INTEGER NOT NULL,
-    priority_class TEXT NOT NULL,
-    priority INTEGER NOT NULL,
-    workers INTEGER NOT NULL DEFAULT 1,
-    min_workers INTEGER NOT NULL DEFAULT 1,
-    gpus_requested REAL NOT NULL DEFAULT 0,
-    gpus_allocated REAL NOT NULL DEFAULT 0,
-    node TEXT NOT NULL DEFAULT '',
-    devices TEXT NOT NULL DEFAULT '',
-    exit_code INTEGER,
-    created REAL NOT NULL,
-    started REAL,
-    completed REAL,
-    pods TEXT NOT NULL DEFAULT '[]',
-    request_text TEXT NOT NULL DEFAULT '',
-    running_pods INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (project_id, name)
-);
-CREATE INDEX IF NOT EXISTS workloads_phase ON workloads (phase);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    workload_id TEXT NOT NULL,
-    time REAL NOT NULL,
-    kind TEXT NOT NULL,
-    message TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_workload ON events (workload_id);
-"""
-
+from tessera.local.records import ACTIVE_PHASES, Control, Phase, PodPhase, PodRecord
+from tessera.local.store_schema import migrate
 
 _ISO = "'%Y-%m-%dT%H:%M:%SZ'"
 BRIEF_FIELDS: dict[str, str] = {
@@ -87,7 +36,7 @@ BRIEF_FIELDS: dict[str, str] = {
     "phaseMessage": "phase_message",
     "createdAt": f"strftime({_ISO}, created, 'unixepoch')",
     "startedAt": f"strftime({_ISO}, started, 'unixepoch')",
-    "pendingSince": f"strftime({_ISO}, COALESCE(json_extract(spec, '$._pendingSince'), created), "
+    "pendingSince": f"strftime({_ISO}, COALESCE(json_extract(control, '$.pending_since'), created), "
     "'unixepoch')",
     "completedAt": f"strftime({_ISO}, completed, 'unixepoch')",
     "exitCode": "exit_code",
@@ -102,7 +51,7 @@ BRIEF_FIELDS: dict[str, str] = {
     "'allocated', round(gpus_allocated, 4), 'request', request_text)",
     "simulated": "json($SIMULATED)",
     "image": "COALESCE(json_extract(spec, '$.image'), '')",
-    "serviceUrls": "json(COALESCE(json_extract(spec, '$._serviceUrls'), '[]'))",
+    "serviceUrls": "json(COALESCE(json_extract(control, '$.service_urls'), '[]'))",
 }
 """Keys of a workload in a listing and the SQL that computes each (SQLite builds the JSON)."""
 
@@ -122,7 +71,7 @@ WORKLOAD_COLUMNS = (
     "seq", "id", "name", "project_id", "project_name", "type", "phase", "phase_message", "spec",
     "request", "preemptible", "priority_class", "priority", "workers", "min_workers",
     "gpus_requested", "gpus_allocated", "node", "devices", "exit_code", "created", "started",
-    "completed", "pods", "request_text", "running_pods",
+    "completed", "pods", "request_text", "running_pods", "control",
 )
 SORTABLE = {
     "name": "name",
@@ -190,6 +139,8 @@ class Workload:
     request_text: str = ""
     """The request in words (kept so listings need not rebuild it)."""
     running_pods: int = 0
+    control: Control = field(default_factory=Control)
+    """The loop's own state of it, never shown as the user's spec (tessera.local.records)."""
 
 
 @contextmanager
@@ -230,6 +181,7 @@ def _workload(row: Sequence[Any]) -> Workload:
     values["pods"] = [{**p, "phase": PodPhase(p["phase"])} if "phase" in p else p
                       for p in json.loads(values["pods"])]
     values["preemptible"] = bool(values["preemptible"])
+    values["control"] = Control.from_json(json.loads(values["control"]))
     return Workload(**values)
 
 
@@ -238,12 +190,9 @@ class Store(SqliteDb):
         private_dir(path.parent)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         path.chmod(0o600)  # env values and tokens' hashes: the server's user only
-        super().__init__(path, SCHEMA)
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(workloads)")}
-        for column, decl in (("request_text", "TEXT NOT NULL DEFAULT ''"),
-                             ("running_pods", "INTEGER NOT NULL DEFAULT 0")):
-            if column not in have:
-                self._db.execute(f"ALTER TABLE workloads ADD COLUMN {column} {decl}")
+        super().__init__(path, "")
+        with self._lock:
+            migrate(self._db, str(path))  # an earlier release's tables (store_schema.py)
 
     # -- meta -------------------------------------------------------------------------------------
 
@@ -343,6 +292,7 @@ class Store(SqliteDb):
         values["spec"] = json.dumps(w.spec)
         values["request"] = json.dumps(w.request)
         values["pods"] = json.dumps(w.pods)
+        values["control"] = json.dumps(w.control.to_json())
         values["preemptible"] = int(w.preemptible)
         values["running_pods"] = sum(1 for p in w.pods if p.get("phase") == PodPhase.RUNNING)
         return values
