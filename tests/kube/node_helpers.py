@@ -1,14 +1,59 @@
-"""tessera-node in the test cluster: the agent of a node, a pod's Events, a pod process running
-cuprobe."""
+"""tessera-node in the test cluster: a node of its own for a module and its agent, a pod's
+Events, the programs a pod's process runs copied where any UID can read them, a pod process
+running cuprobe."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from lightkube import Client
-from lightkube.resources.core_v1 import Event
+from lightkube.resources.core_v1 import Event, Node
 
 from tessera.testing.cluster import TestCluster
+
+
+@contextlib.contextmanager
+def own_node(cluster: TestCluster, client: Client, model: str, prefix: str) -> Iterator[Any]:
+    """One single-GPU node ``{prefix}0`` of ``model`` for a module, its agent while the block
+    runs; the Node is deleted after (a module fixture's body)."""
+    from tessera.testing.gpu_nodes import NodeShape
+
+    cluster.create_gpu_nodes(1, NodeShape(gpus=1, model=model), prefix=prefix)
+    try:
+        yield agent_of(cluster, f"{prefix}0")
+    finally:
+        with contextlib.suppress(Exception):
+            client.delete(Node, f"{prefix}0")
+
+
+@contextlib.contextmanager
+def readable_copy(agent: Any, program: str, writable: tuple[str, ...] = ()) -> Iterator[Path]:
+    """``program`` (a native test program), the agent's isolation library and the fake driver
+    copied where any UID can read them (the build cache lies under /root), as ``base/program``,
+    ``base/libtessera-cuda.so`` and ``base/fake/``; the folders named in ``writable`` are
+    made and open to all. Removed after."""
+    from tessera.isolation.build import ensure_built
+
+    native = ensure_built()
+    base = Path(tempfile.mkdtemp(prefix=f"tessera-pod-{program}-"))
+    try:
+        for d in ("fake", *writable):
+            (base / d).mkdir()
+        shutil.copy(native.program(program), base / program)
+        shutil.copy(agent.library_dir / "libtessera-cuda.so", base / "libtessera-cuda.so")
+        for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
+            shutil.copy(Path(native.fake_dir) / name, base / "fake" / name)
+        for p in [base, *base.rglob("*")]:
+            os.chmod(p, 0o777 if p.name in writable else 0o755)
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def agent_of(cluster: TestCluster, node: str) -> Any:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Pod
 
 from tessera.isolation import arbiter
 from tessera.kube.admission.compute_spellings import ENFORCED, STATUS
@@ -36,7 +34,7 @@ from tests.kube.admission_helpers import (
     runai_pod,
     wait_webhook_sees_project,
 )
-from tests.kube.node_helpers import agent_of, events
+from tests.kube.node_helpers import events, own_node, readable_copy
 from tests.waiting import wait_until
 
 WEBHOOK_ARGS = ["--gpu-compute-mode=fair"]
@@ -50,30 +48,14 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="processes under other
 
 @pytest.fixture(scope="module")
 def node(stack: TestCluster, kube_client: Client) -> Iterator[Any]:
-    from tessera.testing.gpu_nodes import NodeShape
-
-    stack.create_gpu_nodes(1, NodeShape(gpus=1, model="T4-16GB"), prefix="compute-t4-")
-    yield agent_of(stack, NODE)
-    with contextlib.suppress(Exception):
-        kube_client.delete(Node, NODE)
+    with own_node(stack, kube_client, "T4-16GB", "compute-t4-") as agent:
+        yield agent
 
 
 @pytest.fixture
 def readable(node: Any) -> Iterator[Path]:
-    from tessera.isolation.build import ensure_built
-
-    native = ensure_built()
-    base = Path(tempfile.mkdtemp(prefix="tessera-pod-compute-"))
-    (base / "fake").mkdir()
-    (base / "sim").mkdir()
-    shutil.copy(native.program("cuspin"), base / "cuspin")
-    shutil.copy(node.library_dir / "libtessera-cuda.so", base / "libtessera-cuda.so")
-    for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
-        shutil.copy(Path(native.fake_dir) / name, base / "fake" / name)
-    for p in [base, *base.rglob("*")]:
-        os.chmod(p, 0o777 if p.name == "sim" else 0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with readable_copy(node, "cuspin", writable=("sim",)) as base:
+        yield base
 
 
 def compute_pod(name: str, request: str, limit: str, mode: str) -> dict[str, Any]:

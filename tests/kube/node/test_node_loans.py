@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Pod
 
 from tessera.testing import pod_process
 from tessera.testing.cluster import TestCluster
-from tessera.testing.gpu_nodes import NodeShape
 from tests.isolation.conftest import GiB
 from tests.kube.admission_helpers import (
     create,
@@ -27,7 +26,7 @@ from tests.kube.admission_helpers import (
     runai_pod,
     wait_webhook_sees_project,
 )
-from tests.kube.node_helpers import Process, agent_of, events
+from tests.kube.node_helpers import Process, events, own_node
 from tests.waiting import wait_until
 
 NODE = "loans-l4-0"
@@ -35,10 +34,8 @@ NODE = "loans-l4-0"
 
 @pytest.fixture(scope="module")
 def node(stack: TestCluster, kube_client: Client) -> Iterator[Any]:
-    stack.create_gpu_nodes(1, NodeShape(gpus=1, model="L4-24GB"), prefix="loans-l4-")
-    yield agent_of(stack, NODE)
-    with contextlib.suppress(Exception):
-        kube_client.delete(Node, NODE)
+    with own_node(stack, kube_client, "L4-24GB", "loans-l4-") as agent:
+        yield agent
 
 
 def start_pod_process(agent: Any, pod: Any) -> Process:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.models.core_v1 import SecurityContext
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Pod
 
 from tessera.testing import pod_process
 from tessera.testing.cluster import TestCluster
@@ -33,7 +31,7 @@ from tests.kube.admission_helpers import (
     runai_pod,
     wait_webhook_sees_project,
 )
-from tests.kube.node_helpers import Process, agent_of
+from tests.kube.node_helpers import Process, own_node, readable_copy
 from tests.waiting import wait_until
 
 NODE = "uids-l4-0"
@@ -44,29 +42,14 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="processes under other
 
 @pytest.fixture(scope="module")
 def node(stack: TestCluster, kube_client: Client) -> Iterator[Any]:
-    from tessera.testing.gpu_nodes import NodeShape
-
-    stack.create_gpu_nodes(1, NodeShape(gpus=1, model="L4-24GB"), prefix="uids-l4-")
-    yield agent_of(stack, NODE)
-    with contextlib.suppress(Exception):
-        kube_client.delete(Node, NODE)
+    with own_node(stack, kube_client, "L4-24GB", "uids-l4-") as agent:
+        yield agent
 
 
 @pytest.fixture
 def readable(node: Any) -> Iterator[Path]:
-    from tessera.isolation.build import ensure_built
-
-    native = ensure_built()
-    base = Path(tempfile.mkdtemp(prefix="tessera-pod-uids-"))
-    (base / "fake").mkdir()
-    shutil.copy(native.program("cuprobe"), base / "cuprobe")
-    shutil.copy(node.library_dir / "libtessera-cuda.so", base / "libtessera-cuda.so")
-    for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
-        shutil.copy(Path(native.fake_dir) / name, base / "fake" / name)
-    for p in [base, *base.rglob("*")]:
-        os.chmod(p, 0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with readable_copy(node, "cuprobe") as base:
+        yield base
 
 
 def start(node: Any, pod: Any, base: Path) -> Process:
