@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,6 +123,31 @@ def fake_machine_env(fake_dir: Path, model: str, uuids: list[str], state: Path) 
     }
 
 
+def agent_env(fake_dir: Path, model: str, uuids: list[str], state: Path,
+              overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """tessera-node's environment on a simulated machine: this process's without the fake
+    driver's, tessera's, CUDA's or a preload, then the fake machine's and ``overrides``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FAKE_", "TESSERA_", "CUDA_")) and k != "LD_PRELOAD"}
+    env.update(fake_machine_env(fake_dir, model, uuids, state))
+    env.update(overrides or {})
+    return env
+
+
+def agent_argv(name: str, kubeconfig: Path, root: Path, port: int, *, pod_resources: Path,
+               containers_host_dir: Path | str, registration_dir: Path, plugin_dir: Path,
+               cdi_dir: Path, extra: Sequence[str] = ()) -> list[str]:
+    """tessera-node's command line: its own files under ``root``, metrics on the loopback at
+    ``port``, the kubelet's socket and directories as given, then ``extra``."""
+    return [sys.executable, "-m", "tessera.node", "run", f"--node-name={name}",
+            f"--kubeconfig={kubeconfig}", f"--pod-resources-socket={pod_resources}",
+            f"--library-dir={root / 'isolation'}", f"--containers-dir={root / 'containers'}",
+            f"--containers-host-dir={containers_host_dir}", f"--loans-dir={root / 'loans'}",
+            "--metrics-address=127.0.0.1", f"--metrics-port={port}",
+            f"--dra-registration-dir={registration_dir}", f"--dra-plugin-dir={plugin_dir}",
+            f"--cdi-dir={cdi_dir}", *extra]
+
+
 def start_node_agents(cluster: ClusterHandle, nodes: list[str], *, kubeconfig: Path | None = None,
                       on_escape: str = "warn", sync_interval: float = 0.5,
                       extra_args: list[str] | None = None,
@@ -181,26 +207,18 @@ def start_node_agents(cluster: ClusterHandle, nodes: list[str], *, kubeconfig: P
     for name, port in zip(nodes, ports, strict=True):
         node_root = root / name
         node_root.mkdir(exist_ok=True)
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("FAKE_", "TESSERA_", "CUDA_")) and k != "LD_PRELOAD"}
-        env.update(fake_machine_env(native.fake_dir, models[name], devices[name],
-                                    node_root / "gpu.state"))
-        env.update(env_overrides or {})
-        argv = [sys.executable, "-m", "tessera.node", "run", f"--node-name={name}",
-                f"--kubeconfig={kubeconfig or cluster.kubeconfig}",
-                f"--pod-resources-socket={node_root / 'kubelet.sock'}",
-                f"--library-dir={node_root / 'isolation'}",
-                f"--containers-dir={node_root / 'containers'}",
-                f"--loans-dir={node_root / 'loans'}",
-                # what the webhook's hostPath volumes name (its default)
-                "--containers-host-dir=/var/lib/tessera/containers",
-                "--metrics-address=127.0.0.1", f"--metrics-port={port}",
-                # the kubelet's directories, per node (the DRA plugin's sockets, CDI specs)
-                f"--dra-registration-dir={node_root / 'plugins_registry'}",
-                f"--dra-plugin-dir={node_root / 'plugins' / 'gpu.tessera.io'}",
-                f"--cdi-dir={node_root / 'cdi'}",
-                f"--on-escape={on_escape}", f"--sync-interval={sync_interval}",
-                *(extra_args or [])]
+        env = agent_env(native.fake_dir, models[name], devices[name], node_root / "gpu.state",
+                        env_overrides)
+        argv = agent_argv(
+            name, kubeconfig or cluster.kubeconfig, node_root, port,
+            pod_resources=node_root / "kubelet.sock",
+            # what the webhook's hostPath volumes name (its default)
+            containers_host_dir="/var/lib/tessera/containers",
+            # the kubelet's directories, per node (the DRA plugin's sockets, CDI specs)
+            registration_dir=node_root / "plugins_registry",
+            plugin_dir=node_root / "plugins" / "gpu.tessera.io", cdi_dir=node_root / "cdi",
+            extra=[f"--on-escape={on_escape}", f"--sync-interval={sync_interval}",
+                   *(extra_args or [])])
         proc = ManagedProcess(f"tessera-node-{name}",
                               privileges.wrap(argv) if privileges else argv,
                               logs / f"tessera-node-{name}.log")

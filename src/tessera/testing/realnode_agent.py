@@ -13,8 +13,6 @@ the node lists them as a real one does.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from tessera.isolation.build import ensure_built
 from tessera.testing import chart_privileges
 from tessera.testing.cluster import ManagedProcess, free_ports
 from tessera.testing.gpu_nodes import gpu_uuids
-from tessera.testing.node_agents import fake_machine_env
+from tessera.testing.node_agents import agent_argv, agent_env
 from tessera.testing.realnode import RealNode
 
 DRIVER_MOUNT = "/usr/local/nvidia/lib64"
@@ -78,24 +76,15 @@ def start_agent(node: RealNode, *, model: str = "A100-40GB", gpus: int = 2,
         state.touch()
     state.chmod(0o666)
     uuids = gpu_uuids(node.name, gpus)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FAKE_", "TESSERA_", "CUDA_")) and k != "LD_PRELOAD"}
-    env.update(fake_machine_env(native.fake_dir, model, uuids, state))
-    env.update(env_overrides or {})
+    env = agent_env(native.fake_dir, model, uuids, state, env_overrides)
     (port,) = free_ports(1)
-    argv = [sys.executable, "-m", "tessera.node", "run", f"--node-name={node.name}",
-            f"--kubeconfig={node.cluster.kubeconfig}",
-            f"--pod-resources-socket={node.pod_resources_socket}",
-            f"--library-dir={root / 'isolation'}",
-            f"--containers-dir={root / 'containers'}",
-            # the runtime mounts the claims' files from here (the chart's hostPath is the same
-            # path on both sides)
-            f"--containers-host-dir={root / 'containers'}",
-            f"--loans-dir={root / 'loans'}",
-            "--metrics-address=127.0.0.1", f"--metrics-port={port}",
-            f"--dra-registration-dir={node.registration_dir}",
-            f"--dra-plugin-dir={node.plugin_dir}",
-            f"--cdi-dir={node.cdi_dir}", "--sync-interval=0.5", *extra_args]
+    argv = agent_argv(
+        node.name, node.cluster.kubeconfig, root, port, pod_resources=node.pod_resources_socket,
+        # the runtime mounts the claims' files from here (the chart's hostPath is the same path
+        # on both sides)
+        containers_host_dir=root / "containers", registration_dir=node.registration_dir,
+        plugin_dir=node.plugin_dir, cdi_dir=node.cdi_dir,
+        extra=["--sync-interval=0.5", *extra_args])
     privileges = chart_privileges.chart_privileges(*chart_values)
     proc = ManagedProcess(f"tessera-node-{node.name}", privileges.wrap(argv),
                           node.logs / f"tessera-node-{node.name}.log")
