@@ -6,7 +6,6 @@ the group's access rule is what that user may do."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,34 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tessera.testing.dex import CLIENT_ID, CLIENT_SECRET, GROUP, USER, Dex
-from tessera.testing.embedded import EmbeddedServer, free_port
+from tessera.testing.dex import GROUP, USER, Dex, sso_server
+from tessera.testing.embedded import EmbeddedServer
 
 
 @pytest.fixture(scope="module")
 def sso(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedServer, Dex]]:
-    root = tmp_path_factory.mktemp("sso")
-    port = free_port()
-    dex = Dex(root / "dex", [f"http://127.0.0.1:{port}/api/v1/auth/oidc/callback"]).start()
-    saved = dict(os.environ)
-    os.environ.update({"TESSERA_OIDC_ISSUER": dex.issuer, "TESSERA_OIDC_CLIENT_ID": CLIENT_ID,
-                       "TESSERA_OIDC_CLIENT_SECRET": CLIENT_SECRET})
-    s = EmbeddedServer(root / "tessera", port=port)
-    try:
-        s.start()
-        with s.http() as admin:
-            for p in ("writers", "others"):
-                admin.post("/api/v1/org-unit/projects", json={"name": p})
-            r = admin.post("/api/v1/authorization/access-rules", json={
-                "subjectType": "group", "subjectId": GROUP, "roleName": "researcher",
-                "scopeType": "project", "scopeId": "writers"})
-            assert r.status_code == 201, r.text
-        yield s, dex
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        s.cleanup()
-        dex.stop()
+    with sso_server(tmp_path_factory.mktemp("sso"), "researcher") as both:
+        yield both
 
 
 def _check_identity(server: EmbeddedServer, token: str) -> None:

@@ -4,40 +4,20 @@ signed in as the provider's user, whose group's rule decides what it sees."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 from selenium.webdriver.common.by import By
 
-from tessera.testing.dex import CLIENT_ID, CLIENT_SECRET, GROUP, USER, Dex
-from tessera.testing.embedded import EmbeddedServer, free_port
+from tessera.testing.dex import GROUP, USER, sso_server
+from tessera.testing.embedded import EmbeddedServer
 from tests.console.browsing import go, shoot, until
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    root = tmp_path_factory.mktemp("console-sso")
-    port = free_port()
-    dex = Dex(root / "dex", [f"http://127.0.0.1:{port}/api/v1/auth/oidc/callback"]).start()
-    saved = dict(os.environ)
-    os.environ.update({"TESSERA_OIDC_ISSUER": dex.issuer, "TESSERA_OIDC_CLIENT_ID": CLIENT_ID,
-                       "TESSERA_OIDC_CLIENT_SECRET": CLIENT_SECRET})
-    s = EmbeddedServer(root / "tessera", port=port)
-    try:
-        s.start()
-        with s.http() as admin:
-            for p in ("writers", "others"):
-                admin.post("/api/v1/org-unit/projects", json={"name": p})
-            admin.post("/api/v1/authorization/access-rules", json={
-                "subjectType": "group", "subjectId": GROUP, "roleName": "viewer",
-                "scopeType": "project", "scopeId": "writers"})
+    with sso_server(tmp_path_factory.mktemp("console-sso"), "viewer") as (s, _):
         yield s
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        s.cleanup()
-        dex.stop()
 
 
 def test_sso_button_signs_in_through_the_provider(browser, server, artifacts) -> None:  # type: ignore[no-untyped-def]

@@ -8,15 +8,17 @@ HTTPS, as kube-apiserver requires of an OIDC issuer."""
 from __future__ import annotations
 
 import contextlib
+import os
 import ssl
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 from tessera.testing import binaries
-from tessera.testing.embedded import free_port
+from tessera.testing.embedded import EmbeddedServer, free_port
 
 USER = "kilgore@kilgore.trout"
 GROUP = "authors"
@@ -94,3 +96,31 @@ enablePasswordDB: false
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@contextlib.contextmanager
+def sso_server(root: Path, role: str) -> Iterator[tuple[EmbeddedServer, Dex]]:
+    """An embedded server signing in through a Dex of its own (``TESSERA_OIDC_*`` set while the
+    block runs), with projects ``writers`` and ``others`` and ``GROUP`` given ``role`` on
+    ``writers``; both stopped after."""
+    port = free_port()
+    dex = Dex(root / "dex", [f"http://127.0.0.1:{port}/api/v1/auth/oidc/callback"]).start()
+    saved = dict(os.environ)
+    os.environ.update({"TESSERA_OIDC_ISSUER": dex.issuer, "TESSERA_OIDC_CLIENT_ID": CLIENT_ID,
+                       "TESSERA_OIDC_CLIENT_SECRET": CLIENT_SECRET})
+    s = EmbeddedServer(root / "tessera", port=port)
+    try:
+        s.start()
+        with s.http() as admin:
+            for p in ("writers", "others"):
+                admin.post("/api/v1/org-unit/projects", json={"name": p}).raise_for_status()
+            r = admin.post("/api/v1/authorization/access-rules", json={
+                "subjectType": "group", "subjectId": GROUP, "roleName": role,
+                "scopeType": "project", "scopeId": "writers"})
+            assert r.status_code == 201, r.text
+        yield s, dex
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        s.cleanup()
+        dex.stop()
