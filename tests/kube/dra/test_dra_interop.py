@@ -20,10 +20,10 @@ from tessera.isolation.config import CONFIG_NAME
 from tessera.kube.claims import ResourceClaim, ours
 from tessera.node.draplugin import dra_pb2, dra_pb2_grpc, registration_pb2
 from tessera.node.draplugin import registration_pb2_grpc as reg_grpc
-from tessera.testing import binaries
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.node_agents import NodeAgent
+from tests.kube.upstream_scheduler import kube_scheduler
 from tests.waiting import wait_until
 
 GIB = 2**30
@@ -35,22 +35,11 @@ def cluster() -> Iterator[tuple[TestCluster, NodeAgent, subprocess.Popen[bytes]]
     2 × A100-40GB with its tessera-node, and kube-scheduler with DRAConsumableCapacity."""
     c = TestCluster()
     c.start()
-    proc = None
     try:
         (node,) = c.create_gpu_nodes(1, NodeShape(gpus=2, model="A100-40GB"), prefix="dra-")
-        agent = c.node_agents[0].agents[node]
-        assert c.workdir is not None
-        path = binaries.ensure(["kube-scheduler"])["kube-scheduler"]
-        log = (c.workdir / "logs" / "kube-scheduler.log").open("ab")
-        proc = subprocess.Popen(
-            [str(path), f"--kubeconfig={c.kubeconfig}", "--leader-elect=false",
-             "--secure-port=0", "--feature-gates=DRAConsumableCapacity=true", "--v=2"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        yield c, agent, proc
+        with kube_scheduler(c) as proc:
+            yield c, c.node_agents[0].agents[node], proc
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
         c.stop()
 
 

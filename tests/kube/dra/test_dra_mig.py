@@ -26,10 +26,10 @@ from tessera.kube.claims import ResourceClaim
 from tessera.node.draplugin import dra_pb2, dra_pb2_grpc, registration_pb2
 from tessera.node.draplugin import registration_pb2_grpc as reg_grpc
 from tessera.node.resourceslice import ResourceSlice, slice_name
-from tessera.testing import binaries
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
 from tessera.testing.node_agents import NodeAgent, start_node_agents
+from tests.kube.upstream_scheduler import kube_scheduler
 from tests.node.fake_mig import nvml
 from tests.waiting import wait_until
 
@@ -50,25 +50,15 @@ def env() -> Iterator[Env]:
     (DRAPartitionableDevices is beta and on in 1.36)."""
     c = TestCluster()
     c.start()
-    proc = None
     try:
         (node,) = c.create_gpu_nodes(1, NodeShape(gpus=1, model="A100-40GB"), prefix="dmig-",
                                      node_agents=False)
         client = c.client()
         agents = start_node_agents(c, [node], env_overrides={"FAKE_GPU_MIG_0": "1"})
         agents.wait_ready()
-        assert c.workdir is not None
-        path = binaries.ensure(["kube-scheduler"])["kube-scheduler"]
-        log = (c.workdir / "logs" / "kube-scheduler.log").open("ab")
-        proc = subprocess.Popen(
-            [str(path), f"--kubeconfig={c.kubeconfig}", "--leader-elect=false",
-             "--secure-port=0", "--feature-gates=DRAConsumableCapacity=true", "--v=2"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        yield Env(c, client, agents.agents[node], proc)
+        with kube_scheduler(c) as proc:
+            yield Env(c, client, agents.agents[node], proc)
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
         c.stop()
 
 
