@@ -15,7 +15,8 @@ import pytest
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from tessera.testing import binaries
+from tessera.kube import names
+from tessera.testing import binaries, webhook
 from tessera.testing.cluster import ManagedProcess, TestCluster
 from tessera.testing.gpu_nodes import NodeShape, node_manifest
 from tessera.testing.node_images import PAUSE_IMAGE
@@ -46,11 +47,18 @@ def real() -> Iterator[RealWorld]:
         (kwok_node,) = cluster.create_gpu_nodes(1, NodeShape(gpus=1, model="A100-40GB"),
                                                 prefix="kwok-")
         node.start()
+        # tessera-node as the chart's ServiceAccount with the chart's RBAC (what the webhook and
+        # the API server let it write is what a cluster lets it write)
+        docs = webhook.helm_template(include_crds=False)
+        cluster.kubectl("create", "namespace", names.SYSTEM_NAMESPACE, check=False)
+        webhook.apply(cluster, [d for d in docs if d["kind"] in (
+            "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")])
+        node_kc = cluster.service_account_kubeconfig(names.SYSTEM_NAMESPACE, "tessera-node-agent")
         # a driver of branch r615+ (NVML's per-cgroup limits hold the shares' hard cap too);
         # GPU 0 whole for shares, GPU 1 in MIG mode (the chart's MIG opt-in for its partitions)
         agent = start_agent(node, env_overrides={"FAKE_NVML_DRIVER_VERSION": NEW_DRIVER,
                                                  "FAKE_GPU_MIG_1": "1"},
-                            chart_values=("nodeAgent.manageMig=true",))
+                            chart_values=("nodeAgent.manageMig=true",), kubeconfig=node_kc)
         path = binaries.ensure(["kube-scheduler"])["kube-scheduler"]
         assert cluster.workdir is not None
         log = (cluster.workdir / "logs" / "kube-scheduler.log").open("ab")

@@ -8,6 +8,7 @@ The container's own output (the kubelet's log files) is what the tests read."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 import urllib.request
@@ -15,7 +16,9 @@ from typing import Any
 
 from lightkube import ApiError, codecs
 from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.types import PatchType
 
+from tessera.core.mig import SERVES_SHARES
 from tessera.kube import names
 from tessera.kube.claims import ResourceClaim
 from tessera.node.podresources.client import list_claim_devices
@@ -425,3 +428,56 @@ def test_real_node_loan_is_reclaimed_across_two_pods(real: RealWorld,
     finally:
         (real.agent.root / "sync" / "owner").unlink(missing_ok=True)
         gone(real, "borrower", "owner")
+
+
+def test_real_node_mig_served_share_reaches_the_library(real: RealWorld,
+                                                        webhook_path: WebhookPath) -> None:
+    """A share served by a MIG partition (docs/mig.md, "Shares served by the smallest fitting
+    profile") on the real node: the whole GPU 0 is held by a whole-GPU pod (its reservation
+    through the device plugin), the node is labelled ``tessera.io/mig-serves-shares=true``, and
+    a Run:ai 0.25 share is bound by tessera-scheduler with a 1g.10gb partition of the MIG-mode
+    GPU 1. tessera-node makes it and writes the share's isolation files with its ``MIG-…`` UUID;
+    in the container (uid 4321, the library preloaded by /etc/ld.so.preload) the library takes
+    that device: a context is made, 9 GiB within the share (9856 MiB, the partition's memory)
+    fit, one more GiB past it is CUDA_ERROR_OUT_OF_MEMORY."""
+    client = real.cluster.client()
+    ns = "default"
+    whole = runai_probe_pod(real, "whole", {}, "sleep 600")
+    whole["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    whole["spec"]["schedulerName"] = names.SCHEDULER_NAME
+    script = ("echo visible=$NVIDIA_VISIBLE_DEVICES; "
+              "export CUDA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; cat /etc/tessera/*; "
+              f"printf 'owner_alloc\\ninit\\nctx 0\\nalloc {9 * GIB}\\nalloc {GIB}\\nexit\\n' "
+              "| $PROBE")
+    try:
+        client.create(codecs.from_dict(whole))
+        try:
+            wait_until("the whole-GPU pod running", lambda: phase(real, "whole") == "Running", 90)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnose(real, 'whole')}") from None
+        client.patch(Node, NODE_NAME, {"metadata": {"labels": {SERVES_SHARES: "true"}}},
+                     patch_type=PatchType.MERGE)
+        client.create(codecs.from_dict(runai_probe_pod(
+            real, "served", {"gpu-fraction": "0.25"}, script)))
+        try:
+            result = finished(real, "served", 120)
+        except AssertionError as exc:
+            agent_log = real.agent.process.log_path.read_text(errors="replace").splitlines()
+            raise AssertionError(f"{exc}\ntessera-node: " + "\n".join(
+                line for line in agent_log if "served" in line or "MIG" in line
+                or "rror" in line)[-3000:]) from None
+        log = real.node.pod_log(ns, "served", "main")
+        assert result == "Succeeded", diagnose(real, "served")
+        pod = client.get(Pod, "served", namespace=ns)
+        held = json.loads(pod.metadata.annotations[names.MIG_PARTITION])
+        assert (held["profile"], held["gpu"]) == ("1g.10gb", real.agent.uuids[1]), held
+        uuid = re.search(r"^visible=(MIG-[0-9a-f-]{36})$", log, re.M)
+        assert uuid, log
+        assert log.count(uuid.group(1)) >= 2, log  # the library's config names the MIG UUID
+        assert "owner=libtessera-cuda.so" in log, log
+        rcs = [int(m) for m in re.findall(r"^rc=(\d+) ptr=", log, re.M)]
+        assert rcs == [0, CUDA_ERROR_OUT_OF_MEMORY], log
+    finally:
+        client.patch(Node, NODE_NAME, {"metadata": {"labels": {SERVES_SHARES: None}}},
+                     patch_type=PatchType.MERGE)
+        gone(real, "whole", "served")

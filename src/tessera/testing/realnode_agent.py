@@ -65,7 +65,8 @@ class RealNodeAgent:
 def start_agent(node: RealNode, *, model: str = "A100-40GB", gpus: int = 2,
                 env_overrides: dict[str, str] | None = None,
                 chart_values: tuple[str, ...] = (),
-                extra_args: tuple[str, ...] = ()) -> RealNodeAgent:
+                extra_args: tuple[str, ...] = (),
+                kubeconfig: Path | None = None) -> RealNodeAgent:
     native = ensure_built()
     root = node.scratch / "agent"
     state_dir = root / "fake-gpu"
@@ -84,7 +85,7 @@ def start_agent(node: RealNode, *, model: str = "A100-40GB", gpus: int = 2,
     env.update(env_overrides or {})
     (port,) = free_ports(1)
     argv = [sys.executable, "-m", "tessera.node", "run", f"--node-name={node.name}",
-            f"--kubeconfig={node.cluster.kubeconfig}",
+            f"--kubeconfig={kubeconfig or node.cluster.kubeconfig}",
             f"--pod-resources-socket={node.pod_resources_socket}",
             f"--library-dir={root / 'isolation'}",
             f"--containers-dir={root / 'containers'}",
