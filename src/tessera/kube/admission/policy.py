@@ -406,7 +406,7 @@ def is_tessera_configmap(obj: Mapping[str, Any] | None) -> bool:
         (meta.get("labels") or {}).get(names.MANAGED_BY) == "tessera")
 
 
-MIG_UUID_KEYS = (VISIBLE_DEVICES, "TESSERA_MIG_UUID")
+MIG_UUID_KEYS = (VISIBLE_DEVICES, wire.MIG_UUID_KEY)
 
 
 def node_writes_mig_uuid(obj: Mapping[str, Any] | None, old: Mapping[str, Any] | None) -> bool:
@@ -419,7 +419,7 @@ def node_writes_mig_uuid(obj: Mapping[str, Any] | None, old: Mapping[str, Any] |
     uuid = new_data.get(VISIBLE_DEVICES, "")
     if not uuid.startswith("MIG-") or any(new_data.get(k) != uuid for k in MIG_UUID_KEYS):
         return False
-    if "TESSERA_MIG_PROFILE" not in old_data:  # only a MIG pod's ConfigMap
+    if wire.MIG_PROFILE_KEY not in old_data:  # only a MIG pod's ConfigMap
         return False
     rest = {k: v for k, v in new_data.items() if k not in MIG_UUID_KEYS}
     if rest != {k: v for k, v in old_data.items() if k not in MIG_UUID_KEYS}:
