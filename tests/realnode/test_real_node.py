@@ -7,6 +7,8 @@ The container's own output (the kubelet's log files) is what the tests read."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import time
 import urllib.request
@@ -14,14 +16,17 @@ from typing import Any
 
 from lightkube import ApiError, codecs
 from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.types import PatchType
 
+from tessera.core.mig import SERVES_SHARES
+from tessera.kube import names
 from tessera.kube.claims import ResourceClaim
 from tessera.node.podresources.client import list_claim_devices
 from tessera.node.resourceslice import ResourceSlice
 from tessera.testing.node_images import PROBE_DIR, PROBE_IMAGE
 from tessera.testing.realnode import NODE_NAME
 from tessera.testing.realnode_agent import driver_env, driver_volumes
-from tests.realnode.conftest import RealWorld
+from tests.realnode.conftest import RealWorld, WebhookPath
 from tests.waiting import wait_until
 
 GIB = 2**30
@@ -315,3 +320,164 @@ def test_real_node_headroom_is_measured_and_reported(real: RealWorld) -> None:
     assert whole["headroomSource"] == "measured", whole
     assert whole["headroom"] == 448 * 2**20, whole  # the fake A100's CUDA 12 context
     assert headroom is not None and str(whole["headroom"]) in headroom.split(",")
+
+
+# -- the annotation path (webhook, tessera-scheduler, reservation pods on nvidia.com/gpu) ------
+
+def runai_probe_pod(real: RealWorld, name: str, annotations: dict[str, str],
+                    script: str) -> dict[str, Any]:
+    """A Run:ai-style share pod (the share as annotations; the webhook mutates it) of the probe
+    image, pinned to the real node, as uid 4321, with the node's driver mounted and /sync."""
+    volumes, mounts = driver_volumes(real.agent)
+    sync = real.agent.root / "sync"
+    sync.mkdir(exist_ok=True)
+    volumes = [*volumes, {"name": "sync", "hostPath": {"path": str(sync), "type": "Directory"}}]
+    mounts = [*mounts, {"name": "sync", "mountPath": "/sync", "readOnly": True}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"schedulerName": "runai-scheduler",
+                     "nodeSelector": {"tessera.io/real-node": "true"},
+                     "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "securityContext": {"runAsUser": POD_UID, "runAsGroup": POD_UID},
+                     "volumes": volumes,
+                     "containers": [{
+                         "name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                         "command": ["/bin/sh", "-c", script],
+                         "env": [*driver_env(real.agent),
+                                 {"name": "PROBE", "value": f"{PROBE_DIR}/cuprobe"}],
+                         "volumeMounts": mounts}]}}
+
+
+def gone(real: RealWorld, *pods: str, ns: str = "default") -> None:
+    client = real.cluster.client()
+    for name in pods:
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, name, namespace=ns, grace_period=0)
+
+    def none_left() -> bool:
+        left = {p.metadata.name for p in client.list(Pod, namespace=ns)}
+        return not left & set(pods)
+    wait_until(f"pods {pods} gone", none_left, 60)
+
+
+def test_real_node_loan_is_reclaimed_across_two_pods(real: RealWorld,
+                                                     webhook_path: WebhookPath) -> None:
+    """A dynamic fraction on the real node, through the webhook and tessera-scheduler: pod A
+    (Run:ai gpu-fraction 0.25, gpu-fraction-limit 0.8 of an A100-40GB) borrows 31 GiB while
+    the GPU is free; pod B (0.25) then allocates 9 GiB within its 10 GiB request, which only
+    the loan keeps from fitting. B's allocation waits, tessera-node (under the chart's
+    capabilities and user) finds A's GPU process, running as uid 4321 in its own PID
+    namespace, by its host PID and kills it; B is served, A's pod stays (docs/isolation.md,
+    "Loans"), and both pods get their Event. The reservation pod runs on the real kubelet
+    holding ``nvidia.com/gpu`` from the device-plugin double (the kubelet called Allocate)."""
+    client = real.cluster.client()
+    ns = "default"
+    script_a = (f"(printf 'init\\nctx 0\\nalloc {31 * GIB}\\n'; sleep 300) | $PROBE")
+    script_b = ("while [ ! -e /sync/owner ]; do sleep 0.2; done; "
+                f"(printf 'init\\nctx 0\\nalloc {9 * GIB}\\n'; sleep 300) | $PROBE")
+    try:
+        client.create(codecs.from_dict(runai_probe_pod(
+            real, "borrower", {"gpu-fraction": "0.25", "gpu-fraction-limit": "0.8"}, script_a)))
+
+        def borrowed() -> bool:
+            return "rc=0 ptr=" in real.node.pod_log(ns, "borrower", "main")
+        try:
+            wait_until("the borrower's 31 GiB", borrowed, 120)
+        except AssertionError as exc:
+            node = client.get(Node, NODE_NAME)
+            raise AssertionError(
+                f"{exc}\n{diagnose(real, 'borrower')}\nnode allocatable "
+                f"{node.status.allocatable}, annotations {node.metadata.annotations}\n"
+                f"device plugin: {webhook_path.device_plugin.log_tail(10)}") from None
+        borrower = client.get(Pod, "borrower", namespace=ns)
+        assert borrower.spec.nodeName == NODE_NAME
+
+
+        def reserved() -> list[str] | None:  # the reservation pod runs, holding nvidia.com/gpu
+            return [p.metadata.name for p in client.list(
+                Pod, namespace="*", labels={names.RESERVATION_LABEL: "true"})
+                if p.spec.nodeName == NODE_NAME and p.status.phase == "Running"] or None
+        wait_until("a running reservation pod on the real node", reserved, 60)
+        assert f"allocate ['{real.agent.uuids[0]}']" in \
+            webhook_path.device_plugin.log_path.read_text(), "the kubelet did not call Allocate"
+        client.create(codecs.from_dict(runai_probe_pod(
+            real, "owner", {"gpu-fraction": "0.25"}, script_b)))
+        wait_until("owner running", lambda: phase(real, "owner") == "Running", 120)
+        (real.agent.root / "sync" / "owner").touch()
+
+        def served() -> list[int] | None:
+            rcs = [int(m) for m in re.findall(r"^rc=(\d+) ptr=",
+                                              real.node.pod_log(ns, "owner", "main"), re.M)]
+            return rcs or None
+        assert wait_until("the owner's 9 GiB", served, 60) == [0], diagnose(real, "owner")
+        # its GPU process was killed (SIGKILL: the container's shell says so), never its pod
+        wait_until("the borrower's GPU process killed", lambda: re.search(
+            r"^Killed$", real.node.pod_log(ns, "borrower", "main"), re.M), 30)
+        reclaimed = wait_until("the borrower's Event", lambda: [
+            e.message or "" for e in client.list(Event, namespace=ns)
+            if e.involvedObject.name == "borrower" and e.reason == "GPUMemoryLoanReclaimed"]
+            or None, 30)
+        assert re.search(rf"GPU memory loan of [\d.]+ GiB reclaimed for {ns}/owner on "
+                         rf"{real.agent.uuids[0]}: process \d+ of {ns}/borrower \(holding "
+                         r"31\.\d GiB\) was killed", reclaimed[0]), reclaimed
+        assert wait_until("the owner's Event", lambda: [
+            e for e in client.list(Event, namespace=ns)
+            if e.involvedObject.name == "owner" and e.reason == "GPUMemoryLoanReturned"], 30)
+        assert phase(real, "owner") == "Running"  # nothing within a request is taken
+        assert phase(real, "borrower") == "Running"  # the pod stays; only its process went
+    finally:
+        (real.agent.root / "sync" / "owner").unlink(missing_ok=True)
+        gone(real, "borrower", "owner")
+
+
+def test_real_node_mig_served_share_reaches_the_library(real: RealWorld,
+                                                        webhook_path: WebhookPath) -> None:
+    """A share served by a MIG partition (docs/mig.md, "Shares served by the smallest fitting
+    profile") on the real node: the whole GPU 0 is held by a whole-GPU pod (its reservation
+    through the device plugin), the node is labelled ``tessera.io/mig-serves-shares=true``, and
+    a Run:ai 0.25 share is bound by tessera-scheduler with a 1g.10gb partition of the MIG-mode
+    GPU 1. tessera-node makes it and writes the share's isolation files with its ``MIG-…`` UUID;
+    in the container (uid 4321, the library preloaded by /etc/ld.so.preload) the library takes
+    that device: a context is made, 9 GiB within the share (9856 MiB, the partition's memory)
+    fit, one more GiB past it is CUDA_ERROR_OUT_OF_MEMORY."""
+    client = real.cluster.client()
+    ns = "default"
+    whole = runai_probe_pod(real, "whole", {}, "sleep 600")
+    whole["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    whole["spec"]["schedulerName"] = names.SCHEDULER_NAME
+    script = ("echo visible=$NVIDIA_VISIBLE_DEVICES; "
+              "export CUDA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; cat /etc/tessera/*; "
+              f"printf 'owner_alloc\\ninit\\nctx 0\\nalloc {9 * GIB}\\nalloc {GIB}\\nexit\\n' "
+              "| $PROBE")
+    try:
+        client.create(codecs.from_dict(whole))
+        try:
+            wait_until("the whole-GPU pod running", lambda: phase(real, "whole") == "Running", 90)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnose(real, 'whole')}") from None
+        client.patch(Node, NODE_NAME, {"metadata": {"labels": {SERVES_SHARES: "true"}}},
+                     patch_type=PatchType.MERGE)
+        client.create(codecs.from_dict(runai_probe_pod(
+            real, "served", {"gpu-fraction": "0.25"}, script)))
+        try:
+            result = finished(real, "served", 120)
+        except AssertionError as exc:
+            agent_log = real.agent.process.log_path.read_text(errors="replace").splitlines()
+            raise AssertionError(f"{exc}\ntessera-node: " + "\n".join(
+                line for line in agent_log if "served" in line or "MIG" in line
+                or "rror" in line)[-3000:]) from None
+        log = real.node.pod_log(ns, "served", "main")
+        assert result == "Succeeded", diagnose(real, "served")
+        pod = client.get(Pod, "served", namespace=ns)
+        held = json.loads(pod.metadata.annotations[names.MIG_PARTITION])
+        assert (held["profile"], held["gpu"]) == ("1g.10gb", real.agent.uuids[1]), held
+        uuid = re.search(r"^visible=(MIG-[0-9a-f-]{36})$", log, re.M)
+        assert uuid, log
+        assert log.count(uuid.group(1)) >= 2, log  # the library's config names the MIG UUID
+        assert "owner=libtessera-cuda.so" in log, log
+        rcs = [int(m) for m in re.findall(r"^rc=(\d+) ptr=", log, re.M)]
+        assert rcs == [0, CUDA_ERROR_OUT_OF_MEMORY], log
+    finally:
+        client.patch(Node, NODE_NAME, {"metadata": {"labels": {SERVES_SHARES: None}}},
+                     patch_type=PatchType.MERGE)
+        gone(real, "whole", "served")

@@ -97,6 +97,13 @@ class RealNode:
         return self.root / "pod-resources" / "kubelet.sock"
 
     @property
+    def device_plugins_dir(self) -> Path:
+        """The kubelet's device-plugin directory (its ``kubelet.sock``): the kubelet always uses
+        ``/var/lib/kubelet/device-plugins`` whatever its root dir, so the node's mount namespace
+        has this directory bind-mounted there."""
+        return self.scratch / "device-plugins"
+
+    @property
     def containerd_socket(self) -> Path:
         return self.scratch / "run" / "containerd.sock"
 
@@ -117,6 +124,7 @@ class RealNode:
         paths = ensure_binaries()
         bindir = self.scratch / "bin"
         for d in [bindir, self.cdi_dir, self.pod_logs, self.root, self.scratch / "run",
+                  self.device_plugins_dir,
                   self.scratch / "sysctl", self.scratch / "cni" / "net.d", self.scratch / "images"]:
             d.mkdir(parents=True, exist_ok=True)
         for name, path in paths.items():
@@ -238,6 +246,8 @@ ip link set lo up
 ip addr add {self.ip}/32 dev lo
 mount -t tmpfs -o size=16m tmpfs /var/log
 mkdir -p /var/log/containers
+mkdir -p /var/lib/kubelet/device-plugins
+mount --bind {self.device_plugins_dir} /var/lib/kubelet/device-plugins
 {sysctls}
 export PATH={bindir}:$PATH
 {sys.executable} -m tessera.testing.nsrelay tcp:127.0.0.1:{api_port} unix:{api_sock} &

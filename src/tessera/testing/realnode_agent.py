@@ -63,7 +63,8 @@ class RealNodeAgent:
 def start_agent(node: RealNode, *, model: str = "A100-40GB", gpus: int = 2,
                 env_overrides: dict[str, str] | None = None,
                 chart_values: tuple[str, ...] = (),
-                extra_args: tuple[str, ...] = ()) -> RealNodeAgent:
+                extra_args: tuple[str, ...] = (),
+                kubeconfig: Path | None = None) -> RealNodeAgent:
     native = ensure_built()
     root = node.scratch / "agent"
     state_dir = root / "fake-gpu"
@@ -79,7 +80,7 @@ def start_agent(node: RealNode, *, model: str = "A100-40GB", gpus: int = 2,
     env = agent_env(native.fake_dir, model, uuids, state, env_overrides)
     (port,) = free_ports(1)
     argv = agent_argv(
-        node.name, node.cluster.kubeconfig, root, port, pod_resources=node.pod_resources_socket,
+        node.name, kubeconfig or node.cluster.kubeconfig, root, port, pod_resources=node.pod_resources_socket,
         # the runtime mounts the claims' files from here (the chart's hostPath is the same path
         # on both sides)
         containers_host_dir=root / "containers", registration_dir=node.registration_dir,

@@ -52,9 +52,11 @@ class Stack:
         self.components.clear()
 
 
-def start_stack(cluster: ClusterHandle, *, gpus: int = 0) -> Stack:
+def start_stack(cluster: ClusterHandle, *, gpus: int = 0, webhook_args: tuple[str, ...] = (),
+                scheduler_args: tuple[str, ...] = ()) -> Stack:
     """Start webhook and scheduler against ``cluster`` (nodes may come before or after);
-    ``gpus``: the default Project's deserved GPUs."""
+    ``gpus``: the default Project's deserved GPUs; ``webhook_args``, ``scheduler_args``: more
+    flags (the real node's host paths, its reservation image)."""
     assert cluster.workdir is not None
     docs = local.helm_template(include_crds=True)
     local.apply(cluster, [d for d in docs if d["kind"] == "CustomResourceDefinition"])
@@ -67,13 +69,15 @@ def start_stack(cluster: ClusterHandle, *, gpus: int = 0) -> Stack:
     stack = Stack(cluster)
     hook_kc = cluster.service_account_kubeconfig(system, "tessera-webhook")
     (port,) = free_ports(1)
-    hook = local.start_webhook(cluster, name="tessera-webhook", kubeconfig=hook_kc, port=port)
+    hook = local.start_webhook(cluster, name="tessera-webhook", kubeconfig=hook_kc, port=port,
+                              extra_args=list(webhook_args))
     stack.components.append(hook.process)
     stack.webhook_url = hook.url
     sched_kc = cluster.service_account_kubeconfig(system, "tessera-scheduler")
     scheduler = ManagedProcess(
         "tessera-scheduler",
-        [sys.executable, "-m", "tessera.kube.scheduler", f"--kubeconfig={sched_kc}"],
+        [sys.executable, "-m", "tessera.kube.scheduler", f"--kubeconfig={sched_kc}",
+         *scheduler_args],
         cluster.workdir / "logs" / "tessera-scheduler.log")
     scheduler.start()
     stack.components.append(scheduler)

@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler-user", default=d.scheduler_user,
                    help="the scheduler's username; the only one that may change tessera's "
                         "annotations on a pod")
+    p.add_argument("--node-user", default=d.node_user,
+                   help="tessera-node's username; it may only write a made MIG partition's "
+                        "UUID into that pod's ConfigMap")
     p.add_argument("--library-host-dir", default=d.library_host_dir)
     p.add_argument("--library-mount", default=d.library_mount)
     p.add_argument("--preload-host-file", default=d.preload_host_file)
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = WebhookConfig(
         scheduler_name=args.scheduler_name, scheduler_user=args.scheduler_user,
+        node_user=args.node_user,
         library_host_dir=args.library_host_dir, library_mount=args.library_mount,
         containers_host_dir=args.containers_host_dir, loans_host_dir=args.loans_host_dir,
         preload_host_file=args.preload_host_file, default_project=args.default_project or None,

@@ -118,6 +118,9 @@ class WebhookConfig:
         f"system:serviceaccount:{names.SYSTEM_NAMESPACE}:{names.COMPONENT}"
     )
     """The scheduler's identity: the only user that may change tessera's annotations."""
+    node_user: str = f"system:serviceaccount:{names.SYSTEM_NAMESPACE}:tessera-node-agent"
+    """tessera-node's identity: it may only write a made MIG partition's ``MIG-…`` UUID into a
+    MIG pod's ConfigMap (``check_configmap``)."""
     library_host_dir: str = "/var/lib/tessera/isolation"
     """hostPath the node agent fills with the isolation library (``libtessera-cuda.so``)."""
     library_mount: str = "/usr/local/tessera"
@@ -403,13 +406,40 @@ def is_tessera_configmap(obj: Mapping[str, Any] | None) -> bool:
         (meta.get("labels") or {}).get(names.MANAGED_BY) == "tessera")
 
 
+MIG_UUID_KEYS = (VISIBLE_DEVICES, wire.MIG_UUID_KEY)
+
+
+def node_writes_mig_uuid(obj: Mapping[str, Any] | None, old: Mapping[str, Any] | None) -> bool:
+    """The one change tessera-node makes to a per-pod ConfigMap: once it has made a MIG pod's
+    partition, ``NVIDIA_VISIBLE_DEVICES`` and ``TESSERA_MIG_UUID`` set to its ``MIG-…`` UUID;
+    nothing else in the object changed."""
+    if not obj or not old:
+        return False
+    new_data, old_data = dict(obj.get("data") or {}), dict(old.get("data") or {})
+    uuid = new_data.get(VISIBLE_DEVICES, "")
+    if not uuid.startswith("MIG-") or any(new_data.get(k) != uuid for k in MIG_UUID_KEYS):
+        return False
+    if wire.MIG_PROFILE_KEY not in old_data:  # only a MIG pod's ConfigMap
+        return False
+    rest = {k: v for k, v in new_data.items() if k not in MIG_UUID_KEYS}
+    if rest != {k: v for k, v in old_data.items() if k not in MIG_UUID_KEYS}:
+        return False
+    meta, old_meta = obj.get("metadata") or {}, old.get("metadata") or {}
+    return all(meta.get(k) == old_meta.get(k) for k in ("labels", "annotations", "ownerReferences")) \
+        and obj.get("binaryData") == old.get("binaryData")
+
+
 def check_configmap(request: Mapping[str, Any], config: WebhookConfig) -> None:
     """A per-pod ConfigMap holds the pod's devices and limits: only the scheduler writes one
-    (nobody may create it first, or edit it after)."""
+    (nobody may create it first, or edit it after), except that tessera-node writes a MIG pod's
+    partition UUID into it once the partition is made (:func:`node_writes_mig_uuid`)."""
     user = (request.get("userInfo") or {}).get("username", "")
     if user == config.scheduler_user:
         return
     obj, old = request.get("object"), request.get("oldObject")
+    if user == config.node_user and request.get("operation") == "UPDATE" \
+            and node_writes_mig_uuid(obj, old):
+        return
     if is_tessera_configmap(obj) or is_tessera_configmap(old):
         name = ((obj or old or {}).get("metadata") or {}).get("name")
         raise refuse("metadata.name", f"ConfigMap {name} (a GPU pod's devices and limits) is "

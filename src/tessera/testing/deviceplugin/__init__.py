@@ -1,0 +1,1 @@
+"""The kubelet device-plugin API (v1beta1) and a test double of NVIDIA's device plugin (see __main__)."""
