@@ -469,6 +469,7 @@ static const ts_variant g_variants[] = {
     {"cuGetProcAddress", "cuGetProcAddress", 11030, 0},
     {"cuGetProcAddress", "cuGetProcAddress_v2", 12000, 0},
     TS_LAUNCH_VARIANTS
+    TS_HELD_VARIANTS
 };
 
 typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);

@@ -17,6 +17,11 @@
  *   module-unload  1 GiB loaded and unloaded, then fill (the charge must come back).
  *   prefetch | prefetch-ptsz | prefetch-v2 | prefetch-gpa
  *                  1 GiB of managed memory on device 0 prefetched to device 1, then fill device 1.
+ *   prefetch-home  the same prefetched to device 0 (its own), and to the host: allowed.
+ *   pool-hold      (a helper, another process) exports an exportable pool as a descriptor,
+ *                  prints "fd=N pid=P" and waits for stdin to close.
+ *   pool-import P  imports the pool descriptor at path P (/proc/PID/fd/N) and an exported pointer
+ *                  into it: rc of the import, import_pointer of cuMemPoolImportPointer.
  *   advise         cuMemAdvise(SET_PREFERRED_LOCATION, device 1) of managed memory of device 0.
  *   gl             a GL buffer of 1 GiB (fakeGlBufferCreate: the GL driver's memory), registered
  *                  with cuGraphicsGLRegisterBuffer, mapped, its pointer taken: rc of the register.
@@ -30,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "tessera_cuda_types.h"
@@ -148,6 +154,39 @@ int main(int argc, char **argv) {
         if (strcmp(cls, "module-unload") == 0 && rc == 0) rc = ((CUresult(*)(CUmodule))need("cuModuleUnload"))(m);
         if (rc != 0) refused++;
         fill(0);
+    } else if (strcmp(cls, "prefetch-home") == 0) {
+        CUdeviceptr p = managed_on_0();
+        rc = ((prefetch_fn)need("cuMemPrefetchAsync"))(p, GiB, 0, NULL);
+        if (rc == 0) rc = ((prefetch_fn)need("cuMemPrefetchAsync"))(p, GiB, -1, NULL);
+    } else if (strcmp(cls, "pool-hold") == 0 || strcmp(cls, "pool-import") == 0) {
+        on(0);
+        CUmemoryPool pool = NULL;
+        if (cls[5] == 'h') {
+            CUmemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = 1;
+            props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            int fd = -1;
+            if (((CUresult(*)(CUmemoryPool *, const CUmemPoolProps *))need("cuMemPoolCreate"))(&pool, &props) != 0 ||
+                ((CUresult(*)(void *, CUmemoryPool, int, unsigned long long))need("cuMemPoolExportToShareableHandle"))(
+                    &fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != 0)
+                return 7;
+            printf("fd=%d pid=%d\n", fd, (int)getpid());
+            fflush(stdout);
+            char c;
+            while (read(0, &c, 1) > 0) {
+            }
+            return 0;
+        }
+        int fd = argc > 2 ? open(argv[2], O_RDONLY) : -1;
+        if (fd < 0) return 8;
+        rc = ((CUresult(*)(CUmemoryPool *, void *, int, unsigned long long))need("cuMemPoolImportFromShareableHandle"))(
+            &pool, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        unsigned char data[64] = {1};
+        CUdeviceptr q = 0;
+        CUresult imp = ((CUresult(*)(CUdeviceptr *, CUmemoryPool, void *))need("cuMemPoolImportPointer"))(&q, pool, data);
+        printf("import_pointer=%d\n", imp);
     } else if (strncmp(cls, "prefetch", 8) == 0) {
         CUdeviceptr p = managed_on_0();
         on(1);
