@@ -9,6 +9,7 @@
  *    holds, there (cuMemAdvise changes no placement by itself);
  *  - graphics interop: fakeGlBufferCreate is a GL driver's buffer (device memory the process
  *    holds, allocated outside CUDA); cuGraphicsGLRegisterBuffer + map hand it to CUDA;
+ *  - green contexts (cuGreenCtxCreate) hold what a context holds, until cuGreenCtxDestroy;
  *  - stream-ordered pools shared between processes: a pool created with a handle type exports as
  *    a descriptor, an importer gets a pool it cannot allocate from and maps the exporter's
  *    allocations with cuMemPoolImportPointer (the memory stays the exporter's).
@@ -267,5 +268,34 @@ EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemP
     memcpy(&base, data->reserved, 8);
     if (!base) return CUDA_ERROR_INVALID_VALUE;
     *p = base;
+    return CUDA_SUCCESS;
+}
+
+/* ---- green contexts ---- */
+
+#define GREEN_MAGIC 0x62EE4C7Cu
+struct CUgreenCtx_st {
+    unsigned magic;
+    int dev;
+};
+
+/* desc: the SM partition (not modelled); the context's memory is taken as for any context. */
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUdevice dev, unsigned flags) {
+    if (!g || !desc || flags != 1 /* CU_GREEN_CTX_DEFAULT_STREAM, required */) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || !fake_cuda_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = fake_ctx_charge(dev, 1);
+    if (rc != CUDA_SUCCESS) return rc;
+    CUgreenCtx n = calloc(1, sizeof *n);
+    n->magic = GREEN_MAGIC;
+    n->dev = dev;
+    *g = n;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
+    if (!g || g->magic != GREEN_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    g->magic = 0;
+    fake_ctx_charge(g->dev, -1);
+    free(g);
     return CUDA_SUCCESS;
 }

@@ -24,6 +24,8 @@ int fake_read_image(const char *path, char *buf, size_t len);
 CUresult fake_ipc_charge(int dev, uint64_t size, uint64_t *key);
 CUresult fake_ipc_release(uint64_t key);
 CUresult fake_managed_migrate(uint64_t p, int dst);
+CUresult fake_ctx_charge(int dev, int sign);
+CUresult cuInit(unsigned int flags);
 int fake_pool_info(CUmemoryPool p, int *dev, int *htypes);
 CUmemoryPool fake_pool_imported(int dev);
 int fake_pool_is_imported(CUmemoryPool p);
@@ -56,6 +58,10 @@ CUresult cuMemPoolExportToShareableHandle(void *out, CUmemoryPool pool, int type
 CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *handle, int type, unsigned long long flags);
 CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr p);
 CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemPoolPtrExportData *data);
+typedef struct CUgreenCtx_st *CUgreenCtx;
+typedef struct CUdevResourceDesc_st *CUdevResourceDesc;
+CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUdevice dev, unsigned flags);
+CUresult cuGreenCtxDestroy(CUgreenCtx g);
 
 /* cuGetProcAddress entries (fake_timing.c's table). */
 #define FAKE_EXTRA_PROCS                                                                        \
@@ -79,6 +85,8 @@ CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemPoolPtrE
     T("cuMemPoolExportToShareableHandle", 11020, 0, cuMemPoolExportToShareableHandle),          \
     T("cuMemPoolImportFromShareableHandle", 11020, 0, cuMemPoolImportFromShareableHandle),      \
     T("cuMemPoolExportPointer", 11020, 0, cuMemPoolExportPointer),                              \
-    T("cuMemPoolImportPointer", 11020, 0, cuMemPoolImportPointer),
+    T("cuMemPoolImportPointer", 11020, 0, cuMemPoolImportPointer),                              \
+    T("cuGreenCtxCreate", 12040, 0, cuGreenCtxCreate),                                          \
+    T("cuGreenCtxDestroy", 12040, 0, cuGreenCtxDestroy),
 
 #endif

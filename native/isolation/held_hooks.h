@@ -23,6 +23,7 @@
 
 #define TS_HELD_HOOKS(X)                                                                        \
     X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary)          \
+    X(cuGreenCtxCreate) X(cuGreenCtxDestroy)                                                    \
     X(cuModuleUnload) X(cuModuleGetFunction) X(cuModuleGetGlobal_v2) X(cuLibraryLoadData)       \
     X(cuLibraryLoadFromFile) X(cuLibraryUnload) X(cuLibraryGetModule) X(cuLibraryGetKernel)     \
     X(cuLibraryGetGlobal) X(cuLibraryGetManaged) X(cuKernelGetFunction)                         \
@@ -42,6 +43,8 @@
 
 /* cuGetProcAddress: {base, exported variant, CUDA version of that ABI, per-thread stream}. */
 #define TS_HELD_VARIANTS                                                                        \
+    {"cuGreenCtxCreate", "cuGreenCtxCreate", 12040, 0},                                         \
+    {"cuGreenCtxDestroy", "cuGreenCtxDestroy", 12040, 0},                                       \
     {"cuModuleLoad", "cuModuleLoad", 2000, 0},                                                  \
     {"cuModuleLoadData", "cuModuleLoadData", 2000, 0},                                          \
     {"cuModuleLoadDataEx", "cuModuleLoadDataEx", 2010, 0},                                      \
@@ -86,6 +89,8 @@
     {"cuExternalMemoryGetMappedBuffer", "cuExternalMemoryGetMappedBuffer", 10000, 0},           \
     {"cuExternalMemoryGetMappedMipmappedArray", "cuExternalMemoryGetMappedMipmappedArray", 10000, 0},
 
+CUresult ts_hook_cuGreenCtxCreate(void **, void *, CUdevice, unsigned);
+CUresult ts_hook_cuGreenCtxDestroy(void *);
 CUresult ts_hook_cuModuleLoad(void **, const char *);
 CUresult ts_hook_cuModuleLoadData(void **, const void *);
 CUresult ts_hook_cuModuleLoadDataEx(void **, const void *, unsigned, void *, void **);

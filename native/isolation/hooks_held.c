@@ -12,6 +12,8 @@
  *    context creations (ts_measure_mu). A load that does not fit the limit is unloaded again and
  *    refused (CUDA_ERROR_OUT_OF_MEMORY); a lazy load that does not fit is refused (its memory
  *    cannot be given back without unloading the library).
+ *  - Green contexts (cuGreenCtxCreate, CUDA 12.4): each is charged what a context on its device is
+ *    charged (measured or configured overhead), until cuGreenCtxDestroy.
  *  - Managed memory placed on another device: cuMemPrefetchAsync[_v2][_ptsz] to, or
  *    cuMemAdvise[_v2](SET_PREFERRED_LOCATION) of, a limited device other than the one the
  *    allocation is charged to is refused (CUDA_ERROR_NOT_SUPPORTED): its pages would move there
@@ -197,10 +199,10 @@ CUresult ts_hook_cuKernelGetFunction(void **f, void *k) {
     MEASURED(cuKernelGetFunction, k, NULL, REAL(cuKernelGetFunction, CUresult(*)(void **, void *))(f, k));
 }
 
-static CUresult unload(void *real, void *h) {
+static CUresult unload(void *real, void *h, ts_table *t) {
     ts_record r;
     pthread_mutex_lock(&ts_tab_mu);
-    int found = ts_table_take(&g_loaded, (uint64_t)(uintptr_t)h, &r);
+    int found = ts_table_take(t, (uint64_t)(uintptr_t)h, &r);
     pthread_mutex_unlock(&ts_tab_mu);
     CUresult rc = ((unload_fn)real)(h);
     if (!found) return rc;
@@ -208,7 +210,7 @@ static CUresult unload(void *real, void *h) {
         ts_region_release(r.rdev, r.size);
     } else {
         pthread_mutex_lock(&ts_tab_mu);
-        ts_table_put_record(&g_loaded, &r);
+        ts_table_put_record(t, &r);
         pthread_mutex_unlock(&ts_tab_mu);
     }
     return rc;
@@ -216,12 +218,47 @@ static CUresult unload(void *real, void *h) {
 CUresult ts_hook_cuModuleUnload(void *m) {
     BIND_OR_FAIL();
     NEED_REAL(cuModuleUnload);
-    return unload(ts_real.cuModuleUnload, m);
+    return unload(ts_real.cuModuleUnload, m, &g_loaded);
 }
 CUresult ts_hook_cuLibraryUnload(void *lib) {
     BIND_OR_FAIL();
     NEED_REAL(cuLibraryUnload);
-    return unload(ts_real.cuLibraryUnload, lib);
+    return unload(ts_real.cuLibraryUnload, lib, &g_loaded);
+}
+
+/* ---- green contexts: each holds what a context holds, charged like cuCtxCreate's ---- */
+
+static ts_table g_green; /* green context -> its charge (under ts_tab_mu) */
+
+CUresult ts_hook_cuGreenCtxCreate(void **g, void *desc, CUdevice dev, unsigned flags) {
+    BIND_OR_FAIL();
+    NEED_REAL(cuGreenCtxCreate);
+    typedef CUresult (*fn)(void **, void *, CUdevice, unsigned);
+    int mode = ts_mode();
+    if (mode == TS_MODE_PASSTHROUGH) return REAL(cuGreenCtxCreate, fn)(g, desc, dev, flags);
+    ts_dev *d = ts_device(dev);
+    uint64_t size = d && d->limited ? d->ctx_overhead : 0;
+    int rdev;
+    CUresult rc = ts_reserve(mode, dev, size, &rdev, "cuGreenCtxCreate");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = REAL(cuGreenCtxCreate, fn)(g, desc, dev, flags);
+    if (rc != CUDA_SUCCESS || !g) {
+        if (rdev >= 0) ts_region_release(rdev, size);
+        return rc;
+    }
+    if (rdev >= 0) {
+        pthread_mutex_lock(&ts_tab_mu);
+        int bad = ts_table_put(&g_green, (uint64_t)(uintptr_t)*g, size, rdev, dev, TS_KIND_OTHER);
+        pthread_mutex_unlock(&ts_tab_mu);
+        if (bad) ts_log(TS_LOG_WARN, "cannot record a green context; it stays charged");
+    }
+    return rc;
+}
+
+CUresult ts_hook_cuGreenCtxDestroy(void *g) {
+    BIND_OR_FAIL();
+    NEED_REAL(cuGreenCtxDestroy);
+    return unload(ts_real.cuGreenCtxDestroy, g, &g_green);
 }
 
 /* ---- managed memory placed on another device ---- */

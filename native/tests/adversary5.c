@@ -22,6 +22,7 @@
  *                  prints "fd=N pid=P" and waits for stdin to close.
  *   pool-import P  imports the pool descriptor at path P (/proc/PID/fd/N) and an exported pointer
  *                  into it: rc of the import, import_pointer of cuMemPoolImportPointer.
+ *   green          16 green contexts on device 0 (cuGreenCtxCreate), then fill.
  *   advise         cuMemAdvise(SET_PREFERRED_LOCATION, device 1) of managed memory of device 0.
  *   gl             a GL buffer of 1 GiB (fakeGlBufferCreate: the GL driver's memory), registered
  *                  with cuGraphicsGLRegisterBuffer, mapped, its pointer taken: rc of the register.
@@ -153,6 +154,19 @@ int main(int argc, char **argv) {
             return 2;
         if (strcmp(cls, "module-unload") == 0 && rc == 0) rc = ((CUresult(*)(CUmodule))need("cuModuleUnload"))(m);
         if (rc != 0) refused++;
+        fill(0);
+    } else if (strcmp(cls, "green") == 0) {
+        on(0);
+        int desc = 1; /* the SM partition (opaque to the fake) */
+        for (int i = 0; i < 16; i++) {
+            void *g = NULL;
+            CUresult r = ((CUresult(*)(void **, void *, CUdevice, unsigned))need("cuGreenCtxCreate"))(&g, &desc, 0, 1);
+            if (r != 0) {
+                rc = r;
+                refused++;
+                break;
+            }
+        }
         fill(0);
     } else if (strcmp(cls, "prefetch-home") == 0) {
         CUdeviceptr p = managed_on_0();

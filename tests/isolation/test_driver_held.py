@@ -113,3 +113,12 @@ def test_pool_sharing_is_refused(native) -> None:
         assert "cuMemPoolImportFromShareableHandle refused" in err
     finally:
         holder.communicate("", timeout=10)
+
+
+def test_green_contexts_are_charged_like_contexts(native) -> None:
+    """16 green contexts (CUDA 12.4, cuGreenCtxCreate), each holding what a context holds (64 MiB
+    on the fake here), then a fill: each is charged the per-context overhead, so the fill stops at
+    the limit (before: uncharged, 3 GiB held under 2 GiB)."""
+    out, err = run(native, "green")
+    assert out["held0"] <= LIMIT, f"{out['held0'] / GiB:.2f} GiB held over a 2 GiB limit\n{err}"
+    assert out["held0"] >= LIMIT - 64 * MiB
