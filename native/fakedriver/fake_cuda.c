@@ -126,6 +126,7 @@ static void rec_put(alloc_rec **table, uint64_t key, uint64_t size, int dev) {
     r->urefs = 1;
     r->htypes = 0;
     r->target = 0;
+    r->managed = 0;
     unsigned b = bucket(key);
     r->next = table[b];
     table[b] = r;
@@ -1142,7 +1143,7 @@ CUresult fake_managed_migrate(uint64_t p, int dst) {
         for (alloc_rec *q = g_ptrs[b]; q && !r; q = q->next)
             if (p >= q->key && p - q->key < q->size) r = q;
     CUresult rc = CUDA_SUCCESS;
-    if (!r || !r->managed) rc = CUDA_ERROR_INVALID_VALUE;
+    if (!r || !r->managed || r->dev < 0) rc = CUDA_ERROR_INVALID_VALUE;
     else if (dst >= 0 && dst != r->dev) {
         fake_state_lock();
         if (r->size > device_free(dst)) {
@@ -1234,7 +1235,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
 /* Unmaps the mappings that start in [ptr, ptr + size). */
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     NEED_INIT();
-    if (!ptr || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (!ptr || !size || size > UINT64_MAX - ptr) return CUDA_ERROR_INVALID_VALUE; /* as the driver: no wrap */
     pthread_mutex_lock(&g_mu);
     /* A mapping exactly at ptr covering the range (the usual unmap): found by its bucket. */
     alloc_rec *exact = find(g_maps, ptr);

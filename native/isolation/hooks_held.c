@@ -10,8 +10,9 @@
  *    less what this process charged meanwhile (its other threads' allocations and frees), is
  *    charged to the module or library until it is unloaded. Measured calls are serialised with
  *    context creations (ts_measure_mu). A load that does not fit the limit is unloaded again and
- *    refused (CUDA_ERROR_OUT_OF_MEMORY); a lazy load that does not fit is refused (its memory
- *    cannot be given back without unloading the library).
+ *    refused (CUDA_ERROR_OUT_OF_MEMORY); so is a lazy load that does not fit, with the module or
+ *    library it loaded into (its memory cannot be given back otherwise; a kernel's library found
+ *    with cuKernelGetLibrary; where none can be found the memory is charged over the limit).
  *  - Green contexts (cuGreenCtxCreate, CUDA 12.4): each is charged what a context on its device is
  *    charged (measured or configured overhead), until cuGreenCtxDestroy.
  *  - Managed memory placed on another device: cuMemPrefetchAsync[_v2][_ptsz] to, or
@@ -93,7 +94,22 @@ static CUresult probe_end(load_probe *p, CUresult rc, uint64_t key, unload_fn un
             if (bad) ts_log(TS_LOG_WARN, "cannot record module memory of %s; it stays charged", what);
             TS_DEBUG("%s loaded %lld bytes of module memory; charged", what, (long long)loaded);
         } else {
-            if (undo) undo((void *)(uintptr_t)key);
+            /* Unloaded again: what the key's earlier loads were charged goes with it. A kernel
+             * whose library cannot be found keeps its memory: charged over the limit (so nothing
+             * more fits until it is unloaded), never left uncharged. */
+            ts_record r;
+            if (undo && undo((void *)(uintptr_t)key) == CUDA_SUCCESS) {
+                pthread_mutex_lock(&ts_tab_mu);
+                int had = ts_table_take(&g_loaded, key, &r);
+                pthread_mutex_unlock(&ts_tab_mu);
+                if (had) ts_region_release(r.rdev, r.size);
+            } else if (ts_region_reserve(p->rdev, (uint64_t)loaded, UINT64_MAX) == 1) {
+                pthread_mutex_lock(&ts_tab_mu);
+                ts_record *e = ts_table_find(&g_loaded, key);
+                if (e) e->size += (uint64_t)loaded;
+                else ts_table_put(&g_loaded, key, (uint64_t)loaded, p->rdev, -1, TS_KIND_OTHER);
+                pthread_mutex_unlock(&ts_tab_mu);
+            }
             TS_INFO("%s refused: the module memory it loaded (%lld bytes) does not fit the workload's limit", what,
                     (long long)loaded);
             rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -103,6 +119,7 @@ static CUresult probe_end(load_probe *p, CUresult rc, uint64_t key, unload_fn un
     return rc;
 }
 
+/* key_expr is evaluated after the call: the handle it made (a load) or the one it was given. */
 #define MEASURED(name, key_expr, undo, call)                         \
     do {                                                             \
         load_probe p_;                                               \
@@ -116,6 +133,20 @@ static CUresult probe_end(load_probe *p, CUresult rc, uint64_t key, unload_fn un
 typedef void *handle;
 static CUresult unload_module(void *m) { return REAL(cuModuleUnload, unload_fn)(m); }
 static CUresult unload_library(void *l) { return REAL(cuLibraryUnload, unload_fn)(l); }
+/* A kernel's library (cuKernelGetLibrary, CUDA 12.5), unloaded; CUDA_ERROR_NOT_FOUND without it. */
+static CUresult unload_kernel_library(void *k) {
+    void *lib = NULL;
+    if (!ts_real.cuKernelGetLibrary || REAL(cuKernelGetLibrary, CUresult(*)(void **, void *))(&lib, k) != CUDA_SUCCESS ||
+        !lib)
+        return CUDA_ERROR_NOT_FOUND;
+    ts_record r;
+    pthread_mutex_lock(&ts_tab_mu);
+    int had = ts_table_take(&g_loaded, (uint64_t)(uintptr_t)lib, &r);
+    pthread_mutex_unlock(&ts_tab_mu);
+    CUresult rc = unload_library(lib);
+    if (had && rc == CUDA_SUCCESS) ts_region_release(r.rdev, r.size);
+    return rc;
+}
 
 CUresult ts_hook_cuModuleLoad(void **m, const char *path) {
     BIND_OR_FAIL();
@@ -145,12 +176,12 @@ CUresult ts_hook_cuModuleLoadFatBinary(void **m, const void *fatbin) {
 CUresult ts_hook_cuModuleGetFunction(void **f, void *m, const char *name) {
     BIND_OR_FAIL();
     NEED_REAL(cuModuleGetFunction);
-    MEASURED(cuModuleGetFunction, m, NULL, REAL(cuModuleGetFunction, CUresult(*)(void **, void *, const char *))(f, m, name));
+    MEASURED(cuModuleGetFunction, m, unload_module, REAL(cuModuleGetFunction, CUresult(*)(void **, void *, const char *))(f, m, name));
 }
 CUresult ts_hook_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, void *m, const char *name) {
     BIND_OR_FAIL();
     NEED_REAL(cuModuleGetGlobal_v2);
-    MEASURED(cuModuleGetGlobal_v2, m, NULL,
+    MEASURED(cuModuleGetGlobal_v2, m, unload_module,
              REAL(cuModuleGetGlobal_v2, CUresult(*)(CUdeviceptr *, size_t *, void *, const char *))(dptr, bytes, m, name));
 }
 
@@ -172,31 +203,31 @@ CUresult ts_hook_cuLibraryLoadFromFile(void **lib, const char *path, void *jo, v
 CUresult ts_hook_cuLibraryGetModule(void **m, void *lib) {
     BIND_OR_FAIL();
     NEED_REAL(cuLibraryGetModule);
-    MEASURED(cuLibraryGetModule, lib, NULL, REAL(cuLibraryGetModule, CUresult(*)(void **, void *))(m, lib));
+    MEASURED(cuLibraryGetModule, lib, unload_library, REAL(cuLibraryGetModule, CUresult(*)(void **, void *))(m, lib));
 }
 CUresult ts_hook_cuLibraryGetKernel(void **k, void *lib, const char *name) {
     BIND_OR_FAIL();
     NEED_REAL(cuLibraryGetKernel);
-    MEASURED(cuLibraryGetKernel, lib, NULL,
+    MEASURED(cuLibraryGetKernel, lib, unload_library,
              REAL(cuLibraryGetKernel, CUresult(*)(void **, void *, const char *))(k, lib, name));
 }
 CUresult ts_hook_cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, void *lib, const char *name) {
     BIND_OR_FAIL();
     NEED_REAL(cuLibraryGetGlobal);
-    MEASURED(cuLibraryGetGlobal, lib, NULL,
+    MEASURED(cuLibraryGetGlobal, lib, unload_library,
              REAL(cuLibraryGetGlobal, CUresult(*)(CUdeviceptr *, size_t *, void *, const char *))(dptr, bytes, lib, name));
 }
 CUresult ts_hook_cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, void *lib, const char *name) {
     BIND_OR_FAIL();
     NEED_REAL(cuLibraryGetManaged);
-    MEASURED(cuLibraryGetManaged, lib, NULL,
+    MEASURED(cuLibraryGetManaged, lib, unload_library,
              REAL(cuLibraryGetManaged, CUresult(*)(CUdeviceptr *, size_t *, void *, const char *))(dptr, bytes, lib, name));
 }
 /* A kernel's library is not known here: what its loading takes stays charged until exit. */
 CUresult ts_hook_cuKernelGetFunction(void **f, void *k) {
     BIND_OR_FAIL();
     NEED_REAL(cuKernelGetFunction);
-    MEASURED(cuKernelGetFunction, k, NULL, REAL(cuKernelGetFunction, CUresult(*)(void **, void *))(f, k));
+    MEASURED(cuKernelGetFunction, k, unload_kernel_library, REAL(cuKernelGetFunction, CUresult(*)(void **, void *))(f, k));
 }
 
 static CUresult unload(void *real, void *h, ts_table *t) {

@@ -40,6 +40,7 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuStreamGetCtx) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceGetCount)              \
     X(cuDeviceGetName) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolGetAttribute) \
     X(cuStreamIsCapturing) X(cuCtxGetLimit) X(cuDeviceGetAttribute) X(cuMemGetAddressRange_v2)       \
+    X(cuKernelGetLibrary)                                                                       \
     TS_LAUNCH_HELPERS(X)
 
 #define TS_NVML_HELPERS(X) X(nvmlDeviceGetUUID) X(nvmlDeviceGetIndex) X(nvmlInit_v2) X(nvmlShutdown)   \
