@@ -24,7 +24,7 @@
 #define TS_HELD_HOOKS(X)                                                                        \
     X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary)          \
     X(cuGreenCtxCreate) X(cuGreenCtxDestroy)                                                    \
-    X(cuModuleUnload) X(cuModuleGetFunction) X(cuModuleGetGlobal_v2) X(cuLibraryLoadData)       \
+    X(cuModuleUnload) X(cuModuleGetFunction) X(cuModuleGetGlobal_v2) X(cuModuleGetGlobal) X(cuLibraryLoadData)       \
     X(cuLibraryLoadFromFile) X(cuLibraryUnload) X(cuLibraryGetModule) X(cuLibraryGetKernel)     \
     X(cuLibraryGetGlobal) X(cuLibraryGetManaged) X(cuKernelGetFunction)                         \
     X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_ptsz) X(cuMemPrefetchAsync_v2)                   \
@@ -51,6 +51,7 @@
     {"cuModuleLoadFatBinary", "cuModuleLoadFatBinary", 2000, 0},                                \
     {"cuModuleUnload", "cuModuleUnload", 2000, 0},                                              \
     {"cuModuleGetFunction", "cuModuleGetFunction", 2000, 0},                                    \
+    {"cuModuleGetGlobal", "cuModuleGetGlobal", 2000, 0},                                        \
     {"cuModuleGetGlobal", "cuModuleGetGlobal_v2", 3020, 0},                                     \
     {"cuLibraryLoadData", "cuLibraryLoadData", 12000, 0},                                       \
     {"cuLibraryLoadFromFile", "cuLibraryLoadFromFile", 12000, 0},                               \
@@ -98,6 +99,7 @@ CUresult ts_hook_cuModuleLoadFatBinary(void **, const void *);
 CUresult ts_hook_cuModuleUnload(void *);
 CUresult ts_hook_cuModuleGetFunction(void **, void *, const char *);
 CUresult ts_hook_cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, void *, const char *);
+CUresult ts_hook_cuModuleGetGlobal(CUdeviceptr_v1 *, unsigned int *, void *, const char *);
 CUresult ts_hook_cuLibraryLoadData(void **, const void *, void *, void **, unsigned, void *, void **, unsigned);
 CUresult ts_hook_cuLibraryLoadFromFile(void **, const char *, void *, void **, unsigned, void *, void **, unsigned);
 CUresult ts_hook_cuLibraryUnload(void *);

@@ -185,6 +185,15 @@ CUresult ts_hook_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, void *m,
              REAL(cuModuleGetGlobal_v2, CUresult(*)(CUdeviceptr *, size_t *, void *, const char *))(dptr, bytes, m, name));
 }
 
+/* The pre-3.2 ABI (32-bit pointer and size), still exported by drivers. */
+CUresult ts_hook_cuModuleGetGlobal(CUdeviceptr_v1 *dptr, unsigned int *bytes, void *m, const char *name) {
+    BIND_OR_FAIL();
+    NEED_REAL(cuModuleGetGlobal);
+    MEASURED(cuModuleGetGlobal, m, unload_module,
+             REAL(cuModuleGetGlobal, CUresult(*)(CUdeviceptr_v1 *, unsigned int *, void *, const char *))(dptr, bytes, m,
+                                                                                                         name));
+}
+
 typedef CUresult (*libload_fn)(void **, const void *, void *, void **, unsigned, void *, void **, unsigned);
 CUresult ts_hook_cuLibraryLoadData(void **lib, const void *code, void *jo, void **jv, unsigned nj, void *lo, void **lv,
                                    unsigned nl) {
