@@ -67,6 +67,8 @@ struct CUmemPoolHandle_st {
     uint64_t reserved;  /* bytes the pool holds on the device */
     uint64_t used;      /* bytes of live allocations */
     uint64_t threshold; /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
+    int htypes;         /* handleTypes at creation: what it may be exported as */
+    int imported;       /* cuMemPoolImportFromShareableHandle (fake_extra.c): the exporter's memory */
 };
 #define MAX_POOLS 256
 static CUmemoryPool g_pools[MAX_POOLS];
@@ -82,6 +84,7 @@ typedef struct alloc_rec {
     int urefs;         /* VMM handles: the program's references (create/import, retain; release drops one) */
     int htypes;        /* VMM handles: requestedHandleTypes at creation (what it may be exported as) */
     uint64_t target;   /* an imported VMM handle: the handle of the allocation it refers to (0: none) */
+    int managed;       /* cuMemAllocManaged: its pages migrate (fake_extra.c) */
     struct alloc_rec *next;
 } alloc_rec;
 
@@ -123,6 +126,7 @@ static void rec_put(alloc_rec **table, uint64_t key, uint64_t size, int dev) {
     r->urefs = 1;
     r->htypes = 0;
     r->target = 0;
+    r->managed = 0;
     unsigned b = bucket(key);
     r->next = table[b];
     table[b] = r;
@@ -231,6 +235,9 @@ static CUresult ctx_charge(int dev, int sign) {
     if (sign > 0 && rc == CUDA_SUCCESS) ctx_signal();
     return rc;
 }
+
+/* A green context (fake_extra.c) holds what a context holds on its device. */
+CUresult fake_ctx_charge(int dev, int sign) { return ctx_charge(dev, sign); }
 
 #define NEED_INIT() \
     do { if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
@@ -495,7 +502,13 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
     NEED_CTX(c);
     if (!dptr || size == 0 || (flags != 1 && flags != 2)) return CUDA_ERROR_INVALID_VALUE;
-    return charge(c->dev, size, dptr, g_ptrs);
+    CUresult rc = charge(c->dev, size, dptr, g_ptrs);
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_mu);
+        find(g_ptrs, *dptr)->managed = 1;
+        pthread_mutex_unlock(&g_mu);
+    }
+    return rc;
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
@@ -603,7 +616,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemory
     int dev;
     if (!stream_dev(s, &dev)) return CUDA_ERROR_INVALID_HANDLE;
     if (!pool || pool->magic != POOL_MAGIC) return CUDA_ERROR_INVALID_VALUE;
-    if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!dptr || size == 0 || pool->imported) return CUDA_ERROR_INVALID_VALUE; /* imported: the exporter's */
     if ((uintptr_t)s > 2 && s->capturing) return capture_alloc(s, dptr, size);
     return pool_alloc(pool, size, dptr);
 }
@@ -636,6 +649,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     CUmemoryPool p = calloc(1, sizeof *p);
     p->magic = POOL_MAGIC;
     p->dev = dev;
+    p->htypes = props->handleTypes;
     pthread_mutex_lock(&g_mu);
     pool_register(p);
     pthread_mutex_unlock(&g_mu);
@@ -1120,6 +1134,46 @@ int fake_ptr_range(uint64_t p, uint64_t *base, uint64_t *size, int *dev) {
     *dev = r->dev >= 0 ? r->dev : (r->pool ? r->pool->dev : -1);
     return 1;
 }
+/* Managed memory at p migrates to CUDA ordinal dst (fake_extra.c): what the device held moves
+ * with it, as the pages do on a real GPU. CUDA_ERROR_INVALID_VALUE: not managed memory. */
+CUresult fake_managed_migrate(uint64_t p, int dst) {
+    pthread_mutex_lock(&g_mu);
+    alloc_rec *r = NULL;
+    for (unsigned b = 0; !r && b < NBUCKETS; b++)
+        for (alloc_rec *q = g_ptrs[b]; q && !r; q = q->next)
+            if (p >= q->key && p - q->key < q->size) r = q;
+    CUresult rc = CUDA_SUCCESS;
+    if (!r || !r->managed || r->dev < 0) rc = CUDA_ERROR_INVALID_VALUE;
+    else if (dst >= 0 && dst != r->dev) {
+        fake_state_lock();
+        if (r->size > device_free(dst)) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            used_add(r->dev, -(int64_t)r->size);
+            used_add(dst, (int64_t)r->size);
+            r->dev = dst;
+        }
+        fake_state_unlock();
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+/* An imported pool (fake_extra.c): allocations come from the exporter only. */
+CUmemoryPool fake_pool_imported(int dev) {
+    CUmemoryPool p = calloc(1, sizeof *p);
+    p->magic = POOL_MAGIC;
+    p->dev = dev;
+    p->imported = 1;
+    return p;
+}
+int fake_pool_is_imported(CUmemoryPool p) { return p && p->magic == POOL_MAGIC && p->imported; }
+/* A pool's device (-1: host) and the handle types it was created with; 0: not a live pool. */
+int fake_pool_info(CUmemoryPool p, int *dev, int *htypes) {
+    if (!p || p->magic != POOL_MAGIC || p->destroyed) return 0;
+    *dev = p->dev;
+    *htypes = p->htypes;
+    return 1;
+}
 /* For IPC: charges an opened allocation to this process (key in the IPC table). */
 CUresult fake_ipc_charge(int dev, uint64_t size, uint64_t *key) {
     return charge(dev, size, (unsigned long long *)key, g_ipc);
@@ -1181,7 +1235,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
 /* Unmaps the mappings that start in [ptr, ptr + size). */
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     NEED_INIT();
-    if (!ptr || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (!ptr || !size || size > UINT64_MAX - ptr) return CUDA_ERROR_INVALID_VALUE; /* as the driver: no wrap */
     pthread_mutex_lock(&g_mu);
     /* A mapping exactly at ptr covering the range (the usual unmap): found by its bucket. */
     alloc_rec *exact = find(g_maps, ptr);

@@ -41,6 +41,7 @@
 
 #include "fake_devices.h"
 #include "fake_timing.h"
+#include "fake_extra.h"
 #include "tessera_launch_types.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -461,6 +462,7 @@ void fake_timing_graph_launch(const void *exec, CUstream s) {
 #define FUNC_MAGIC 0xF00CF00Cu
 struct CUmod_st {
     unsigned magic;
+    uint64_t globals, globals_size; /* its __device__ variables (fake_extra.c), 0: none */
 };
 struct CUfunc_st {
     unsigned magic;
@@ -473,10 +475,29 @@ EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
     if (!fake_cuda_stream_dev(NULL, &dev)) return CUDA_ERROR_INVALID_CONTEXT;
     CUmodule n = calloc(1, sizeof *n);
     n->magic = MOD_MAGIC;
+    /* Like the real driver, loading a module allocates its __device__ variables on the context's
+     * device (held until the module is unloaded, counted for the process). */
+    CUresult rc = fake_module_globals_take(image, dev, &n->globals, &n->globals_size);
+    if (rc != CUDA_SUCCESS) {
+        free(n);
+        return rc;
+    }
     *m = n;
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path) { return cuModuleLoadData(m, path); }
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path) {
+    if (!m || !path) return CUDA_ERROR_INVALID_VALUE;
+    char image[4096];
+    if (!fake_read_image(path, image, sizeof image)) return CUDA_ERROR_FILE_NOT_FOUND_;
+    return cuModuleLoadData(m, image);
+}
+EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name) {
+    if (!m || m->magic != MOD_MAGIC || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!m->globals) return CUDA_ERROR_NOT_FOUND;
+    if (dptr) *dptr = m->globals;
+    if (bytes) *bytes = m->globals_size;
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     if (!f || !m || m->magic != MOD_MAGIC || !name) return CUDA_ERROR_INVALID_VALUE;
     *f = &g_func;
@@ -485,6 +506,7 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 EXPORT CUresult cuModuleUnload(CUmodule m) {
     if (!m || m->magic != MOD_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
     m->magic = 0;
+    if (m->globals) fake_ipc_release(m->globals);
     free(m);
     return CUDA_SUCCESS;
 }
@@ -659,6 +681,8 @@ static const tproc g_tprocs[] = {
     T("cuModuleLoad", 2000, 0, cuModuleLoad),
     T("cuModuleGetFunction", 2000, 0, cuModuleGetFunction),
     T("cuModuleUnload", 2000, 0, cuModuleUnload),
+    T("cuModuleGetGlobal", 3020, 0, cuModuleGetGlobal_v2),
+    FAKE_EXTRA_PROCS
     T("cuLaunchKernel", 4000, 0, cuLaunchKernel),
     T("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz),
     T("cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx),

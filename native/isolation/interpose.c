@@ -292,7 +292,20 @@ void *ts_dlopen(const char *file, int mode);
 void *ts_dlmopen(Lmid_t lmid, const char *file, int mode);
 void *ts_dlsym(void *handle, const char *name);
 
+/* glibc before 2.34 also exports its loader as GLIBC_PRIVATE __libc_dlsym, __libc_dlvsym and
+ * __libc_dlopen_mode: looked up by name they would find the driver around the hooks, so a lookup
+ * that resolves them gets the library's own (never on glibc 2.34+, where they are not exported). */
+static void *ts_libc_dlsym(void *map, const char *name) { return ts_dlsym(map, name); }
+static void *ts_libc_dlvsym(void *map, const char *name, const char *version) { return ts_dlvsym(map, name, version); }
+static void *ts_libc_dlopen_mode(const char *name, int mode) { return ts_dlopen(name, mode); }
+
 TS_EARLY static void *dl_self(const char *n) {
+    if (n[0] == '_' && n[1] == '_' && n[2] == 'l' && n[3] == 'i' && n[4] == 'b' && n[5] == 'c' && n[6] == '_') {
+        if (ts_streq(n, "__libc_dlsym")) return (void *)ts_libc_dlsym;
+        if (ts_streq(n, "__libc_dlvsym")) return (void *)ts_libc_dlvsym;
+        if (ts_streq(n, "__libc_dlopen_mode")) return (void *)ts_libc_dlopen_mode;
+        return NULL;
+    }
     if (n[0] != 'd' || n[1] != 'l') return NULL;
     if (ts_streq(n, "dlsym")) return (void *)ts_dlsym;
     if (ts_streq(n, "dlvsym")) return (void *)ts_dlvsym;
@@ -310,7 +323,8 @@ TS_EARLY void *ts_dlsym(void *handle, const char *name) {
     __asm__("" : "+r"(n)); /* <dlfcn.h> says name is never NULL; a caller may still pass NULL */
     const ts_hook *hk = n ? hook_by_name(n) : NULL;
     if (__builtin_expect(hk != NULL, 0)) return dlsym_hooked(handle, name, hk);
-    if (__builtin_expect(n && n[0] == 'd' && n[1] == 'l', 0) && dl_self(n) && ts_real_dlsym(handle, name))
+    if (__builtin_expect(n && ((n[0] == 'd' && n[1] == 'l') || n[0] == '_'), 0) && dl_self(n) &&
+        ts_real_dlsym(handle, name))
         return dl_self(n);
     if (__builtin_expect(n && (n[0] == 'c' || n[0] == 'n'), 0) && unknown_abi_of_hooked(n))
         return refuse_unknown_abi("dlsym", n, ts_real_dlsym(handle, n));
@@ -469,6 +483,7 @@ static const ts_variant g_variants[] = {
     {"cuGetProcAddress", "cuGetProcAddress", 11030, 0},
     {"cuGetProcAddress", "cuGetProcAddress_v2", 12000, 0},
     TS_LAUNCH_VARIANTS
+    TS_HELD_VARIANTS
 };
 
 typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);

@@ -4,6 +4,7 @@
 
 #include "isolation.h"
 #include "launch_hooks.h"
+#include "held_hooks.h"
 
 #define TS_EXPORT __attribute__((visibility("default")))
 
@@ -29,7 +30,7 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuCtxSetLimit) X(cuArrayCreate) X(cuArray3DCreate)                                       \
     X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuIpcOpenMemHandle)     \
     X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuMemPoolExportToShareableHandle)         \
-    X(cuMemPoolImportFromShareableHandle) X(cuMemPoolImportPointer) TS_LAUNCH_HOOKS(X)
+    X(cuMemPoolImportFromShareableHandle) X(cuMemPoolImportPointer) TS_LAUNCH_HOOKS(X) TS_HELD_HOOKS(X)
 
 #define TS_NVML_HOOKS(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 
@@ -39,6 +40,7 @@ enum { TS_LIB_CUDA = 0, TS_LIB_NVML = 1 };
     X(cuStreamGetCtx) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceGetCount)              \
     X(cuDeviceGetName) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolGetAttribute) \
     X(cuStreamIsCapturing) X(cuCtxGetLimit) X(cuDeviceGetAttribute) X(cuMemGetAddressRange_v2)       \
+    X(cuKernelGetLibrary)                                                                       \
     TS_LAUNCH_HELPERS(X)
 
 #define TS_NVML_HELPERS(X) X(nvmlDeviceGetUUID) X(nvmlDeviceGetIndex) X(nvmlInit_v2) X(nvmlShutdown)   \

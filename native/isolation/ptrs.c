@@ -66,6 +66,15 @@ int ts_ptrs_take(uint64_t key, ts_record *out) {
     return found;
 }
 
+int ts_ptrs_find(uint64_t key, ts_record *out) {
+    shard *s = shard_of(key);
+    lock(&s->mu);
+    ts_record *r = ts_table_find(&s->t, key);
+    if (r) *out = *r;
+    unlock(&s->mu);
+    return r != NULL;
+}
+
 void ts_ptrs_drop_ordinal(int ordinal, int kind, uint64_t sums[TS_MAX_DEVICES]) {
     for (int i = 0; i < SHARDS; i++) {
         lock(&g_shards[i].mu);

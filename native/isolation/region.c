@@ -507,3 +507,8 @@ uint64_t ts_region_used(int rdev) {
     }
     return __atomic_load_n(&g_hdr->devices[rdev].used, __ATOMIC_ACQUIRE);
 }
+
+uint64_t ts_region_mine(int rdev) {
+    if (!g_hdr || rdev < 0 || rdev >= REGION_DEVICES || g_my_slot < 0) return 0;
+    return __atomic_load_n(&g_slots[g_my_slot].used[rdev], __ATOMIC_ACQUIRE);
+}

@@ -72,6 +72,10 @@ void ts_ctx_limits_release(CUcontext c);
 /* After fork, in the child: no exports, no IPC memory of its own (hooks_share.c). */
 void ts_share_after_fork(void);
 void ts_pool_created(CUmemoryPool pool, int ordinal);
+/* What this process has charged on a region device (its slot), for measurements (hooks_held.c). */
+uint64_t ts_region_mine(int rdev);
+/* A copy of a charged pointer's record (ptrs.c); 0 when it is not charged. */
+int ts_ptrs_find(uint64_t key, ts_record *out);
 void ts_pool_destroyed(CUmemoryPool pool, CUresult rc);
 void ts_pools_settle_all(void);
 int ts_stream_ordinal(CUstream s, int *ord);

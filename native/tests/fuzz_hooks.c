@@ -5,7 +5,8 @@
  * double frees, pool memory freed by the synchronous API and the other way round, VMM handles
  * released twice, unmapped twice, mapped at odd ranges, context limits, NULL out-pointers, VMM
  * handles exported and imported back (descriptors closed, junk descriptors, fabric handles),
- * IPC handles opened and closed.
+ * IPC handles opened and closed, modules and libraries of odd sizes loaded (eagerly and lazily) and
+ * unloaded, managed memory prefetched and advised to any device, green contexts.
  * After every call the invariant is checked: what the driver holds for the process
  * (fakeCudaHeldBytes) is at most the limit. Any sanitizer finding aborts the run.
  *
@@ -55,6 +56,7 @@ static CUdeviceptr maps[POOL];
 static size_t map_size[POOL];
 static int fds[POOL];
 static unsigned char fabric[POOL][64];
+static void *mods[POOL], *libs[POOL], *greens[POOL];
 
 static CUdeviceptr any_ptr(void) {
     switch (next() % 4) {
@@ -84,13 +86,18 @@ int main(int argc, char **argv) {
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     unsigned long long calls = 0, held_max = 0;
+    int trace = getenv("FUZZ_TRACE") ? atoi(getenv("FUZZ_TRACE")) : 0; /* each call on stderr, to find what a seed did */
+    int ncases = getenv("FUZZ_CASES") ? atoi(getenv("FUZZ_CASES")) : 29; /* the first N kinds of call only */
+    if (ncases < 1 || ncases > 29) ncases = 29;
     for (;;) {
         clock_gettime(CLOCK_MONOTONIC, &t);
         if ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 >= seconds) break;
         int slot = (int)(next() % POOL);
         CUdeviceptr p = 0;
         size_t sz = odd_size();
-        switch (next() % 24) {
+        int op = (int)(next() % ncases);
+        if (trace) fprintf(stderr, "fuzz_hooks: call %llu: case %d slot %d size %zu\n", calls, op, slot, sz);
+        switch (op) {
         case 0: F(CUresult(*)(CUdeviceptr *, size_t), "cuMemAlloc_v2")(next() % 16 ? &p : NULL, sz); break;
         case 1: F(CUresult(*)(CUdeviceptr), "cuMemFree_v2")(any_ptr()); break;
         case 2: F(CUresult(*)(CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync")(&p, sz, s); break;
@@ -213,9 +220,64 @@ int main(int argc, char **argv) {
             F(CUresult(*)(CUdeviceptr), "cuIpcCloseMemHandle")(next() % 2 ? q : any_ptr());
             break;
         }
+        case 24: { /* a module with odd-sized __device__ variables; replaces (unloads) the slot's */
+            char image[64];
+            snprintf(image, sizeof image, "FAKECUBIN globals=%zu", odd_size());
+            if (trace) fprintf(stderr, "fuzz_hooks: image %s\n", image);
+            if (mods[slot]) F(CUresult(*)(void *), "cuModuleUnload")(mods[slot]);
+            mods[slot] = NULL;
+            F(CUresult(*)(void **, const void *), "cuModuleLoadData")(&mods[slot], image);
+            break;
+        }
+        case 25: { /* a library: loaded, lazily into the context, unloaded */
+            char image[64];
+            snprintf(image, sizeof image, "FAKECUBIN globals=%zu", odd_size());
+            if (trace) fprintf(stderr, "fuzz_hooks: image %s\n", image);
+            if (libs[slot] && next() % 2) {
+                void *m = NULL;
+                F(CUresult(*)(void **, void *), "cuLibraryGetModule")(&m, libs[slot]);
+                break;
+            }
+            if (libs[slot]) F(CUresult(*)(void *), "cuLibraryUnload")(libs[slot]);
+            libs[slot] = NULL;
+            F(CUresult(*)(void **, const void *, void *, void **, unsigned, void *, void **, unsigned),
+              "cuLibraryLoadData")(&libs[slot], image, NULL, NULL, 0, NULL, NULL, 0);
+            break;
+        }
+        case 26: { /* managed memory (or anything) prefetched to any device, the host, a bad one */
+            int dst = (int)(next() % 4) - 1;
+            CUmemLocation loc = {next() % 2 ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST, dst};
+            if (next() % 2) F(CUresult(*)(CUdeviceptr, size_t, CUdevice, CUstream), "cuMemPrefetchAsync")(any_ptr(), sz, dst, s);
+            else F(CUresult(*)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream), "cuMemPrefetchAsync_v2")(
+                any_ptr(), sz, loc, 0, s);
+            break;
+        }
+        case 27: F(CUresult(*)(CUdeviceptr, size_t, int, CUdevice), "cuMemAdvise")(any_ptr(), sz, (int)(next() % 8),
+                                                                                    (int)(next() % 4) - 1);
+            break;
+        case 28: { /* a green context created, or the slot's destroyed */
+            int desc = 1;
+            if (greens[slot]) {
+                F(CUresult(*)(void *), "cuGreenCtxDestroy")(greens[slot]);
+                greens[slot] = NULL;
+            } else {
+                F(CUresult(*)(void **, void *, CUdevice, unsigned), "cuGreenCtxCreate")(&greens[slot], &desc,
+                                                                                       (int)(next() % 3), 1);
+            }
+            break;
+        }
         }
         if (p) ptrs[slot] = p;
         calls++;
+        if (trace > 1) { /* FUZZ_TRACE=2: the library's charge against what the driver holds, on the current device */
+            size_t fr = 0, tot = 0;
+            unsigned long long b = 0;
+            CUdevice cd = 0;
+            F(CUresult(*)(CUdevice *), "cuCtxGetDevice")(&cd);
+            F(CUresult(*)(size_t *, size_t *), "cuMemGetInfo_v2")(&fr, &tot);
+            held(cd, &b);
+            if (b > tot - fr) fprintf(stderr, "fuzz_hooks: held %llu > charged %zu on device %d\n", b, tot - fr, cd);
+        }
         for (int dev = 0; dev < 2; dev++) {
             unsigned long long b = 0;
             held(dev, &b);
