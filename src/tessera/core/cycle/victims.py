@@ -123,6 +123,7 @@ def cheapest_node(
     dead_above: Callable[[str], float] | None = None,
     budget: float = float("inf"),
     takes_up_to: Callable[[str], float] | None = None,
+    over_caps: Callable[[list[WorkloadState]], bool] | None = None,
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
@@ -147,9 +148,13 @@ def cheapest_node(
     ``budget``: GPUs the caller may still evict (reclaim: what the reclaimer is owed). Nodes
     and victim sets within it come before those above it; among equals, fewer workloads, then
     fewer GPUs.
+
+    ``over_caps(victims)``: the caller's own rules would refuse the outcome of evicting these
+    (reclaim: the reclaimer's departments would end above their caps). Such sets rank after
+    every set that passes, and only sets that pass count towards the four feasible nodes.
     """
     nodes_budget = session.config.max_victim_nodes
-    best: tuple[float, int, list[tuple[WorkloadState, int]], tuple[bool, int]] | None = None
+    best: tuple[float, int, list[tuple[WorkloadState, int]], tuple[bool, bool, int]] | None = None
     examined = 0
     scanned = 0
     feasible = 0
@@ -237,7 +242,7 @@ def cheapest_node(
             elif dead is not None and not _room_with(session, index, ns, request, untaken):
                 index.mark_no_room(session, request, node)
             if examined >= nodes_budget or feasible >= 4 or (
-                    best is not None and best[3] <= (False, 1) and best[0] <= floor):
+                    best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
                 break
             continue
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
@@ -278,7 +283,6 @@ def cheapest_node(
             if not pod_level:
                 cost += v.vector()[0]
             if _fits_after(ns, request, free, tenants, cpu, mem, compute):
-                feasible += 1
                 if not pod_level:
                     # The other victims here of the projects already taken from, if this
                     # search may take them too: the fewest of them that make room (within the
@@ -296,8 +300,15 @@ def cheapest_node(
                                     if q is not None and q.node == node)
                     chosen, cost = _fewest(ns, request, pool, budget)
                 # Moves (pod_level) rank by GPUs moved alone, as before; evictions by
-                # (beyond the budget, workloads), then GPUs.
-                rank = (False, 0) if pod_level else (cost > budget + EPS, len({id(w) for w, _ in chosen}))
+                # (over the caller's caps, beyond the budget, workloads), then GPUs.
+                if pod_level:
+                    rank = (False, False, 0)
+                else:
+                    taken = list(dict.fromkeys(w for w, _ in chosen))
+                    over = over_caps is not None and over_caps(taken)
+                    rank = (over, cost > budget + EPS, len(taken))
+                if not rank[0]:
+                    feasible += 1
                 if best is None or rank < best[3] or (rank == best[3] and cost < best[0] - EPS):
                     best = (cost, order, chosen, rank)
                 break
@@ -312,7 +323,7 @@ def cheapest_node(
                 if not _fits_after(ns, request, free, tenants, cpu, mem, compute):
                     index.mark_no_room(session, request, node)
         if examined >= nodes_budget or feasible >= 4 or (
-                best is not None and best[3] <= (False, 1) and best[0] <= floor):
+                best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
             break
     for node in gone:
         index.prune(session, node)
@@ -458,6 +469,7 @@ def evict_until_fits(
     dead_above: Callable[[str], float] | None = None,
     budget: Callable[[], float] | None = None,
     takes_up_to: Callable[[str], float] | None = None,
+    over_caps: Callable[[list[WorkloadState]], bool] | None = None,
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 
@@ -474,7 +486,7 @@ def evict_until_fits(
                                constraint=session.constraint_for(ws, fail), blocked=blocked,
                                dead_above=dead_above,
                                budget=float("inf") if budget is None else budget(),
-                               takes_up_to=takes_up_to)
+                               takes_up_to=takes_up_to, over_caps=over_caps)
         if not chosen:
             return None
         for v in chosen:

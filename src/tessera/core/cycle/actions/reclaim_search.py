@@ -83,7 +83,8 @@ class ReclaimSearch:
                                   dead=self.dead, blocked=self.blocked,
                                   dead_above=self.dead_above if self.gpu_only else None,
                                   budget=self.owed,
-                                  takes_up_to=self.takes_up_to if self.gpu_only else None)
+                                  takes_up_to=self.takes_up_to if self.gpu_only else None,
+                                  over_caps=self.over_caps)
         if result is None:
             stmt.discard()
             self._explain_no_victims()
@@ -276,6 +277,22 @@ class ReclaimSearch:
             found = self._slack[(name, guaranteed)] = (a[0] - floor[0], a[1] - floor[1],
                                                        a[2] - floor[2])
         return found
+
+    def over_caps(self, victims: list[WorkloadState]) -> bool:
+        """Would evicting ``victims`` and placing the workload leave one of the reclaimer's
+        departments above its cap (the test ``run`` makes in the end)? Victims of a relative
+        lower the departments they share with the reclaimer; those of another department do
+        not, so there the workload's demand grows the reclaimer's department."""
+        alloc, demand, governed = self.session.quota.alloc, self.demand, self.governed
+        for name in self.ws.chain[1:]:
+            cap, a = self.caps[name], alloc[name]
+            for r in governed:
+                if demand[r] <= 0:
+                    continue
+                freed = sum(v.vector()[r] for v in victims if name in v.chain)
+                if a[r] + demand[r] - freed > cap[r] + EPS:
+                    return True
+        return False
 
     def within_caps(self, demand: Vector) -> bool:
         return self.session.quota.check(self.ws, demand, fair_caps=self.caps) is None
