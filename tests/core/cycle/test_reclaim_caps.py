@@ -9,6 +9,8 @@ the department's cap and is discarded, although the sibling's victim would have 
 
 from __future__ import annotations
 
+import pytest
+
 from tessera.core.cycle import CycleConfig, Plan, Snapshot, run_cycle
 
 from .scenario import evicted, nodes, project, waiting, workload
@@ -62,3 +64,20 @@ def test_ranking_prefers_the_sibling_victim_that_keeps_the_department_within_its
     assert evicted(plan) == {"x1", "x2"}, (evicted(plan), waiting(plan))
     assert "w1" in {b.workload_id for b in plan.bindings}
 
+
+def test_the_failure_memo_loses_no_binding_on_seeded_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo that skips later reclaimers of a (project, shape) whose search failed must bind
+    what the search without it binds: remembering a refused outcome (over the department's cap)
+    as "no solution" skipped reclaimers that a deeper scan would have placed."""
+    from tessera.bench.cycle import build
+    from tessera.core.cycle.actions.reclaim import Reclaim
+
+    config = CycleConfig(reclaim_min_runtime=60.0, preempt_min_runtime=60.0, max_victim_nodes=3)
+    for seed in (1, 7, 11):
+        snap = build(nodes=40, gpus=8, projects=10, running=400, pending=120, seed=seed)
+        memo = run_cycle(snap, config)
+        monkeypatch.setattr(Reclaim, "memo_failures", False)
+        full = run_cycle(snap, config)
+        monkeypatch.setattr(Reclaim, "memo_failures", True)
+        assert memo.evictions, seed
+        assert len(memo.bindings) == len(full.bindings), seed

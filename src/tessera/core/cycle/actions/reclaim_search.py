@@ -69,6 +69,8 @@ class ReclaimSearch:
         self._drained: dict[str, bool] = {}
         self._evicted = 0.0
         """GPU-only: projects with no GPU left to give anyone."""
+        self.no_victims = False
+        """``run`` failed because no victims make room (not because the outcome was refused)."""
 
     # -- the search, top-down --------------------------------------------------------------------
 
@@ -87,6 +89,7 @@ class ReclaimSearch:
                                   over_caps=self.over_caps)
         if result is None:
             stmt.discard()
+            self.no_victims = True
             self._explain_no_victims()
             return False
         placed, evicted = result
@@ -113,6 +116,7 @@ class ReclaimSearch:
         result = None if found is None else bind_in_room(session, ws, *found, self.evict)
         if result is None:
             stmt.discard()
+            self.no_victims = True
             self._explain_no_victims()
             return False
         placed, kept = result
