@@ -123,7 +123,7 @@ def cheapest_node(
     dead_above: Callable[[str], float] | None = None,
     budget: float = float("inf"),
     takes_up_to: Callable[[str], float] | None = None,
-    over_caps: Callable[[list[WorkloadState]], bool] | None = None,
+    over_caps: Callable[[list[WorkloadState], ResourceRequest], bool] | None = None,
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
@@ -149,8 +149,9 @@ def cheapest_node(
     and victim sets within it come before those above it; among equals, fewer workloads, then
     fewer GPUs.
 
-    ``over_caps(victims)``: the caller's own rules would refuse the outcome of evicting these
-    (reclaim: the reclaimer's departments would end above their caps). Such sets rank after
+    ``over_caps(victims, request)``: the caller's own rules would refuse the outcome of evicting
+    these and placing ``request`` (reclaim: the reclaimer's departments would end above their
+    caps). Such sets rank after
     every set that passes, and only sets that pass count towards the four feasible nodes.
     """
     nodes_budget = session.config.max_victim_nodes
@@ -305,7 +306,7 @@ def cheapest_node(
                     rank = (False, False, 0)
                 else:
                     taken = list(dict.fromkeys(w for w, _ in chosen))
-                    over = over_caps is not None and over_caps(taken)
+                    over = over_caps is not None and over_caps(taken, request)
                     rank = (over, cost > budget + EPS, len(taken))
                 if not rank[0]:
                     feasible += 1
@@ -469,7 +470,7 @@ def evict_until_fits(
     dead_above: Callable[[str], float] | None = None,
     budget: Callable[[], float] | None = None,
     takes_up_to: Callable[[str], float] | None = None,
-    over_caps: Callable[[list[WorkloadState]], bool] | None = None,
+    over_caps: Callable[[list[WorkloadState], ResourceRequest], bool] | None = None,
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 

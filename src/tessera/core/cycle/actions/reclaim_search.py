@@ -14,6 +14,7 @@ from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_
 from tessera.core.cycle.session import PodPlacements, Session, Statement, Wait, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
 from tessera.core.fairshare import EPS, Vector
+from tessera.core.model import ResourceRequest
 from tessera.core.projects import Resource
 from tessera.core.units import format_gpus
 
@@ -282,12 +283,15 @@ class ReclaimSearch:
                                                        a[2] - floor[2])
         return found
 
-    def over_caps(self, victims: list[WorkloadState]) -> bool:
-        """Would evicting ``victims`` and placing the workload leave one of the reclaimer's
-        departments above its cap (the test ``run`` makes in the end)? Victims of a relative
-        lower the departments they share with the reclaimer; those of another department do
-        not, so there the workload's demand grows the reclaimer's department."""
-        alloc, demand, governed = self.session.quota.alloc, self.demand, self.governed
+    def over_caps(self, victims: list[WorkloadState], request: ResourceRequest) -> bool:
+        """Would evicting ``victims`` and placing the pod ``request`` leave one of the
+        reclaimer's departments above its cap (the test ``run`` makes in the end)? Victims of a
+        relative lower the departments they share with the reclaimer; those of another
+        department do not, so there the pod grows the reclaimer's department. Per pod, not per
+        gang: the search makes room one pod at a time (each round's evictions are in the
+        allocations already), and ``run`` checks the whole outcome."""
+        alloc, governed = self.session.quota.alloc, self.governed
+        demand = self.session.quota.demand(request)
         for name in self.ws.chain[1:]:
             cap, a = self.caps[name], alloc[name]
             for r in governed:
