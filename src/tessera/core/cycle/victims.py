@@ -33,20 +33,33 @@ class NodeIndex:
     def __init__(self, victims: Iterable[WorkloadState], like: NodeIndex | None = None) -> None:
         """``like``: another index over the same victims (in another order) whose pruning
         this one shares, since what is pruned does not depend on the order."""
-        self.by_node: dict[str, list[WorkloadState]] = {}
+        by_node: dict[str, list[WorkloadState]] = {}
+        get = by_node.get
         for v in victims:
             for p in v.placements:
                 if p is None:
                     continue
-                group = self.by_node.setdefault(p.node, [])
-                if not group or group[-1] is not v:
+                group = get(p.node)
+                if group is None:
+                    by_node[p.node] = [v]
+                elif group[-1] is not v:
                     group.append(v)
+        self.by_node = by_node
+        self._gpus: dict[str, tuple[float, ...]] = {}
         self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
         """Memo of the "would every victim left make room" test: (node's state signature,
         those victims, answer), reused while neither changed."""
         self.pruned: set[str] = set() if like is None else like.pruned
         self.no_room: dict[ResourceRequest, set[str]] = {} if like is None else like.no_room
         """Nodes where even every live victim would not make room for that request."""
+
+    def gpus(self, node: str) -> tuple[float, ...]:
+        """The GPUs each victim on ``node`` counts (its ``vector()[0]``, which stays as it is
+        while it is a victim: it runs where it ran, or is evicted and put back there)."""
+        found = self._gpus.get(node)
+        if found is None:
+            found = self._gpus[node] = tuple(v.vector()[0] for v in self.by_node[node])
+        return found
 
     def prune(self, session: Session, node: str) -> None:
         """Skip a node whose victims are all gone; a discarded statement brings it back."""
@@ -189,34 +202,35 @@ def cheapest_node(
             found = refused[project] = blocked(project)
         return found
 
-    up_to: dict[str, float] = {}
+    bounds: dict[str, tuple[float, float]] = {}
+    """Per project, for ``untakable``: (the most GPUs a victim may hold to be taken, -1 if the
+    project is refused; the most it may hold not to be dead), asked once per project and call."""
+    gpus_on = index.gpus
 
-    def untakable(group: list[WorkloadState]) -> list[WorkloadState] | None:
+    def untakable(node: str, group: list[WorkloadState]) -> list[WorkloadState] | None:
         """The victims left on a node (not evicted, not dead) if this search may take none of
         them, else None."""
         assert takes_up_to is not None
         others: list[WorkloadState] = []
-        for v in group:
+        for v, g in zip(group, gpus_on(node), strict=True):
             if v.evicted:
                 continue
-            g = v.vector()[0]
             project = v.project
-            limit = up_to.get(project)
-            if limit is None:
-                limit = up_to[project] = -1.0 if is_refused(project) else takes_up_to(project)
-            if g <= 0 or g <= limit:
+            bound = bounds.get(project)
+            if bound is None:
+                take_limit = -1.0 if is_refused(project) else takes_up_to(project)
+                if dead is None:
+                    dead_limit = float("inf")
+                elif dead_above is None:
+                    dead_limit = float("nan")  # ask ``dead`` per victim
+                else:
+                    dead_limit = limits[project] if project in limits else dead_above(project)
+                    limits[project] = dead_limit
+                bound = bounds[project] = (take_limit, dead_limit)
+            if g <= 0 or g <= bound[0]:
                 return None
-            if dead is None:
+            if g <= bound[1] or (bound[1] != bound[1] and dead is not None and not dead(v)):
                 others.append(v)
-            elif dead_above is None:
-                if not dead(v):
-                    others.append(v)
-            else:
-                above = limits.get(project)
-                if above is None:
-                    above = limits[project] = dead_above(project)
-                if g <= above:
-                    others.append(v)
         return others
 
     # Nodes marked during this call are behind the scan: one set for the call is the same.
@@ -236,7 +250,7 @@ def cheapest_node(
                 ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
             if not ok:
                 continue
-        untaken = untakable(group) if takes_up_to is not None and not pod_level else None
+        untaken = untakable(node, group) if takes_up_to is not None and not pod_level else None
         if untaken is not None:
             if not untaken:
                 gone.append(node)
