@@ -46,21 +46,21 @@ def test_no_take_shortcut_and_room_memo_leave_the_plan_as_the_full_scan(
     original_room = victims._room_with
     used = {"shortcut": 0, "memo_hits": 0}
 
-    def counting_room(session, index, ns, request, others):  # type: ignore[no-untyped-def]
+    def counting_room(session, index, ns, request, others, rid):  # type: ignore[no-untyped-def]
         used["shortcut"] += 1
         seen = index.room_seen.get(ns.name)
         if seen is not None and seen.sig is ns.sig and seen.victims == tuple(map(id, others)) \
-                and request in seen.answers:
+                and rid in seen.answers:
             used["memo_hits"] += 1
-        return original_room(session, index, ns, request, others)
+        return original_room(session, index, ns, request, others, rid)
 
     def full_scan(*args, **kwargs):  # type: ignore[no-untyped-def]
         kwargs["takes_up_to"] = None
         return original_scan(*args, **kwargs)
 
-    def no_memo(session, index, ns, request, others):  # type: ignore[no-untyped-def]
+    def no_memo(session, index, ns, request, others, rid):  # type: ignore[no-untyped-def]
         index.room_seen.clear()
-        return original_room(session, index, ns, request, others)
+        return original_room(session, index, ns, request, others, rid)
 
     for name, snap in snapshots:
         monkeypatch.setattr(victims, "_room_with", counting_room)

@@ -46,12 +46,20 @@ class NodeIndex:
                     group.append(v)
         self.by_node = by_node
         self._gpus: dict[str, tuple[float, ...]] = {}
+        self.request_ids: dict[ResourceRequest, int] = {} if like is None else like.request_ids
         self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
         """Memo of the "would every victim left make room" test: (node's state signature,
         those victims, answer), reused while neither changed."""
         self.pruned: set[str] = set() if like is None else like.pruned
         self.no_room: dict[ResourceRequest, set[str]] = {} if like is None else like.no_room
         """Nodes where even every live victim would not make room for that request."""
+
+    def request_id(self, request: ResourceRequest) -> int:
+        """A small number per distinct request (equal requests, equal numbers)."""
+        found = self.request_ids.get(request)
+        if found is None:
+            found = self.request_ids[request] = len(self.request_ids)
+        return found
 
     def gpus(self, node: str) -> tuple[float, ...]:
         """The GPUs each victim on ``node`` counts (its ``vector()[0]``, which stays as it is
@@ -182,6 +190,7 @@ def cheapest_node(
         skip = [nodes for shape, nodes in index.no_room.items() if nodes and _at_least(request, shape)]
     models_ok: dict[int, bool] = {}
     nodes = session.state.by_name
+    rid = index.request_id(request)
     refused: dict[str, bool] = {}
 
     limits: dict[str, float] = {}
@@ -254,7 +263,7 @@ def cheapest_node(
         if untaken is not None:
             if not untaken:
                 gone.append(node)
-            elif dead is not None and not _room_with(session, index, ns, request, untaken):
+            elif dead is not None and not _room_with(session, index, ns, request, untaken, rid):
                 index.mark_no_room(session, request, node)
             if examined >= nodes_budget or feasible >= 4 or (
                     best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
@@ -410,10 +419,12 @@ def _fewest(ns: NodeState, request: ResourceRequest, pool: list[tuple[WorkloadSt
 
 
 def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: ResourceRequest,
-               others: list[WorkloadState]) -> bool:
+               others: list[WorkloadState], rid: int) -> bool:
     """Would ``request`` fit on ``ns`` with every pod of ``others`` there gone? What the node
     would have free is memoised per node, and each request's answer with it, while the node's
-    state (its signature object, renewed on every change) and the victims are the same."""
+    state (its signature object, renewed on every change) and the victims are the same.
+    ``rid``: ``index.request_id(request)``, the answers' key (hashing the request per node
+    visited cost more than the test it saved)."""
     sig = ns.signature()
     ids = tuple(map(id, others))
     seen = index.room_seen.get(ns.name)
@@ -424,9 +435,9 @@ def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: Resou
         more_cpu, more_mem = _free_all_on(ns.name, others, free, tenants, compute)
         seen = index.room_seen[ns.name] = RoomSeen(
             sig, ids, free, tenants, ns.free_cpu + more_cpu, ns.free_mem + more_mem, compute, {})
-    fits = seen.answers.get(request)
+    fits = seen.answers.get(rid)
     if fits is None:
-        fits = seen.answers[request] = _fits_after(ns, request, seen.free, seen.tenants,
+        fits = seen.answers[rid] = _fits_after(ns, request, seen.free, seen.tenants,
                                                    seen.cpu, seen.mem, seen.compute)
     return fits
 
