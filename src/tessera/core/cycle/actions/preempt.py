@@ -38,15 +38,24 @@ class Preempt:
         # evicted, put back or settled: the node index is rebuilt only then (a failed attempt
         # leaves them as they were), not once per waiting workload.
         cache: dict[tuple[str, int], tuple[list[WorkloadState], NodeIndex]] = {}
+        # The victim list itself changes only when the plan does (every kept attempt records a
+        # binding, evictions and moves; a discarded one leaves nothing): filtered again only then.
+        lists: dict[tuple[str, int], tuple[tuple[int, int, int], list[WorkloadState]]] = {}
         for ws in session.quota.fair_order(w for w in waiting if w.project in by_project):
             if not ws.unplaced():
                 continue
             key = (ws.project, ws.priority)
-            victims = [
-                v
-                for v in by_project[ws.project]
-                if v.priority < ws.priority and not v.evicted and not session.settled(v)
-            ]
+            token = (len(session.bindings), len(session.evictions), len(session.moved))
+            listed = lists.get(key)
+            if listed is not None and listed[0] == token:
+                victims = listed[1]
+            else:
+                victims = [
+                    v
+                    for v in by_project[ws.project]
+                    if v.priority < ws.priority and not v.evicted and not session.settled(v)
+                ]
+                lists[key] = (token, victims)
             found = cache.get(key)
             if found is None or len(found[0]) != len(victims) or any(
                     a is not b for a, b in zip(found[0], victims, strict=True)):
