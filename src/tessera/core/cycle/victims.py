@@ -10,14 +10,14 @@ fit where they were, so the victims kept are only the ones that made room.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from itertools import combinations
+from collections.abc import Callable, Iterable
 
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
-from tessera.core.model import COMPUTE_FULL, GpuKind, ResourceRequest
+from tessera.core.model import GpuKind, ResourceRequest
 from tessera.core.state import NodeState, Placement
 
+from .room_fit import at_least, fewest, fits_after, free_all_on, free_on
 from .room_seen import RoomSeen
 from .session import PodPlacements, Session, Statement, WorkloadState
 
@@ -105,32 +105,6 @@ def take(tentative: Tentative, v: WorkloadState) -> None:
         t[2] += vec[2]
 
 
-def _fits_after(
-    ns: NodeState, request: ResourceRequest, free: Sequence[int], tenants: Sequence[int], cpu: int, mem: int,
-    compute: Sequence[int],
-) -> bool:
-    """``compute``: millionths of each device's time promised once the victims are gone."""
-    if request.cpu_milli > cpu or request.memory > mem:
-        return False
-    gpu = request.gpu
-    if gpu.kind is GpuKind.NONE:
-        return True
-    count = 0
-    for i, model in enumerate(ns.dev_models):
-        if not gpu.allows(model):
-            continue
-        if gpu.kind is GpuKind.WHOLE:
-            ok = tenants[i] == 0
-        else:
-            ok = (gpu.bytes_on(ns.dev_memory[i]) <= free[i]
-                  and gpu.compute_units <= COMPUTE_FULL - compute[i])
-        if ok:
-            count += 1
-            if count >= gpu.devices:
-                return True
-    return False
-
-
 def cheapest_node(
     session: Session,
     request: ResourceRequest,
@@ -187,7 +161,7 @@ def cheapest_node(
     pruned = index.pruned
     skip: list[set[str]] = []
     if dead is not None:
-        skip = [nodes for shape, nodes in index.no_room.items() if nodes and _at_least(request, shape)]
+        skip = [nodes for shape, nodes in index.no_room.items() if nodes and at_least(request, shape)]
     models_ok: dict[int, bool] = {}
     nodes = session.state.by_name
     rid = index.request_id(request)
@@ -298,7 +272,7 @@ def cheapest_node(
             for i, p in enumerate(v.placements):
                 if p is None or p.node != node:
                     continue
-                _free_on(p, free, tenants, compute)
+                free_on(p, free, tenants, compute)
                 cpu += p.cpu_milli
                 mem += p.memory
                 chosen.append((v, i))
@@ -306,7 +280,7 @@ def cheapest_node(
                 cost += vec[0] if pod_level and vec is not None else 0.0
             if not pod_level:
                 cost += v.vector()[0]
-            if _fits_after(ns, request, free, tenants, cpu, mem, compute):
+            if fits_after(ns, request, free, tenants, cpu, mem, compute):
                 if not pod_level:
                     # The other victims here of the projects already taken from, if this
                     # search may take them too: the fewest of them that make room (within the
@@ -322,7 +296,7 @@ def cheapest_node(
                         take(tentative, w)
                         pool.extend((w, i) for i, q in enumerate(w.placements)
                                     if q is not None and q.node == node)
-                    chosen, cost = _fewest(ns, request, pool, budget)
+                    chosen, cost = fewest(ns, request, pool, budget)
                 # Moves (pod_level) rank by GPUs moved alone, as before; evictions by
                 # (over the caller's caps, beyond the budget, workloads), then GPUs.
                 if pod_level:
@@ -341,10 +315,10 @@ def cheapest_node(
                 gone.append(node)
             elif dead is not None:
                 # Would even every victim left here make room? (Quota rules aside.)
-                more_cpu, more_mem = _free_all_on(node, others, free, tenants, compute)
+                more_cpu, more_mem = free_all_on(node, others, free, tenants, compute)
                 cpu += more_cpu
                 mem += more_mem
-                if not _fits_after(ns, request, free, tenants, cpu, mem, compute):
+                if not fits_after(ns, request, free, tenants, cpu, mem, compute):
                     index.mark_no_room(session, request, node)
         if examined >= nodes_budget or feasible >= 4 or (
                 best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
@@ -356,66 +330,6 @@ def cheapest_node(
     if pod_level:
         return best[2]
     return list(dict.fromkeys(v for v, _ in best[2]))
-
-
-def _fewest(ns: NodeState, request: ResourceRequest, pool: list[tuple[WorkloadState, int]],
-            budget: float) -> tuple[list[tuple[WorkloadState, int]], float]:
-    """Of ``pool`` (victims' pods on ``ns``, together allowed, together making room), the
-    fewest workloads that make room freeing at most ``budget`` GPUs, then the fewest GPUs:
-    every single one, every pair (up to 16 victims), every triple (up to 10), tried
-    exhaustively; otherwise the largest first, or the smallest first, each then pruned (a
-    victim left out again if the request still fits without it). With no set within the
-    budget, the fewest workloads. Any subset of an allowed set is allowed."""
-    victims = list(dict.fromkeys(v for v, _ in pool))
-
-    def pods(chosen: Sequence[WorkloadState]) -> list[tuple[WorkloadState, int]]:
-        return [(w, i) for w, i in pool if any(w is c for c in chosen)]
-
-    def fits(chosen: Sequence[WorkloadState]) -> bool:
-        free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
-        tenants = list(ns.dev_tenants)
-        compute = list(ns.dev_compute)
-        cpu, mem = ns.free_cpu, ns.free_mem
-        for w, i in pods(chosen):
-            p = w.placements[i]
-            assert p is not None
-            _free_on(p, free, tenants, compute)
-            cpu += p.cpu_milli
-            mem += p.memory
-        return _fits_after(ns, request, free, tenants, cpu, mem, compute)
-
-    def gpus(chosen: Sequence[WorkloadState]) -> float:
-        return sum(w.vector()[0] for w in chosen)
-
-    fallback: Sequence[WorkloadState] | None = None
-    for size, most in ((1, len(victims)), (2, 16), (3, 10)):
-        if len(victims) > most or size > len(victims):
-            break
-        found: tuple[WorkloadState, ...] | None = None
-        for combo in combinations(victims, size):
-            if (found is None or gpus(combo) < gpus(found) - EPS) and fits(combo):
-                found = combo
-        if found is not None:
-            if gpus(found) <= budget + EPS:
-                return pods(found), gpus(found)
-            fallback = fallback or found
-    for largest in (True, False):
-        chosen: list[WorkloadState] = []
-        for w in sorted(victims, key=lambda v: -v.vector()[0] if largest else v.vector()[0]):
-            chosen.append(w)
-            if fits(chosen):
-                break
-        for w in sorted(chosen, key=lambda v: -v.vector()[0]):
-            trial = [x for x in chosen if x is not w]
-            if trial and fits(trial):
-                chosen = trial
-        if gpus(chosen) <= budget + EPS and (fallback is None or gpus(fallback) > budget + EPS
-                                             or len(chosen) <= len(fallback)):
-            return pods(chosen), gpus(chosen)
-        if fallback is None or len(chosen) < len(fallback):
-            fallback = chosen
-    assert fallback is not None
-    return pods(fallback), gpus(fallback)
 
 
 def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: ResourceRequest,
@@ -432,60 +346,20 @@ def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: Resou
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
         compute = list(ns.dev_compute)
-        more_cpu, more_mem = _free_all_on(ns.name, others, free, tenants, compute)
+        more_cpu, more_mem = free_all_on(ns.name, others, free, tenants, compute)
         seen = index.room_seen[ns.name] = RoomSeen(
             sig, ids, free, tenants, ns.free_cpu + more_cpu, ns.free_mem + more_mem, compute, {})
     fits = seen.answers.get(rid)
     if fits is None:
-        fits = seen.answers[rid] = _fits_after(ns, request, seen.free, seen.tenants,
+        fits = seen.answers[rid] = fits_after(ns, request, seen.free, seen.tenants,
                                                    seen.cpu, seen.mem, seen.compute)
     return fits
-
-
-def _free_all_on(node: str, victims: Sequence[WorkloadState], free: list[int],
-                 tenants: list[int], compute: list[int]) -> tuple[int, int]:
-    """Free every pod of ``victims`` placed on ``node`` in the device vectors; the CPU and
-    memory they give back."""
-    cpu = mem = 0
-    for v in victims:
-        for p in v.placements:
-            if p is not None and p.node == node:
-                _free_on(p, free, tenants, compute)
-                cpu += p.cpu_milli
-                mem += p.memory
-    return cpu, mem
-
-
-def _at_least(big: ResourceRequest, small: ResourceRequest) -> bool:
-    """``big`` needs at least what ``small`` does on any node, so where ``small`` cannot get
-    room, ``big`` cannot either."""
-    if big is small or big == small:
-        return True
-    a, b = big.gpu, small.gpu
-    if a.kind is not b.kind or a.models != b.models or a.devices < b.devices:
-        return False
-    if big.cpu_milli < small.cpu_milli or big.memory < small.memory:
-        return False
-    if a.kind is GpuKind.PORTION:
-        assert a.portion is not None and b.portion is not None
-        return a.portion >= b.portion
-    if a.kind is GpuKind.MEMORY:
-        assert a.memory is not None and b.memory is not None
-        return a.memory >= b.memory
-    return True
-
-
-def _free_on(p: Placement, free: list[int], tenants: list[int], compute: list[int]) -> None:
-    for d, b in zip(p.devices, p.request_bytes, strict=True):
-        free[d] += b
-        tenants[d] -= 1
-        compute[d] -= p.compute
 
 
 def evict_until_fits(
     session: Session,
     ws: WorkloadState,
-    index: NodeIndex,
+    index: NodeIndex | Callable[[], NodeIndex],
     allow: Allow,
     evict: Callable[[WorkloadState], None],
     extra_ok: Callable[[Vector], bool] | None,
@@ -499,7 +373,8 @@ def evict_until_fits(
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 
-    Runs inside the caller's statement; on None the caller discards it.
+    Runs inside the caller's statement; on None the caller discards it. ``index`` may be a
+    function giving it, called only when a node search is needed.
     """
     evicted: list[WorkloadState] = []
     for _ in range(max_rounds):
@@ -508,6 +383,8 @@ def evict_until_fits(
             return placed, evicted
         if fail is None:
             return None
+        if not isinstance(index, NodeIndex):
+            index = index()
         chosen = cheapest_node(session, fail, index, allow, dead=dead,
                                constraint=session.constraint_for(ws, fail), blocked=blocked,
                                dead_above=dead_above,
