@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import tessera.core.cycle.actions.preempt as preempt
 import tessera.core.cycle.victims as victims
 from tessera.bench.cycle import build
 from tessera.core.cycle import CycleConfig, Plan, Snapshot, run_cycle
@@ -76,3 +77,25 @@ def test_no_take_shortcut_and_room_memo_leave_the_plan_as_the_full_scan(
         assert unmemoised == full, name
     # Each shortcut was taken (else this test would prove nothing).
     assert used["shortcut"] > 0 and used["memo_hits"] > 0, used
+
+
+def test_preempt_caches_leave_the_plan_as_building_everything_each_time(
+        snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preempt keeps each (project, priority)'s victim list while the plan is unchanged and
+    builds its node index on first use: the same plans as filtering the list for every
+    waiting workload and building the index at once."""
+    cached = {name: _plan(snap) for name, snap in snapshots}
+    monkeypatch.setattr(preempt, "_plan_token", lambda session: object())
+
+    def eager(found):  # type: ignore[no-untyped-def]
+        if not found[1]:
+            found[1].append(victims.NodeIndex(found[0]))
+        return lambda: found[1][0]
+
+    monkeypatch.setattr(preempt, "_lazy", eager)
+    preempted = 0
+    for name, snap in snapshots:
+        plan = _plan(snap)
+        assert plan == cached[name], name
+        preempted += sum(1 for b in plan.bindings if b.action == "preempt")
+    assert preempted > 0  # preemption had work to do

@@ -43,12 +43,12 @@ class Preempt:
         cache: dict[tuple[str, int], tuple[list[WorkloadState], list[NodeIndex]]] = {}
         # The victim list itself changes only when the plan does (every kept attempt records a
         # binding, evictions and moves; a discarded one leaves nothing): filtered again only then.
-        lists: dict[tuple[str, int], tuple[tuple[int, int, int], list[WorkloadState]]] = {}
+        lists: dict[tuple[str, int], tuple[object, list[WorkloadState]]] = {}
         for ws in session.quota.fair_order(w for w in waiting if w.project in by_project):
             if not ws.unplaced():
                 continue
             key = (ws.project, ws.priority)
-            token = (len(session.bindings), len(session.evictions), len(session.moved))
+            token = _plan_token(session)
             listed = lists.get(key)
             if listed is not None and listed[0] == token:
                 victims = listed[1]
@@ -138,3 +138,8 @@ def _lazy(found: tuple[list[WorkloadState], list[NodeIndex]]) -> Callable[[], No
             found[1].append(NodeIndex(found[0]))
         return found[1][0]
     return get
+
+
+def _plan_token(session: Session) -> object:
+    """Changes whenever the plan does within this action (see ``execute``)."""
+    return (len(session.bindings), len(session.evictions), len(session.moved))
