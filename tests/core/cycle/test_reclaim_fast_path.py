@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import tessera.core.cycle.actions.preempt as preempt
 import tessera.core.cycle.victims as victims
 from tessera.bench.cycle import build
 from tessera.core.cycle import CycleConfig, Plan, Snapshot, run_cycle
@@ -46,21 +47,21 @@ def test_no_take_shortcut_and_room_memo_leave_the_plan_as_the_full_scan(
     original_room = victims._room_with
     used = {"shortcut": 0, "memo_hits": 0}
 
-    def counting_room(session, index, ns, request, others):  # type: ignore[no-untyped-def]
+    def counting_room(session, index, ns, request, others, rid):  # type: ignore[no-untyped-def]
         used["shortcut"] += 1
         seen = index.room_seen.get(ns.name)
         if seen is not None and seen.sig is ns.sig and seen.victims == tuple(map(id, others)) \
-                and request in seen.answers:
+                and rid in seen.answers:
             used["memo_hits"] += 1
-        return original_room(session, index, ns, request, others)
+        return original_room(session, index, ns, request, others, rid)
 
     def full_scan(*args, **kwargs):  # type: ignore[no-untyped-def]
         kwargs["takes_up_to"] = None
         return original_scan(*args, **kwargs)
 
-    def no_memo(session, index, ns, request, others):  # type: ignore[no-untyped-def]
+    def no_memo(session, index, ns, request, others, rid):  # type: ignore[no-untyped-def]
         index.room_seen.clear()
-        return original_room(session, index, ns, request, others)
+        return original_room(session, index, ns, request, others, rid)
 
     for name, snap in snapshots:
         monkeypatch.setattr(victims, "_room_with", counting_room)
@@ -76,3 +77,25 @@ def test_no_take_shortcut_and_room_memo_leave_the_plan_as_the_full_scan(
         assert unmemoised == full, name
     # Each shortcut was taken (else this test would prove nothing).
     assert used["shortcut"] > 0 and used["memo_hits"] > 0, used
+
+
+def test_preempt_caches_leave_the_plan_as_building_everything_each_time(
+        snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preempt keeps each (project, priority)'s victim list while the plan is unchanged and
+    builds its node index on first use: the same plans as filtering the list for every
+    waiting workload and building the index at once."""
+    cached = {name: _plan(snap) for name, snap in snapshots}
+    monkeypatch.setattr(preempt, "_plan_token", lambda session: object())
+
+    def eager(found):  # type: ignore[no-untyped-def]
+        if not found[1]:
+            found[1].append(victims.NodeIndex(found[0]))
+        return lambda: found[1][0]
+
+    monkeypatch.setattr(preempt, "_lazy", eager)
+    preempted = 0
+    for name, snap in snapshots:
+        plan = _plan(snap)
+        assert plan == cached[name], name
+        preempted += sum(1 for b in plan.bindings if b.action == "preempt")
+    assert preempted > 0  # preemption had work to do

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tessera.core.model import ResourceRequest
-
 
 class RoomSeen(NamedTuple):
     """What a node would have free with a set of victims gone, and each request's answer."""
@@ -19,4 +17,5 @@ class RoomSeen(NamedTuple):
     cpu: int
     mem: int
     compute: list[int]
-    answers: dict[ResourceRequest, bool]
+    answers: dict[int, bool]
+    """Per ``NodeIndex.request_id``."""

@@ -10,14 +10,14 @@ fit where they were, so the victims kept are only the ones that made room.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from itertools import combinations
+from collections.abc import Callable, Iterable
 
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
-from tessera.core.model import COMPUTE_FULL, GpuKind, ResourceRequest
+from tessera.core.model import GpuKind, ResourceRequest
 from tessera.core.state import NodeState, Placement
 
+from .room_fit import at_least, fewest, fits_after, free_all_on, free_on
 from .room_seen import RoomSeen
 from .session import PodPlacements, Session, Statement, WorkloadState
 
@@ -33,20 +33,41 @@ class NodeIndex:
     def __init__(self, victims: Iterable[WorkloadState], like: NodeIndex | None = None) -> None:
         """``like``: another index over the same victims (in another order) whose pruning
         this one shares, since what is pruned does not depend on the order."""
-        self.by_node: dict[str, list[WorkloadState]] = {}
+        by_node: dict[str, list[WorkloadState]] = {}
+        get = by_node.get
         for v in victims:
             for p in v.placements:
                 if p is None:
                     continue
-                group = self.by_node.setdefault(p.node, [])
-                if not group or group[-1] is not v:
+                group = get(p.node)
+                if group is None:
+                    by_node[p.node] = [v]
+                elif group[-1] is not v:
                     group.append(v)
+        self.by_node = by_node
+        self._gpus: dict[str, tuple[float, ...]] = {}
+        self.request_ids: dict[ResourceRequest, int] = {} if like is None else like.request_ids
         self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
         """Memo of the "would every victim left make room" test: (node's state signature,
         those victims, answer), reused while neither changed."""
         self.pruned: set[str] = set() if like is None else like.pruned
         self.no_room: dict[ResourceRequest, set[str]] = {} if like is None else like.no_room
         """Nodes where even every live victim would not make room for that request."""
+
+    def request_id(self, request: ResourceRequest) -> int:
+        """A small number per distinct request (equal requests, equal numbers)."""
+        found = self.request_ids.get(request)
+        if found is None:
+            found = self.request_ids[request] = len(self.request_ids)
+        return found
+
+    def gpus(self, node: str) -> tuple[float, ...]:
+        """The GPUs each victim on ``node`` counts (its ``vector()[0]``, which stays as it is
+        while it is a victim: it runs where it ran, or is evicted and put back there)."""
+        found = self._gpus.get(node)
+        if found is None:
+            found = self._gpus[node] = tuple(v.vector()[0] for v in self.by_node[node])
+        return found
 
     def prune(self, session: Session, node: str) -> None:
         """Skip a node whose victims are all gone; a discarded statement brings it back."""
@@ -84,32 +105,6 @@ def take(tentative: Tentative, v: WorkloadState) -> None:
         t[2] += vec[2]
 
 
-def _fits_after(
-    ns: NodeState, request: ResourceRequest, free: Sequence[int], tenants: Sequence[int], cpu: int, mem: int,
-    compute: Sequence[int],
-) -> bool:
-    """``compute``: millionths of each device's time promised once the victims are gone."""
-    if request.cpu_milli > cpu or request.memory > mem:
-        return False
-    gpu = request.gpu
-    if gpu.kind is GpuKind.NONE:
-        return True
-    count = 0
-    for i, model in enumerate(ns.dev_models):
-        if not gpu.allows(model):
-            continue
-        if gpu.kind is GpuKind.WHOLE:
-            ok = tenants[i] == 0
-        else:
-            ok = (gpu.bytes_on(ns.dev_memory[i]) <= free[i]
-                  and gpu.compute_units <= COMPUTE_FULL - compute[i])
-        if ok:
-            count += 1
-            if count >= gpu.devices:
-                return True
-    return False
-
-
 def cheapest_node(
     session: Session,
     request: ResourceRequest,
@@ -123,6 +118,7 @@ def cheapest_node(
     dead_above: Callable[[str], float] | None = None,
     budget: float = float("inf"),
     takes_up_to: Callable[[str], float] | None = None,
+    over_caps: Callable[[list[WorkloadState], ResourceRequest], bool] | None = None,
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
@@ -147,9 +143,14 @@ def cheapest_node(
     ``budget``: GPUs the caller may still evict (reclaim: what the reclaimer is owed). Nodes
     and victim sets within it come before those above it; among equals, fewer workloads, then
     fewer GPUs.
+
+    ``over_caps(victims, request)``: the caller's own rules would refuse the outcome of evicting
+    these and placing ``request`` (reclaim: the reclaimer's departments would end above their
+    caps). Such sets rank after
+    every set that passes, and only sets that pass count towards the four feasible nodes.
     """
     nodes_budget = session.config.max_victim_nodes
-    best: tuple[float, int, list[tuple[WorkloadState, int]], tuple[bool, int]] | None = None
+    best: tuple[float, int, list[tuple[WorkloadState, int]], tuple[bool, bool, int]] | None = None
     examined = 0
     scanned = 0
     feasible = 0
@@ -160,9 +161,10 @@ def cheapest_node(
     pruned = index.pruned
     skip: list[set[str]] = []
     if dead is not None:
-        skip = [nodes for shape, nodes in index.no_room.items() if nodes and _at_least(request, shape)]
+        skip = [nodes for shape, nodes in index.no_room.items() if nodes and at_least(request, shape)]
     models_ok: dict[int, bool] = {}
     nodes = session.state.by_name
+    rid = index.request_id(request)
     refused: dict[str, bool] = {}
 
     limits: dict[str, float] = {}
@@ -183,34 +185,35 @@ def cheapest_node(
             found = refused[project] = blocked(project)
         return found
 
-    up_to: dict[str, float] = {}
+    bounds: dict[str, tuple[float, float]] = {}
+    """Per project, for ``untakable``: (the most GPUs a victim may hold to be taken, -1 if the
+    project is refused; the most it may hold not to be dead), asked once per project and call."""
+    gpus_on = index.gpus
 
-    def untakable(group: list[WorkloadState]) -> list[WorkloadState] | None:
+    def untakable(node: str, group: list[WorkloadState]) -> list[WorkloadState] | None:
         """The victims left on a node (not evicted, not dead) if this search may take none of
         them, else None."""
         assert takes_up_to is not None
         others: list[WorkloadState] = []
-        for v in group:
+        for v, g in zip(group, gpus_on(node), strict=True):
             if v.evicted:
                 continue
-            g = v.vector()[0]
             project = v.project
-            limit = up_to.get(project)
-            if limit is None:
-                limit = up_to[project] = -1.0 if is_refused(project) else takes_up_to(project)
-            if g <= 0 or g <= limit:
+            bound = bounds.get(project)
+            if bound is None:
+                take_limit = -1.0 if is_refused(project) else takes_up_to(project)
+                if dead is None:
+                    dead_limit = float("inf")
+                elif dead_above is None:
+                    dead_limit = float("nan")  # ask ``dead`` per victim
+                else:
+                    dead_limit = limits[project] if project in limits else dead_above(project)
+                    limits[project] = dead_limit
+                bound = bounds[project] = (take_limit, dead_limit)
+            if g <= 0 or g <= bound[0]:
                 return None
-            if dead is None:
+            if g <= bound[1] or (bound[1] != bound[1] and dead is not None and not dead(v)):
                 others.append(v)
-            elif dead_above is None:
-                if not dead(v):
-                    others.append(v)
-            else:
-                above = limits.get(project)
-                if above is None:
-                    above = limits[project] = dead_above(project)
-                if g <= above:
-                    others.append(v)
         return others
 
     # Nodes marked during this call are behind the scan: one set for the call is the same.
@@ -230,14 +233,14 @@ def cheapest_node(
                 ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
             if not ok:
                 continue
-        untaken = untakable(group) if takes_up_to is not None and not pod_level else None
+        untaken = untakable(node, group) if takes_up_to is not None and not pod_level else None
         if untaken is not None:
             if not untaken:
                 gone.append(node)
-            elif dead is not None and not _room_with(session, index, ns, request, untaken):
+            elif dead is not None and not _room_with(session, index, ns, request, untaken, rid):
                 index.mark_no_room(session, request, node)
             if examined >= nodes_budget or feasible >= 4 or (
-                    best is not None and best[3] <= (False, 1) and best[0] <= floor):
+                    best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
                 break
             continue
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
@@ -269,7 +272,7 @@ def cheapest_node(
             for i, p in enumerate(v.placements):
                 if p is None or p.node != node:
                     continue
-                _free_on(p, free, tenants, compute)
+                free_on(p, free, tenants, compute)
                 cpu += p.cpu_milli
                 mem += p.memory
                 chosen.append((v, i))
@@ -277,8 +280,7 @@ def cheapest_node(
                 cost += vec[0] if pod_level and vec is not None else 0.0
             if not pod_level:
                 cost += v.vector()[0]
-            if _fits_after(ns, request, free, tenants, cpu, mem, compute):
-                feasible += 1
+            if fits_after(ns, request, free, tenants, cpu, mem, compute):
                 if not pod_level:
                     # The other victims here of the projects already taken from, if this
                     # search may take them too: the fewest of them that make room (within the
@@ -294,10 +296,17 @@ def cheapest_node(
                         take(tentative, w)
                         pool.extend((w, i) for i, q in enumerate(w.placements)
                                     if q is not None and q.node == node)
-                    chosen, cost = _fewest(ns, request, pool, budget)
+                    chosen, cost = fewest(ns, request, pool, budget)
                 # Moves (pod_level) rank by GPUs moved alone, as before; evictions by
-                # (beyond the budget, workloads), then GPUs.
-                rank = (False, 0) if pod_level else (cost > budget + EPS, len({id(w) for w, _ in chosen}))
+                # (over the caller's caps, beyond the budget, workloads), then GPUs.
+                if pod_level:
+                    rank = (False, False, 0)
+                else:
+                    taken = list(dict.fromkeys(w for w, _ in chosen))
+                    over = over_caps is not None and over_caps(taken, request)
+                    rank = (over, cost > budget + EPS, len(taken))
+                if not rank[0]:
+                    feasible += 1
                 if best is None or rank < best[3] or (rank == best[3] and cost < best[0] - EPS):
                     best = (cost, order, chosen, rank)
                 break
@@ -306,13 +315,13 @@ def cheapest_node(
                 gone.append(node)
             elif dead is not None:
                 # Would even every victim left here make room? (Quota rules aside.)
-                more_cpu, more_mem = _free_all_on(node, others, free, tenants, compute)
+                more_cpu, more_mem = free_all_on(node, others, free, tenants, compute)
                 cpu += more_cpu
                 mem += more_mem
-                if not _fits_after(ns, request, free, tenants, cpu, mem, compute):
+                if not fits_after(ns, request, free, tenants, cpu, mem, compute):
                     index.mark_no_room(session, request, node)
         if examined >= nodes_budget or feasible >= 4 or (
-                best is not None and best[3] <= (False, 1) and best[0] <= floor):
+                best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
             break
     for node in gone:
         index.prune(session, node)
@@ -323,71 +332,13 @@ def cheapest_node(
     return list(dict.fromkeys(v for v, _ in best[2]))
 
 
-def _fewest(ns: NodeState, request: ResourceRequest, pool: list[tuple[WorkloadState, int]],
-            budget: float) -> tuple[list[tuple[WorkloadState, int]], float]:
-    """Of ``pool`` (victims' pods on ``ns``, together allowed, together making room), the
-    fewest workloads that make room freeing at most ``budget`` GPUs, then the fewest GPUs:
-    every single one, every pair (up to 16 victims), every triple (up to 10), tried
-    exhaustively; otherwise the largest first, or the smallest first, each then pruned (a
-    victim left out again if the request still fits without it). With no set within the
-    budget, the fewest workloads. Any subset of an allowed set is allowed."""
-    victims = list(dict.fromkeys(v for v, _ in pool))
-
-    def pods(chosen: Sequence[WorkloadState]) -> list[tuple[WorkloadState, int]]:
-        return [(w, i) for w, i in pool if any(w is c for c in chosen)]
-
-    def fits(chosen: Sequence[WorkloadState]) -> bool:
-        free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
-        tenants = list(ns.dev_tenants)
-        compute = list(ns.dev_compute)
-        cpu, mem = ns.free_cpu, ns.free_mem
-        for w, i in pods(chosen):
-            p = w.placements[i]
-            assert p is not None
-            _free_on(p, free, tenants, compute)
-            cpu += p.cpu_milli
-            mem += p.memory
-        return _fits_after(ns, request, free, tenants, cpu, mem, compute)
-
-    def gpus(chosen: Sequence[WorkloadState]) -> float:
-        return sum(w.vector()[0] for w in chosen)
-
-    fallback: Sequence[WorkloadState] | None = None
-    for size, most in ((1, len(victims)), (2, 16), (3, 10)):
-        if len(victims) > most or size > len(victims):
-            break
-        found: tuple[WorkloadState, ...] | None = None
-        for combo in combinations(victims, size):
-            if (found is None or gpus(combo) < gpus(found) - EPS) and fits(combo):
-                found = combo
-        if found is not None:
-            if gpus(found) <= budget + EPS:
-                return pods(found), gpus(found)
-            fallback = fallback or found
-    for largest in (True, False):
-        chosen: list[WorkloadState] = []
-        for w in sorted(victims, key=lambda v: -v.vector()[0] if largest else v.vector()[0]):
-            chosen.append(w)
-            if fits(chosen):
-                break
-        for w in sorted(chosen, key=lambda v: -v.vector()[0]):
-            trial = [x for x in chosen if x is not w]
-            if trial and fits(trial):
-                chosen = trial
-        if gpus(chosen) <= budget + EPS and (fallback is None or gpus(fallback) > budget + EPS
-                                             or len(chosen) <= len(fallback)):
-            return pods(chosen), gpus(chosen)
-        if fallback is None or len(chosen) < len(fallback):
-            fallback = chosen
-    assert fallback is not None
-    return pods(fallback), gpus(fallback)
-
-
 def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: ResourceRequest,
-               others: list[WorkloadState]) -> bool:
+               others: list[WorkloadState], rid: int) -> bool:
     """Would ``request`` fit on ``ns`` with every pod of ``others`` there gone? What the node
     would have free is memoised per node, and each request's answer with it, while the node's
-    state (its signature object, renewed on every change) and the victims are the same."""
+    state (its signature object, renewed on every change) and the victims are the same.
+    ``rid``: ``index.request_id(request)``, the answers' key (hashing the request per node
+    visited cost more than the test it saved)."""
     sig = ns.signature()
     ids = tuple(map(id, others))
     seen = index.room_seen.get(ns.name)
@@ -395,60 +346,20 @@ def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: Resou
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
         compute = list(ns.dev_compute)
-        more_cpu, more_mem = _free_all_on(ns.name, others, free, tenants, compute)
+        more_cpu, more_mem = free_all_on(ns.name, others, free, tenants, compute)
         seen = index.room_seen[ns.name] = RoomSeen(
             sig, ids, free, tenants, ns.free_cpu + more_cpu, ns.free_mem + more_mem, compute, {})
-    fits = seen.answers.get(request)
+    fits = seen.answers.get(rid)
     if fits is None:
-        fits = seen.answers[request] = _fits_after(ns, request, seen.free, seen.tenants,
+        fits = seen.answers[rid] = fits_after(ns, request, seen.free, seen.tenants,
                                                    seen.cpu, seen.mem, seen.compute)
     return fits
-
-
-def _free_all_on(node: str, victims: Sequence[WorkloadState], free: list[int],
-                 tenants: list[int], compute: list[int]) -> tuple[int, int]:
-    """Free every pod of ``victims`` placed on ``node`` in the device vectors; the CPU and
-    memory they give back."""
-    cpu = mem = 0
-    for v in victims:
-        for p in v.placements:
-            if p is not None and p.node == node:
-                _free_on(p, free, tenants, compute)
-                cpu += p.cpu_milli
-                mem += p.memory
-    return cpu, mem
-
-
-def _at_least(big: ResourceRequest, small: ResourceRequest) -> bool:
-    """``big`` needs at least what ``small`` does on any node, so where ``small`` cannot get
-    room, ``big`` cannot either."""
-    if big is small or big == small:
-        return True
-    a, b = big.gpu, small.gpu
-    if a.kind is not b.kind or a.models != b.models or a.devices < b.devices:
-        return False
-    if big.cpu_milli < small.cpu_milli or big.memory < small.memory:
-        return False
-    if a.kind is GpuKind.PORTION:
-        assert a.portion is not None and b.portion is not None
-        return a.portion >= b.portion
-    if a.kind is GpuKind.MEMORY:
-        assert a.memory is not None and b.memory is not None
-        return a.memory >= b.memory
-    return True
-
-
-def _free_on(p: Placement, free: list[int], tenants: list[int], compute: list[int]) -> None:
-    for d, b in zip(p.devices, p.request_bytes, strict=True):
-        free[d] += b
-        tenants[d] -= 1
-        compute[d] -= p.compute
 
 
 def evict_until_fits(
     session: Session,
     ws: WorkloadState,
-    index: NodeIndex,
+    index: NodeIndex | Callable[[], NodeIndex],
     allow: Allow,
     evict: Callable[[WorkloadState], None],
     extra_ok: Callable[[Vector], bool] | None,
@@ -458,10 +369,12 @@ def evict_until_fits(
     dead_above: Callable[[str], float] | None = None,
     budget: Callable[[], float] | None = None,
     takes_up_to: Callable[[str], float] | None = None,
+    over_caps: Callable[[list[WorkloadState], ResourceRequest], bool] | None = None,
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 
-    Runs inside the caller's statement; on None the caller discards it.
+    Runs inside the caller's statement; on None the caller discards it. ``index`` may be a
+    function giving it, called only when a node search is needed.
     """
     evicted: list[WorkloadState] = []
     for _ in range(max_rounds):
@@ -470,11 +383,13 @@ def evict_until_fits(
             return placed, evicted
         if fail is None:
             return None
+        if not isinstance(index, NodeIndex):
+            index = index()
         chosen = cheapest_node(session, fail, index, allow, dead=dead,
                                constraint=session.constraint_for(ws, fail), blocked=blocked,
                                dead_above=dead_above,
                                budget=float("inf") if budget is None else budget(),
-                               takes_up_to=takes_up_to)
+                               takes_up_to=takes_up_to, over_caps=over_caps)
         if not chosen:
             return None
         for v in chosen:

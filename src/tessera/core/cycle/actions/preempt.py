@@ -11,6 +11,9 @@ needed are put back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_mig
 from tessera.core.cycle.session import PodPlacements, Session, Statement, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
@@ -37,26 +40,36 @@ class Preempt:
         # The victims for one (project, priority below) change only when one of them is
         # evicted, put back or settled: the node index is rebuilt only then (a failed attempt
         # leaves them as they were), not once per waiting workload.
-        cache: dict[tuple[str, int], tuple[list[WorkloadState], NodeIndex]] = {}
+        cache: dict[tuple[str, int], tuple[list[WorkloadState], list[NodeIndex]]] = {}
+        # The victim list itself changes only when the plan does (every kept attempt records a
+        # binding, evictions and moves; a discarded one leaves nothing): filtered again only then.
+        lists: dict[tuple[str, int], tuple[object, list[WorkloadState]]] = {}
         for ws in session.quota.fair_order(w for w in waiting if w.project in by_project):
             if not ws.unplaced():
                 continue
             key = (ws.project, ws.priority)
-            victims = [
-                v
-                for v in by_project[ws.project]
-                if v.priority < ws.priority and not v.evicted and not session.settled(v)
-            ]
+            token = _plan_token(session)
+            listed = lists.get(key)
+            if listed is not None and listed[0] == token:
+                victims = listed[1]
+            else:
+                victims = [
+                    v
+                    for v in by_project[ws.project]
+                    if v.priority < ws.priority and not v.evicted and not session.settled(v)
+                ]
+                lists[key] = (token, victims)
             found = cache.get(key)
             if found is None or len(found[0]) != len(victims) or any(
                     a is not b for a, b in zip(found[0], victims, strict=True)):
-                found = cache[key] = (victims, NodeIndex(victims))
+                found = cache[key] = (victims, [])
             if found[0]:
-                self._try(session, ws, found[0], found[1])
+                self._try(session, ws, found[0], _lazy(found))
 
     def _try(self, session: Session, ws: WorkloadState, victims: list[WorkloadState],
-             index: NodeIndex) -> bool:
-        """``index``: ``NodeIndex(victims)``, used as it is when no victim is taken for quota."""
+             index: Callable[[], NodeIndex]) -> bool:
+        """``index``: gives ``NodeIndex(victims)`` (built on first use: most attempts place
+        without a node search), used as it is when no victim is taken for quota."""
         caps: dict[str, Vector] = {}
         for name in ws.chain:
             a, share = session.quota.alloc[name], session.quota.shares.share[name]
@@ -97,7 +110,7 @@ class Preempt:
             found = find_room(session, ws, queue, allow)
             result = None if found is None else bind_in_room(session, ws, *found, evict)
         else:
-            result = evict_until_fits(session, ws, index if not evicted else NodeIndex(queue), allow,
+            result = evict_until_fits(session, ws, index if not evicted else partial(NodeIndex, queue), allow,
                                       evict, extra_ok, 4 * ws.required() + 4)
         if result is None:
             stmt.discard()
@@ -117,4 +130,16 @@ class Preempt:
         return True
 
 
+def _lazy(found: tuple[list[WorkloadState], list[NodeIndex]]) -> Callable[[], NodeIndex]:
+    """The cached entry's node index, built the first time it is asked for and kept there (so
+    its pruning carries over to the next attempt, as when it was built eagerly)."""
+    def get() -> NodeIndex:
+        if not found[1]:
+            found[1].append(NodeIndex(found[0]))
+        return found[1][0]
+    return get
 
+
+def _plan_token(session: Session) -> object:
+    """Changes whenever the plan does within this action (see ``execute``)."""
+    return (len(session.bindings), len(session.evictions), len(session.moved))

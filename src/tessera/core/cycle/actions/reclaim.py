@@ -37,6 +37,10 @@ class Reclaim:
     victims in this action's preference order (one order per set of ancestors)."""
 
     name = "reclaim"
+    memo_failures = True
+    """Skip later reclaimers of a (project, request shape) whose search found no victims that
+    make room. Only that failure is remembered: one refused afterwards (the reclaimer's
+    departments over their caps, more evicted than owed) says nothing about the next."""
 
     def execute(self, session: Session) -> None:
         waiting = session.waiting_after(_TRIES)
@@ -58,7 +62,8 @@ class Reclaim:
             if session.quota.check(ws, gang_demand(session, ws),
                                    fair_caps=_leaf_only(session, ws)) is not None:
                 continue
-            if not ReclaimSearch(session, ws, order.index_for(ws), splits).run():
+            search = ReclaimSearch(session, ws, order.index_for(ws), splits)
+            if not search.run() and search.no_victims and self.memo_failures:
                 failed.add(key)
 
 

@@ -14,6 +14,7 @@ from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_
 from tessera.core.cycle.session import PodPlacements, Session, Statement, Wait, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
 from tessera.core.fairshare import EPS, Vector
+from tessera.core.model import ResourceRequest
 from tessera.core.projects import Resource
 from tessera.core.units import format_gpus
 
@@ -69,6 +70,8 @@ class ReclaimSearch:
         self._drained: dict[str, bool] = {}
         self._evicted = 0.0
         """GPU-only: projects with no GPU left to give anyone."""
+        self.no_victims = False
+        """``run`` failed because no victims make room (not because the outcome was refused)."""
 
     # -- the search, top-down --------------------------------------------------------------------
 
@@ -83,9 +86,11 @@ class ReclaimSearch:
                                   dead=self.dead, blocked=self.blocked,
                                   dead_above=self.dead_above if self.gpu_only else None,
                                   budget=self.owed,
-                                  takes_up_to=self.takes_up_to if self.gpu_only else None)
+                                  takes_up_to=self.takes_up_to if self.gpu_only else None,
+                                  over_caps=self.over_caps)
         if result is None:
             stmt.discard()
+            self.no_victims = True
             self._explain_no_victims()
             return False
         placed, evicted = result
@@ -112,6 +117,7 @@ class ReclaimSearch:
         result = None if found is None else bind_in_room(session, ws, *found, self.evict)
         if result is None:
             stmt.discard()
+            self.no_victims = True
             self._explain_no_victims()
             return False
         placed, kept = result
@@ -276,6 +282,25 @@ class ReclaimSearch:
             found = self._slack[(name, guaranteed)] = (a[0] - floor[0], a[1] - floor[1],
                                                        a[2] - floor[2])
         return found
+
+    def over_caps(self, victims: list[WorkloadState], request: ResourceRequest) -> bool:
+        """Would evicting ``victims`` and placing the pod ``request`` leave one of the
+        reclaimer's departments above its cap (the test ``run`` makes in the end)? Victims of a
+        relative lower the departments they share with the reclaimer; those of another
+        department do not, so there the pod grows the reclaimer's department. Per pod, not per
+        gang: the search makes room one pod at a time (each round's evictions are in the
+        allocations already), and ``run`` checks the whole outcome."""
+        alloc, governed = self.session.quota.alloc, self.governed
+        demand = self.session.quota.demand(request)
+        for name in self.ws.chain[1:]:
+            cap, a = self.caps[name], alloc[name]
+            for r in governed:
+                if demand[r] <= 0:
+                    continue
+                freed = sum(v.vector()[r] for v in victims if name in v.chain)
+                if a[r] + demand[r] - freed > cap[r] + EPS:
+                    return True
+        return False
 
     def within_caps(self, demand: Vector) -> bool:
         return self.session.quota.check(self.ws, demand, fair_caps=self.caps) is None
