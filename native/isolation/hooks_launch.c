@@ -329,10 +329,14 @@ static __attribute__((noinline, cold)) CUresult gate_slow(CUstream s, const char
          * spacing helps, and end_lease charges the time held). Each sample is an event record
          * and query in the driver: the arbiter's part of the per-launch cost (docs/benchmarks.md). */
         int64_t depth = g_launched - g_done_idx;
-        g_every = (int64_t)(bound / 4 / g_cost);
+        /* Wide spacing only when no other workload wanted this GPU for a whole second: a
+         * contended GPU samples at D / 4 exactly as before, even in the moments its waiters'
+         * demand marks are stale on a loaded host. */
+        int alone = !others && !ts_arb_others_within(g_arb, now, 1000000000LL);
+        g_every = (int64_t)((alone ? bound : (double)ts_arb_drain(g_arb)) / 4 / g_cost);
         if (depth >= 4 && g_every > depth / 2) g_every = depth / 2;
         if (g_every < 1) g_every = 1;
-        if (g_every > SAMPLES * 4) g_every = SAMPLES * 4;
+        if (g_every > (alone ? SAMPLES * 4 : 64)) g_every = alone ? SAMPLES * 4 : 64;
         int ring_full = (g_head + 1) % SAMPLES == g_tail;
         if ((out < bound || g_launched - g_done_idx < 2) && !ring_full) break;
         /* Launches after the last sample are invisible to reap(): sample them now, or a
