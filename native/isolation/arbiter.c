@@ -192,9 +192,11 @@ static int backlogged(ts_arb *a, int i, int64_t now, int holder) {
     return i == holder && now - last_alive(a) < IDLE_NS;
 }
 
-int ts_arb_others_waiting(ts_arb *a, int64_t now) {
+int ts_arb_others_waiting(ts_arb *a, int64_t now) { return ts_arb_others_within(a, now, DEMAND_NS); }
+
+int ts_arb_others_within(ts_arb *a, int64_t now, int64_t window_ns) {
     for (int i = 0; i < a->nslots; i++)
-        if (i != a->me && in_use(a, i) && now - __atomic_load_n(&slot(a, i)->demand, __ATOMIC_RELAXED) < DEMAND_NS)
+        if (i != a->me && in_use(a, i) && now - __atomic_load_n(&slot(a, i)->demand, __ATOMIC_RELAXED) < window_ns)
             return 1;
     return 0;
 }

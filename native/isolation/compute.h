@@ -94,6 +94,8 @@ int64_t ts_arb_deadline(ts_arb *a);
 void ts_arb_alive(ts_arb *a, int64_t now, int64_t busy_until);
 /* Whether another workload is waiting. */
 int ts_arb_others_waiting(ts_arb *a, int64_t now);
+/* Whether another workload wanted this GPU within the last window_ns. */
+int ts_arb_others_within(ts_arb *a, int64_t now, int64_t window_ns);
 /* Waits until this workload holds the lease. Returns 0, or -1 when the arbiter turned unusable
  * (then err says why). */
 int ts_arb_acquire(ts_arb *a, char *err, size_t errlen);

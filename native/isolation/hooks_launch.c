@@ -59,6 +59,7 @@ static int64_t g_launched, g_done_idx, g_last_sample;
 static CUevent g_last_done;
 static int64_t g_last_done_idx = -1;
 static double g_cost = 100000.0; /* ns per launch, estimated from the samples */
+static int64_t g_cost_ns = 100000; /* the same, for the fast path's integer arithmetic */
 #define COSTS 9
 static double g_costs[COSTS];
 static int g_ncost;
@@ -191,6 +192,7 @@ static void reap(void) {
                 g_cost = v[n / 2];
                 if (g_cost < 50) g_cost = 50;
                 if (g_cost > (double)ts_arb_drain(g_arb)) g_cost = (double)ts_arb_drain(g_arb);
+                g_cost_ns = (int64_t)g_cost;
             }
         }
         free_event(g_last_done);
@@ -212,6 +214,9 @@ static void end_lease(uint64_t word) {
     /* A lease held without a single launch is charged in full (-1: the time held), so a
      * workload cannot keep being preferred for leases it does not use. */
     int64_t work = n > 0 ? (int64_t)((double)n * g_cost) : -1;
+    /* No interval measured yet: the per-launch cost is only its default, so charge the time
+     * held instead (wall time, bounded by the arbiter) rather than launches x a guess. */
+    if (g_ncost == 0) work = -1;
     /* Another process of this workload ended the lease (it charged its own launches): ours
      * are added, so the processes of one workload share one budget. */
     if (ts_arb_release(g_arb, word, work) < 0 && n > 0) ts_arb_correct(g_arb, work);
@@ -241,30 +246,50 @@ static void sleep_ns(int64_t ns) {
     nanosleep(&ts, NULL);
 }
 
-/* Before a launch on stream s. Returns CUDA_SUCCESS to go on, or an error to return. */
-static CUresult gate(CUstream s, const char *what, int *counted) {
+static CUresult gate_slow(CUstream s, const char *what, int st, int *counted);
+
+/* Before a launch on stream s. Returns CUDA_SUCCESS to go on, or an error to return. Inlined
+ * into each hook: only the fast path (holding the lease, room under the bound) is here; the
+ * rest (lease hand-over, waits, failures) is gate_slow, out of line, so the fast path pays no
+ * prologue for the slow path's buffers (docs/benchmarks.md, compute share overhead). */
+static inline __attribute__((always_inline)) CUresult gate(CUstream s, const char *what, int *counted) {
     *counted = 0;
-    int st = cs_state();
+    int st = __atomic_load_n(&g_cs, __ATOMIC_ACQUIRE);
     if (__builtin_expect(st == CS_OFF || st == CS_MULTI, 1)) return CUDA_SUCCESS;
-    if (st == CS_FAILED) return refuse(what);
+    if (__builtin_expect(st != CS_ON, 0)) return gate_slow(s, what, st, counted);
     if (ts_real.cuStreamIsCapturing) {
         int cap = 0;
         if (((capturing_fn)ts_real.cuStreamIsCapturing)(s, &cap) == CUDA_SUCCESS && cap) return CUDA_SUCCESS;
     }
     *counted = 1;
-    int64_t now = ts_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* ts_now(), inlined */
+    int64_t now = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
     /* Fast path: our lease (same epoch), before its deadline, nobody latency-class asking for
      * it, and room for one more launch under the bound on queued work. */
     int64_t queued = g_launched - g_done_idx;
     if (__builtin_expect(__atomic_load_n(&g_hdr->lease, __ATOMIC_ACQUIRE) == g_my_lease && g_my_lease &&
                              now < __atomic_load_n(&g_hdr->lease_deadline, __ATOMIC_ACQUIRE) &&
                              __atomic_load_n(&g_hdr->preempt, __ATOMIC_RELAXED) == 0 && queued < g_room &&
-                             g_launched - g_last_sample < 64,
+                             g_launched - g_last_sample < 2 * g_every,
                          1)) {
         __atomic_store_n(&g_hdr->holder_alive, now, __ATOMIC_RELAXED);
-        __atomic_store_n(&g_hdr->holder_busy, now + (int64_t)((double)(queued + 1) * g_cost), __ATOMIC_RELAXED);
+        __atomic_store_n(&g_hdr->holder_busy, now + (queued + 1) * g_cost_ns, __ATOMIC_RELAXED);
         return CUDA_SUCCESS;
     }
+    return gate_slow(s, what, -1, counted);
+}
+
+/* The slow path: st is the state gate() found when it was not CS_ON, or -1 when it was (the
+ * capture check is done and the launch counted). */
+static __attribute__((noinline, cold)) CUresult gate_slow(CUstream s, const char *what, int st, int *counted) {
+    if (st != -1) {
+        st = cs_state(); /* loads the configuration on first use */
+        if (st == CS_OFF || st == CS_MULTI) return CUDA_SUCCESS;
+        if (st == CS_FAILED) return refuse(what);
+        return gate(s, what, counted); /* CS_ON now: the gate proper */
+    }
+    int64_t now;
     pthread_mutex_lock(&g_gate_mu);
     for (;;) {
         now = ts_now();
@@ -297,9 +322,21 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
         g_bound = bound;
         g_room = (int64_t)(bound / g_cost);
         if (g_room < 1) g_room = 1;
-        g_every = (int64_t)((double)ts_arb_drain(g_arb) / 4 / g_cost);
+        /* Progress samples a quarter of the bound apart (D / 4 while others wait, D alone), but
+         * never more than half the queue observed now: two consecutive samples must both be
+         * queued at once for their interval to measure the per-launch cost (a program keeping
+         * few launches in flight would otherwise never be measured; with no queue at all no
+         * spacing helps, and end_lease charges the time held). Each sample is an event record
+         * and query in the driver: the arbiter's part of the per-launch cost (docs/benchmarks.md). */
+        int64_t depth = g_launched - g_done_idx;
+        /* Wide spacing only when no other workload wanted this GPU for a whole second: a
+         * contended GPU samples at D / 4 exactly as before, even in the moments its waiters'
+         * demand marks are stale on a loaded host. */
+        int alone = !others && !ts_arb_others_within(g_arb, now, 1000000000LL);
+        g_every = (int64_t)((alone ? bound : (double)ts_arb_drain(g_arb)) / 4 / g_cost);
+        if (depth >= 4 && g_every > depth / 2) g_every = depth / 2;
         if (g_every < 1) g_every = 1;
-        if (g_every > 64) g_every = 64;
+        if (g_every > (alone ? SAMPLES * 4 : 64)) g_every = alone ? SAMPLES * 4 : 64;
         int ring_full = (g_head + 1) % SAMPLES == g_tail;
         if ((out < bound || g_launched - g_done_idx < 2) && !ring_full) break;
         /* Launches after the last sample are invisible to reap(): sample them now, or a
@@ -318,13 +355,16 @@ static CUresult gate(CUstream s, const char *what, int *counted) {
 }
 
 /* After a launch that went to the driver: every N launches (each graph), an event samples progress. */
-static void after(CUstream s, int counted, int graph, CUresult rc) {
-    if (!counted || rc != CUDA_SUCCESS) return;
-    int64_t n = __atomic_add_fetch(&g_launched, 1, __ATOMIC_RELAXED);
-    if (!graph && n - g_last_sample < g_every) return;
+static __attribute__((noinline)) void sample_locked(CUstream s) {
     pthread_mutex_lock(&g_gate_mu);
     sample(s);
     pthread_mutex_unlock(&g_gate_mu);
+}
+static inline __attribute__((always_inline)) void after(CUstream s, int counted, int graph, CUresult rc) {
+    if (!counted || rc != CUDA_SUCCESS) return;
+    int64_t n = __atomic_add_fetch(&g_launched, 1, __ATOMIC_RELAXED);
+    if (!graph && n - g_last_sample < g_every) return;
+    sample_locked(s);
 }
 
 /* ---- the hooks ---- */

@@ -38,8 +38,9 @@ CLASSES: dict[str, tuple[int, int, str]] = {
     "local/control.py:LocalBackend": (584, 23, "embedded mode's loop and API surface (see "
                                       "local/control.py above; +1 attribute: the "
                                       "workload types, #32)"),
-    "kube/api_backend.py:KubeBackend": (472, 11, "the API's Backend protocol on Kubernetes: "
-                                        "one method per endpoint"),
+    "kube/api_backend.py:KubeBackend": (473, 11, "the API's Backend protocol on Kubernetes: "
+                                        "one method per endpoint (+1: the compute share's "
+                                        "GPU time joined in, kube/compute_usage.py, #30)"),
     "local/pods.py:PodProcesses": (403, 8, "embedded pods' processes: start, watch, stop, "
                                    "restart, one record per pod (the environment is "
                                    "local/pod_env.py)"),

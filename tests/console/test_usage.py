@@ -424,3 +424,37 @@ def test_prometheus_source_reports_what_the_agent_exported(native: Any, tmp_path
 @pytest.fixture
 def native() -> Any:
     return ensure_built()
+
+
+def test_compute_gpu_time_reaches_the_gpus_and_workload_pages_on_kubernetes() -> None:
+    """Issue 30, item 4: tessera-node adds each compute share's charged GPU time to its /usage
+    shares (a share NVML does not show gets an entry of its own); the API server joins it into
+    the GPUs page's holders and the workload's computeShare.gpus, as embedded mode shows it."""
+    from tessera.kube.compute_usage import add_gpu_time
+    from tessera.node.report import usage_document
+    from tessera.node.usage import NodeUsage
+
+    timed = {"gpuTime1s": 0.29, "gpuTime10s": 0.3, "gpuSecondsTotal": 12.5,
+             "computeRequest": 0.3, "computeLimit": 0.8, "computeEnforced": True}
+    doc = usage_document("a", NodeUsage([], {}, (), ()), True,
+                         extra={("GPU-1", "p", "w1-0"): timed})
+    (share,) = doc["shares"]  # NVML showed no process: an entry of its own, with the fields
+    assert share == {"namespace": "p", "pod": "w1-0", "gpuUuid": "GPU-1", **timed}
+    doc["gpus"] = [{"uuid": "GPU-1", "memoryUsedBytes": GiB, "utilization": 0.4}]
+    doc["shares"].append({"namespace": "p", "pod": "x", "gpuUuid": "GPU-1",
+                          "gpuTime1s": "lots", "computeEnforced": "yes"})  # malformed: dropped
+    reports = {"a": report_of("a", doc, now=100.0)}
+    cluster = merge(_cluster(), reports, now=101.0)
+    w1 = cluster["nodes"][0]["gpus"][0]["workloads"][0]
+    assert {k: w1[k] for k in timed} == timed  # what console computeText/gpuTimeLine read
+    assert reports["a"].shares[("GPU-1", "p/x")] == {"utilization": None}
+
+    wdoc = {"computeShare": {"gpuComputeRequest": "0.3", "text": "request 0.3, limit 0.8 (fair)"},
+            "pods": [{"name": "w1-0", "namespace": "p", "nodeName": "a"},
+                     {"name": "w1-1", "namespace": "p", "nodeName": "gone"}]}
+    add_gpu_time(wdoc, reports)
+    assert wdoc["computeShare"]["gpus"] == [{"gpu": "GPU-1", "pod": "w1-0", "gpuTime1s": 0.29,
+                                             "gpuTime10s": 0.3, "gpuSecondsTotal": 12.5,
+                                             "enforced": True}]
+    assert wdoc["computeShare"]["text"].endswith("; GPU time 0.29 (1 s) 0.30 (10 s)")
+    assert add_gpu_time({"pods": []}, reports) == {"pods": []}  # no compute share: untouched

@@ -64,3 +64,24 @@ def test_a_node_that_cannot_enforce_it_refuses_the_claim(tmp_path: Path) -> None
     (tmp_path / "loans2").write_text("not a directory")
     got = prepare(DraPlugin(cfg(tmp_path, loans_host_dir=tmp_path / "loans2"), lambda ns, n: claim()))
     assert "cannot be enforced" in got.error and not got.devices
+
+
+def test_a_claims_compute_limit_is_written_into_its_arbiter_entry(tmp_path: Path) -> None:
+    """The claim's opaque ComputeShare config (tessera.core.compute_claim) sets the entry's limit;
+    a bad one refuses the claim, naming the field, with nothing written."""
+    def limited(value: str) -> dict[str, Any]:
+        c = claim("300m")
+        c["spec"] = {"devices": {"config": [{"opaque": {"driver": "gpu.tessera.io", "parameters": {
+            "apiVersion": "gpu.tessera.io/v1", "kind": "ComputeShare", "computeLimit": value}}}]}}
+        return c
+
+    got = prepare(DraPlugin(cfg(tmp_path), lambda ns, n: limited("700m")))
+    assert not got.error
+    (u,) = arbiter.usage(arbiter_path(tmp_path / "loans", UUID))
+    assert (round(u.request, 3), round(u.limit, 3)) == (0.3, 0.7)
+
+    bad = tmp_path / "bad"
+    got = prepare(DraPlugin(cfg(bad), lambda ns, n: limited("100m")))
+    assert "spec.devices.config[0].opaque.parameters.computeLimit" in got.error
+    assert "at least the compute request" in got.error
+    assert not (bad / "claims" / UID / "conf" / "gpu-compute.conf").exists()

@@ -83,8 +83,18 @@ def _index(document: dict[str, Any]) -> tuple[dict[str, dict[str, Any]],
             v = _number(sh.get(key))
             if v is not None:
                 out[key] = int(v)
+        for key in COMPUTE_FIELDS:  # the compute arbiter's GPU time (docs/compute-share.md)
+            v = _number(sh.get(key))
+            if v is not None:
+                out[key] = v
+        if isinstance(sh.get("computeEnforced"), bool):
+            out["computeEnforced"] = sh["computeEnforced"]
         shares[(str(sh.get("gpuUuid")), f"{sh.get('namespace')}/{sh.get('pod')}")] = out
     return gpus, shares
+
+
+COMPUTE_FIELDS = ("gpuTime1s", "gpuTime10s", "gpuSecondsTotal", "computeRequest", "computeLimit")
+"""A compute share's fields in an agent's /usage shares (tessera.node.report), passed on."""
 
 
 def _number(value: Any) -> float | None:

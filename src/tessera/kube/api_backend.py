@@ -57,6 +57,7 @@ from tessera.kube import workload_docs as wd
 from tessera.kube.agent_usage import AgentPoller
 from tessera.kube.cluster_projects import ClusterProjects, api_message, api_status
 from tessera.kube.cluster_workloads import ISOLATION, ClusterWorkloads
+from tessera.kube.compute_usage import add_gpu_time
 from tessera.kube.mig import hold_from_json
 from tessera.kube.node_cache import CachedNode, NodeCache
 from tessera.kube.objects import PodGroupResource, node_info
@@ -391,7 +392,8 @@ class KubeBackend(TokenAuth):
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
         entry = self.workloads.find(workload_id, kind)
         nodes, uuids, simulated, _ = self._nodes()
-        return self.workloads.doc(entry, nodes, uuids, brief=False, simulated=simulated)
+        doc = self.workloads.doc(entry, nodes, uuids, brief=False, simulated=simulated)
+        return add_gpu_time(doc, self.usage.reports())  # the compute share's measured GPU time
 
     def delete_workload(self, workload_id: str, kind: str | None = None) -> None:
         entry = self.workloads.find(workload_id, kind)

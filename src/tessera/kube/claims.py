@@ -18,8 +18,8 @@ quota and fair share treat both alike:
 
 What tessera-scheduler does not allocate is refused with a reason naming the field (the pod
 waits; nothing is half-allocated): another driver's class beside tessera's, ``firstAvailable``,
-``allocationMode: All``, selectors, constraints, config, admin access, more than one tessera
-request per pod.
+``allocationMode: All``, selectors, constraints, a config other than a compute limit, admin
+access, more than one tessera request per pod. The one config taken is a compute limit (:mod:`tessera.core.compute_claim`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 from lightkube.generic_resource import create_namespaced_resource
 
 from tessera.core import compute
+from tessera.core.compute_claim import compute_limit
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import parse_placement_name, parse_profile, placement_name
 from tessera.core.model import GpuKind, GpuRequest, compute_units
@@ -154,9 +155,8 @@ def claim_gpu_request(claims: Sequence[Mapping[str, Any]]) -> GpuRequest | None:
                 found.append((claim, i, req))
             else:
                 foreign.append(cls)
-        if found and (devices.get("constraints") or devices.get("config")):
-            key = "constraints" if devices.get("constraints") else "config"
-            raise InvalidRequest(_field(claim, f"spec.devices.{key}"),
+        if found and devices.get("constraints"):
+            raise InvalidRequest(_field(claim, "spec.devices.constraints"),
                                  "is not supported for gpu.tessera.io claims yet")
     if not found:
         return None
@@ -172,8 +172,11 @@ def claim_gpu_request(claims: Sequence[Mapping[str, Any]]) -> GpuRequest | None:
     claim, i, req = found[0]
     if req["exactly"]["deviceClassName"] == MIG_CLASS:
         _mig_profile(claim, i, req)
+        compute_limit(claim, None)  # a config (a compute limit) is refused: MIG is not gated
         return GpuRequest.none()  # the profile's fraction: claims_mig_profile
-    return _request(claim, i, req)
+    gpu = _request(claim, i, req)
+    compute_limit(claim, gpu.compute)  # the only config taken: a compute limit, checked
+    return gpu
 
 
 def claims_mig_profile(claims: Sequence[Mapping[str, Any]]) -> str | None:

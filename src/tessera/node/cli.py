@@ -153,7 +153,8 @@ def _run(args: argparse.Namespace) -> int:
         registry = registry_for(agent.collector)
         server, _thread = start_server(
             opts.metrics_port, opts.metrics_address, registry,
-            lambda: usage_document(node, agent.collector.usage, agent.ready, agent.reason))
+            lambda: usage_document(node, agent.collector.usage, agent.ready, agent.reason,
+                                   extra=agent.collector.more_share_fields()))
         opts.advertise_url = advertised_url(args.advertise_url, opts.metrics_address,
                                             server.server_port, os.environ.get("POD_IP", ""))
         print(f"tessera-node {node}: metrics on http://{opts.metrics_address}:"
@@ -248,7 +249,8 @@ def _local(args: argparse.Namespace) -> int:
     name = args.node_name or socket.gethostname()
     server, _thread = start_server(
         args.metrics_port, args.metrics_address, registry_for(collector),
-        lambda: usage_document(name, collector.usage, collector.ready))
+        lambda: usage_document(name, collector.usage, collector.ready,
+                               extra=collector.more_share_fields()))
     print(f"tessera-node (local): metrics on http://{args.metrics_address}:"
           f"{server.server_port}/metrics, usage on /usage", flush=True)
     stop = threading.Event()

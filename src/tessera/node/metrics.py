@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -53,6 +54,15 @@ class NodeCollector(Collector):
         self.sync_seconds = 0.0
         self.extra: list[Callable[[], Iterable[Metric]]] = []
         """More metric families, rendered last (a sync step's: the compute share's GPU time)."""
+        self.share_fields: list[Callable[[], dict[tuple[str, str, str], dict[str, Any]]]] = []
+        """More fields for ``/usage``'s shares (tessera.node.report.ShareFields), a sync step's."""
+
+    def more_share_fields(self) -> dict[tuple[str, str, str], dict[str, Any]]:
+        out: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for fields in self.share_fields:
+            for k, v in fields().items():
+                out.setdefault(k, {}).update(v)
+        return out
 
     def collect(self) -> Iterator[Metric]:
         for more in self.extra:

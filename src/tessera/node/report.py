@@ -13,7 +13,9 @@ Document (all memory in bytes, utilisation 0 to 1, ``null`` where NVML gives non
     {"node": "gpu-node-0", "time": 1764000000.0, "ready": true, "message": "",
      "gpus": [{"uuid", "memoryTotalBytes", "memoryUsedBytes", "utilization"}],
      "shares": [{"namespace", "pod", "workload", "project", "gpuUuid", "requestBytes",
-                 "limitBytes", "chargedBytes", "usedBytes", "loanedBytes", "smUtilization"}]}
+                 "limitBytes", "chargedBytes", "usedBytes", "loanedBytes", "smUtilization",
+                 and, for a compute share, "gpuTime1s", "gpuTime10s", "gpuSecondsTotal",
+                 "computeRequest", "computeLimit", "computeEnforced"}]}
 
 ``gpus`` is ``null`` when the agent has no usage to give (no NVML): ``message`` says why.
 """
@@ -38,9 +40,15 @@ def _ratio(percent: int | None) -> float | None:
     return None if percent is None else round(min(100, max(0, percent)) / 100, 4)
 
 
+ShareFields = dict[tuple[str, str, str], dict[str, Any]]
+"""More fields for shares, by (GPU UUID, namespace, pod): a sync step's (the compute share's GPU
+time: gpuTime1s, gpuTime10s, gpuSecondsTotal, computeRequest, computeLimit, computeEnforced)."""
+
+
 def usage_document(node: str, usage: NodeUsage | None, ready: bool, message: str = "",
-                   now: float | None = None) -> dict[str, Any]:
-    """The ``/usage`` document of one node from the agent's latest picture."""
+                   now: float | None = None, extra: ShareFields | None = None) -> dict[str, Any]:
+    """The ``/usage`` document of one node from the agent's latest picture; ``extra`` adds
+    fields to the shares it names (and a share of its own where NVML shows none)."""
     doc: dict[str, Any] = {"node": node, "time": time.time() if now is None else now,
                            "ready": ready, "message": message, "gpus": None, "shares": []}
     if usage is None:
@@ -55,7 +63,18 @@ def usage_document(node: str, usage: NodeUsage | None, ready: bool, message: str
                       "limitBytes": v.limit_bytes, "chargedBytes": v.charged_bytes,
                       "usedBytes": v.nvml_bytes, "loanedBytes": v.loaned_bytes,
                       "smUtilization": _ratio(v.sm_util)} for v in usage.shares]
+    _add_fields(doc["shares"], extra or {})
     return doc
+
+
+def _add_fields(shares: list[dict[str, Any]], extra: ShareFields) -> None:
+    left = dict(extra)
+    for sh in shares:
+        more = left.pop((sh["gpuUuid"], sh["namespace"], sh["pod"]), None)
+        if more:
+            sh.update(more)
+    for (uuid, namespace, pod), more in sorted(left.items()):
+        shares.append({"namespace": namespace, "pod": pod, "gpuUuid": uuid, **more})
 
 
 class _Quiet(WSGIRequestHandler):

@@ -209,3 +209,50 @@ def test_mig_allocation_is_the_placements_device_and_tesseras_own() -> None:
     c["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
     assert not ours_mig(c) and not released(c, set())
     assert mig_allocations(c) == [("node-a", 1, "3g.20gb", 4)]  # still holds the placement
+
+
+def limit_config(value: Any = "800m", **params: Any) -> list[dict[str, Any]]:
+    base = {"apiVersion": "gpu.tessera.io/v1", "kind": "ComputeShare", "computeLimit": value}
+    base.update(params)
+    return [{"requests": ["gpu"], "opaque": {"driver": "gpu.tessera.io", "parameters": base}}]
+
+
+def test_a_compute_limit_is_the_claims_opaque_config() -> None:
+    """The burst ceiling beside capacity.requests.compute (docs/compute-share.md): placement
+    counts only the request, so the request is unchanged; the kubelet plugin writes the limit
+    (tests/node/test_draplugin_compute.py)."""
+    from tessera.core.compute_claim import compute_limit
+
+    c = claim(share(shares="50", compute="300m"), config=limit_config("800m"))
+    r = claim_gpu_request([c])
+    assert r is not None and r.compute == Decimal("0.3")
+    assert compute_limit(c, r.compute) == Decimal("0.8")
+    assert compute_limit(claim(share(shares="50", compute="300m")), Decimal("0.3")) is None
+
+
+@pytest.mark.parametrize("config, field, words", [
+    (limit_config("1.5"), "config[0].opaque.parameters.computeLimit", "[0, 1]"),
+    (limit_config("200m"), "config[0].opaque.parameters.computeLimit", "at least the compute request (0.3)"),
+    (limit_config("lots"), "config[0].opaque.parameters.computeLimit", "[0, 1]"),
+    (limit_config("800m", computeMode="strict"), "config[0].opaque.parameters.computeMode",
+     "not a field of ComputeShare"),
+    (limit_config("800m", kind="GpuConfig"), "config[0].opaque.parameters", "kind ComputeShare"),
+    ([{"opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}], "config[0].opaque.driver",
+     "only an opaque config of driver gpu.tessera.io"),
+    (limit_config() + limit_config(), "config[1]", "one ComputeShare config"),
+    ([{"opaque": {"driver": "gpu.tessera.io", "parameters": {"apiVersion": "gpu.tessera.io/v1",
+                                                             "kind": "ComputeShare"}}}],
+     "config[0].opaque.parameters.computeLimit", "is required"),
+])
+def test_bad_compute_limits_name_the_field(config: list[dict[str, Any]], field: str, words: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        claim_gpu_request([claim(share(shares="50", compute="300m"), config=config)])
+    assert f"resourceclaim c: spec.devices.{field}" in str(err.value) and words in str(err.value)
+
+
+def test_a_compute_limit_needs_a_compute_request() -> None:
+    for c in (claim(share(memory="1Gi"), config=limit_config()),
+              claim(exactly("gpu.tessera.io"), config=limit_config())):
+        with pytest.raises(InvalidRequest) as err:
+            claim_gpu_request([c])
+        assert "computeLimit" in str(err.value) and "needs a compute request" in str(err.value)

@@ -189,7 +189,8 @@ def test_a_claims_compute_share_is_in_its_gpus_arbiter_when_prepared(
     """A share claim with ``capacity.requests.compute`` (docs/compute-share.md), allocated with
     ``consumedCapacity.compute``: prepare over the kubelet's gRPC writes its entry into the GPU's
     arbiter in the node's ledger directory and ``gpu-compute.conf`` beside its config (mounted at
-    /etc/tessera), before answering; unprepare removes the entry."""
+    /etc/tessera), before answering, with the limit its opaque ComputeShare config sets (the
+    real API server takes the config); unprepare removes the entry."""
     from tessera.isolation import arbiter
 
     agent = agent_of(kube_cluster)
@@ -200,7 +201,10 @@ def test_a_claims_compute_share_is_in_its_gpus_arbiter_when_prepared(
         "metadata": {"name": "timed", "namespace": ns},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
             "deviceClassName": "share.gpu.tessera.io",
-            "capacity": {"requests": {"memory": "5Gi", "compute": "400m"}}}}]}}})).to_dict()
+            "capacity": {"requests": {"memory": "5Gi", "compute": "400m"}}}}],
+            # the limit (burst ceiling): the driver's opaque config (tessera.core.compute_claim)
+            "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.tessera.io", "parameters": {
+                "apiVersion": "gpu.tessera.io/v1", "kind": "ComputeShare", "computeLimit": "700m"}}}]}}})).to_dict()
     uid = claim["metadata"]["uid"]
     p = Placement(agent.node, devices=(0,), request_bytes=(5 * GIB,), limit_bytes=(5 * GIB,),
                   compute=400_000)
@@ -217,7 +221,7 @@ def test_a_claims_compute_share_is_in_its_gpus_arbiter_when_prepared(
             f"arbiter /run/tessera-loans/compute/{agent.uuids[0]}.share", f"workload {uid}"]
         share = agent.root / "loans" / "compute" / f"{agent.uuids[0]}.share"
         (entry,) = [u for u in arbiter.usage(share) if u.key == uid]
-        assert (round(entry.request, 3), entry.limit) == (0.4, 1.0)
+        assert (round(entry.request, 3), round(entry.limit, 3)) == (0.4, 0.7)
         assert prepare(info.endpoint, req, unprepare=True).claims[uid].error == ""
         assert uid not in {u.key for u in arbiter.usage(share)}
     finally:

@@ -121,6 +121,12 @@ def test_a_strict_share_is_held_to_its_limit_by_the_nodes_arbiter(node: Any, rea
         assert float(line.rsplit(" ", 1)[1]) > 0.5
         assert any(x.startswith("tessera_workload_gpu_compute_limit{") and 'pod="strict"' in x
                    and x.endswith(" 0.3") for x in body.splitlines())
+        # ... and its /usage, which the API server polls for the console's GPUs and workload
+        # pages (tests/console/test_usage.py joins it).
+        usage = httpx.get(node.metrics_url.replace("/metrics", "/usage"), timeout=5).json()
+        (sh,) = [x for x in usage["shares"] if x["pod"] == "strict" and x["namespace"] == ns]
+        assert sh["gpuUuid"] == node.uuids[0] and sh["gpuSecondsTotal"] > 0.5
+        assert (sh["computeRequest"], sh["computeLimit"], sh["computeEnforced"]) == (0.3, 0.3, True)
 
         kube_client.delete(Pod, "strict", namespace=ns, grace_period=0)
         wait_until("its entry removed", lambda: key not in {u.key for u in arbiter.usage(share)})

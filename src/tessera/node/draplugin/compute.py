@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from tessera.core import compute
+from tessera.core.compute_claim import compute_limit
 from tessera.core.errors import InvalidRequest
 from tessera.isolation import arbiter
 from tessera.node.compute_arbiters import (
@@ -49,8 +50,9 @@ def prepare_compute(cfg: PluginConfig, uid: str, devices: Sequence[ClaimDevice],
     if cfg.claims_dir is None or cfg.loans_host_dir is None:
         raise InvalidRequest(FIELD, "cannot be enforced on this node: tessera-node runs without a claims or "
                              "ledger directory (fails closed)", str(request))
-    entry = ComputeEntry(check_uid(uid), tuple(d.uuid for d in devices), float(request), 1.0,
-                         latency=priority_class == "inference")
+    limit = compute_limit(claim, request)  # spec.devices.config's ComputeShare; None: 1
+    entry = ComputeEntry(check_uid(uid), tuple(d.uuid for d in devices), float(request),
+                         float(limit) if limit is not None else 1.0, latency=priority_class == "inference")
     try:
         text = ComputeArbiters(cfg.loans_host_dir).apply(entry)
         conf = cfg.claims_dir / uid / "conf" / CONF_NAME

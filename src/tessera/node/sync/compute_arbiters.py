@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -59,6 +60,20 @@ class ComputeArbitersStep(SyncStep):
                 limit.add_metric(labels, u.limit)
         yield from (total, share, request, limit)
 
+    def share_fields(self) -> dict[tuple[str, str, str], dict[str, Any]]:
+        """Per (GPU, namespace, pod), the GPU time the arbiter charged, for ``/usage`` (the
+        console's GPUs and workload pages: tessera.node.report, tessera.api.usage)."""
+        out: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for uuid, entries in (self.arbiters.usage() if self.arbiters else {}).items():
+            for u in entries:
+                who = self.who.get(u.key)
+                if who is not None:
+                    out[(uuid, who[0], who[1])] = {
+                        "gpuTime1s": round(u.share_1s, 4), "gpuTime10s": round(u.share_10s, 4),
+                        "gpuSecondsTotal": round(u.total_seconds, 3), "computeRequest": round(u.request, 6),
+                        "computeLimit": round(u.limit, 6), "computeEnforced": not u.multi_gpu}
+        return out
+
     async def sync(self, node: NodeContext) -> None:
         opts = node.opts
         if self.arbiters is None:
@@ -66,6 +81,7 @@ class ComputeArbitersStep(SyncStep):
             self.node_name = opts.node_name
             if node.observer is not None:
                 node.observer.collector.extra.append(self.metrics)
+                node.observer.collector.share_fields.append(self.share_fields)
         who: dict[str, tuple[str, str, str, str]] = {}
         confs: dict[str, str] = {}
         errors: dict[str, str] = {}
