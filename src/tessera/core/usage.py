@@ -76,7 +76,7 @@ class UsageRecord:
 def decayed(gpus: float, start: float, end: float, now: float, window: float, half_life: float) -> float:
     """Decayed GPU-seconds of ``gpus`` held over ``[start, end]`` as seen at ``now``."""
     a, b = max(start, now - window), min(end, now)
-    if b <= a or gpus <= 0:
+    if b <= a or gpus == 0:  # negative: a correction (tessera.core.usage_history)
         return 0.0
     rate = math.log(2) / half_life
     return gpus / rate * (math.exp(-rate * (now - b)) - math.exp(-rate * (now - a)))
@@ -95,7 +95,7 @@ def decayed_usage(
         if found is None:
             continue
         usage[r.project] = usage.get(r.project, 0.0) + decayed(r.gpus, r.start, r.end, now, *found)
-    return usage
+    return {name: max(0.0, u) for name, u in usage.items()}
 
 
 def adjusted_weights(weights: Mapping[str, float], usage: Mapping[str, float], k: float) -> dict[str, float]:

@@ -1,0 +1,192 @@
+"""The adapters' side of time-based fair share (``tessera.core.usage``): the settings as a user
+writes them, and the usage history an adapter keeps between cycles.
+
+Settings (``--fair-share-history`` on ``tessera up`` and on ``tessera-scheduler``, Helm value
+``policy.fairShareHistory``)::
+
+    off                                   plain fair share (the default)
+    window=7d,half-life=1d,k=1            any subset; the rest keep UsagePolicy's defaults
+
+and per department (or project) ``NAME:window=1d,half-life=6h`` (``--fair-share-history-for``,
+repeatable; on Kubernetes also a Project's ``usageWindowSeconds`` / ``usageHalfLifeSeconds``,
+which win). Durations are seconds or a number with ``s``, ``m``, ``h``, ``d`` or ``w``. A
+window or half-life ≤ 0 or above one year is refused naming the flag and the rule.
+
+:class:`UsageHistory` remembers every running workload from one cycle to the next; when one
+stops running (finished, evicted, deleted) or its GPUs change (an elastic workload grew or
+shrank), the stretch it held becomes a :class:`~tessera.core.usage.UsageRecord`. Records older
+than the longest window in force are dropped. It is kept in memory: after a restart, history
+starts again from the workloads running then (docs/scheduling.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from tessera.core.errors import InvalidRequest
+from tessera.core.model import COMPUTE_FULL, Node
+from tessera.core.projects import Project
+from tessera.core.usage import UsagePolicy, UsageRecord, check_seconds
+from tessera.core.workloads import Workload
+
+if TYPE_CHECKING:
+    from tessera.core.cycle.types import Snapshot
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([smhdw]?)\s*$")
+_KEYS = {"window": "window", "half-life": "half_life", "half_life": "half_life", "k": "k"}
+
+Override = tuple[float | None, float | None]
+"""(window, half-life) of one department or project; None: inherited."""
+
+
+def duration(field: str, text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``6h``, ``7d`` or ``2w``: more than 0 and at most a
+    year, else refused naming ``field``."""
+    m = _DURATION.match(text)
+    if m is None:
+        if text.strip().startswith("-"):
+            raise InvalidRequest(field, "must be more than 0 seconds", text)
+        raise InvalidRequest(field, "must be a duration: seconds, or a number with s, m, h, d or w "
+                             "(e.g. 6h, 7d)", text)
+    return check_seconds(field, float(m.group(1)) * UNITS[m.group(2) or "s"])
+
+
+def _pairs(flag: str, text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in _KEYS:
+            raise InvalidRequest(flag, "must be off or key=value pairs of window, half-life and k "
+                                 "(e.g. window=7d,half-life=1d,k=1)", text)
+        out[_KEYS[key]] = value.strip()
+    return out
+
+
+def parse_policy(flag: str, text: str | None) -> UsagePolicy | None:
+    """The cluster's setting: None (plain fair share) for empty or ``off``."""
+    if text is None or text.strip().lower() in ("", "off", "none", "false"):
+        return None
+    pairs = _pairs(flag, text)
+    kw: dict[str, float] = {}
+    for key, value in pairs.items():
+        if key == "k":
+            try:
+                kw["k"] = float(value)
+            except ValueError:
+                raise InvalidRequest(f"{flag} k", "must be a number from 0 to 100", value) from None
+        else:
+            kw[key] = duration(f"{flag} {key.replace('_', '-')}", value)
+    policy = UsagePolicy(**kw)
+    policy.validate(flag)
+    return policy
+
+
+def parse_override(flag: str, text: str) -> tuple[str, Override]:
+    """``NAME:window=1d,half-life=6h`` (k is cluster-wide only)."""
+    name, sep, rest = text.partition(":")
+    name = name.strip()
+    if not sep or not name:
+        raise InvalidRequest(flag, "must be NAME:window=...,half-life=... (a department or project)",
+                             text)
+    pairs = _pairs(flag, rest)
+    if "k" in pairs:
+        raise InvalidRequest(f"{flag} {name}", "k is cluster-wide; a department sets only window "
+                             "and half-life", text)
+    window = pairs.get("window")
+    half = pairs.get("half_life")
+    return name, (None if window is None else duration(f"{flag} {name} window", window),
+                  None if half is None else duration(f"{flag} {name} half-life", half))
+
+
+def with_overrides(projects: Sequence[Project], overrides: Mapping[str, Override]) -> tuple[Project, ...]:
+    """The projects with each named one's window and half-life set, unless it sets its own."""
+    if not overrides:
+        return tuple(projects)
+    out = []
+    for p in projects:
+        o = overrides.get(p.name)
+        if o is not None:
+            window = p.usage_window if p.usage_window is not None else o[0]
+            half = p.usage_half_life if p.usage_half_life is not None else o[1]
+            p = dataclasses.replace(p, usage_window=window, usage_half_life=half)
+        out.append(p)
+    return tuple(out)
+
+
+def held_gpus(w: Workload, nodes: Mapping[str, Node]) -> float:
+    """GPUs a running workload's placed pods hold, counted as quota counts them."""
+    total = 0.0
+    for p in w.placements:
+        if p is None:
+            continue
+        if p.gpus is not None:
+            total += p.gpus
+        elif p.exclusive:
+            total += len(p.devices)
+        else:
+            node = nodes.get(p.node)
+            if node is None:
+                continue
+            memory = {g.index: g.memory for g in node.gpus}
+            time = p.compute / COMPUTE_FULL
+            total += sum(max(b / memory[i], time) if memory.get(i) else time
+                         for i, b in zip(p.devices, p.request_bytes, strict=True))
+    return total
+
+
+class UsageHistory:
+    """What ran, kept across cycles for ``Snapshot.usage``; see the module text."""
+
+    def __init__(self, policy: UsagePolicy | None, overrides: Mapping[str, Override] | None = None) -> None:
+        if policy is not None:
+            policy.validate("fair share history")
+        self.policy = policy
+        self.overrides = dict(overrides or {})
+        self.records: list[UsageRecord] = []
+        self._running: dict[str, tuple[str, float, float]] = {}
+        """Workload id -> (project, since, GPUs) as last seen running."""
+
+    def horizon(self, projects: Sequence[Project]) -> float:
+        """The longest window in force: older records can never count again."""
+        assert self.policy is not None
+        windows = [self.policy.window, *(p.usage_window for p in projects if p.usage_window)]
+        return max(float(w) for w in windows if w is not None)
+
+    def observe(self, workloads: Sequence[Workload], nodes: Sequence[Node], now: float) -> None:
+        """Turn what stopped or was resized since the last call into records. The cycle counts a
+        running workload as its GPUs now from ``started_at``; a resize from g to g' at t adds a
+        record of g − g' from ``started_at`` to t (negative when it grew), so the sum is what it
+        really held."""
+        by_name = {n.name: n for n in nodes}
+        seen: dict[str, tuple[str, float, float]] = {}
+        for w in workloads:
+            if not w.running or w.started_at is None:
+                continue
+            gpus = held_gpus(w, by_name)
+            before = self._running.get(w.id)
+            if before is not None and before[0] == w.project and before[1] == w.started_at:
+                if not math.isclose(before[2], gpus, abs_tol=1e-9):
+                    self.records.append(UsageRecord(w.project, w.started_at, now, before[2] - gpus))
+            elif before is not None:  # restarted or moved to another project: the old run ended
+                self.records.append(UsageRecord(before[0], before[1], now, before[2]))
+            seen[w.id] = (w.project, w.started_at, gpus)
+        for wid, (project, since, gpus) in self._running.items():
+            if wid not in seen:
+                self.records.append(UsageRecord(project, since, now, gpus))
+        self._running = seen
+
+    def apply(self, snapshot: Snapshot) -> Snapshot:
+        """The snapshot with the history's records (and the overrides) for this cycle."""
+        if self.policy is None:
+            return snapshot
+        projects = with_overrides(snapshot.projects, self.overrides)
+        self.observe(snapshot.workloads, snapshot.nodes, snapshot.now)
+        oldest = snapshot.now - self.horizon(projects)
+        self.records = [r for r in self.records if r.end > oldest]
+        return dataclasses.replace(snapshot, projects=projects, usage=(*snapshot.usage, *self.records))
