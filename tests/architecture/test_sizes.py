@@ -22,20 +22,21 @@ MAX_CLASS_ATTRIBUTES = 20
 FILES: dict[str, tuple[int, str]] = {
     "testing/cluster.py": (637, "harness: the test cluster's whole life cycle (etcd, API "
                            "server, kwok, the kubelet doubles); not split yet"),
-    "local/control.py": (646, "embedded mode's loop and API surface (MIG serving shares is "
+    "local/control.py": (649, "embedded mode's loop and API surface (MIG serving shares is "
                          "local/mig_serving.py, on the core's path; +8: the workload-types "
-                         "seam's wiring, #32)"),
+                         "seam's wiring, #32; +3: usage history sees cycles without "
+                         "pending work, and the cycle is passed in, #33)"),
     "kube/api_backend.py": (557, "the REST API's Backend surface on Kubernetes plus its "
                             "reconcile loop (+1: a sweep is its Indexed Job's, kube/sweeps.py)"),
-    "kube/objects.py": (509, "the parsers of every object the scheduler watches (one per "
-                        "kind, each small)"),
+    "kube/objects.py": (510, "the parsers of every object the scheduler watches (one per "
+                        "kind, each small; +1: a Project's usage history settings, #33)"),
     "kube/snapshot.py": (515, "one pass from the caches to the core's Snapshot, cached by "
                          "version; its parts share that pass"),
 }
 """Files over ``MAX_FILE_LINES``: path under src/tessera -> (ceiling, why)."""
 
 CLASSES: dict[str, tuple[int, int, str]] = {
-    "local/control.py:LocalBackend": (584, 23, "embedded mode's loop and API surface (see "
+    "local/control.py:LocalBackend": (587, 23, "embedded mode's loop and API surface (see "
                                       "local/control.py above; +1 attribute: the "
                                       "workload types, #32)"),
     "kube/api_backend.py:KubeBackend": (473, 11, "the API's Backend protocol on Kubernetes: "

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tessera.api.fair_share_doc import fair_share_text
 from tessera.cli import render
 from tessera.cli.app import Output, _fmt, config_app, project_app
 from tessera.cli.client import (
@@ -117,6 +118,27 @@ def project_list(output: Output = "table") -> None:
                              "ALLOCATED GPUs"], rows))
     if simulated:
         typer.echo("GPUs are SIMULATED (no NVIDIA driver on this machine)")
+
+
+@project_app.command("describe")
+def project_describe(name: str, output: Output = "table") -> None:
+    """A project's quota, what it holds, and its fair share (of which how much from usage history)."""
+    fmt = _fmt(output)
+    client, _ = connect()
+    p = client.get(f"/api/v1/org-unit/projects/{name}")
+    if fmt != "table":
+        render.dump(p, fmt)
+        return
+    gpu, status = p["resources"]["gpu"], p.get("status") or {}
+    lines = [f"project {p['name']}" + (f" (department {p['parentId']})" if p.get("parentId") else ""),
+             f"deserved {gpu['deserved']:g} GPU, limit {_quota(gpu['limit'])}, "
+             f"over-quota weight {gpu['overQuotaWeight']:g}, priority {p['priority']}",
+             f"allocated {render.gpus(status.get('allocated', {}).get('gpu', 0.0))} GPU",
+             fair_share_text(status) or "fair share: not computed yet (no scheduling cycle has run)"]
+    hours = status.get("usageGpuHours")
+    if hours:
+        lines.append(f"usage history {hours:g} GPU-hours (decayed)")
+    typer.echo("\n".join(lines))
 
 
 @project_app.command("set")

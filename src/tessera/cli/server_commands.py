@@ -58,6 +58,8 @@ def up(
     context: Annotated[str | None, typer.Option("--context", help="With --kubernetes: kubeconfig context")] = None,
     image: Annotated[str | None, typer.Option("--image", help="With --kubernetes: default container image of workloads")] = None,
     gpu_compute_mode: Annotated[str, typer.Option("--gpu-compute-mode", envvar="TESSERA_GPU_COMPUTE_MODE", help="Cluster default compute-share mode: off (driver time-slicing), fair or strict (docs/compute-share.md)")] = "off",
+    fair_share_history: Annotated[str | None, typer.Option("--fair-share-history", envvar="TESSERA_FAIR_SHARE_HISTORY", help="Time-based fair share: off (default) or window=7d,half-life=1d,k=1 (docs/scheduling.md)")] = None,
+    fair_share_history_for: Annotated[list[str] | None, typer.Option("--fair-share-history-for", help="A department's own window and half-life, e.g. research:window=1d,half-life=6h (repeatable)")] = None,
     mig_serves_shares: Annotated[bool, typer.Option("--mig-serves-shares", envvar="TESSERA_MIG_SERVES_SHARES", help="A share no shared GPU can hold is served by the smallest MIG profile that holds it, on this machine's GPUs in MIG mode (docs/mig.md); on Kubernetes, label the nodes instead")] = False,
 ) -> None:
     """Start the control plane (REST API, scheduler, local runner) on this machine, or with
@@ -70,6 +72,7 @@ def up(
     if kubernetes and mig_serves_shares:
         raise CliError("--mig-serves-shares: embedded mode only; on Kubernetes an operator labels "
                        "the nodes tessera.io/mig-serves-shares=true (docs/mig.md)")
+    history_argv = _history_argv(fair_share_history, fair_share_history_for, kubernetes)
     if kubernetes and simulate:
         raise CliError("--simulate: embedded mode only; a cluster has its own (or kwok) nodes")
     if kubernetes:
@@ -124,6 +127,7 @@ def up(
         argv += ["--simulate", s]
     if mig_serves_shares:
         argv.append("--mig-serves-shares")
+    argv += history_argv
     if not detach:
         from tessera.local.server import main as serve
 
@@ -138,6 +142,28 @@ def up(
     rt = info.get("runtime") or "none (images need a command)"
     typer.echo(f"tessera is up at {url} (pid {proc.pid}); GPUs: {kind} {models}; "
                f"policy {policy}; container runtime: {rt}; data {directory}")
+
+
+def _history_argv(text: str | None, overrides: list[str] | None, kubernetes: bool) -> list[str]:
+    """The time-based fair share flags checked here (refused naming the flag and the rule) and
+    passed on to the server."""
+    if text is None and not overrides:
+        return []
+    if kubernetes:
+        raise CliError("--fair-share-history: on Kubernetes it is the scheduler's setting (Helm "
+                       "value policy.fairShareHistory, or tessera-scheduler --fair-share-history)")
+    import argparse
+
+    from tessera.api.fair_share_flags import history_from_args
+
+    try:
+        history_from_args(argparse.Namespace(fair_share_history=text, fair_share_history_for=overrides))
+    except InvalidRequest as exc:
+        raise CliError(str(exc)) from None
+    argv = [] if text is None else ["--fair-share-history", text]
+    for o in overrides or []:
+        argv += ["--fair-share-history-for", o]
+    return argv
 
 
 def _check_port(port: int) -> None:

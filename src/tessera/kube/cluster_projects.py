@@ -31,6 +31,10 @@ def api_message(exc: ApiError) -> str:
     return str(getattr(exc.status, "message", None) or exc)
 
 
+SHARE_FIELDS = ("fairShare", "fromUsageHistory", "usageGpuHours")
+"""Written by the scheduler (tessera.api.fair_share_doc), shown as the embedded API shows them."""
+
+
 class ClusterProjects:
     """The API's projects as Project objects and namespaces."""
 
@@ -52,7 +56,8 @@ class ClusterProjects:
                                   "limit": None if gpu.get("limit") is None else float(gpu["limit"]),
                                   "overQuotaWeight": float(gpu.get("overQuotaWeight", 1))}},
             "priority": int(spec.get("priority", 100)),
-            "status": {"allocated": {"gpu": float((status.get("allocated") or {}).get("gpu", 0))}},
+            "status": {"allocated": {"gpu": float((status.get("allocated") or {}).get("gpu", 0))},
+                       **{k: status[k] for k in SHARE_FIELDS if k in status}},
             "createdAt": wd.iso(created),
         }
 

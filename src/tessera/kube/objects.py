@@ -473,6 +473,7 @@ def project_info(obj: Any) -> ProjectInfo:
             parent=spec.get("parent") or None,
             reclaim_min_runtime=spec.get("reclaimMinRuntimeSeconds"),
             preempt_min_runtime=spec.get("preemptMinRuntimeSeconds"),
+            usage_window=spec.get("usageWindowSeconds"), usage_half_life=spec.get("usageHalfLifeSeconds"),
         )
         return ProjectInfo(name, project, spec.get("namespace"), None, dict(obj.get("status") or {}))
     except (InvalidRequest, ValueError, TypeError) as exc:

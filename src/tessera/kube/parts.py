@@ -15,6 +15,8 @@ from typing import Any
 from lightkube import AsyncClient
 
 from tessera.core.cycle import CycleConfig
+from tessera.core.usage import UsagePolicy
+from tessera.core.usage_history import Override
 from tessera.kube import names
 from tessera.kube.binder import Writer
 from tessera.kube.caches import ClusterCaches
@@ -42,6 +44,10 @@ class Options:
     min_runtime: float = 0.0
     """Seconds a pod runs before reclaim or preemption may evict it, unless its project (the
     Project's reclaimMinRuntimeSeconds / preemptMinRuntimeSeconds) says otherwise."""
+    fair_share_history: UsagePolicy | None = None
+    """Time-based fair share (--fair-share-history; tessera.core.usage_history); None: plain."""
+    fair_share_history_for: tuple[tuple[str, Override], ...] = ()
+    """Per department (or project) (window, half-life), below a Project's own settings."""
     stale_gang_seconds: float = 60.0
     """A gang with some members bound but fewer than its minimum for this long is evicted whole
     (tessera.kube.stale_gangs; 0: never)."""
@@ -54,7 +60,8 @@ class Options:
             actions = tuple(a for a in actions if a != "reclaim")
         kwargs: dict[str, Any] = {} if self.policy is None else {"policy": self.policy}
         return CycleConfig(actions=actions, preempt_min_runtime=self.min_runtime,
-                           reclaim_min_runtime=self.min_runtime, **kwargs)
+                           reclaim_min_runtime=self.min_runtime, usage=self.fair_share_history,
+                           **kwargs)
 
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], None]

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from tessera.api.fair_share_doc import fair_share_status
 from tessera.core.cycle import Plan
 from tessera.kube.binder import Writer
 from tessera.kube.objects import PodInfo, PodKey, amounts
@@ -68,6 +69,7 @@ class Reporter:
             status = {
                 "allocated": amounts(ps.allocated_after),
                 "requested": amounts(ps.requested),
+                **fair_share_status(ps),
                 "fairShare": amounts(ps.fair_share),
             }
             if self._status.get(name) == status:

@@ -34,6 +34,7 @@ from lightkube import AsyncClient
 
 from tessera.core.cycle import Plan, run_cycle
 from tessera.core.errors import InvalidRequest
+from tessera.core.usage_history import UsageHistory
 from tessera.kube import metrics, scheduler_main
 from tessera.kube.apply import PlanApplier
 from tessera.kube.bind import bind_steps
@@ -81,6 +82,7 @@ class KubeScheduler:
         self.inflight.on_forget += [self.parts.report.forget, *(h.forget for h in self.hooks)]
         self.snapshots = SnapshotBuilder()
         self.conflicts = LastingConflicts()
+        self.history = UsageHistory(opts.fair_share_history, dict(opts.fair_share_history_for))
         self.cycles = 0
         self.last_cycle_seconds = 0.0
 
@@ -163,6 +165,7 @@ class KubeScheduler:
             c.nodes.items, self.pods, c.projects.items, c.pod_groups.items, inflight.assumed,
             inflight.evicting, time.time(), c.foreign_held(), c.foreign_pods.items.values(),
             c.namespaces.items, c.volume_claims.items, inflight.unmovable_now(), self.mig.view)
+        snapshot = self.history.apply(snapshot)  # time-based fair share (core.usage_history)
         config = self.parts.opts.cycle_config(bool(inflight.evicting))
         try:
             plan = await asyncio.to_thread(run_cycle, snapshot, config)

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from lightkube import AsyncClient, KubeConfig
 
+from tessera.api.fair_share_flags import add_history_flags, history_from_args
+from tessera.core.errors import InvalidRequest
 from tessera.core.placement import DEFAULT_POLICY, POLICIES
 from tessera.kube import names
 from tessera.kube.health import start_health_server
@@ -113,7 +115,10 @@ def _seconds(text: str) -> float:
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
-    return Options(system_namespace=args.system_namespace, concurrency=args.concurrency,
+    history = history_from_args(args)  # InvalidRequest naming the flag: refused before starting
+    return Options(fair_share_history=history.policy,
+                   fair_share_history_for=tuple(sorted(history.overrides.items())),
+                   system_namespace=args.system_namespace, concurrency=args.concurrency,
                    reservation_image=args.reservation_image, policy=args.policy,
                    reclaim=args.reclaim, min_runtime=args.min_runtime_seconds,
                    stale_gang_seconds=args.stale_gang_seconds)
@@ -150,11 +155,17 @@ def parser() -> argparse.ArgumentParser:
                         help="serve GET /healthz (liveness probe) on this port; 0: off")
     parser.add_argument("--health-address", default="0.0.0.0")
     parser.add_argument("-v", "--verbose", action="store_true")
+    add_history_flags(parser)
     return parser
 
 
 def main(make: MakeLoop, argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        options_from_args(args)
+    except InvalidRequest as exc:  # exits 2 naming the flag and the rule
+        p.error(str(exc))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)

@@ -77,13 +77,14 @@ class LocalBackend(TokenAuth):
         runtime: Runtime | None = None,
         runtime_note: str = "no container runtime was looked for",
         mig_serves_shares: bool = False,
+        scheduler: LocalCycle | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.runtime = runtime
         """podman or docker, for images with no command (tessera.local.containers)."""
         self.runtime_note = runtime_note
         self.machine = machine
-        self.scheduler = LocalCycle(policy, data_dir / "tessera.db")
+        self.scheduler = scheduler or LocalCycle(policy, data_dir / "tessera.db")
         self.grace = grace
         self.interval = interval
         self.store = Store(data_dir / "tessera.db")
@@ -225,6 +226,8 @@ class LocalBackend(TokenAuth):
                                                   layout[0])} if layout[0] else None)
                 except InvalidRequest as exc:
                     plan = refused(pending, f"the scheduling cycle refused this machine's state: {exc}")
+            else:  # no cycle: usage history still sees what stopped, and when
+                self.scheduler.observe((self.machine.node,), workloads, now)
             # Shares left waiting for room may be served by a MIG partition from the next cycle
             # on (the operator's choice; tessera.local.mig_serving, docs/mig.md).
             for x in plan.waiting:
@@ -407,7 +410,7 @@ class LocalBackend(TokenAuth):
     def _project_dict(self, p: Project) -> dict[str, Any]:
         with self._lock:
             allocated = sum(w.gpus_allocated for w in self._active.values() if w.project_id == p.id)
-        return project_doc(p, allocated)
+        return project_doc(p, allocated, self.scheduler.statuses.get(p.name))
 
     def create_project(self, fields: ProjectFields) -> dict[str, Any]:
         check_project(fields)

@@ -6,7 +6,9 @@ import shlex
 import time
 from typing import Any
 
+from tessera.api.fair_share_doc import fair_share_status
 from tessera.api.models import compute_doc
+from tessera.core.cycle import ProjectStatus
 from tessera.core.model import Node
 from tessera.core.request_text import devices_text, mig_placement_text, request_text
 from tessera.core.requests import gpu_request_from_dict
@@ -97,7 +99,12 @@ def workload_doc(w: Workload, simulated: bool, isolation: str, scheduler: str,
     return out
 
 
-def project_doc(p: Project, allocated: float) -> dict[str, Any]:
+def project_doc(p: Project, allocated: float, cycle: ProjectStatus | None = None) -> dict[str, Any]:
+    """``cycle``: the project's status after the last scheduling cycle (its fair share and how
+    much of it usage history gave or took, docs/scheduling.md)."""
+    status: dict[str, Any] = {"allocated": {"gpu": round(allocated, 4)}}
+    if cycle is not None:
+        status.update(fair_share_status(cycle))
     return {
         "id": str(p.id),
         "name": p.name,
@@ -109,7 +116,7 @@ def project_doc(p: Project, allocated: float) -> dict[str, Any]:
             }
         },
         "priority": p.priority,
-        "status": {"allocated": {"gpu": round(allocated, 4)}},
+        "status": status,
         "createdAt": iso(p.created),
     }
 

@@ -20,6 +20,7 @@ from tessera.core.cycle import (
     CycleConfig,
     Plan,
     Project,
+    ProjectStatus,
     Quota,
     Snapshot,
     Waiting,
@@ -30,6 +31,7 @@ from tessera.core.mig import MigGpu
 from tessera.core.model import GpuRequest, Node, ResourceRequest
 from tessera.core.requests import gpu_request_from_dict
 from tessera.core.state import Placement
+from tessera.core.usage_history import UsageHistory
 from tessera.local import store
 from tessera.local.departments import DepartmentTree
 from tessera.local.records import Phase, PodRecord
@@ -101,10 +103,15 @@ def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now
 class LocalCycle:
     """The core's projects/fair-share cycle with embedded mode's actions and placement policy."""
 
-    def __init__(self, policy: str = "fgd", tenancy_db: Path | None = None) -> None:
+    def __init__(self, policy: str = "fgd", tenancy_db: Path | None = None,
+                 history: UsageHistory | None = None) -> None:
         """``tenancy_db``: the API's tenancy store, whose departments go above their projects
-        (tessera.local.departments)."""
-        self.config = CycleConfig(actions=ACTIONS, policy=policy)
+        (tessera.local.departments). ``history``: time-based fair share
+        (``--fair-share-history``, tessera.core.usage_history); None: plain fair share."""
+        self.history = history or UsageHistory(None)
+        self.config = CycleConfig(actions=ACTIONS, policy=policy, usage=self.history.policy)
+        self.statuses: dict[str, ProjectStatus] = {}
+        """Each project's status after the last cycle (fair share, of which from usage history)."""
         self.tree: Callable[[tuple[Project, ...]], tuple[Project, ...]] = (
             (lambda projects: projects) if tenancy_db is None else DepartmentTree(tenancy_db))
         self.name = ("tessera.core.cycle (fair share, reclaim, priority preemption); "
@@ -114,8 +121,16 @@ class LocalCycle:
             workloads: Iterable[Workload], now: float,
             mig: Mapping[str, tuple[MigGpu, ...]] | None = None) -> Plan:
         """``mig``: the machine's GPUs in MIG mode and their partitions (``Snapshot.mig``)."""
-        return run_cycle(Snapshot(tuple(nodes), self.tree(tuple(core_project(p) for p in projects)),
-                                  tuple(workloads), now, dict(mig or {})), self.config)
+        snapshot = Snapshot(tuple(nodes), self.tree(tuple(core_project(p) for p in projects)),
+                            tuple(workloads), now, dict(mig or {}))
+        plan = run_cycle(self.history.apply(snapshot), self.config)
+        self.statuses = dict(plan.projects)
+        return plan
+
+    def observe(self, nodes: Iterable[Node], workloads: Iterable[Workload], now: float) -> None:
+        """A control cycle that ran no scheduling cycle: the usage history still sees it."""
+        if self.history.policy is not None:
+            self.history.observe(tuple(workloads), tuple(nodes), now)
 
 
 def refused(pending: Iterable[Workload], reason: str) -> Plan:

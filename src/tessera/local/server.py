@@ -12,6 +12,7 @@ import json
 import os
 import sys
 
+from tessera.api.fair_share_flags import add_history_flags, history_from_args
 from tessera.api.serving import lock_data_dir, serve
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import parse_serves_shares
@@ -45,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mig-serves-shares", action="store_true", default=None,
                         help="a share no shared GPU can hold is served by the smallest MIG "
                         "profile that holds it (env TESSERA_MIG_SERVES_SHARES; docs/mig.md)")
+    add_history_flags(parser)
     args = parser.parse_args(argv)
+    try:
+        history = history_from_args(args)
+    except InvalidRequest as exc:
+        print(f"tessera: {exc}", file=sys.stderr)
+        return 2
     try:
         env = os.environ.get("TESSERA_MIG_SERVES_SHARES")
         serves = bool(args.mig_serves_shares) or (
@@ -66,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tessera.local.control import LocalBackend
     from tessera.local.gpus import discover
+    from tessera.local.scheduling import LocalCycle
 
     directory = data_dir(args.data_dir)
     lock = lock_data_dir(directory)
@@ -112,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = LocalBackend(
         directory, machine, args.policy, grace=args.grace, interval=args.interval,
         runtime=runtime, runtime_note=runtime_note, mig_serves_shares=serves,
+        scheduler=LocalCycle(args.policy, directory / "tessera.db", history),
     )
     backend.ensure_admin()
     backend.start()

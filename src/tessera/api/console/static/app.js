@@ -331,6 +331,16 @@ function field(label, input, hint) {
   return h("label", {}, label, input, hint ? h("span", { class: "muted" }, hint) : null, h("span", { class: "err", "data-for": input.id }));
 }
 
+/* A project's fair share as the scheduler's last cycle computed it (else the overview's), and
+   how much of it usage history gave or took (time-based fair share, docs/scheduling.md). */
+function fairShareCell(status, fallback) {
+  const share = status.fairShare && status.fairShare.gpu !== undefined ? status.fairShare.gpu : fallback;
+  const hist = (status.fromUsageHistory || {}).gpu || 0;
+  const note = Math.abs(hist) < 0.005 ? null : h("div", { class: "muted", "data-col": "from-history" },
+    hist > 0 ? `of which ${fmtGpus(hist)} from usage history` : `${fmtGpus(-hist)} less due to usage history`);
+  return [fmtGpus(share), note];
+}
+
 /* Projects: quota, what each holds and asks for, what waits, its fair share, on one scale for
    every row (deserved as the bar's mark); refreshed every 5 s without touching the forms. */
 async function projects() {
@@ -354,7 +364,7 @@ async function projects() {
         h("td", { class: "opt num" }, fmtGpus(q.overQuotaWeight)), h("td", { class: "opt num" }, p.priority),
         h("td", { class: "num", "data-col": "allocated" }, fmtGpus(p.status.allocated.gpu)), h("td", { class: "num", "data-col": "requested" }, fmtGpus(o.requested)),
         h("td", { class: "num", "data-col": "pending" }, pending[p.name] ? h("a", { href: `#/workloads?phase=Pending&project=${encodeURIComponent(p.name)}` }, String(pending[p.name])) : "0"),
-        h("td", { class: "num" }, fmtGpus(o.fairShare)),
+        h("td", { class: "num", "data-col": "fair-share" }, fairShareCell(p.status, o.fairShare)),
         h("td", {}, shareBar(p.status.allocated.gpu, scale, q.deserved, p.name)),
         h("td", {}, h("div", { class: "row" },
           h("button", { class: "btn secondary", type: "button", "data-edit": p.name, onclick: () => editProject(p) }, "Edit"),

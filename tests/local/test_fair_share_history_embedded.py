@@ -1,0 +1,87 @@
+"""Time-based fair share in embedded mode, end to end (docs/scheduling.md): the real server
+started with ``--fair-share-history``; project a uses both GPUs for a few seconds, then b asks
+for both. History gives b more than its weight's half: b's fair share is 2 GPUs, "of which 1
+from usage history", shown by the API and by ``tessera project describe``, and the cycle acts on
+it (b's workloads run, a's are reclaimed). Bad settings are refused naming the flag and the rule
+before anything starts."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.testing.embedded import EmbeddedServer, submit_body
+from tests.waiting import wait_until
+
+HISTORY = ["--fair-share-history", "window=1h,half-life=30s,k=2"]
+
+
+class HistoryServer(EmbeddedServer):
+    def server_argv(self, simulate: Sequence[str] | None) -> list[str]:
+        return [*super().server_argv(simulate), *HISTORY]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    s = HistoryServer(Path(tmp_path_factory.mktemp("history")), simulate=["2xV100-16GB"])
+    with s.serving("a", "b", gpu="0"):
+        yield s
+
+
+def _project(server: EmbeddedServer, name: str) -> dict[str, Any]:
+    with server.http() as c:
+        return dict(c.get(f"/api/v1/org-unit/projects/{name}").json())
+
+
+def test_a_starved_project_gets_its_history_back_and_is_told(server: EmbeddedServer) -> None:
+    ids: list[str] = []
+    with server.http() as c:
+        for i in range(2):
+            ids.append(c.post("/api/v1/workloads/trainings", json=submit_body(
+                f"a{i}", "a", gpuDevicesRequest=1)).json()["workloadId"])
+        for wid in ids:
+            server.wait_phase(c, "trainings", wid, "Running")
+        time.sleep(3)  # a's usage history: 2 GPUs for a few seconds
+        b_ids = [c.post("/api/v1/workloads/trainings", json=submit_body(
+            f"b{i}", "b", gpuDevicesRequest=1)).json()["workloadId"] for i in range(2)]
+        ids += b_ids
+        try:
+            status = wait_until("b's fair share with history", lambda: (
+                s := _project(server, "b")["status"]).get("fromUsageHistory", {}).get("gpu", 0) > 0.5
+                and s, timeout=20)
+            # Plain fair share would split 1 / 1; a used everything, so history gives b both.
+            assert status["fairShare"]["gpu"] == pytest.approx(2.0, abs=0.01), status
+            assert status["fromUsageHistory"]["gpu"] == pytest.approx(1.0, abs=0.01), status
+            a = _project(server, "a")["status"]
+            assert a["fromUsageHistory"]["gpu"] == pytest.approx(-1.0, abs=0.01), a
+            assert a["usageGpuHours"] >= 0.0
+            # Later cycles count b's own use too, so its extra share shrinks from there on.
+            out = server.cli("project", "describe", "b").stdout
+            assert re.search(r"^fair share [0-9.]+ GPU, of which 0?\.?[0-9.]+ from usage history$", out, re.M), out
+            out = server.cli("project", "describe", "a").stdout
+            assert re.search(r"^fair share [0-9.]+ GPU, [0-9.]+ less due to usage history$", out, re.M), out
+            for wid in b_ids:  # and the cycle acts on it: a's GPUs are reclaimed for b
+                server.wait_phase(c, "trainings", wid, "Running", timeout=20)
+        finally:
+            for wid in ids:
+                c.delete(f"/api/v1/workloads/trainings/{wid}")
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--fair-share-history", "window=0"], "--fair-share-history window: must be more than 0"),
+    (["--fair-share-history", "half-life=400d"], "--fair-share-history half-life: must be at most one year"),
+    (["--fair-share-history", "k=1", "--fair-share-history-for", "ml:window=-2h"],
+     "--fair-share-history-for ml window: must be more than 0"),
+])
+def test_bad_settings_are_refused_before_starting(tmp_path: Path, flags: list[str], says: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tessera.local.server", "--data-dir", str(tmp_path),
+                           "--port", "1", *flags], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert not (tmp_path / "tessera.db").exists()  # nothing half-made
