@@ -52,10 +52,10 @@ class SchedulerEnv:
         self.procs.append(proc)
         return proc
 
-    def start_scheduler(self, name: str) -> subprocess.Popen[bytes]:
+    def start_scheduler(self, name: str, *flags: str) -> subprocess.Popen[bytes]:
         return self._spawn(name, [
             "-m", "tessera.kube.scheduler", f"--kubeconfig={self.sa_kubeconfig}",
-            "--lease-duration=6", f"--identity={name}"])
+            "--lease-duration=6", f"--identity={name}", *flags])
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")

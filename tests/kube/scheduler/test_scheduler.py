@@ -723,3 +723,52 @@ def test_gpus_taken_by_another_schedulers_pod_are_not_given_out(
     (pod,) = bound(kube_client, ns, "ours")
     assert pod.spec is not None and pod.spec.nodeName == node
     kube_client.delete(Node, node)
+
+
+def test_time_based_fair_share_gives_a_starved_project_its_history_back(
+    env: SchedulerEnv, kube_cluster: TestCluster, kube_client: Client, project: str
+) -> None:
+    """The scheduler restarted with --fair-share-history (as Helm's policy.fairShareHistory
+    does): a project that held both T4s for a few seconds loses its over-quota share to one that
+    held nothing; the Project's status says so (fairShare 2, fromUsageHistory +1 / −1) and the
+    starved project's pods are bound by reclaim. The plain scheduler is put back after."""
+    hog = project
+    env.scheduler.terminate()  # releases the lease
+    env.scheduler.wait(10)
+    env.scheduler = env.start_scheduler("scheduler-history", "--fair-share-history",
+                                        "window=1h,half-life=30s,k=2")
+    kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="T4-16GB"), prefix="history-t4-")
+    kube_client.patch(ProjectResource, hog, {"spec": {"resources": {"gpu": {"deserved": 0}}}},
+                      patch_type=PatchType.MERGE)
+    starved = f"{hog}-b"
+    try:
+        for i in range(2):
+            make_pod(kube_client, hog, f"hog-{i}", gpus=1, model="T4-16GB")
+        bound(kube_client, hog, "hog-0", "hog-1", timeout=45)
+        time.sleep(3)
+        kube_cluster.kubectl("create", "namespace", starved)
+        make_project(kube_client, starved, starved, deserved=0)
+        for i in range(2):
+            make_pod(kube_client, starved, f"b-{i}", gpus=1, model="T4-16GB")
+
+        def status(name: str) -> dict[str, Any]:
+            return dict(kube_client.get(ProjectResource, name).get("status") or {})
+
+        got = wait_until("the starved project's history share", lambda: (
+            s := status(starved)).get("fromUsageHistory", {}).get("gpu", 0) > 0.5 and s, timeout=30)
+        assert got["fairShare"]["gpu"] == pytest.approx(2.0, abs=0.01), got
+        assert got["fromUsageHistory"]["gpu"] == pytest.approx(1.0, abs=0.01), got
+        assert status(hog)["fromUsageHistory"]["gpu"] < -0.5, status(hog)
+        bound(kube_client, starved, "b-0", "b-1", timeout=30)
+    finally:
+        for ns in (hog, starved):
+            for pod in kube_client.list(Pod, namespace=ns):
+                with contextlib.suppress(ApiError):
+                    kube_client.delete(Pod, pod.metadata.name, namespace=ns,  # type: ignore[union-attr]
+                                       grace_period=0)
+        with contextlib.suppress(ApiError):
+            kube_client.delete(ProjectResource, starved)
+        kube_client.delete(Node, "history-t4-0")
+        env.scheduler.terminate()
+        env.scheduler.wait(10)
+        env.scheduler = env.start_scheduler("scheduler-plain-again")
