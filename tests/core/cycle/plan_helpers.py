@@ -10,7 +10,8 @@ from tessera.core.state import ClusterState, Placement
 def apply(snap: Snapshot, plan: Plan) -> ClusterState:
     """The cluster after the plan; ``assign`` refuses any over-commitment."""
     state = ClusterState(snap.nodes)
-    gone = set(plan.evicted)
+    gone = {e.workload_id for e in plan.evictions if not e.pods}
+    shrunk = {(e.workload_id, i) for e in plan.evictions for i in e.pods}
     moved = {(m.workload_id, m.pod): m.target for m in plan.moves}
     by_id = {w.id: w for w in snap.workloads}
     for m in plan.moves:
@@ -22,7 +23,7 @@ def apply(snap: Snapshot, plan: Plan) -> ClusterState:
         if w.id in gone:
             continue
         for i, p in enumerate(w.placements):
-            if p is not None:
+            if p is not None and (w.id, i) not in shrunk:
                 state.assign(f"{w.id}#{i}", moved.get((w.id, i), p))
     for b in plan.bindings:
         for pb in b.pods:

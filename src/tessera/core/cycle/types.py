@@ -14,7 +14,7 @@ from tessera.core.state import Placement
 from tessera.core.usage import UsagePolicy, UsageRecord
 from tessera.core.workloads import Workload
 
-DEFAULT_ACTIONS = ("allocate", "consolidate", "reclaim", "preempt", "backfill")
+DEFAULT_ACTIONS = ("allocate", "consolidate", "shrink", "reclaim", "preempt", "backfill")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +90,9 @@ class Eviction:
     gpus: float
     """GPUs it gives back (quota units)."""
     for_workload: str
+    pods: tuple[int, ...] = ()
+    """Empty: the whole workload. Else only these pods (indexes into ``Workload.pods``): an
+    elastic workload shrunk towards its minimum (action ``shrink``), which keeps running."""
 
 
 @dataclass(frozen=True, slots=True)

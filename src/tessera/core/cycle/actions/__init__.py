@@ -10,6 +10,7 @@ from .allocate import Allocate, Backfill
 from .consolidate import Consolidate
 from .preempt import Preempt
 from .reclaim import Reclaim
+from .shrink import Shrink
 
 
 class Action(Protocol):
@@ -19,7 +20,7 @@ class Action(Protocol):
 
 
 ACTIONS: dict[str, type[Action]] = {
-    a.name: a for a in (Allocate, Consolidate, Reclaim, Preempt, Backfill)
+    a.name: a for a in (Allocate, Consolidate, Shrink, Reclaim, Preempt, Backfill)
 }
 
-__all__ = ["ACTIONS", "Action", "Allocate", "Backfill", "Consolidate", "Preempt", "Reclaim"]
+__all__ = ["ACTIONS", "Action", "Allocate", "Backfill", "Consolidate", "Preempt", "Reclaim", "Shrink"]
