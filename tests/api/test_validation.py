@@ -34,8 +34,8 @@ def refusal(fn: object, *args: object) -> InvalidRequest:
 
 
 def test_a_valid_submission_resolves_its_class_and_gang() -> None:
-    a = check_submission(sub(type="Workspace", workers=3, min_workers=2))
-    assert (a.priority_class, a.priority, a.preemptible, a.min_workers) == ("build", 100, False, 2)
+    a = check_submission(sub(type="Workspace", workers=3))
+    assert (a.priority_class, a.priority, a.preemptible, a.min_workers) == ("build", 100, False, 3)
     assert check_submission(sub(workers=2)).min_workers == 2
     assert check_submission(sub(priority_class="build-preemptible")).preemptible
 
@@ -46,6 +46,8 @@ def test_a_valid_submission_resolves_its_class_and_gang() -> None:
     ({"command": [], "image": ""}, "spec.command", "is required"),
     ({"workers": 0}, "spec.workers", "1 or more"),
     ({"workers": 2, "min_workers": 3}, "spec.minWorkers", "1 to workers (2)"),
+    ({"type": "Workspace", "workers": 3, "min_workers": 2}, "spec.minWorkers", "a workspace cannot resize"),
+    ({"type": "Inference", "workers": 3, "min_workers": 1}, "spec.minWorkers", "an inference cannot resize"),
     ({"priority_class": "urgent"}, "spec.priorityClass", "must be one of train"),
 ])
 def test_a_bad_submission_names_the_field_and_the_rule(kw: dict[str, object], field: str,

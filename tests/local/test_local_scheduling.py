@@ -34,8 +34,10 @@ def half(device: int) -> Placement:
 def test_a_stored_workload_becomes_the_cores_workload() -> None:
     w = stored("w", "a", GpuRequest.fraction("0.5"), phase="Running", workers=2)
     core = core_workload(w, [half(0)], now=100.0)
-    assert core.pods[0].gpu == GpuRequest.fraction(Decimal("0.5")) and len(core.pods) == 2
-    assert core.placements == (half(0), None)  # one pod of two runs
+    # One pod of two runs: a running embedded workload cannot resize, so the cycle sees a gang of
+    # the one pod that runs (never given its second pod, never shrunk).
+    assert core.pods[0].gpu == GpuRequest.fraction(Decimal("0.5")) and len(core.pods) == 1
+    assert core.placements == (half(0),) and core.gang_min == 1
     assert core.started_at == 10.0 and core.preemptible and core.name == "w"
     pending = core_workload(stored("p", "a", GpuRequest.whole(1)), None, now=100.0)
     assert pending.placements == () and pending.started_at is None

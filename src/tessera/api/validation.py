@@ -92,6 +92,11 @@ def check_submission(s: WorkloadSubmission) -> Admitted:
     min_workers = s.workers if s.min_workers is None else s.min_workers
     if not 1 <= min_workers <= s.workers:
         raise InvalidRequest("spec.minWorkers", f"must be 1 to workers ({s.workers})", min_workers)
+    if min_workers < s.workers and s.type != "Training":
+        kind = s.type.lower()
+        raise InvalidRequest("spec.minWorkers", "elastic (below workers) only for trainings: "
+                             f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} cannot resize, so all "
+                             f"{s.workers} workers start together", min_workers)
     pclass = s.priority_class or DEFAULT_CLASS[s.type]
     known = PRIORITY_CLASSES.get(pclass)
     if known is None:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from tessera.core.elastic import check_elastic_max
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuKind, GpuRequest, Node
 from tessera.core.text import MAX_SHORT, check_text
@@ -139,8 +140,10 @@ def estimate_gpus(request: GpuRequest, nodes: Iterable[Node], workers: int = 1) 
     return request.gpus_on(max(sizes, default=1)) * workers
 
 
-def check_against_cluster(request: GpuRequest, nodes: Iterable[Node]) -> None:
-    """Refuse a request no node of this cluster could ever hold, even empty.
+def check_against_cluster(request: GpuRequest, nodes: Iterable[Node],
+                          workers: tuple[int, int] | None = None) -> None:
+    """Refuse a request no node of this cluster could ever hold, even empty; with ``workers``
+    (minimum, maximum), also an elastic maximum the cluster could never hold (core.elastic).
 
     This is bad input, not a wait: more devices than any node has, more memory than any device
     has, or a model the cluster does not have.
@@ -176,6 +179,8 @@ def check_against_cluster(request: GpuRequest, nodes: Iterable[Node]) -> None:
                 f"{format_bytes(best.memory if best else 0)}{usable})",
                 format_bytes(request.memory),
             )
+    if workers is not None:
+        check_elastic_max(request, nodes, *workers)
 
 
 def as_portion(value: Decimal | float | str) -> Decimal:

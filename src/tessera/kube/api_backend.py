@@ -243,7 +243,7 @@ class KubeBackend(TokenAuth):
         fraction = self._check_mig(s.mig_profile, s.workers) if s.mig_profile is not None else None
         pclass, min_workers = admitted.priority_class, admitted.min_workers
         nodes, _, _, _ = self._nodes()
-        check_against_cluster(s.gpu, nodes.values())
+        check_against_cluster(s.gpu, nodes.values(), (min_workers, s.workers))
         try:
             project = self.project_objects.get(s.project)
         except NotFound:

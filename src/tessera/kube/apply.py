@@ -26,7 +26,15 @@ from tessera.kube.snapshot import Context, agents_not_ready_text
 
 log = logging.getLogger("tessera.kube")
 
-EVICTION_REASONS = {"reclaim": "Reclaimed", "preempt": "Preempted"}
+EVICTION_REASONS = {"reclaim": "Reclaimed", "preempt": "Preempted", "shrink": "Shrunk"}
+
+
+def evicted_keys(plan: Plan, ctx: Context, workload_id: str) -> list[PodKey]:
+    """The pods an eviction of ``workload_id`` in ``plan`` takes: all of them, or only the
+    elastic pods it names when it was shrunk (``Eviction.pods``, actions/shrink.py)."""
+    keys = ctx.pods_of.get(workload_id, [])
+    pods = next((e.pods for e in plan.evictions if e.workload_id == workload_id), ())
+    return [keys[i] for i in pods if i < len(keys)] if pods else list(keys)
 
 
 class PlanApplier:
@@ -84,7 +92,7 @@ class PlanApplier:
     def _apply_evictions(self, plan: Plan, ctx: Context) -> None:
         parts, inflight = self.parts, self.parts.inflight
         for e in plan.evictions:
-            for key in ctx.pods_of.get(e.workload_id, []):
+            for key in evicted_keys(plan, ctx, e.workload_id):
                 pod = parts.pods.get(key)
                 if pod is None or key in inflight.evicting:
                     continue
@@ -110,7 +118,7 @@ class PlanApplier:
         parts, inflight = self.parts, self.parts.inflight
         for b in plan.bindings:
             keys = ctx.pods_of[b.workload_id]
-            victims = [k for wid in b.after_evictions for k in ctx.pods_of.get(wid, [])]
+            victims = [k for wid in b.after_evictions for k in evicted_keys(plan, ctx, wid)]
             victims += [o for v in victims for o in self._partners(v)]
             if b.action == "consolidate":
                 victims += moved

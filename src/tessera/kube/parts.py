@@ -25,7 +25,7 @@ from tessera.kube.podview import PodView
 from tessera.kube.reporting import Reporter
 from tessera.kube.reservations import Reservations
 
-ACTIONS = ("allocate", "consolidate", "reclaim", "preempt", "backfill")
+ACTIONS = ("allocate", "consolidate", "shrink", "reclaim", "preempt", "backfill")
 """Consolidation moves a pod by evicting it (Eviction API, so PodDisruptionBudgets hold) when
 its controller recreates it (ReplicaSet, StatefulSet, Job); bare pods are never moved."""
 

@@ -482,7 +482,7 @@ class LocalBackend(TokenAuth):
                                  s.working_dir)
         fraction = self._check_mig(s) if s.mig_profile is not None else None
         try:
-            check_against_cluster(s.gpu, [self.machine.node])
+            check_against_cluster(s.gpu, [self.machine.node], (admitted.min_workers, s.workers))
         except InvalidRequest:
             # No shared GPU here could ever hold it; a MIG partition may (docs/mig.md).
             with self._lock:

@@ -83,17 +83,20 @@ def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now
         profile, gpus = served
     request = ResourceRequest(_with_compute(gpu_request_from_dict(w.request), w.control.compute)) if not profile \
         else ResourceRequest(GpuRequest.none(), gpus=gpus, mig=profile)
+    # A running workload's processes were started as one attempt with a fixed world size: here
+    # it cannot grow or shrink, so the cycle sees it as a gang of the pods that run (never
+    # shrunk, never given more pods; docs/scheduling.md#elastic-workloads).
+    size = len(placements) if placements is not None else w.workers
     return Workload(
         id=w.id,
         project=w.project_name,
-        pods=(request,) * w.workers,
+        pods=(request,) * size,
         constraints=(mig,) * w.workers if mig is not None and not running else (),
         priority_class=w.priority_class,
-        min_members=w.min_workers,
+        min_members=None if running else w.min_workers,
         created_at=w.created,
         started_at=(w.started or now) if running else None,
-        placements=((*placements, *(None,) * (w.workers - len(placements)))
-                    if placements is not None else ()),
+        placements=tuple(placements) if placements is not None else (),
         preemptible=w.preemptible and (not running or w.phase == Phase.RUNNING),
         priority=w.priority,
         name=w.name,

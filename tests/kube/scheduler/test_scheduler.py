@@ -772,3 +772,39 @@ def test_time_based_fair_share_gives_a_starved_project_its_history_back(
         env.scheduler.terminate()
         env.scheduler.wait(10)
         env.scheduler = env.start_scheduler("scheduler-plain-again")
+
+
+def test_an_elastic_gang_is_shrunk_to_make_room_not_evicted_whole(
+    kube_cluster: TestCluster, kube_client: Client, project: str
+) -> None:
+    """A PodGroup of 4 one-GPU pods with minMember 1 (3 elastic) holds a 4-GPU node over quota;
+    a project deserving 2 asks for 2 GPUs on one node: the gang gives back its two newest
+    elastic pods (Event reason Shrunk), keeps running with two, and the pod is bound."""
+    elastic = project
+    kube_cluster.create_gpu_nodes(1, NodeShape(gpus=4, model="H200-141GB"), prefix="elastic-h200-")
+    kube_client.patch(ProjectResource, elastic, {"spec": {"resources": {"gpu": {"deserved": 0}}}},
+                      patch_type=PatchType.MERGE)
+    kube_client.create(PodGroupResource(metadata=ObjectMeta(name="el", namespace=elastic),
+                                        spec={"minMember": 1}))
+    other = f"{elastic}-b"
+    try:
+        for i in range(4):
+            make_pod(kube_client, elastic, f"e{i}", gpus=1, model="H200-141GB", group="el")
+        bound(kube_client, elastic, "e0", "e1", "e2", "e3")
+        kube_cluster.kubectl("create", "namespace", other)
+        make_project(kube_client, other, other, deserved=2)
+        make_pod(kube_client, other, "two", gpus=2, model="H200-141GB")
+        bound(kube_client, other, "two", timeout=45)
+        left = sorted(p.metadata.name for p in kube_client.list(Pod, namespace=elastic)  # type: ignore[union-attr]
+                      if p.metadata and not p.metadata.deletionTimestamp)
+        assert left == ["e0", "e1"], left
+        assert all(get_pod(kube_client, elastic, n).spec.nodeName for n in left)  # type: ignore[union-attr]
+        for gone in ("e2", "e3"):
+            msg = next(e.message for e in events(kube_client, elastic, gone) if e.reason == "Shrunk")
+            assert "shrunk by 2 elastic pod(s) (to 2 of 4, minimum 1)" in (msg or "")
+    finally:
+        with contextlib.suppress(ApiError):
+            kube_client.delete(Pod, "two", namespace=other, grace_period=0)
+        with contextlib.suppress(ApiError):
+            kube_client.delete(ProjectResource, other)
+        kube_client.delete(Node, "elastic-h200-0")
