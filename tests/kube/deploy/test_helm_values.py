@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tessera.core.usage import UsagePolicy
 from tessera.kube import scheduler_main as sched
 from tessera.testing import webhook as local
 
@@ -175,6 +176,23 @@ def test_scheduler_reads_every_policy_value_the_chart_passes() -> None:
     config = sched.options_from_args(parsed).cycle_config(evicting=False)
     assert config.policy == "fgd" and "reclaim" in config.actions
     assert config.preempt_min_runtime == 60
+
+
+def test_fair_share_history_values_reach_the_scheduler(capsys: pytest.CaptureFixture[str]) -> None:
+    """Helm's policy.fairShareHistory[For] become the scheduler's time-based fair share; off by
+    default; a bad value stops the scheduler before it starts, naming the flag and the rule."""
+    args = _container(_kinds(local.helm_template(
+        "policy.fairShareHistory=window=2d\\,half-life=6h",
+        "policy.fairShareHistoryFor={research:half-life=1h}")), "Deployment", "tessera-scheduler")["args"]
+    opts = sched.options_from_args(sched.parser().parse_args(args))
+    assert opts.cycle_config(evicting=False).usage == UsagePolicy(window=2 * 86400, half_life=6 * 3600)
+    assert dict(opts.fair_share_history_for) == {"research": (None, 3600.0)}
+    plain = _container(_kinds(local.helm_template()), "Deployment", "tessera-scheduler")["args"]
+    assert sched.options_from_args(sched.parser().parse_args(plain)).cycle_config(False).usage is None
+    with pytest.raises(SystemExit) as info:
+        sched.main(lambda *a: None, ["--fair-share-history", "half-life=400d"])  # type: ignore[arg-type,return-value]
+    assert info.value.code == 2
+    assert "--fair-share-history half-life: must be at most one year" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["--min-runtime-seconds=-5", "--min-runtime-seconds=soon",
