@@ -141,8 +141,9 @@ def _simulate(policy: UsagePolicy | None, hours: float = 24, arrive: float = 2, 
     return served
 
 
-def test_long_run_gpu_hours_converge_to_deserved_ratio_only_with_history() -> None:
-    plain = _simulate(None)
-    timed = _simulate(UsagePolicy(window=24 * HOUR, half_life=24 * HOUR, k=2.0))
-    assert plain["b"] / plain["a"] < 0.9, plain
+def test_long_run_gpu_hours_converge_to_deserved_ratio_with_the_adapters_history() -> None:
+    """One cycle every 4 minutes for 24 hours (plain fair share's 15% shortfall over the same
+    arrivals is shown by test_time_fairshare.py, with records kept by hand)."""
+    timed = _simulate(UsagePolicy(window=24 * HOUR, half_life=24 * HOUR, k=2.0), step=240.0)
+    assert timed["a"] + timed["b"] == pytest.approx(8 * 24, rel=0.02)  # the node never idles
     assert math.isclose(timed["b"] / timed["a"], 1.0, rel_tol=0.05), timed
