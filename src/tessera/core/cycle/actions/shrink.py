@@ -26,7 +26,7 @@ from tessera.core.cycle.types import Eviction
 from tessera.core.cycle.workload_state import PodPlacements
 from tessera.core.fairshare import EPS
 
-from .allocate import gang_demand
+from .allocate import Shape, gang_demand, shape
 
 _TRIES = ("placement", "fair-share")
 
@@ -42,31 +42,43 @@ class Shrink:
     name = "shrink"
 
     def execute(self, session: Session) -> None:
+        # Cheap test first: most workloads are not elastic (minimum = size), and then this
+        # action costs one pass over the workloads and nothing else.
+        donors = [v for v in session.workloads.values()
+                  if v.was_running and v.spec.gang_min < len(v.spec.pods)
+                  and session.evictable(v, "reclaim") and elastic_pods(v)]
+        if not donors:
+            return
         waiting = session.waiting_after(_TRIES)
         if not waiting:
-            return
-        donors = [v for v in session.workloads.values()
-                  if session.evictable(v, "reclaim") and elastic_pods(v)]
-        if not donors:
             return
         quota = session.quota
         ratio = {v.project: quota.alloc[v.project][0] / max(quota.shares.gpu(v.project), EPS)
                  for v in donors}
         donors.sort(key=lambda v: (session.tree[v.project].priority, -ratio[v.project], v.priority,
                                    -(v.spec.started_at or 0.0), v.id))
+        failed: set[tuple[str, Shape]] = set()
         for ws in quota.fair_order(waiting):
-            if not ws.unplaced() or ws.required() == 0:
+            key = (ws.project, shape(ws))
+            if key in failed or not ws.unplaced() or ws.required() == 0:
                 continue
-            if quota.check(ws, gang_demand(session, ws)) is not None:
+            demand = gang_demand(session, ws)
+            if quota.check(ws, demand) is not None:
                 continue  # beyond its fair share (or a limit): not owed anything
-            _ShrinkFor(session, ws, [v for v in donors if v.project != ws.project]).run()
+            budget = demand[0] + quota.shortfall(ws.project)
+            if not _ShrinkFor(session, ws, [v for v in donors if v.project != ws.project], budget).run():
+                failed.add(key)  # the same shape of the same project fails alike this action
 
 
 class _ShrinkFor:
-    def __init__(self, session: Session, ws: WorkloadState, donors: list[WorkloadState]) -> None:
+    def __init__(self, session: Session, ws: WorkloadState, donors: list[WorkloadState],
+                 budget: float) -> None:
+        """``budget``: the most GPUs that may be taken (what it places plus what it is owed); the
+        search stops there, as an outcome taking more would be refused anyway."""
         self.session = session
         self.ws = ws
         self.donors = donors
+        self.budget = budget
 
     def _may_give(self, v: WorkloadState, gpus: float) -> bool:
         """After giving ``gpus``, the donor's project and its ancestors that are not the
@@ -91,6 +103,9 @@ class _ShrinkFor:
             for i in elastic_pods(v):
                 vec = v.pod_vectors[i]
                 gpus = 0.0 if vec is None else vec[0]
+                if freed + gpus > self.budget + EPS:
+                    stmt.discard()
+                    return False
                 if not self._may_give(v, gpus):
                     break
                 session.release_pod(v, i)
