@@ -516,7 +516,10 @@ def test_pod_without_project_or_with_bad_request_is_explained(
     make_pod(kube_client, ns, "bad", {names.GPU_PORTION: "1.5"})
     msg = wait_until("explanation", lambda: scheduled_false(kube_client, ns, "bad"))
     assert names.GPU_PORTION in msg and "(0, 1)" in msg
-    assert any(e.reason == "FailedScheduling" for e in events(kube_client, ns, "bad"))
+    # The Event is written after the condition, in its own task: wait for it (under load it
+    # came a moment later and the bare assert failed in the full module run).
+    wait_until("the FailedScheduling event", lambda: any(
+        e.reason == "FailedScheduling" for e in events(kube_client, ns, "bad")))
 
 
 def test_project_schema_validates_in_the_api_server(env: SchedulerEnv, kube_client: Client) -> None:
