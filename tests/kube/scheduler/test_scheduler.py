@@ -733,7 +733,7 @@ def test_time_based_fair_share_gives_a_starved_project_its_history_back(
 ) -> None:
     """The scheduler restarted with --fair-share-history (as Helm's policy.fairShareHistory
     does): a project that held both T4s for a few seconds loses its over-quota share to one that
-    held nothing; the Project's status says so (fairShare 2, fromUsageHistory +1 / −1) and the
+    held nothing; the Project's status says so (fairShare 2, fromUsageHistory +1) and the
     starved project's pods are bound by reclaim. The plain scheduler is put back after."""
     hog = project
     env.scheduler.terminate()  # releases the lease
@@ -761,7 +761,8 @@ def test_time_based_fair_share_gives_a_starved_project_its_history_back(
             s := status(starved)).get("fromUsageHistory", {}).get("gpu", 0) > 0.5 and s, timeout=30)
         assert got["fairShare"]["gpu"] == pytest.approx(2.0, abs=0.01), got
         assert got["fromUsageHistory"]["gpu"] == pytest.approx(1.0, abs=0.01), got
-        assert status(hog)["fromUsageHistory"]["gpu"] < -0.5, status(hog)
+        # (The hog's own status goes back to 0 from the next cycle: its bare pods, once
+        # reclaimed, are gone, so it asks for nothing; the embedded test checks the "less".)
         bound(kube_client, starved, "b-0", "b-1", timeout=30)
     finally:
         for ns in (hog, starved):
