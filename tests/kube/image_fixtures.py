@@ -1,5 +1,5 @@
-"""Fixtures shared by the image tests and the Helm install test: the images built once per
-input hash (scripts/image_build.py, cached in ~/.cache/tessera/images) and unpacked."""
+"""Helpers shared by the image tests and the Helm install test (their fixtures, the images built
+and unpacked once per session, are in tests/kube/deploy/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +49,3 @@ def run_build(script: str, out: Path, *args: str) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stderr[-4000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_build("image_build.py", tmp_path_factory.mktemp("images"), "--json")
-
-
-@pytest.fixture(scope="module")
-def images(built: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[dict[str, oci.UnpackedImage]]:
-    root = tmp_path_factory.mktemp("unpacked")
-    out = {name: oci.unpack(Path(built["dir"]) / img["archive"], root / name)
-           for name, img in built["images"].items()}
-    yield out
-    shutil.rmtree(root, ignore_errors=True)

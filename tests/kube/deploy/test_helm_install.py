@@ -48,8 +48,6 @@ from tests import waiting
 from tests.kube import image_fixtures
 
 pytestmark = image_fixtures.skip_without_images("tests/kube/deploy/test_helm_install.py")
-built = image_fixtures.built
-images = image_fixtures.images
 
 RELEASE, NS = "tessera", "tessera-system"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -44,8 +44,6 @@ NS = "images-test"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 pytestmark = image_fixtures.skip_without_images("tests/kube/deploy/test_images.py")
-built = image_fixtures.built
-images = image_fixtures.images
 
 
 def _archive(built: dict[str, Any], name: str) -> Path:

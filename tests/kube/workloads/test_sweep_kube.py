@@ -7,7 +7,6 @@ docs/workloads.md). Named ``indexed_job`` so ``pytest -k indexed_job`` runs it w
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,8 @@ from tessera.api.backend import WorkloadSubmission
 from tessera.core.model import GpuRequest
 from tessera.kube.api_backend import KubeBackend
 from tessera.testing.cluster import TestCluster
-from tessera.testing.workload_stack import project_namespace, workload_stack
+from tessera.testing.workload_stack import project_namespace
 from tests.waiting import wait_until
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[TestCluster]:
-    with workload_stack() as cluster:
-        yield cluster
 
 
 def test_indexed_job_sweep_from_tessera_submit(stack: TestCluster, tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ import pytest
 from lightkube import Client, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.core_v1 import Namespace, Pod
 
 from tessera.kube import names
 from tessera.testing import engines
@@ -25,7 +24,6 @@ from tessera.testing.workload_stack import (
     project_namespace,
     scheduled_message,
     wait_pods,
-    workload_stack,
 )
 from tests.waiting import wait_until
 
@@ -35,32 +33,6 @@ for _group, _version, _kind in (("ray.io", "v1", "RayCluster"), ("ray.io", "v1",
                                 ("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet"),
                                 ("trainer.kubeflow.org", "v1alpha1", "TrainJob")):
     create_namespaced_resource(_group, _version, _kind, f"{_kind.lower()}s")
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[TestCluster]:
-    with workload_stack() as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def client(stack: TestCluster) -> Client:
-    c: Client = stack.client()
-    return c
-
-
-@pytest.fixture(autouse=True)
-def each_test_gives_its_gpus_back(client: Client) -> Iterator[None]:
-    """The tests share two nodes of 4 GPUs: each deletes the namespaces it made, and waits until
-    their pods are gone, so that the next test's gang does not find the GPUs still held (the
-    trainjob gang of 4 halves waited behind the LeaderWorkerSet's and the RayJob's pods)."""
-    before = {n.metadata.name for n in client.list(Namespace)}
-    yield
-    made = [n.metadata.name for n in client.list(Namespace) if n.metadata.name not in before]
-    for ns in made:
-        client.delete(Namespace, ns)
-    wait_until("the test's pods to be deleted", lambda: not any(
-        list(client.list(Pod, namespace=ns)) for ns in made), timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,8 @@ Name: each test is named after the engine it drives (``indexed_job``, ``deployme
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from lightkube import Client, codecs
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.batch_v1 import Job
@@ -27,21 +25,8 @@ from tessera.testing.workload_stack import (
     project_namespace,
     scheduled_message,
     wait_pods,
-    workload_stack,
 )
 from tests.waiting import wait_until
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[TestCluster]:
-    with workload_stack() as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def client(stack: TestCluster) -> Client:
-    c: Client = stack.client()
-    return c
 
 
 def template(gpu: dict[str, str], labels: dict[str, str] | None = None,
