@@ -5,9 +5,10 @@ its decayed usage (time-based fair share, docs/scheduling.md), in the project's 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tessera.core.cycle import ProjectStatus
+if TYPE_CHECKING:  # the CLI imports this module: it must not pull in the whole cycle
+    from tessera.core.cycle import ProjectStatus
 
 
 def fair_share_status(ps: ProjectStatus) -> dict[str, Any]:
