@@ -12,6 +12,3 @@ def refuse_unsupported(s: WorkloadSubmission) -> None:
         raise InvalidRequest("spec.autoscaling", "is not supported on the Kubernetes backend yet "
                              "(no Deployment or scaler is made); apply a Deployment, a Service "
                              "and a HorizontalPodAutoscaler, whose pods tessera schedules")
-    if s.spec.get("ports"):
-        raise InvalidRequest("spec.ports", "is not supported on the Kubernetes backend yet "
-                             "(no Service is created); expose the pod with a Service")

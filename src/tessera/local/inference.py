@@ -19,7 +19,6 @@ requests sent over one kept-alive connection count once.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import socket
@@ -32,6 +31,7 @@ from typing import Any
 
 from tessera.api.backend import WorkloadSubmission
 from tessera.core.errors import InvalidRequest
+from tessera.local.exposed_urls import pipe
 
 METRICS = ("concurrency", "throughput")
 DEFAULT_SCALE_DOWN_DELAY = 30.0
@@ -43,18 +43,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (dst, src):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass
@@ -195,9 +183,9 @@ class Services:
             upstream.settimeout(None)
             with svc.lock:
                 chosen.open += 1
-            back = threading.Thread(target=_pipe, args=(upstream, conn), daemon=True)
+            back = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
             back.start()
-            _pipe(conn, upstream)
+            pipe(conn, upstream)
             back.join()
             with svc.lock:
                 chosen.open -= 1

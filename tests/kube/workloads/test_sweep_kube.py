@@ -19,7 +19,7 @@ from tessera.api.backend import WorkloadSubmission
 from tessera.core.model import GpuRequest
 from tessera.kube.api_backend import KubeBackend
 from tessera.testing.cluster import TestCluster
-from tessera.testing.workload_stack import project_namespace, workload_stack
+from tessera.testing.workload_stack import project_namespace, wait_pods, workload_stack
 from tests.waiting import wait_until
 
 
@@ -88,3 +88,68 @@ def test_indexed_job_sweep_refusals_name_the_field(stack: TestCluster, tmp_path:
         with pytest.raises((InvalidRequest, ValueError)) as err:
             WorkloadSpec.model_validate(spec)
         assert field in str(err.value)
+
+
+def test_workspace_port_service_and_external_url(stack: TestCluster, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``workspace submit --port 8888 --external-url`` on Kubernetes: a Service the real
+    EndpointSlice controller fills with the workspace's pod, an Ingress of the configured class
+    at the documented host, both URLs in the workload's document, both removed with it; with no
+    ingress configured, the external URL is refused naming the field and nothing is made."""
+    from lightkube.resources.core_v1 import Service
+    from lightkube.resources.discovery_v1 import EndpointSlice
+    from lightkube.resources.networking_v1 import Ingress
+
+    from tessera.core.errors import InvalidRequest
+    from tessera.kube.objects import PodGroupResource
+
+    client: Client = stack.client()
+    ns, project = project_namespace(client, "ports")
+    backend = KubeBackend(client, tmp_path)
+    spec = {"command": "jupyter", "args": "lab", "ports": [{"container": 8888,
+                                                            "externalUrl": True}]}
+    sub = WorkloadSubmission(name="nb", project=project, type="Workspace",
+                             gpu=GpuRequest.fraction("0.25"), command=["jupyter", "lab"],
+                             spec=spec)
+    try:
+        monkeypatch.delenv("TESSERA_INGRESS_CLASS", raising=False)
+        with pytest.raises(InvalidRequest) as refused:
+            backend.submit(sub)
+        assert refused.value.field == "spec.ports[0].externalUrl"
+        assert "TESSERA_INGRESS_CLASS" in str(refused.value)
+        assert not list(client.list(PodGroupResource, namespace=ns))  # nothing half made
+        assert not [s for s in client.list(Service, namespace=ns)]
+        monkeypatch.setenv("TESSERA_INGRESS_CLASS", "nginx")
+        monkeypatch.setenv("TESSERA_INGRESS_DOMAIN", "apps.example.test")
+        doc = backend.submit(sub)
+        urls = [f"http://nb.{ns}.svc.cluster.local:8888", f"https://nb-{ns}.apps.example.test"]
+        assert doc["serviceUrls"] == urls
+        assert backend.workload(doc["workloadId"])["serviceUrls"] == urls
+        svc = client.get(Service, "nb", namespace=ns)
+        assert svc.spec is not None and svc.spec.selector == {
+            "tessera.io/workload-id": doc["workloadId"]}
+        assert [(p.port, p.targetPort) for p in svc.spec.ports or []] == [(8888, 8888)]
+        ing = client.get(Ingress, "nb", namespace=ns)
+        assert ing.spec is not None and ing.spec.ingressClassName == "nginx"
+        rule = (ing.spec.rules or [])[0]
+        assert rule.host == f"nb-{ns}.apps.example.test"
+        backend_ref = rule.http.paths[0].backend.service  # type: ignore[union-attr]
+        assert (backend_ref.name, backend_ref.port.number) == ("nb", 8888)  # type: ignore[union-attr]
+        # The real EndpointSlice controller lists the workspace's pod behind the Service.
+        pod = wait_pods(client, ns, 1, timeout=60, **{"tessera.io/workload-id":
+                                                      doc["workloadId"]})[0]
+
+        def ready_ips() -> list[str]:
+            return [a for sl in client.list(EndpointSlice, namespace=ns,
+                                            labels={"kubernetes.io/service-name": "nb"})
+                    for e in sl.endpoints or [] if (e.conditions and e.conditions.ready)
+                    for a in e.addresses]
+        ips = wait_until("the pod behind the Service", ready_ips, timeout=60)
+        pod = client.get(Pod, pod.metadata.name, namespace=ns)  # type: ignore[union-attr]
+        assert pod.status is not None and ips == [pod.status.podIP]
+        backend.delete_workload(doc["workloadId"])
+        wait_until("Service and Ingress removed with the workload", lambda: not list(
+            client.list(Service, namespace=ns)) and not list(client.list(Ingress, namespace=ns)),
+            timeout=60)
+    finally:
+        backend.stop()
