@@ -20,11 +20,13 @@ terminates TLS with a wildcard certificate; ``http`` otherwise). With no ingress
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from lightkube import Client
 
+from tessera.api.backend import WorkloadSubmission
 from tessera.core.errors import InvalidRequest
 from tessera.kube import names
 from tessera.kube import workload_docs as wd
@@ -132,3 +134,26 @@ def create(client: Client, rec: wd.Record, owner_uid: str,
         obj: Ingress = Ingress.from_dict(  # type: ignore[assignment]
             build_ingress(rec, owner_uid, ingress, hosts))
         client.create(obj, namespace=rec.namespace)
+
+
+def urls(s: WorkloadSubmission, namespace: str) -> list[str]:
+    """The URLs of a submission's ports, or the refusal naming the field."""
+    return plan(s.spec, s.name, namespace, IngressSettings.from_env())[0]
+
+
+def make(client: Client, rec: wd.Record, owner_uid: str,
+         create_pods: Callable[[], object]) -> None:
+    """What a submitted workload is made of, besides its PodGroup: an inference that scales is
+    a Deployment and its Service (tessera.kube.autoscaling); a sweep, an Indexed Job
+    (tessera.kube.sweeps); anything else, its pods (``create_pods``); then the Service (and
+    Ingress) of its ports."""
+    from tessera.kube import autoscaling, sweeps
+
+    if autoscaling.is_scaling(rec):
+        autoscaling.create(client, rec, owner_uid)
+        return
+    if sweeps.is_sweep(rec):
+        sweeps.create_job(client, rec, owner_uid)
+    else:
+        create_pods()
+    create(client, rec, owner_uid, IngressSettings.from_env())

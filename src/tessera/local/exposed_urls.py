@@ -24,25 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.api.backend import WorkloadSubmission
+from tessera.api.tcp_pipe import pipe
 from tessera.core.errors import InvalidRequest
 
 HOST_ENV = "TESSERA_EXTERNAL_HOST"
 EXTERNAL_URLS = "_externalUrls"
 """Internal spec key: the external URLs the plain submit adds to the workload's service URLs."""
 DONE = ("Deleted", "Failed", "Completed")
-
-
-def pipe(src: socket.socket, dst: socket.socket) -> None:
-    """Copy one direction of a proxied connection until it ends, then end both."""
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (dst, src):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass

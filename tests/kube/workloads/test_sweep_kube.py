@@ -153,3 +153,109 @@ def test_workspace_port_service_and_external_url(stack: TestCluster, tmp_path: P
             timeout=60)
     finally:
         backend.stop()
+
+
+MODEL_SERVER = r"""
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(float(self.path.strip("/") or 0))
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_inference_autoscaling_on_kubernetes(stack: TestCluster, tmp_path: Path) -> None:
+    """``inference submit --min-replicas 1 --max-replicas 3 --metric concurrency
+    --metric-threshold 1 --scale-down-delay 3`` on Kubernetes: a Deployment (scaled by
+    kube-controller-manager's Deployment and ReplicaSet controllers) behind a Service; three
+    connections held open through replica 0's real tessera proxy make the autoscaler, reading the
+    proxies' counters, scale to 3, and idle it returns to 1 after the delay; deleting the
+    workload removes it all (garbage collector)."""
+    import subprocess
+    import sys
+    import threading
+
+    import httpx
+    from lightkube.resources.apps_v1 import Deployment
+    from lightkube.resources.core_v1 import Service
+
+    from tessera.kube.autoscaling import KubeAutoscaler
+    from tessera.testing.embedded import free_port
+    from tessera.testing.replica_proxies import ReplicaProxies
+
+    client: Client = stack.client()
+    ns, project = project_namespace(client, "infer")
+    backend = KubeBackend(client, tmp_path)
+    scaler = KubeAutoscaler(client, interval=0.5).start()
+    port = free_port()
+    model = subprocess.Popen([sys.executable, "-c", MODEL_SERVER, str(port)])
+    try:
+        doc = backend.submit(WorkloadSubmission(
+            name="llm", project=project, type="Inference", gpu=GpuRequest.fraction("0.25"),
+            command=["python", "serve.py"],
+            spec={"command": "python", "args": "serve.py", "ports": [{"container": port}],
+                  "autoscaling": {"minReplicas": 1, "maxReplicas": 3, "metric": "concurrency",
+                                  "metricThreshold": 1, "scaleDownDelaySeconds": 3}}))
+        wid = doc["workloadId"]
+        assert doc["serviceUrls"] == [f"http://llm.{ns}.svc.cluster.local:{port}"]
+        dep = client.get(Deployment, "llm", namespace=ns)
+        assert dep.spec is not None and dep.spec.replicas == 1
+        svc = client.get(Service, "llm", namespace=ns)
+        assert [(p.port, p.targetPort) for p in svc.spec.ports or []] == [(port, 8013)]  # type: ignore[union-attr]
+
+        def replicas() -> int:
+            d = client.get(Deployment, "llm", namespace=ns)
+            return int(d.spec.replicas)  # type: ignore[union-attr]
+
+        with ReplicaProxies(client, ns, wid) as proxies:
+            first = wait_until("replica 0's proxy", lambda: proxies.running() or None,
+                               timeout=60)[0]
+            ip = proxies.ips[first]
+            wait_until("replica 0 answers through its proxy", lambda: _answers(
+                f"http://{ip}:8013/0"), timeout=30)
+            t0 = time.monotonic()
+            answers: list[int] = []
+            load = [threading.Thread(target=lambda: answers.append(
+                httpx.get(f"http://{ip}:8013/8", timeout=30).status_code)) for _ in range(3)]
+            for t in load:
+                t.start()
+            wait_until("3 replicas with their proxies", lambda: replicas() == 3
+                       and len(proxies.running()) == 3, timeout=60)
+            scale_up = time.monotonic() - t0
+            for t in load:
+                t.join()
+            assert answers == [200, 200, 200]
+            t1 = time.monotonic()
+            wait_until("back to 1 replica", lambda: replicas() == 1
+                       and len(proxies.running()) == 1, timeout=60)
+            scale_down = time.monotonic() - t1
+            assert scale_down >= 3.0  # not before the scale-down delay
+            # The replica kept still serves; the scaling went 1 -> 3 -> 1, no flapping.
+            kept = proxies.running()[0]
+            assert _answers(f"http://{proxies.ips[kept]}:8013/0")
+            history = [n for _, n in scaler.state[wid].history]
+            assert history == [3, 1], history
+            print(f"kubernetes inference: 1 -> 3 replicas in {scale_up:.1f} s of load; "
+                  f"back to 1 in {scale_down:.1f} s after it (delay 3 s)")
+        backend.delete_workload(wid)
+        wait_until("Deployment, Service and pods removed", lambda: not list(
+            client.list(Deployment, namespace=ns)) and not list(client.list(Service, namespace=ns))
+            and not list(client.list(Pod, namespace=ns)), timeout=60)
+    finally:
+        scaler.stop()
+        model.terminate()
+        model.wait()
+        backend.stop()
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
