@@ -425,8 +425,8 @@ class KubeBackend(TokenAuth):
                            "suspend")
         self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
             wd.SUSPENDED: "true"}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
-        for pod in [] if sweeps.suspend_job(self.client, rec, True) else self.workloads.pods_of(
-                rec.namespace, rec.id):  # a sweep's Job controller removes its trials
+        for pod in [] if services.suspend(self.client, rec, True) else self.workloads.pods_of(
+                rec.namespace, rec.id):  # a Job's or Deployment's controller removes its pods
             with contextlib.suppress(ApiError):
                 self.client.delete(Pod, pod.metadata.name, namespace=rec.namespace)
         self._event(entry.group, "Suspended", "suspended by user; its pods are deleted")
@@ -441,7 +441,7 @@ class KubeBackend(TokenAuth):
             raise Conflict(f"workload {rec.name} is {doc['phase']}; only Stopped workloads resume")
         self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
             wd.SUSPENDED: None}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
-        _ = sweeps.suspend_job(self.client, rec, False) or self._create_pods(
+        _ = services.suspend(self.client, rec, False) or self._create_pods(
             rec, entry.group.metadata.uid, range(rec.workers))
         self._event(entry.group, "Resumed", "resumed by user; its pods are created again")
         return self.workload(workload_id, kind)

@@ -47,6 +47,8 @@ from tessera.kube import workload_docs as wd
 log = logging.getLogger(__name__)
 
 RULE = "tessera.io/autoscaling"
+SUSPENDED = "tessera.io/suspended"
+"""On the Deployment while the workload is suspended: 0 replicas, the autoscaler leaves it."""
 """The Deployment's annotation holding the workload's ``spec.autoscaling``."""
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 DEFAULT_PROXY_IMAGE = "ghcr.io/tessera-gpu/tessera:latest"
@@ -126,6 +128,21 @@ def create(client: Client, rec: wd.Record, owner_uid: str) -> None:
     client.create(svc, namespace=rec.namespace)
 
 
+def suspend(client: Client, rec: wd.Record, on: bool) -> bool:
+    """Suspend (0 replicas, not scaled) or resume (``minReplicas``) a scaling inference's
+    Deployment; False (nothing done) when ``rec`` is no scaling inference."""
+    from lightkube.resources.apps_v1 import Deployment
+    from lightkube.types import PatchType
+
+    if not is_scaling(rec):
+        return False
+    replicas = 0 if on else int((rec.spec or {})["autoscaling"].get("minReplicas", 1))
+    client.patch(Deployment, rec.name, {
+        "metadata": {"annotations": {SUSPENDED: "true" if on else None}},
+        "spec": {"replicas": replicas}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
+    return True
+
+
 @dataclass
 class _State:
     peaks: deque[tuple[float, float]] = field(default_factory=deque)
@@ -164,7 +181,8 @@ class KubeAutoscaler(Periodic):
                 names.MANAGED_BY: wd.MANAGER, wd.WORKLOAD_TYPE: "Inference"}):
             ann = dep.metadata.annotations or {}
             wid = (dep.metadata.labels or {}).get(wd.WORKLOAD_ID)
-            if RULE not in ann or not wid or dep.metadata.deletionTimestamp is not None:
+            if RULE not in ann or not wid or dep.metadata.deletionTimestamp is not None \
+                    or ann.get(SUSPENDED) == "true":
                 continue
             seen.add(wid)
             try:

@@ -157,3 +157,11 @@ def make(client: Client, rec: wd.Record, owner_uid: str,
     else:
         create_pods()
     create(client, rec, owner_uid, IngressSettings.from_env())
+
+
+def suspend(client: Client, rec: wd.Record, on: bool) -> bool:
+    """Suspend or resume what a controller runs for the workload (a sweep's Job, a scaling
+    inference's Deployment); False when its pods are tessera's own to delete and create."""
+    from tessera.kube import autoscaling, sweeps
+
+    return sweeps.suspend_job(client, rec, on) or autoscaling.suspend(client, rec, on)

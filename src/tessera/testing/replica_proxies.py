@@ -9,7 +9,6 @@ The autoscaler then reads the real proxies' counters at ``POD_IP:9464``, as in a
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ class ReplicaProxies:
         self.workload_id = workload_id
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ips: dict[str, str] = {}
+        self.last_error: Exception | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="replica-proxies")
 
@@ -49,8 +49,10 @@ class ReplicaProxies:
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):
-            with contextlib.suppress(Exception):
+            try:
                 self._step()
+            except Exception as exc:  # the API server busy: the next step tries again
+                self.last_error = exc
 
     def _step(self) -> None:
         pods: list[Any] = list(self.client.list(Pod, namespace=self.namespace,
@@ -63,15 +65,16 @@ class ReplicaProxies:
                     (pod.status.phase if pod.status else None) != "Running":
                 continue
             live.add(name)
-            if name in self.procs:
-                continue
+            if name in self.procs and self.procs[name].poll() is None:
+                continue  # running; one that exited is started again (restartPolicy Always)
             proxy = next(c for c in pod.spec.containers if c.name == "tessera-proxy")
             argv = list(proxy.command)
             if argv[0] == "python":
                 argv[0] = sys.executable
             out = subprocess.run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"],
                                  capture_output=True, text=True)
-            if out.returncode != 0 and "File exists" not in out.stderr:
+            if out.returncode != 0 and not any(w in out.stderr for w in ("File exists",
+                                                             "already assigned")):
                 raise RuntimeError(f"ip addr add {ip}: {out.stderr.strip()}")
             self.ips[name] = ip
             self.procs[name] = subprocess.Popen(argv, env={"POD_IP": ip, "PATH": "/usr/bin:/bin",

@@ -241,6 +241,21 @@ def test_inference_autoscaling_on_kubernetes(stack: TestCluster, tmp_path: Path)
             assert history == [3, 1], history
             print(f"kubernetes inference: 1 -> 3 replicas in {scale_up:.1f} s of load; "
                   f"back to 1 in {scale_down:.1f} s after it (delay 3 s)")
+            # Suspended: no replica, and the autoscaler leaves it so; resumed: the minimum.
+            backend.suspend(wid)
+            wait_until("suspended: no replica", lambda: replicas() == 0
+                       and not proxies.running(), timeout=60)
+            time.sleep(1.5)  # three autoscaler steps
+            assert replicas() == 0 and backend.workload(wid)["phase"] == "Stopped"
+            backend.resume(wid)
+            try:
+                wait_until("resumed: 1 replica", lambda: replicas() == 1
+                           and len(proxies.running()) == 1, timeout=60)
+            except AssertionError:
+                raise AssertionError((replicas(), proxies.running(), proxies.last_error, [
+                    (p.metadata.name, p.status.phase, p.status.podIP,  # type: ignore[union-attr]
+                     (p.metadata.annotations or {}).get("tessera.io/scheduling-message"))  # type: ignore[union-attr]
+                    for p in client.list(Pod, namespace=ns)])) from None
         backend.delete_workload(wid)
         wait_until("Deployment, Service and pods removed", lambda: not list(
             client.list(Deployment, namespace=ns)) and not list(client.list(Service, namespace=ns))
