@@ -49,7 +49,6 @@ from tessera.isolation.config import REGION_NAME
 from tessera.local import compute_view, containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
-from tessera.local.exposed_urls import EXTERNAL_URLS as EXT_URLS
 from tessera.local.gpus import Machine
 from tessera.local.mig import LocalMig, RoomNow, room_now
 from tessera.local.pods import PodProcesses
@@ -510,7 +509,7 @@ class LocalBackend(TokenAuth):
                      for p in s.spec.get("ports") or []]
             control = Control(
                 argv=list(s.command), env=dict(s.env), ports=ports,
-                service_urls=[f"http://127.0.0.1:{e}" for _, e in ports] + spec.pop(EXT_URLS, []),
+                service_urls=[f"http://127.0.0.1:{e}" for _, e in ports] + spec.pop("_extUrls", []),
                 container=ContainerRef(runtime=self.runtime.name, path=self.runtime.path,
                                        cdi=self.runtime.cdi, image=s.image)
                 if not s.command and self.runtime is not None else None,

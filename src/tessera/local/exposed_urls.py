@@ -28,8 +28,9 @@ from tessera.api.tcp_pipe import pipe
 from tessera.core.errors import InvalidRequest
 
 HOST_ENV = "TESSERA_EXTERNAL_HOST"
-EXTERNAL_URLS = "_externalUrls"
-"""Internal spec key: the external URLs the plain submit adds to the workload's service URLs."""
+EXTERNAL_URLS = "_extUrls"
+"""Internal spec key: the external URLs the plain submit (tessera.local.control, which removes
+the key from the stored spec) adds to the workload's service URLs."""
 DONE = ("Deleted", "Failed", "Completed")
 
 
