@@ -28,9 +28,10 @@ from tessera.api.tcp_pipe import pipe
 from tessera.core.errors import InvalidRequest
 
 HOST_ENV = "TESSERA_EXTERNAL_HOST"
-EXTERNAL_URLS = "_extUrls"
-"""Internal spec key: the external URLs the plain submit (tessera.local.control, which removes
-the key from the stored spec) adds to the workload's service URLs."""
+EXTERNAL_URLS = "externalUrls"
+"""Spec key set by this module only (REST refuses it: not a field of WorkloadSpec): the
+external URLs the plain submit (tessera.local.control, which takes the key out of the stored
+spec) adds to the workload's service URLs."""
 DONE = ("Deleted", "Failed", "Completed")
 
 
