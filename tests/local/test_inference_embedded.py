@@ -4,6 +4,7 @@ away once it has stayed low for the scale-down delay."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tessera.local.exposed_urls import HOST_ENV as EXTERNAL_HOST_ENV
 from tessera.testing.embedded import EmbeddedServer, free_port
 from tests.waiting import wait_until
 
@@ -30,12 +32,21 @@ class H(BaseHTTPRequestHandler):
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
 '''
 
+EXTERNAL = "127.0.0.2"
+"""This machine's 'external' address in the test: another loopback address, which the
+workload's process (listening on 127.0.0.1 only) does not listen on."""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     s = EmbeddedServer(tmp_path_factory.mktemp("infer"), simulate=["1xV100-16GB"])
-    with s.serving("team", gpu="1"):
-        yield s
+    os.environ[EXTERNAL_HOST_ENV] = EXTERNAL  # the server's external address (--external-url)
+    try:
+        with s.serving("team", gpu="1"):
+            os.environ.pop(EXTERNAL_HOST_ENV, None)
+            yield s
+    finally:
+        os.environ.pop(EXTERNAL_HOST_ENV, None)
 
 
 def running(server: EmbeddedServer, prefix: str) -> list[str]:
@@ -114,3 +125,50 @@ def test_bad_inference_flags_are_named(server: EmbeddedServer) -> None:
     got = server.cli("training", "submit", "t", "-p", "team", "-g", "0.25", "--max-replicas",
                      "2", "--", "true", check=False)
     assert "--max-replicas: only an inference scales" in got.stderr
+
+
+def test_workspace_external_url_is_reachable(server: EmbeddedServer, tmp_path: Path) -> None:
+    """``workspace submit --port P --external-url``: describe shows ``http://EXTERNAL:P``, and an
+    HTTP request there reaches the workspace, whose own process listens on 127.0.0.1 only;
+    deleting the workspace closes the URL."""
+    script = tmp_path / "ws.py"
+    script.write_text(SERVER)
+    port = free_port()
+    got = server.cli("workspace", "submit", "nb", "-p", "team", "-g", "0.25", "--port",
+                     str(port), "--external-url",
+                     "--working-dir", str(tmp_path), "--", sys.executable, str(script))
+    url = f"http://{EXTERNAL}:{port}"
+    assert url in got.stdout, got.stdout
+    described = server.cli("describe", "nb", "-p", "team").stdout
+    assert f"Service URL: http://127.0.0.1:{port}, {url}" in described, described
+    assert wait_until("the external URL answers", lambda: _get(f"{url}/0"), timeout=30) == "nb"
+    server.cli("delete", "nb", "-p", "team")
+    wait_until("the external URL closed", lambda: _refused(EXTERNAL, port), timeout=30)
+
+
+def _refused(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return False
+    except OSError:
+        return True
+
+
+def test_bad_external_url_is_named(server: EmbeddedServer) -> None:
+    got = server.cli("workspace", "submit", "bad", "-p", "team", "--external-url", "--",
+                     "true", check=False)
+    assert got.returncode != 0 and "--external-url: give --port too" in got.stderr, got.stderr
+    busy = socket.create_server((EXTERNAL, 0))
+    try:
+        taken = busy.getsockname()[1]
+        got = server.cli("workspace", "submit", "bad", "-p", "team", "--port", str(taken),
+                         "--external-url", "--", "true", check=False)
+        assert got.returncode != 0 and \
+            f"--external-url: cannot listen on {EXTERNAL}:{taken}" in got.stderr, got.stderr
+    finally:
+        busy.close()
+    assert "bad" not in [w["name"] for w in server.cli_json("list", "-p", "team")["workloads"]]
+    got = server.cli("inference", "submit", "bad", "-p", "team", "--port", str(free_port()),
+                     "--external-url", "--max-replicas", "2", "--metric-threshold", "1", "--",
+                     "true", check=False)
+    assert got.returncode != 0 and "--external-url: is for a workspace" in got.stderr, got.stderr

@@ -181,6 +181,10 @@ class PortSpec(Strict):
     container: int = Field(ge=1, le=65535, description="Port the workload listens on")
     external: int | None = Field(default=None, ge=1, le=65535,
                                  description="Port on the host (default: the same)")
+    externalUrl: bool = Field(
+        default=False, description="Reach it from outside (Run:ai's --external-url): embedded "
+        "mode listens on the server's TESSERA_EXTERNAL_HOST; Kubernetes makes an Ingress "
+        "(docs/workloads.md)")
 
 
 class Autoscaling(Strict):

@@ -61,6 +61,7 @@ def _submit_fields(gpu_memory_flag: str) -> dict[str, str]:
         "spec.priorityClass": "--priority",
         "spec.onEviction": "--on-eviction",
         "spec.workingDir": "--working-dir",
+        **{f"spec.ports[{i}].externalUrl": "--external-url" for i in range(16)},
         "spec.ports": "--port",
         "spec.parallelism": "--parallelism",
         "spec.completions": "--completions",

@@ -97,6 +97,7 @@ def _submit(
     framework: str | None = None,
     sweep: tuple[int | None, int | None, int | None] = (None, None, None),
     scaling: dict[str, Any] | None = None,
+    external_url: bool = False,
 ) -> None:
     fmt = _fmt(output)
     if workers < 1:
@@ -126,6 +127,11 @@ def _submit(
     if on_eviction not in ("requeue", "fail"):
         raise CliError(f"--on-eviction: must be requeue or fail (got {on_eviction!r})")
     port_specs = [_port(p) for p in ports or []]
+    if external_url and not port_specs:
+        raise CliError("--external-url: give --port too (the port the URL reaches, e.g. "
+                       "--port 8888 --external-url)")
+    for p in port_specs if external_url else []:
+        p["externalUrl"] = True
     if priority is not None and priority not in PRIORITY_NAMES:
         raise CliError(f"--priority: must be one of {', '.join(PRIORITY_NAMES)} (got {priority!r})")
     if mig_profile is not None:
@@ -219,7 +225,7 @@ def _submit(
                + "".join(f"; {url}" for url in w.get("serviceUrls") or []))
 
 
-def _port(text: str) -> dict[str, int]:
+def _port(text: str) -> dict[str, Any]:
     """``--port 8888`` or ``--port HOST:CONTAINER`` (8080:80), as Run:ai and docker write it."""
     parts = text.split(":")
     if len(parts) > 2 or not all(p.isascii() and p.isdigit() and 1 <= int(p) <= 65535 for p in parts):
@@ -266,6 +272,7 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str,
         on_eviction: Annotated[str, typer.Option("--on-eviction", help="requeue or fail when evicted")] = "requeue",
         name_prefix: Annotated[str | None, typer.Option("--job-name-prefix", help="Prefix of the generated name")] = None,
         ports: Annotated[list[str] | None, typer.Option("--port", help="Expose a port: 8888 or HOST:CONTAINER; the URL shows in list and describe (SERVICE URL)")] = None,
+        external_url: Annotated[bool, typer.Option("--external-url", help="Reach --port from outside: the server's external address (embedded) or an Ingress (Kubernetes); the URL shows in describe")] = False,
         gpu_mig_profile: Annotated[str | None, typer.Option("--gpu-mig-profile", "--mig-profile", help="A MIG partition instead of a share: 3g.20gb (GPUs in MIG mode; docs/mig.md); --mig-profile is Run:ai's spelling")] = None,
         compute_request: Annotated[str | None, typer.Option("--gpu-compute-request", help="Guaranteed share of the GPU's time, 0-1 (default: the portion; docs/compute-share.md)")] = None,
         compute_limit: Annotated[str | None, typer.Option("--gpu-compute-limit", help="Ceiling on the GPU time share, request-1 (fair default 1, strict: the request)")] = None,
@@ -286,7 +293,8 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str,
                 name_prefix, ports, gpu_mig_profile, (compute_request, compute_limit, compute_mode),
                 framework, (parallelism, completions, backoff_limit),
                 {"minReplicas": min_replicas, "maxReplicas": max_replicas, "metric": metric,
-                 "metricThreshold": metric_threshold, "scaleDownDelaySeconds": scale_down_delay})
+                 "metricThreshold": metric_threshold, "scaleDownDelaySeconds": scale_down_delay},
+                external_url)
 
     submit.__doc__ = help_text
     group.command("submit")(submit)

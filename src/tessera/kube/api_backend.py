@@ -52,7 +52,7 @@ from tessera.core.mig import profile_slots
 from tessera.core.model import Node as CoreNode
 from tessera.core.request_text import request_text
 from tessera.core.requests import check_against_cluster, gpu_request_to_dict
-from tessera.kube import names, sweeps
+from tessera.kube import autoscaling, names, services, sweeps
 from tessera.kube import workload_docs as wd
 from tessera.kube.agent_usage import AgentPoller
 from tessera.kube.cluster_projects import ClusterProjects, api_message, api_status
@@ -266,7 +266,7 @@ class KubeBackend(TokenAuth):
             workers=s.workers, min_workers=min_workers, request=gpu_request_to_dict(s.gpu),
             on_eviction=str(s.spec.get("onEviction", "requeue")),
             spec={**{k: v for k, v in s.spec.items() if k not in ("workingDir",)},
-                  "_submittedBy": s.submitted_by},
+                  "_submittedBy": s.submitted_by, services.URLS: services.urls(s, namespace)},
             mig_profile=s.mig_profile,
         )
         # The pods must read back as the same request (the scheduler's parser is the judge).
@@ -289,9 +289,9 @@ class KubeBackend(TokenAuth):
                 raise Conflict(f"a workload named {s.name} already exists in project "
                                f"{pdoc['name']}") from None
             raise Upstream(f"PodGroup {namespace}/{s.name}: {api_message(exc)}") from None
-        try:  # a sweep's trials are its Indexed Job's (tessera.kube.sweeps)
-            sweeps.create_job(self.client, rec, created.metadata.uid) if sweeps.is_sweep(rec) \
-                else self._create_pods(rec, created.metadata.uid, range(s.workers), new=True)
+        try:  # a Deployment (kube.autoscaling), an Indexed Job (kube.sweeps) or pods; a Service
+            services.make(self.client, rec, created.metadata.uid, lambda: self._create_pods(
+                rec, created.metadata.uid, range(s.workers), new=True))
         except Exception:
             self._delete_all(namespace, s.name, rec.id)
             raise
@@ -425,8 +425,8 @@ class KubeBackend(TokenAuth):
                            "suspend")
         self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
             wd.SUSPENDED: "true"}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
-        for pod in [] if sweeps.suspend_job(self.client, rec, True) else self.workloads.pods_of(
-                rec.namespace, rec.id):  # a sweep's Job controller removes its trials
+        for pod in [] if services.suspend(self.client, rec, True) else self.workloads.pods_of(
+                rec.namespace, rec.id):  # a Job's or Deployment's controller removes its pods
             with contextlib.suppress(ApiError):
                 self.client.delete(Pod, pod.metadata.name, namespace=rec.namespace)
         self._event(entry.group, "Suspended", "suspended by user; its pods are deleted")
@@ -441,7 +441,7 @@ class KubeBackend(TokenAuth):
             raise Conflict(f"workload {rec.name} is {doc['phase']}; only Stopped workloads resume")
         self.client.patch(PodGroupResource, rec.name, {"metadata": {"annotations": {
             wd.SUSPENDED: None}}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
-        _ = sweeps.suspend_job(self.client, rec, False) or self._create_pods(
+        _ = services.suspend(self.client, rec, False) or self._create_pods(
             rec, entry.group.metadata.uid, range(rec.workers))
         self._event(entry.group, "Resumed", "resumed by user; its pods are created again")
         return self.workload(workload_id, kind)
@@ -463,7 +463,7 @@ class KubeBackend(TokenAuth):
                 continue
             rec = wd.Record.from_json(ann[wd.RECORD])
             pods = pods_by.get(rec.id, [])
-            if sweeps.is_sweep(rec) or any(  # a sweep's trials are its Job's to make
+            if sweeps.is_sweep(rec) or autoscaling.is_scaling(rec) or any(  # Job's, Deployment's
                     (p.status.phase if p.status else None) in ("Succeeded", "Failed") for p in pods):
                 continue
             have = {int((p.metadata.labels or {}).get(wd.POD_INDEX, -1)) for p in pods}

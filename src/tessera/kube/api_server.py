@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tessera.api.serving import lock_data_dir, serve
     from tessera.kube.api_backend import KubeBackend
+    from tessera.kube.autoscaling import KubeAutoscaler
 
     directory = kube_data_dir(args.data_dir)
     lock = lock_data_dir(directory)
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = KubeBackend(client, directory, image=args.image)
     backend.ensure_admin()
     backend.start(args.reconcile_interval)
+    KubeAutoscaler(client).start()  # inference that scales (tessera.kube.autoscaling)
     server = config.cluster.server if config is not None else "?"
     info: dict[str, object] = {"backend": "kubernetes", "apiServer": server, "simulated": False,
                                "gpus": []}

@@ -150,7 +150,7 @@ class ClusterWorkloads:
             },
             "simulated": simulated,
             "image": rec.image,
-            "serviceUrls": [],
+            "serviceUrls": list((rec.spec or {}).get("_serviceUrls") or []),
             "namespace": rec.namespace,
         }
         if brief:

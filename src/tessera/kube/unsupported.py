@@ -8,10 +8,8 @@ from tessera.core.errors import InvalidRequest
 
 
 def refuse_unsupported(s: WorkloadSubmission) -> None:
-    if s.spec.get("autoscaling"):
-        raise InvalidRequest("spec.autoscaling", "is not supported on the Kubernetes backend yet "
-                             "(no Deployment or scaler is made); apply a Deployment, a Service "
-                             "and a HorizontalPodAutoscaler, whose pods tessera schedules")
-    if s.spec.get("ports"):
-        raise InvalidRequest("spec.ports", "is not supported on the Kubernetes backend yet "
-                             "(no Service is created); expose the pod with a Service")
+    if s.spec.get("autoscaling") and any(p.get("externalUrl")
+                                         for p in s.spec.get("ports") or []):
+        raise InvalidRequest("spec.ports[0].externalUrl", "is for a workspace, a training or "
+                             "an inference of one pod; an inference that scales is reached at "
+                             "its Service's URL")

@@ -509,7 +509,7 @@ class LocalBackend(TokenAuth):
                      for p in s.spec.get("ports") or []]
             control = Control(
                 argv=list(s.command), env=dict(s.env), ports=ports,
-                service_urls=[f"http://127.0.0.1:{ext}" for _, ext in ports],
+                service_urls=[f"http://127.0.0.1:{e}" for _, e in ports] + spec.pop("externalUrls", []),
                 container=ContainerRef(runtime=self.runtime.name, path=self.runtime.path,
                                        cdi=self.runtime.cdi, image=s.image)
                 if not s.command and self.runtime is not None else None,

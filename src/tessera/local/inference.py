@@ -19,9 +19,7 @@ requests sent over one kept-alive connection count once.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
 import socket
 import threading
 import time
@@ -31,30 +29,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api.backend import WorkloadSubmission
+from tessera.api.tcp_pipe import pipe
+from tessera.core.autoscale import (
+    CONCURRENCY_WINDOW,
+    THROUGHPUT_WINDOW,
+    ScalingRule,
+    decide,
+    metric_value,
+)
 from tessera.core.errors import InvalidRequest
 
-METRICS = ("concurrency", "throughput")
 DEFAULT_SCALE_DOWN_DELAY = 30.0
-CONCURRENCY_WINDOW = 2.0
-THROUGHPUT_WINDOW = 10.0
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (dst, src):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass
@@ -89,19 +80,21 @@ class Service:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def rule(self) -> ScalingRule:
+        return ScalingRule(self.min_replicas, self.max_replicas, self.metric, self.threshold,
+                           self.scale_down_delay)
+
     def metric_value(self, now: float) -> float:
         with self.lock:
             while self.opened and self.opened[0] < now - THROUGHPUT_WINDOW:
                 self.opened.popleft()
             while self.peaks and self.peaks[0][0] < now - CONCURRENCY_WINDOW:
                 self.peaks.popleft()
-            if self.metric == "throughput":
-                return len(self.opened) / THROUGHPUT_WINDOW
-            return float(max([self.open, *(n for _, n in self.peaks)]))
+            return metric_value(self.metric, now, list(self.peaks), list(self.opened),
+                                self.open)
 
     def desired(self, now: float) -> int:
-        want = math.ceil(self.metric_value(now) / self.threshold)
-        return max(self.min_replicas, min(self.max_replicas, want))
+        return self.rule().desired(self.metric_value(now))
 
 
 class Services:
@@ -195,9 +188,9 @@ class Services:
             upstream.settimeout(None)
             with svc.lock:
                 chosen.open += 1
-            back = threading.Thread(target=_pipe, args=(upstream, conn), daemon=True)
+            back = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
             back.start()
-            _pipe(conn, upstream)
+            pipe(conn, upstream)
             back.join()
             with svc.lock:
                 chosen.open -= 1
@@ -215,30 +208,24 @@ class Services:
                 svc.replicas = [r for r in svc.replicas
                                 if (self._phase_of(r.workload_id) or ("Deleted",))[0]
                                 not in ("Deleted", "Failed", "Completed")]
-            want = svc.desired(now)
             have = len(svc.replicas)
-            if want > have:
-                svc.below_since = None
-                for _ in range(want - have):
+            d = decide(svc.rule(), have, svc.metric_value(now), svc.below_since, now)
+            svc.below_since = d.below_since  # the rule shared with Kubernetes (core.autoscale)
+            if d.replicas > have:
+                for _ in range(d.replicas - have):
                     try:
                         self._add(svc)
                     except InvalidRequest:
                         break
-            elif want < have:
-                if svc.below_since is None:
-                    svc.below_since = now
-                elif now - svc.below_since >= svc.scale_down_delay:
-                    with svc.lock:  # the idle ones first, the newest first
-                        order = sorted(enumerate(svc.replicas),
-                                       key=lambda x: (x[1].open == 0, x[0]), reverse=True)
-                        victims = [r for _, r in order[:have - want]]
-                        svc.replicas = [r for r in svc.replicas if r not in victims]
-                    for victim in victims:
-                        self._delete(victim.workload_id)
-                    svc.history.append((now, len(svc.replicas)))
-                    svc.below_since = None
-            else:
-                svc.below_since = None
+            elif d.replicas < have:
+                with svc.lock:  # the idle ones first, the newest first
+                    order = sorted(enumerate(svc.replicas),
+                                   key=lambda x: (x[1].open == 0, x[0]), reverse=True)
+                    victims = [r for _, r in order[:have - d.replicas]]
+                    svc.replicas = [r for r in svc.replicas if r not in victims]
+                for victim in victims:
+                    self._delete(victim.workload_id)
+                svc.history.append((now, len(svc.replicas)))
 
     def doc(self, svc: Service) -> dict[str, Any]:
         return {"url": svc.url(), "minReplicas": svc.min_replicas,

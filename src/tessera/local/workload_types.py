@@ -11,7 +11,7 @@ from typing import Any
 
 from tessera.api.backend import WorkloadSubmission
 from tessera.core.errors import InvalidRequest
-from tessera.local import inference, sweeps
+from tessera.local import exposed_urls, inference, sweeps
 
 
 class WorkloadTypes:
@@ -27,9 +27,19 @@ class WorkloadTypes:
         """Hyperparameter sweeps: trials P at a time (--parallelism/--completions)."""
         self.services = inference.Services(submit, delete, phase_of)
         """Inference replicas behind one local port, scaled on a metric."""
+        self.urls = exposed_urls.ExposedUrls()
+        """Ports reached on the machine's external address (--external-url)."""
+        self._submit = submit
+        self._phase_of = phase_of
 
     def route(self, s: WorkloadSubmission) -> dict[str, Any] | None:
         """The answer for a sweep or a scaling inference (None: a plain workload)."""
+        if self.urls.wanted(s):
+            if s.spec.get("autoscaling") is not None or s.spec.get("completions") is not None:
+                raise InvalidRequest("spec.ports[0].externalUrl", "is for a workspace, a "
+                                     "training or an inference of one pod; an inference that "
+                                     "scales or a sweep has no one pod to reach")
+            return self.urls.submit(s, self._submit)
         if s.spec.get("autoscaling") is not None:
             if s.type != "Inference":
                 raise InvalidRequest("spec.autoscaling", "only an inference scales (tessera "
@@ -43,6 +53,8 @@ class WorkloadTypes:
     def tick(self) -> None:
         self.sweeps.tick()
         self.services.tick()
+        self.urls.tick(self._phase_of)
 
     def stop(self) -> None:
         self.services.stop()
+        self.urls.stop()

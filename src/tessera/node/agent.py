@@ -64,6 +64,8 @@ class KubeAgent:
         self.node.observer = self.observer
         self.steps = [step() for step in steps]
         self.wake = asyncio.Event()
+        self.urgent = asyncio.Event()
+        """A pod some step must act on now (SyncStep.urgent): :meth:`run_urgent` runs them."""
         self.syncs = 0
 
     @property
@@ -114,6 +116,8 @@ class KubeAgent:
                         self.node.pods.pop((v.namespace, v.name), None)
                     else:
                         self.node.pods[(v.namespace, v.name)] = v
+                        if any(step.urgent(v) for step in self.steps):
+                            self.urgent.set()
                     self.wake.set()
             except asyncio.CancelledError:
                 raise
@@ -122,6 +126,21 @@ class KubeAgent:
                 await asyncio.sleep(0.5)
 
     # ---- the loop -------------------------------------------------------------------------------
+    async def run_urgent(self) -> None:
+        """The steps a pod just seen needs at once, alone, each time one is (e.g. a reservation
+        pod's GPU UUID, which the scheduler waits for); their place in the sync stays."""
+        while True:
+            await self.urgent.wait()
+            self.urgent.clear()
+            for step in [s for s in self.steps if any(s.urgent(p) for p in self.node.pods.values())]:
+                try:
+                    await step.sync(self.node)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("%s (urgent): %r", step.name, exc)
+                    step.failed()
+
     async def sync_once(self) -> None:
         for step in self.steps:
             await step.sync(self.node)
@@ -145,6 +164,7 @@ class KubeAgent:
             print(f"tessera-node: {self.node.nvml_error}; node {self.opts.node_name} is not ready "
                   "for GPU shares (metrics are still served)", flush=True)
         watcher = asyncio.create_task(self.watch_pods())
+        urgent = asyncio.create_task(self.run_urgent())
         try:
             while True:
                 await self.sync()
@@ -153,6 +173,7 @@ class KubeAgent:
                 self.wake.clear()
         finally:
             watcher.cancel()
+            urgent.cancel()
 
 
 def make_client(kubeconfig: str | None) -> AsyncClient:

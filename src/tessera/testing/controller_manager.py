@@ -16,11 +16,12 @@ CONTROLLER_MANAGER = "kube-controller-manager"
 CONTROLLERS = (
     "job-controller", "cronjob-controller", "replicaset-controller", "deployment-controller",
     "statefulset-controller", "garbage-collector-controller", "resourceclaim-controller",
-    "namespace-controller",
+    "namespace-controller", "endpointslice-controller",
 )
 """kube-controller-manager's controllers the test cluster runs (the namespace controller: a test
-that deletes its namespaces gets its pods and GPUs back; not the node lifecycle, IPAM,
-service-account or endpoint controllers: kwok nodes and no Services need them)."""
+that deletes its namespaces gets its pods and GPUs back; the EndpointSlice controller: a
+workload's Service (--port) lists its pods; not the node lifecycle, IPAM or service-account
+controllers: kwok nodes need none)."""
 
 
 def start_controller_manager(self: TestCluster) -> None:

@@ -133,3 +133,61 @@ def test_share_file_errors_of_pods_that_are_gone_are_forgotten(
     node.pods = {}
     asyncio.run(step.sync(node))
     assert step.errors == {}
+
+
+def test_an_urgent_step_runs_at_once_not_behind_a_slow_sync() -> None:
+    """A pod a step marks urgent (a reservation pod waiting for its GPU UUID) is acted on while a
+    slow sync is still running, and only by the urgent step; an urgent step that fails is reset
+    and the loop goes on."""
+    ran: list[tuple[str, float]] = []
+
+    class Slow(SyncStep):
+        name = "slow"
+
+        async def sync(self, node: NodeContext) -> None:
+            await asyncio.sleep(2.0)
+            ran.append((self.name, asyncio.get_running_loop().time()))
+
+    class Uuids(SyncStep):
+        name = "uuids"
+
+        def __init__(self) -> None:
+            self.reset = 0
+
+        def urgent(self, pod: PodView) -> bool:
+            return pod.labels.get("wants") == "now"
+
+        async def sync(self, node: NodeContext) -> None:
+            ran.append((self.name, asyncio.get_running_loop().time()))
+            if len(ran) == 1:
+                raise OSError("first try fails")
+
+        def failed(self) -> None:
+            self.reset += 1
+
+    async def scenario() -> None:
+        agent = KubeAgent(AgentOptions(node_name="n"), client=None, nvml=None,  # type: ignore[arg-type]
+                          steps=(Slow, Uuids))
+        t0 = asyncio.get_running_loop().time()
+        urgent = asyncio.create_task(agent.run_urgent())
+        sync = asyncio.create_task(agent.sync())
+        await asyncio.sleep(0.1)
+        pod = PodView(namespace="ns", name="res", uid="u", labels={"wants": "now"},
+                      annotations={}, volumes=[], deleting=False)
+        agent.node.pods[("ns", "res")] = pod
+        agent.urgent.set()
+        await asyncio.sleep(0.1)
+        agent.urgent.set()  # seen again: runs again after the failure
+        await asyncio.sleep(0.1)
+        assert [n for n, _ in ran] == ["uuids", "uuids"]  # while the slow sync still runs
+        assert all(t - t0 < 1.0 for _, t in ran)
+        assert agent.steps[1].reset == 1  # type: ignore[attr-defined]
+        agent.node.pods.clear()  # nothing urgent left: the event alone runs no step
+        agent.urgent.set()
+        await asyncio.sleep(0.1)
+        assert len(ran) == 2
+        await sync
+        urgent.cancel()
+        assert [n for n, _ in ran] == ["uuids", "uuids", "slow", "uuids"]
+
+    asyncio.run(scenario())

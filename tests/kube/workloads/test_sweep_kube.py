@@ -18,7 +18,7 @@ from tessera.api.backend import WorkloadSubmission
 from tessera.core.model import GpuRequest
 from tessera.kube.api_backend import KubeBackend
 from tessera.testing.cluster import TestCluster
-from tessera.testing.workload_stack import project_namespace
+from tessera.testing.workload_stack import project_namespace, wait_pods
 from tests.waiting import wait_until
 
 
@@ -81,3 +81,189 @@ def test_indexed_job_sweep_refusals_name_the_field(stack: TestCluster, tmp_path:
         with pytest.raises((InvalidRequest, ValueError)) as err:
             WorkloadSpec.model_validate(spec)
         assert field in str(err.value)
+
+
+def test_workspace_port_service_and_external_url(stack: TestCluster, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``workspace submit --port 8888 --external-url`` on Kubernetes: a Service the real
+    EndpointSlice controller fills with the workspace's pod, an Ingress of the configured class
+    at the documented host, both URLs in the workload's document, both removed with it; with no
+    ingress configured, the external URL is refused naming the field and nothing is made."""
+    from lightkube.resources.core_v1 import Service
+    from lightkube.resources.discovery_v1 import EndpointSlice
+    from lightkube.resources.networking_v1 import Ingress
+
+    from tessera.core.errors import InvalidRequest
+    from tessera.kube.objects import PodGroupResource
+
+    client: Client = stack.client()
+    ns, project = project_namespace(client, "ports")
+    backend = KubeBackend(client, tmp_path)
+    spec = {"command": "jupyter", "args": "lab", "ports": [{"container": 8888,
+                                                            "externalUrl": True}]}
+    sub = WorkloadSubmission(name="nb", project=project, type="Workspace",
+                             gpu=GpuRequest.fraction("0.25"), command=["jupyter", "lab"],
+                             spec=spec)
+    try:
+        monkeypatch.delenv("TESSERA_INGRESS_CLASS", raising=False)
+        with pytest.raises(InvalidRequest) as refused:
+            backend.submit(sub)
+        assert refused.value.field == "spec.ports[0].externalUrl"
+        assert "TESSERA_INGRESS_CLASS" in str(refused.value)
+        assert not list(client.list(PodGroupResource, namespace=ns))  # nothing half made
+        assert not [s for s in client.list(Service, namespace=ns)]
+        monkeypatch.setenv("TESSERA_INGRESS_CLASS", "nginx")
+        monkeypatch.setenv("TESSERA_INGRESS_DOMAIN", "apps.example.test")
+        doc = backend.submit(sub)
+        urls = [f"http://nb.{ns}.svc.cluster.local:8888", f"https://nb-{ns}.apps.example.test"]
+        assert doc["serviceUrls"] == urls
+        assert backend.workload(doc["workloadId"])["serviceUrls"] == urls
+        svc = client.get(Service, "nb", namespace=ns)
+        assert svc.spec is not None and svc.spec.selector == {
+            "tessera.io/workload-id": doc["workloadId"]}
+        assert [(p.port, p.targetPort) for p in svc.spec.ports or []] == [(8888, 8888)]
+        ing = client.get(Ingress, "nb", namespace=ns)
+        assert ing.spec is not None and ing.spec.ingressClassName == "nginx"
+        rule = (ing.spec.rules or [])[0]
+        assert rule.host == f"nb-{ns}.apps.example.test"
+        backend_ref = rule.http.paths[0].backend.service  # type: ignore[union-attr]
+        assert (backend_ref.name, backend_ref.port.number) == ("nb", 8888)  # type: ignore[union-attr]
+        # The real EndpointSlice controller lists the workspace's pod behind the Service.
+        pod = wait_pods(client, ns, 1, timeout=60, **{"tessera.io/workload-id":
+                                                      doc["workloadId"]})[0]
+
+        def ready_ips() -> list[str]:
+            return [a for sl in client.list(EndpointSlice, namespace=ns,
+                                            labels={"kubernetes.io/service-name": "nb"})
+                    for e in sl.endpoints or [] if (e.conditions and e.conditions.ready)
+                    for a in e.addresses]
+        ips = wait_until("the pod behind the Service", ready_ips, timeout=60)
+        pod = client.get(Pod, pod.metadata.name, namespace=ns)  # type: ignore[union-attr]
+        assert pod.status is not None and ips == [pod.status.podIP]
+        backend.delete_workload(doc["workloadId"])
+        wait_until("Service and Ingress removed with the workload", lambda: not list(
+            client.list(Service, namespace=ns)) and not list(client.list(Ingress, namespace=ns)),
+            timeout=60)
+    finally:
+        backend.stop()
+
+
+MODEL_SERVER = r"""
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(float(self.path.strip("/") or 0))
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_inference_autoscaling_on_kubernetes(stack: TestCluster, tmp_path: Path) -> None:
+    """``inference submit --min-replicas 1 --max-replicas 3 --metric concurrency
+    --metric-threshold 1 --scale-down-delay 3`` on Kubernetes: a Deployment (scaled by
+    kube-controller-manager's Deployment and ReplicaSet controllers) behind a Service; three
+    connections held open through replica 0's real tessera proxy make the autoscaler, reading the
+    proxies' counters, scale to 3, and idle it returns to 1 after the delay; deleting the
+    workload removes it all (garbage collector)."""
+    import subprocess
+    import sys
+    import threading
+
+    import httpx
+    from lightkube.resources.apps_v1 import Deployment
+    from lightkube.resources.core_v1 import Service
+
+    from tessera.kube.autoscaling import KubeAutoscaler
+    from tessera.testing.embedded import free_port
+    from tessera.testing.replica_proxies import ReplicaProxies
+
+    client: Client = stack.client()
+    ns, project = project_namespace(client, "infer")
+    backend = KubeBackend(client, tmp_path)
+    scaler = KubeAutoscaler(client, interval=0.5).start()
+    port = free_port()
+    model = subprocess.Popen([sys.executable, "-c", MODEL_SERVER, str(port)])
+    try:
+        doc = backend.submit(WorkloadSubmission(
+            name="llm", project=project, type="Inference", gpu=GpuRequest.fraction("0.25"),
+            command=["python", "serve.py"],
+            spec={"command": "python", "args": "serve.py", "ports": [{"container": port}],
+                  "autoscaling": {"minReplicas": 1, "maxReplicas": 3, "metric": "concurrency",
+                                  "metricThreshold": 1, "scaleDownDelaySeconds": 3}}))
+        wid = doc["workloadId"]
+        assert doc["serviceUrls"] == [f"http://llm.{ns}.svc.cluster.local:{port}"]
+        dep = client.get(Deployment, "llm", namespace=ns)
+        assert dep.spec is not None and dep.spec.replicas == 1
+        svc = client.get(Service, "llm", namespace=ns)
+        assert [(p.port, p.targetPort) for p in svc.spec.ports or []] == [(port, 8013)]  # type: ignore[union-attr]
+
+        def replicas() -> int:
+            d = client.get(Deployment, "llm", namespace=ns)
+            return int(d.spec.replicas)  # type: ignore[union-attr]
+
+        with ReplicaProxies(client, ns, wid) as proxies:
+            first = wait_until("replica 0's proxy", lambda: proxies.running() or None,
+                               timeout=60)[0]
+            ip = proxies.ips[first]
+            wait_until("replica 0 answers through its proxy", lambda: _answers(
+                f"http://{ip}:8013/0"), timeout=30)
+            t0 = time.monotonic()
+            answers: list[int] = []
+            load = [threading.Thread(target=lambda: answers.append(
+                httpx.get(f"http://{ip}:8013/8", timeout=30).status_code)) for _ in range(3)]
+            for t in load:
+                t.start()
+            wait_until("3 replicas with their proxies", lambda: replicas() == 3
+                       and len(proxies.running()) == 3, timeout=60)
+            scale_up = time.monotonic() - t0
+            for t in load:
+                t.join()
+            assert answers == [200, 200, 200]
+            t1 = time.monotonic()
+            wait_until("back to 1 replica", lambda: replicas() == 1
+                       and len(proxies.running()) == 1, timeout=60)
+            scale_down = time.monotonic() - t1
+            assert scale_down >= 3.0  # not before the scale-down delay
+            # The replica kept still serves; the scaling went 1 -> 3 -> 1, no flapping.
+            kept = proxies.running()[0]
+            assert _answers(f"http://{proxies.ips[kept]}:8013/0")
+            history = [n for _, n in scaler.state[wid].history]
+            assert history == [3, 1], history
+            print(f"kubernetes inference: 1 -> 3 replicas in {scale_up:.1f} s of load; "
+                  f"back to 1 in {scale_down:.1f} s after it (delay 3 s)")
+            # Suspended: no replica, and the autoscaler leaves it so; resumed: the minimum.
+            backend.suspend(wid)
+            wait_until("suspended: no replica", lambda: replicas() == 0
+                       and not proxies.running(), timeout=60)
+            time.sleep(1.5)  # three autoscaler steps
+            assert replicas() == 0 and backend.workload(wid)["phase"] == "Stopped"
+            backend.resume(wid)
+            try:
+                wait_until("resumed: 1 replica", lambda: replicas() == 1
+                           and len(proxies.running()) == 1, timeout=60)
+            except AssertionError:
+                raise AssertionError((replicas(), proxies.running(), proxies.last_error, [
+                    (p.metadata.name, p.status.phase, p.status.podIP,  # type: ignore[union-attr]
+                     (p.metadata.annotations or {}).get("tessera.io/scheduling-message"))  # type: ignore[union-attr]
+                    for p in client.list(Pod, namespace=ns)])) from None
+        backend.delete_workload(wid)
+        wait_until("Deployment, Service and pods removed", lambda: not list(
+            client.list(Deployment, namespace=ns)) and not list(client.list(Service, namespace=ns))
+            and not list(client.list(Pod, namespace=ns)), timeout=60)
+    finally:
+        scaler.stop()
+        model.terminate()
+        model.wait()
+        backend.stop()
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False

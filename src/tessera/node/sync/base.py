@@ -87,5 +87,11 @@ class SyncStep:
     async def sync(self, node: NodeContext) -> None:
         """Bring what this step owns in line with ``node``."""
 
+    def urgent(self, pod: PodView) -> bool:
+        """``pod`` (just seen by the agent's watch) needs this step now, not after the rest of
+        a sync: the agent then runs this step alone at once (besides its place in the sync),
+        so something the scheduler waits for is not queued behind unrelated steps."""
+        return False
+
     def failed(self) -> None:
         """The sync stopped with an error: forget what would make the next sync skip a write."""

@@ -1,0 +1,21 @@
+"""Copying one direction of a proxied TCP connection: the proxies in front of a workload's
+port (embedded mode's inference and external URLs, tessera.local; a scaling replica's proxy on
+Kubernetes, tessera.kube.replica_proxy) share it."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until ``src`` ends, then shut both down."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (dst, src):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,241 @@
+"""Inference that scales on Kubernetes: ``tessera inference submit NAME --port 8080
+--min-replicas 1 --max-replicas 4 --metric concurrency --metric-threshold 2 -- CMD``
+(REST ``spec.autoscaling`` with one ``spec.ports`` entry).
+
+What is made, all owned by the workload's PodGroup (the garbage collector removes them with it):
+
+* a ``Deployment`` ``NAME`` of ``minReplicas`` replicas; each pod is the pod tessera would have
+  made (GPU share annotations, ``schedulerName: tessera``) plus a container ``tessera-proxy``
+  (tessera.kube.replica_proxy, image ``$TESSERA_REPLICA_PROXY_IMAGE``, the chart's tessera
+  image) in front of the model server's port, counting connections;
+* a ``Service`` ``NAME`` (ClusterIP) whose port (``--port``) goes to the replicas' proxies: the
+  stable URL ``http://NAME.NAMESPACE.svc.cluster.local:PORT``.
+
+:class:`KubeAutoscaler`, a loop in the API server, reads every replica's proxy counters
+(``http://POD_IP:9464/metrics``) each second, sums them into the metric (``concurrency``: the
+most connections open at once over the last 2 s; ``throughput``: connections opened per second
+over the last 10 s) and applies the rule both backends share (tessera.core.autoscale.decide)
+to the Deployment's ``spec.replicas``. Before scaling down it sets each replica's
+``controller.kubernetes.io/pod-deletion-cost`` to its open connections, so the ReplicaSet
+controller removes idle replicas first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from lightkube import Client
+
+from tessera.api.periodic import Periodic
+from tessera.core.autoscale import (
+    CONCURRENCY_WINDOW,
+    THROUGHPUT_WINDOW,
+    ScalingRule,
+    decide,
+    metric_value,
+)
+from tessera.kube import names, replica_proxy
+from tessera.kube import workload_docs as wd
+
+log = logging.getLogger(__name__)
+
+RULE = "tessera.io/autoscaling"
+SUSPENDED = "tessera.io/suspended"
+"""On the Deployment while the workload is suspended: 0 replicas, the autoscaler leaves it."""
+"""The Deployment's annotation holding the workload's ``spec.autoscaling``."""
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+DEFAULT_PROXY_IMAGE = "ghcr.io/tessera-gpu/tessera:latest"
+
+
+def is_scaling(rec: wd.Record) -> bool:
+    return bool((rec.spec or {}).get("autoscaling"))
+
+
+def _ports(rec: wd.Record) -> tuple[int, int]:
+    """(the Service's port, the model server's port in the pod)."""
+    p = ((rec.spec or {}).get("ports") or [])[0]
+    return int(p.get("external") or p["container"]), int(p["container"])
+
+
+def url(rec: wd.Record) -> str:
+    return f"http://{rec.name}.{rec.namespace}.svc.cluster.local:{_ports(rec)[0]}"
+
+
+def _owned(rec: wd.Record, owner_uid: str) -> dict[str, Any]:
+    return {"name": rec.name, "namespace": rec.namespace,
+            "labels": {names.MANAGED_BY: wd.MANAGER, wd.WORKLOAD: rec.name,
+                       wd.WORKLOAD_ID: rec.id, wd.WORKLOAD_TYPE: rec.type},
+            "ownerReferences": [{
+                "apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": "PodGroup",
+                "name": rec.name, "uid": owner_uid, "controller": True,
+                "blockOwnerDeletion": False}]}
+
+
+def build_deployment(rec: wd.Record, owner_uid: str, proxy_image: str) -> dict[str, Any]:
+    pod = wd.build_pod(rec, 0, None).to_dict()
+    meta = pod["metadata"]
+    for key in ("name", "namespace", "ownerReferences"):
+        meta.pop(key, None)
+    meta["labels"].pop(wd.POD_INDEX, None)
+    spec = pod["spec"]
+    spec["restartPolicy"] = "Always"
+    target = _ports(rec)[1]
+    app = spec["containers"][0]
+    app["env"] = [e for e in app.get("env") or [] if e["name"] != "TESSERA_POD_INDEX"] + [
+        {"name": "PORT", "value": str(target)}]
+    spec["containers"].append({
+        "name": "tessera-proxy", "image": proxy_image,
+        "command": ["python", "-m", "tessera.kube.replica_proxy",
+                    f"--port={replica_proxy.PORT}", f"--target={target}",
+                    f"--metrics-port={replica_proxy.METRICS_PORT}"],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [{"name": "proxy", "containerPort": replica_proxy.PORT},
+                  {"name": "metrics", "containerPort": replica_proxy.METRICS_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": replica_proxy.PORT}},
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}})
+    rule = (rec.spec or {})["autoscaling"]
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {**_owned(rec, owner_uid), "annotations": {RULE: json.dumps(rule)}},
+            "spec": {"replicas": int(rule.get("minReplicas", 1)),
+                     "selector": {"matchLabels": {wd.WORKLOAD_ID: rec.id}},
+                     "template": {"metadata": meta, "spec": spec}}}
+
+
+def build_service(rec: wd.Record, owner_uid: str) -> dict[str, Any]:
+    port = _ports(rec)[0]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _owned(rec, owner_uid),
+            "spec": {"type": "ClusterIP", "selector": {wd.WORKLOAD_ID: rec.id},
+                     "ports": [{"name": "http", "protocol": "TCP", "port": port,
+                                "targetPort": replica_proxy.PORT}]}}
+
+
+def create(client: Client, rec: wd.Record, owner_uid: str) -> None:
+    from lightkube.resources.apps_v1 import Deployment
+    from lightkube.resources.core_v1 import Service
+
+    image = os.environ.get("TESSERA_REPLICA_PROXY_IMAGE") or DEFAULT_PROXY_IMAGE
+    dep: Deployment = Deployment.from_dict(  # type: ignore[assignment]
+        build_deployment(rec, owner_uid, image))
+    client.create(dep, namespace=rec.namespace)
+    svc: Service = Service.from_dict(build_service(rec, owner_uid))  # type: ignore[assignment]
+    client.create(svc, namespace=rec.namespace)
+
+
+def suspend(client: Client, rec: wd.Record, on: bool) -> bool:
+    """Suspend (0 replicas, not scaled) or resume (``minReplicas``) a scaling inference's
+    Deployment; False (nothing done) when ``rec`` is no scaling inference."""
+    from lightkube.resources.apps_v1 import Deployment
+    from lightkube.types import PatchType
+
+    if not is_scaling(rec):
+        return False
+    replicas = 0 if on else int((rec.spec or {})["autoscaling"].get("minReplicas", 1))
+    client.patch(Deployment, rec.name, {
+        "metadata": {"annotations": {SUSPENDED: "true" if on else None}},
+        "spec": {"replicas": replicas}}, namespace=rec.namespace, patch_type=PatchType.MERGE)
+    return True
+
+
+@dataclass
+class _State:
+    peaks: deque[tuple[float, float]] = field(default_factory=deque)
+    opened: deque[tuple[float, int]] = field(default_factory=deque)
+    totals: dict[str, int] = field(default_factory=dict)
+    below_since: float | None = None
+    history: list[tuple[float, int]] = field(default_factory=list)
+
+
+def scrape(ip: str, timeout: float = 0.5) -> tuple[int, int] | None:
+    """A replica's (open connections, connections in all), or None when its proxy does not
+    answer (not started yet, or gone)."""
+    try:
+        r = httpx.get(f"http://{ip}:{replica_proxy.METRICS_PORT}/metrics", timeout=timeout)
+        return replica_proxy.parse(r.text) if r.status_code == 200 else None
+    except (httpx.HTTPError, KeyError, ValueError):
+        return None
+
+
+class KubeAutoscaler(Periodic):
+    """Each second: every scaling inference's metric from its replicas' proxies, and the
+    Deployment's replicas set by the shared rule."""
+
+    thread_name = "tessera-autoscaler"
+
+    def __init__(self, client: Client, interval: float = 1.0) -> None:
+        super().__init__(interval)
+        self.client: Any = client
+        self.state: dict[str, _State] = {}
+
+    def step(self) -> None:
+        from lightkube.resources.apps_v1 import Deployment
+
+        seen = set()
+        for dep in self.client.list(Deployment, namespace="*", labels={
+                names.MANAGED_BY: wd.MANAGER, wd.WORKLOAD_TYPE: "Inference"}):
+            ann = dep.metadata.annotations or {}
+            wid = (dep.metadata.labels or {}).get(wd.WORKLOAD_ID)
+            if RULE not in ann or not wid or dep.metadata.deletionTimestamp is not None \
+                    or ann.get(SUSPENDED) == "true":
+                continue
+            seen.add(wid)
+            try:
+                self._one(dep, wid, ScalingRule.from_spec(json.loads(ann[RULE])))
+            except Exception as exc:  # one workload's trouble never stops the others
+                log.warning("autoscaling %s/%s: %r", dep.metadata.namespace,
+                            dep.metadata.name, exc)
+        for wid in set(self.state) - seen:
+            del self.state[wid]
+
+    def _one(self, dep: Any, wid: str, rule: ScalingRule) -> None:
+        from lightkube.resources.apps_v1 import Deployment
+        from lightkube.resources.core_v1 import Pod
+        from lightkube.types import PatchType
+
+        ns, name = dep.metadata.namespace, dep.metadata.name
+        st = self.state.setdefault(wid, _State())
+        now = time.time()
+        open_by_pod: dict[str, int] = {}
+        new = 0
+        for pod in self.client.list(Pod, namespace=ns, labels={wd.WORKLOAD_ID: wid}):
+            ip = pod.status.podIP if pod.status else None
+            if not ip or pod.metadata.deletionTimestamp is not None:
+                continue
+            got = scrape(ip)
+            if got is None:
+                continue
+            open_by_pod[pod.metadata.name] = got[0]
+            before = st.totals.get(pod.metadata.name)
+            new += max(0, got[1] - before) if before is not None else 0
+            st.totals[pod.metadata.name] = got[1]
+        st.totals = {k: v for k, v in st.totals.items() if k in open_by_pod}
+        current = float(sum(open_by_pod.values()))
+        st.peaks.append((now, current))
+        if new:
+            st.opened.append((now, new))
+        while st.peaks and st.peaks[0][0] < now - CONCURRENCY_WINDOW:
+            st.peaks.popleft()
+        while st.opened and st.opened[0][0] < now - THROUGHPUT_WINDOW:
+            st.opened.popleft()
+        metric = metric_value(rule.metric, now, st.peaks,
+                              [t for t, n in st.opened for _ in range(n)], current)
+        have = int(dep.spec.replicas if dep.spec.replicas is not None else 1)
+        d = decide(rule, have, metric, st.below_since, now)
+        st.below_since = d.below_since
+        if d.replicas == have:
+            return
+        if d.replicas < have:  # the ReplicaSet controller removes the cheapest: the idle ones
+            for pod_name, n in open_by_pod.items():
+                self.client.patch(Pod, pod_name, {"metadata": {"annotations": {
+                    DELETION_COST: str(n)}}}, namespace=ns, patch_type=PatchType.MERGE)
+        self.client.patch(Deployment, name, {"spec": {"replicas": d.replicas}}, namespace=ns,
+                          patch_type=PatchType.MERGE)
+        st.history.append((now, d.replicas))
+        log.info("autoscaling %s/%s: %d -> %d replicas (%s %.2f, threshold %g)", ns, name,
+                 have, d.replicas, rule.metric, metric, rule.threshold)
