@@ -15,6 +15,7 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod
 
 from tessera.api.backend import WorkloadSubmission
+from tessera.bench.inference_kube import MODEL_SERVER
 from tessera.core.model import GpuRequest
 from tessera.kube.api_backend import KubeBackend
 from tessera.testing.cluster import TestCluster
@@ -146,19 +147,6 @@ def test_workspace_port_service_and_external_url(stack: TestCluster, tmp_path: P
             timeout=60)
     finally:
         backend.stop()
-
-
-MODEL_SERVER = r"""
-import sys, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class H(BaseHTTPRequestHandler):
-    def do_GET(self):
-        time.sleep(float(self.path.strip("/") or 0))
-        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
-        self.wfile.write(b"ok")
-    def log_message(self, *a): pass
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"""
 
 
 def test_inference_autoscaling_on_kubernetes(stack: TestCluster, tmp_path: Path) -> None:
