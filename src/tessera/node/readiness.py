@@ -18,6 +18,13 @@ log = logging.getLogger("tessera.node")
 
 
 def prepare(node: NodeContext) -> None:
+    try:
+        _prepare(node)
+    finally:
+        node.prepared = True
+
+
+def _prepare(node: NodeContext) -> None:
     opts = node.opts
     if node.nvml is not None:
         try:

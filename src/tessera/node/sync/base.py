@@ -52,6 +52,10 @@ class NodeContext:
     inventory: Inventory | None = None
     library_error: str = ""
     dir_error: str = ""
+    prepared: bool = False
+    """readiness.prepare() has run to its end: before it, the kubelet plugin answers "not ready"
+    (a prepare between the inventory and the MIG journal being read was refused as "MIG
+    partitions are not available" instead of being retried)."""
     headroom: dict[int, DeviceHeadroom] = field(default_factory=dict)
     pods: dict[tuple[str, str], PodView] = field(default_factory=dict)
     """The pods bound to this node, kept by the agent's watch."""
@@ -71,8 +75,8 @@ class NodeContext:
     def ready(self) -> bool:
         # The inventory is read by prepare(): before it the node is still starting (the kubelet
         # plugin may be asked to prepare a claim meanwhile).
-        return (self.nvml is not None and self.inventory is not None and not self.library_error
-                and not self.dir_error)
+        return (self.prepared and self.nvml is not None and self.inventory is not None
+                and not self.library_error and not self.dir_error)
 
     @property
     def reason(self) -> str:
