@@ -217,11 +217,13 @@ def gang_pytorchjob(pods: int, whole: bool = False) -> dict[str, Any]:
 
 def gang(pods: int) -> dict[str, Any]:
     from lightkube import codecs
+    from lightkube.generic_resource import create_namespaced_resource
     from lightkube.resources.core_v1 import Pod
 
     from tessera.testing import engines
     from tessera.testing.workload_stack import project_namespace, workload_stack
 
+    create_namespaced_resource("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
     per_job = 4
     with workload_stack(gpus_per_node=8, nodes=max(2, pods // 16)) as cluster, \
             engines.running(cluster, "jobset"):
