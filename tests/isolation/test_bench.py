@@ -29,15 +29,19 @@ def test_benchmark_prints_one_json_object_last(capsys):
 
 def test_benchmark_compares_another_library_and_counts_instructions(capsys, tmp_path):
     """--compare runs a second build in the same rounds; --instructions counts a pair's
-    instructions under valgrind (scripts/setup.d/40-valgrind.sh installs it)."""
-    assert shutil.which("valgrind"), "valgrind missing: scripts/setup.d/40-valgrind.sh installs it"
+    instructions under valgrind, --waits the blocking waits at 2 threads under strace
+    (scripts/setup.d/40-valgrind.sh installs both)."""
+    for tool in ("valgrind", "strace"):
+        assert shutil.which(tool), f"{tool} missing: scripts/setup.d/40-valgrind.sh installs it"
     other = tmp_path / "libtessera-cuda.so"
     shutil.copy(ensure_built().library, other)
     argv = ["--pairs", "2000", "--repeats", "1", "--live", "500", "--compare", str(other),
-            "--instructions"]
+            "--instructions", "--waits"]
     assert bench.main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["compare_library"] == str(other)
     assert isinstance(result["compare_overhead_ns_per_pair"], float)
     assert isinstance(result["compare_two_threads_overhead_ns_per_pair"], float)
     assert result["instructions_per_pair_shared_region"] > result["instructions_per_pair_baseline"] > 0
+    for name in ("baseline", "shared_region", "compare"):  # counted, not asserted: they vary
+        assert result[f"two_threads_waits_per_1000_pairs_{name}"] >= 0

@@ -18,7 +18,11 @@ the library (it must not grow with the live mappings).
 ``--compare LIB`` runs another build of the library (say main's) in the shared-region set-up, at 1
 and 2 threads, interleaved with the rest, so a before/after on a loaded machine compares runs made
 under the same load. ``--instructions`` also counts the instructions of a pair under valgrind
-(callgrind), which no load on the machine changes (``instructions_per_pair_*``).
+(callgrind), which no load on the machine changes (``instructions_per_pair_*``). ``--waits``
+counts, under strace, the blocking waits (``futex``, ``sched_yield``) per 1,000 pairs with 2
+threads (``two_threads_waits_per_1000_pairs_*``): a lock convoy is threads blocking on each
+other, so it shows there whatever the load, where wall time at 2 threads on a shared 2-core
+machine mostly shows the load.
 
 The last line printed is one JSON object. Target (issue 12): overhead under 200 ns per pair.
 """
@@ -83,6 +87,22 @@ def _instructions(build: NativeBuild, env: dict[str, str], base: int = 20_000) -
     return (counts[1] - counts[0]) / (base + (2 * base // 10 - base // 10))  # each run warms up with pairs / 10 + 1
 
 
+WAIT_CALLS = ("futex", "sched_yield")
+
+
+def _waits(build: NativeBuild, env: dict[str, str], pairs: int, size: int) -> float:
+    """Blocking waits per 1,000 pairs with 2 threads (strace -c counts the calls)."""
+    done = subprocess.run(["strace", "-f", "-c", "-e", "trace=" + ",".join(WAIT_CALLS),
+                           str(build.program("benchalloc")), str(pairs), str(size), "2"],
+                          env=env, capture_output=True, text=True, timeout=600, check=True)
+    calls = 0
+    for line in done.stderr.splitlines():
+        fields = line.split()
+        if fields and fields[-1] in WAIT_CALLS:
+            calls += int(fields[3])  # % time, seconds, usecs/call, calls[, errors], syscall
+    return 1000.0 * calls / (2 * pairs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera.bench.isolation")
     parser.add_argument("--pairs", type=int, default=500_000)
@@ -92,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, default=None,
                         help="another libtessera-cuda.so to run in the shared-region set-up alongside")
     parser.add_argument("--instructions", action="store_true", help="count instructions per pair (valgrind)")
+    parser.add_argument("--waits", action="store_true",
+                        help="count blocking waits per 1,000 pairs with 2 threads (strace)")
     args = parser.parse_args(argv)
     build = ensure_built()
     with tempfile.TemporaryDirectory() as tmp:
@@ -119,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 unmap[name].append(_unmap(build, setups[name], args.live, max(200, args.pairs // 50)))
         instructions = {name: _instructions(build, setups[name], min(20_000, args.pairs))
                         for name in ("baseline", "shared_region", "compare") if args.instructions and name in setups}
+        waits = {name: _waits(build, setups[name], min(200_000, args.pairs), args.size)
+                 for name in ("baseline", "shared_region", "compare") if args.waits and name in setups}
     median = {name: statistics.median(values) for name, values in samples.items()}
     for name, value in median.items():
         print(f"{name:>14}: {value:8.1f} ns/pair  (runs: {', '.join(f'{v:.0f}' for v in samples[name])})")
@@ -160,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
            if args.compare else {}),
         **{f"instructions_per_pair_{name}": (round(count, 1) if count is not None else None)
            for name, count in instructions.items()},
+        **{f"two_threads_waits_per_1000_pairs_{name}": round(count, 3)
+           for name, count in waits.items()},
         "meets_target": overhead < TARGET_NS,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()}",
     }
