@@ -21,7 +21,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tessera.api.tcp_pipe import pipe
+from tessera.api.tcp_pipe import relay
 
 PORT = 8013
 """Where the proxy listens in the pod (the Service's targetPort)."""
@@ -68,11 +68,7 @@ def _one(conn: socket.socket, target: int, counters: Counters) -> None:
             upstream = socket.create_connection(("127.0.0.1", target), timeout=30)
         except OSError:
             return
-        upstream.settimeout(None)
-        back = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
-        back.start()
-        pipe(conn, upstream)
-        back.join()
+        relay(conn, upstream)
         upstream.close()
     finally:
         conn.close()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.api.backend import WorkloadSubmission
-from tessera.api.tcp_pipe import pipe
+from tessera.api.tcp_pipe import relay
 from tessera.core.errors import InvalidRequest
 
 HOST_ENV = "TESSERA_EXTERNAL_HOST"
@@ -56,11 +56,7 @@ class Exposed:
         except OSError:
             conn.close()  # the workload is not listening (yet): the client sees a reset
             return
-        upstream.settimeout(None)
-        back = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
-        back.start()
-        pipe(conn, upstream)
-        back.join()
+        relay(conn, upstream)
         conn.close()
         upstream.close()
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api.backend import WorkloadSubmission
-from tessera.api.tcp_pipe import pipe
+from tessera.api.tcp_pipe import relay
 from tessera.core.autoscale import (
     CONCURRENCY_WINDOW,
     THROUGHPUT_WINDOW,
@@ -185,13 +185,9 @@ class Services:
         try:
             if upstream is None or chosen is None:
                 return
-            upstream.settimeout(None)
             with svc.lock:
                 chosen.open += 1
-            back = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
-            back.start()
-            pipe(conn, upstream)
-            back.join()
+            relay(conn, upstream)
             with svc.lock:
                 chosen.open -= 1
         finally:
