@@ -65,17 +65,13 @@ def _ports(rec: wd.Record) -> tuple[int, int]:
 
 
 def url(rec: wd.Record) -> str:
-    return f"http://{rec.name}.{rec.namespace}.svc.cluster.local:{_ports(rec)[0]}"
+    return wd.service_url(rec.name, rec.namespace, _ports(rec)[0])
 
 
 def _owned(rec: wd.Record, owner_uid: str) -> dict[str, Any]:
-    return {"name": rec.name, "namespace": rec.namespace,
-            "labels": {names.MANAGED_BY: wd.MANAGER, wd.WORKLOAD: rec.name,
-                       wd.WORKLOAD_ID: rec.id, wd.WORKLOAD_TYPE: rec.type},
-            "ownerReferences": [{
-                "apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": "PodGroup",
-                "name": rec.name, "uid": owner_uid, "controller": True,
-                "blockOwnerDeletion": False}]}
+    meta = wd.owned_meta(rec, owner_uid)
+    meta["labels"][wd.WORKLOAD_TYPE] = rec.type
+    return meta
 
 
 def build_deployment(rec: wd.Record, owner_uid: str, proxy_image: str) -> dict[str, Any]:

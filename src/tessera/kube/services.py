@@ -28,7 +28,6 @@ from lightkube import Client
 
 from tessera.api.backend import WorkloadSubmission
 from tessera.core.errors import InvalidRequest
-from tessera.kube import names
 from tessera.kube import workload_docs as wd
 
 URLS = "_serviceUrls"
@@ -66,7 +65,7 @@ def plan(spec: dict[str, Any], name: str, namespace: str,
             raise InvalidRequest(f"spec.ports[{i}]", "two ports use the same service port",
                                  _port(p))
         seen.add(_port(p))
-    urls = [f"http://{name}.{namespace}.svc.cluster.local:{_port(p)}" for p in ports]
+    urls = [wd.service_url(name, namespace, _port(p)) for p in ports]
     external = [(i, p) for i, p in enumerate(ports) if p.get("externalUrl")]
     hosts: list[tuple[str, int]] = []
     for i, p in external:
@@ -87,22 +86,9 @@ def plan(spec: dict[str, Any], name: str, namespace: str,
     return urls, hosts
 
 
-def _owner(rec: wd.Record, owner_uid: str) -> dict[str, Any]:
-    return {"apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": "PodGroup",
-            "name": rec.name, "uid": owner_uid, "controller": True,
-            "blockOwnerDeletion": False}
-
-
-def _meta(rec: wd.Record, owner_uid: str) -> dict[str, Any]:
-    return {"name": rec.name, "namespace": rec.namespace,
-            "labels": {names.MANAGED_BY: wd.MANAGER, wd.WORKLOAD: rec.name,
-                       wd.WORKLOAD_ID: rec.id},
-            "ownerReferences": [_owner(rec, owner_uid)]}
-
-
 def build_service(rec: wd.Record, owner_uid: str) -> dict[str, Any]:
     ports = (rec.spec or {}).get("ports") or []
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(rec, owner_uid),
+    return {"apiVersion": "v1", "kind": "Service", "metadata": wd.owned_meta(rec, owner_uid),
             "spec": {"type": "ClusterIP", "selector": {wd.WORKLOAD_ID: rec.id},
                      "ports": [{"name": f"p{_port(p)}", "protocol": "TCP", "port": _port(p),
                                 "targetPort": int(p["container"])} for p in ports]}}
@@ -111,7 +97,7 @@ def build_service(rec: wd.Record, owner_uid: str) -> dict[str, Any]:
 def build_ingress(rec: wd.Record, owner_uid: str, ingress: IngressSettings,
                   hosts: list[tuple[str, int]]) -> dict[str, Any]:
     return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-            "metadata": _meta(rec, owner_uid),
+            "metadata": wd.owned_meta(rec, owner_uid),
             "spec": {"ingressClassName": ingress.class_name, "rules": [
                 {"host": host, "http": {"paths": [{
                     "path": "/", "pathType": "Prefix",

@@ -22,7 +22,6 @@ from typing import Any
 
 from lightkube import Client
 
-from tessera.kube import names
 from tessera.kube import workload_docs as wd
 
 DEFAULT_BACKOFF_LIMIT = 6
@@ -57,16 +56,10 @@ def build_job(rec: wd.Record, owner_uid: str) -> dict[str, Any]:
         "name": "TESSERA_POD_INDEX", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.annotations['{INDEX_LABEL}']"}}}]
     completions, parallelism, backoff = sizes(rec)
+    job_meta = wd.owned_meta(rec, owner_uid)
+    job_meta["labels"][wd.WORKLOAD_TYPE] = rec.type
     return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {
-            "name": rec.name, "namespace": rec.namespace,
-            "labels": {names.MANAGED_BY: wd.MANAGER, wd.WORKLOAD: rec.name,
-                       wd.WORKLOAD_ID: rec.id, wd.WORKLOAD_TYPE: rec.type},
-            "ownerReferences": [{
-                "apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": "PodGroup",
-                "name": rec.name, "uid": owner_uid, "controller": True,
-                "blockOwnerDeletion": False}]},
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta,
         "spec": {"completionMode": "Indexed", "completions": completions,
                  "parallelism": parallelism, "backoffLimit": backoff,
                  "template": {"metadata": meta, "spec": pod["spec"]}},

@@ -340,3 +340,20 @@ def pending_since(created: float, pods: Sequence[Any]) -> float:
     resume or a replaced pod makes new pods, which wait again), not the workload's submission;
     the workload's creation while it has no pods yet."""
     return max(created, min(created_at(p) for p in pods)) if pods else created
+
+
+def owned_meta(rec: Record, owner_uid: str) -> dict[str, Any]:
+    """Metadata of an object a workload owns through its PodGroup (a Service, an Ingress, a
+    sweep's Job, a scaling inference's Deployment; the garbage collector removes it with the
+    workload): the workload's name and tessera's labels, the owner reference."""
+    return {"name": rec.name, "namespace": rec.namespace,
+            "labels": {names.MANAGED_BY: MANAGER, WORKLOAD: rec.name, WORKLOAD_ID: rec.id},
+            "ownerReferences": [{
+                "apiVersion": f"{names.GROUP}/{names.VERSION}", "kind": "PodGroup",
+                "name": rec.name, "uid": owner_uid, "controller": True,
+                "blockOwnerDeletion": False}]}
+
+
+def service_url(name: str, namespace: str, port: int) -> str:
+    """The in-cluster URL of a workload's Service port."""
+    return f"http://{name}.{namespace}.svc.cluster.local:{port}"
