@@ -78,6 +78,10 @@ GANG = "tessera.io/gang"
 GANG_MIN_MEMBER = "tessera.io/gang-min-member"
 """On a pod (the webhook writes it from the pod's owners, docs/workloads.md) or a top owner (a
 user's override): the gang's minimum when no PodGroup object names it."""
+GANG_ANCHOR = "tessera.io/gang-anchor"
+"""``"true"`` on a pod its gang cannot run without (a Ray head, a PyTorchJob's Master; the
+webhook writes it, tessera.kube.podgrouper): ordered first among the gang's pods, so it is
+placed first and never given back as an elastic pod."""
 
 # What the scheduler writes on a pod when it binds it (the source of truth on restart), and
 # what tessera-node writes on Nodes and reservation pods: imported above from tessera.wire.

@@ -18,9 +18,10 @@ JobSet                   Σ replicatedJobs: replicas × the Job's pods at once; 
                          job (each waits for the previous to be ready)
 TrainJob (Trainer v2)    as the JobSet it made                                        trainjob-N
 PyTorchJob, TFJob, …     Σ replicaSpecs' replicas; ``elasticPolicy.minReplicas``      pytorchjob-N
-(kubeflow.org)           workers; ``runPolicy.schedulingPolicy.minAvailable`` wins
+(kubeflow.org)           workers (those up to ``maxReplicas`` are elastic);
+                         ``runPolicy.schedulingPolicy.minAvailable`` wins
 RayCluster               head + Σ workerGroupSpecs ``minReplicas × numOfHosts``;      raycluster-N
-                         workers above it are elastic (autoscaling)
+                         workers above it, up to ``maxReplicas``, are elastic
 RayJob                   as its RayCluster                                            rayjob-N
 LeaderWorkerSet          per group (label ``leaderworkerset.sigs.k8s.io/group-index``):  lws-N-I
                          leader + size-1 workers; ``startupPolicy: LeaderReady``: the
@@ -36,7 +37,15 @@ template) are not counted, so a CPU-only Ray head or JobSet driver never holds a
 The annotation ``tessera.io/gang-min-member: "N"`` on the top owner (or on the pod template)
 overrides the minimum, and makes a gang of any top owner, even one tessera does not know. An
 owner kind tessera cannot infer, without it, is scheduled per pod, and the caller says so in an
-Event (never silently half a gang). Pure: no I/O.
+Event (never silently half a gang); so is one whose elastic bounds contradict each other
+(``minReplicas`` above ``maxReplicas``, replicas outside them where the engine does not clamp):
+its engine would run fewer pods than the minimum, or more than its program accepts.
+
+A member its gang cannot run without (a Ray head; a kubeflow job's Master, Chief or Launcher;
+worker 0 of an elastic PyTorchJob with neither a Master nor ``rdzvHost``, the rendezvous host
+the operator names) is its gang's *anchor*: the webhook marks it (``tessera.io/gang-anchor``),
+the scheduler orders it first among the gang's pods (then oldest first), so it is placed first
+and never given back as an elastic pod. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -55,7 +64,14 @@ MIN_MEMBER_OVERRIDE = names.GANG_MIN_MEMBER
 MAX_MIN_MEMBER = 100_000
 """The largest minimum accepted (as the PodGroup CRD's ``minMember``)."""
 
+INT32_MAX = 2**31 - 1
+"""KubeRay's default ``maxReplicas``."""
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+RAY_NODE_TYPE = "ray.io/node-type"
+KUBEFLOW_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+KUBEFLOW_REPLICA_INDEX = "training.kubeflow.org/replica-index"
+KUBEFLOW_ANCHOR_ROLES = frozenset({"master", "chief", "launcher"})
+"""Replica types (the operator's label, lower case) a kubeflow job cannot run without."""
 JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 
 PER_POD_KINDS = frozenset({
@@ -97,6 +113,14 @@ def inferred_group(namespace: str, name: str, members: Sequence[Any]) -> Any:
     return PodGroupInfo(namespace, name, min(mins), None, None, version=-1) if mins else None
 
 
+def member_order(pod: Any) -> tuple[bool, float, str]:
+    """Sort key of a gang's pods (``tessera.kube.objects.PodInfo``): its anchors first
+    (``tessera.io/gang-anchor``), then oldest first, then by name. Placement tries them in this
+    order and shrink gives back the last ones (core/cycle/actions/shrink.py), so an anchor is
+    never given back as an elastic pod and the elastic pods given back are the newest."""
+    return pod.annotations.get(names.GANG_ANCHOR) != "true", pod.created, pod.name
+
+
 def api_group(obj: Obj) -> str:
     """The API group of an object's (or owner reference's) ``apiVersion`` ("" for core)."""
     version = str(obj.get("apiVersion") or "")
@@ -129,6 +153,9 @@ class Gang:
     min_member: int
     why: str
     """What decided it, for Events and ``tessera describe`` ("JobSet trainer: ...")."""
+    anchor: bool = False
+    """The pod is one its gang cannot run without (module docstring): placed first, never
+    given back as an elastic pod."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +164,17 @@ class PerPod:
 
     why: str
     unknown: bool = False
-    """True when the owner kind is one tessera cannot infer (the caller posts an Event)."""
+    """True when the caller posts a Warning Event on the top owner: its kind is one tessera
+    cannot infer, or its elastic bounds contradict each other (``why`` names the field)."""
+
+
+class _NotAGang(Exception):
+    """An owner whose fields contradict each other: its pods go one by one, and ``why`` (naming
+    the field and the rule) is told in an Event."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 Ours = Callable[[Obj], bool]
@@ -228,26 +265,57 @@ def _jobset(jobset: Obj, ours: Ours, replicated: str | None) -> tuple[int, str, 
         replicated if in_order else None
 
 
-def _kubeflow(job: Obj, ours: Ours) -> tuple[int, str]:
+def _elastic_bounds(spec: Obj, workers: int) -> tuple[int, int]:
+    """A kubeflow job's ``elasticPolicy`` (min, max), defaulted as the v1 operator does (one
+    missing: the other; both: the Worker replicas), checked against each other and the Worker
+    replicas (the operator does not clamp them; torchrun's ``--nnodes=min:max`` accepts no
+    more and waits for at least min)."""
+    policy = spec.get("elasticPolicy") or {}
+    low = policy.get("minReplicas")
+    high = policy.get("maxReplicas")
+    low = _int(low if low is not None else high, workers, "spec.elasticPolicy.minReplicas")
+    high = _int(high if high is not None else low, workers, "spec.elasticPolicy.maxReplicas")
+    if low > high:
+        raise _NotAGang(f"spec.elasticPolicy.minReplicas {low} is above "
+                        f"spec.elasticPolicy.maxReplicas {high}")
+    if not low <= workers <= high:
+        raise _NotAGang(f"Worker replicas {workers} is outside spec.elasticPolicy "
+                        f"[minReplicas {low}, maxReplicas {high}]")
+    return low, high
+
+
+def _kubeflow(job: Obj, ours: Ours, labels: Obj) -> tuple[int, str, bool]:
+    """(minimum, why, whether the pod is the gang's anchor)."""
     spec = _spec(job)
     kind = str(job.get("kind"))
     field = KUBEFLOW_REPLICA_SPECS[kind]
+    specs = spec.get(field) or {}
+    role = str(labels.get(KUBEFLOW_REPLICA_TYPE) or "").lower()
+    elastic = isinstance(spec.get("elasticPolicy"), Mapping)
+    anchor = role in KUBEFLOW_ANCHOR_ROLES or (
+        elastic and role == "worker" and str(labels.get(KUBEFLOW_REPLICA_INDEX)) == "0"
+        and not any(str(r).lower() in KUBEFLOW_ANCHOR_ROLES for r in specs)
+        and not (spec.get("elasticPolicy") or {}).get("rdzvHost"))
     explicit = ((spec.get("runPolicy") or {}).get("schedulingPolicy") or {}).get("minAvailable")
     if explicit is not None:
         n = _int(explicit, 1, "spec.runPolicy.schedulingPolicy.minAvailable")
-        return n, f"{kind} {_name(job)}: {n} pods start together (schedulingPolicy.minAvailable)"
-    elastic = (spec.get("elasticPolicy") or {}).get("minReplicas")
+        return n, f"{kind} {_name(job)}: {n} pods start together (schedulingPolicy.minAvailable)", \
+            anchor
     total = 0
     parts = []
-    for role, rs in sorted((spec.get(field) or {}).items()):
+    for role_name, rs in sorted(specs.items()):
         if not isinstance(rs, Mapping) or not ours(rs.get("template") or {}):
             continue
-        replicas = _int(rs.get("replicas"), 1, f"spec.{field}.{role}.replicas")
-        if role == "Worker" and elastic is not None:
-            replicas = min(replicas, _int(elastic, 1, "spec.elasticPolicy.minReplicas"))
+        replicas = _int(rs.get("replicas"), 1, f"spec.{field}.{role_name}.replicas")
+        if role_name == "Worker" and elastic:
+            low, high = _elastic_bounds(spec, replicas)
+            parts.append(f"{role_name} {low} (elastic up to {high})")
+            total += low
+            continue
         total += replicas
-        parts.append(f"{role} {replicas}")
-    return total, f"{kind} {_name(job)}: {' + '.join(parts) or 'none'} pods start together"
+        parts.append(f"{role_name} {replicas}")
+    return total, f"{kind} {_name(job)}: {' + '.join(parts) or 'none'} pods start together", \
+        anchor
 
 
 def _raycluster(rc: Obj, ours: Ours) -> tuple[int, str]:
@@ -259,12 +327,17 @@ def _raycluster(rc: Obj, ours: Ours) -> tuple[int, str]:
         if not isinstance(wg, Mapping) or not ours(wg.get("template") or {}):
             continue
         field = f"spec.workerGroupSpecs[{i}]"
-        n = _int(wg.get("minReplicas"), 0, f"{field}.minReplicas") * \
-            _int(wg.get("numOfHosts"), 1, f"{field}.numOfHosts")
-        total += n
-        parts.append(f"{wg.get('groupName', i)} {n}")
+        low = _int(wg.get("minReplicas"), 0, f"{field}.minReplicas")
+        high = _int(wg.get("maxReplicas"), INT32_MAX, f"{field}.maxReplicas")
+        if low > high:
+            # KubeRay then runs maxReplicas workers ("Please fix this"): fewer than the minimum.
+            raise _NotAGang(f"{field}.minReplicas {low} is above {field}.maxReplicas {high} "
+                            "(KubeRay then runs maxReplicas workers)")
+        hosts = _int(wg.get("numOfHosts"), 1, f"{field}.numOfHosts")
+        total += low * hosts
+        parts.append(f"{wg.get('groupName', i)} {low * hosts}")
     return total, (f"RayCluster {_name(rc)}: {' + '.join(parts) or 'none'} pods start together "
-                   "(workers above minReplicas are elastic)")
+                   "(workers above minReplicas, up to maxReplicas, are elastic)")
 
 
 def _lws(lws: Obj, ours: Ours) -> tuple[int, str]:
@@ -302,9 +375,19 @@ def infer(pod: Obj, chain: Sequence[Obj], ours: Ours) -> Gang | PerPod:
                           f"set {MIN_MEMBER_OVERRIDE} on {tkind} {tname} to make a gang",
                           unknown=True)
         return PerPod(f"{tkind} {tname}: each pod on its own")
+    try:
+        return _infer_gang(pod, chain, ours, decider, forced)
+    except _NotAGang as bad:
+        return PerPod(f"{tkind} {tname}: {bad.why}: its pods are scheduled one by one",
+                      unknown=True)
+
+
+def _infer_gang(pod: Obj, chain: Sequence[Obj], ours: Ours, decider: Obj,
+                forced: int | None) -> Gang | PerPod:
     key = kind_key(decider)
     labels = _meta(pod).get("labels") or {}
     name = f"{str(decider.get('kind')).lower()}-{_name(decider)}"
+    anchor = False
     if key == ("batch", "Job"):
         n, why = _job(decider, ours)
     elif key == ("jobset.x-k8s.io", "JobSet"):
@@ -323,15 +406,17 @@ def infer(pod: Obj, chain: Sequence[Obj], ours: Ours) -> Gang | PerPod:
         if scope is not None:
             name = f"{name}-{scope}"
     elif key[0] == "kubeflow.org":
-        n, why = _kubeflow(decider, ours)
+        n, why, anchor = _kubeflow(decider, ours, labels)
     elif key == ("ray.io", "RayCluster"):
         n, why = _raycluster(decider, ours)
+        anchor = labels.get(RAY_NODE_TYPE) == "head"
     elif key == ("ray.io", "RayJob"):
         rc = next((o for o in chain if kind_key(o) == ("ray.io", "RayCluster")), None)
         if rc is None:
             return PerPod(f"RayJob {_name(decider)}: not a pod of its RayCluster")
         n, why = _raycluster(rc, ours)
         why = f"RayJob {_name(decider)} through {why}"
+        anchor = labels.get(RAY_NODE_TYPE) == "head"
     else:  # LeaderWorkerSet
         index = labels.get(LWS_GROUP_INDEX)
         if index is None:
@@ -341,7 +426,7 @@ def infer(pod: Obj, chain: Sequence[Obj], ours: Ours) -> Gang | PerPod:
         n, why = _lws(decider, ours)
     if forced is not None:
         return Gang(name, forced, f"{why.split(':')[0]}: {forced} pods start together "
-                                  f"({MIN_MEMBER_OVERRIDE})")
+                                  f"({MIN_MEMBER_OVERRIDE})", anchor)
     if n <= 1:
-        return PerPod(why) if n == 0 else Gang(name, 1, why)
-    return Gang(name, min(n, MAX_MIN_MEMBER), why)
+        return PerPod(why) if n == 0 else Gang(name, 1, why, anchor)
+    return Gang(name, min(n, MAX_MIN_MEMBER), why, anchor)

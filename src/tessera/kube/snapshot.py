@@ -32,7 +32,7 @@ from tessera.kube.objects import (
     ProjectInfo,
     priority_class_of,
 )
-from tessera.kube.podgrouper import inferred_group
+from tessera.kube.podgrouper import inferred_group, member_order
 from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod, node_facts
 from tessera.kube.predicates.constraint import KubeConstraint, constraint_for
 from tessera.kube.predicates.spec import SchedulingSpec
@@ -181,7 +181,7 @@ class SnapshotBuilder:
                    _claims_sig(members, claims), tuple(p.key in unmovable for p in members))
             cached = self._memo.get(gkey)
             if cached is None or cached[0] != sig:
-                members.sort(key=lambda p: p.name)
+                members.sort(key=member_order)
                 w, keys, waits = _workload(gkey, members, pg, owner, assumed, ctx, tree, now, claims,
                                            unmovable)
                 cached = (sig, w, keys, waits)

@@ -223,3 +223,64 @@ def test_bad_manifest_field_is_named() -> None:
     with pytest.raises(InvalidRequest) as exc:
         infer(pod(), [bad], ours)
     assert exc.value.field == "spec.pytorchReplicaSpecs.Worker.replicas"
+
+
+def test_raycluster_head_is_the_anchor_and_workers_up_to_max_are_elastic() -> None:
+    head = infer(pod({"ray.io/node-type": "head"}), [raycluster(head_gpu=True)], ours)
+    worker = infer(pod({"ray.io/node-type": "worker"}), [raycluster(head_gpu=True)], ours)
+    assert isinstance(head, Gang) and head.anchor and head.min_member == 5
+    assert isinstance(worker, Gang) and not worker.anchor and worker.min_member == 5
+    assert "up to maxReplicas" in head.why
+
+
+def test_raycluster_min_above_max_is_per_pod_naming_the_field() -> None:
+    # KubeRay v1.5.0 runs maxReplicas workers then ("Please fix this"): fewer than the minimum,
+    # so a gang of head + minReplicas would wait for ever.
+    rc = raycluster()
+    rc["spec"]["workerGroupSpecs"][0].update(minReplicas=5, maxReplicas=3)
+    got = infer(pod(), [rc], ours)
+    assert isinstance(got, PerPod) and got.unknown
+    assert ("spec.workerGroupSpecs[0].minReplicas 5 is above "
+            "spec.workerGroupSpecs[0].maxReplicas 3") in got.why
+    rayjob = obj("ray.io/v1", "RayJob", "rj", {"entrypoint": "python x.py"})
+    via_job = infer(pod(), [rc, rayjob], ours)
+    assert isinstance(via_job, PerPod) and via_job.unknown and "RayJob rj" in via_job.why
+
+
+def test_pytorchjob_elastic_bounds_default_as_the_operator_does() -> None:
+    # training-operator v1.9.3 pytorch_defaults.go: one bound missing takes the other's value.
+    only_max = infer(pod(), [pytorchjob(elasticPolicy={"maxReplicas": 3})], ours)
+    assert isinstance(only_max, Gang) and only_max.min_member == 4  # Master 1 + Worker 3
+    neither = infer(pod(), [pytorchjob(elasticPolicy={"rdzvBackend": "c10d"})], ours)
+    assert isinstance(neither, Gang) and neither.min_member == 4
+    assert "Worker 3 (elastic up to 3)" in neither.why
+
+
+@pytest.mark.parametrize(("policy", "words"), [
+    ({"minReplicas": 4, "maxReplicas": 2},
+     "spec.elasticPolicy.minReplicas 4 is above spec.elasticPolicy.maxReplicas 2"),
+    ({"minReplicas": 1, "maxReplicas": 2},
+     "Worker replicas 3 is outside spec.elasticPolicy [minReplicas 1, maxReplicas 2]"),
+    ({"minReplicas": 4, "maxReplicas": 8},
+     "Worker replicas 3 is outside spec.elasticPolicy [minReplicas 4, maxReplicas 8]"),
+])
+def test_pytorchjob_contradicting_elastic_policy_is_per_pod_naming_the_field(
+        policy: dict[str, int], words: str) -> None:
+    got = infer(pod(), [pytorchjob(elasticPolicy=policy)], ours)
+    assert isinstance(got, PerPod) and got.unknown and words in got.why, got
+
+
+def test_pytorchjob_anchor_is_the_master_or_the_rendezvous_worker() -> None:
+    def role(kind: str, index: str) -> dict[str, Any]:
+        return pod({"training.kubeflow.org/replica-type": kind,
+                    "training.kubeflow.org/replica-index": index})
+    with_master = pytorchjob(elasticPolicy={"minReplicas": 1, "maxReplicas": 3})
+    assert infer(role("master", "0"), [with_master], ours).anchor  # type: ignore[union-attr]
+    assert not infer(role("worker", "0"), [with_master], ours).anchor  # type: ignore[union-attr]
+    workers_only = pytorchjob(elasticPolicy={"minReplicas": 1, "maxReplicas": 3})
+    del workers_only["spec"]["pytorchReplicaSpecs"]["Master"]
+    got = infer(role("worker", "0"), [workers_only], ours)
+    assert isinstance(got, Gang) and got.anchor and got.min_member == 1
+    assert not infer(role("worker", "2"), [workers_only], ours).anchor  # type: ignore[union-attr]
+    workers_only["spec"]["elasticPolicy"]["rdzvHost"] = "etcd"
+    assert not infer(role("worker", "0"), [workers_only], ours).anchor  # type: ignore[union-attr]

@@ -8,18 +8,23 @@ Each test is named after its engine: ``pytest -k jobset``, ``-k leaderworkerset`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 from lightkube import Client, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Pod
+from lightkube.types import PatchType
 
 from tessera.kube import names
 from tessera.testing import engines
 from tessera.testing.cluster import TestCluster
 from tessera.testing.workload_stack import (
+    events_of,
     pods,
     project_namespace,
     scheduled_message,
@@ -181,6 +186,123 @@ def test_raycluster_head_and_min_workers_start_together(client: Client, kuberay:
     assert {(p.metadata.annotations or {})[names.POD_GROUP] for p in got} == {"raycluster-rc"}
     # head + minReplicas 2: the third worker is elastic (above the minimum).
     assert {(p.metadata.annotations or {})[names.GANG_MIN_MEMBER] for p in got} == {"3"}
+
+
+RC = create_namespaced_resource("ray.io", "v1", "RayCluster", "rayclusters")
+
+
+def elastic_raycluster(name: str, replicas: int, low: int, high: int) -> Any:
+    """kuberay's ray-cluster.autoscaler.yaml, trimmed: a head tessera schedules (no GPU) and a
+    worker group of one whole GPU per worker between minReplicas and maxReplicas."""
+    spec = raycluster_spec(replicas, low)
+    group = spec["workerGroupSpecs"][0]
+    group["maxReplicas"] = high
+    group["template"] = {"spec": {"schedulerName": "tessera", "containers": [
+        {"name": "ray-worker", "image": "rayproject/ray:2.46.0",
+         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    return codecs.from_dict({"apiVersion": "ray.io/v1", "kind": "RayCluster",
+                             "metadata": {"name": name}, "spec": spec})
+
+
+def autoscale(client: Client, ns: str, name: str, replicas: int,
+              delete: Sequence[str] = ()) -> None:
+    """What the Ray autoscaler (in the head pod) does: a JSON patch of the worker group's
+    replicas and, to scale down, of the workers it chose to delete."""
+    ops: list[dict[str, Any]] = [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas",
+                                  "value": replicas}]
+    if delete:
+        ops.append({"op": "replace", "path": "/spec/workerGroupSpecs/0/scaleStrategy",
+                    "value": {"workersToDelete": list(delete)}})
+    client.patch(RC, name, ops, namespace=ns, patch_type=PatchType.JSON)
+
+
+def live(client: Client, ns: str, **labels: str) -> list[Any]:
+    return [p for p in pods(client, ns, **labels) if p.metadata.deletionTimestamp is None]
+
+
+def test_raycluster_autoscaling_grows_shrinks_and_follows_within_min_max(
+        client: Client, kuberay: None) -> None:
+    """Head + minReplicas 2 start as one gang; the autoscaler's replicas 12 (maxReplicas 10)
+    makes KubeRay add 8 workers (never past 10), placed one by one into the 6 idle GPUs as
+    elastic members of the same gang (2 wait, the rest run: no new gang, not all-or-nothing);
+    a project within its fair share asking 2 GPUs makes tessera shrink the two newest workers
+    (Event Shrunk), never the head or the minimum; the autoscaler's scale-down to 4 leaves the
+    head and 4 workers running and none waiting."""
+    ns_a, _ = project_namespace(client, "raycluster-elastic", deserved=0)
+    cluster = {"ray.io/cluster": "rc"}
+    worker = {**cluster, "ray.io/node-type": "worker"}
+    client.create(elastic_raycluster("rc", 2, 2, 10), namespace=ns_a)
+    first = all_bound(client, ns_a, 3, **cluster)
+    assert {(p.metadata.annotations or {})[names.POD_GROUP] for p in first} == {"raycluster-rc"}
+    assert {(p.metadata.annotations or {})[names.GANG_MIN_MEMBER] for p in first} == {"3"}
+    [head] = [p for p in first if (p.metadata.labels or {})["ray.io/node-type"] == "head"]
+    assert (head.metadata.annotations or {}).get(names.GANG_ANCHOR) == "true"
+
+    autoscale(client, ns_a, "rc", 12)  # above maxReplicas 10
+
+    def grown() -> list[Any] | None:
+        got = live(client, ns_a, **worker)
+        placed = [p for p in got if bound(p)]
+        return got if len(got) == 10 and len(placed) == 8 else None
+    workers = wait_until("8 of the 10 workers placed", grown, timeout=60)
+    assert {(p.metadata.annotations or {})[names.POD_GROUP] for p in workers} == {"raycluster-rc"}
+    assert {(p.metadata.annotations or {})[names.GANG_MIN_MEMBER] for p in workers} == {"3"}
+    waiting = [p for p in workers if not bound(p)]
+    wait_until("the 2 unplaced workers wait as elastic pods", lambda: all(
+        "elastic pod(s) wait" in scheduled_message(client.get(Pod, p.metadata.name, namespace=ns_a))
+        for p in waiting), timeout=30)
+    assert len(live(client, ns_a, **worker)) == 10  # KubeRay kept to maxReplicas
+
+    placed = sorted((p for p in workers if bound(p)),
+                    key=lambda p: (p.metadata.creationTimestamp, p.metadata.name))
+    ns_b, _ = project_namespace(client, "raycluster-other", deserved=4)
+    client.create(Pod(metadata=ObjectMeta(name="two", namespace=ns_b), spec=PodSpec(
+        schedulerName="tessera", containers=[Container(
+            name="c", image="busybox", resources=ResourceRequirements(
+                limits={"nvidia.com/gpu": "2"}))])))
+    wait_until("the other project's pod bound", lambda: bound(
+        client.get(Pod, "two", namespace=ns_b)), timeout=45)
+    shrunk = {e.involvedObject.name for e in client.list(Event, namespace=ns_a)
+              if e.reason == "Shrunk"}
+    assert len(shrunk) == 2, shrunk
+    # Never the head, never one of the two oldest (the minimum): the newest elastic workers.
+    assert head.metadata.name not in shrunk
+    assert not shrunk & {p.metadata.name for p in placed[:2]}
+    assert bound(client.get(Pod, head.metadata.name, namespace=ns_a))
+
+    # KubeRay recreates the two (replicas is still 10): they wait as elastic pods. The
+    # autoscaler then scales down to 4, deleting the waiting ones and two running ones.
+    def after_shrink() -> list[Any] | None:
+        got = live(client, ns_a, **worker)
+        return got if len(got) == 10 and sum(map(bound, got)) == 6 else None
+    now = wait_until("6 workers running, 4 waiting", after_shrink, timeout=30)
+    running = sorted((p for p in now if bound(p)),
+                     key=lambda p: (p.metadata.creationTimestamp, p.metadata.name))
+    gone = [p.metadata.name for p in now if not bound(p)] + [
+        p.metadata.name for p in running[-2:]]
+    autoscale(client, ns_a, "rc", 4, delete=gone)
+
+    def followed() -> list[Any] | None:
+        got = live(client, ns_a, **cluster)
+        return got if len(got) == 5 and all(map(bound, got)) else None
+    left = wait_until("the head and 4 workers, all running", followed, timeout=30)
+    assert head.metadata.name in {p.metadata.name for p in left}
+
+
+def test_raycluster_min_above_max_is_scheduled_per_pod_with_an_event(
+        client: Client, kuberay: None) -> None:
+    """minReplicas 3 above maxReplicas 1: KubeRay runs 1 worker ("Please fix this"), so head +
+    3 could never start; tessera schedules the pods one by one and says why on the RayCluster,
+    naming the field."""
+    ns, _ = project_namespace(client, "raycluster-bad")
+    client.create(elastic_raycluster("bad", 3, 3, 1), namespace=ns)
+    got = all_bound(client, ns, 2, **{"ray.io/cluster": "bad"})
+    assert all(names.POD_GROUP not in (p.metadata.annotations or {}) for p in got)
+    rule = "spec.workerGroupSpecs[0].minReplicas 3 is above spec.workerGroupSpecs[0].maxReplicas 1"
+    assert all(rule in (p.metadata.annotations or {})[names.GANG] for p in got)
+    wait_until("a GangNotInferred Event on the RayCluster", lambda: any(
+        e.reason == "GangNotInferred" and rule in (e.message or "")
+        for e in events_of(client, ns, "bad")), timeout=15)
 
 
 def test_rayjob_cluster_is_one_gang(client: Client, kuberay: None) -> None:

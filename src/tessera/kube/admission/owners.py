@@ -45,8 +45,9 @@ def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def gang_annotations_of(result: Gang | PerPod) -> dict[str, str]:
     """What the pod gets for the inferrer's answer."""
     if isinstance(result, Gang):
+        anchor = {names.GANG_ANCHOR: "true"} if result.anchor else {}
         return {names.POD_GROUP: result.name, names.GANG_MIN_MEMBER:
-                str(result.min_member), GANG: result.why}
+                str(result.min_member), GANG: result.why, **anchor}
     return {GANG: f"no gang: {result.why}"}
 
 
