@@ -225,7 +225,7 @@ def test_raycluster_autoscaling_grows_shrinks_and_follows_within_min_max(
     """Head + minReplicas 2 start as one gang; the autoscaler's replicas 12 (maxReplicas 10)
     makes KubeRay add 8 workers (never past 10), placed one by one into the 6 idle GPUs as
     elastic members of the same gang (2 wait, the rest run: no new gang, not all-or-nothing);
-    a project within its fair share asking 2 GPUs makes tessera shrink the two newest workers
+    a project within its fair share asking for 2 GPUs makes tessera shrink the two newest workers
     (Event Shrunk), never the head or the minimum; the autoscaler's scale-down to 4 leaves the
     head and 4 workers running and none waiting."""
     ns_a, _ = project_namespace(client, "raycluster-elastic", deserved=0)
@@ -256,12 +256,13 @@ def test_raycluster_autoscaling_grows_shrinks_and_follows_within_min_max(
     placed = sorted((p for p in workers if bound(p)),
                     key=lambda p: (p.metadata.creationTimestamp, p.metadata.name))
     ns_b, _ = project_namespace(client, "raycluster-other", deserved=4)
-    client.create(Pod(metadata=ObjectMeta(name="two", namespace=ns_b), spec=PodSpec(
-        schedulerName="tessera", containers=[Container(
-            name="c", image="busybox", resources=ResourceRequirements(
-                limits={"nvidia.com/gpu": "2"}))])))
-    wait_until("the other project's pod bound", lambda: bound(
-        client.get(Pod, "two", namespace=ns_b)), timeout=45)
+    for name in ("b0", "b1"):  # one GPU each: any two workers make room, whatever their nodes
+        client.create(Pod(metadata=ObjectMeta(name=name, namespace=ns_b), spec=PodSpec(
+            schedulerName="tessera", containers=[Container(
+                name="c", image="busybox", resources=ResourceRequirements(
+                    limits={"nvidia.com/gpu": "1"}))])))
+    wait_until("the other project's pods bound", lambda: all(
+        bound(client.get(Pod, n, namespace=ns_b)) for n in ("b0", "b1")), timeout=45)
     shrunk = {e.involvedObject.name for e in client.list(Event, namespace=ns_a)
               if e.reason == "Shrunk"}
     assert len(shrunk) == 2, shrunk
