@@ -378,6 +378,10 @@ def infer(pod: Obj, chain: Sequence[Obj], ours: Ours) -> Gang | PerPod:
     try:
         return _infer_gang(pod, chain, ours, decider, forced)
     except _NotAGang as bad:
+        if forced is not None:  # the user's minimum wins over the engine's own bounds
+            return Gang(f"{str(decider.get('kind')).lower()}-{_name(decider)}", forced,
+                        f"{tkind} {tname}: {forced} pods start together "
+                        f"({MIN_MEMBER_OVERRIDE}; {bad.why})")
         return PerPod(f"{tkind} {tname}: {bad.why}: its pods are scheduled one by one",
                       unknown=True)
 

@@ -245,6 +245,11 @@ def test_raycluster_min_above_max_is_per_pod_naming_the_field() -> None:
     rayjob = obj("ray.io/v1", "RayJob", "rj", {"entrypoint": "python x.py"})
     via_job = infer(pod(), [rc, rayjob], ours)
     assert isinstance(via_job, PerPod) and via_job.unknown and "RayJob rj" in via_job.why
+    # The user's own minimum (the override annotation) still makes a gang.
+    rc["metadata"]["annotations"] = {"tessera.io/gang-min-member": "2"}
+    forced = infer(pod(), [rc], ours)
+    assert isinstance(forced, Gang) and forced.min_member == 2
+    assert forced.name == "raycluster-raycluster-autoscaler" and "minReplicas 5" in forced.why
 
 
 def test_pytorchjob_elastic_bounds_default_as_the_operator_does() -> None:
