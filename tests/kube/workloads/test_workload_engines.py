@@ -263,9 +263,11 @@ def test_raycluster_autoscaling_grows_shrinks_and_follows_within_min_max(
                     limits={"nvidia.com/gpu": "1"}))])))
     wait_until("the other project's pods bound", lambda: all(
         bound(client.get(Pod, n, namespace=ns_b)) for n in ("b0", "b1")), timeout=45)
-    shrunk = {e.involvedObject.name for e in client.list(Event, namespace=ns_a)
-              if e.reason == "Shrunk"}
+    told = [e for e in client.list(Event, namespace=ns_a) if e.reason == "Shrunk"]
+    shrunk = {e.involvedObject.name for e in told}
     assert len(shrunk) == 2, shrunk
+    assert all("elastic pod(s)" in (e.message or "") and "minimum 3)" in (e.message or "")
+               for e in told), [e.message for e in told]
     # Never the head, never one of the two oldest (the minimum): the newest elastic workers.
     assert head.metadata.name not in shrunk
     assert not shrunk & {p.metadata.name for p in placed[:2]}
