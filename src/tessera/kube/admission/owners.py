@@ -3,14 +3,17 @@ turn :func:`tessera.kube.podgrouper.infer`'s answer into the pod's annotations.
 
 A pod a controller creates is admitted with ``tessera.io/pod-group`` (its gang),
 ``tessera.io/gang-min-member`` (the gang's minimum; the scheduler waits for that many pods and
-places them together or none) and ``tessera.io/gang`` (why, shown by ``tessera describe``).
+places them together or none), ``tessera.io/gang`` (why, shown by ``tessera describe``) and,
+on a member its gang cannot run without (a Ray head, a PyTorchJob's Master),
+``tessera.io/gang-anchor``.
 Since the webhook runs before the pod exists, the scheduler never sees it without its gang.
 
 A pod that already names a group (``tessera.io/pod-group``) keeps it: nothing is read. An owner
 that cannot be read (no RBAC, the API server failing) refuses the pod, naming
 ``metadata.ownerReferences``: the controller retries, rather than a member starting alone. An
 owner already deleted admits the pod on its own (the garbage collector removes it). An owner kind
-tessera cannot infer: the pod is scheduled on its own and an Event on that owner says so.
+tessera cannot infer, or one whose elastic bounds contradict each other: the pod is scheduled
+on its own and an Event on that owner says so, naming the field.
 """
 
 from __future__ import annotations
