@@ -265,7 +265,7 @@ def _jobset(jobset: Obj, ours: Ours, replicated: str | None) -> tuple[int, str, 
         replicated if in_order else None
 
 
-def _elastic_bounds(spec: Obj, workers: int) -> tuple[int, int]:
+def _elastic_bounds(spec: Obj, workers: int, field: str) -> tuple[int, int]:
     """A kubeflow job's ``elasticPolicy`` (min, max), defaulted as the v1 operator does (one
     missing: the other; both: the Worker replicas), checked against each other and the Worker
     replicas (the operator does not clamp them; torchrun's ``--nnodes=min:max`` accepts no
@@ -279,43 +279,53 @@ def _elastic_bounds(spec: Obj, workers: int) -> tuple[int, int]:
         raise _NotAGang(f"spec.elasticPolicy.minReplicas {low} is above "
                         f"spec.elasticPolicy.maxReplicas {high}")
     if not low <= workers <= high:
-        raise _NotAGang(f"Worker replicas {workers} is outside spec.elasticPolicy "
+        raise _NotAGang(f"{field} {workers} is outside spec.elasticPolicy "
                         f"[minReplicas {low}, maxReplicas {high}]")
     return low, high
 
 
-def _kubeflow(job: Obj, ours: Ours, labels: Obj) -> tuple[int, str, bool]:
-    """(minimum, why, whether the pod is the gang's anchor)."""
+def _anchor(decider: Obj, labels: Obj) -> bool:
+    """Whether the pod is one its gang cannot run without (module docstring)."""
+    group = api_group(decider)
+    if group == "ray.io":
+        return labels.get(RAY_NODE_TYPE) == "head"
+    if group != "kubeflow.org":
+        return False
+    spec = _spec(decider)
+    specs = spec.get(KUBEFLOW_REPLICA_SPECS.get(str(decider.get("kind")), "")) or {}
+    policy = spec.get("elasticPolicy")
+    role = str(labels.get(KUBEFLOW_REPLICA_TYPE) or "").lower()
+    return role in KUBEFLOW_ANCHOR_ROLES or (
+        isinstance(policy, Mapping) and not policy.get("rdzvHost") and role == "worker"
+        and str(labels.get(KUBEFLOW_REPLICA_INDEX)) == "0"
+        and not any(str(r).lower() in KUBEFLOW_ANCHOR_ROLES for r in specs))
+
+
+def _kubeflow(job: Obj, ours: Ours) -> tuple[int, str]:
     spec = _spec(job)
     kind = str(job.get("kind"))
     field = KUBEFLOW_REPLICA_SPECS[kind]
     specs = spec.get(field) or {}
-    role = str(labels.get(KUBEFLOW_REPLICA_TYPE) or "").lower()
     elastic = isinstance(spec.get("elasticPolicy"), Mapping)
-    anchor = role in KUBEFLOW_ANCHOR_ROLES or (
-        elastic and role == "worker" and str(labels.get(KUBEFLOW_REPLICA_INDEX)) == "0"
-        and not any(str(r).lower() in KUBEFLOW_ANCHOR_ROLES for r in specs)
-        and not (spec.get("elasticPolicy") or {}).get("rdzvHost"))
     explicit = ((spec.get("runPolicy") or {}).get("schedulingPolicy") or {}).get("minAvailable")
     if explicit is not None:
         n = _int(explicit, 1, "spec.runPolicy.schedulingPolicy.minAvailable")
-        return n, f"{kind} {_name(job)}: {n} pods start together (schedulingPolicy.minAvailable)", \
-            anchor
+        return n, f"{kind} {_name(job)}: {n} pods start together (schedulingPolicy.minAvailable)"
     total = 0
     parts = []
-    for role_name, rs in sorted(specs.items()):
+    for role, rs in sorted(specs.items()):
         if not isinstance(rs, Mapping) or not ours(rs.get("template") or {}):
             continue
-        replicas = _int(rs.get("replicas"), 1, f"spec.{field}.{role_name}.replicas")
-        if role_name == "Worker" and elastic:
-            low, high = _elastic_bounds(spec, replicas)
-            parts.append(f"{role_name} {low} (elastic up to {high})")
+        where = f"spec.{field}.{role}.replicas"
+        replicas = _int(rs.get("replicas"), 1, where)
+        if role == "Worker" and elastic:
+            low, high = _elastic_bounds(spec, replicas, where)
+            parts.append(f"{role} {low} (elastic up to {high})")
             total += low
             continue
         total += replicas
-        parts.append(f"{role_name} {replicas}")
-    return total, f"{kind} {_name(job)}: {' + '.join(parts) or 'none'} pods start together", \
-        anchor
+        parts.append(f"{role} {replicas}")
+    return total, f"{kind} {_name(job)}: {' + '.join(parts) or 'none'} pods start together"
 
 
 def _raycluster(rc: Obj, ours: Ours) -> tuple[int, str]:
@@ -375,23 +385,23 @@ def infer(pod: Obj, chain: Sequence[Obj], ours: Ours) -> Gang | PerPod:
                           f"set {MIN_MEMBER_OVERRIDE} on {tkind} {tname} to make a gang",
                           unknown=True)
         return PerPod(f"{tkind} {tname}: each pod on its own")
+    anchor = _anchor(decider, _meta(pod).get("labels") or {})
     try:
-        return _infer_gang(pod, chain, ours, decider, forced)
+        return _infer_gang(pod, chain, ours, decider, forced, anchor)
     except _NotAGang as bad:
         if forced is not None:  # the user's minimum wins over the engine's own bounds
             return Gang(f"{str(decider.get('kind')).lower()}-{_name(decider)}", forced,
                         f"{tkind} {tname}: {forced} pods start together "
-                        f"({MIN_MEMBER_OVERRIDE}; {bad.why})")
+                        f"({MIN_MEMBER_OVERRIDE}; {bad.why})", anchor)
         return PerPod(f"{tkind} {tname}: {bad.why}: its pods are scheduled one by one",
                       unknown=True)
 
 
 def _infer_gang(pod: Obj, chain: Sequence[Obj], ours: Ours, decider: Obj,
-                forced: int | None) -> Gang | PerPod:
+                forced: int | None, anchor: bool) -> Gang | PerPod:
     key = kind_key(decider)
     labels = _meta(pod).get("labels") or {}
     name = f"{str(decider.get('kind')).lower()}-{_name(decider)}"
-    anchor = False
     if key == ("batch", "Job"):
         n, why = _job(decider, ours)
     elif key == ("jobset.x-k8s.io", "JobSet"):
@@ -410,17 +420,15 @@ def _infer_gang(pod: Obj, chain: Sequence[Obj], ours: Ours, decider: Obj,
         if scope is not None:
             name = f"{name}-{scope}"
     elif key[0] == "kubeflow.org":
-        n, why, anchor = _kubeflow(decider, ours, labels)
+        n, why = _kubeflow(decider, ours)
     elif key == ("ray.io", "RayCluster"):
         n, why = _raycluster(decider, ours)
-        anchor = labels.get(RAY_NODE_TYPE) == "head"
     elif key == ("ray.io", "RayJob"):
         rc = next((o for o in chain if kind_key(o) == ("ray.io", "RayCluster")), None)
         if rc is None:
             return PerPod(f"RayJob {_name(decider)}: not a pod of its RayCluster")
         n, why = _raycluster(rc, ours)
         why = f"RayJob {_name(decider)} through {why}"
-        anchor = labels.get(RAY_NODE_TYPE) == "head"
     else:  # LeaderWorkerSet
         index = labels.get(LWS_GROUP_INDEX)
         if index is None:

@@ -249,6 +249,7 @@ def test_raycluster_min_above_max_is_per_pod_naming_the_field() -> None:
     rc["metadata"]["annotations"] = {"tessera.io/gang-min-member": "2"}
     forced = infer(pod(), [rc], ours)
     assert isinstance(forced, Gang) and forced.min_member == 2
+    assert infer(pod({"ray.io/node-type": "head"}), [rc], ours).anchor  # type: ignore[union-attr]
     assert forced.name == "raycluster-raycluster-autoscaler" and "minReplicas 5" in forced.why
 
 
@@ -265,9 +266,11 @@ def test_pytorchjob_elastic_bounds_default_as_the_operator_does() -> None:
     ({"minReplicas": 4, "maxReplicas": 2},
      "spec.elasticPolicy.minReplicas 4 is above spec.elasticPolicy.maxReplicas 2"),
     ({"minReplicas": 1, "maxReplicas": 2},
-     "Worker replicas 3 is outside spec.elasticPolicy [minReplicas 1, maxReplicas 2]"),
+     "spec.pytorchReplicaSpecs.Worker.replicas 3 is outside spec.elasticPolicy "
+     "[minReplicas 1, maxReplicas 2]"),
     ({"minReplicas": 4, "maxReplicas": 8},
-     "Worker replicas 3 is outside spec.elasticPolicy [minReplicas 4, maxReplicas 8]"),
+     "spec.pytorchReplicaSpecs.Worker.replicas 3 is outside spec.elasticPolicy "
+     "[minReplicas 4, maxReplicas 8]"),
 ])
 def test_pytorchjob_contradicting_elastic_policy_is_per_pod_naming_the_field(
         policy: dict[str, int], words: str) -> None:
