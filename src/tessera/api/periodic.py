@@ -29,6 +29,10 @@ class Periodic:
     def step(self) -> None:
         raise NotImplementedError
 
+    def next_wait(self) -> float:
+        """Seconds until the next step: ``interval`` (a subclass may step sooner)."""
+        return self.interval
+
     def start(self) -> Self:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
@@ -44,4 +48,4 @@ class Periodic:
                 self.step()
             except Exception as exc:
                 log.log(self.failure_level, "%s: a step failed: %r", self.thread_name, exc)
-            self._stop.wait(self.interval)
+            self._stop.wait(self.next_wait())

@@ -11,13 +11,15 @@ What is made, all owned by the workload's PodGroup (the garbage collector remove
 * a ``Service`` ``NAME`` (ClusterIP) whose port (``--port``) goes to the replicas' proxies: the
   stable URL ``http://NAME.NAMESPACE.svc.cluster.local:PORT``.
 
-:class:`KubeAutoscaler`, a loop in the API server, reads every replica's proxy counters
-(``http://POD_IP:9464/metrics``) each second, sums them into the metric (``concurrency``: the
-most connections open at once over the last 2 s; ``throughput``: connections opened per second
-over the last 10 s) and applies the rule both backends share (tessera.core.autoscale.decide)
-to the Deployment's ``spec.replicas``. Before scaling down it sets each replica's
-``controller.kubernetes.io/pod-deletion-cost`` to its open connections, so the ReplicaSet
-controller removes idle replicas first.
+:class:`KubeAutoscaler`, a loop in the API server, reads every replica's proxy each second
+(``http://POD_IP:9464/activity``: when its connections opened and closed,
+tessera.kube.replica_activity), sums them into the metric (``concurrency``: connections open;
+``throughput``: connections opened per second over the last 10 s) as a function of time, and
+applies the rule both backends share (tessera.core.autoscale.decide) to the Deployment's
+``spec.replicas``: up at once, down the scale-down delay after the need fell (when idle: after
+the last connection closed), the loop waking exactly when that is due rather than at its next
+second. Before scaling down it sets each replica's ``controller.kubernetes.io/pod-deletion-cost``
+to its open connections, so the ReplicaSet controller removes idle replicas first.
 """
 
 from __future__ import annotations
@@ -26,11 +28,8 @@ import json
 import logging
 import os
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from lightkube import Client
 
 from tessera.api.periodic import Periodic
@@ -39,10 +38,12 @@ from tessera.core.autoscale import (
     THROUGHPUT_WINDOW,
     ScalingRule,
     decide,
-    metric_value,
+    rate,
+    total,
 )
 from tessera.kube import names, replica_proxy
 from tessera.kube import workload_docs as wd
+from tessera.kube.replica_activity import Activity, fetch
 
 log = logging.getLogger(__name__)
 
@@ -139,35 +140,22 @@ def suspend(client: Client, rec: wd.Record, on: bool) -> bool:
     return True
 
 
-@dataclass
-class _State:
-    peaks: deque[tuple[float, float]] = field(default_factory=deque)
-    opened: deque[tuple[float, int]] = field(default_factory=deque)
-    totals: dict[str, int] = field(default_factory=dict)
-    below_since: float | None = None
-    history: list[tuple[float, int]] = field(default_factory=list)
-
-
-def scrape(ip: str, timeout: float = 0.5) -> tuple[int, int] | None:
-    """A replica's (open connections, connections in all), or None when its proxy does not
-    answer (not started yet, or gone)."""
-    try:
-        r = httpx.get(f"http://{ip}:{replica_proxy.METRICS_PORT}/metrics", timeout=timeout)
-        return replica_proxy.parse(r.text) if r.status_code == 200 else None
-    except (httpx.HTTPError, KeyError, ValueError):
-        return None
-
-
 class KubeAutoscaler(Periodic):
-    """Each second: every scaling inference's metric from its replicas' proxies, and the
-    Deployment's replicas set by the shared rule."""
+    """Each second (and when a scale-down falls due): every scaling inference's activity from
+    its replicas' proxies, and the Deployment's replicas set by the shared rule."""
 
     thread_name = "tessera-autoscaler"
 
     def __init__(self, client: Client, interval: float = 1.0) -> None:
         super().__init__(interval)
         self.client: Any = client
-        self.state: dict[str, _State] = {}
+        self.state: dict[str, Activity] = {}
+
+    def next_wait(self) -> float:
+        """Until the next second, or sooner when a scale-down falls due before it."""
+        now = time.time()
+        dues = [st.due - now for st in list(self.state.values()) if st.due is not None]
+        return max(0.02, min([self.interval, *dues]))
 
     def step(self) -> None:
         from lightkube.resources.apps_v1 import Deployment
@@ -195,43 +183,44 @@ class KubeAutoscaler(Periodic):
         from lightkube.types import PatchType
 
         ns, name = dep.metadata.namespace, dep.metadata.name
-        st = self.state.setdefault(wid, _State())
-        now = time.time()
-        open_by_pod: dict[str, int] = {}
-        new = 0
+        st = self.state.setdefault(wid, Activity(known_since=time.time()))
+        costs: dict[str, str | None] = {}
+        live: set[str] = set()
+        unread: list[str] = []
         for pod in self.client.list(Pod, namespace=ns, labels={wd.WORKLOAD_ID: wid}):
             ip = pod.status.podIP if pod.status else None
-            if not ip or pod.metadata.deletionTimestamp is not None:
+            if not ip:
                 continue
-            got = scrape(ip)
-            if got is None:
-                continue
-            open_by_pod[pod.metadata.name] = got[0]
-            before = st.totals.get(pod.metadata.name)
-            new += max(0, got[1] - before) if before is not None else 0
-            st.totals[pod.metadata.name] = got[1]
-        st.totals = {k: v for k, v in st.totals.items() if k in open_by_pod}
-        current = float(sum(open_by_pod.values()))
-        st.peaks.append((now, current))
-        if new:
-            st.opened.append((now, new))
-        while st.peaks and st.peaks[0][0] < now - CONCURRENCY_WINDOW:
-            st.peaks.popleft()
-        while st.opened and st.opened[0][0] < now - THROUGHPUT_WINDOW:
-            st.opened.popleft()
-        metric = metric_value(rule.metric, now, st.peaks,
-                              [t for t, n in st.opened for _ in range(n)], current)
+            live.add(pod.metadata.name)  # a deleted one drains: its connections still count
+            if pod.metadata.deletionTimestamp is None:
+                costs[pod.metadata.name] = (pod.metadata.annotations or {}).get(DELETION_COST)
+            doc = fetch(ip)
+            if doc is not None:
+                st.update(pod.metadata.name, doc, time.time())
+            else:
+                unread.append(pod.metadata.name)
+        now = time.time()
+        st.went(live, now)
+        st.prune(now - max(rule.scale_down_delay, CONCURRENCY_WINDOW) - THROUGHPUT_WINDOW - 1)
+        steps = rate(st.opened()) if rule.metric == "throughput" else total(st.series())
         have = int(dep.spec.replicas if dep.spec.replicas is not None else 1)
-        d = decide(rule, have, metric, st.below_since, now)
-        st.below_since = d.below_since
+        d = decide(rule, have, steps, now, st.known_since)
+        st.due = d.due
+        if d.replicas < have and (late := st.unread_recently(unread, now)):
+            # What a replica did since it was last read is unknown: its connections may be
+            # open. Its proxy keeps that, so the next look (in a second) knows.
+            log.info("autoscaling %s/%s: not scaling down yet, replica(s) %s did not answer",
+                     ns, name, ", ".join(late))
+            return
         if d.replicas == have:
             return
         if d.replicas < have:  # the ReplicaSet controller removes the cheapest: the idle ones
-            for pod_name, n in open_by_pod.items():
-                self.client.patch(Pod, pod_name, {"metadata": {"annotations": {
-                    DELETION_COST: str(n)}}}, namespace=ns, patch_type=PatchType.MERGE)
+            for pod_name, n in st.open_by_pod().items():
+                if pod_name in costs and costs[pod_name] != str(n):
+                    self.client.patch(Pod, pod_name, {"metadata": {"annotations": {
+                        DELETION_COST: str(n)}}}, namespace=ns, patch_type=PatchType.MERGE)
         self.client.patch(Deployment, name, {"spec": {"replicas": d.replicas}}, namespace=ns,
                           patch_type=PatchType.MERGE)
         st.history.append((now, d.replicas))
-        log.info("autoscaling %s/%s: %d -> %d replicas (%s %.2f, threshold %g)", ns, name,
-                 have, d.replicas, rule.metric, metric, rule.threshold)
+        log.info("autoscaling %s/%s: %d -> %d replicas (%s; lower need since %s)", ns, name,
+                 have, d.replicas, rule.metric, d.lower_since)

@@ -111,7 +111,7 @@ class LocalBackend(TokenAuth):
         self.mig = LocalMig(machine, data_dir / "mig-journal.json", mig_serves_shares)
         """Partitions of the GPUs in MIG mode, for workloads that ask for a profile."""
         self.types = WorkloadTypes(data_dir, self.submit, self.delete_workload, lambda wid: (
-            self._active.get(wid) or self.store.workload(wid)))  # sweeps, scaling inference
+            self._active.get(wid) or self.store.workload(wid)), self.wake)  # sweeps, inference
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -581,6 +581,8 @@ class LocalBackend(TokenAuth):
             from tessera.local.compute_view import compute_view
 
             out["computeShare"] = compute_view(self.data_dir / "compute", w.id, w.control.compute)
+        if (inference := self.types.services.of_replica(w.id)) is not None:
+            out["inference"] = inference  # its service: replicas, metric, scaling history
         out["events"] = [
             {"time": iso(e.time), "kind": e.kind, "message": e.message}
             for e in self.store.events(w.id)

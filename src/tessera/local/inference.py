@@ -6,15 +6,19 @@ each connection to the replica with the fewest open connections. Each replica is
 inference workload ``NAME-K`` whose process listens on ``$PORT`` (a free port drawn for it; the
 proxy only sends it connections once that port accepts).
 
-Scaling, every control cycle, as Knative's and Run:ai's autoscaler do:
+Scaling, by the rule both backends share (tessera.core.autoscale), on what the proxy records
+itself, with the exact times connections open and close:
 
-* ``concurrency``: the connections open through the proxy (the most seen in the last 2 s);
+* ``concurrency``: the connections open through the proxy;
 * ``throughput``: connections opened per second over the last 10 s;
 
 ``desired = ceil(metric / threshold)``, kept within ``[min, max]``. A higher ``desired`` starts
-replicas at once; a lower one removes them only after it has held for ``scale-down delay``
-seconds (default 30), so an idle service goes back to ``min``. The proxy counts connections, so
-requests sent over one kept-alive connection count once.
+replicas at the next control cycle (a burst in the last 2 s counts); a lower one removes them
+(idle ones first) once it has held for ``scale-down delay`` seconds (default 30) counted from the
+moment the need fell (when idle: the moment the last connection closed). The control loop is
+woken at that moment + the delay, so the decision is not a cycle late; the replicas removed are
+stopped at once (SIGTERM, as any workload deleted). The proxy counts connections, so requests
+sent over one kept-alive connection count once.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from tessera.core.autoscale import (
     THROUGHPUT_WINDOW,
     ScalingRule,
     decide,
-    metric_value,
+    prune,
+    rate,
 )
 from tessera.core.errors import InvalidRequest
 
@@ -70,8 +75,12 @@ class Service:
     next_index: int = 0
     open: int = 0
     opened: deque[float] = field(default_factory=deque)
-    peaks: deque[tuple[float, int]] = field(default_factory=deque)
-    below_since: float | None = None
+    """When connections were opened (the last ``THROUGHPUT_WINDOW`` seconds and more)."""
+    steps: list[tuple[float, float]] = field(default_factory=list)
+    """(time, connections open from then on), at every change."""
+    created: float = field(default_factory=time.time)
+    lower_since: float | None = None
+    due: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     listener: socket.socket | None = None
     history: list[tuple[float, int]] = field(default_factory=list)
@@ -84,24 +93,43 @@ class Service:
         return ScalingRule(self.min_replicas, self.max_replicas, self.metric, self.threshold,
                            self.scale_down_delay)
 
-    def metric_value(self, now: float) -> float:
-        with self.lock:
-            while self.opened and self.opened[0] < now - THROUGHPUT_WINDOW:
-                self.opened.popleft()
-            while self.peaks and self.peaks[0][0] < now - CONCURRENCY_WINDOW:
-                self.peaks.popleft()
-            return metric_value(self.metric, now, list(self.peaks), list(self.opened),
-                                self.open)
+    def _horizon(self, now: float) -> float:
+        return now - max(self.scale_down_delay, CONCURRENCY_WINDOW) - THROUGHPUT_WINDOW - 1
 
-    def desired(self, now: float) -> int:
-        return self.rule().desired(self.metric_value(now))
+    def metric_steps(self, now: float) -> list[tuple[float, float]]:
+        """The metric as a step function of time (tessera.core.autoscale.decide's input)."""
+        with self.lock:
+            horizon = self._horizon(now)
+            while self.opened and self.opened[0] < horizon:
+                self.opened.popleft()
+            self.steps = prune(self.steps, horizon)
+            if self.metric == "throughput":
+                return rate(self.opened)
+            return list(self.steps)
+
+    def metric_value(self, now: float) -> float:
+        if self.metric == "throughput":
+            return sum(1 for t in self.opened if t > now - THROUGHPUT_WINDOW) / THROUGHPUT_WINDOW
+        return float(self.open)
+
+    def changed(self, now: float, by: int) -> None:
+        """A connection opened (+1) or closed (-1) at ``now`` (called under ``lock``)."""
+        self.open += by
+        if by > 0:
+            self.opened.append(now)
+        if self.steps and self.steps[-1][0] == now:
+            self.steps[-1] = (now, self.open)
+        else:
+            self.steps.append((now, self.open))
 
 
 class Services:
     def __init__(self, submit: Callable[[WorkloadSubmission], dict[str, Any]],
-                 delete: Callable[[str], None], phase_of: Callable[[str], tuple[str, str] | None]
-                 ) -> None:
+                 delete: Callable[[str], None], phase_of: Callable[[str], tuple[str, str] | None],
+                 wake: Callable[[], None] | None = None) -> None:
+        """``wake``: run a control cycle soon (when a scale-down falls due)."""
         self._submit = submit
+        self._wake = wake
         self._delete = delete
         self._phase_of = phase_of
         self.services: dict[str, Service] = {}
@@ -161,11 +189,8 @@ class Services:
             threading.Thread(target=self._serve, args=(svc, conn), daemon=True).start()
 
     def _serve(self, svc: Service, conn: socket.socket) -> None:
-        now = time.time()
         with svc.lock:
-            svc.open += 1
-            svc.opened.append(now)
-            svc.peaks.append((now, svc.open))
+            svc.changed(time.time(), +1)
             order = sorted(svc.replicas, key=lambda r: r.open)
         upstream = None
         chosen = None
@@ -195,7 +220,7 @@ class Services:
             if upstream is not None:
                 upstream.close()
             with svc.lock:
-                svc.open -= 1
+                svc.changed(time.time(), -1)
 
     def tick(self) -> None:
         now = time.time()
@@ -205,8 +230,13 @@ class Services:
                                 if (self._phase_of(r.workload_id) or ("Deleted",))[0]
                                 not in ("Deleted", "Failed", "Completed")]
             have = len(svc.replicas)
-            d = decide(svc.rule(), have, svc.metric_value(now), svc.below_since, now)
-            svc.below_since = d.below_since  # the rule shared with Kubernetes (core.autoscale)
+            d = decide(svc.rule(), have, svc.metric_steps(now), now, svc.created)
+            svc.lower_since = d.lower_since  # the rule shared with Kubernetes (core.autoscale)
+            if d.due is not None and d.due != svc.due and self._wake is not None:
+                timer = threading.Timer(max(0.0, d.due - time.time()), self._wake)
+                timer.daemon = True  # the control loop looks again exactly when it is due
+                timer.start()
+            svc.due = d.due
             if d.replicas > have:
                 for _ in range(d.replicas - have):
                     try:
@@ -228,7 +258,15 @@ class Services:
                 "maxReplicas": svc.max_replicas, "metric": svc.metric,
                 "metricThreshold": svc.threshold, "scaleDownDelaySeconds": svc.scale_down_delay,
                 "replicas": len(svc.replicas), "metricValue": svc.metric_value(time.time()),
+                "lowerNeedSince": svc.lower_since, "scaleDownDue": svc.due,
                 "history": [{"time": t, "replicas": n} for t, n in svc.history]}
+
+    def of_replica(self, workload_id: str) -> dict[str, Any] | None:
+        """The doc of the service ``workload_id`` is a replica of (None: it is none)."""
+        for svc in list(self.services.values()):
+            if any(r.workload_id == workload_id for r in svc.replicas):
+                return self.doc(svc)
+        return None
 
     def find(self, project: str, name: str) -> Service | None:
         return self.services.get(f"{project}/{name}")

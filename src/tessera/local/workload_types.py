@@ -16,16 +16,17 @@ from tessera.local import exposed_urls, inference, sweeps
 
 class WorkloadTypes:
     def __init__(self, data_dir: Path, submit: Callable[[WorkloadSubmission], dict[str, Any]],
-                 delete: Callable[[str], None], lookup: Callable[[str], Any]) -> None:
+                 delete: Callable[[str], None], lookup: Callable[[str], Any],
+                 wake: Callable[[], None] | None = None) -> None:
         """``lookup``: a workload id -> its stored workload (``phase``, ``phase_message``) or
-        None once deleted."""
+        None once deleted; ``wake``: run a control cycle soon."""
         def phase_of(wid: str) -> tuple[str, str] | None:
             w = lookup(wid)
             return None if w is None else (w.phase, w.phase_message)
 
         self.sweeps = sweeps.Sweeps(data_dir / "sweeps.json", submit, phase_of)
         """Hyperparameter sweeps: trials P at a time (--parallelism/--completions)."""
-        self.services = inference.Services(submit, delete, phase_of)
+        self.services = inference.Services(submit, delete, phase_of, wake)
         """Inference replicas behind one local port, scaled on a metric."""
         self.urls = exposed_urls.ExposedUrls()
         """Ports reached on the machine's external address (--external-url)."""

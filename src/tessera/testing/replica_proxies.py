@@ -79,5 +79,5 @@ class ReplicaProxies:
             self.ips[name] = ip
             self.procs[name] = subprocess.Popen(argv, env={"POD_IP": ip, "PATH": "/usr/bin:/bin",
                                                            "PYTHONPATH": ":".join(sys.path)})
-        for name in [n for n in self.procs if n not in live]:  # the pod went: so does its proxy
-            stop_processes([self.procs.pop(name)])
+        # The pod was deleted: its proxy gets SIGTERM, as from the kubelet, all at once.
+        stop_processes([self.procs.pop(n) for n in [n for n in self.procs if n not in live]])
