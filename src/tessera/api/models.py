@@ -196,8 +196,9 @@ class Autoscaling(Strict):
                               description="concurrency or throughput (what tessera measures)")
     metricThreshold: float = Field(gt=0, le=1_000_000,
                                    description="Per replica: scale up above it")
-    scaleDownDelaySeconds: float = Field(default=30, ge=0, le=3600,
-                                         description="How long a lower need must hold")
+    scaleDownDelaySeconds: float = Field(
+        default=30, ge=0, le=3600, description="The cool-down: seconds from when the need fell "
+        "(idle: the last connection closed) to the scale-down decision")
 
     @model_validator(mode="after")
     def _check(self) -> Autoscaling:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import tempfile
@@ -138,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold", type=float, default=10.0)
     ap.add_argument("--delay", type=float, default=5.0)
     args = ap.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("tessera.kube.autoscaling").setLevel(logging.INFO)  # its decisions
     print(json.dumps(run(args.replicas, args.hold, args.delay)))
     return 0
 

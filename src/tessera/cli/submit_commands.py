@@ -284,7 +284,7 @@ def _register_submit(group: typer.Typer, kind: str | None, help_text: str,
         max_replicas: Annotated[int | None, typer.Option("--max-replicas", help="Inference: replicas at most")] = None,
         metric: Annotated[str | None, typer.Option("--metric", help="Inference: concurrency or throughput")] = None,
         metric_threshold: Annotated[float | None, typer.Option("--metric-threshold", help="Inference: per replica; above it a replica is added")] = None,
-        scale_down_delay: Annotated[float | None, typer.Option("--scale-down-delay", help="Inference: seconds a lower need must hold before replicas go (default 30)")] = None,
+        scale_down_delay: Annotated[float | None, typer.Option("--scale-down-delay", help="Inference: the cool-down: fewer replicas are decided this many seconds after the need fell (idle: after the last connection closed), within 1 s more; the pods then go (docs/workloads.md) (default 30)")] = None,
         output: Output = "table",
     ) -> None:
         _submit(kind, name, command, project, gpu, gpu_devices, gpu_memory, portion,

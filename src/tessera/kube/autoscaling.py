@@ -28,8 +28,10 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 from lightkube import Client
 
 from tessera.api.periodic import Periodic
@@ -150,6 +152,13 @@ class KubeAutoscaler(Periodic):
         super().__init__(interval)
         self.client: Any = client
         self.state: dict[str, Activity] = {}
+        self.http = httpx.Client(trust_env=False, limits=httpx.Limits(max_connections=32))
+        """For the replicas' proxies (plain HTTP to pod IPs; never through a proxy)."""
+        self._pool = ThreadPoolExecutor(8, thread_name_prefix="tessera-autoscaler-read")
+
+    def stop(self) -> None:
+        super().stop()
+        self._pool.shutdown(wait=False)
 
     def next_wait(self) -> float:
         """Until the next second, or sooner when a scale-down falls due before it."""
@@ -185,21 +194,23 @@ class KubeAutoscaler(Periodic):
         ns, name = dep.metadata.namespace, dep.metadata.name
         st = self.state.setdefault(wid, Activity(known_since=time.time()))
         costs: dict[str, str | None] = {}
-        live: set[str] = set()
-        unread: list[str] = []
-        for pod in self.client.list(Pod, namespace=ns, labels={wd.WORKLOAD_ID: wid}):
-            ip = pod.status.podIP if pod.status else None
-            if not ip:
-                continue
-            live.add(pod.metadata.name)  # a deleted one drains: its connections still count
+        pods = [p for p in self.client.list(Pod, namespace=ns, labels={wd.WORKLOAD_ID: wid})
+                if p.status is not None and p.status.podIP]
+        live = {p.metadata.name for p in pods}  # a deleted one drains: its connections count
+        for pod in pods:
             if pod.metadata.deletionTimestamp is None:
                 costs[pod.metadata.name] = (pod.metadata.annotations or {}).get(DELETION_COST)
-            doc = fetch(ip)
+        # All replicas read at once; the decision's "now" is the first answer's time: the
+        # activity is known up to then for every replica read.
+        answers = list(self._pool.map(lambda p: (fetch(p.status.podIP, self.http), time.time()),
+                                      pods))
+        now = min((t for _, t in answers), default=time.time())
+        unread: list[str] = []
+        for pod, (doc, received) in zip(pods, answers, strict=True):
             if doc is not None:
-                st.update(pod.metadata.name, doc, time.time())
-            else:
+                st.update(pod.metadata.name, doc, received)
+            elif pod.metadata.deletionTimestamp is None:  # one going may have stopped already
                 unread.append(pod.metadata.name)
-        now = time.time()
         st.went(live, now)
         st.prune(now - max(rule.scale_down_delay, CONCURRENCY_WINDOW) - THROUGHPUT_WINDOW - 1)
         steps = rate(st.opened()) if rule.metric == "throughput" else total(st.series())
@@ -216,11 +227,14 @@ class KubeAutoscaler(Periodic):
             return
         if d.replicas < have:  # the ReplicaSet controller removes the cheapest: the idle ones
             for pod_name, n in st.open_by_pod().items():
-                if pod_name in costs and costs[pod_name] != str(n):
+                if pod_name in costs and costs[pod_name] != str(n) \
+                        and (n or costs[pod_name] is not None):  # none is 0 already
                     self.client.patch(Pod, pod_name, {"metadata": {"annotations": {
                         DELETION_COST: str(n)}}}, namespace=ns, patch_type=PatchType.MERGE)
         self.client.patch(Deployment, name, {"spec": {"replicas": d.replicas}}, namespace=ns,
                           patch_type=PatchType.MERGE)
-        st.history.append((now, d.replicas))
-        log.info("autoscaling %s/%s: %d -> %d replicas (%s; lower need since %s)", ns, name,
-                 have, d.replicas, rule.metric, d.lower_since)
+        st.history.append((time.time(), d.replicas))  # decided: the Deployment says so
+        st.due = decide(rule, d.replicas, steps, now, st.known_since).due  # a next step down
+        log.info("autoscaling %s/%s: %d -> %d replicas (%s; lower need since %s, due %s, "
+                 "decided %.3f)", ns, name, have, d.replicas, rule.metric, d.lower_since, d.due,
+                 now)
