@@ -576,13 +576,11 @@ class LocalBackend(TokenAuth):
 
     def workload(self, workload_id: str, kind: str | None = None) -> dict[str, Any]:
         w = self._get(workload_id, kind)
-        out = self.workload_dict(w)
+        out = {**self.workload_dict(w), **self.types.describe(w.id)}  # + a replica's service
         if w.control.compute:
             from tessera.local.compute_view import compute_view
 
             out["computeShare"] = compute_view(self.data_dir / "compute", w.id, w.control.compute)
-        if (inference := self.types.services.of_replica(w.id)) is not None:
-            out["inference"] = inference  # its service: replicas, metric, scaling history
         out["events"] = [
             {"time": iso(e.time), "kind": e.kind, "message": e.message}
             for e in self.store.events(w.id)

@@ -51,6 +51,13 @@ class WorkloadTypes:
                                       s.spec.get("backoffLimit", sweeps.DEFAULT_BACKOFF_LIMIT))
         return None
 
+    def describe(self, workload_id: str) -> dict[str, Any]:
+        """What a workload's GET adds: a scaling inference's replica shows its service
+        (``inference``: replicas, metric, scaling history, ``lowerNeedSince``, ``scaleDownDue``).
+        """
+        doc = self.services.of_replica(workload_id)
+        return {} if doc is None else {"inference": doc}
+
     def tick(self) -> None:
         self.sweeps.tick()
         self.services.tick()
