@@ -37,6 +37,8 @@ class _Pod:
     buckets: dict[int, _Bucket] = field(default_factory=dict)
     seen: int = 0
     """The highest bucket id read."""
+    boot: str | None = None
+    """The proxy's start it was read from (a restarted proxy numbers its buckets afresh)."""
     base: tuple[float, int] | None = None
     """The open connections from a time on, before the buckets kept (pruned, or not seen)."""
     open: int = 0
@@ -77,6 +79,11 @@ class Activity:
     def update(self, name: str, doc: dict[str, Any], received: float) -> None:
         """One proxy's ``/activity`` answer, received at ``received``."""
         pod = self.pods.setdefault(name, _Pod())
+        if pod.boot is not None and doc.get("boot") != pod.boot:  # restarted: what it had, gone
+            pod.buckets.clear()
+            pod.seen, pod.base = 0, None
+            self.known_since = max(self.known_since, received)
+        pod.boot = doc.get("boot")
         rows = doc.get("buckets") or []
         first_id = int(rows[0][0]) if rows else int(doc["next"])
         if first_id > pod.seen + 1:  # changes the proxy no longer keeps: unknown

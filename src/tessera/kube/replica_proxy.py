@@ -16,9 +16,9 @@ autoscaler, when the connections opened and closed at ``/activity`` (JSON): the 
 last ``KEEP`` seconds in buckets of ``BUCKET`` seconds, each
 ``[id, age of its first change, age of its last, most open in it, open after it, opened in it]``
 (ages in seconds before the answer, so the reader needs no clock in common with the pod), with
-``open``, ``total`` and ``next`` (the id the next bucket will get, so a reader sees what it
-missed). The autoscaler thus counts the scale-down delay from the moment the load really ended,
-not from when it looked. Connections, not HTTP requests, as embedded mode's proxy counts them.
+``open``, ``total``, ``next`` (the id the next bucket will get, so a reader sees what it
+missed) and ``boot`` (new at each start of the proxy). The autoscaler thus counts the
+scale-down delay from the moment the load really ended, not from when it looked. Connections, not HTTP requests, as embedded mode's proxy counts them.
 
 On SIGTERM (the pod deleted: scaled down) the proxy keeps serving until no connection has been
 open for ``--drain-quiet`` seconds (0.5), then exits: an idle replica's pod goes at once, a busy
@@ -34,6 +34,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -58,6 +59,8 @@ class Counters:
         """[id, first change, last change, most open, open after, opened] (monotonic times)."""
         self.next_id = 1
         self.last_change = time.monotonic()
+        self.boot = uuid.uuid4().hex
+        """Changes when the proxy restarts (its bucket ids begin again)."""
 
     def change(self, by: int) -> None:
         """A connection opened (+1) or closed (-1)."""
@@ -90,6 +93,7 @@ class Counters:
         with self.lock:
             now = time.monotonic()
             return json.dumps({"open": self.open, "total": self.total, "next": self.next_id,
+                               "boot": self.boot,
                                "buckets": [[int(i), round(now - a, 4), round(now - z, 4),
                                             int(top), int(end), int(n)]
                                            for i, a, z, top, end, n in self.buckets]})

@@ -41,6 +41,11 @@ def test_activity_is_put_on_the_autoscalers_clock_and_gaps_are_unknown() -> None
     st.prune(104.0)
     assert set(st.pods) == {"a"} and st.pods["a"].base == (97.0, 0)
     assert st.unread_recently(["a"], 105.0) == ["a"] and st.unread_recently(["a"], 111.0) == []
+    # Its proxy restarted (a new boot, ids from 1 again): not mistaken for the old buckets.
+    st.update("a", {"open": 0, "next": 1, "boot": "x", "buckets": []}, 106.0)
+    st.update("a", {"open": 1, "next": 2, "boot": "y", "buckets": [[1, 0.5, 0.5, 1, 1, 1]]},
+              107.0)
+    assert st.known_since == 107.0 and total(st.series()) == [(106.5, 1)]
 
 
 @pytest.fixture
