@@ -18,7 +18,8 @@ last ``KEEP`` seconds in buckets of ``BUCKET`` seconds, each
 (ages in seconds before the answer, so the reader needs no clock in common with the pod), with
 ``open``, ``total``, ``next`` (the id the next bucket will get, so a reader sees what it
 missed) and ``boot`` (new at each start of the proxy). The autoscaler thus counts the
-scale-down delay from the moment the load really ended, not from when it looked. Connections, not HTTP requests, as embedded mode's proxy counts them.
+scale-down delay from the moment the load really ended, not from when it looked.
+Connections, not HTTP requests, as embedded mode's proxy counts them.
 
 On SIGTERM (the pod deleted: scaled down) the proxy keeps serving until no connection has been
 open for ``--drain-quiet`` seconds (0.5), then exits: an idle replica's pod goes at once, a busy
