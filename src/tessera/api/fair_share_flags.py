@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from tessera.core.usage_history import UsageHistory, parse_override, parse_policy
+from tessera.core.usage_history import UsageHistory, parse_override, parse_policy, parse_save_every
 
 FLAG = "--fair-share-history"
 FOR_FLAG = "--fair-share-history-for"
@@ -18,8 +18,8 @@ FOR_ENV = "TESSERA_FAIR_SHARE_HISTORY_FOR"
 
 def add_history_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(FLAG, default=None, metavar="SETTINGS",
-                        help="time-based fair share: off (default) or window=7d,half-life=1d,k=1 "
-                        f"(any subset; env {ENV})")
+                        help="time-based fair share: off (default) or window=7d,half-life=1d,k=1,"
+                        f"save-every=30s (any subset; env {ENV})")
     parser.add_argument(FOR_FLAG, action="append", default=None, metavar="NAME:SETTINGS",
                         help="a department's (or project's) own window and half-life, e.g. "
                         f"research:window=1d,half-life=6h; repeatable (env {FOR_ENV})")
@@ -39,4 +39,4 @@ def history_from_args(args: argparse.Namespace) -> UsageHistory:
 
         raise InvalidRequest(FOR_FLAG, f"needs {FLAG} (time-based fair share is off)",
                              " ".join(overrides_text))
-    return UsageHistory(policy, overrides)
+    return UsageHistory(policy, overrides, parse_save_every(FLAG, text))

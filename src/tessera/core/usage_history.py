@@ -15,8 +15,9 @@ window or half-life ≤ 0 or above one year is refused naming the flag and the r
 :class:`UsageHistory` remembers every running workload from one cycle to the next; when one
 stops running (finished, evicted, deleted) or its GPUs change (an elastic workload grew or
 shrank), the stretch it held becomes a :class:`~tessera.core.usage.UsageRecord`. Records older
-than the longest window in force are dropped. It is kept in memory: after a restart, history
-starts again from the workloads running then (docs/scheduling.md).
+than the longest window in force are dropped. The adapters write it (compacted,
+``tessera.core.usage_saved``) to a store no tenant can write every ``save-every`` seconds and
+read it back at start (docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from tessera.core import usage_saved
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import COMPUTE_FULL, Node
-from tessera.core.projects import Project
+from tessera.core.projects import Project, ProjectTree
 from tessera.core.usage import UsagePolicy, UsageRecord, check_seconds
 from tessera.core.workloads import Workload
 
@@ -38,7 +40,11 @@ if TYPE_CHECKING:
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([smhdw]?)\s*$")
-_KEYS = {"window": "window", "half-life": "half_life", "half_life": "half_life", "k": "k"}
+_KEYS = {"window": "window", "half-life": "half_life", "half_life": "half_life", "k": "k",
+         "save-every": "save_every", "save_every": "save_every"}
+SAVE_EVERY = 30.0
+"""How often (seconds) an adapter writes the history to its store (``save-every=``); a crash
+loses at most this much of the stretches that ended since the last write."""
 
 Override = tuple[float | None, float | None]
 """(window, half-life) of one department or project; None: inherited."""
@@ -62,8 +68,8 @@ def _pairs(flag: str, text: str) -> dict[str, str]:
         key, sep, value = part.partition("=")
         key = key.strip().lower()
         if not sep or key not in _KEYS:
-            raise InvalidRequest(flag, "must be off or key=value pairs of window, half-life and k "
-                                 "(e.g. window=7d,half-life=1d,k=1)", text)
+            raise InvalidRequest(flag, "must be off or key=value pairs of window, half-life, k and "
+                                 "save-every (e.g. window=7d,half-life=1d,k=1)", text)
         out[_KEYS[key]] = value.strip()
     return out
 
@@ -75,6 +81,8 @@ def parse_policy(flag: str, text: str | None) -> UsagePolicy | None:
     pairs = _pairs(flag, text)
     kw: dict[str, float] = {}
     for key, value in pairs.items():
+        if key == "save_every":
+            continue  # parse_save_every
         if key == "k":
             try:
                 kw["k"] = float(value)
@@ -87,6 +95,20 @@ def parse_policy(flag: str, text: str | None) -> UsagePolicy | None:
     return policy
 
 
+def parse_save_every(flag: str, text: str | None) -> float:
+    """``save-every=`` of the cluster's setting: how often the history is written (seconds, more
+    than 0, at most a day); :data:`SAVE_EVERY` when not given."""
+    if text is None or text.strip().lower() in ("", "off", "none", "false"):
+        return SAVE_EVERY
+    value = _pairs(flag, text).get("save_every")
+    if value is None:
+        return SAVE_EVERY
+    seconds = duration(f"{flag} save-every", value)
+    if seconds > 86400:
+        raise InvalidRequest(f"{flag} save-every", "must be at most one day (86400 seconds)", value)
+    return seconds
+
+
 def parse_override(flag: str, text: str) -> tuple[str, Override]:
     """``NAME:window=1d,half-life=6h`` (k is cluster-wide only)."""
     name, sep, rest = text.partition(":")
@@ -95,9 +117,10 @@ def parse_override(flag: str, text: str) -> tuple[str, Override]:
         raise InvalidRequest(flag, "must be NAME:window=...,half-life=... (a department or project)",
                              text)
     pairs = _pairs(flag, rest)
-    if "k" in pairs:
-        raise InvalidRequest(f"{flag} {name}", "k is cluster-wide; a department sets only window "
-                             "and half-life", text)
+    for key in ("k", "save_every"):
+        if key in pairs:
+            raise InvalidRequest(f"{flag} {name}", f"{key.replace('_', '-')} is cluster-wide; a "
+                                 "department sets only window and half-life", text)
     window = pairs.get("window")
     half = pairs.get("half_life")
     return name, (None if window is None else duration(f"{flag} {name} window", window),
@@ -141,22 +164,41 @@ def held_gpus(w: Workload, nodes: Mapping[str, Node]) -> float:
 
 
 class UsageHistory:
-    """What ran, kept across cycles for ``Snapshot.usage``; see the module text."""
+    """What ran, kept across cycles for ``Snapshot.usage``; see the module text. An adapter
+    writes :meth:`saved` to its store every ``save_every`` seconds and gives it back to
+    :meth:`restore` at start (``tessera.core.usage_saved``)."""
 
-    def __init__(self, policy: UsagePolicy | None, overrides: Mapping[str, Override] | None = None) -> None:
+    def __init__(self, policy: UsagePolicy | None, overrides: Mapping[str, Override] | None = None,
+                 save_every: float = SAVE_EVERY) -> None:
         if policy is not None:
             policy.validate("fair share history")
         self.policy = policy
         self.overrides = dict(overrides or {})
+        self.save_every = save_every
         self.records: list[UsageRecord] = []
         self._running: dict[str, tuple[str, float, float]] = {}
         """Workload id -> (project, since, GPUs) as last seen running."""
+        self._projects: tuple[Project, ...] = ()
+        self._last_save: float | None = None
+        self._restored: tuple[set[str], float] = (set(), 0.0)
+        """Workloads running when the restored record was written, not seen since, and when."""
+
+    @property
+    def running(self) -> Mapping[str, tuple[str, float, float]]:
+        """Workload id -> (project, since, GPUs) of the workloads last seen running."""
+        return self._running
 
     def horizon(self, projects: Sequence[Project]) -> float:
         """The longest window in force: older records can never count again."""
         assert self.policy is not None
         windows = [self.policy.window, *(p.usage_window for p in projects if p.usage_window)]
         return max(float(w) for w in windows if w is not None)
+
+    def _ended(self, wid: str, now: float) -> float:
+        """When a run that is gone ended: now, or, if it was last known from the restored record
+        (it stopped while no scheduler watched), when that record was written."""
+        unseen, saved = self._restored
+        return saved if wid in unseen else now
 
     def observe(self, workloads: Sequence[Workload], nodes: Sequence[Node], now: float) -> None:
         """Turn what stopped or was resized since the last call into records. The cycle counts a
@@ -174,19 +216,60 @@ class UsageHistory:
                 if not math.isclose(before[2], gpus, abs_tol=1e-9):
                     self.records.append(UsageRecord(w.project, w.started_at, now, before[2] - gpus))
             elif before is not None:  # restarted or moved to another project: the old run ended
-                self.records.append(UsageRecord(before[0], before[1], now, before[2]))
+                self.records.append(UsageRecord(before[0], before[1], self._ended(w.id, now), before[2]))
             seen[w.id] = (w.project, w.started_at, gpus)
         for wid, (project, since, gpus) in self._running.items():
             if wid not in seen:
-                self.records.append(UsageRecord(project, since, now, gpus))
+                self.records.append(UsageRecord(project, since, self._ended(wid, now), gpus))
         self._running = seen
+        self._restored = (set(), 0.0)
 
     def apply(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot with the history's records (and the overrides) for this cycle."""
         if self.policy is None:
             return snapshot
         projects = with_overrides(snapshot.projects, self.overrides)
+        self._projects = projects
         self.observe(snapshot.workloads, snapshot.nodes, snapshot.now)
         oldest = snapshot.now - self.horizon(projects)
         self.records = [r for r in self.records if r.end > oldest]
         return dataclasses.replace(snapshot, projects=projects, usage=(*snapshot.usage, *self.records))
+
+    # -- kept across restarts (tessera.core.usage_saved) -------------------------------------------
+
+    def _settings(self) -> tuple[dict[str, tuple[float, float]], tuple[float, float]]:
+        assert self.policy is not None
+        default = (self.policy.window, self.policy.half_life)
+        try:
+            tree = ProjectTree(self._projects)
+        except InvalidRequest:  # the cycle refuses such a tree too; bucket by the defaults
+            return {}, default
+        return {name: tree.usage_settings(name, *default) for name in tree.order}, default
+
+    def saved(self, now: float, coarser: int = 0, force: bool = False) -> dict[str, Any] | None:
+        """The record to write now (the history compacted, in memory too, so what a restart
+        reads back is what this process decides with), or None: off, or written less than
+        ``save_every`` seconds ago. ``coarser``: buckets 2**coarser times longer (a store that
+        cannot hold the record); ``force``: now, however recently it was written (at a stop)."""
+        if self.policy is None or (not force and self._last_save is not None
+                                   and now - self._last_save < self.save_every):
+            return None
+        settings, default = self._settings()
+        self.records = usage_saved.compact(self.records, now, settings, default, coarser)
+        self._last_save = now
+        return usage_saved.export(self.records, self._running, now)
+
+    def restore(self, data: object, now: float) -> str | None:
+        """Start from a record :meth:`saved` wrote. Returns None, or why the record was ignored
+        (the history then starts empty; the adapter logs it)."""
+        if self.policy is None:
+            return None
+        try:
+            records, running, saved = usage_saved.restore(data, now)
+        except ValueError as exc:
+            self.records, self._running = [], {}
+            return str(exc)
+        self.records, self._running = records, running
+        self._restored = (set(running), saved)
+        self._last_save = now
+        return None

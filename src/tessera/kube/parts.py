@@ -16,7 +16,7 @@ from lightkube import AsyncClient
 
 from tessera.core.cycle import CycleConfig
 from tessera.core.usage import UsagePolicy
-from tessera.core.usage_history import Override
+from tessera.core.usage_history import SAVE_EVERY, Override
 from tessera.kube import names
 from tessera.kube.binder import Writer
 from tessera.kube.caches import ClusterCaches
@@ -48,6 +48,8 @@ class Options:
     """Time-based fair share (--fair-share-history; tessera.core.usage_history); None: plain."""
     fair_share_history_for: tuple[tuple[str, Override], ...] = ()
     """Per department (or project) (window, half-life), below a Project's own settings."""
+    fair_share_history_save_every: float = SAVE_EVERY
+    """Seconds between writes of the usage history (tessera.kube.usage_history_store)."""
     stale_gang_seconds: float = 60.0
     """A gang with some members bound but fewer than its minimum for this long is evicted whole
     (tessera.kube.stale_gangs; 0: never)."""

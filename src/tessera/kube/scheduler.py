@@ -53,6 +53,7 @@ from tessera.kube.rawapi import RawApi
 from tessera.kube.reporting import Reporter
 from tessera.kube.reservations import Reservations
 from tessera.kube.snapshot import SnapshotBuilder, find_conflicts
+from tessera.kube.usage_history_store import HistoryConfigMap
 
 log = logging.getLogger("tessera.kube")
 
@@ -82,7 +83,9 @@ class KubeScheduler:
         self.inflight.on_forget += [self.parts.report.forget, *(h.forget for h in self.hooks)]
         self.snapshots = SnapshotBuilder()
         self.conflicts = LastingConflicts()
-        self.history = UsageHistory(opts.fair_share_history, dict(opts.fair_share_history_for))
+        self.history = UsageHistory(opts.fair_share_history, dict(opts.fair_share_history_for),
+                                    opts.fair_share_history_save_every)
+        self.history_store = HistoryConfigMap(client, opts.system_namespace, self.history)
         self.cycles = 0
         self.last_cycle_seconds = 0.0
 
@@ -124,6 +127,7 @@ class KubeScheduler:
             log.info("caches synced: %d nodes, %d pods, %d projects",
                      len(self.caches.nodes.items), len(self.caches.pods.items),
                      len(self.caches.projects.items))
+            await self.history_store.load()  # usage history kept across restarts
             await self.janitor.run()
             last_gc = time.monotonic()
             while True:
@@ -138,6 +142,8 @@ class KubeScheduler:
                     last_gc = time.monotonic()
                     self._log_in_flight()
         finally:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self.history_store.after_cycle(time.time(), force=True), 5)
             for t in watchers:
                 t.cancel()
             for t in list(self.inflight.tasks.values()) + list(self.background):
@@ -166,6 +172,7 @@ class KubeScheduler:
             inflight.evicting, time.time(), c.foreign_held(), c.foreign_pods.items.values(),
             c.namespaces.items, c.volume_claims.items, inflight.unmovable_now(), self.mig.view)
         snapshot = self.history.apply(snapshot)  # time-based fair share (core.usage_history)
+        self._spawn(self.history_store.after_cycle(snapshot.now))
         config = self.parts.opts.cycle_config(bool(inflight.evicting))
         try:
             plan = await asyncio.to_thread(run_cycle, snapshot, config)

@@ -118,6 +118,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     history = history_from_args(args)  # InvalidRequest naming the flag: refused before starting
     return Options(fair_share_history=history.policy,
                    fair_share_history_for=tuple(sorted(history.overrides.items())),
+                   fair_share_history_save_every=history.save_every,
                    system_namespace=args.system_namespace, concurrency=args.concurrency,
                    reservation_image=args.reservation_image, policy=args.policy,
                    reclaim=args.reclaim, min_runtime=args.min_runtime_seconds,

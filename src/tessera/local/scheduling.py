@@ -35,6 +35,7 @@ from tessera.core.usage_history import UsageHistory
 from tessera.local import store
 from tessera.local.departments import DepartmentTree
 from tessera.local.records import Phase, PodRecord
+from tessera.local.usage_history_store import HistoryRow
 
 ACTIONS = ("allocate", "reclaim", "preempt", "backfill")
 """The cycle's actions in embedded mode (no consolidate: a process cannot be moved)."""
@@ -107,11 +108,15 @@ class LocalCycle:
     """The core's projects/fair-share cycle with embedded mode's actions and placement policy."""
 
     def __init__(self, policy: str = "fgd", tenancy_db: Path | None = None,
-                 history: UsageHistory | None = None) -> None:
+                 history: UsageHistory | None = None, history_db: Path | None = None) -> None:
         """``tenancy_db``: the API's tenancy store, whose departments go above their projects
         (tessera.local.departments). ``history``: time-based fair share
-        (``--fair-share-history``, tessera.core.usage_history); None: plain fair share."""
+        (``--fair-share-history``, tessera.core.usage_history); None: plain fair share.
+        ``history_db``: the store it is kept in across restarts (tessera.local.usage_history_store)."""
         self.history = history or UsageHistory(None)
+        self.kept = None if history_db is None else HistoryRow(history_db, self.history)
+        if self.kept is not None:
+            self.kept.load()
         self.config = CycleConfig(actions=ACTIONS, policy=policy, usage=self.history.policy)
         self.statuses: dict[str, ProjectStatus] = {}
         """Each project's status after the last cycle (fair share, of which from usage history)."""
@@ -128,12 +133,21 @@ class LocalCycle:
                             tuple(workloads), now, dict(mig or {}))
         plan = run_cycle(self.history.apply(snapshot), self.config)
         self.statuses = dict(plan.projects)
+        if self.kept is not None:
+            self.kept.save(now)
         return plan
 
     def observe(self, nodes: Iterable[Node], workloads: Iterable[Workload], now: float) -> None:
         """A control cycle that ran no scheduling cycle: the usage history still sees it."""
         if self.history.policy is not None:
             self.history.observe(tuple(workloads), tuple(nodes), now)
+            if self.kept is not None:
+                self.kept.save(now)
+
+    def close(self) -> None:
+        """The server stops: write the usage history now."""
+        if self.kept is not None:
+            self.kept.close()
 
 
 def refused(pending: Iterable[Workload], reason: str) -> Plan:

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = LocalBackend(
         directory, machine, args.policy, grace=args.grace, interval=args.interval,
         runtime=runtime, runtime_note=runtime_note, mig_serves_shares=serves,
-        scheduler=LocalCycle(args.policy, directory / "tessera.db", history),
+        scheduler=LocalCycle(args.policy, directory / "tessera.db", history, directory / "tessera.db"),
     )
     backend.ensure_admin()
     backend.start()

@@ -41,7 +41,7 @@ def test_settings_as_written() -> None:
     ("half-life=400d", "--fair-share-history half-life", "at most one year"),
     ("half-life=soon", "--fair-share-history half-life", "must be a duration"),
     ("k=200", "--fair-share-history.k", "0 to 100"),
-    ("speed=3", "--fair-share-history", "window, half-life and k"),
+    ("speed=3", "--fair-share-history", "window, half-life, k and save-every"),
 ])
 def test_bad_settings_are_refused_naming_the_flag_and_rule(text: str, field: str, rule: str) -> None:
     with pytest.raises(InvalidRequest) as err:
@@ -106,9 +106,10 @@ def test_records_older_than_every_window_are_dropped() -> None:
 
 
 def _simulate(policy: UsagePolicy | None, hours: float = 24, arrive: float = 2, job: float = 1800.0,
-              step: float = 120.0) -> dict[str, float]:
+              step: float = 120.0, restart_every: float | None = None, keep: bool = True) -> dict[str, float]:
     """As tests/core/cycle/test_time_fairshare.py, but the cycle's history comes only from an
-    adapter's UsageHistory watching the snapshots (what both backends do)."""
+    adapter's UsageHistory watching the snapshots (what both backends do). ``restart_every``:
+    a new UsageHistory that often, from the last saved record (``keep``) or empty."""
     node = tuple(nodes(1, 8))
     tree = (Project("d", Quota(8)), Project("a", Quota(1), parent="d"), Project("b", Quota(1), parent="d"))
     history = UsageHistory(policy)
@@ -117,6 +118,10 @@ def _simulate(policy: UsagePolicy | None, hours: float = 24, arrive: float = 2, 
     counter = 0
     now = 0.0
     while now < hours * HOUR:
+        if restart_every is not None and now and now % restart_every < step:
+            record = history.saved(now, force=True)
+            history = UsageHistory(policy)
+            assert not keep or history.restore(record, now) is None
         pending = []
         for p in ("a", "b"):
             if p == "b" and now < arrive * HOUR:
