@@ -7,7 +7,9 @@ before anything starts."""
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,11 +20,13 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 
+from tessera.core.usage import decayed_usage
+from tessera.core.usage_saved import restore
 from tessera.testing.embedded import EmbeddedServer, submit_body
 from tests.console.browsing import go, login, until
 from tests.waiting import wait_until
 
-HISTORY = ["--fair-share-history", "window=1h,half-life=30s,k=2"]
+HISTORY = ["--fair-share-history", "window=1h,half-life=30s,k=2,save-every=1s"]
 
 
 class HistoryServer(EmbeddedServer):
@@ -93,6 +97,48 @@ def test_a_starved_project_gets_its_history_back_and_is_told(browser, server) ->
         finally:
             for wid in ids:
                 c.delete(f"/api/v1/workloads/trainings/{wid}")
+
+
+def _saved(server: EmbeddedServer) -> dict[str, Any] | None:
+    """The usage history record the server last wrote (its store's meta row), read-only."""
+    db = sqlite3.connect(f"file:{server.data / 'tessera.db'}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key='usage_history'").fetchone()
+    finally:
+        db.close()
+    return None if row is None else dict(json.loads(row[0]))
+
+
+def _usage_at(record: dict[str, Any], project: str, at: float) -> float:
+    records, _, _ = restore(record, at)
+    return decayed_usage(records, at, {project: (3600.0, 30.0)}).get(project, 0.0)
+
+
+def test_usage_history_survives_a_crash(server) -> None:  # type: ignore[no-untyped-def]
+    """c uses both GPUs for a few seconds and stops; the server is SIGKILLed and started again:
+    the history it decides with after the restart (the record it writes) holds c's usage exactly
+    as before (a server that forgot has none: this assertion failed with the restore skipped).
+    A corrupt record: tests/local/test_usage_history_store.py."""
+    server.cli("project", "create", "c", "--gpu", "0")
+    with server.http() as c:
+        ids = [c.post("/api/v1/workloads/trainings", json=submit_body(
+            f"c{i}", "c", gpuDevicesRequest=1)).json()["workloadId"] for i in range(2)]
+        for wid in ids:
+            server.wait_phase(c, "trainings", wid, "Running")
+        time.sleep(2)
+        stopped = time.time()
+        for wid in ids:
+            c.delete(f"/api/v1/workloads/trainings/{wid}")
+    before = wait_until("c's stopped runs saved", lambda: (
+        r if (r := _saved(server)) and r["savedAt"] > stopped + 0.5 and _usage_at(r, "c", stopped) > 3
+        else None), timeout=20)
+    used = _usage_at(before, "c", stopped)  # ~ 2 GPUs x 2 s, decayed
+    server.kill()
+    restarted = time.time()
+    server.start()
+    after = wait_until("the record written after the restart", lambda: (
+        r if (r := _saved(server)) and r["savedAt"] > restarted else None), timeout=20)
+    assert _usage_at(after, "c", stopped) == pytest.approx(used, rel=1e-6)
 
 
 @pytest.mark.parametrize(("flags", "says"), [
