@@ -8,8 +8,10 @@ else uses and ask for that model (``tessera.io/gpu-model``), since all tests sha
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -24,8 +26,11 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
+from tessera.core.usage import decayed_usage
+from tessera.core.usage_saved import restore
 from tessera.isolation.config import manual_environment
 from tessera.kube import names
+from tessera.kube import usage_history_store as history_store
 from tessera.kube.objects import PodGroupResource, ProjectResource
 from tessera.testing.cluster import TestCluster
 from tessera.testing.gpu_nodes import NodeShape
@@ -776,6 +781,86 @@ def test_time_based_fair_share_gives_a_starved_project_its_history_back(
         env.scheduler.terminate()
         env.scheduler.wait(10)
         env.scheduler = env.start_scheduler("scheduler-plain-again")
+
+
+def _kept_usage(kube_client: Client, project: str, at: float) -> tuple[float, float] | None:
+    """(savedAt, decayed usage of ``project`` at ``at``) from the scheduler's usage history
+    ConfigMap, or None while there is none (or it is not a good record)."""
+    try:
+        cm = kube_client.get(ConfigMap, history_store.NAME, namespace=names.SYSTEM_NAMESPACE)
+        records, _, saved = restore(history_store.decode(cm), time.time())
+    except (ApiError, ValueError, OSError):
+        return None
+    return saved, decayed_usage(records, at, {project: (3600.0, 30.0)}).get(project, 0.0)
+
+
+def test_usage_history_survives_a_scheduler_killed_and_a_corrupt_record_is_ignored(
+    env: SchedulerEnv, kube_cluster: TestCluster, kube_client: Client, project: str
+) -> None:
+    """With --fair-share-history ...,save-every=1s: a project holds two T4s for 2 s and stops;
+    the scheduler is SIGKILLed and a new one takes the lease: the history it decides with (the
+    record it writes) holds that usage exactly as before. A tenant with ConfigMap rights in its
+    own namespace cannot write the record. A corrupt record is logged and ignored: the
+    scheduler starts empty and runs on (it writes a good record over it)."""
+    flags = ("--fair-share-history", "window=1h,half-life=30s,k=2,save-every=1s")
+    ns = names.SYSTEM_NAMESPACE
+    env.scheduler.terminate()  # releases the lease
+    env.scheduler.wait(10)
+    with contextlib.suppress(ApiError):
+        kube_client.delete(ConfigMap, history_store.NAME, namespace=ns)
+    env.scheduler = env.start_scheduler("scheduler-keep-1", *flags)
+    kube_cluster.create_gpu_nodes(1, NodeShape(gpus=2, model="T4-16GB"), prefix="keep-t4-")
+    try:
+        for i in range(2):
+            make_pod(kube_client, project, f"keep-{i}", gpus=1, model="T4-16GB")
+        bound(kube_client, project, "keep-0", "keep-1", timeout=45)
+        time.sleep(2)
+        for i in range(2):
+            kube_client.delete(Pod, f"keep-{i}", namespace=project, grace_period=0)
+        stopped = time.time()
+        saved = wait_until("the stopped pods' usage saved", lambda: (
+            k if (k := _kept_usage(kube_client, project, stopped)) and k[0] > stopped and k[1] > 2
+            else None), timeout=20)
+        env.scheduler.kill()  # SIGKILL: no last write, the lease is not released
+        env.scheduler.wait(10)
+        killed = time.time()
+        env.scheduler = env.start_scheduler("scheduler-keep-2", *flags)
+        after = wait_until("a record written after the restart", lambda: (
+            k if (k := _kept_usage(kube_client, project, stopped)) and k[0] > killed else None),
+            timeout=30)
+        assert after[1] == pytest.approx(saved[1], rel=1e-6)
+        # A tenant: ConfigMap rights in its own namespace, none in tessera's.
+        kube_cluster.kubectl("create", "role", "cm-edit", "--verb=*", "--resource=configmaps",
+                             "-n", project, check=False)
+        kube_cluster.kubectl("create", "rolebinding", "tenant-edit", "--role=cm-edit",
+                             "--user=tenant", "-n", project, check=False)
+        for verb in (("patch", "configmap", history_store.NAME, "-p", '{"binaryData":{}}'),
+                     ("delete", "configmap", history_store.NAME)):
+            out = kube_cluster.kubectl("--as=tenant", "-n", ns, *verb, check=False)
+            assert out.returncode != 0 and "forbidden" in out.stderr.lower(), out.stderr
+        env.scheduler.terminate()
+        env.scheduler.wait(10)
+        kube_client.patch(ConfigMap, history_store.NAME, {"binaryData": {
+            history_store.KEY: base64.b64encode(b"not gzip").decode()}}, namespace=ns)
+        started = time.time()
+        env.scheduler = env.start_scheduler("scheduler-keep-3", *flags)
+        wait_until("a good record over the corrupt one", lambda: (
+            k if (k := _kept_usage(kube_client, project, stopped)) and k[0] > started else None),
+            timeout=30)
+        assert env.scheduler.poll() is None
+        assert re.search(rf"usage history: ConfigMap {ns}/{history_store.NAME} ignored: not a "
+                         r"gzipped JSON record \(", env.log("scheduler-keep-3")), \
+            env.log("scheduler-keep-3")[-2000:]
+    finally:
+        for i in range(2):
+            with contextlib.suppress(ApiError):
+                kube_client.delete(Pod, f"keep-{i}", namespace=project, grace_period=0)
+        kube_client.delete(Node, "keep-t4-0")
+        env.scheduler.terminate()
+        env.scheduler.wait(10)
+        with contextlib.suppress(ApiError):
+            kube_client.delete(ConfigMap, history_store.NAME, namespace=ns)
+        env.scheduler = env.start_scheduler("scheduler-plain-after-keep")
 
 
 def test_an_elastic_gang_is_shrunk_to_make_room_not_evicted_whole(
