@@ -137,7 +137,6 @@ class LocalBackend(TokenAuth):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.scheduler.close()  # usage history written (tessera.local.usage_history_store)
         self.types.stop()
         with self._lock:
             self.mig.stop()

@@ -117,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     from tessera.local.containers import detect
 
     runtime, runtime_note = detect(args.runtime)
+    cycle = LocalCycle(args.policy, directory / "tessera.db", history, directory / "tessera.db")
     backend = LocalBackend(
         directory, machine, args.policy, grace=args.grace, interval=args.interval,
         runtime=runtime, runtime_note=runtime_note, mig_serves_shares=serves,
-        scheduler=LocalCycle(args.policy, directory / "tessera.db", history, directory / "tessera.db"),
+        scheduler=cycle,
     )
     backend.ensure_admin()
     backend.start()
@@ -145,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             flag.unlink(missing_ok=True)
             print(f"tessera: stopped {stopped} workload(s)", flush=True)
 
-    return serve(backend, directory, args.host, args.port, info,
-                 f"data {directory}; {kind} GPUs: {gpus}", stop_workloads_if_asked)
+    try:
+        return serve(backend, directory, args.host, args.port, info,
+                     f"data {directory}; {kind} GPUs: {gpus}", stop_workloads_if_asked)
+    finally:  # the control loop has stopped: write the usage history (docs/scheduling.md)
+        cycle.close()
 
 if __name__ == "__main__":
     sys.exit(main())
