@@ -115,30 +115,29 @@ def _usage_at(record: dict[str, Any], project: str, at: float) -> float:
 
 
 def test_usage_history_survives_a_crash(server) -> None:  # type: ignore[no-untyped-def]
-    """c uses both GPUs for a few seconds and stops; the server is SIGKILLed and started again:
-    the history it decides with after the restart (the record it writes) holds c's usage exactly
+    """a uses both GPUs for a second and stops; the server is SIGKILLed and started again:
+    the history it decides with after the restart (the record it writes) holds a's usage exactly
     as before (a server that forgot has none: this assertion failed with the restore skipped).
     A corrupt record: tests/local/test_usage_history_store.py."""
-    server.cli("project", "create", "c", "--gpu", "0")
     with server.http() as c:
         ids = [c.post("/api/v1/workloads/trainings", json=submit_body(
-            f"c{i}", "c", gpuDevicesRequest=1)).json()["workloadId"] for i in range(2)]
+            f"kept{i}", "a", gpuDevicesRequest=1)).json()["workloadId"] for i in range(2)]
         for wid in ids:
             server.wait_phase(c, "trainings", wid, "Running")
-        time.sleep(2)
+        time.sleep(1)
         stopped = time.time()
         for wid in ids:
             c.delete(f"/api/v1/workloads/trainings/{wid}")
-    before = wait_until("c's stopped runs saved", lambda: (
-        r if (r := _saved(server)) and r["savedAt"] > stopped + 0.5 and _usage_at(r, "c", stopped) > 3
+    before = wait_until("a's stopped runs saved", lambda: (
+        r if (r := _saved(server)) and r["savedAt"] > stopped + 0.5 and _usage_at(r, "a", stopped) > 1.5
         else None), timeout=20)
-    used = _usage_at(before, "c", stopped)  # ~ 2 GPUs x 2 s, decayed
+    used = _usage_at(before, "a", stopped)  # 2 GPUs x 1 s, and the first test's, decayed
     server.kill()
     restarted = time.time()
     server.start()
     after = wait_until("the record written after the restart", lambda: (
         r if (r := _saved(server)) and r["savedAt"] > restarted else None), timeout=20)
-    assert _usage_at(after, "c", stopped) == pytest.approx(used, rel=1e-6)
+    assert _usage_at(after, "a", stopped) == pytest.approx(used, rel=1e-6)
 
 
 @pytest.mark.parametrize(("flags", "says"), [

@@ -271,5 +271,4 @@ class UsageHistory:
             return str(exc)
         self.records, self._running = records, running
         self._restored = (set(running), saved)
-        self._last_save = now
         return None
