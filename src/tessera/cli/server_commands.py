@@ -58,7 +58,7 @@ def up(
     context: Annotated[str | None, typer.Option("--context", help="With --kubernetes: kubeconfig context")] = None,
     image: Annotated[str | None, typer.Option("--image", help="With --kubernetes: default container image of workloads")] = None,
     gpu_compute_mode: Annotated[str, typer.Option("--gpu-compute-mode", envvar="TESSERA_GPU_COMPUTE_MODE", help="Cluster default compute-share mode: off (driver time-slicing), fair or strict (docs/compute-share.md)")] = "off",
-    fair_share_history: Annotated[str | None, typer.Option("--fair-share-history", envvar="TESSERA_FAIR_SHARE_HISTORY", help="Time-based fair share: off (default) or window=7d,half-life=1d,k=1 (docs/scheduling.md)")] = None,
+    fair_share_history: Annotated[str | None, typer.Option("--fair-share-history", envvar="TESSERA_FAIR_SHARE_HISTORY", help="Time-based fair share: off (default) or window=7d,half-life=1d,k=1,save-every=30s (docs/scheduling.md)")] = None,
     fair_share_history_for: Annotated[list[str] | None, typer.Option("--fair-share-history-for", help="A department's own window and half-life, e.g. research:window=1d,half-life=6h (repeatable)")] = None,
     mig_serves_shares: Annotated[bool, typer.Option("--mig-serves-shares", envvar="TESSERA_MIG_SERVES_SHARES", help="A share no shared GPU can hold is served by the smallest MIG profile that holds it, on this machine's GPUs in MIG mode (docs/mig.md); on Kubernetes, label the nodes instead")] = False,
 ) -> None:
