@@ -46,6 +46,8 @@ SAVE_EVERY = 30.0
 """How often (seconds) an adapter writes the history to its store (``save-every=``); a crash
 loses at most this much of the stretches that ended since the last write."""
 
+Running = dict[str, tuple[str, float, float]]
+"""Workload id -> (project, since, GPUs) of the workloads seen running."""
 Override = tuple[float | None, float | None]
 """(window, half-life) of one department or project; None: inherited."""
 
@@ -176,7 +178,7 @@ class UsageHistory:
         self.overrides = dict(overrides or {})
         self.save_every = save_every
         self.records: list[UsageRecord] = []
-        self._running: dict[str, tuple[str, float, float]] = {}
+        self._running: Running = {}
         """Workload id -> (project, since, GPUs) as last seen running."""
         self._projects: tuple[Project, ...] = ()
         self._last_save: float | None = None
@@ -206,7 +208,7 @@ class UsageHistory:
         record of g − g' from ``started_at`` to t (negative when it grew), so the sum is what it
         really held."""
         by_name = {n.name: n for n in nodes}
-        seen: dict[str, tuple[str, float, float]] = {}
+        seen: Running = {}
         for w in workloads:
             if not w.running or w.started_at is None:
                 continue
@@ -246,18 +248,38 @@ class UsageHistory:
             return {}, default
         return {name: tree.usage_settings(name, *default) for name in tree.order}, default
 
-    def saved(self, now: float, coarser: int = 0, force: bool = False) -> dict[str, Any] | None:
-        """The record to write now (the history compacted, in memory too, so what a restart
-        reads back is what this process decides with), or None: off, or written less than
-        ``save_every`` seconds ago. ``coarser``: buckets 2**coarser times longer (a store that
-        cannot hold the record); ``force``: now, however recently it was written (at a stop)."""
+    def take(self, now: float, force: bool = False) -> tuple[list[UsageRecord], Running] | None:
+        """What to write now (copies), or None: off, or written less than ``save_every`` seconds
+        ago and not ``force`` (at a stop). Then :meth:`compacted` (may run on another thread)
+        and :meth:`keep`."""
         if self.policy is None or (not force and self._last_save is not None
                                    and now - self._last_save < self.save_every):
             return None
-        settings, default = self._settings()
-        self.records = usage_saved.compact(self.records, now, settings, default, coarser)
         self._last_save = now
-        return usage_saved.export(self.records, self._running, now)
+        return list(self.records), dict(self._running)
+
+    def compacted(self, records: list[UsageRecord], running: Running, now: float,
+                  coarser: int = 0) -> tuple[list[UsageRecord], dict[str, Any]]:
+        """``records`` compacted and the record to write (``tessera.core.usage_saved``);
+        ``coarser``: buckets 2**coarser times longer (a store that cannot hold the record)."""
+        settings, default = self._settings()
+        packed = usage_saved.compact(records, now, settings, default, coarser)
+        return packed, usage_saved.export(packed, running, now)
+
+    def keep(self, taken: list[UsageRecord], packed: list[UsageRecord]) -> None:
+        """Hold ``packed`` in place of the ``taken`` records still held (what a restart reads
+        back is then what this process decides with); records added since stay as they are."""
+        gone = {id(r) for r in taken}
+        self.records = [*packed, *(r for r in self.records if id(r) not in gone)]
+
+    def saved(self, now: float, force: bool = False) -> dict[str, Any] | None:
+        """:meth:`take`, :meth:`compacted` and :meth:`keep` at once: the record to write, or None."""
+        taken = self.take(now, force)
+        if taken is None:
+            return None
+        packed, record = self.compacted(*taken, now)
+        self.keep(taken[0], packed)
+        return record
 
     def restore(self, data: object, now: float) -> str | None:
         """Start from a record :meth:`saved` wrote. Returns None, or why the record was ignored

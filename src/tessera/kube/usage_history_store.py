@@ -8,6 +8,7 @@ the history starts empty, the scheduler runs on."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import json
@@ -74,22 +75,27 @@ class HistoryConfigMap:
             log.warning("usage history: %s ignored: %s; starting empty", where, why)
 
     async def after_cycle(self, now: float, force: bool = False) -> None:
-        """Write the record if it is due (or ``force``); never raises (logged)."""
+        """Write the record if it is due (or ``force``); never raises (logged). Compaction and
+        encoding run on a thread: the loop goes on scheduling meanwhile."""
         if self._writing:
             return
         self._writing = True
         try:
-            record = self.history.saved(now, force=force)
+            taken = self.history.take(now, force)
+            if taken is None:
+                return
             coarser = 0
-            while record is not None:
-                text = encode(record)
+            while True:
+                packed, record = await asyncio.to_thread(self.history.compacted, *taken, now,
+                                                         coarser)
+                text = await asyncio.to_thread(encode, record)
                 if len(text) <= LIMIT or coarser >= 16:
-                    await self._write(text)
-                    return
+                    break
                 coarser += 1
                 log.warning("usage history record is %d bytes (over %d): writing it with buckets "
                             "%d times longer", len(text), LIMIT, 2 ** coarser)
-                record = self.history.saved(now, coarser, force=True)
+            self.history.keep(taken[0], packed)
+            await self._write(text)
         except Exception as exc:  # the next save tries again; scheduling goes on
             log.warning("usage history: writing ConfigMap %s/%s failed: %s", self.namespace, NAME,
                         exc)

@@ -103,3 +103,21 @@ def test_long_run_with_restarts_every_two_hours_still_converges() -> None:
     assert math.isclose(kept["b"] / kept["a"], 1.0, rel_tol=0.05), kept
     forgot = _simulate(policy, step=480.0, restart_every=2 * HOUR, keep=False)
     assert not math.isclose(forgot["b"] / forgot["a"], 1.0, rel_tol=0.05), forgot
+
+
+def test_records_added_while_a_save_compacts_are_kept_and_coarser_keeps_gpu_seconds() -> None:
+    """The Kubernetes scheduler compacts on a thread (take, compacted, keep) while cycles go on
+    adding records; a record too big for its ConfigMap is written coarser, GPU-seconds exact."""
+    h = UsageHistory(UsagePolicy(window=DAY, half_life=HOUR))
+    h.records = [UsageRecord("a", 100.0 * i, 100.0 * i + 50, 1.0) for i in range(200)]
+    taken = h.take(30_000.0)
+    assert taken is not None and h.take(30_001.0) is None
+    late = UsageRecord("b", 29_000.0, 30_000.0, 2.0)
+    h.records.append(late)  # a cycle meanwhile
+    packed, record = h.compacted(*taken, 30_000.0)
+    coarse, _ = h.compacted(*taken, 30_000.0, coarser=3)
+    assert len(coarse) < len(packed) < len(taken[0])
+    for out in (packed, coarse):
+        assert sum(r.gpus * (r.end - r.start) for r in out) == pytest.approx(200 * 50.0)
+    h.keep(taken[0], packed)
+    assert h.records == [*packed, late] and record["usage"]["a"]
