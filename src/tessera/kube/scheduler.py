@@ -172,7 +172,8 @@ class KubeScheduler:
             inflight.evicting, time.time(), c.foreign_held(), c.foreign_pods.items.values(),
             c.namespaces.items, c.volume_claims.items, inflight.unmovable_now(), self.mig.view)
         snapshot = self.history.apply(snapshot)  # time-based fair share (core.usage_history)
-        self._spawn(self.history_store.after_cycle(snapshot.now))
+        if self.history.policy is not None:  # written every save-every seconds
+            self._spawn(self.history_store.after_cycle(snapshot.now))
         config = self.parts.opts.cycle_config(bool(inflight.evicting))
         try:
             plan = await asyncio.to_thread(run_cycle, snapshot, config)
