@@ -49,12 +49,13 @@ from tessera.isolation.config import REGION_NAME
 from tessera.local import compute_view, containers, isolation_hook
 from tessera.local.containers import Runtime
 from tessera.local.documents import iso, node_doc, pod_doc, project_doc, workload_doc
+from tessera.local.elastic import ElasticPods
 from tessera.local.gpus import Machine
 from tessera.local.mig import LocalMig, RoomNow, room_now
 from tessera.local.pods import PodProcesses
-from tessera.local.records import ContainerRef, Control, Phase, pid_of
+from tessera.local.records import HOLDING_PHASES, ContainerRef, Control, Phase, pid_of
 from tessera.local.runner import Runner
-from tessera.local.scheduling import LocalCycle, core_workload, pod_placement, refused
+from tessera.local.scheduling import LocalCycle, core_workload, refused
 from tessera.local.spelling_env import with_runai_limit
 from tessera.local.store import Project, Store, Workload, all_or_nothing
 from tessera.local.usage import LocalUsage
@@ -111,7 +112,7 @@ class LocalBackend(TokenAuth):
         self.mig = LocalMig(machine, data_dir / "mig-journal.json", mig_serves_shares)
         """Partitions of the GPUs in MIG mode, for workloads that ask for a profile."""
         self.types = WorkloadTypes(data_dir, self.submit, self.delete_workload, lambda wid: (
-            self._active.get(wid) or self.store.workload(wid)), self.wake)  # sweeps, inference
+            self._active.get(wid) or self.store.workload(wid)), self.wake, ElasticPods(self.processes))
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -219,7 +220,7 @@ class LocalBackend(TokenAuth):
             workloads = self._workloads(now, layout)
             pending = [w for w in workloads if not w.placements]
             plan = refused((), "")
-            if pending:
+            if pending or any(None in w.placements for w in workloads):  # or one may grow
                 try:
                     plan = self.scheduler.run((self.machine.node,), self.store.projects(),
                                               workloads, now, {self.machine.node.name: tuple(
@@ -261,7 +262,7 @@ class LocalBackend(TokenAuth):
         here = {g.index: g.uuid for g in self.machine.node.gpus}
         rooms: dict[str, RoomNow] = {}
         for wid, victims in list(self._awaiting.items()):
-            if not any(v in self._active and self._active[v].phase != Phase.PENDING for v in victims):
+            if not any(self.types.elastic.holds(v) for v in victims):
                 del self._awaiting[wid]
         for w in self._active.values():
             profile = w.control.mig_profile
@@ -280,23 +281,19 @@ class LocalBackend(TokenAuth):
                                                       layout[0], layout[1])
                         room = RoomNow(served[0], True, "") if served else None
                     out.append(core_workload(w, None, now, room, served))
-            elif w.phase in (Phase.RUNNING, Phase.STOPPING, Phase.DELETING):
-                placements = [
-                    pod_placement(p) for p in w.pods
-                    if p.get("holds", True)
-                    and all(here.get(d) == u for d, u in zip(p["devices"], p["uuids"], strict=True))
-                ]
-                if placements:
-                    # A MIG one counts as its fraction; evicting it frees its partition
-                    # (Snapshot.mig), so reclaim and preemption may take it for MIG room.
-                    out.append(core_workload(w, placements, now))
+            # Holding GPUs (a MIG one counts as its fraction; evicting it frees its partition,
+            # Snapshot.mig); an elastic one may grow or shrink (local/elastic.py).
+            elif w.phase in HOLDING_PHASES and (run := self.types.elastic.running(w, here, now)):
+                out.append(run)
         return out
 
     def _apply(self, plan: Plan, pending: set[str]) -> None:
         for ev in plan.evictions:
             w = self._active.get(ev.workload_id)
             if w is not None and w.phase == Phase.RUNNING:
-                if w.spec.get("onEviction") == "fail":
+                if ev.pods:  # shrunk: only those pods stop, the rest run on
+                    self.types.elastic.shrink(w, ev)
+                elif w.spec.get("onEviction") == "fail":
                     self.processes.begin_stop(
                         w, "Failed", f"evicted (onEviction: fail): {ev.reason}", kind="Preempted"
                     )
@@ -305,6 +302,8 @@ class LocalBackend(TokenAuth):
         waiting = {x.workload_id: self._reason(x) for x in plan.waiting if x.workload_id in pending}
         for b in plan.bindings:
             w = self._active.get(b.workload_id)
+            if b.workload_id not in pending and w is not None and w.phase == Phase.RUNNING:
+                self.types.elastic.grow(w, b)  # further pods of a running elastic workload
             if b.workload_id not in pending or w is None or w.phase != Phase.PENDING:
                 continue
             if b.after_evictions:

@@ -17,7 +17,8 @@ def pod_env(w: Workload, index: int, p: Placement, machine: Machine, isolation: 
             sim_bin: Path) -> dict[str, str]:
     """The environment of pod ``index`` of ``w`` placed at ``p``: who it is, its GPUs (or MIG
     device), the isolation library's settings, torchrun's variables for a distributed workload,
-    its service ports, its compute share."""
+    its service ports, its compute share. An elastic workload's pods get torchrun's elastic
+    settings instead of fixed ranks (tessera.local.distributed.elastic_env)."""
     by_index = {g.index: g for g in machine.node.gpus}
     gpus = [by_index[d] for d in p.devices]
     env = {str(k): str(v) for k, v in w.control.env.items()}
@@ -28,7 +29,9 @@ def pod_env(w: Workload, index: int, p: Placement, machine: Machine, isolation: 
         "TESSERA_PROJECT": w.project_name,
         "TESSERA_POD_INDEX": str(index),
         "TESSERA_WORKERS": str(w.workers),
-        **distributed.torchrun_env(w.id, index, w.workers, w.control.master_port, env.get("TESSERA_FRAMEWORK")),
+        **(distributed.elastic_env(w.id, index, w.min_workers, w.workers, w.control.master_port, env)
+           if w.min_workers < w.workers else  # elastic: torchrun's settings, it sets the ranks
+           distributed.torchrun_env(w.id, index, w.workers, w.control.master_port, env.get("TESSERA_FRAMEWORK"))),
         "CUDA_VISIBLE_DEVICES": uuids if gpus else "",
         "NVIDIA_VISIBLE_DEVICES": uuids if gpus else "none",
     })

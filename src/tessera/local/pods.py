@@ -26,19 +26,14 @@ from tessera.api.backend import Conflict, NotFound
 from tessera.api.storage import storage_error
 from tessera.core.errors import InvalidRequest
 from tessera.core.state import Placement
-from tessera.core.text import check_argv, check_env
 from tessera.local import containers, distributed, faultpoints
 from tessera.local.exec_run import run_capped
 from tessera.local.gpus import Machine
 from tessera.local.isolation_hook import Isolation
-from tessera.local.pod_env import pod_env
-from tessera.local.records import Phase, PodPhase, PodRecord, pid_of
+from tessera.local.pod_plan import launch, plan_pod
+from tessera.local.records import LIVE, Phase, PodPhase, PodRecord, pid_of
 from tessera.local.runner import Runner
 from tessera.local.store import Store, Workload, all_or_nothing
-
-START_KEY = "TESSERA_START_KEY"
-"""In every pod process's environment: WORKLOAD/ATTEMPT/POD, how a restarted server finds the
-processes of a start it was killed in."""
 
 
 class PodProcesses:
@@ -75,7 +70,7 @@ class PodProcesses:
                 continue
             alive = [
                 p for p in w.pods
-                if p.get("pid") and p.get("phase") == PodPhase.RUNNING
+                if p.get("pid") and p.get("phase") in LIVE
                 and self.runner.adopt(pid_of(p), p.get("startTicks", 0))
             ]
             here = {g.index: g.uuid for g in self.machine.node.gpus}
@@ -92,7 +87,7 @@ class PodProcesses:
                 )
                 continue
             if w.phase == Phase.RUNNING:
-                if len(alive) == len([p for p in w.pods if p.get("phase") == PodPhase.RUNNING]):
+                if len(alive) == len([p for p in w.pods if p.get("phase") in LIVE]):
                     self.store.add_event(
                         w.id, "Reattached",
                         f"server restarted; re-attached to {len(alive)} running pod(s)"
@@ -147,10 +142,7 @@ class PodProcesses:
             for pod in pods:
                 if launched:
                     faultpoints.hit("start-between-pods")
-                proc = self.runner.start(f"{w.id}-{pod['index']}", pod.pop("argv"),
-                                         pod.pop("hostEnv"), pod.pop("cwd"))
-                pod.update({"pid": proc.pid, "startTicks": proc.start_ticks, "log": proc.log,
-                            "exitFile": proc.exit_file, "phase": PodPhase.RUNNING})
+                launch(self.runner, w, pod)
                 launched.append(pod)
         except Exception as exc:
             if storage_error(exc) is not None:
@@ -165,58 +157,9 @@ class PodProcesses:
     def _planned(self, w: Workload, placements: Sequence[Placement],
                  attempt: str) -> list[PodRecord]:
         """The pod records to start (phase Starting, no pid yet), with what launching needs."""
-        by_index = {g.index: g for g in self.machine.node.gpus}
-        argv = list(w.control.argv)
-        container = w.control.container
-        mig = w.control.mig_device
-        pods: list[PodRecord] = []
         w.control.master_port = distributed.free_port()  # one rendezvous port per start
-        for i, p in enumerate(placements):
-            env = pod_env(w, i, p, self.machine, self.isolation, self.sim_bin)
-            env[START_KEY] = f"{w.id}/{attempt}/{i}"
-            pod_argv, cwd = argv, w.spec.get("workingDir")
-            if container:
-                rt = containers.Runtime(container["runtime"], container["path"],
-                                        bool(container.get("cdi")))
-                # A MIG workload's container gets its partition (the MIG-... UUID, by CDI name
-                # or through the NVIDIA hook's NVIDIA_VISIBLE_DEVICES), never the whole GPU.
-                pod_argv = rt.run_argv(f"{w.id}-{i}", container["image"], env,
-                                       [mig["uuid"]] if mig else
-                                       [by_index[d].uuid for d in p.devices],
-                                       containers.isolation_mounts(env),
-                                       ports=list(w.control.ports))
-                env["TESSERA_CONTAINER"] = f"{rt.name}:{rt.container_name(f'{w.id}-{i}')}"
-                cwd = None
-            host_env = {**os.environ, **env}
-            if container:  # the preload is for the container's processes, not the runtime's
-                host_env.pop("LD_PRELOAD", None)
-            check_argv(list(pod_argv), "spec.command")
-            check_env(env, "spec.environmentVariables")
-            log, exit_file = self.runner.paths(f"{w.id}-{i}")
-            record: PodRecord = {
-                "index": i,
-                "phase": PodPhase.STARTING,
-                "node": p.node,
-                "devices": list(p.devices),
-                "uuids": [by_index[d].uuid for d in p.devices],
-                "requestBytes": list(p.request_bytes),
-                "limitBytes": list(p.limit_bytes),
-                "exclusive": p.exclusive, **({"compute": p.compute} if p.compute else {}),
-                "pid": None,
-                "startTicks": 0,
-                "log": str(log),
-                "exitFile": str(exit_file),
-                "env": env,
-                "exitCode": None,
-                "holds": True,
-                "argv": pod_argv,
-                "hostEnv": host_env,
-                "cwd": cwd,
-            }
-            if mig:
-                record["mig"] = dict(mig)
-            pods.append(record)
-        return pods
+        return [plan_pod(self.machine, self.isolation, self.sim_bin, self.runner, w, i, p, attempt)
+                for i, p in enumerate(placements)]
 
     def _requeue_start(self, w: Workload, launched: list[PodRecord], exc: Exception) -> None:
         """The data directory is full (a pod's log cannot be created): not the workload's
@@ -313,7 +256,7 @@ class PodProcesses:
                     raise
         changed = False
         failed: tuple[int | None, str] | None = None
-        for pod in w.pods:
+        for pod in w.pods:  # a Stopping pod (shrunk away) is tessera.local.elastic's
             if pod.get("phase") != PodPhase.RUNNING:
                 continue
             ended = self.runner.check(pid_of(pod), pod.get("startTicks", 0), pod["exitFile"])
@@ -336,7 +279,7 @@ class PodProcesses:
         now = time.time()
         if failed is not None:
             for pod in w.pods:
-                if pod.get("phase") == PodPhase.RUNNING:
+                if pod.get("phase") in LIVE:
                     self.terminate(pod, self.grace)
                     pod["phase"] = PodPhase.FAILED
                     pod["holds"] = False
@@ -375,14 +318,14 @@ class PodProcesses:
 
     def finish_stop(self, w: Workload) -> None:
         for pod in w.pods:
-            if pod.get("phase") != PodPhase.RUNNING:
+            if pod.get("phase") not in LIVE:
                 continue
             ended = self.runner.check(pid_of(pod), pod.get("startTicks", 0), pod["exitFile"])
             if ended is not None or not self.runner.group_alive(pid_of(pod)):
                 pod["phase"] = PodPhase.STOPPED
                 pod["holds"] = False
                 pod["exitCode"] = None if ended is None else ended.code
-        if any(p.get("phase") == PodPhase.RUNNING for p in w.pods):
+        if any(p.get("phase") in LIVE for p in w.pods):
             return
         target = w.spec.get("_after_stop", "Stopped")
         if target == "Deleted":

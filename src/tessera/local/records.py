@@ -42,6 +42,13 @@ class PodPhase(enum.StrEnum):
     COMPLETED = "Completed"
     FAILED = "Failed"
     STOPPED = "Stopped"
+    STOPPING = "Stopping"
+    """Being stopped while its workload runs on: an elastic workload shrunk
+    (tessera.local.elastic); it holds its GPUs until its process group is gone."""
+
+
+LIVE = (PodPhase.RUNNING, PodPhase.STOPPING)
+"""Pod phases in which its process may run."""
 
 
 class PodRecord(TypedDict, total=False):

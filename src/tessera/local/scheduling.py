@@ -37,8 +37,9 @@ from tessera.local.departments import DepartmentTree
 from tessera.local.records import Phase, PodRecord
 from tessera.local.usage_history_store import HistoryRow
 
-ACTIONS = ("allocate", "reclaim", "preempt", "backfill")
-"""The cycle's actions in embedded mode (no consolidate: a process cannot be moved)."""
+ACTIONS = ("allocate", "shrink", "reclaim", "preempt", "backfill")
+"""The cycle's actions in embedded mode (no consolidate: a process cannot be moved; shrink
+stops single pods of an elastic workload, tessera.local.elastic)."""
 
 
 def core_project(p: store.Project) -> Project:
@@ -68,12 +69,14 @@ def _with_compute(gpu: GpuRequest, share: dict[str, object] | None) -> GpuReques
 
 def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now: float,
                   mig: NodeConstraint | None = None,
-                  served: tuple[str, float] | None = None) -> Workload:
+                  served: tuple[str, float] | None = None, free: int | None = None) -> Workload:
     """A stored workload as the cycle sees it: pending (``placements`` None) or running on
     ``placements``. One that is already stopping is not preemptible (it is going anyway). A
     MIG workload asks its profile's fraction (``ResourceRequest.mig``); pending, ``mig`` is
     where it may go (``tessera.local.mig.RoomNow``). ``served``: a pending share asked as the
-    profile that would serve it, and its fraction (``tessera.local.mig_serving``)."""
+    profile that would serve it, and its fraction (``tessera.local.mig_serving``). ``free``:
+    a running elastic workload that may resize, and how many more pods it may grow by
+    (tessera.local.elastic); None: it runs as a gang of the pods that run."""
     running = placements is not None
     profile = w.control.mig_profile
     gpus = w.gpus_requested
@@ -84,20 +87,20 @@ def core_workload(w: store.Workload, placements: Sequence[Placement] | None, now
         profile, gpus = served
     request = ResourceRequest(_with_compute(gpu_request_from_dict(w.request), w.control.compute)) if not profile \
         else ResourceRequest(GpuRequest.none(), gpus=gpus, mig=profile)
-    # A running workload's processes were started as one attempt with a fixed world size: here
-    # it cannot grow or shrink, so the cycle sees it as a gang of the pods that run (never
-    # shrunk, never given more pods; docs/scheduling.md#elastic-workloads).
-    size = len(placements) if placements is not None else w.workers
+    # A running workload that cannot resize (fixed world size, docs/scheduling.md) is a gang of
+    # the pods that run; an elastic one keeps its minimum and may grow by ``free`` pods.
+    size = w.workers if placements is None else len(placements) + (free or 0)
+    gang = w.min_workers if not running else None if free is None else min(w.min_workers, len(placements or ()))
     return Workload(
         id=w.id,
         project=w.project_name,
         pods=(request,) * size,
         constraints=(mig,) * w.workers if mig is not None and not running else (),
         priority_class=w.priority_class,
-        min_members=None if running else w.min_workers,
+        min_members=gang,
         created_at=w.created,
         started_at=(w.started or now) if running else None,
-        placements=tuple(placements) if placements is not None else (),
+        placements=(*placements, *(None,) * (free or 0)) if placements is not None else (),
         preemptible=w.preemptible and (not running or w.phase == Phase.RUNNING),
         priority=w.priority,
         name=w.name,

@@ -1,7 +1,8 @@
 """The workload types embedded mode runs on top of plain workloads: sweeps
-(:mod:`tessera.local.sweeps`) and inference that scales (:mod:`tessera.local.inference`). One
-seam for the backend: :meth:`route` takes a submission of one of these types, :meth:`tick` runs
-in every control cycle (docs/workloads.md)."""
+(:mod:`tessera.local.sweeps`), inference that scales (:mod:`tessera.local.inference`) and
+elastic trainings that resize while they run (:mod:`tessera.local.elastic`). One seam for the
+backend: :meth:`route` takes a submission of one of these types, :meth:`tick` runs in every
+control cycle (docs/workloads.md)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from typing import Any
 
 from tessera.api.backend import WorkloadSubmission
 from tessera.core.errors import InvalidRequest
-from tessera.local import exposed_urls, inference, sweeps
+from tessera.local import elastic, exposed_urls, inference, sweeps
 
 
 class WorkloadTypes:
     def __init__(self, data_dir: Path, submit: Callable[[WorkloadSubmission], dict[str, Any]],
                  delete: Callable[[str], None], lookup: Callable[[str], Any],
-                 wake: Callable[[], None] | None = None) -> None:
+                 wake: Callable[[], None] | None, resizing: elastic.ElasticPods) -> None:
         """``lookup``: a workload id -> its stored workload (``phase``, ``phase_message``) or
         None once deleted; ``wake``: run a control cycle soon."""
         def phase_of(wid: str) -> tuple[str, str] | None:
@@ -30,11 +31,15 @@ class WorkloadTypes:
         """Inference replicas behind one local port, scaled on a metric."""
         self.urls = exposed_urls.ExposedUrls()
         """Ports reached on the machine's external address (--external-url)."""
+        self.elastic = resizing
+        """Running elastic trainings grown and shrunk by single pods (the cycle's plan)."""
         self._submit = submit
         self._phase_of = phase_of
 
     def route(self, s: WorkloadSubmission) -> dict[str, Any] | None:
-        """The answer for a sweep or a scaling inference (None: a plain workload)."""
+        """The answer for a sweep or a scaling inference (None: a plain workload, an elastic
+        one checked here)."""
+        elastic.check_submission(s)
         if self.urls.wanted(s):
             if s.spec.get("autoscaling") is not None or s.spec.get("completions") is not None:
                 raise InvalidRequest("spec.ports[0].externalUrl", "is for a workspace, a "
@@ -59,6 +64,7 @@ class WorkloadTypes:
         return {} if doc is None else {"inference": doc}
 
     def tick(self) -> None:
+        self.elastic.tick()
         self.sweeps.tick()
         self.services.tick()
         self.urls.tick(self._phase_of)

@@ -126,7 +126,7 @@ class _ShrinkFor:
         for vid, pods in taken.items():
             v = session.workloads[vid]
             reason = (f"shrunk by {len(pods)} elastic pod(s) (to {v.placed_count()} of "
-                      f"{len(v.spec.pods)}, minimum {v.spec.gang_min}) to make room for {ws.id} "
+                      f"{len(v.spec.pods)}, minimum {v.spec.gang_min}) to make room for {ws.spec.label} "
                       f"of project {ws.project}, which is below its fair share")
             session.evictions[vid] = Eviction(vid, v.project, "shrink", reason, sum(g for _, g in pods),
                                               ws.id, tuple(sorted(i for i, _ in pods)))
@@ -138,6 +138,6 @@ class _ShrinkFor:
 
             session.on_undo(undo)
         session.record_binding(ws, placed, "shrink", f"placed on {session.where(placed)} by shrinking "
-                               f"{', '.join(sorted(taken))}", sorted(taken))
+                               f"{', '.join(sorted(session.workloads[v].spec.label for v in taken))}", sorted(taken))
         stmt.commit()
         return True
