@@ -34,13 +34,25 @@ def half(device: int) -> Placement:
 def test_a_stored_workload_becomes_the_cores_workload() -> None:
     w = stored("w", "a", GpuRequest.fraction("0.5"), phase="Running", workers=2)
     core = core_workload(w, [half(0)], now=100.0)
-    # One pod of two runs: a running embedded workload cannot resize, so the cycle sees a gang of
-    # the one pod that runs (never given its second pod, never shrunk).
+    # One pod of two runs: a fixed-size workload (no --min-workers below --workers) cannot
+    # resize, so the cycle sees a gang of the one pod that runs (never given its second pod,
+    # never shrunk).
     assert core.pods[0].gpu == GpuRequest.fraction(Decimal("0.5")) and len(core.pods) == 1
     assert core.placements == (half(0),) and core.gang_min == 1
     assert core.started_at == 10.0 and core.preemptible and core.name == "w"
     pending = core_workload(stored("p", "a", GpuRequest.whole(1)), None, now=100.0)
     assert pending.placements == () and pending.started_at is None
+
+
+def test_a_running_elastic_workload_keeps_its_minimum_and_may_grow_into_its_free_slots() -> None:
+    w = stored("e", "a", GpuRequest.fraction("0.5"), phase="Running", workers=4)
+    w.min_workers = 2
+    core = core_workload(w, [half(0), half(1), half(0)], now=100.0, free=1)
+    assert len(core.pods) == 4 and core.placements == (half(0), half(1), half(0), None)
+    assert core.gang_min == 2  # shrink may take the third, never the first two
+    # While it may not resize (a pod starting or stopping): a gang of the pods that run.
+    fixed = core_workload(w, [half(0), half(1), half(0)], now=100.0)
+    assert len(fixed.pods) == 3 and fixed.gang_min == 3
 
 
 def test_a_stopping_workload_is_not_a_victim_again() -> None:

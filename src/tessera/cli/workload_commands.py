@@ -116,6 +116,9 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         lines.append(f"Why pending: {w['phaseMessage']}")
     elif w["phaseMessage"]:
         lines.append(f"Message:     {w['phaseMessage']}")
+    if (w.get("minWorkers") or w["workers"]) < w["workers"]:  # elastic: resized while it runs
+        lines.append(f"Elastic:     {w.get('runningPods', 0)} of {w['minWorkers']} to {w['workers']} "
+                     f"pod(s) running (grows into idle GPUs, shrinks back to {w['minWorkers']})")
     if w.get("gang") or (w.get("minWorkers") or 1) > 1:
         lines.append(f"Gang:        {w.get('minWorkers')} of {w['workers']} pod(s) start "
                      "together" + (f" ({w['gang']})" if w.get("gang") else ""))
