@@ -5,8 +5,8 @@ record their environment and stay alive until SIGTERM, on two simulated GPUs in 
 It starts at its minimum when only that fits, grows by single pods into idle GPUs (each new pod
 with torchrun's elastic settings and the same GPU-share limit as the first), keeps its size over
 a server restart, and is shrunk by single pods, newest first, for another project's workload
-below its fair share, its other pods running on untouched; below its minimum it is never shrunk
-(reclaim evicts it whole instead)."""
+below its fair share, its other pods running on untouched, and never below its minimum. A server
+killed just after growing it re-attaches the new pod rather than starting it twice."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tessera.testing.embedded import EmbeddedServer
+from tessera.testing.pod_processes import pod_processes
 from tests.waiting import wait_until
 
 WORKER = r'''
@@ -134,7 +135,8 @@ def ledger(server: EmbeddedServer, wid: str) -> list[float]:
 
 
 def test_starts_at_its_minimum_grows_into_idle_gpus_and_keeps_its_size_over_a_restart(
-        server: EmbeddedServer, http: httpx.Client, workers: Workers) -> None:
+        server: EmbeddedServer, http: httpx.Client, workers: Workers,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     filler = submit(http, workers.body("filler", "b", 0.5, workers=3))
     wait_until("filler runs", lambda: len(running(http, filler)) == 3, timeout=20)
     e = submit(http, workers.body("grow", "a", 0.5, workers=4, min_workers=1))
@@ -175,14 +177,35 @@ def test_starts_at_its_minimum_grows_into_idle_gpus_and_keeps_its_size_over_a_re
     assert held[0] == 0.5 and held[-1] == 2.0 and held == sorted(held)
 
     # tessera down (workloads left running) and up: the resized workload is re-attached whole.
+    # The new server will crash (SIGKILL) right after launching a further pod of an elastic
+    # workload, before that is stored (tessera.local.faultpoints).
     pids = running(http, e)
     server.stop(stop_workloads=False)
+    monkeypatch.setenv("TESSERA_FAULT_POINT", "grow-launched")
     server.start()
     with server.http() as again:
         assert running(again, e) == pids
         assert "re-attached to 4 running pod(s)" in " ".join(events(again, e, "Reattached"))
         described = server.cli("training", "describe", "grow", "-p", "a").stdout
         assert "Elastic:     4 of 1 to 4 pod(s) running" in described
+        # b takes a half back (its newest pod, 3, goes), then gives it back: e grows into it
+        # again, and the server dies just after starting pod 3 anew.
+        b1 = submit(again, workers.body("b-grow", "b", 0.5))
+        wait_until("b-grow runs", lambda: get(again, b1)["phase"] == "Running", timeout=20)
+        assert running(again, e) == {i: pids[i] for i in (0, 1, 2)}
+        again.delete(f"{TRAININGS}/{b1}")
+    assert server.proc is not None
+    server.proc.wait(timeout=20)
+    assert server.proc.returncode == -9
+    monkeypatch.delenv("TESSERA_FAULT_POINT")
+    launched = {p.index: p.pid for p in pod_processes(server.data) if p.workload_id == e}
+    assert sorted(launched) == [0, 1, 2, 3] and launched[3] != pids[3]
+    server.start()  # the pod whose start was cut short is re-attached, not started twice
+    with server.http() as again:
+        wait_until("pod 3 re-attached", lambda: running(again, e) == launched, timeout=20)
+        assert "re-attached to it (pid" in " ".join(events(again, e, "Reattached"))
+        assert {p.index: p.pid for p in pod_processes(server.data) if p.workload_id == e} == launched
+        assert get(again, e)["gpus"]["allocated"] == 2.0
         delete_all(server, again, e)
 
 

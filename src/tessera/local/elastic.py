@@ -36,6 +36,7 @@ from tessera.api.storage import storage_error
 from tessera.core.cycle import Binding, Eviction
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
+from tessera.local import faultpoints
 from tessera.local.pod_plan import START_KEY, launch, plan_pod
 from tessera.local.pods import PodProcesses
 from tessera.local.records import Phase, PodPhase, PodRecord, pid_of
@@ -151,6 +152,7 @@ class ElasticPods:
         with all_or_nothing(w, procs.active):
             w.pods = [*w.pods, *planned]  # the intent first, as a first start's
             procs.store.save(w)
+        faultpoints.hit("grow-intent")
         launched: list[PodRecord] = []
         try:
             for pod in planned:
@@ -164,6 +166,7 @@ class ElasticPods:
             self._save(w, ("GrowFailed", f"could not start pod(s) {', '.join(str(s) for s, _ in todo)}: "
                                          f"{exc}; tried again in {RETRY_AFTER:.0f} s"))
             return
+        faultpoints.hit("grow-launched")
         running = sum(1 for p in w.pods if p.get("phase") == PodPhase.RUNNING)
         self._save(w, ("Grown", f"grown by {len(planned)} elastic pod(s) (to {running} of "
                                 f"{w.workers}, minimum {w.min_workers}): {b.message}; pod(s) "
