@@ -42,9 +42,10 @@ CLASSES: dict[str, tuple[int, int, str]] = {
     "kube/api_backend.py:KubeBackend": (473, 11, "the API's Backend protocol on Kubernetes: "
                                         "one method per endpoint (+1: the compute share's "
                                         "GPU time joined in, kube/compute_usage.py, #30)"),
-    "local/pods.py:PodProcesses": (403, 8, "embedded pods' processes: start, watch, stop, "
+    "local/pods.py:PodProcesses": (351, 8, "embedded pods' processes: start, watch, stop, "
                                    "restart, one record per pod (the environment is "
-                                   "local/pod_env.py)"),
+                                   "local/pod_env.py, one pod's plan and launch "
+                                   "local/pod_plan.py)"),
     "testing/cluster.py:TestCluster": (388, 16, "harness (see testing/cluster.py above)"),
     "core/cycle/session.py:Session": (339, 19, "the cycle's working state, KAI's Session; "
                                       "quota is already its own QuotaLedger, the never-fits "

@@ -205,6 +205,7 @@ class ElasticPods:
                         self._stop(p)
                     if runner.check(pid_of(p), p.get("startTicks", 0), p["exitFile"]) is not None:
                         w.pods = [q for q in w.pods if q is not p]
+                        self._signalled.discard(pid_of(p))
             if w.pods != before or events:
                 self._save(w, events[0] if events else None)
                 self.processes.wake.set()
