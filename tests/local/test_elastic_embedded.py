@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tessera.cli.workload_commands import elastic_line
 from tessera.testing.embedded import EmbeddedServer
 from tessera.testing.pod_processes import pod_processes
 from tests.waiting import wait_until
@@ -47,12 +48,16 @@ TRAININGS = "/api/v1/workloads/trainings"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     s = EmbeddedServer(tmp_path_factory.mktemp("elastic"), simulate=["2xV100-16GB"])
-    with s.serving(), s.http() as c:
-        for name, deserved in (("a", 0.5), ("b", 1.5)):
-            r = c.post("/api/v1/org-unit/projects",
-                       json={"name": name, "resources": {"gpu": {"deserved": deserved}}})
-            assert r.status_code == 201, r.text
+    s.start()
+    try:
+        with s.http() as c:
+            for name, deserved in (("a", 0.5), ("b", 1.5)):
+                r = c.post("/api/v1/org-unit/projects",
+                           json={"name": name, "resources": {"gpu": {"deserved": deserved}}})
+                assert r.status_code == 201, r.text
         yield s
+    finally:
+        s.cleanup()
 
 
 @pytest.fixture
@@ -186,8 +191,8 @@ def test_starts_at_its_minimum_grows_into_idle_gpus_and_keeps_its_size_over_a_re
     with server.http() as again:
         assert running(again, e) == pids
         assert "re-attached to 4 running pod(s)" in " ".join(events(again, e, "Reattached"))
-        described = server.cli("training", "describe", "grow", "-p", "a").stdout
-        assert "Elastic:     4 of 1 to 4 pod(s) running" in described
+        # tessera describe's line, from the server's own document
+        assert (elastic_line(get(again, e)) or "").startswith("Elastic:     4 of 1 to 4 pod(s) running")
         # b takes a half back (its newest pod, 3, goes), then gives it back: e grows into it
         # again, and the server dies just after starting pod 3 anew.
         b1 = submit(again, workers.body("b-grow", "b", 0.5))

@@ -116,9 +116,7 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
         lines.append(f"Why pending: {w['phaseMessage']}")
     elif w["phaseMessage"]:
         lines.append(f"Message:     {w['phaseMessage']}")
-    if (w.get("minWorkers") or w["workers"]) < w["workers"]:  # elastic: resized while it runs
-        lines.append(f"Elastic:     {w.get('runningPods', 0)} of {w['minWorkers']} to {w['workers']} "
-                     f"pod(s) running (grows into idle GPUs, shrinks back to {w['minWorkers']})")
+    lines += [x for x in (elastic_line(w),) if x]
     if w.get("gang") or (w.get("minWorkers") or 1) > 1:
         lines.append(f"Gang:        {w.get('minWorkers')} of {w['workers']} pod(s) start "
                      "together" + (f" ({w['gang']})" if w.get("gang") else ""))
@@ -142,6 +140,15 @@ def _describe(kind: str | None, name: str, project: str | None, output: str) -> 
     ev_rows = [[e["time"], e["kind"], e["message"]] for e in w["events"]]
     lines += ["  " + line for line in render.table(["TIME", "EVENT", "MESSAGE"], ev_rows).splitlines()]
     typer.echo("\n".join(lines))
+
+
+def elastic_line(w: dict[str, Any]) -> str | None:
+    """``describe``'s line for an elastic workload (resized while it runs), else None."""
+    low, high = w.get("minWorkers") or w["workers"], w["workers"]
+    if low >= high:
+        return None
+    return (f"Elastic:     {w.get('runningPods', 0)} of {low} to {high} pod(s) running (grows "
+            f"into idle GPUs, shrinks back to {low})")
 
 
 def pod_lines(pod: dict[str, Any]) -> list[str]:
