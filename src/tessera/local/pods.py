@@ -274,8 +274,8 @@ class PodProcesses:
                     reason = "the process was gone when the server restarted and left no exit code"
                 if failed is None:
                     failed = (ended.code, f"pod {pod['index']}: {reason}")
-        if not changed:
-            return
+        if not changed and not (w.pods and all(p.get("phase") == PodPhase.COMPLETED for p in w.pods)):
+            return  # (all completed, unchanged: the last ended while another was shrunk away)
         now = time.time()
         if failed is not None:
             for pod in w.pods:
