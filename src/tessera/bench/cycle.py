@@ -14,7 +14,15 @@ them so some fractions are scattered). Everything is seeded.
 The last line printed is one JSON object: nodes, pending, running, cycle_seconds_median,
 cycle_cpu_seconds_median (CPU time of this process: steadier than wall time on a shared
 machine), bound, evicted (and more), and rss_bytes (peak resident memory of the whole run,
-snapshot included).
+snapshot included). These are *cold* cycles: each builds its session from scratch
+(``run_cycle``), as the first cycle after a start does.
+
+Then ``--warm`` cycles (default 3) run as a scheduler runs them, with the session kept between
+cycles (``core.cycle.warm.WarmCycle``): before each, the last plan is applied to the snapshot
+(its bindings start, its evictions go back to pending), 1% of running workloads finish and
+``--arrive`` new ones arrive (``bench.changes``). ``warm_cycle_cpu_seconds_median`` is their
+CPU time (the untimed first cycle of the chain builds the session); ``warm_equals_cold`` says
+each warm plan equalled a cold ``run_cycle`` of the same snapshot (checked, not timed).
 """
 
 from __future__ import annotations
@@ -30,9 +38,13 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from decimal import Decimal
+from functools import partial
 
+from tessera.bench.changes import advance
 from tessera.core.cycle import CycleConfig, Plan, Project, Quota, Snapshot, Workload, run_cycle
+from tessera.core.cycle.warm import WarmCycle
 from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
 from tessera.core.placement import NoFit, Placer
 from tessera.core.state import ClusterState, Placement
@@ -175,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         "--spread", type=float, default=0.2, help="share of running workloads placed by spread (fragmentation)"
     )
     parser.add_argument("--actions", default=",".join(CycleConfig().actions))
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of one cycle")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of one cold cycle")
+    parser.add_argument("--warm", type=int, default=3, help="warm cycles (session kept, changes applied)")
+    parser.add_argument("--arrive", type=int, default=None,
+                        help="new pending workloads before each warm cycle (default: pending / 20)")
+    parser.add_argument("--profile-warm", action="store_true", help="print a cProfile of one warm cycle")
     args = parser.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -200,13 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         preempt_min_runtime=60.0,
     )
     if args.profile:
-        profiler = cProfile.Profile()
-        profiler.enable()
-        run_cycle(snap, config)
-        profiler.disable()
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
-        print(out.getvalue(), file=sys.stderr)
+        _profile(lambda: run_cycle(snap, config))
     times: list[float] = []
     cpu: list[float] = []
     plans: list[Plan] = []
@@ -243,8 +253,59 @@ def main(argv: list[str] | None = None) -> int:
         "policy": args.policy,
         "repeat": args.repeat,
     }
+    result.update(_warm(snap, config, args))
+    result["rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps(result))
     return 0
+
+
+def _profile(cycle: Callable[[], Plan]) -> Plan:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    plan = cycle()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+    print(out.getvalue(), file=sys.stderr)
+    return plan
+
+
+def _warm(snap: Snapshot, config: CycleConfig, args: argparse.Namespace) -> dict[str, object]:
+    """Warm cycles, each after the last plan and some finishes and arrivals are applied."""
+    if args.warm <= 0:
+        return {}
+    rng = random.Random(args.seed)
+    arrive = args.arrive if args.arrive is not None else args.pending // 20
+    warm = WarmCycle(config)
+    plan = warm.run(snap)
+    times: list[float] = []
+    cpu: list[float] = []
+    plans: list[Plan] = []
+    same = True
+    for k in range(args.warm):
+        snap = advance(snap, plan, rng, finish=0.01, arrive=arrive, prefix=f"arrival{k}")
+        if args.profile_warm and k == 0:  # profiled, not timed
+            print("warm cycle:", file=sys.stderr)
+            plan = _profile(partial(warm.run, snap))
+        else:
+            t, c = time.perf_counter(), time.process_time()
+            plan = warm.run(snap)
+            times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+        same = same and warm.warm and plan == run_cycle(snap, config)
+        plans.append(plan)
+    per_action = {
+        name: round(statistics.median(p.timings.get(name, 0.0) for p in plans), 4) for name in plan.timings
+    }
+    print(f"warm per action (median s): {per_action}", file=sys.stderr)
+    return {
+        "warm_cycles": args.warm,
+        "warm_cycle_seconds_median": round(statistics.median(times), 4) if times else None,
+        "warm_cycle_cpu_seconds_median": round(statistics.median(cpu), 4) if cpu else None,
+        "warm_bound_last": len(plan.bindings),
+        "warm_evicted_last": len(plan.evictions),
+        "warm_equals_cold": same,
+    }
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ def test_cycle_benchmark_runs_small_and_prints_json_last(capsys) -> None:  # typ
     assert result["nodes"] == 40 and result["running"] == 300 and result["pending"] == 80
     assert result["bound"] > 0 and result["same_plan_every_cycle"] is True
     assert result["rss_bytes"] > 10 << 20
+    assert result["warm_cycles"] == 3 and result["warm_equals_cold"] is True
+    assert result["warm_cycle_cpu_seconds_median"] > 0
 
 
 def test_reclaim_benchmark_runs_small_and_prints_json_last(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -11,11 +11,13 @@ partitions again if they are still there. Every change is undone with the sessio
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from tessera.core.constraints import NodeConstraint, PlacedPods, without_room
 from tessera.core.errors import InvalidRequest
 from tessera.core.mig import PROFILES, MigChoice, MigGpu, Partition, choose
 from tessera.core.model import Node
+from tessera.core.workloads import Workload
 
 
 class MigState:
@@ -157,3 +159,16 @@ class LiveRoom:
 
     def without_room(self) -> NodeConstraint | None:
         return without_room(self.inner)
+
+
+def live_room(spec: Workload, mig: MigState) -> Workload:
+    """A pending MIG pod goes only where the cycle's MIG state has room for its profile
+    (``LiveRoom`` around the adapter's constraint)."""
+    if not any(r.mig is not None for r in spec.pods):
+        return spec
+    constraints: list[NodeConstraint | None] = []
+    for i, r in enumerate(spec.pods):
+        c = spec.constraint_of(i)
+        constraints.append(c if r.mig is None or spec.placement_of(i) is not None
+                           else LiveRoom(c, r.mig, mig))
+    return replace(spec, constraints=tuple(constraints))

@@ -128,6 +128,34 @@ class QuotaLedger:
                 a[1] += sign * v[1]
                 a[2] += sign * v[2]
 
+    def recount(self, workloads: Iterable[WorkloadState]) -> None:
+        """Count what every project holds from scratch, in the order given (workload id order:
+        float sums in one fixed order, so a session kept between cycles counts exactly as a
+        new one). Forgets the last cycle's usage history figures."""
+        for table in (self.alloc, self.alloc_np):
+            for a in table.values():
+                a[0] = a[1] = a[2] = 0.0
+        self.usage = {}
+        self.from_usage = {}
+        alloc, alloc_np = self.alloc, self.alloc_np
+        for ws in workloads:
+            ws._vector = None
+            chain = ws.chain
+            for v in ws.pod_vectors:
+                if v is None:
+                    continue
+                for name in chain:
+                    a = alloc[name]
+                    a[0] += v[0]
+                    a[1] += v[1]
+                    a[2] += v[2]
+                if not ws.preemptible:
+                    for name in chain:
+                        a = alloc_np[name]
+                        a[0] += v[0]
+                        a[1] += v[1]
+                        a[2] += v[2]
+
     def shortfall(self, project: str) -> float:
         """GPUs the project is below its fair share (0 if at or above)."""
         return max(0.0, self.shares.gpu(project) - self.alloc[project][0])

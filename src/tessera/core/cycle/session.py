@@ -10,12 +10,12 @@ eviction, binding) goes onto the cluster state's undo log and the session's own 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from tessera.core.constraints import NodeConstraint, without_room
+from tessera.core.constraints import NodeConstraint
 from tessera.core.errors import InvalidRequest
 from tessera.core.fairshare import Vector
-from tessera.core.mig import MigChoice, profile_of
+from tessera.core.mig import MigChoice
 from tessera.core.model import Node, ResourceRequest
 from tessera.core.placement import NoFit, Placer
 from tessera.core.projects import ProjectTree
@@ -23,7 +23,7 @@ from tessera.core.state import ClusterState, NodeState, Placement
 from tessera.core.workloads import Workload
 
 from .history import fair_shares, requested_by_project
-from .mig_state import LiveRoom, MigState
+from .mig_state import MigState, live_room
 from .never_fits import NeverFits
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
@@ -87,38 +87,65 @@ class Session:
         self.state = ClusterState(self.nodes)
         self._undo: list[Callable[[], None]] = []
         self._depth = 0
-        self.mig = MigState(snapshot.mig, {n.name for n in self.nodes}, self.on_undo)
         self.mig_choices: dict[tuple[str, int], MigChoice] = {}
         """The partition each MIG pod bound in this cycle takes (``PodBinding.mig``)."""
-        self.quota = QuotaLedger(self.tree, self.nodes, self.state)
-        self.workloads: dict[str, WorkloadState] = {}
         self.waits: dict[str, Wait] = {}
         self.bindings: dict[str, _Bind] = {}
         self.evictions: dict[str, Eviction] = {}
         self.moves: dict[tuple[str, int], Move] = {}
         self.moved: set[str] = set()
+        self.pending: list[WorkloadState] = []
+        self.mig = MigState(snapshot.mig, {n.name for n in self.nodes}, self.on_undo)
+        self.quota = QuotaLedger(self.tree, self.nodes, self.state)
+        self.workloads: dict[str, WorkloadState] = {}
         for spec in sorted(snapshot.workloads, key=lambda w: w.id):
-            spec = self._live_mig_room(spec)
-            ws = WorkloadState(spec, self.tree.chain(spec.project))
-            self.workloads[spec.id] = ws
-            for i, p in enumerate(ws.placements):
-                if p is None:
-                    continue
-                try:
-                    self.state.assign(pod_id(spec.id, i), p)
-                except InvalidRequest as exc:
-                    raise InvalidRequest(f"workloads.{spec.id}.placements[{i}]", exc.rule) from None
-                self.quota.account(ws, i, p, +1)
-        capacity: Vector = (
-            float(sum(len(n.gpus) for n in self.nodes) + self.mig.gpu_count()),
-            float(sum(n.cpu_milli for n in self.nodes)),
-            float(sum(n.memory for n in self.nodes)),
-        )
-        self.pending: list[WorkloadState] = [ws for ws in self.workloads.values() if ws.unplaced()]
+            self.add_workload(spec)
         self.placer = Placer(self.state, policy=config.policy)
         self.never = NeverFits(self.nodes)
+        self.begin(snapshot)
+
+    def add_workload(self, spec: Workload) -> None:
+        """Put a workload of the snapshot into the session, its running pods on their nodes
+        (quota is counted by ``begin``). The caller keeps ``workloads`` in id order."""
+        spec = live_room(spec, self.mig)
+        ws = WorkloadState(spec, self.tree.chain(spec.project))
+        self.workloads[spec.id] = ws
+        for i, p in enumerate(ws.placements):
+            if p is None:
+                continue
+            try:
+                self.state.assign(pod_id(spec.id, i), p)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"workloads.{spec.id}.placements[{i}]", exc.rule) from None
+            ws.pod_vectors[i] = self.quota.placement_vector(p)
+
+    def remove_workload(self, workload_id: str) -> None:
+        """Take a workload out (finished, gone, or about to be added again changed): its pods
+        leave their nodes (quota is counted again by ``begin``)."""
+        ws = self.workloads.pop(workload_id)
+        for i, p in enumerate(ws.placements):
+            if p is not None:
+                self.state.release(pod_id(workload_id, i))
+
+    def begin(self, snapshot: Snapshot) -> None:
+        """Start a cycle over the workloads as they are now: an empty plan, quota counted in
+        workload id order, the pending list, the never-fits reasons and the fair shares. A
+        session kept between cycles (``cycle.warm``) calls this again after applying changes."""
+        config = self.config
+        self.now = snapshot.now
+        self._undo = []
+        self._depth = 0
+        self.mig_choices = {}
+        self.waits = {}
+        self.bindings = {}
+        self.evictions = {}
+        self.moves = {}
+        self.moved = set()
+        self.quota.recount(self.workloads.values())
+        capacity = self.never.capacity(self.mig.gpu_count())
+        self.pending = [ws for ws in self.workloads.values() if ws.unplaced()]
         for ws in self.pending:
-            why = self._never_fits(ws)
+            why = self.never.gang(ws, self.placer, self.mig)
             if why is not None:
                 self.waits[ws.id] = Wait("unschedulable", why)
         # Fair share divides only capacity some pending request could use (cycle/usable.py).
@@ -378,41 +405,3 @@ class Session:
             devs = ",".join(str(d) for d in p.devices)
             parts.append(f"{p.node} GPU {devs}" if devs else p.node)
         return "; ".join(dict.fromkeys(parts))
-
-    def _live_mig_room(self, spec: Workload) -> Workload:
-        """A pending MIG pod goes only where the cycle's MIG state has room for its profile
-        (``LiveRoom`` around the adapter's constraint)."""
-        if not any(r.mig is not None for r in spec.pods):
-            return spec
-        constraints = []
-        for i, r in enumerate(spec.pods):
-            c = spec.constraint_of(i)
-            constraints.append(c if r.mig is None or spec.placement_of(i) is not None
-                               else LiveRoom(c, r.mig, self.mig))
-        return replace(spec, constraints=tuple(constraints))
-
-    def _mig_room_possible(self, request: ResourceRequest, constraint: NodeConstraint) -> bool:
-        """A MIG pod with no room anywhere now may get it by eviction: on a node its
-        constraint allows but for room, with a MIG GPU that has the profile."""
-        if request.mig is None:
-            return False
-        base = without_room(constraint)
-        for node, gpus in self.mig.nodes.items():
-            if base is not None and not base.allows(self.state.by_name[node].node):
-                continue
-            if any(profile_of(g.model, request.mig) is not None for g in gpus):
-                return True
-        return False
-
-    def _never_fits(self, ws: WorkloadState) -> str | None:
-        for i in ws.unplaced()[: max(ws.required(), 1)]:
-            request = ws.spec.pods[i]
-            constraint = ws.spec.constraint_of(i)
-            if constraint is not None and not any(self.placer.static(constraint)[0]) \
-                    and not self._mig_room_possible(request, constraint):
-                refused = constraint.refusals(self.nodes)
-                return f"0/{len(self.nodes)} nodes are available: {refused or 'no node is allowed'}"
-            why = self.never.why(request)
-            if why is not None:
-                return why
-        return None

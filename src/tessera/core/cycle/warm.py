@@ -1,0 +1,121 @@
+"""A session kept between cycles: each cycle applies only what changed in the snapshot.
+
+Building a session from scratch puts every running pod on its node (checking that it fits),
+counts quota, and scores every node again for every request shape: at 5,000 nodes and 50,000
+running workloads that is most of a cycle's setup. Between two cycles little changes (the last
+plan's bindings and evictions, some arrivals and finishes), so ``WarmCycle`` keeps the session:
+
+- the cycle runs as one outer statement that is discarded once the plan is built, which puts
+  the cluster state, the workloads and the quota ledger back to the snapshot as it was;
+- the next snapshot is compared with the last one by workload (the same object, or an equal
+  one, is unchanged): a workload gone or changed leaves the cluster state, a new or changed one
+  enters it, running pods checked as a new session checks them;
+- ``Session.begin`` then starts the cycle: quota counted again from the kept per-pod amounts in
+  workload id order (float sums in the same order as a new session's, so the numbers are
+  equal to the last bit), the pending list, the never-fits reasons and the fair shares;
+- the placer is kept: its per-request node rankings rescore only the nodes whose state changed
+  (``ClusterState.subscribe``), and its score memo stays valid (keyed by node state).
+
+A change to the nodes, the projects, the MIG layout or the configuration, a randomised
+placement policy, or a snapshot the session refuses builds a new session (and raises what
+``run_cycle`` raises). The plan is the one ``run_cycle`` gives for the same snapshot: a
+property test applies random changes and compares (tests/core/cycle/test_warm.py).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from tessera.core.placement.policies import make_policy
+from tessera.core.workloads import Workload
+
+from .run import check_config, run_session
+from .session import Session
+from .types import CycleConfig, Plan, Snapshot
+from .validation import validate_workload
+
+
+class WarmCycle:
+    """``run(snapshot)`` gives ``run_cycle(snapshot, config)``'s plan, keeping its session."""
+
+    def __init__(self, config: CycleConfig | None = None) -> None:
+        self.config = check_config(config)
+        self._session: Session | None = None
+        self._last: Snapshot | None = None
+        self._specs: dict[str, Workload] = {}
+        self.warm = False
+        """Whether the last ``run`` reused the session (False: built from scratch)."""
+        self._randomised = make_policy(self.config.policy, random.Random(0)).randomised
+
+    def run(self, snapshot: Snapshot) -> Plan:
+        started = time.perf_counter()
+        session = self._update(snapshot)
+        self.warm = session is not None
+        if session is None:
+            self.close()
+            session = Session(snapshot, self.config)
+        self._session, self._last = session, snapshot
+        self._specs = {w.id: w for w in snapshot.workloads}
+        try:
+            return run_session(session, started, keep=not self._randomised)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if self._randomised:
+                self.close()
+
+    def close(self) -> None:
+        """Forget the kept session (the next cycle builds a new one)."""
+        if self._session is not None:
+            self._session.placer.close()
+        self._session, self._last, self._specs = None, None, {}
+
+    def _update(self, snapshot: Snapshot) -> Session | None:
+        """The kept session with ``snapshot``'s changes applied and ``begin`` called, or None
+        where a new session must be built."""
+        session, last = self._session, self._last
+        if session is None or last is None or not _same_frame(last, snapshot):
+            return None
+        try:
+            return _apply(session, self._specs, snapshot)
+        except Exception:
+            # Half-applied: drop it; a new session gives the error (or the plan) run_cycle does.
+            self.close()
+            return None
+
+
+def _same_frame(last: Snapshot, snapshot: Snapshot) -> bool:
+    """Nodes, projects and MIG layout unchanged (compared by identity first, then value)."""
+    return (_same(last.nodes, snapshot.nodes) and _same(last.projects, snapshot.projects)
+            and (last.mig is snapshot.mig or last.mig == snapshot.mig))
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return a is b or (len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True)))
+
+
+def _apply(session: Session, specs: dict[str, Workload], snapshot: Snapshot) -> Session | None:
+    new: dict[str, Workload] = {}
+    for w in snapshot.workloads:
+        if w.id in new:
+            return None  # duplicate ids: the new session names the field
+        new[w.id] = w
+    gone = [wid for wid, old in specs.items() if wid not in new or not _unchanged(old, new[wid])]
+    added = [w for wid, w in new.items() if wid not in specs or not _unchanged(specs[wid], w)]
+    for w in added:
+        validate_workload(w, session.tree)
+    for wid in gone:
+        session.remove_workload(wid)
+    for w in added:
+        session.add_workload(w)
+    if added:
+        workloads = session.workloads
+        session.workloads = {wid: workloads[wid] for wid in sorted(workloads)}
+    session.begin(snapshot)
+    return session
+
+
+def _unchanged(old: Workload, new: Workload) -> bool:
+    return old is new or old == new
