@@ -32,7 +32,7 @@ from typing import Any
 
 from lightkube import AsyncClient
 
-from tessera.core.cycle import Plan, run_cycle
+from tessera.core.cycle import Plan, WarmCycle
 from tessera.core.errors import InvalidRequest
 from tessera.core.usage_history import UsageHistory
 from tessera.kube import metrics, scheduler_main
@@ -87,6 +87,8 @@ class KubeScheduler:
                                     opts.fair_share_history_save_every)
         self.history_store = HistoryConfigMap(client, opts.system_namespace, self.history)
         self.cycles = 0
+        self.warm = WarmCycle()
+        """The session kept between cycles (tessera.core.cycle.warm): same plans as run_cycle."""
         self.last_cycle_seconds = 0.0
 
     @property
@@ -176,7 +178,7 @@ class KubeScheduler:
             self._spawn(self.history_store.after_cycle(snapshot.now))
         config = self.parts.opts.cycle_config(bool(inflight.evicting))
         try:
-            plan = await asyncio.to_thread(run_cycle, snapshot, config)
+            plan = await asyncio.to_thread(self.warm.run, snapshot, config)
         except InvalidRequest as exc:
             log.error("cycle refused the snapshot: %s", exc)
             ctx.conflicts = self.conflicts.lasting(find_conflicts(snapshot, ctx, self.pods))

@@ -3,7 +3,8 @@ core's cycle over them.
 
 This is the only translation embedded mode makes: a stored ``Workload`` becomes a
 ``tessera.core.cycle.Workload`` (its running pods' placements included) and the ``Plan`` that
-``run_cycle`` returns is applied as it is by the control loop, as the Kubernetes adapter does.
+``WarmCycle.run`` returns (``run_cycle``'s plan, with the session kept between cycles) is
+applied as it is by the control loop, as the Kubernetes adapter does.
 Consolidation is left out of the actions because it moves running pods, which a local process
 cannot do.
 """
@@ -24,8 +25,8 @@ from tessera.core.cycle import (
     Quota,
     Snapshot,
     Waiting,
+    WarmCycle,
     Workload,
-    run_cycle,
 )
 from tessera.core.mig import MigGpu
 from tessera.core.model import GpuRequest, Node, ResourceRequest
@@ -121,6 +122,8 @@ class LocalCycle:
         if self.kept is not None:
             self.kept.load()
         self.config = CycleConfig(actions=ACTIONS, policy=policy, usage=self.history.policy)
+        self.warm = WarmCycle(self.config)
+        """The session kept between cycles (tessera.core.cycle.warm): same plans as run_cycle."""
         self.statuses: dict[str, ProjectStatus] = {}
         """Each project's status after the last cycle (fair share, of which from usage history)."""
         self.tree: Callable[[tuple[Project, ...]], tuple[Project, ...]] = (
@@ -134,7 +137,7 @@ class LocalCycle:
         """``mig``: the machine's GPUs in MIG mode and their partitions (``Snapshot.mig``)."""
         snapshot = Snapshot(tuple(nodes), self.tree(tuple(core_project(p) for p in projects)),
                             tuple(workloads), now, dict(mig or {}))
-        plan = run_cycle(self.history.apply(snapshot), self.config)
+        plan = self.warm.run(self.history.apply(snapshot), self.config)
         self.statuses = dict(plan.projects)
         if self.kept is not None:
             self.kept.save(now)

@@ -5,6 +5,9 @@ Adapters (embedded mode, Kubernetes) call ``run_cycle(snapshot, config) -> Plan`
     from tessera.core.cycle import CycleConfig, Snapshot, run_cycle
     plan = run_cycle(Snapshot(nodes, projects, workloads, now), CycleConfig())
 
+or keep a ``WarmCycle(config)`` and call its ``run(snapshot)`` every cycle: the same plans, with
+the session kept between cycles and only the snapshot's changes applied (``cycle.warm``).
+
 then apply ``plan.evictions`` and ``plan.moves`` before starting ``plan.bindings`` (a binding's
 ``after_evictions`` names the evictions it waits for), and show ``plan.waiting`` to users.
 Actions run in ``config.actions`` order; see docs/scheduling.md. To refuse bad input at
@@ -26,6 +29,7 @@ from tessera.core.cycle.types import (
     Waiting,
 )
 from tessera.core.cycle.validation import validate_workload
+from tessera.core.cycle.warm import WarmCycle
 from tessera.core.projects import Project, ProjectTree, Quota
 from tessera.core.workloads import PRIORITY_CLASSES, Workload
 
@@ -44,6 +48,7 @@ __all__ = [
     "Quota",
     "Snapshot",
     "Waiting",
+    "WarmCycle",
     "Workload",
     "run_cycle",
     "validate_workload",

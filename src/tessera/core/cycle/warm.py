@@ -37,7 +37,8 @@ from .validation import validate_workload
 
 
 class WarmCycle:
-    """``run(snapshot)`` gives ``run_cycle(snapshot, config)``'s plan, keeping its session."""
+    """``run(snapshot)`` gives ``run_cycle(snapshot, config)``'s plan, keeping its session.
+    One cycle at a time (adapters run their cycles one after another)."""
 
     def __init__(self, config: CycleConfig | None = None) -> None:
         self.config = check_config(config)
@@ -46,10 +47,14 @@ class WarmCycle:
         self._specs: dict[str, Workload] = {}
         self.warm = False
         """Whether the last ``run`` reused the session (False: built from scratch)."""
-        self._randomised = make_policy(self.config.policy, random.Random(0)).randomised
 
-    def run(self, snapshot: Snapshot) -> Plan:
+    def run(self, snapshot: Snapshot, config: CycleConfig | None = None) -> Plan:
+        """``config``: this cycle's (default: the one given at construction); a change
+        builds a new session."""
         started = time.perf_counter()
+        if config is not None and config != self.config:
+            self.close()
+            self.config = check_config(config)
         session = self._update(snapshot)
         self.warm = session is not None
         if session is None:
@@ -57,13 +62,14 @@ class WarmCycle:
             session = Session(snapshot, self.config)
         self._session, self._last = session, snapshot
         self._specs = {w.id: w for w in snapshot.workloads}
+        randomised = make_policy(self.config.policy, random.Random(0)).randomised
         try:
-            return run_session(session, started, keep=not self._randomised)
+            return run_session(session, started, keep=not randomised)
         except BaseException:
             self.close()
             raise
         finally:
-            if self._randomised:
+            if randomised:
                 self.close()
 
     def close(self) -> None:
