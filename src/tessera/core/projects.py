@@ -155,6 +155,8 @@ class ProjectTree:
                 seen.append(parent)
                 parent = by_name[parent].parent
         self.projects: Mapping[str, Project] = by_name
+        self._min_runtimes: dict[tuple[str, str, float], float] = {}
+        """Asked for every victim candidate of every cycle: answered once per project."""
         self.order: tuple[str, ...] = tuple(sorted(by_name))
         children: dict[str | None, list[str]] = {}
         for name in self.order:
@@ -219,8 +221,14 @@ class ProjectTree:
 
     def min_runtime(self, name: str, kind: str, default: float) -> float:
         """``kind`` is ``preempt`` or ``reclaim``; inherited from the nearest ancestor that sets it."""
-        for p in self.chain(name):
-            value: float | None = getattr(self.projects[p], f"{kind}_min_runtime")
-            if value is not None:
-                return float(value)
-        return default
+        key = (name, kind, default)
+        found = self._min_runtimes.get(key)
+        if found is None:
+            found = default
+            for p in self.chain(name):
+                value: float | None = getattr(self.projects[p], f"{kind}_min_runtime")
+                if value is not None:
+                    found = float(value)
+                    break
+            self._min_runtimes[key] = found
+        return found

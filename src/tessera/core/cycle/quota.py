@@ -55,6 +55,9 @@ class QuotaLedger:
         descendants' workloads too)."""
         self.alloc_np: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in tree.order}
         """The same for non-preemptible workloads only (they must fit in deserved quota)."""
+        self.epoch: dict[str, int] = {p: 0 for p in tree.order}
+        """Per top-level project: bumped whenever something under it is accounted, so a fair
+        order key of a project under it is known fresh without computing it again."""
         self.deserved: dict[str, Vector] = {
             name: (p.gpu.deserved_amount, p.quota(Resource.CPU).deserved_amount,
                    p.quota(Resource.MEMORY).deserved_amount)
@@ -120,6 +123,7 @@ class QuotaLedger:
             assert old is not None
             v = old
             ws.pod_vectors[pod] = None
+        self.epoch[ws.chain[-1]] += 1
         targets = [self.alloc] if ws.preemptible else [self.alloc, self.alloc_np]
         for table in targets:
             for name in ws.chain:
@@ -230,18 +234,23 @@ class QuotaLedger:
         per: dict[str, deque[WorkloadState]] = {}
         for ws in sorted(workloads, key=lambda w: (-w.priority, w.spec.created_at, w.id)):
             per.setdefault(ws.project, deque()).append(ws)
-        heap = [(self.project_key(p), p) for p in sorted(per)]
+        # An entry's key is fresh while nothing under its top-level project was accounted since
+        # it was computed (``epoch``); only then is it computed again (lazily, at the top).
+        epoch = self.epoch
+        top = {p: self.tree.chain(p)[-1] for p in per}
+        heap = [(self.project_key(p), p, epoch[top[p]]) for p in sorted(per)]
         heapq.heapify(heap)
         while heap:
-            key, p = heapq.heappop(heap)
-            fresh = self.project_key(p)
-            if fresh != key:
-                heapq.heappush(heap, (fresh, p))
-                continue
+            key, p, seen = heapq.heappop(heap)
+            if epoch[top[p]] != seen:
+                fresh = self.project_key(p)
+                if fresh != key:
+                    heapq.heappush(heap, (fresh, p, epoch[top[p]]))
+                    continue
             queue = per[p]
             yield queue.popleft()
             if queue:
-                heapq.heappush(heap, (self.project_key(p), p))
+                heapq.heappush(heap, (self.project_key(p), p, epoch[top[p]]))
 
     def within(self, chain: Sequence[str], caps: dict[str, Vector] | None) -> bool:
         """Every project of ``chain`` is within its limit (and ``caps`` where given)."""
