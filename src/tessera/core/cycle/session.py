@@ -143,7 +143,7 @@ class Session:
         self.moved = set()
         self.quota.recount(self.workloads.values())
         capacity = self.never.capacity(self.mig.gpu_count())
-        self.pending = [ws for ws in self.workloads.values() if ws.unplaced()]
+        self.pending = [ws for ws in self.workloads.values() if None in ws.placements]
         for ws in self.pending:
             why = self.never.gang(ws, self.placer, self.mig)
             if why is not None:
@@ -394,8 +394,13 @@ class Session:
 
     def protected(self, ws: WorkloadState, kind: str) -> bool:
         """Minimum runtime: a workload that started less than that long ago is not evicted."""
-        default = self.config.preempt_min_runtime if kind == "preempt" else self.config.reclaim_min_runtime
-        minimum = self.tree.min_runtime(ws.project, kind, default)
+        minimums = ws.min_runtimes
+        if minimums is None:  # per workload, kept while the session is (tree and config fixed)
+            config = self.config
+            minimums = ws.min_runtimes = (
+                self.tree.min_runtime(ws.project, "preempt", config.preempt_min_runtime),
+                self.tree.min_runtime(ws.project, "reclaim", config.reclaim_min_runtime))
+        minimum = minimums[0] if kind == "preempt" else minimums[1]
         started = ws.spec.started_at
         return minimum > 0 and started is not None and self.now - started < minimum
 

@@ -32,6 +32,7 @@ class WorkloadState:
         "chain",
         "evicted",
         "id",
+        "min_runtimes",
         "placements",
         "pod_vectors",
         "preemptible",
@@ -55,6 +56,8 @@ class WorkloadState:
         self.evicted = False
         self.bound: list[int] = []
         self._vector: Vector | None = None
+        self.min_runtimes: tuple[float, float] | None = None
+        """Its project's preempt and reclaim minimum runtimes (``Session.protected``)."""
 
     def unplaced(self) -> list[int]:
         return [i for i, p in enumerate(self.placements) if p is None]
