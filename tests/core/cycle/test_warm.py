@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from tessera.bench import cycle as bench
 from tessera.bench.changes import advance
-from tessera.core.cycle import CycleConfig, Plan, Quota, Snapshot, run_cycle
+from tessera.core.cycle import CycleConfig, Plan, Quota, Snapshot, Workload, run_cycle
 from tessera.core.cycle.warm import WarmCycle
 from tessera.core.errors import InvalidRequest
-from tessera.core.model import GpuDevice, Node
+from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
 from tessera.core.units import GiB
 from tests.core.cycle.strategies import PROPERTY, snapshots
 
@@ -85,3 +85,55 @@ def test_a_refused_snapshot_raises_as_run_cycle_does_and_the_next_one_runs() -> 
         run_cycle(bad)
     assert warm_error.value.field == cold_error.value.field
     assert warm.run(snap) == run_cycle(snap)
+
+
+class _Cordoned:
+    """Like the Kubernetes adapter's constraint: equal for equal pods, answering from this
+    cycle's view of the cluster (here: the set of cordoned nodes)."""
+
+    dynamic = False
+
+    def __init__(self, cordoned: frozenset[str]) -> None:
+        self.cordoned = cordoned
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Cordoned)
+
+    def __hash__(self) -> int:
+        return 1
+
+    def allows(self, node: Node) -> bool:
+        return node.name not in self.cordoned
+
+    def score(self, node: Node) -> float:
+        return 0.0
+
+    def admits(self, node: Node, placed: object) -> bool:
+        return True
+
+    def refusals(self, nodes: tuple[Node, ...]) -> str:
+        n = sum(1 for x in nodes if x.name in self.cordoned)
+        return f"{n} node(s) were unschedulable" if n else ""
+
+
+def test_a_constraint_that_compares_equal_but_answers_from_a_new_view_is_asked_again() -> None:
+    """A node cordoned between two cycles: the pending pod's constraint equals last cycle's,
+    but the warm session must not keep the old answer (the placer's per-constraint caches
+    are dropped, and such a workload is new unless it is the same object)."""
+    snap = bench.build(nodes=4, running=0, pending=0, seed=2)
+    request = snap.workloads[0].pods[0] if snap.workloads else None
+    from tessera.core.cycle import Workload
+    request = ResourceRequest(GpuRequest.whole(1), 1000, GiB)
+
+    def pending(cordoned: frozenset[str]) -> Workload:
+        return Workload("w", "team-01", (request,), constraints=(_Cordoned(cordoned),))
+
+    first = replace(snap, workloads=(pending(frozenset({"node-0001", "node-0002", "node-0003"})),))
+    warm = WarmCycle()
+    plan = warm.run(first)
+    assert plan.bindings[0].pods[0].placement.node == "node-0000"
+    # Not applied (the bind failed); meanwhile node-0000 is cordoned and the others are not.
+    second = replace(first, workloads=(pending(frozenset({"node-0000"})),), now=first.now + 1)
+    plan = warm.run(second)
+    assert warm.warm and plan == run_cycle(second)
+    assert plan.bindings[0].pods[0].placement.node != "node-0000"

@@ -14,7 +14,10 @@ plan's bindings and evictions, some arrivals and finishes), so ``WarmCycle`` kee
   workload id order (float sums in the same order as a new session's, so the numbers are
   equal to the last bit), the pending list, the never-fits reasons and the fair shares;
 - the placer is kept: its per-request node rankings rescore only the nodes whose state changed
-  (``ClusterState.subscribe``), and its score memo stays valid (keyed by node state).
+  (``ClusterState.subscribe``), and its score memo stays valid (keyed by node state). What it
+  learnt per node constraint is dropped every cycle, and a workload with constraints counts as
+  unchanged only as the same object: an adapter's constraint may compare equal to last cycle's
+  and answer from this cycle's view of the cluster (Kubernetes: a node cordoned since).
 
 A change to the nodes, the projects, the MIG layout or the configuration, a randomised
 placement policy, or a snapshot the session refuses builds a new session (and raises what
@@ -119,9 +122,13 @@ def _apply(session: Session, specs: dict[str, Workload], snapshot: Snapshot) -> 
     if added:
         workloads = session.workloads
         session.workloads = {wid: workloads[wid] for wid in sorted(workloads)}
+    session.placer.forget_constraints()
     session.begin(snapshot)
     return session
 
 
 def _unchanged(old: Workload, new: Workload) -> bool:
-    return old is new or old == new
+    """A workload with node constraints is unchanged only as the same object: a constraint
+    may compare equal to last cycle's and still answer from this cycle's view of the cluster
+    (Kubernetes predicates: a node cordoned or tainted since)."""
+    return old is new or (not new.constraints and old == new)

@@ -109,6 +109,14 @@ class Placer:
             self.state.unsubscribe(ranking.dirty)
         self._rankings.clear()
 
+    def forget_constraints(self) -> None:
+        """Drop what was learnt per ``NodeConstraint`` (static filters, preferences, rankings):
+        a kept placer's next cycle may bring constraints that compare equal to the last ones
+        but answer from that cycle's view of the cluster (a cordoned node, a new taint)."""
+        self._static.clear()
+        for key in [k for k in self._rankings if isinstance(k, tuple)]:
+            self.state.unsubscribe(self._rankings.pop(key).dirty)
+
     def _ranking(self, key: object) -> _Ranking:
         ranking = self._rankings.get(key)
         if ranking is None:
