@@ -72,7 +72,8 @@ class KubeScheduler:
                         reservation_image=opts.reservation_image, raw=raw)
         self.caches = ClusterCaches(client, self.wake, self._on_pod)
         self.inflight = InFlight()
-        self.parts = Parts(client, opts, writer, self.caches, PodView(self.caches.pods.items),
+        view = PodView(self.caches.pods.items, self.caches.pods.by)
+        self.parts = Parts(client, opts, writer, self.caches, view,
                            self.inflight, Reservations(writer, opts.uuid_timeout),
                            Reporter(writer, self._spawn, self.wake), self._spawn, self.wake)
         self.hooks = cycle_hooks(self.parts)
