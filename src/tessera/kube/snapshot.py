@@ -33,10 +33,11 @@ from tessera.kube.objects import (
     priority_class_of,
 )
 from tessera.kube.podgrouper import inferred_group, member_order
-from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod, node_facts
+from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod
 from tessera.kube.predicates.constraint import KubeConstraint, constraint_for
 from tessera.kube.predicates.spec import SchedulingSpec
 from tessera.kube.predicates.topology import Domain, TopologyRequest, choose_domain
+from tessera.kube.snapshot_facts import NodeFactsCache
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class SnapshotBuilder:
         """What the Kubernetes predicates read while the cycle runs (see tessera.kube.predicates)."""
         self._others: dict[PodKey, tuple[tuple[Any, ...], OtherPod]] = {}
         """The predicates' view of each snapshot pod, kept while the pod and its place are."""
+        self._facts = NodeFactsCache()
 
     def build(
         self,
@@ -216,7 +218,7 @@ class SnapshotBuilder:
                    namespaces: Mapping[str, Mapping[str, str]], mig: MigView) -> list[Workload]:
         """Refresh the predicates' view and give every pending pod that needs one its
         constraint (tessera.kube.predicates)."""
-        facts = nodes_facts(nodes)
+        facts = self._facts.facts(nodes)
         others: list[OtherPod] = []
         known = self._others
         fresh: dict[PodKey, tuple[tuple[Any, ...], OtherPod]] = {}
@@ -304,19 +306,6 @@ def _devices_used(workloads: list[Workload]) -> dict[str, dict[int, tuple[int, b
                 held, excl = devs.get(i, (0, False))
                 devs[i] = (held + b, excl or pl.exclusive)
     return out
-
-
-def nodes_facts(nodes: Mapping[str, NodeInfo]) -> dict[str, NodeFacts]:
-    """What the predicates know of each usable node."""
-    facts: dict[str, NodeFacts] = {}
-    for name, ni in nodes.items():
-        if ni.node is None:
-            continue
-        facts[name] = node_facts(
-            name, ni.labels, ni.taints, unschedulable=ni.unschedulable, ready=ni.ready,
-            resources=dict(ni.resources),
-            gpu_closed="" if ni.agent_ready else (ni.agent_reason or "not ready"))
-    return facts
 
 
 def foreign_others(foreign_pods: Iterable[ForeignPod | None], facts: Mapping[str, NodeFacts]) -> list[OtherPod]:
