@@ -112,6 +112,7 @@ class SnapshotBuilder:
         self._others: dict[PodKey, tuple[tuple[Any, ...], OtherPod]] = {}
         """The predicates' view of each snapshot pod, kept while the pod and its place are."""
         self._facts = NodeFactsCache()
+        self._constraints: dict[tuple[Any, ...], KubeConstraint] = {}
 
     def build(
         self,
@@ -242,6 +243,7 @@ class SnapshotBuilder:
         view.reset(facts, namespaces, others)
         any_closed = any(f.closed for f in facts.values())
         any_anti = bool(view.anti_holders())
+        kept = self._constraints  # kept across cycles, and their static answers with them
         cache: dict[tuple[Any, ...], KubeConstraint] = {}
         used: dict[str, dict[int, tuple[int, bool]]] | None = None
         out = []
@@ -273,10 +275,12 @@ class SnapshotBuilder:
                 ckey = (sp, gpu, symmetric, domain)
                 c = cache.get(ckey)
                 if c is None:
-                    c = cache[ckey] = constraint_for(sp, gpu, view, symmetric, domain)
+                    c = kept.get(ckey) or constraint_for(sp, gpu, view, symmetric, domain)
+                    cache[ckey] = c
                 cs.append(c if p.mig_profile is None else mig.constraint(c, p.mig_profile,
                                                                         p.mig_served))
             out.append(replace(w, constraints=tuple(cs)) if any(c is not None for c in cs) else w)
+        self._constraints = cache
         return out
 
 
