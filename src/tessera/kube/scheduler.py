@@ -47,6 +47,7 @@ from tessera.kube.inflight import InFlight
 from tessera.kube.janitor import Janitor
 from tessera.kube.namespace import ensure_namespace
 from tessera.kube.objects import PodInfo, PodKey
+from tessera.kube.pacing import wait_for_backlog
 from tessera.kube.parts import Options, Parts
 from tessera.kube.podview import PodView
 from tessera.kube.rawapi import RawApi
@@ -136,6 +137,7 @@ class KubeScheduler:
                     await asyncio.wait_for(self.wake.wait(), opts.period)
                 # Let events gather: the busier the cycles, the more each one should take in.
                 await asyncio.sleep(max(opts.debounce, min(1.0, 2 * self.last_cycle_seconds)))
+                await wait_for_backlog(self.inflight.tasks, opts.concurrency)  # kube/pacing.py
                 self.wake.clear()
                 await self.cycle()
                 if time.monotonic() - last_gc > GC_SECONDS:
