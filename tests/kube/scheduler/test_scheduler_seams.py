@@ -378,3 +378,19 @@ def test_a_cycle_waits_for_a_binding_backlog_to_drain_but_never_long() -> None:
     assert quick < 0.05
     assert 0.3 <= drained < 2.0
     assert 0.4 <= capped < 2.0
+
+
+def test_the_scheduler_process_raises_the_collector_thresholds() -> None:
+    """kube/gc_tuning.py, called by the process's main before the loop starts: CPython's
+    defaults made full collections most of a cycle at 16,000 pods."""
+    import gc
+
+    from tessera.kube import gc_tuning, scheduler_main
+
+    before = gc.get_threshold()
+    try:
+        assert gc_tuning.tune() == before
+        assert gc.get_threshold() == gc_tuning.THRESHOLDS == (50_000, 20, 100)
+    finally:
+        gc.set_threshold(*before)
+    assert "gc_tuning.tune()" in __import__("inspect").getsource(scheduler_main.main)
