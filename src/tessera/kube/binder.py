@@ -214,22 +214,25 @@ class Writer:
         """POST pods/<name>/binding; the Binding's annotations are written onto the pod in the
         same request, so node and recorded placement appear together."""
         annotations = {**annotations, names.PLACEMENT: placement_to_json(placement)}
-        binding = PodBinding(
-            metadata=ObjectMeta(name=pod.name, namespace=pod.namespace, annotations=annotations,
-                                uid=pod.uid or None),
-            target=ObjectReference(apiVersion="v1", kind="Node", name=placement.node),
-        )
+        meta: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace,
+                                "annotations": annotations}
+        if pod.uid:
+            meta["uid"] = pod.uid
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": placement.node}}
 
         async def op() -> None:
-            if self.raw is not None:
-                body = {"apiVersion": "v1", "kind": "Binding", **binding.to_dict()}
+            if self.raw is not None:  # the body as a plain dict: no model per binding
                 await self.raw.request(
                     "POST", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding", body)
                 return
             # lightkube 1.0.1 decodes the reply (a Status) as a Binding and fails: the binding
             # itself succeeded when the API server answered 201.
             with contextlib.suppress(msgspec.ValidationError):
-                await self.client.create(binding, pod.name, namespace=pod.namespace)
+                await self.client.create(PodBinding(
+                    metadata=ObjectMeta(**meta),
+                    target=ObjectReference(apiVersion="v1", kind="Node", name=placement.node)),
+                    pod.name, namespace=pod.namespace)
 
         def retry(exc: BaseException) -> bool:
             # 409 on a binding means "already bound": retrying cannot help.

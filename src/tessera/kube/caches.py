@@ -66,7 +66,7 @@ class ClusterCaches:
         self.pods: Informer[PodInfo] = Informer(
             client, Pod, _ns_key, pod_info, on_pod,
             fields={"spec.schedulerName": names.SCHEDULER_NAME}, name="pods",
-            same=same_for_scheduling)
+            same=same_for_scheduling, index=lambda p: p.node or None)
         self.projects: Informer[ProjectInfo] = Informer(
             client, ProjectResource, lambda o: o.metadata.name, project_info, self._on_other,
             name="projects", same=lambda a, b: (a.project, a.namespace, a.error)

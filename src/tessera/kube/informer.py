@@ -34,6 +34,7 @@ class Informer(Generic[T]):
         name: str = "",
         same: Callable[[T, T], bool] | None = None,
         optional: bool = False,
+        index: Callable[[T], Any] | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -51,19 +52,44 @@ class Informer(Generic[T]):
         counts as synced with nothing in it, listed again every minute."""
         self.items: dict[Any, T] = {}
         self.synced = asyncio.Event()
+        self.index = index
+        """``index(item)``: a value to find items by (None: not indexed), e.g. a pod's node."""
+        self.by: dict[Any, set[Any]] = {}
+        """``index`` value -> keys of the items that have it, kept with ``items``."""
+
+    def _set(self, k: Any, old: T | None, new: T | None) -> None:
+        """Stores ``new`` under ``k`` (None: deletes it), keeping ``by`` in step."""
+        if new is None:
+            self.items.pop(k, None)
+        else:
+            self.items[k] = new
+        if self.index is None:
+            return
+        was = None if old is None else self.index(old)
+        now = None if new is None else self.index(new)
+        if was == now:
+            return
+        if was is not None:
+            keys = self.by.get(was)
+            if keys is not None:
+                keys.discard(k)
+                if not keys:
+                    del self.by[was]
+        if now is not None:
+            self.by.setdefault(now, set()).add(k)
 
     def _apply(self, kind: str, obj: Any) -> None:
         k = self.key(obj)
         old = self.items.get(k)
         if kind == "DELETED":
             if k in self.items:
-                del self.items[k]
+                self._set(k, old, None)
                 self.on_change(k, old, None)
             return
         new = self.parse(obj)
         if old is not None and self.same is not None and self.same(old, new):
             return
-        self.items[k] = new
+        self._set(k, old, new)
         self.on_change(k, old, new)
 
     async def _list(self) -> str:
@@ -78,11 +104,12 @@ class Informer(Generic[T]):
             seen[self.key(obj)] = self.parse(obj)
         rv = it.resourceVersion
         for k in [k for k in self.items if k not in seen]:
-            gone = self.items.pop(k)
+            gone = self.items[k]
+            self._set(k, gone, None)
             self.on_change(k, gone, None)
         for k, v in seen.items():
             old = self.items.get(k)
-            self.items[k] = v
+            self._set(k, old, v)
             self.on_change(k, old, v)
         return rv
 

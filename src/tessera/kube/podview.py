@@ -25,9 +25,13 @@ Overlay = dict[PodKey, dict[str, Any]]
 class PodView(Mapping[PodKey, PodInfo]):
     """A live mapping (events between cycles show through) of the cache under the overlays."""
 
-    def __init__(self, source: dict[PodKey, PodInfo]) -> None:
+    def __init__(self, source: dict[PodKey, PodInfo],
+                 by_node: Mapping[str, set[PodKey]] | None = None) -> None:
         self.source = source
         """The informer's cache, as parsed (never written here)."""
+        self.by_node = by_node
+        """The informer's index: node -> keys of the pods bound there (None: none kept, every
+        ``on_node`` scans the cache)."""
         self.layers: dict[str, dict[PodKey, tuple[PodInfo, PodInfo]]] = {}
         """Hook name -> pod key -> (the pod below the layer, the pod derived from it)."""
         self.derived = 0
@@ -70,6 +74,19 @@ class PodView(Mapping[PodKey, PodInfo]):
         if not self.derived:
             return self.source.items()
         return [(k, self._through(k, p)) for k, p in self.source.items()]
+
+    def on_node(self, node: str) -> list[tuple[PodKey, PodInfo]]:
+        """The pods bound to ``node`` (a hook's overlay never moves a pod), found through the
+        informer's index: what a binding asks costs the pods of one node, not of the cluster
+        (a scan per binding made 16,000 bindings at 2,000 nodes quadratic)."""
+        if self.by_node is None:
+            return [(k, p) for k, p in self.items() if p.node == node]
+        out = []
+        for key in self.by_node.get(node, ()):
+            pod = self.get(key)
+            if pod is not None and pod.node == node:
+                out.append((key, pod))
+        return out
 
     def below(self, name: str, key: PodKey) -> PodInfo | None:
         """The pod as the layers before hook ``name`` show it (what that hook derives from)."""

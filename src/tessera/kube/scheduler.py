@@ -47,6 +47,7 @@ from tessera.kube.inflight import InFlight
 from tessera.kube.janitor import Janitor
 from tessera.kube.namespace import ensure_namespace
 from tessera.kube.objects import PodInfo, PodKey
+from tessera.kube.pacing import wait_for_backlog
 from tessera.kube.parts import Options, Parts
 from tessera.kube.podview import PodView
 from tessera.kube.rawapi import RawApi
@@ -72,7 +73,8 @@ class KubeScheduler:
                         reservation_image=opts.reservation_image, raw=raw)
         self.caches = ClusterCaches(client, self.wake, self._on_pod)
         self.inflight = InFlight()
-        self.parts = Parts(client, opts, writer, self.caches, PodView(self.caches.pods.items),
+        view = PodView(self.caches.pods.items, self.caches.pods.by)
+        self.parts = Parts(client, opts, writer, self.caches, view,
                            self.inflight, Reservations(writer, opts.uuid_timeout),
                            Reporter(writer, self._spawn, self.wake), self._spawn, self.wake)
         self.hooks = cycle_hooks(self.parts)
@@ -137,6 +139,7 @@ class KubeScheduler:
                     await asyncio.wait_for(self.wake.wait(), opts.period)
                 # Let events gather: the busier the cycles, the more each one should take in.
                 await asyncio.sleep(max(opts.debounce, min(1.0, 2 * self.last_cycle_seconds)))
+                await wait_for_backlog(self.inflight.tasks, opts.concurrency)  # kube/pacing.py
                 self.wake.clear()
                 await self.cycle()
                 if time.monotonic() - last_gc > GC_SECONDS:

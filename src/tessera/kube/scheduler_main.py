@@ -21,7 +21,7 @@ from lightkube import AsyncClient, KubeConfig
 from tessera.api.fair_share_flags import add_history_flags, history_from_args
 from tessera.core.errors import InvalidRequest
 from tessera.core.placement import DEFAULT_POLICY, POLICIES
-from tessera.kube import names
+from tessera.kube import gc_tuning, names
 from tessera.kube.health import start_health_server
 from tessera.kube.leader import LeaderElector, LostLeadership
 from tessera.kube.namespace import ensure_namespace
@@ -171,4 +171,5 @@ def main(make: MakeLoop, argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    gc_tuning.tune()  # collections were most of a cycle at 16,000 pods (kube/gc_tuning.py)
     return asyncio.run(_main(args, make))

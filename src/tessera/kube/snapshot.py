@@ -33,10 +33,11 @@ from tessera.kube.objects import (
     priority_class_of,
 )
 from tessera.kube.podgrouper import inferred_group, member_order
-from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod, node_facts
+from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod
 from tessera.kube.predicates.constraint import KubeConstraint, constraint_for
 from tessera.kube.predicates.spec import SchedulingSpec
 from tessera.kube.predicates.topology import Domain, TopologyRequest, choose_domain
+from tessera.kube.snapshot_facts import NodeFactsCache
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ class SnapshotBuilder:
         """What the Kubernetes predicates read while the cycle runs (see tessera.kube.predicates)."""
         self._others: dict[PodKey, tuple[tuple[Any, ...], OtherPod]] = {}
         """The predicates' view of each snapshot pod, kept while the pod and its place are."""
+        self._facts = NodeFactsCache()
+        self._constraints: dict[tuple[Any, ...], KubeConstraint] = {}
 
     def build(
         self,
@@ -216,7 +219,7 @@ class SnapshotBuilder:
                    namespaces: Mapping[str, Mapping[str, str]], mig: MigView) -> list[Workload]:
         """Refresh the predicates' view and give every pending pod that needs one its
         constraint (tessera.kube.predicates)."""
-        facts = nodes_facts(nodes)
+        facts = self._facts.facts(nodes)
         others: list[OtherPod] = []
         known = self._others
         fresh: dict[PodKey, tuple[tuple[Any, ...], OtherPod]] = {}
@@ -240,6 +243,7 @@ class SnapshotBuilder:
         view.reset(facts, namespaces, others)
         any_closed = any(f.closed for f in facts.values())
         any_anti = bool(view.anti_holders())
+        kept = self._constraints  # kept across cycles, and their static answers with them
         cache: dict[tuple[Any, ...], KubeConstraint] = {}
         used: dict[str, dict[int, tuple[int, bool]]] | None = None
         out = []
@@ -271,10 +275,12 @@ class SnapshotBuilder:
                 ckey = (sp, gpu, symmetric, domain)
                 c = cache.get(ckey)
                 if c is None:
-                    c = cache[ckey] = constraint_for(sp, gpu, view, symmetric, domain)
+                    c = kept.get(ckey) or constraint_for(sp, gpu, view, symmetric, domain)
+                    cache[ckey] = c
                 cs.append(c if p.mig_profile is None else mig.constraint(c, p.mig_profile,
                                                                         p.mig_served))
             out.append(replace(w, constraints=tuple(cs)) if any(c is not None for c in cs) else w)
+        self._constraints = cache
         return out
 
 
@@ -304,19 +310,6 @@ def _devices_used(workloads: list[Workload]) -> dict[str, dict[int, tuple[int, b
                 held, excl = devs.get(i, (0, False))
                 devs[i] = (held + b, excl or pl.exclusive)
     return out
-
-
-def nodes_facts(nodes: Mapping[str, NodeInfo]) -> dict[str, NodeFacts]:
-    """What the predicates know of each usable node."""
-    facts: dict[str, NodeFacts] = {}
-    for name, ni in nodes.items():
-        if ni.node is None:
-            continue
-        facts[name] = node_facts(
-            name, ni.labels, ni.taints, unschedulable=ni.unschedulable, ready=ni.ready,
-            resources=dict(ni.resources),
-            gpu_closed="" if ni.agent_ready else (ni.agent_reason or "not ready"))
-    return facts
 
 
 def foreign_others(foreign_pods: Iterable[ForeignPod | None], facts: Mapping[str, NodeFacts]) -> list[OtherPod]:

@@ -36,7 +36,8 @@ from tessera.kube.objects import foreign_pod, node_info, pod_info
 from tessera.kube.predicates.cluster import ClusterView
 from tessera.kube.predicates.constraint import constraint_for
 from tessera.kube.predicates.spec import SchedulingSpec
-from tessera.kube.snapshot import foreign_others, nodes_facts
+from tessera.kube.snapshot import foreign_others
+from tessera.kube.snapshot_facts import nodes_facts
 from tessera.testing import binaries
 from tessera.testing.cluster import TestCluster
 

@@ -197,10 +197,15 @@ class KubeletDouble:
         from lightkube.resources.core_v1 import Node
         from lightkube.types import PatchType
 
-        for name in self.nodes:
-            await self.client.patch(Node, name, {"metadata": {"annotations": {
-                "tessera.io/node-ready": "true",
-                "tessera.io/node-ready-reason": ""}}}, patch_type=PatchType.MERGE)
+        todo = iter(self.nodes)
+
+        async def worker() -> None:  # 16 at a time: one by one took minutes at 2,000 nodes
+            for name in todo:
+                await self.client.patch(Node, name, {"metadata": {"annotations": {
+                    "tessera.io/node-ready": "true",
+                    "tessera.io/node-ready-reason": ""}}}, patch_type=PatchType.MERGE)
+
+        await asyncio.gather(*(worker() for _ in range(16)))
 
     async def watch(self) -> None:
         while True:

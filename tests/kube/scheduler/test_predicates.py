@@ -374,3 +374,22 @@ def test_required_domain_filters_and_preferred_scores() -> None:
     soft = constraint_for(None, True, view, domain=topo.Domain(req.key, "r2", False, "rack", topo.PREFERRED))
     assert all(soft.allows(Node(n.name)) for n in nodes)
     assert soft.score(Node("b")) > soft.score(Node("a"))
+
+
+def test_static_answers_kept_across_cycles_only_while_node_facts_and_filters_are_the_same() -> None:
+    """A constraint kept between cycles (the snapshot keeps one per distinct pod spec) answers
+    ``allows`` from its memo while the node's facts are the same object; a node whose facts
+    changed (relabelled, now tainted or cordoned: a new NodeFacts) is asked again, and a cluster
+    that newly needs another filter (a cordon anywhere) asks every node again."""
+    a, b = node("a", {"disktype": "ssd"}), node("b")
+    view = ClusterView()
+    view.reset({"a": a, "b": b}, {}, [])
+    c = constraint_for(scheduling_spec("default", {}, {"nodeSelector": {"disktype": "ssd"}}),
+                       False, view)
+    na, nb = Node("a"), Node("b")
+    assert (c.allows(na), c.allows(nb)) == (True, False)
+    view.reset({"a": a, "b": node("b", {"disktype": "ssd"})}, {}, [])  # next cycle: b relabelled
+    assert (c.allows(na), c.allows(nb)) == (True, True)
+    view.reset({"a": node("a", {"disktype": "ssd"}, unschedulable=True),
+                "b": node("b", {"disktype": "ssd"})}, {}, [])  # a cordoned: one filter more
+    assert (c.allows(na), c.allows(nb)) == (False, True)

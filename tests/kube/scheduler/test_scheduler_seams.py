@@ -355,3 +355,42 @@ async def test_gang_barrier_releases_all_or_aborts_all() -> None:
     assert not bad.passed
     ok.fail("too late")  # past the barrier: no effect
     assert ok.passed
+
+
+def test_a_cycle_waits_for_a_binding_backlog_to_drain_but_never_long() -> None:
+    """kube/pacing.py: with more bindings in flight than 4 per write slot the next cycle waits
+    until they drain, and no longer than its bound when they do not."""
+    from tessera.kube.pacing import wait_for_backlog
+
+    async def go() -> tuple[float, float, float]:
+        backlog = dict.fromkeys(range(10))
+        quick = await wait_for_backlog(backlog, slots=4)  # 10 <= 16: no wait
+
+        async def drain() -> None:
+            await asyncio.sleep(0.3)
+            backlog.clear()
+        backlog.update(dict.fromkeys(range(100)))
+        drained, _ = await asyncio.gather(wait_for_backlog(backlog, slots=4, wait=5.0), drain())
+        backlog.update(dict.fromkeys(range(100)))
+        capped = await wait_for_backlog(backlog, slots=4, wait=0.4)
+        return quick, drained, capped
+    quick, drained, capped = asyncio.run(go())
+    assert quick < 0.05
+    assert 0.3 <= drained < 2.0
+    assert 0.4 <= capped < 2.0
+
+
+def test_the_scheduler_process_raises_the_collector_thresholds() -> None:
+    """kube/gc_tuning.py, called by the process's main before the loop starts: CPython's
+    defaults made full collections most of a cycle at 16,000 pods."""
+    import gc
+
+    from tessera.kube import gc_tuning, scheduler_main
+
+    before = gc.get_threshold()
+    try:
+        assert gc_tuning.tune() == before
+        assert gc.get_threshold() == gc_tuning.THRESHOLDS == (50_000, 20, 100)
+    finally:
+        gc.set_threshold(*before)
+    assert "gc_tuning.tune()" in __import__("inspect").getsource(scheduler_main.main)

@@ -60,7 +60,7 @@ class DevicesFree(BindStep):
             pod = self.parts.pods.get(ctx.key)
             if pod is None or pod.node:
                 raise Abandon
-            held = holders(self.parts.pods.items(), ctx.key, node, devices)
+            held = holders(self.parts.pods.on_node(node), ctx.key, node, devices)
             if not held:
                 ctx.pod = pod
                 return

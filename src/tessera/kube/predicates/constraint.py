@@ -61,6 +61,12 @@ class KubeConstraint:
         init=False, compare=False, default=None, repr=False)
 
     _hash: int = field(init=False, compare=False, default=0, repr=False)
+    _allowed: dict[str, tuple[NodeFacts, tuple[StaticFilter, ...], bool]] = field(
+        init=False, compare=False, default_factory=dict, repr=False)
+    """Node -> (its facts, the filters asked, the answer): the static filters read only the pod
+    and the node's facts, so while both are the same objects the answer stands, across cycles
+    too (the snapshot keeps one constraint per distinct pod spec and one NodeFacts per unchanged
+    node; 60 constraints × 2,000 nodes asked every cycle were a quarter of a cycle)."""
 
     def __post_init__(self) -> None:
         self.dynamic = self.symmetric or self.pod.spec.dynamic
@@ -126,7 +132,12 @@ class KubeConstraint:
         if not filters:
             return True
         facts = self._facts(node)
-        return all(f(self.pod, facts) is None for f in filters)
+        got = self._allowed.get(node.name)
+        if got is not None and got[0] is facts and got[1] == filters:
+            return got[2]
+        ok = all(f(self.pod, facts) is None for f in filters)
+        self._allowed[node.name] = (facts, filters, ok)
+        return ok
 
     def admits(self, node: Node, placed: PlacedPods) -> bool:
         return self.dynamic_reason(self._facts(node), placed) is None
