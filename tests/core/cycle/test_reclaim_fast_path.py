@@ -1,11 +1,13 @@
 """Reclaim's shortcuts decide nothing: the same plan with and without them.
 
-``cheapest_node`` handles a node where the search may take no victim without asking per victim
-(``takes_up_to``), and memoises per node what freeing the victims left there would give
-(``_room_with``). Both must leave every decision as the per-victim scan makes it, including the
-scan's side effects (pruned nodes, no-room marks, the scan limit's count), so the plans of
-whole cycles on seeded synthetic clusters (the ``bench.cycle`` mix: fractions, memory requests,
-whole GPUs, gangs, over- and under-quota projects) must be equal, with each shortcut taken.
+``cheapest_node`` visits only the nodes the candidate lists offer (``TakeableNodes``: those
+holding a victim of a size the search may take), skips nodes marked as having no room for the
+request even with every victim gone, and memoises per node state what they would have free
+then (``NodeIndex.no_room_even_empty``). Each must leave every decision as the full scan makes
+it (every node of the index, asking ``allow`` per victim, the room worked out afresh and
+nothing marked), so the plans of whole cycles on seeded synthetic clusters (the
+``bench.cycle`` mix: fractions, memory requests, whole GPUs, gangs, over- and under-quota
+projects) must be equal, with each shortcut taken.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 import tessera.core.cycle.actions.preempt as preempt
+import tessera.core.cycle.takeable as takeable
 import tessera.core.cycle.victims as victims
 from tessera.bench.cycle import build
 from tessera.core.cycle import CycleConfig, Plan, Snapshot, run_cycle
@@ -41,42 +44,51 @@ def _plan(snapshot: Snapshot) -> Plan:
     return run_cycle(snapshot, CONFIG)
 
 
-def test_no_take_shortcut_and_room_memo_leave_the_plan_as_the_full_scan(
+def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
         snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
     original_scan = victims.cheapest_node
-    original_room = victims._room_with
-    used = {"shortcut": 0, "memo_hits": 0}
+    original_room = victims.NodeIndex.no_room_even_empty
+    original_candidates = takeable.TakeableNodes.candidates
+    used = {"offered": 0, "memo_hits": 0, "room_fast": 0, "room_full": 0}
+    run = {"mode": "fast"}
 
-    def counting_room(session, index, ns, request, others, rid):  # type: ignore[no-untyped-def]
-        used["shortcut"] += 1
-        seen = index.room_seen.get(ns.name)
-        if seen is not None and seen.sig is ns.sig and seen.victims == tuple(map(id, others)) \
-                and rid in seen.answers:
+    def offered(self, bound):  # type: ignore[no-untyped-def]
+        for node in original_candidates(self, bound):
+            used["offered"] += 1
+            yield node
+
+    def counting_room(self, session, request, node):  # type: ignore[no-untyped-def]
+        used["room_" + run["mode"]] += 1
+        seen = self.room_seen.get(node)
+        if seen is not None and seen.sig is session.state.by_name[node].sig and request in seen.answers:
             used["memo_hits"] += 1
-        return original_room(session, index, ns, request, others, rid)
+        return original_room(self, session, request, node)
+
+    def fresh_room(self, session, request, node):  # type: ignore[no-untyped-def]
+        self.room_seen.clear()
+        self.no_room.clear()
+        return counting_room(self, session, request, node)
 
     def full_scan(*args, **kwargs):  # type: ignore[no-untyped-def]
         kwargs["takes_up_to"] = None
         return original_scan(*args, **kwargs)
 
-    def no_memo(session, index, ns, request, others, rid):  # type: ignore[no-untyped-def]
-        index.room_seen.clear()
-        return original_room(session, index, ns, request, others, rid)
-
+    monkeypatch.setattr(takeable.TakeableNodes, "candidates", offered)
     for name, snap in snapshots:
-        monkeypatch.setattr(victims, "_room_with", counting_room)
+        run["mode"] = "fast"
+        monkeypatch.setattr(victims.NodeIndex, "no_room_even_empty", counting_room)
         fast = _plan(snap)
-        monkeypatch.setattr(victims, "_room_with", no_memo)
-        unmemoised = _plan(snap)
-        monkeypatch.setattr(victims, "_room_with", original_room)
+        run["mode"] = "full"
+        monkeypatch.setattr(victims.NodeIndex, "no_room_even_empty", fresh_room)
         monkeypatch.setattr(victims, "cheapest_node", full_scan)
         full = _plan(snap)
         monkeypatch.setattr(victims, "cheapest_node", original_scan)
         assert fast.evictions, name  # reclaim had work to do
         assert fast == full, name
-        assert unmemoised == full, name
-    # Each shortcut was taken (else this test would prove nothing).
-    assert used["shortcut"] > 0 and used["memo_hits"] > 0, used
+    # Each shortcut was taken (else this test would prove nothing): the lists offered nodes,
+    # the memo answered, and the marks and lists spared room tests the full scan made.
+    assert used["offered"] > 0 and used["memo_hits"] > 0, used
+    assert used["room_fast"] < used["room_full"], used
 
 
 def test_preempt_caches_leave_the_plan_as_building_everything_each_time(

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
 from tessera.core.model import GpuKind, ResourceRequest
-from tessera.core.state import NodeState, Placement
 
 from .room_fit import at_least, fewest, fits_after, free_all_on, free_on
 from .room_seen import RoomSeen
 from .session import PodPlacements, Session, Statement, WorkloadState
+from .takeable import TakeableNodes
 
 Tentative = dict[str, list[float]]
 """GPU/CPU/memory a search has tentatively taken from each project (and its ancestors)."""
@@ -46,20 +46,24 @@ class NodeIndex:
                     group.append(v)
         self.by_node = by_node
         self._gpus: dict[str, tuple[float, ...]] = {}
-        self.request_ids: dict[ResourceRequest, int] = {} if like is None else like.request_ids
-        self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
-        """Memo of the "would every victim left make room" test: (node's state signature,
-        those victims, answer), reused while neither changed."""
+        self._takeable: TakeableNodes | None = None
         self.pruned: set[str] = set() if like is None else like.pruned
         self.no_room: dict[ResourceRequest, set[str]] = {} if like is None else like.no_room
-        """Nodes where even every live victim would not make room for that request."""
+        """Nodes where even every victim gone would not make room for that request (for the
+        rest of the action: ``no_room_even_empty``)."""
+        self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
 
-    def request_id(self, request: ResourceRequest) -> int:
-        """A small number per distinct request (equal requests, equal numbers)."""
-        found = self.request_ids.get(request)
-        if found is None:
-            found = self.request_ids[request] = len(self.request_ids)
-        return found
+    def takeable(self) -> TakeableNodes:
+        """The nodes per project and victim size, built on first use (reclaim's searches)."""
+        if self._takeable is None:
+            self._takeable = TakeableNodes(self.by_node, self.gpus)
+        return self._takeable
+
+    def evicted_for_good(self, v: WorkloadState) -> None:
+        """``v`` stays evicted for the rest of the action (its statement was committed): the
+        candidate lists need not offer its nodes for it any more."""
+        if self._takeable is not None:
+            self._takeable.evicted_for_good(v)
 
     def gpus(self, node: str) -> tuple[float, ...]:
         """The GPUs each victim on ``node`` counts (its ``vector()[0]``, which stays as it is
@@ -78,22 +82,30 @@ class NodeIndex:
 
         session.on_undo(undo)
 
-    def mark_no_room(self, session: Session, request: ResourceRequest, node: str) -> None:
-        nodes = self.no_room.setdefault(request, set())
-        nodes.add(node)
-
-        def undo() -> None:
-            nodes.discard(node)
-
-        session.on_undo(undo)
-
-    def unprune(self, v: WorkloadState, placements: Iterable[Placement | None] | None = None) -> None:
-        """A victim put back or evicted: its nodes must be looked at again."""
-        for p in v.placements if placements is None else placements:
-            if p is not None:
-                self.pruned.discard(p.node)
-                for nodes in self.no_room.values():
-                    nodes.discard(p.node)
+    def no_room_even_empty(self, session: Session, request: ResourceRequest, node: str) -> bool:
+        """Would ``request`` not fit on ``node`` even with every victim of the index gone
+        (evicted or not, takeable by this search or not)? If so, the node is marked for the
+        request (``no_room``): within one action only bindings change the answer, and they only
+        take room, so a mark stays true. What the node would have free is memoised per node
+        state (``RoomSeen``), with each request's answer."""
+        ns = session.state.by_name[node]
+        sig = ns.signature()
+        seen = self.room_seen.get(node)
+        if seen is None or seen.sig is not sig:
+            free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+            tenants = list(ns.dev_tenants)
+            compute = list(ns.dev_compute)
+            cpu, mem = free_all_on(node, [v for v in self.by_node[node] if not v.evicted],
+                                   free, tenants, compute)
+            seen = self.room_seen[node] = RoomSeen(sig, free, tenants, ns.free_cpu + cpu,
+                                                   ns.free_mem + mem, compute, {})
+        fits = seen.answers.get(request)
+        if fits is None:
+            fits = seen.answers[request] = fits_after(ns, request, seen.free, seen.tenants,
+                                                      seen.cpu, seen.mem, seen.compute)
+        if not fits:
+            self.no_room.setdefault(request, set()).add(node)
+        return not fits
 
 
 def take(tentative: Tentative, v: WorkloadState) -> None:
@@ -112,33 +124,35 @@ def cheapest_node(
     allow: Allow,
     *,
     pod_level: bool = False,
-    dead: Callable[[WorkloadState], bool] | None = None,
     constraint: NodeConstraint | None = None,
     blocked: Callable[[str], bool] | None = None,
-    dead_above: Callable[[str], float] | None = None,
     budget: float = float("inf"),
     takes_up_to: Callable[[str], float] | None = None,
     over_caps: Callable[[list[WorkloadState], ResourceRequest], bool] | None = None,
+    takeable_only: bool = False,
+    on_limit: Callable[[], None] | None = None,
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
     With ``pod_level`` the result is (workload, pod) pairs on that node (for moves); otherwise
     whole workloads, all of whose pods would go. Nodes ``constraint`` (the pending pod's) does
-    not allow are not considered. ``dead`` says a victim can no longer be taken
-    by anyone for the rest of the action (unless the statement is discarded); nodes with only
-    such victims are pruned from the index.
+    not allow are not considered.
+
+    ``takeable_only`` (reclaim): the scan counts towards ``max_victim_nodes`` only the nodes
+    with a victim this search may take (``allow`` with nothing taken yet) where the request
+    would fit with every victim gone (``NodeIndex.no_room_even_empty``), and nothing else
+    limits it. Otherwise (preempt, consolidate) it counts the nodes with a victim it may take,
+    and stops after ``4 × max_victim_nodes`` nodes scanned, whatever they hold.
 
     ``blocked(project)`` says ``allow`` refuses every GPU-holding victim of that project,
     whatever was taken before: asked once per project and call, it stands in for ``allow``
-    on those victims (the same answer, without asking per victim). Likewise
-    ``dead_above(project)``, with ``dead``: the GPUs above which a victim of that project is
-    dead (``dead(v)`` is ``v``'s GPUs > that), asked once per project and call.
+    on those victims (the same answer, without asking per victim).
 
-    ``takes_up_to(project)``: with ``blocked`` and GPU-only rules, the most GPUs a victim of
-    that project may hold for ``allow`` to take it when nothing was taken yet (negative: none).
-    A node where no project's smallest victim is within that has no victim this search may
-    take; it is handled without asking per victim (the same outcome: only the pruning and the
-    no-room marks, the latter memoised per node state).
+    ``takes_up_to(project)`` (with ``takeable_only`` and GPU-only rules): the most GPUs a
+    victim of that project may hold for ``allow`` to take it when nothing was taken yet
+    (negative: only victims holding no GPU; minus infinity: none). The scan then visits only
+    the nodes holding such a victim (``TakeableNodes``), in the same order, skipping the rest
+    unvisited: the same nodes count, the same outcome.
 
     ``budget``: GPUs the caller may still evict (reclaim: what the reclaimer is owed). Nodes
     and victim sets within it come before those above it; among equals, fewer workloads, then
@@ -148,6 +162,9 @@ def cheapest_node(
     these and placing ``request`` (reclaim: the reclaimer's departments would end above their
     caps). Such sets rank after
     every set that passes, and only sets that pass count towards the four feasible nodes.
+
+    ``on_limit()`` is called when the scan stops at its limit with no victims found (a deeper
+    scan might have found some).
     """
     nodes_budget = session.config.max_victim_nodes
     best: tuple[float, int, list[tuple[WorkloadState, int]], tuple[bool, bool, int]] | None = None
@@ -159,24 +176,9 @@ def cheapest_node(
     floor = session.quota.demand(request)[0] + EPS
     gone: list[str] = []
     pruned = index.pruned
-    skip: list[set[str]] = []
-    if dead is not None:
-        skip = [nodes for shape, nodes in index.no_room.items() if nodes and at_least(request, shape)]
     models_ok: dict[int, bool] = {}
     nodes = session.state.by_name
-    rid = index.request_id(request)
     refused: dict[str, bool] = {}
-
-    limits: dict[str, float] = {}
-
-    def is_dead(v: WorkloadState) -> bool:
-        if dead_above is None:
-            assert dead is not None
-            return dead(v)
-        limit = limits.get(v.project)
-        if limit is None:
-            limit = limits[v.project] = dead_above(v.project)
-        return v.vector()[0] > limit
 
     def is_refused(project: str) -> bool:
         found = refused.get(project)
@@ -185,45 +187,45 @@ def cheapest_node(
             found = refused[project] = blocked(project)
         return found
 
-    bounds: dict[str, tuple[float, float]] = {}
-    """Per project, for ``untakable``: (the most GPUs a victim may hold to be taken, -1 if the
-    project is refused; the most it may hold not to be dead), asked once per project and call."""
+    bounds: dict[str, float] = {}
+    """``takes_up_to`` per project, asked once per project and call."""
     gpus_on = index.gpus
+    minus_inf = float("-inf")
 
-    def untakable(node: str, group: list[WorkloadState]) -> list[WorkloadState] | None:
-        """The victims left on a node (not evicted, not dead) if this search may take none of
-        them, else None."""
-        assert takes_up_to is not None
-        others: list[WorkloadState] = []
+    def bound_of(project: str) -> float:
+        found = bounds.get(project)
+        if found is None:
+            assert takes_up_to is not None
+            found = bounds[project] = takes_up_to(project)
+        return found
+
+    def live_on(node: str, group: list[WorkloadState]) -> bool:
+        """GPU-only: does the node hold a victim this search may take (``allow`` with nothing
+        taken yet: the scan's own test, its first victim allowed)?"""
         for v, g in zip(group, gpus_on(node), strict=True):
-            if v.evicted:
-                continue
-            project = v.project
-            bound = bounds.get(project)
-            if bound is None:
-                take_limit = -1.0 if is_refused(project) else takes_up_to(project)
-                if dead is None:
-                    dead_limit = float("inf")
-                elif dead_above is None:
-                    dead_limit = float("nan")  # ask ``dead`` per victim
-                else:
-                    dead_limit = limits[project] if project in limits else dead_above(project)
-                    limits[project] = dead_limit
-                bound = bounds[project] = (take_limit, dead_limit)
-            if g <= 0 or g <= bound[0]:
-                return None
-            if g <= bound[1] or (bound[1] != bound[1] and dead is not None and not dead(v)):
-                others.append(v)
-        return others
+            if not v.evicted:
+                b = bound_of(v.project)
+                if g <= b or (g <= 0 and b > minus_inf):
+                    return True
+        return False
 
-    # Nodes marked during this call are behind the scan: one set for the call is the same.
-    skip_set: set[str] = skip[0] if len(skip) == 1 else set().union(*skip)
-    for order, (node, group) in enumerate(index.by_node.items()):
+    skip_set: set[str] = set()
+    candidates: Iterable[str] = index.by_node
+    if takeable_only:
+        # Marks made during this call are behind the scan: one set for the call is the same.
+        skip = [nodes for shape, nodes in index.no_room.items() if nodes and at_least(request, shape)]
+        skip_set = skip[0] if len(skip) == 1 else set().union(*skip)
+        if takes_up_to is not None and not pod_level:
+            candidates = index.takeable().candidates(bound_of)
+    by_node = index.by_node
+    for order, node in enumerate(candidates):
         if node in pruned or node in skip_set:
             continue
-        scanned += 1
-        if scanned > 4 * nodes_budget:
-            break
+        if not takeable_only:
+            scanned += 1
+            if scanned > 4 * nodes_budget:
+                break
+        group = by_node[node]
         ns = nodes[node]
         if constraint is not None and not session.node_allowed(constraint, ns):
             continue
@@ -233,16 +235,11 @@ def cheapest_node(
                 ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
             if not ok:
                 continue
-        untaken = untakable(node, group) if takes_up_to is not None and not pod_level else None
-        if untaken is not None:
-            if not untaken:
-                gone.append(node)
-            elif dead is not None and not _room_with(session, index, ns, request, untaken, rid):
-                index.mark_no_room(session, request, node)
-            if examined >= nodes_budget or feasible >= 4 or (
-                    best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
-                break
-            continue
+        if takeable_only:
+            if takes_up_to is not None and not live_on(node, group):
+                continue
+            if index.no_room_even_empty(session, request, node):
+                continue
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
         compute = list(ns.dev_compute)
@@ -250,24 +247,18 @@ def cheapest_node(
         tentative: Tentative = {}
         chosen: list[tuple[WorkloadState, int]] = []
         cost = 0.0
-        counted = False
         live = False
-        others: list[WorkloadState] = []
+        others = False
         for v in group:
             if v.evicted:
                 continue
-            if blocked is not None and v.vector()[0] > 0 and is_refused(v.project):
-                if dead is None or not is_dead(v):
-                    others.append(v)
+            if (blocked is not None and v.vector()[0] > 0 and is_refused(v.project)) \
+                    or not allow(v, tentative):
+                others = True
                 continue
-            if not allow(v, tentative):
-                if dead is None or not is_dead(v):
-                    others.append(v)
-                continue
-            live = True
-            if not counted:
+            if not live:
                 examined += 1  # the budget counts nodes with a victim this search may take
-                counted = True
+                live = True
             take(tentative, v)
             for i, p in enumerate(v.placements):
                 if p is None or p.node != node:
@@ -311,49 +302,20 @@ def cheapest_node(
                     best = (cost, order, chosen, rank)
                 break
         else:
-            if not live and not others:
+            if not live and not others and not takeable_only:
                 gone.append(node)
-            elif dead is not None:
-                # Would even every victim left here make room? (Quota rules aside.)
-                more_cpu, more_mem = free_all_on(node, others, free, tenants, compute)
-                cpu += more_cpu
-                mem += more_mem
-                if not fits_after(ns, request, free, tenants, cpu, mem, compute):
-                    index.mark_no_room(session, request, node)
         if examined >= nodes_budget or feasible >= 4 or (
                 best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
             break
     for node in gone:
         index.prune(session, node)
     if best is None:
+        if on_limit is not None and (examined >= nodes_budget or scanned > 4 * nodes_budget):
+            on_limit()
         return None
     if pod_level:
         return best[2]
     return list(dict.fromkeys(v for v, _ in best[2]))
-
-
-def _room_with(session: Session, index: NodeIndex, ns: NodeState, request: ResourceRequest,
-               others: list[WorkloadState], rid: int) -> bool:
-    """Would ``request`` fit on ``ns`` with every pod of ``others`` there gone? What the node
-    would have free is memoised per node, and each request's answer with it, while the node's
-    state (its signature object, renewed on every change) and the victims are the same.
-    ``rid``: ``index.request_id(request)``, the answers' key (hashing the request per node
-    visited cost more than the test it saved)."""
-    sig = ns.signature()
-    ids = tuple(map(id, others))
-    seen = index.room_seen.get(ns.name)
-    if seen is None or seen.sig is not sig or seen.victims != ids:
-        free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
-        tenants = list(ns.dev_tenants)
-        compute = list(ns.dev_compute)
-        more_cpu, more_mem = free_all_on(ns.name, others, free, tenants, compute)
-        seen = index.room_seen[ns.name] = RoomSeen(
-            sig, ids, free, tenants, ns.free_cpu + more_cpu, ns.free_mem + more_mem, compute, {})
-    fits = seen.answers.get(rid)
-    if fits is None:
-        fits = seen.answers[rid] = fits_after(ns, request, seen.free, seen.tenants,
-                                                   seen.cpu, seen.mem, seen.compute)
-    return fits
 
 
 def evict_until_fits(
@@ -364,12 +326,12 @@ def evict_until_fits(
     evict: Callable[[WorkloadState], None],
     extra_ok: Callable[[Vector], bool] | None,
     max_rounds: int,
-    dead: Callable[[WorkloadState], bool] | None = None,
     blocked: Callable[[str], bool] | None = None,
-    dead_above: Callable[[str], float] | None = None,
     budget: Callable[[], float] | None = None,
     takes_up_to: Callable[[str], float] | None = None,
     over_caps: Callable[[list[WorkloadState], ResourceRequest], bool] | None = None,
+    takeable_only: bool = False,
+    on_limit: Callable[[], None] | None = None,
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 
@@ -385,11 +347,11 @@ def evict_until_fits(
             return None
         if not isinstance(index, NodeIndex):
             index = index()
-        chosen = cheapest_node(session, fail, index, allow, dead=dead,
+        chosen = cheapest_node(session, fail, index, allow,
                                constraint=session.constraint_for(ws, fail), blocked=blocked,
-                               dead_above=dead_above,
                                budget=float("inf") if budget is None else budget(),
-                               takes_up_to=takes_up_to, over_caps=over_caps)
+                               takes_up_to=takes_up_to, over_caps=over_caps,
+                               takeable_only=takeable_only, on_limit=on_limit)
         if not chosen:
             return None
         for v in chosen:

@@ -39,8 +39,11 @@ class Reclaim:
     name = "reclaim"
     memo_failures = True
     """Skip later reclaimers of a (project, request shape) whose search found no victims that
-    make room. Only that failure is remembered: one refused afterwards (the reclaimer's
-    departments over their caps, more evicted than owed) says nothing about the next."""
+    make room. Only that failure is remembered, and only when the scan was not stopped by its
+    limit (``max_victim_nodes``): one refused afterwards (the reclaimer's departments over
+    their caps, more evicted than owed) says nothing about the next, nor does one cut short
+    (nodes where even every victim gone leaves no room stop counting as they fill, so a later
+    scan reaches further)."""
 
     def execute(self, session: Session) -> None:
         waiting = session.waiting_after(_TRIES)
@@ -63,7 +66,9 @@ class Reclaim:
                                    fair_caps=_leaf_only(session, ws)) is not None:
                 continue
             search = ReclaimSearch(session, ws, order.index_for(ws), splits)
-            if not search.run() and search.no_victims and self.memo_failures:
+            if search.run():
+                order.evicted_for_good(search.kept)
+            elif search.no_victims and not search.limited and self.memo_failures:
                 failed.add(key)
 
 
@@ -83,6 +88,12 @@ class VictimOrder:
                                      else float("inf"))
         self.indexes: dict[tuple[str, ...], NodeIndex] = {}
         self._by_workload: list[WorkloadState] | None = None
+
+    def evicted_for_good(self, evicted: list[WorkloadState]) -> None:
+        """A search committed: these stay evicted for the rest of the action."""
+        for v in evicted:
+            for index in self.indexes.values():
+                index.evicted_for_good(v)
 
     def index_for(self, ws: WorkloadState) -> NodeIndex:
         ancestors = ws.chain[1:]

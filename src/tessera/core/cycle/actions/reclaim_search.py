@@ -4,8 +4,8 @@ one waiting workload fits, and whether the outcome is kept.
 Read top-down in ``ReclaimSearch.run``: evict victims (in the action's preference order) until
 the workload fits; undo it all unless the reclaimer's projects stay within their fair share;
 put back every victim that did not make room; undo it all if more GPUs would be evicted than the
-reclaimer is owed; else bind. The rules a single victim must pass are ``allow`` (its side of the
-project tree keeps what it must) and ``dead`` (its own project has nothing left to give).
+reclaimer is owed; else bind. The rule a single victim must pass is ``allow`` (its side of the
+project tree keeps what it must).
 """
 
 from __future__ import annotations
@@ -67,11 +67,13 @@ class ReclaimSearch:
         """How far each victim-side project is above what it must keep; only evictions change it."""
         self._blocked: dict[str, bool] = {}
         """GPU-only: projects none of whose GPU victims this reclaimer may take (until an eviction)."""
-        self._drained: dict[str, bool] = {}
         self._evicted = 0.0
-        """GPU-only: projects with no GPU left to give anyone."""
         self.no_victims = False
         """``run`` failed because no victims make room (not because the outcome was refused)."""
+        self.limited = False
+        """A node scan stopped at its limit with no victims found (a deeper one might have)."""
+        self.kept: list[WorkloadState] = []
+        """After ``run`` succeeded: the workloads it evicted."""
 
     # -- the search, top-down --------------------------------------------------------------------
 
@@ -83,11 +85,11 @@ class ReclaimSearch:
         stmt = Statement(session)
         result = evict_until_fits(session, ws, self.index, self.allow, self.evict,
                                   self.within_caps, max_rounds=4 * ws.required() + 4,
-                                  dead=self.dead, blocked=self.blocked,
-                                  dead_above=self.dead_above if self.gpu_only else None,
+                                  blocked=self.blocked,
                                   budget=self.owed,
                                   takes_up_to=self.takes_up_to if self.gpu_only else None,
-                                  over_caps=self.over_caps)
+                                  over_caps=self.over_caps, takeable_only=True,
+                                  on_limit=self._limit_reached)
         if result is None:
             stmt.discard()
             self.no_victims = True
@@ -105,6 +107,7 @@ class ReclaimSearch:
                    f"{', '.join(v.id for v in kept) or 'nobody'}")
         session.record_binding(ws, placed, "reclaim", message, [v.id for v in kept])
         stmt.commit()
+        self.kept = kept
         return True
 
     def run_mig(self) -> bool:
@@ -128,15 +131,16 @@ class ReclaimSearch:
                    f"{', '.join(v.id for v in kept) or 'nobody'}")
         session.record_binding(ws, placed, "reclaim", message, [v.id for v in kept])
         stmt.commit()
+        self.kept = kept
         return True
+
+    def _limit_reached(self) -> None:
+        self.limited = True
 
     def _keep_only_needed(self, evicted: list[WorkloadState]) -> list[WorkloadState]:
         """Put back every victim whose pods still fit where they were."""
-        kept = drop_needless(self.session, evicted,
+        return drop_needless(self.session, evicted,
                              lambda: self.session.quota.within(self.ws.chain, self.caps))
-        for v in set(evicted) - set(kept):
-            self.index.unprune(v)
-        return kept
 
     def _takes_more_than_owed(self, kept: list[WorkloadState], placed: PodPlacements) -> bool:
         """More GPUs evicted than placed plus what the reclaimer is still short of its fair
@@ -216,28 +220,15 @@ class ReclaimSearch:
         return stop
 
     def takes_up_to(self, project: str) -> float:
-        """GPU-only, ``project`` not ``blocked``: ``allow`` takes a victim of it holding more
-        than 0 GPUs, with nothing taken yet, iff it holds at most this."""
+        """GPU-only: ``allow`` takes a victim of ``project`` holding more than 0 GPUs, with
+        nothing taken yet, iff it holds at most this; -1 when it takes only victims holding
+        none (``blocked``), minus infinity when it takes none (the reclaimer's own project)."""
+        if project == self.ws.project:
+            return float("-inf")
+        if self.blocked(project):
+            return -1.0
         side, guaranteed = self.side_of(project)
         return min(self.slack_of(name, guaranteed)[0] for name in side) + EPS
-
-    def dead_above(self, project: str) -> float:
-        """GPU-only: ``dead(v)`` for a victim ``v`` of ``project`` is ``v``'s GPUs > this."""
-        slack = self.slack_of(project, True)[0]
-        return 0.0 if slack <= EPS else slack + EPS
-
-    def dead(self, v: WorkloadState) -> bool:
-        """Its own project could not give it up to anyone: reclaim only lowers that slack."""
-        vec = v.vector()
-        if self.gpu_only:
-            if vec[0] <= 0:
-                return False
-            empty = self._drained.get(v.project)
-            if empty is None:
-                empty = self._drained[v.project] = self.slack_of(v.project, True)[0] <= EPS
-            return empty or vec[0] > self.slack_of(v.project, True)[0] + EPS
-        room = self.slack_of(v.project, True)
-        return any(vec[r] > 0 and vec[r] > room[r] + EPS for r in self.governed)
 
     def victim_side(self, v: WorkloadState) -> tuple[tuple[str, ...], bool]:
         return self.side_of(v.project)
@@ -310,11 +301,9 @@ class ReclaimSearch:
     def evict(self, v: WorkloadState) -> None:
         """Evict ``v`` (undone with the statement), saying what its project keeps."""
         session, ws = self.session, self.ws
-        self.index.unprune(v)
         self._evicted += v.vector()[0]
         self._slack.clear()
         self._blocked.clear()
-        self._drained.clear()
         share_v = session.quota.shares.gpu(v.project)
         keeps = f"its fair share ({format_gpus(share_v)} GPUs)"
         if session.quota.alloc[v.project][0] - v.vector()[0] < share_v - EPS:
