@@ -130,7 +130,6 @@ def cheapest_node(
     takes_up_to: Callable[[str], float] | None = None,
     over_caps: Callable[[list[WorkloadState], ResourceRequest], bool] | None = None,
     takeable_only: bool = False,
-    on_limit: Callable[[], None] | None = None,
 ) -> list[WorkloadState] | list[tuple[WorkloadState, int]] | None:
     """Victims on the one node where freeing the fewest GPUs lets ``request`` fit.
 
@@ -162,9 +161,6 @@ def cheapest_node(
     these and placing ``request`` (reclaim: the reclaimer's departments would end above their
     caps). Such sets rank after
     every set that passes, and only sets that pass count towards the four feasible nodes.
-
-    ``on_limit()`` is called when the scan stops at its limit with no victims found (a deeper
-    scan might have found some).
     """
     nodes_budget = session.config.max_victim_nodes
     best: tuple[float, int, list[tuple[WorkloadState, int]], tuple[bool, bool, int]] | None = None
@@ -310,8 +306,6 @@ def cheapest_node(
     for node in gone:
         index.prune(session, node)
     if best is None:
-        if on_limit is not None and (examined >= nodes_budget or scanned > 4 * nodes_budget):
-            on_limit()
         return None
     if pod_level:
         return best[2]
@@ -331,7 +325,6 @@ def evict_until_fits(
     takes_up_to: Callable[[str], float] | None = None,
     over_caps: Callable[[list[WorkloadState], ResourceRequest], bool] | None = None,
     takeable_only: bool = False,
-    on_limit: Callable[[], None] | None = None,
 ) -> tuple[PodPlacements, list[WorkloadState]] | None:
     """Evict (through ``evict``) until the workload's gang fits, then place it.
 
@@ -351,7 +344,7 @@ def evict_until_fits(
                                constraint=session.constraint_for(ws, fail), blocked=blocked,
                                budget=float("inf") if budget is None else budget(),
                                takes_up_to=takes_up_to, over_caps=over_caps,
-                               takeable_only=takeable_only, on_limit=on_limit)
+                               takeable_only=takeable_only)
         if not chosen:
             return None
         for v in chosen:

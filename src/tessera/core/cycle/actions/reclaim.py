@@ -39,11 +39,10 @@ class Reclaim:
     name = "reclaim"
     memo_failures = True
     """Skip later reclaimers of a (project, request shape) whose search found no victims that
-    make room. Only that failure is remembered, and only when the scan was not stopped by its
-    limit (``max_victim_nodes``): one refused afterwards (the reclaimer's departments over
-    their caps, more evicted than owed) says nothing about the next, nor does one cut short
-    (nodes where even every victim gone leaves no room stop counting as they fill, so a later
-    scan reaches further)."""
+    make room. Only that failure is remembered: one refused afterwards (the reclaimer's
+    departments over their caps, more evicted than owed) says nothing about the next. (One cut
+    short by the scan limit is remembered too; a later scan of the same shape may reach
+    further, as nodes that fill stop counting: docs/scheduling.md, "Not done".)"""
 
     def execute(self, session: Session) -> None:
         waiting = session.waiting_after(_TRIES)
@@ -68,7 +67,7 @@ class Reclaim:
             search = ReclaimSearch(session, ws, order.index_for(ws), splits)
             if search.run():
                 order.evicted_for_good(search.kept)
-            elif search.no_victims and not search.limited and self.memo_failures:
+            elif search.no_victims and self.memo_failures:
                 failed.add(key)
 
 

@@ -70,8 +70,6 @@ class ReclaimSearch:
         self._evicted = 0.0
         self.no_victims = False
         """``run`` failed because no victims make room (not because the outcome was refused)."""
-        self.limited = False
-        """A node scan stopped at its limit with no victims found (a deeper one might have)."""
         self.kept: list[WorkloadState] = []
         """After ``run`` succeeded: the workloads it evicted."""
 
@@ -88,8 +86,7 @@ class ReclaimSearch:
                                   blocked=self.blocked,
                                   budget=self.owed,
                                   takes_up_to=self.takes_up_to if self.gpu_only else None,
-                                  over_caps=self.over_caps, takeable_only=True,
-                                  on_limit=self._limit_reached)
+                                  over_caps=self.over_caps, takeable_only=True)
         if result is None:
             stmt.discard()
             self.no_victims = True
@@ -133,9 +130,6 @@ class ReclaimSearch:
         stmt.commit()
         self.kept = kept
         return True
-
-    def _limit_reached(self) -> None:
-        self.limited = True
 
     def _keep_only_needed(self, evicted: list[WorkloadState]) -> list[WorkloadState]:
         """Put back every victim whose pods still fit where they were."""
