@@ -26,6 +26,9 @@ Tentative = dict[str, list[float]]
 
 Allow = Callable[[WorkloadState, Tentative], bool]
 
+LISTS_AFTER = 8
+"""Node scans of one index (reclaim) before it builds its candidate lists (``TakeableNodes``)."""
+
 
 class NodeIndex:
     """Eligible victims grouped by the nodes their pods run on, in preference order."""
@@ -47,15 +50,21 @@ class NodeIndex:
         self.by_node = by_node
         self._gpus: dict[str, tuple[float, ...]] = {}
         self._takeable: TakeableNodes | None = None
+        self._scans = 0
         self.pruned: set[str] = set() if like is None else like.pruned
         self.no_room: dict[ResourceRequest, set[str]] = {} if like is None else like.no_room
         """Nodes where even every victim gone would not make room for that request (for the
         rest of the action: ``no_room_even_empty``)."""
         self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
 
-    def takeable(self) -> TakeableNodes:
-        """The nodes per project and victim size, built on first use (reclaim's searches)."""
+    def takeable(self) -> TakeableNodes | None:
+        """The nodes per project and victim size (reclaim's searches), built once the index
+        has served ``LISTS_AFTER`` searches: building them costs about a full scan of the
+        index, more than a few searches save (a cycle after a few changes makes few)."""
         if self._takeable is None:
+            self._scans += 1
+            if self._scans <= LISTS_AFTER:
+                return None
             self._takeable = TakeableNodes(self.by_node, self.gpus)
         return self._takeable
 
@@ -211,8 +220,9 @@ def cheapest_node(
         # Marks made during this call are behind the scan: one set for the call is the same.
         skip = [nodes for shape, nodes in index.no_room.items() if nodes and at_least(request, shape)]
         skip_set = skip[0] if len(skip) == 1 else set().union(*skip)
-        if takes_up_to is not None and not pod_level:
-            candidates = index.takeable().candidates(bound_of)
+        lists = index.takeable() if takes_up_to is not None and not pod_level else None
+        if lists is not None:
+            candidates = lists.candidates(bound_of)
     by_node = index.by_node
     for order, node in enumerate(candidates):
         if node in pruned or node in skip_set:
