@@ -32,6 +32,8 @@ me = f"{os.environ['TESSERA_WORKLOAD_NAME']}-{os.environ['TESSERA_POD_INDEX']}-{
 path = os.path.join(sys.argv[1], me)
 def bye(*_):
     open(path + ".term", "w").close()
+    while os.path.exists(os.path.join(sys.argv[1], "linger")):  # slow to stop
+        time.sleep(0.05)
     sys.exit(0)
 signal.signal(signal.SIGTERM, bye)
 env = {k: v for k, v in os.environ.items() if k.startswith(("PET_", "TESSERA_", "CUDA_", "LD_"))
@@ -39,8 +41,9 @@ env = {k: v for k, v in os.environ.items() if k.startswith(("PET_", "TESSERA_", 
 with open(path + ".tmp", "w") as f:
     json.dump({**env, "pid": os.getpid()}, f)
 os.replace(path + ".tmp", path + ".json")
-while True:
-    time.sleep(1)
+finish = os.path.join(sys.argv[1], me.rpartition("-")[0] + ".finish")
+while not os.path.exists(finish):  # its work done: exits 0 by itself
+    time.sleep(0.1)
 '''
 TRAININGS = "/api/v1/workloads/trainings"
 
@@ -48,6 +51,8 @@ TRAININGS = "/api/v1/workloads/trainings"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     s = EmbeddedServer(tmp_path_factory.mktemp("elastic"), simulate=["2xV100-16GB"])
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TESSERA_GROW_RETRY_SECONDS", "1")  # a failed grow is tried again after 1 s, not 30
     s.start()
     try:
         with s.http() as c:
@@ -58,6 +63,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
         yield s
     finally:
         s.cleanup()
+        mp.undo()
 
 
 @pytest.fixture
@@ -260,3 +266,53 @@ def test_elasticity_on_a_training_that_cannot_resize_is_refused(
         assert db.execute("SELECT count(*) FROM workloads WHERE name='j'").fetchone() == (0,)
     finally:
         db.close()
+
+
+def test_a_failed_grow_is_reported_and_undone_and_a_last_pod_ending_while_another_is_shrunk_completes(
+        server: EmbeddedServer, http: httpx.Client, workers: Workers) -> None:
+    # Three halves taken by b (within its fair share): e starts with its minimum, and the
+    # cycle's reason its second pod waits shows in the API and describe's Elastic line.
+    filler = submit(http, workers.body("filler2", "b", 0.5, workers=3))
+    wait_until("filler runs", lambda: len(running(http, filler)) == 3, timeout=20)
+    e = submit(http, workers.body("fin", "a", 0.5, workers=2, min_workers=1))
+    wait_until("its pod 0 runs", lambda: 0 in workers.env("fin"), timeout=20)
+    wait_until("told why pod 1 waits", lambda: get(http, e).get("elasticWaiting"), timeout=20)
+    doc = get(http, e)
+    assert doc["elasticWaiting"].startswith("1 elastic pod(s) wait: "), doc["elasticWaiting"]
+    assert (elastic_line(doc) or "").startswith(
+        "Elastic:     1 of 1 to 2 pod(s) running (grows into idle GPUs, shrinks back to 1); "
+        "1 elastic pod(s) wait: ")
+    pid0 = running(http, e)[0]
+
+    # Pod 1's log file cannot be opened (a directory took its path): the grow fails, told why;
+    # e keeps pod 0, no record of pod 1 is left and its half is not counted; retried in 1 s.
+    blocker = server.data / "logs" / f"{e}-1.log"
+    blocker.mkdir()
+    delete_all(server, http, filler)
+    wait_until("GrowFailed", lambda: events(http, e, "GrowFailed"), timeout=20)
+    failed = events(http, e, "GrowFailed")[0]
+    assert failed.startswith("could not start pod(s) 1: ") and f"{e}-1.log" in failed, failed
+    assert failed.endswith("; tried again in 1 s"), failed
+    doc = get(http, e)
+    assert doc["phase"] == "Running" and [p["index"] for p in doc["pods"]] == [0]
+    assert running(http, e) == {0: pid0} and doc["gpus"]["allocated"] == 0.5
+    assert ledger(server, e)[-1] == 0.5
+    assert [p.index for p in pod_processes(server.data) if p.workload_id == e] == [0]
+    blocker.rmdir()  # the next try starts pod 1
+    wait_until("grown to 2", lambda: len(running(http, e)) == 2, timeout=20)
+    assert running(http, e)[0] == pid0 and get(http, e)["gpus"]["allocated"] == 1.0
+    assert get(http, e)["elasticWaiting"] is None
+
+    # b asks for three halves: e's pod 1 is shrunk away and is slow to stop; meanwhile pod 0
+    # ends its work (exit 0). Once pod 1 is gone, every pod of e has completed: e completes.
+    (workers.dir / "linger").touch()
+    w3 = submit(http, workers.body("b3", "b", 0.5, workers=3))
+    wait_until("pod 1 is told to stop", lambda: workers.terminated("fin") == {1}, timeout=20)
+    (workers.dir / "fin-0.finish").touch()
+    wait_until("pod 0 completed", lambda: [p["phase"] for p in get(http, e)["pods"]] == [
+        "Completed", "Stopping"], timeout=20)
+    (workers.dir / "linger").unlink()
+    wait_until("e completed", lambda: get(http, e)["phase"] == "Completed", timeout=10)
+    assert get(http, e)["gpus"]["allocated"] == 0.0
+    wait_until("b3 runs", lambda: get(http, w3)["phase"] == "Running", timeout=20)
+    delete_all(server, http, w3)

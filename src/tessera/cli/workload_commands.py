@@ -147,8 +147,10 @@ def elastic_line(w: dict[str, Any]) -> str | None:
     low, high = w.get("minWorkers") or w["workers"], w["workers"]
     if low >= high:
         return None
-    return (f"Elastic:     {w.get('runningPods', 0)} of {low} to {high} pod(s) running (grows "
+    line = (f"Elastic:     {w.get('runningPods', 0)} of {low} to {high} pod(s) running (grows "
             f"into idle GPUs, shrinks back to {low})")
+    wait = w.get("elasticWaiting")  # the last cycle's reason it is below its maximum
+    return f"{line}; {wait}" if wait else line
 
 
 def pod_lines(pod: dict[str, Any]) -> list[str]:

@@ -300,6 +300,7 @@ class LocalBackend(TokenAuth):
                 else:
                     self.processes.begin_stop(w, "Pending", ev.reason, kind="Preempted")
         waiting = {x.workload_id: self._reason(x) for x in plan.waiting if x.workload_id in pending}
+        self.types.elastic.waited(plan.waiting)  # a running elastic one's unplaced pods
         for b in plan.bindings:
             w = self._active.get(b.workload_id)
             if b.workload_id not in pending and w is not None and w.phase == Phase.RUNNING:
@@ -644,5 +645,5 @@ class LocalBackend(TokenAuth):
         return self.processes.exec(self._get(workload_id, None), pod, command, timeout)
 
     def workload_dict(self, w: Workload, brief: bool = False) -> dict[str, Any]:
-        return workload_doc(w, self.machine.simulated, self.isolation.describe(),
-                            self.scheduler.name, brief)
+        return self.types.elastic.document(w, workload_doc(
+            w, self.machine.simulated, self.isolation.describe(), self.scheduler.name, brief))

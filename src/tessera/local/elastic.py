@@ -28,12 +28,15 @@ re-attached if its process runs, else dropped; a Stopping pod is signalled again
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
+from collections.abc import Iterable
+from typing import Any
 
 from tessera.api.backend import WorkloadSubmission
 from tessera.api.storage import storage_error
-from tessera.core.cycle import Binding, Eviction
+from tessera.core.cycle import Binding, Eviction, Waiting
 from tessera.core.cycle import Workload as CoreWorkload
 from tessera.core.errors import InvalidRequest
 from tessera.local import faultpoints
@@ -47,7 +50,24 @@ FIXED_SIZE = ("jax", "mpi", "tensorflow", "xgboost")
 """``tessera training FRAMEWORK submit`` variants whose processes share one fixed count
 (``JAX_NUM_PROCESSES``, MPI's hostfile, ...): they cannot resize while running."""
 RETRY_AFTER = 30.0
-"""Seconds a workload whose further pod could not start waits before it is grown again."""
+"""Seconds a workload whose further pod could not start waits before it is grown again
+(``TESSERA_GROW_RETRY_SECONDS`` sets another, e.g. for tests)."""
+
+
+def retry_after(env: dict[str, str] | None = None) -> float:
+    """The grow retry delay: ``TESSERA_GROW_RETRY_SECONDS`` (a number of seconds, at least 0)
+    or :data:`RETRY_AFTER`."""
+    raw = (os.environ if env is None else env).get("TESSERA_GROW_RETRY_SECONDS", "")
+    if not raw:
+        return RETRY_AFTER
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise ValueError(f"TESSERA_GROW_RETRY_SECONDS: must be a number of seconds, at least 0, "
+                         f"not {raw!r}")
+    return value
 
 
 def check_submission(s: WorkloadSubmission) -> None:
@@ -77,6 +97,10 @@ class ElasticPods:
         """Process groups of shrunk pods sent SIGTERM by this server."""
         self._retry: dict[str, float] = {}
         """Workload id -> when growing it may be tried again after a failed start."""
+        self.retry_after = retry_after()
+        self._waits: dict[str, str] = {}
+        """Workload id -> why its further pods wait, from the last cycle (``1 elastic pod(s)
+        wait: ...``)."""
 
     # -- translation -----------------------------------------------------------------------------
 
@@ -112,6 +136,20 @@ class ElasticPods:
             return any(p.get("phase") == PodPhase.STOPPING for p in v.pods)
         return True
 
+    def waited(self, waiting: Iterable[Waiting]) -> None:
+        """The cycle's reasons for the unplaced pods of running workloads (a pending one's go to
+        its phase message): kept until the next cycle for :meth:`document`."""
+        self._waits = {x.workload_id: x.reason for x in waiting
+                       if (w := self.processes.active.get(x.workload_id)) is not None
+                       and w.phase == Phase.RUNNING}
+
+    def document(self, w: Workload, doc: dict[str, Any]) -> dict[str, Any]:
+        """``doc`` (the API's document of ``w``) with ``elasticWaiting``: why a running elastic
+        workload below its maximum does not grow (null when it is not waiting)."""
+        if "pods" in doc and w.min_workers < w.workers:  # not in the listing's brief form
+            doc["elasticWaiting"] = self._waits.get(w.id) if w.phase == Phase.RUNNING else None
+        return doc
+
     # -- the plan --------------------------------------------------------------------------------
 
     def shrink(self, w: Workload, ev: Eviction) -> None:
@@ -146,7 +184,7 @@ class ElasticPods:
             planned = [plan_pod(procs.machine, procs.isolation, procs.sim_bin, procs.runner, w,
                                 slot, p, attempt) for slot, p in todo]
         except Exception as exc:  # a bad stored spec: growth stops, the pods that run go on
-            self._retry[w.id] = time.monotonic() + RETRY_AFTER
+            self._retry[w.id] = time.monotonic() + self.retry_after
             procs.store.add_event(w.id, "GrowFailed", f"could not start a further pod: {exc}")
             return
         with all_or_nothing(w, procs.active):
@@ -161,10 +199,10 @@ class ElasticPods:
         except Exception as exc:
             for pod in launched:
                 procs.terminate(pod, 0)
-            self._retry[w.id] = time.monotonic() + RETRY_AFTER
+            self._retry[w.id] = time.monotonic() + self.retry_after
             w.pods = [p for p in w.pods if all(p is not q for q in planned)]
             self._save(w, ("GrowFailed", f"could not start pod(s) {', '.join(str(s) for s, _ in todo)}: "
-                                         f"{exc}; tried again in {RETRY_AFTER:.0f} s"))
+                                         f"{exc}; tried again in {self.retry_after:g} s"))
             return
         faultpoints.hit("grow-launched")
         running = sum(1 for p in w.pods if p.get("phase") == PodPhase.RUNNING)
