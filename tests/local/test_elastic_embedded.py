@@ -303,10 +303,13 @@ def test_a_failed_grow_is_reported_and_undone_and_a_last_pod_ending_while_anothe
     assert running(http, e)[0] == pid0 and get(http, e)["gpus"]["allocated"] == 1.0
     assert get(http, e)["elasticWaiting"] is None
 
-    # b asks for three halves: e's pod 1 is shrunk away and is slow to stop; meanwhile pod 0
-    # ends its work (exit 0). Once pod 1 is gone, every pod of e has completed: e completes.
+    # b takes the idle halves, then asks for one more: e's pod 1 is shrunk away and is slow to
+    # stop; meanwhile pod 0 ends its work (exit 0). Once pod 1 is gone, every pod of e has
+    # completed: e completes (it stayed Running with no pod before commit c496c39).
+    w2 = submit(http, workers.body("b2", "b", 0.5, workers=2))
+    wait_until("b2 runs", lambda: len(running(http, w2)) == 2, timeout=20)
     (workers.dir / "linger").touch()
-    w3 = submit(http, workers.body("b3", "b", 0.5, workers=3))
+    w3 = submit(http, workers.body("b3", "b", 0.5))
     wait_until("pod 1 is told to stop", lambda: workers.terminated("fin") == {1}, timeout=20)
     (workers.dir / "fin-0.finish").touch()
     wait_until("pod 0 completed", lambda: [p["phase"] for p in get(http, e)["pods"]] == [
@@ -315,4 +318,4 @@ def test_a_failed_grow_is_reported_and_undone_and_a_last_pod_ending_while_anothe
     wait_until("e completed", lambda: get(http, e)["phase"] == "Completed", timeout=10)
     assert get(http, e)["gpus"]["allocated"] == 0.0
     wait_until("b3 runs", lambda: get(http, w3)["phase"] == "Running", timeout=20)
-    delete_all(server, http, w3)
+    delete_all(server, http, w2, w3)
