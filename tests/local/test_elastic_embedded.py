@@ -300,6 +300,8 @@ def test_a_failed_grow_is_reported_and_undone_and_a_last_pod_ending_while_anothe
     assert running(http, e) == {0: pid0} and doc["gpus"]["allocated"] == 0.5
     assert all(g == 0.5 for g in ledger(server, e))  # its accounting never counted pod 1
     assert [p.index for p in pod_processes(server.data) if p.workload_id == e] == [0]
+    wait_until("describe says growth is paused", lambda: "a grow failed to start (event "
+               "GrowFailed): tried again in " in (elastic_line(get(http, e)) or ""), timeout=10)
     blocker.rmdir()  # the next try starts pod 1
     wait_until("grown to 2", lambda: len(running(http, e)) == 2, timeout=20)
     assert running(http, e)[0] == pid0 and get(http, e)["gpus"]["allocated"] == 1.0
@@ -316,6 +318,7 @@ def test_a_failed_grow_is_reported_and_undone_and_a_last_pod_ending_while_anothe
         wait_until("pod 1 is told to stop", lambda: workers.terminated("fin") == {1}, timeout=20)
     except AssertionError as exc:  # say what the cycle told b3
         raise AssertionError(f"{exc}; b3: {get(http, w3)['phaseMessage']}") from exc
+    assert get(http, e)["elasticWaiting"] == "not resized while pod(s) start or stop"
     (workers.dir / "fin-0.finish").touch()
     wait_until("pod 0 completed", lambda: [p["phase"] for p in get(http, e)["pods"]] == [
         "Completed", "Stopping"], timeout=20)

@@ -147,8 +147,22 @@ class ElasticPods:
         """``doc`` (the API's document of ``w``) with ``elasticWaiting``: why a running elastic
         workload below its maximum does not grow (null when it is not waiting)."""
         if "pods" in doc and w.min_workers < w.workers:  # not in the listing's brief form
-            doc["elasticWaiting"] = self._waits.get(w.id) if w.phase == Phase.RUNNING else None
+            doc["elasticWaiting"] = self._paused(w) if w.phase == Phase.RUNNING else None
         return doc
+
+    def _paused(self, w: Workload) -> str | None:
+        """The last cycle's reason, else why the cycle was not offered its free slots."""
+        phases = [p.get("phase") for p in w.pods]
+        if phases.count(PodPhase.RUNNING) >= w.workers or w.id in self._waits:
+            return self._waits.get(w.id)
+        if {PodPhase.STARTING, PodPhase.STOPPING} & set(phases):
+            return "not resized while pod(s) start or stop"
+        if set(phases) - {PodPhase.RUNNING}:
+            return "not grown: pod(s) of it have ended"
+        left = self._retry.get(w.id, 0.0) - time.monotonic()
+        if left > 0:
+            return f"a grow failed to start (event GrowFailed): tried again in {left:.0f} s"
+        return None
 
     # -- the plan --------------------------------------------------------------------------------
 
