@@ -766,12 +766,12 @@ def test_time_based_fair_share_gives_a_starved_project_its_history_back(
             return dict(kube_client.get(ProjectResource, name).get("status") or {})
 
         got = wait_until("the starved project's history share", lambda: (
-            s := status(starved)).get("fromUsageHistory", {}).get("gpu", 0) > 0.5 and s, timeout=30)
+            s := status(starved)).get("fromUsageHistory", {}).get("gpu", 0) > 0.5 and s, timeout=60)
         assert got["fairShare"]["gpu"] == pytest.approx(2.0, abs=0.01), got
         assert got["fromUsageHistory"]["gpu"] == pytest.approx(1.0, abs=0.01), got
         # (The hog's own status goes back to 0 from the next cycle: its bare pods, once
         # reclaimed, are gone, so it asks for nothing; the embedded test checks the "less".)
-        bound(kube_client, starved, "b-0", "b-1", timeout=30)
+        bound(kube_client, starved, "b-0", "b-1", timeout=60)
     finally:
         for ns in (hog, starved):
             for pod in kube_client.list(Pod, namespace=ns):
