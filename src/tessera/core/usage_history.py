@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tessera.core import usage_saved
@@ -294,3 +294,19 @@ class UsageHistory:
         self.records, self._running = records, running
         self._restored = (set(running), saved)
         return None
+
+    def restore_from(self, load: Callable[[], object], form: str, where: str,
+                     now: float) -> tuple[bool, str]:
+        """Restore from what ``load()`` decodes (a record in ``form``, read from ``where``):
+        (True, what was restored) or (False, why it was ignored, the history starting empty).
+        Both stores log the line; ``load`` may raise ValueError, OSError or EOFError."""
+        try:
+            record = load()
+        except (ValueError, OSError, EOFError) as exc:
+            why: str | None = f"not {form} ({exc})"
+        else:
+            why = self.restore(record, now)
+        if why is None:
+            return True, (f"usage history: restored from {where} ({len(self.records)} records, "
+                          f"{len(self.running)} running)")
+        return False, f"usage history: {where} ignored: {why}; starting empty"

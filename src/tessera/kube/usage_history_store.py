@@ -62,17 +62,9 @@ class HistoryConfigMap:
             else:
                 log.warning("usage history: %s could not be read (%s); starting empty", where, exc)
             return
-        try:
-            record = decode(cm)
-        except (ValueError, OSError, EOFError) as exc:
-            why: str | None = f"not a gzipped JSON record ({exc})"
-        else:
-            why = self.history.restore(record, time.time())
-        if why is None:
-            log.info("usage history: restored from %s (%d records, %d running)", where,
-                     len(self.history.records), len(self.history.running))
-        else:
-            log.warning("usage history: %s ignored: %s; starting empty", where, why)
+        ok, line = self.history.restore_from(lambda: decode(cm), "a gzipped JSON record", where,
+                                             time.time())
+        log.log(logging.INFO if ok else logging.WARNING, "%s", line)
 
     async def after_cycle(self, now: float, force: bool = False) -> None:
         """Write the record if it is due (or ``force``); never raises (logged). Compaction and

@@ -45,17 +45,9 @@ class HistoryRow:
         if not rows:
             log.info("usage history: none saved in %s yet; starting empty", where)
             return
-        try:
-            record: object = json.loads(rows[0][0])
-        except ValueError as exc:
-            why: str | None = f"not a JSON record ({exc})"
-        else:
-            why = self.history.restore(record, time.time())
-        if why is None:
-            log.info("usage history: restored from %s (%d records, %d running)", where,
-                     len(self.history.records), len(self.history.running))
-        else:
-            log.warning("usage history: %s ignored: %s; starting empty", where, why)
+        ok, line = self.history.restore_from(lambda: json.loads(rows[0][0]), "a JSON record",
+                                             where, time.time())
+        log.log(logging.INFO if ok else logging.WARNING, "%s", line)
 
     def save(self, now: float, force: bool = False) -> None:
         """Write the record if it is due (or ``force``); never raises (logged)."""
