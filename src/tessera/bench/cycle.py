@@ -53,6 +53,22 @@ from tessera.core.units import GiB
 NOW = 100_000.0
 
 
+
+def place_all(placer: Placer, state: ClusterState, wid: str, request: ResourceRequest,
+              pods: int) -> list[Placement] | None:
+    """Place and assign ``pods`` pods ``wid#0…`` of ``request``, all or none: the placements,
+    or None with the state as it was (a running workload of a synthetic cluster)."""
+    placed: list[Placement] = []
+    for j in range(pods):
+        found = placer.place(request, explain=False)
+        if isinstance(found, NoFit):
+            for k in range(j):
+                state.release(f"{wid}#{k}")
+            return None
+        state.assign(f"{wid}#{j}", found)
+        placed.append(found)
+    return placed
+
 def make_nodes(count: int, gpus: int) -> list[Node]:
     return [
         Node(
@@ -132,17 +148,9 @@ def build(
         attempts += 1
         request, pods = shape(rng, pending=False)
         placer = placers[1] if rng.random() < spread else placers[0]
-        placed: list[Placement] = []
         wid = f"run-{len(workloads):05d}"
-        for j in range(pods):
-            found = placer.place(request, explain=False)
-            if isinstance(found, NoFit):
-                break
-            state.assign(f"{wid}#{j}", found)
-            placed.append(found)
-        if len(placed) < pods:
-            for j in range(len(placed)):
-                state.release(f"{wid}#{j}")
+        placed = place_all(placer, state, wid, request, pods)
+        if placed is None:
             continue
         cls = rng.choices(["train", "build", "inference"], [0.85, 0.08, 0.07])[0]
         workloads.append(

@@ -8,10 +8,11 @@ from decimal import Decimal
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from tessera.bench.cycle import place_all
 from tessera.core.cycle import CycleConfig, Project, Quota, Snapshot, Workload
 from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
-from tessera.core.placement import NoFit, Placer
-from tessera.core.state import ClusterState, Placement
+from tessera.core.placement import Placer
+from tessera.core.state import ClusterState
 from tessera.core.units import GiB
 
 CLASSES = ("train", "train", "build", "inference", "build-preemptible")
@@ -62,16 +63,8 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, CycleConfig]:
     for i in range(draw(st.integers(0, 14))):
         req = gpu_request(draw)
         pods = draw(st.integers(1, 2))
-        placements: list[Placement] = []
-        for j in range(pods):
-            found = placer.place(req, explain=False)
-            if isinstance(found, NoFit):
-                break
-            state.assign(f"r{i}#{j}", found)
-            placements.append(found)
-        if len(placements) < pods:
-            for j in range(len(placements)):
-                state.release(f"r{i}#{j}")
+        placements = place_all(placer, state, f"r{i}", req, pods)
+        if placements is None:
             continue
         workloads.append(
             Workload(
