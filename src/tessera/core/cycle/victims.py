@@ -11,6 +11,7 @@ fit where they were, so the victims kept are only the ones that made room.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import cache
 
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
@@ -183,30 +184,16 @@ def cheapest_node(
     pruned = index.pruned
     models_ok: dict[int, bool] = {}
     nodes = session.state.by_name
-    refused: dict[str, bool] = {}
-
-    def is_refused(project: str) -> bool:
-        found = refused.get(project)
-        if found is None:
-            assert blocked is not None
-            found = refused[project] = blocked(project)
-        return found
-
-    bounds: dict[str, float] = {}
-    """``takes_up_to`` per project, asked once per project and call."""
+    # ``blocked`` and ``takes_up_to``: asked once per project and call
+    is_refused = cache(blocked) if blocked is not None else None
+    bound_of = cache(takes_up_to) if takes_up_to is not None else None
     gpus_on = index.gpus
     minus_inf = float("-inf")
-
-    def bound_of(project: str) -> float:
-        found = bounds.get(project)
-        if found is None:
-            assert takes_up_to is not None
-            found = bounds[project] = takes_up_to(project)
-        return found
 
     def live_on(node: str, group: list[WorkloadState]) -> bool:
         """GPU-only: does the node hold a victim this search may take (``allow`` with nothing
         taken yet: the scan's own test, its first victim allowed)?"""
+        assert bound_of is not None
         for v, g in zip(group, gpus_on(node), strict=True):
             if not v.evicted:
                 b = bound_of(v.project)
@@ -220,8 +207,8 @@ def cheapest_node(
         # Marks made during this call are behind the scan: one set for the call is the same.
         skip = [nodes for shape, nodes in index.no_room.items() if nodes and at_least(request, shape)]
         skip_set = skip[0] if len(skip) == 1 else set().union(*skip)
-        lists = index.takeable() if takes_up_to is not None and not pod_level else None
-        if lists is not None:
+        lists = index.takeable() if bound_of is not None and not pod_level else None
+        if lists is not None and bound_of is not None:
             candidates = lists.candidates(bound_of)
     by_node = index.by_node
     for order, node in enumerate(candidates):
@@ -242,7 +229,7 @@ def cheapest_node(
             if not ok:
                 continue
         if takeable_only:
-            if takes_up_to is not None and not live_on(node, group):
+            if bound_of is not None and not live_on(node, group):
                 continue
             if index.no_room_even_empty(session, request, node):
                 continue
@@ -258,7 +245,7 @@ def cheapest_node(
         for v in group:
             if v.evicted:
                 continue
-            if (blocked is not None and v.vector()[0] > 0 and is_refused(v.project)) \
+            if (is_refused is not None and v.vector()[0] > 0 and is_refused(v.project)) \
                     or not allow(v, tentative):
                 others = True
                 continue
