@@ -1,24 +1,33 @@
 """Why a request does not fit, for many requests against one cluster state.
 
-Same wording as ``tessera.core.placement.explain``, but one pass over the nodes per request
-(that module makes several, which is fine for one request and too slow for the hundreds of
-waiting workloads a cycle explains). Results are cached per request; make a new explainer when
-the state changes.
+Same wording as ``tessera.core.placement.explain``, but judged from a ``DeviceIndex``
+(``fit_index``): devices grouped by kind and nodes by profile, built in one pass over the devices
+and shared by every explainer of the plan, so a request costs the number of kinds and profiles,
+not of devices (that module scans every node several times, which is fine for one request and
+too slow for the waiting workloads of a 5,000-node cycle). Results are cached per request; make
+a new explainer (and index) when the state changes.
 """
 
 from __future__ import annotations
 
-from tessera.core.model import GpuKind, ResourceRequest
-from tessera.core.placement.explain import compute_reason
+from tessera.core.model import COMPUTE_FULL, GpuKind, GpuRequest, ResourceRequest
 from tessera.core.state import ClusterState, NodeState
 from tessera.core.units import format_bytes
 
+from .fit_index import DeviceIndex, Judged, View
+
 
 class FitExplainer:
-    def __init__(self, state: ClusterState, nodes: list[NodeState] | None = None) -> None:
-        """``nodes``: explain among these only (the nodes a constrained pod may use)."""
+    def __init__(self, state: ClusterState, nodes: list[NodeState] | None = None,
+                 parent: FitExplainer | None = None) -> None:
+        """``nodes``: explain among these only (the nodes a constrained pod may use), in node
+        order. ``parent``: an explainer of the same state whose ``DeviceIndex`` this one shares
+        (the index is built on first need, once)."""
         self.state = state
         self.nodes = state.nodes if nodes is None else nodes
+        self._parent = parent
+        self._index: DeviceIndex | None = None
+        self._view: View | None = None
         self._cache: dict[ResourceRequest, str] = {}
 
     def explain(self, request: ResourceRequest) -> str:
@@ -28,6 +37,18 @@ class FitExplainer:
             self._cache[request] = text
         return text
 
+    def _judge(self, gpu: GpuRequest) -> Judged:
+        if self._view is None:
+            self._view = self.index().view(self.nodes)
+        return self._view.judge(gpu)
+
+    def index(self) -> DeviceIndex:
+        if self._parent is not None:
+            return self._parent.index()
+        if self._index is None:
+            self._index = DeviceIndex(self.state.nodes)
+        return self._index
+
     def _explain(self, request: ResourceRequest) -> str:
         nodes = self.nodes
         if not nodes:
@@ -36,55 +57,26 @@ class FitExplainer:
         if gpu.kind is GpuKind.NONE:
             return _host_reason(nodes, request)
         models = f" of model {'|'.join(sorted(gpu.models))}" if gpu.models else ""
-        any_model = False
-        gpu_ok: list[NodeState] = []
-        best_count, best_node = 0, ""
-        largest: tuple[int, int, int] | None = None  # free, -node index, -device
-        need_on_largest = 0
-        whole = gpu.kind is GpuKind.WHOLE
-        shapes: dict[tuple[int, str], tuple[bool, int]] = {}
-        devices = gpu.devices
-        for ns in nodes:
-            count = 0
-            used, tenants = ns.dev_used, ns.dev_tenants
-            for i, memory in enumerate(ns.dev_memory):
-                model = ns.dev_models[i]
-                shape = shapes.get((memory, model))
-                if shape is None:
-                    shape = (gpu.allows(model), gpu.bytes_on(memory))
-                    shapes[(memory, model)] = shape
-                allowed, need = shape
-                if not allowed:
-                    continue
-                any_model = True
-                if whole:
-                    if tenants[i] == 0:
-                        count += 1
-                    continue
-                free = memory - used[i]
-                if largest is None or free > largest[0]:
-                    largest, need_on_largest = (free, -ns.index, -i), need
-                if need <= free and gpu.compute_units <= ns.dev_compute_free(i):
-                    count += 1
-            if count > best_count:
-                best_count, best_node = count, ns.name
-            if count >= devices:
-                gpu_ok.append(ns)
-        if not any_model:
+        judged = self._judge(gpu)
+        if not judged.any_allowed():
             return f"no node has a GPU of model {'|'.join(sorted(gpu.models))}"
+        whole = gpu.kind is GpuKind.WHOLE
+        gpu_ok = judged.nodes_with(gpu.devices)
         if not gpu_ok:
-            timed = None if whole else compute_reason(nodes, gpu)
+            timed = None if whole else _compute_reason(judged, self.state)
             if timed is not None:
                 return timed
+            best_count, best = judged.best()
+            best_node = best.name if best is not None else ""
             if whole:
                 where = f" (node {best_node})" if best_count else ""
                 return (
                     f"no node has {gpu.devices} idle GPU{'s' if gpu.devices != 1 else ''}{models}: "
                     f"the most idle on one node is {best_count}{where}"
                 )
-            assert largest is not None
-            holder = self.state.nodes[-largest[1]]
-            where = f"largest free is {format_bytes(largest[0])} on {holder.name} GPU {-largest[2]}"
+            free, node, device, need_on_largest = judged.largest()
+            holder = self.state.nodes[node]
+            where = f"largest free is {format_bytes(free)} on {holder.name} GPU {device}"
             if gpu.devices == 1:
                 return f"no GPU{models} with {format_bytes(need_on_largest)} free: {where}"
             at = f" ({best_node})" if best_node else ""
@@ -99,7 +91,7 @@ class FitExplainer:
                 f"{request.cpu_milli / 1000:g} CPU and {format_bytes(request.memory)} of memory free; "
                 + _host_reason(gpu_ok, request)
             )
-        room = sum(_pods_that_fit(ns, request) for ns in host_ok)
+        room = sum(judged.pods_on(ns) for ns in host_ok)
         where = host_ok[0].name if len(host_ok) == 1 else f"{len(host_ok)} nodes"
         return (
             f"the GPUs have room for only {room} pod(s) of {gpu.describe()} now "
@@ -107,22 +99,19 @@ class FitExplainer:
         )
 
 
-def _pods_that_fit(ns: NodeState, request: ResourceRequest) -> int:
-    """How many pods of this GPU request the node's free GPU memory holds now (GPUs only)."""
-    gpu = request.gpu
-    per_device = 0
-    for i, memory in enumerate(ns.dev_memory):
-        if not gpu.allows(ns.dev_models[i]):
-            continue
-        if gpu.kind is GpuKind.WHOLE:
-            per_device += 1 if ns.dev_tenants[i] == 0 else 0
-        else:
-            need = gpu.bytes_on(memory)
-            fit = (memory - ns.dev_used[i]) // need if need > 0 else 0
-            if gpu.compute_units:
-                fit = min(fit, ns.dev_compute_free(i) // gpu.compute_units)
-            per_device += fit
-    return per_device // max(gpu.devices, 1)
+def _compute_reason(judged: Judged, state: ClusterState) -> str | None:
+    """``placement.explain.compute_reason`` from the index: why a share with a compute request
+    waits when GPUs have its memory but not its time (None when memory is what is missing)."""
+    gpu = judged.gpu
+    if not gpu.compute_units or gpu.kind not in (GpuKind.PORTION, GpuKind.MEMORY):
+        return None
+    found = judged.timed()
+    if found is None:
+        return None
+    roomy, (free, node, device) = found
+    return (f"waiting for GPU time: {roomy} GPU(s) have the memory for {gpu.describe()} but none has "
+            f"{gpu.compute} of its time unpromised (the compute requests on a GPU add up to at most "
+            f"1); the most is {free / COMPUTE_FULL:g} on {state.nodes[node].name} GPU {device}")
 
 
 def _host_reason(pool: list[NodeState], request: ResourceRequest) -> str:

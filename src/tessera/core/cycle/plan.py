@@ -60,7 +60,7 @@ def waiting(session: Session) -> tuple[Waiting, ...]:
                     refused = constraint.refusals(session.nodes)
                     head = f"0/{len(session.nodes)} nodes are available: {refused}" if refused else ""
                     found = explainers[constraint] = (
-                        FitExplainer(session.state, subset) if subset else None, head, len(subset))
+                        FitExplainer(session.state, subset, explainer) if subset else None, head, len(subset))
                 fit, head, usable = found
                 if fit is None:
                     reason = reason.replace(FIT, head or "no node is allowed")
