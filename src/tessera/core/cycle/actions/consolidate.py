@@ -9,6 +9,9 @@ any moved pod cannot be re-placed, or more than ``max_moves`` pods would move, n
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from tessera.core.cycle.session import Session, Statement, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, cheapest_node
 from tessera.core.fairshare import Vector
@@ -25,15 +28,12 @@ class Consolidate:
         waiting = session.waiting_after(("placement",))
         if not waiting or session.config.max_moves <= 0:
             return
-        movable = [
-            v
-            for v in session.workloads.values()
-            if v.spec.movable and session.evictable(v, "preempt") and all(r.gpu.shared for r in v.spec.pods)
-        ]
-        if not movable:
-            return
-        movable.sort(key=lambda v: (v.vector()[0], v.id))
-        index = NodeIndex(movable)
+        # The movable workloads and their node index are found when the first waiting workload
+        # its project's rules allow comes (often none does): until then nothing has changed,
+        # so they are what they were when the action began; the index is built at the first
+        # node search (an attempt that places without one moves nobody).
+        movable: list[WorkloadState] | None = None
+        index: list[NodeIndex] = []
         failed: set[Shape] = set()
         for ws in session.quota.fair_order(waiting):
             key = shape(ws)
@@ -41,10 +41,14 @@ class Consolidate:
                 continue
             if session.quota.check(ws, gang_demand(session, ws)) is not None:
                 continue
-            if not self._try(session, ws, index):
+            if movable is None:
+                movable = _movable(session)
+            if not movable:
+                return
+            if not self._try(session, ws, partial(_index, movable, index)):
                 failed.add(key)
 
-    def _try(self, session: Session, ws: WorkloadState, index: NodeIndex) -> bool:
+    def _try(self, session: Session, ws: WorkloadState, index: Callable[[], NodeIndex]) -> bool:
         def allow(v: WorkloadState, tentative: Tentative) -> bool:
             return True
 
@@ -59,7 +63,7 @@ class Consolidate:
             if placed or fail is None:
                 break
             pairs = cheapest_node(
-                session, fail, index, allow, pod_level=True, constraint=session.constraint_for(ws, fail)
+                session, fail, index(), allow, pod_level=True, constraint=session.constraint_for(ws, fail)
             )
             if not pairs or len(moved) + len(pairs) > session.config.max_moves:
                 break
@@ -84,3 +88,23 @@ class Consolidate:
         session.record_binding(ws, placed, "consolidate", message)
         stmt.commit()
         return True
+
+
+def _movable(session: Session) -> list[WorkloadState]:
+    """Running workloads consolidation may move: movable, preemptible past their minimum
+    runtime, every pod a GPU share; fewest GPUs first."""
+    found = [
+        v
+        for v in session.workloads.values()
+        if v.was_running and v.preemptible and v.spec.movable and all(r.gpu.shared for r in v.spec.pods)
+        and session.evictable(v, "preempt")
+    ]
+    found.sort(key=lambda v: (v.vector()[0], v.id))
+    return found
+
+
+def _index(movable: list[WorkloadState], built: list[NodeIndex]) -> NodeIndex:
+    """The node index of ``movable``, built on first call and kept in ``built``."""
+    if not built:
+        built.append(NodeIndex(movable))
+    return built[0]

@@ -11,6 +11,7 @@ needed are put back.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from functools import partial
 
@@ -31,12 +32,21 @@ class Preempt:
         waiting = session.waiting_after(_TRIES)
         if not waiting:
             return
+        # Only projects with a waiting workload can preempt, and only a waiting workload of a
+        # higher priority than its project's lowest evictable one has a victim: victims only
+        # leave the list during the action (evicted, settled; a discarded attempt puts them
+        # back), so one with none at the start has none later and does nothing. Leaving it out
+        # of the fair order changes nothing either: a workload that does nothing changes no
+        # project's key, so the others come in the same order (test_preempt_skip).
+        projects = {w.project for w in waiting}
         by_project: dict[str, list[WorkloadState]] = {}
         for v in session.workloads.values():
-            if session.evictable(v, "preempt"):
+            if v.project in projects and v.was_running and v.preemptible and session.evictable(v, "preempt"):
                 by_project.setdefault(v.project, []).append(v)
-        for group in by_project.values():
-            group.sort(key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
+        lowest = {p: min(v.priority for v in group) for p, group in by_project.items()}
+        waiting = [w for w in waiting if w.project in lowest and w.priority > lowest[w.project]]
+        for p in {w.project for w in waiting}:
+            by_project[p].sort(key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
         # The victims for one (project, priority below) change only when one of them is
         # evicted, put back or settled: the node index is rebuilt only then (a failed attempt
         # leaves them as they were), not once per waiting workload.
@@ -44,7 +54,7 @@ class Preempt:
         # The victim list itself changes only when the plan does (every kept attempt records a
         # binding, evictions and moves; a discarded one leaves nothing): filtered again only then.
         lists: dict[tuple[str, int], tuple[object, list[WorkloadState]]] = {}
-        for ws in session.quota.fair_order(w for w in waiting if w.project in by_project):
+        for ws in session.quota.fair_order(waiting):
             if not ws.unplaced():
                 continue
             key = (ws.project, ws.priority)
@@ -53,11 +63,9 @@ class Preempt:
             if listed is not None and listed[0] == token:
                 victims = listed[1]
             else:
-                victims = [
-                    v
-                    for v in by_project[ws.project]
-                    if v.priority < ws.priority and not v.evicted and not session.settled(v)
-                ]
+                group = by_project[ws.project]  # sorted by priority first: those below are a prefix
+                below = bisect_left(group, ws.priority, key=_priority)
+                victims = [v for v in group[:below] if not v.evicted and not session.settled(v)]
                 lists[key] = (token, victims)
             found = cache.get(key)
             if found is None or len(found[0]) != len(victims) or any(
@@ -138,6 +146,10 @@ def _lazy(found: tuple[list[WorkloadState], list[NodeIndex]]) -> Callable[[], No
             found[1].append(NodeIndex(found[0]))
         return found[1][0]
     return get
+
+
+def _priority(v: WorkloadState) -> int:
+    return v.priority
 
 
 def _plan_token(session: Session) -> object:
