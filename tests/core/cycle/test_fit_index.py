@@ -150,6 +150,11 @@ def _cluster(rng: random.Random) -> ClusterState:
         nodes.append(Node(f"n{k}", gpus, cpu_milli=rng.choice([8_000, 32_000]),
                           memory=rng.choice([32, 256]) * GiB))
     state = ClusterState(nodes)
+    _allocate(rng, state, "a")
+    return state
+
+
+def _allocate(rng: random.Random, state: ClusterState, prefix: str) -> None:
     for a in range(rng.randint(0, 40)):
         ns = rng.choice(state.nodes)
         if not ns.dev_memory:
@@ -163,8 +168,7 @@ def _cluster(rng: random.Random) -> ClusterState:
             p = Placement(ns.name, (i,), (want,), (want,), False, cpu, mem,
                           compute=rng.choice([0, 0, 250_000, 500_000, 1_000_000]))
         if state.fits(p) is None:
-            state.assign(f"a{a}", p)
-    return state
+            state.assign(f"{prefix}{a}", p)
 
 
 def _request(rng: random.Random) -> ResourceRequest:
@@ -187,22 +191,28 @@ def _request(rng: random.Random) -> ResourceRequest:
 
 
 def test_index_explains_as_the_scan() -> None:
-    """150 random clusters × 25 requests, on all nodes and three random subsets; the clusters
-    reach every wording (else the comparison would prove less)."""
+    """150 random clusters × 2 rounds × 12 requests, on all nodes and three random subsets;
+    between the rounds allocations are released and added (the node kinds kept between
+    indexes of one state must follow). The clusters reach every wording (else the comparison
+    would prove less)."""
     seen = set()
     for seed in range(150):
         rng = random.Random(seed)
         state = _cluster(rng)
-        full = FitExplainer(state)
-        subsets = [[ns for ns in state.nodes if rng.random() < 0.5] for _ in range(3)]
-        explainers = [(full, ScanExplainer(state))] + [
-            (FitExplainer(state, s, full), ScanExplainer(state, s)) for s in subsets]
-        for _ in range(25):
-            request = _request(rng)
-            for new, old in explainers:
-                text = new.explain(request)
-                assert text == old.explain(request), (seed, request)
-                seen.add(next((w for w in WORDINGS if w in text), text))
+        for _round in range(2):
+            full = FitExplainer(state)
+            subsets = [[ns for ns in state.nodes if rng.random() < 0.5] for _ in range(3)]
+            explainers = [(full, ScanExplainer(state))] + [
+                (FitExplainer(state, s, full), ScanExplainer(state, s)) for s in subsets]
+            for _ in range(12):
+                request = _request(rng)
+                for new, old in explainers:
+                    text = new.explain(request)
+                    assert text == old.explain(request), (seed, request)
+                    seen.add(next((w for w in WORDINGS if w in text), text))
+            for alloc_id in rng.sample(sorted(state.allocations), len(state.allocations) // 2):
+                state.release(alloc_id)
+            _allocate(rng, state, f"r{_round}-")
     assert set(WORDINGS) <= seen, set(WORDINGS) - seen
 
 

@@ -46,7 +46,7 @@ class FitExplainer:
         if self._parent is not None:
             return self._parent.index()
         if self._index is None:
-            self._index = DeviceIndex(self.state.nodes)
+            self._index = DeviceIndex(self.state)
         return self._index
 
     def _explain(self, request: ResourceRequest) -> str:

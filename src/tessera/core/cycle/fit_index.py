@@ -19,43 +19,76 @@ every device on random clusters.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from weakref import WeakKeyDictionary
 
 from tessera.core.model import COMPUTE_FULL, GpuKind, GpuRequest
-from tessera.core.state import NodeState
+from tessera.core.state import ClusterState, NodeState
 
 Kind = tuple[int, str, int, int, bool, bool]
 """memory, model, bytes used, compute promised, has a tenant, held whole"""
 
 
-class DeviceIndex:
-    """Device kinds and node profiles of ``nodes`` as they are now (rebuild after a change)."""
+class KindsKept:
+    """Each node's device kinds in device order and sorted (its profile), kept between the
+    indexes of one ``ClusterState`` and computed again only for the nodes that changed since
+    (``ClusterState.subscribe``): a warm session's state is the same object cycle after cycle,
+    and most of its nodes end each cycle as they ended the last."""
 
-    def __init__(self, nodes: Sequence[NodeState]) -> None:
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.dirty = state.subscribe()
+        self.kinds: dict[int, tuple[tuple[Kind, ...], tuple[Kind, ...]]] = {}
+
+    def refresh(self) -> dict[int, tuple[tuple[Kind, ...], tuple[Kind, ...]]]:
+        nodes = self.state.nodes
+        for i in self.dirty:
+            ns = nodes[i]
+            keys = tuple(zip(ns.dev_memory, ns.dev_models, ns.dev_used, ns.dev_compute,
+                             [t > 0 for t in ns.dev_tenants], ns.dev_whole, strict=True))
+            self.kinds[i] = (keys, tuple(sorted(keys)))
+        self.dirty.clear()
+        return self.kinds
+
+
+_KEPT: WeakKeyDictionary[ClusterState, KindsKept] = WeakKeyDictionary()
+
+
+def kinds_of(state: ClusterState) -> dict[int, tuple[tuple[Kind, ...], tuple[Kind, ...]]]:
+    """Node index -> its devices' kinds (in device order, sorted), up to date."""
+    kept = _KEPT.get(state)
+    if kept is None:
+        kept = _KEPT[state] = KindsKept(state)
+    return kept.refresh()
+
+
+class DeviceIndex:
+    """Device kinds and node profiles of a cluster state as it is now (rebuild after a
+    change; what is kept between builds is ``KindsKept``)."""
+
+    def __init__(self, state: ClusterState) -> None:
         kinds: dict[Kind, int] = {}
+        self.kind_ids = kinds
         self.kinds: list[Kind] = []
-        profiles: dict[tuple[int, ...], int] = {}
+        profiles: dict[tuple[Kind, ...], int] = {}
         self.profiles: list[tuple[tuple[int, int], ...]] = []
         """Per profile: (kind, how many devices of that kind), kinds ascending."""
-        self.node_kinds: dict[int, list[int]] = {}
+        self.node_keys: dict[int, tuple[Kind, ...]] = {}
         """Node index -> the kind of each of its devices."""
         self.profile_of: dict[int, int] = {}
         """Node index -> profile."""
-        for ns in nodes:
-            ids = []
-            for key in zip(ns.dev_memory, ns.dev_models, ns.dev_used, ns.dev_compute,
-                           [t > 0 for t in ns.dev_tenants], ns.dev_whole, strict=True):
-                k = kinds.get(key)
-                if k is None:
-                    k = kinds[key] = len(self.kinds)
-                    self.kinds.append(key)
-                ids.append(k)
-            self.node_kinds[ns.index] = ids
-            sig = tuple(sorted(ids))
+        kept = kinds_of(state)
+        for ns in state.nodes:
+            keys, sig = kept[ns.index]
+            self.node_keys[ns.index] = keys
             p = profiles.get(sig)
             if p is None:
                 p = profiles[sig] = len(self.profiles)
                 pairs: dict[int, int] = {}
-                for k in sig:
+                for key in sig:
+                    k = kinds.get(key)
+                    if k is None:
+                        k = kinds[key] = len(self.kinds)
+                        self.kinds.append(key)
                     pairs[k] = pairs.get(k, 0) + 1
                 self.profiles.append(tuple(pairs.items()))
             self.profile_of[ns.index] = p
@@ -84,7 +117,7 @@ class View:
         """Kind -> devices of that kind among these nodes."""
         for p, members in self.members.items():
             head = members[0].index
-            ids = index.node_kinds[head]
+            ids = [index.kind_ids[key] for key in index.node_keys[head]]
             for k, c in index.profiles[p]:
                 self.count[k] = self.count.get(k, 0) + c * len(members)
                 pos = (head, ids.index(k))
