@@ -5,9 +5,12 @@ GPUs, compute promises, host CPU and memory, and random node subsets (constraine
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 from decimal import Decimal
 
+from tessera.core.cycle import fit_index
 from tessera.core.cycle.explain import FitExplainer
 from tessera.core.model import GpuDevice, GpuKind, GpuRequest, Node, ResourceRequest
 from tessera.core.placement.explain import compute_reason
@@ -218,3 +221,14 @@ def test_index_explains_as_the_scan() -> None:
 
 WORDINGS = ("no node has a GPU of model", "waiting for GPU time", "idle GPU", "no GPU", "free each",
             "but none also has", "have room for only", "no node with", "the cluster has no nodes")
+
+
+def test_kept_kinds_do_not_keep_the_state() -> None:
+    """The kinds kept per state are dropped with it (a cold cycle's state is not leaked)."""
+    state = ClusterState([Node("n", (GpuDevice("g", 0, 16 * GiB, "A100"),), cpu_milli=1000, memory=GiB)])
+    assert "idle GPUs" in FitExplainer(state).explain(ResourceRequest(GpuRequest.whole(2)))
+    assert state in fit_index._KEPT
+    ref = weakref.ref(state)
+    del state
+    gc.collect()
+    assert ref() is None

@@ -35,12 +35,12 @@ class KindsKept:
     and most of its nodes end each cycle as they ended the last."""
 
     def __init__(self, state: ClusterState) -> None:
-        self.state = state
+        # No reference to ``state`` here: it is the key of ``_KEPT``, held weakly.
         self.dirty = state.subscribe()
         self.kinds: dict[int, tuple[tuple[Kind, ...], tuple[Kind, ...]]] = {}
 
-    def refresh(self) -> dict[int, tuple[tuple[Kind, ...], tuple[Kind, ...]]]:
-        nodes = self.state.nodes
+    def refresh(self, state: ClusterState) -> dict[int, tuple[tuple[Kind, ...], tuple[Kind, ...]]]:
+        nodes = state.nodes
         for i in self.dirty:
             ns = nodes[i]
             keys = tuple(zip(ns.dev_memory, ns.dev_models, ns.dev_used, ns.dev_compute,
@@ -58,7 +58,7 @@ def kinds_of(state: ClusterState) -> dict[int, tuple[tuple[Kind, ...], tuple[Kin
     kept = _KEPT.get(state)
     if kept is None:
         kept = _KEPT[state] = KindsKept(state)
-    return kept.refresh()
+    return kept.refresh(state)
 
 
 class DeviceIndex:
