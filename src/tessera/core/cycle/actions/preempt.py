@@ -37,11 +37,18 @@ class Preempt:
         # leave the list during the action (evicted, settled; a discarded attempt puts them
         # back), so one with none at the start has none later and does nothing. Leaving it out
         # of the fair order changes nothing either: a workload that does nothing changes no
-        # project's key, so the others come in the same order (test_preempt_skip).
-        projects = {w.project for w in waiting}
+        # project's key, so the others come in the same order (tests/core/cycle/test_actions_same.py).
+        # Likewise a running workload of a priority no waiting one of its project outranks is
+        # nobody's victim: it is not even checked.
+        top: dict[str, int] = {}
+        for w in waiting:
+            if w.priority > top.get(w.project, w.priority - 1):
+                top[w.project] = w.priority
         by_project: dict[str, list[WorkloadState]] = {}
         for v in session.workloads.values():
-            if v.project in projects and v.was_running and v.preemptible and session.evictable(v, "preempt"):
+            t = top.get(v.project)
+            if t is not None and v.priority < t and v.was_running and v.preemptible \
+                    and session.evictable(v, "preempt"):
                 by_project.setdefault(v.project, []).append(v)
         lowest = {p: min(v.priority for v in group) for p, group in by_project.items()}
         waiting = [w for w in waiting if w.project in lowest and w.priority > lowest[w.project]]
