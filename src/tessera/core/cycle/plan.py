@@ -44,8 +44,7 @@ def waiting(session: Session) -> tuple[Waiting, ...]:
     explainer = FitExplainer(session.state)
     explainers: dict[NodeConstraint, tuple[FitExplainer | None, str, int]] = {}
     for ws in session.pending:
-        unplaced = ws.unplaced()
-        if not unplaced:
+        if not ws.unplaced():
             continue
         wait = session.waits.get(ws.id) or Wait("placement", "not tried this cycle")
         reason = wait.reason
@@ -69,7 +68,7 @@ def waiting(session: Session) -> tuple[Waiting, ...]:
                     sep = "; " if head else ""
                     reason = reason.replace(
                         FIT, f"{head}{sep}on the {usable} node(s) it may use: " + fit.explain(wait.request))
-        waiting.append(Waiting(ws.id, ws.project, wait.kind, _elastic_prefix(ws, len(unplaced), reason)))
+        waiting.append(Waiting(ws.id, ws.project, wait.kind, _elastic_prefix(ws, reason)))
     return tuple(waiting)
 
 
@@ -88,8 +87,7 @@ def project_statuses(session: Session) -> dict[str, ProjectStatus]:
     }
 
 
-def _elastic_prefix(ws: WorkloadState, unplaced: int, reason: str) -> str:
-    placed = len(ws.placements) - unplaced
-    if placed and placed >= ws.spec.gang_min:
-        return f"{unplaced} elastic pod(s) wait: {reason}"
+def _elastic_prefix(ws: WorkloadState, reason: str) -> str:
+    if ws.placed_count() and ws.placed_count() >= ws.spec.gang_min:
+        return f"{len(ws.unplaced())} elastic pod(s) wait: {reason}"
     return reason
