@@ -6,9 +6,13 @@ Errors are one line on stderr; exit 0 ok, 1 user error, 2 server unreachable.
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 from pathlib import Path
+from typing import Any
+
+import typer.main
 
 # Importing a command module registers its commands, in the order of ``tessera --help``.
 from tessera.cli import server_commands  # isort: skip
@@ -29,9 +33,7 @@ __all__ = ["app", "cli", "project_commands", "server_commands", "submit_commands
 
 def _top_level_names() -> set[str]:
     names = {"project", "config", "user", "access-rule", "department", "report"}
-    for c in cli.registered_commands:
-        callback = c.callback
-        names.add(c.name or (callback.__name__.replace("_", "-") if callback else ""))
+    names.update(_command_name(c) for c in cli.registered_commands)
     return names
 
 
@@ -47,6 +49,29 @@ def _flag_first(message: str, argv: list[str]) -> str:
     names = re.findall(r"'([^']+)'", m.group(1))
     typed = next((n for n in names if any(a == n or a.startswith(n + "=") for a in argv)), names[0])
     return f"{typed}: {message[m.end():]}"
+
+
+def _command_name(c: Any) -> str:
+    callback = c.callback
+    return str(c.name or (callback.__name__.replace("_", "-") if callback else ""))
+
+
+def _click_app(argv: list[str]) -> Any:
+    """The click command to run: when the first argument names a top-level command or group,
+    a group of that one alone (its siblings' parameters are not built: Typer builds every
+    command's options from its signature on each run, most of a start-up); otherwise
+    (``--help``, no arguments, a misspelt command and its suggestions) the whole tree. What
+    that command parses, prints and refuses is the same either way: click resolves the first
+    word to it and nothing at the top level but ``--help`` exists."""
+    first = argv[0] if argv else ""
+    if not first.startswith("-"):
+        commands = [c for c in cli.registered_commands if _command_name(c) == first]
+        groups = [g for g in cli.registered_groups if g.name == first]
+        if commands or groups:
+            view = copy.copy(cli)
+            view.registered_commands, view.registered_groups = commands, groups
+            return typer.main.get_group(view)
+    return typer.main.get_command(cli)
 
 
 class _App:
@@ -70,7 +95,7 @@ class _App:
             _add_kind_groups(None)
         try:
             prog = "runai" if Path(sys.argv[0]).name == "runai" else "tessera"
-            result = cli(args=args, standalone_mode=False, prog_name=prog)
+            result = _click_app(args)(args=args, standalone_mode=False, prog_name=prog)
         except CliError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(exc.code)
