@@ -53,6 +53,7 @@ class NodeState:
         "homogeneous",
         "index",
         "node",
+        "sid",
         "sig",
         "static_id",
     )
@@ -74,6 +75,8 @@ class NodeState:
         """Held by a whole-GPU (exclusive) placement: no one else may take a share of it."""
         self.homogeneous = len(set(zip(self.dev_memory, self.dev_models, strict=True))) <= 1
         self.sig: tuple[object, ...] | None = None
+        self.sid: int | None = None
+        """A small id of ``signature()`` (``ClusterState.signature_id``), kept until it changes."""
 
     @property
     def name(self) -> str:
@@ -109,6 +112,8 @@ class ClusterState:
         self._undo: list[tuple[str, str, Placement]] = []
         self._open = 0
         self._listeners: list[set[int]] = []
+        self._sig_ids: dict[tuple[object, ...], int] = {}
+        self._next_sig = 0
         for node in nodes:
             self.add_node(node)
 
@@ -127,6 +132,25 @@ class ClusterState:
         self.by_name[node.name] = ns
         self._touch(ns.index)
         return ns
+
+    MAX_SIGNATURE_IDS = 200_000
+
+    def signature_id(self, ns: NodeState) -> int:
+        """An int standing for ``ns.signature()``: equal signatures get one id while both are
+        known, and an id is never given to another signature (ids are not reused when the
+        table is cleared), so a memo keyed by it never answers for another node state."""
+        sid = ns.sid
+        if sid is None:
+            sig = ns.signature()
+            ids = self._sig_ids
+            sid = ids.get(sig)
+            if sid is None:
+                if len(ids) >= self.MAX_SIGNATURE_IDS:
+                    ids.clear()
+                sid = ids[sig] = self._next_sig
+                self._next_sig += 1
+            ns.sid = sid
+        return sid
 
     def __iter__(self) -> Iterator[NodeState]:
         return iter(self.nodes)
@@ -212,6 +236,7 @@ class ClusterState:
             if p.exclusive:
                 ns.dev_whole[i] = sign > 0
         ns.sig = None
+        ns.sid = None
         self._touch(ns.index)
 
     # -- transactions -------------------------------------------------------------------------

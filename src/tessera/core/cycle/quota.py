@@ -236,21 +236,34 @@ class QuotaLedger:
             per.setdefault(ws.project, deque()).append(ws)
         # An entry's key is fresh while nothing under its top-level project was accounted since
         # it was computed (``epoch``); only then is it computed again (lazily, at the top).
+        # Shares are fixed for the cycle and ``alloc`` changes only through ``account``, which
+        # bumps the epoch, so a key computed at an epoch still seen is the key now.
         epoch = self.epoch
         top = {p: self.tree.chain(p)[-1] for p in per}
-        heap = [(self.project_key(p), p, epoch[top[p]]) for p in sorted(per)]
+        keys: dict[str, tuple[int, tuple[tuple[float, int, str], ...]]] = {}
+
+        def key_of(p: str) -> tuple[tuple[float, int, str], ...]:
+            seen = epoch[top[p]]
+            known = keys.get(p)
+            if known is not None and known[0] == seen:
+                return known[1]
+            key = self.project_key(p)
+            keys[p] = (seen, key)
+            return key
+
+        heap = [(key_of(p), p, epoch[top[p]]) for p in sorted(per)]
         heapq.heapify(heap)
         while heap:
             key, p, seen = heapq.heappop(heap)
             if epoch[top[p]] != seen:
-                fresh = self.project_key(p)
+                fresh = key_of(p)
                 if fresh != key:
                     heapq.heappush(heap, (fresh, p, epoch[top[p]]))
                     continue
             queue = per[p]
             yield queue.popleft()
             if queue:
-                heapq.heappush(heap, (self.project_key(p), p, epoch[top[p]]))
+                heapq.heappush(heap, (key_of(p), p, epoch[top[p]]))
 
     def within(self, chain: Sequence[str], caps: dict[str, Vector] | None) -> bool:
         """Every project of ``chain`` is within its limit (and ``caps`` where given)."""

@@ -119,10 +119,11 @@ class Session:
                 raise InvalidRequest(f"workloads.{spec.id}.placements[{i}]", exc.rule) from None
             ws.pod_vectors[i] = self.quota.placement_vector(p)
 
-    def remove_workload(self, workload_id: str) -> None:
+    def remove_workload(self, workload_id: str, keep_slot: bool = False) -> None:
         """Take a workload out (finished, gone, or about to be added again changed): its pods
-        leave their nodes (quota is counted again by ``begin``)."""
-        ws = self.workloads.pop(workload_id)
+        leave their nodes (quota is counted again by ``begin``). ``keep_slot``: it is added
+        again next (``add_workload`` puts it back in the same place of the id order)."""
+        ws = self.workloads[workload_id] if keep_slot else self.workloads.pop(workload_id)
         for i, p in enumerate(ws.placements):
             if p is not None:
                 self.state.release(pod_id(workload_id, i))
@@ -163,7 +164,7 @@ class Session:
         """Place a pod. A pending MIG pod also takes its partition: ``mig`` where the caller
         chose it (room made by eviction), else what ``choose`` gives on that node now."""
         self.state.assign(pod_id(ws.id, pod), p)
-        ws.placements[pod] = p
+        ws.set_placement(pod, p)
         self.quota.account(ws, pod, p, +1)
         key = (ws.id, pod)
         profile = ws.spec.pods[pod].mig
@@ -176,7 +177,7 @@ class Session:
 
         def undo() -> None:
             self.quota.account(ws, pod, None, -1)
-            ws.placements[pod] = None
+            ws.set_placement(pod, None)
             self.mig_choices.pop(key, None)
 
         self._undo.append(undo)
@@ -184,10 +185,10 @@ class Session:
     def release_pod(self, ws: WorkloadState, pod: int) -> Placement:
         p = self.state.release(pod_id(ws.id, pod))
         self.quota.account(ws, pod, None, -1)
-        ws.placements[pod] = None
+        ws.set_placement(pod, None)
 
         def undo() -> None:
-            ws.placements[pod] = p
+            ws.set_placement(pod, p)
             self.quota.account(ws, pod, p, +1)
 
         self._undo.append(undo)

@@ -63,8 +63,9 @@ class WarmCycle:
         if session is None:
             self.close()
             session = Session(snapshot, self.config)
+        if not self.warm:
+            self._specs = {w.id: w for w in snapshot.workloads}
         self._session, self._last = session, snapshot
-        self._specs = {w.id: w for w in snapshot.workloads}
         randomised = make_policy(self.config.policy, random.Random(0)).randomised
         try:
             return run_session(session, started, keep=not randomised)
@@ -106,24 +107,41 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
 
 
 def _apply(session: Session, specs: dict[str, Workload], snapshot: Snapshot) -> Session | None:
+    """One pass over the snapshot: workloads gone, changed (taken out and put back in at the
+    same place of ``session.workloads``, which stays in id order) and new ones."""
     new: dict[str, Workload] = {}
+    changed: list[Workload] = []
+    arrived: list[Workload] = []
     for w in snapshot.workloads:
-        if w.id in new:
+        wid = w.id
+        if wid in new:
             return None  # duplicate ids: the new session names the field
-        new[w.id] = w
-    gone = [wid for wid, old in specs.items() if wid not in new or not _unchanged(old, new[wid])]
-    added = [w for wid, w in new.items() if wid not in specs or not _unchanged(specs[wid], w)]
-    for w in added:
+        new[wid] = w
+        old = specs.get(wid)
+        if old is None:
+            arrived.append(w)
+        elif not _unchanged(old, w):
+            changed.append(w)
+    for w in changed:
         validate_workload(w, session.tree)
-    for wid in gone:
-        session.remove_workload(wid)
-    for w in added:
+    for w in arrived:
+        validate_workload(w, session.tree)
+    if len(new) - len(arrived) < len(specs):
+        for wid in [wid for wid in specs if wid not in new]:
+            session.remove_workload(wid)
+    for w in changed:
+        session.remove_workload(w.id, keep_slot=True)
+    for w in changed:
         session.add_workload(w)
-    if added:
+    for w in arrived:
+        session.add_workload(w)
+    if arrived:
         workloads = session.workloads
         session.workloads = {wid: workloads[wid] for wid in sorted(workloads)}
     session.placer.forget_constraints()
     session.begin(snapshot)
+    specs.clear()
+    specs.update(new)
     return session
 
 

@@ -27,6 +27,9 @@ class WorkloadState:
     """A workload during the cycle: where its pods are now and what happened to it."""
 
     __slots__ = (
+        "_demand",
+        "_required",
+        "_unplaced",
         "_vector",
         "bound",
         "chain",
@@ -56,18 +59,35 @@ class WorkloadState:
         self.evicted = False
         self.bound: list[int] = []
         self._vector: Vector | None = None
+        self._unplaced: tuple[int, ...] | None = None
+        self._demand: Vector | None = None
+        self._required: int | None = None
         self.min_runtimes: tuple[float, float] | None = None
         """Its project's preempt and reclaim minimum runtimes (``Session.protected``)."""
 
-    def unplaced(self) -> list[int]:
-        return [i for i, p in enumerate(self.placements) if p is None]
+    def unplaced(self) -> tuple[int, ...]:
+        """Indices of its pods not placed now (kept until a placement changes)."""
+        found = self._unplaced
+        if found is None:
+            found = self._unplaced = tuple(i for i, p in enumerate(self.placements) if p is None)
+        return found
+
+    def set_placement(self, pod: int, p: Placement | None) -> None:
+        """Every change of ``placements`` goes through here (it forgets what was derived)."""
+        self.placements[pod] = p
+        self._unplaced = None
+        self._demand = None
+        self._required = None
 
     def placed_count(self) -> int:
-        return sum(1 for p in self.placements if p is not None)
+        return len(self.placements) - len(self.unplaced())
 
     def required(self) -> int:
         """Pods that must start together now: the gang minimum less what already runs."""
-        return max(0, self.spec.gang_min - self.placed_count())
+        found = self._required
+        if found is None:
+            found = self._required = max(0, self.spec.gang_min - self.placed_count())
+        return found
 
     def vector(self) -> Vector:
         """Quota its placed pods count as now."""

@@ -35,6 +35,9 @@ or fractions of a node, so a node where the set stays on NVLink ranks first unle
 prefers the other by more than two GPUs' worth; it never makes a node infeasible."""
 
 
+_UNKNOWN = object()
+
+
 @dataclass(frozen=True, slots=True)
 class NoFit:
     """Nothing fits now; ``reason`` says why in words a person can act on."""
@@ -79,7 +82,7 @@ class Placer:
         self._rankings: OrderedDict[object, _Ranking] = OrderedDict()
         self._static: dict[NodeConstraint, tuple[bytearray, list[float]]] = {}
         self._possible: dict[ResourceRequest, bytearray] = {}
-        self._memo: dict[tuple[object, int], Choice | None] = {}
+        self._memo: dict[tuple[int, int], Choice | None] = {}
         self._request_ids: dict[ResourceRequest, int] = {}
         self._next_request_id = 0
         self._stamp = 0
@@ -175,10 +178,12 @@ class Placer:
         return rid
 
     def _evaluate(self, index: int, request: ResourceRequest, rid: int) -> Choice | None:
-        ns = self.state.nodes[index]
-        key = (ns.signature(), rid)
-        if key in self._memo:
-            return self._memo[key]
+        state = self.state
+        ns = state.nodes[index]
+        key = (state.signature_id(ns), rid)
+        found = self._memo.get(key, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found  # type: ignore[return-value]
         if len(self._memo) > self.MAX_MEMO:
             self._memo.clear()
             self._request_ids.clear()

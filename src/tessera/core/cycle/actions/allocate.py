@@ -17,10 +17,15 @@ from tessera.core.model import ResourceRequest
 
 
 def gang_demand(session: Session, ws: WorkloadState) -> Vector:
-    """Quota the gang's required pods count as (one pod for elastic pods of a running one)."""
-    total = ZERO
-    for i in ws.unplaced()[: max(ws.required(), 1)]:
-        total = vadd(total, session.quota.demand(ws.spec.pods[i]))
+    """Quota the gang's required pods count as (one pod for elastic pods of a running one).
+    Kept on the workload until one of its placements changes (``WorkloadState.set_placement``):
+    it depends only on which pods are unplaced and on the nodes, fixed for the session."""
+    total = ws._demand
+    if total is None:
+        total = ZERO
+        for i in ws.unplaced()[: max(ws.required(), 1)]:
+            total = vadd(total, session.quota.demand(ws.spec.pods[i]))
+        ws._demand = total
     return total
 
 
