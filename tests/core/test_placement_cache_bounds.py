@@ -116,3 +116,28 @@ def test_small_cache_bounds_keep_every_constraint(
             state.assign(f"w{i}", where)
         if i % 3 == 2 and state.allocations:
             state.release(sorted(state.allocations)[0])
+
+
+@pytest.mark.parametrize("table", [1, 2, 5, 1000])
+def test_a_signature_id_never_stands_for_two_node_states(table: int) -> None:
+    """The placer's memo is keyed by ``ClusterState.signature_id``: equal ids must mean equal
+    node states, also after the id table passed its bound and was cleared (ids not reused)."""
+    state = ClusterState([_node(f"n{i}", "T4", 2) for i in range(3)])
+    state.MAX_SIGNATURE_IDS = table
+    seen: dict[int, tuple[object, ...]] = {}
+    for step in range(200):
+        ns = state.nodes[step % 3]
+        pid = f"p{step % 7}"
+        if pid in state.allocations:
+            state.release(pid)
+        else:
+            gib = 1 + step % 5
+            device = (step // 3) % 2
+            p = Placement(ns.name, (device,), (gib * GiB,), (gib * GiB,))
+            if state.fits(p) is None:
+                state.assign(pid, p)
+        for node in state.nodes:
+            sid = state.signature_id(node)
+            assert seen.setdefault(sid, node.signature()) == node.signature()
+    if table >= 1000:  # one table for the whole run: equal states share one id
+        assert len(set(seen.values())) == len(seen)

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from tessera.bench import cycle as bench
 from tessera.bench.changes import advance
 from tessera.core.cycle import CycleConfig, Plan, Quota, Snapshot, Workload, run_cycle
+from tessera.core.cycle.actions.allocate import gang_demand
 from tessera.core.cycle.warm import WarmCycle
+from tessera.core.cycle.workload_state import WorkloadState
 from tessera.core.errors import InvalidRequest
 from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
 from tessera.core.units import GiB
@@ -69,7 +71,23 @@ def test_warm_session_plans_as_a_new_one_on_a_bench_cluster(policy: str) -> None
         cold = run_cycle(snap, config)
         assert plan == cold
         changed += len(plan.bindings) + len(plan.evictions)
+        _kept_facts_are_fresh(warm)
     assert changed > 0  # the cycles decided something
+
+
+def _kept_facts_are_fresh(warm: WarmCycle) -> None:
+    """What a kept workload remembers across cycles (unplaced pods, gang minimum left, gang
+    demand, never-fits reason) equals what a fresh look at it gives now."""
+    session = warm._session
+    assert session is not None
+    for ws in session.workloads.values():
+        fresh = WorkloadState(ws.spec, ws.chain)
+        fresh.placements[:] = ws.placements
+        assert ws.unplaced() == fresh.unplaced()
+        assert ws.required() == fresh.required()
+        assert gang_demand(session, ws) == gang_demand(session, fresh)
+        if ws.never is not None and ws.never[0] == ws.unplaced():
+            assert ws.never[1] == session.never.gang(fresh, session.placer, session.mig)
 
 
 def test_a_refused_snapshot_raises_as_run_cycle_does_and_the_next_one_runs() -> None:
@@ -137,3 +155,35 @@ def test_a_constraint_that_compares_equal_but_answers_from_a_new_view_is_asked_a
     plan = warm.run(second)
     assert warm.warm and plan == run_cycle(second)
     assert plan.bindings[0].pods[0].placement.node != "node-0000"
+
+
+def test_kept_facts_follow_every_placement_change() -> None:
+    """A pod placed, then the statement discarded: the gang's unplaced pods, gang minimum left
+    and demand follow each change (they are kept on the workload between changes)."""
+    from tessera.core.cycle.session import Session, Statement
+    from tessera.core.state import Placement
+
+    snap = bench.build(nodes=4, running=0, pending=0, seed=2)
+    request = ResourceRequest(GpuRequest.whole(1), 1000, GiB)
+    gang = Workload.gang("g", "team-01", request, size=4, min_members=3)
+    snap = replace(snap, workloads=(gang,))
+    session = Session(snap, CycleConfig())
+    ws = session.workloads["g"]
+
+    def check() -> None:
+        fresh = WorkloadState(ws.spec, ws.chain)
+        fresh.placements[:] = ws.placements
+        assert (ws.unplaced(), ws.required(), gang_demand(session, ws)) == (
+            fresh.unplaced(), fresh.required(), gang_demand(session, fresh))
+
+    check()
+    assert gang_demand(session, ws)[0] == 3.0
+    stmt = Statement(session)
+    found = session.placer.place(request, explain=False)
+    assert isinstance(found, Placement)
+    session.assign_pod(ws, 0, found)
+    check()
+    assert ws.unplaced() == (1, 2, 3) and ws.required() == 2 and gang_demand(session, ws)[0] == 2.0
+    stmt.discard()
+    check()
+    assert ws.unplaced() == (0, 1, 2, 3) and gang_demand(session, ws)[0] == 3.0

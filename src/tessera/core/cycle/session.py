@@ -146,7 +146,7 @@ class Session:
         capacity = self.never.capacity(self.mig.gpu_count())
         self.pending = [ws for ws in self.workloads.values() if None in ws.placements]
         for ws in self.pending:
-            why = self.never.gang(ws, self.placer, self.mig)
+            why = self._never_fits(ws)
             if why is not None:
                 self.waits[ws.id] = Wait("unschedulable", why)
         # Fair share divides only capacity some pending request could use (cycle/usable.py).
@@ -157,6 +157,21 @@ class Session:
         requested = requested_by_project(self.quota, (ws for ws in self.pending if ws.id not in self.waits))
         self.quota.share_out(fair_shares(self.tree, config.usage, self.workloads, self.quota, snapshot, capacity,
                                          requested, unusable))
+
+    def _never_fits(self, ws: WorkloadState) -> str | None:
+        """``NeverFits.gang``, kept on a workload without constraints or MIG pods (the answer
+        then depends only on its unplaced pods and the nodes, fixed for the session) while
+        its unplaced pods are the same; asked again every cycle otherwise (a constraint's
+        static filter is forgotten each cycle, MIG room changes)."""
+        unplaced = ws.unplaced()
+        known = ws.never
+        if known is not None and known[0] == unplaced:
+            return known[1]
+        why = self.never.gang(ws, self.placer, self.mig)
+        spec = ws.spec
+        if not spec.constraints and all(r.mig is None for r in spec.pods):
+            ws.never = (unplaced, why)
+        return why
 
     # -- changes (inside a Statement) -----------------------------------------------------------
 

@@ -36,6 +36,7 @@ class WorkloadState:
         "evicted",
         "id",
         "min_runtimes",
+        "never",
         "placements",
         "pod_vectors",
         "preemptible",
@@ -63,6 +64,8 @@ class WorkloadState:
         self._demand: Vector | None = None
         self._required: int | None = None
         self.min_runtimes: tuple[float, float] | None = None
+        self.never: tuple[tuple[int, ...], str | None] | None = None
+        """(unplaced pods, why they can never be placed) when last asked (``Session``)."""
         """Its project's preempt and reclaim minimum runtimes (``Session.protected``)."""
 
     def unplaced(self) -> tuple[int, ...]:

@@ -180,7 +180,8 @@ class Placer:
     def _evaluate(self, index: int, request: ResourceRequest, rid: int) -> Choice | None:
         state = self.state
         ns = state.nodes[index]
-        key = (state.signature_id(ns), rid)
+        sid = ns.sid
+        key = (state.signature_id(ns) if sid is None else sid, rid)
         found = self._memo.get(key, _UNKNOWN)
         if found is not _UNKNOWN:
             return found  # type: ignore[return-value]
