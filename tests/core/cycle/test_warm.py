@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tessera.bench import cycle as bench
 from tessera.bench.changes import advance
 from tessera.core.cycle import CycleConfig, Plan, Quota, Snapshot, Workload, run_cycle
-from tessera.core.cycle.actions.allocate import gang_demand
+from tessera.core.cycle.actions.allocate import gang_demand, shape
 from tessera.core.cycle.warm import WarmCycle
 from tessera.core.cycle.workload_state import WorkloadState
 from tessera.core.errors import InvalidRequest
@@ -86,6 +86,7 @@ def _kept_facts_are_fresh(warm: WarmCycle) -> None:
         assert ws.unplaced() == fresh.unplaced()
         assert ws.required() == fresh.required()
         assert gang_demand(session, ws) == gang_demand(session, fresh)
+        assert shape(ws) == shape(fresh)
         if ws.never is not None and ws.never[0] == ws.unplaced():
             assert ws.never[1] == session.never.gang(fresh, session.placer, session.mig)
 
@@ -173,8 +174,8 @@ def test_kept_facts_follow_every_placement_change() -> None:
     def check() -> None:
         fresh = WorkloadState(ws.spec, ws.chain)
         fresh.placements[:] = ws.placements
-        assert (ws.unplaced(), ws.required(), gang_demand(session, ws)) == (
-            fresh.unplaced(), fresh.required(), gang_demand(session, fresh))
+        assert (ws.unplaced(), ws.required(), gang_demand(session, ws), shape(ws)) == (
+            fresh.unplaced(), fresh.required(), gang_demand(session, fresh), shape(fresh))
 
     check()
     assert gang_demand(session, ws)[0] == 3.0

@@ -63,6 +63,12 @@ class QuotaLedger:
                    p.quota(Resource.MEMORY).deserved_amount)
             for name, p in tree.projects.items()
         }
+        self._limits: dict[str, Vector] = {
+            name: (p.gpu.limit_amount, p.quota(Resource.CPU).limit_amount,
+                   p.quota(Resource.MEMORY).limit_amount)
+            for name, p in tree.projects.items()
+        }
+        self._resources = tuple(int(r) for r in tree.governed)
         self.allocated_before: dict[str, Vector] = {}
         self.shares: FairShares
         """Set by ``share_out`` once the running workloads are accounted."""
@@ -177,7 +183,39 @@ class QuotaLedger:
         Checked on the project and each ancestor: the hard limit; for a non-preemptible
         workload, deserved quota (it may only use in-quota resources); and, when ``fair``,
         the fair share (or ``fair_caps`` where given, used by preemption).
+
+        The same comparisons as ``_why`` (which words the first broken rule) over numbers
+        looked up once per session: most checks pass or fail on fair share alone, and
+        are asked for every waiting workload by several actions each cycle.
         """
+        res = [r for r in self._resources if demand[r] > 0]
+        if not res:
+            return None
+        alloc, limits = self.alloc, self._limits
+        chain = ws.chain
+        for name in chain:
+            a, lim = alloc[name], limits[name]
+            for r in res:
+                if a[r] + demand[r] > lim[r] + EPS:
+                    return self._why(ws, demand, fair, fair_caps)
+        if not ws.preemptible:
+            alloc_np, deserved = self.alloc_np, self.deserved
+            for name in chain:
+                a, d = alloc_np[name], deserved[name]
+                for r in res:
+                    if a[r] + demand[r] > d[r] + EPS:
+                        return self._why(ws, demand, fair, fair_caps)
+        if fair:
+            share = self.shares.share if fair_caps is None else fair_caps
+            for name in chain:
+                a, caps = alloc[name], share[name]
+                for r in res:
+                    if a[r] + demand[r] - caps[r] > EPS:
+                        return self._why(ws, demand, fair, fair_caps)
+        return None
+
+    def _why(self, ws: WorkloadState, demand: Vector, fair: bool,
+             fair_caps: dict[str, Vector] | None) -> Wait | None:
         tree = self.tree
         resources = tree.governed
         for name in ws.chain:

@@ -29,6 +29,7 @@ class WorkloadState:
     __slots__ = (
         "_demand",
         "_required",
+        "_shape",
         "_unplaced",
         "_vector",
         "bound",
@@ -63,6 +64,7 @@ class WorkloadState:
         self._unplaced: tuple[int, ...] | None = None
         self._demand: Vector | None = None
         self._required: int | None = None
+        self._shape: tuple[tuple[object, ...], int] | None = None
         self.min_runtimes: tuple[float, float] | None = None
         self.never: tuple[tuple[int, ...], str | None] | None = None
         """(unplaced pods, why they can never be placed) when last asked (``Session``)."""
@@ -81,6 +83,7 @@ class WorkloadState:
         self._unplaced = None
         self._demand = None
         self._required = None
+        self._shape = None
 
     def placed_count(self) -> int:
         return len(self.placements) - len(self.unplaced())

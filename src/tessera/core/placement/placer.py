@@ -48,12 +48,15 @@ class NoFit:
 class _Ranking:
     """Feasible nodes of one request, best first, refreshed lazily from a dirty set."""
 
-    __slots__ = ("choices", "dirty", "heap", "members", "stamps")
+    __slots__ = ("choices", "dirty", "heap", "members", "sids", "stamps")
 
     def __init__(self, dirty: set[int]) -> None:
         self.dirty = dirty
         self.heap: list[tuple[float, int, int]] = []
         self.stamps: dict[int, int] = {}
+        self.sids: dict[int, int] = {}
+        """Node index -> signature id it was last scored at: a node changed and changed back
+        (a discarded statement, a warm session's cycle) keeps its heap entry."""
         self.choices: dict[int, Choice] = {}
         self.members: list[int] = []
 
@@ -211,9 +214,19 @@ class Placer:
         if r.dirty:
             rid = self._request_id(request)
             possible = self._possible_nodes(request)
+            state = self.state
+            nodes = state.nodes
+            sids = r.sids
             for index in r.dirty:
                 if not possible[index] or (allowed is not None and not allowed[index]):
                     continue
+                ns = nodes[index]
+                sid = ns.sid
+                if sid is None:
+                    sid = state.signature_id(ns)
+                if sids.get(index) == sid:
+                    continue  # scored in this very state: its entry (or absence) stands
+                sids[index] = sid
                 choice = self._evaluate(index, request, rid)
                 if choice is None:
                     r.stamps.pop(index, None)

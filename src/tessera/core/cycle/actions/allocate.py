@@ -35,10 +35,16 @@ minimum): workloads of one shape fit or fail alike, so a failed shape is not tri
 
 
 def shape(ws: WorkloadState) -> Shape:
-    spec = ws.spec
-    if spec.constraints:
-        return tuple((spec.pods[i], spec.constraints[i]) for i in ws.unplaced()), ws.required()
-    return tuple(spec.pods[i] for i in ws.unplaced()), ws.required()
+    """Kept on the workload until one of its placements changes."""
+    found = ws._shape
+    if found is None:
+        spec = ws.spec
+        if spec.constraints:
+            found = tuple((spec.pods[i], spec.constraints[i]) for i in ws.unplaced()), ws.required()
+        else:
+            found = tuple(spec.pods[i] for i in ws.unplaced()), ws.required()
+        ws._shape = found
+    return found
 
 
 class Allocate:
