@@ -48,8 +48,7 @@ def requested_by_project(quota: QuotaLedger, pending: Iterable[WorkloadState]) -
     divides by (pods that can never run are left out by the caller: they take no share)."""
     requested: dict[str, Vector] = {p: (v[0], v[1], v[2]) for p, v in quota.alloc.items()}
     for ws in pending:
-        for i in ws.unplaced():
-            d = quota.demand(ws.spec.pods[i])
+        for d in quota.unplaced_demands(ws):
             r = requested[ws.project]
             requested[ws.project] = (r[0] + d[0], r[1] + d[1], r[2] + d[2])
     return requested

@@ -69,6 +69,7 @@ class QuotaLedger:
             for name, p in tree.projects.items()
         }
         self._resources = tuple(int(r) for r in tree.governed)
+        self._fair_waits: dict[tuple[str, Resource, float], Wait] = {}
         self.allocated_before: dict[str, Vector] = {}
         self.shares: FairShares
         """Set by ``share_out`` once the running workloads are accounted."""
@@ -105,6 +106,14 @@ class QuotaLedger:
             d = (gpus, float(request.cpu_milli), float(request.memory))
             self._demand[request] = d
         return d
+
+    def unplaced_demands(self, ws: WorkloadState) -> tuple[Vector, ...]:
+        """``demand`` of each unplaced pod, in pod order (kept until a placement changes)."""
+        found = ws._unplaced_demands
+        if found is None:
+            pods = ws.spec.pods
+            found = ws._unplaced_demands = tuple(self.demand(pods[i]) for i in ws.unplaced())
+        return found
 
     def placement_vector(self, p: Placement) -> Vector:
         if p.gpus is not None:
@@ -150,21 +159,21 @@ class QuotaLedger:
         alloc, alloc_np = self.alloc, self.alloc_np
         for ws in workloads:
             ws._vector = None
-            chain = ws.chain
+            targets = ws.quota_rows
+            if targets is None:  # the rows its pods count in: each gets them in the same order
+                chain = ws.chain
+                rows = [alloc[name] for name in chain]
+                if not ws.preemptible:
+                    rows += [alloc_np[name] for name in chain]
+                targets = ws.quota_rows = tuple(rows)
             for v in ws.pod_vectors:
                 if v is None:
                     continue
-                for name in chain:
-                    a = alloc[name]
-                    a[0] += v[0]
-                    a[1] += v[1]
-                    a[2] += v[2]
-                if not ws.preemptible:
-                    for name in chain:
-                        a = alloc_np[name]
-                        a[0] += v[0]
-                        a[1] += v[1]
-                        a[2] += v[2]
+                x, y, z = v
+                for a in targets:
+                    a[0] += x
+                    a[1] += y
+                    a[2] += z
 
     def shortfall(self, project: str) -> float:
         """GPUs the project is below its fair share (0 if at or above)."""
@@ -210,9 +219,22 @@ class QuotaLedger:
             for name in chain:
                 a, caps = alloc[name], share[name]
                 for r in res:
-                    if a[r] + demand[r] - caps[r] > EPS:
-                        return self._why(ws, demand, fair, fair_caps)
+                    over = a[r] + demand[r] - caps[r]
+                    if over > EPS:  # the first rule ``_why`` finds broken: its wording
+                        return self._fair_wait(name, Resource(r), over)
         return None
+
+    def _fair_wait(self, name: str, resource: Resource, over: float) -> Wait:
+        """The fair-share wait (one object per distinct wording: a waiting queue asks for the
+        same few amounts over and over)."""
+        key = (name, resource, over)
+        wait = self._fair_waits.get(key)
+        if wait is None:
+            if len(self._fair_waits) >= 65_536:
+                self._fair_waits.clear()
+            wait = self._fair_waits[key] = Wait(
+                "fair-share", f"would exceed fair share of {name} by {fmt_amount(resource, over)}")
+        return wait
 
     def _why(self, ws: WorkloadState, demand: Vector, fair: bool,
              fair_caps: dict[str, Vector] | None) -> Wait | None:
@@ -252,7 +274,7 @@ class QuotaLedger:
                 for r in resources:
                     over = a[r] + demand[r] - caps[r]
                     if demand[r] > 0 and over > EPS:
-                        return Wait("fair-share", f"would exceed fair share of {name} by {fmt_amount(r, over)}")
+                        return self._fair_wait(name, r, over)
         return None
 
     def project_key(self, leaf: str) -> tuple[tuple[float, int, str], ...]:

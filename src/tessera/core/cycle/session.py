@@ -95,6 +95,10 @@ class Session:
         self.moves: dict[tuple[str, int], Move] = {}
         self.moved: set[str] = set()
         self.pending: list[WorkloadState] = []
+        self._pending: dict[str, WorkloadState] = {}
+        """Workloads with a pod unplaced in the snapshot, kept by ``add_workload`` and
+        ``remove_workload`` (``begin`` lists them in id order)."""
+        self._capacity: tuple[int, Vector] | None = None
         self.mig = MigState(snapshot.mig, {n.name for n in self.nodes}, self.on_undo)
         self.quota = QuotaLedger(self.tree, self.nodes, self.state)
         self.workloads: dict[str, WorkloadState] = {}
@@ -110,6 +114,8 @@ class Session:
         spec = live_room(spec, self.mig)
         ws = WorkloadState(spec, self.tree.chain(spec.project))
         self.workloads[spec.id] = ws
+        if None in ws.placements:
+            self._pending[spec.id] = ws
         for i, p in enumerate(ws.placements):
             if p is None:
                 continue
@@ -124,6 +130,7 @@ class Session:
         leave their nodes (quota is counted again by ``begin``). ``keep_slot``: it is added
         again next (``add_workload`` puts it back in the same place of the id order)."""
         ws = self.workloads[workload_id] if keep_slot else self.workloads.pop(workload_id)
+        self._pending.pop(workload_id, None)
         for i, p in enumerate(ws.placements):
             if p is not None:
                 self.state.release(pod_id(workload_id, i))
@@ -143,8 +150,12 @@ class Session:
         self.moves = {}
         self.moved = set()
         self.quota.recount(self.workloads.values())
-        capacity = self.never.capacity(self.mig.gpu_count())
-        self.pending = [ws for ws in self.workloads.values() if None in ws.placements]
+        mig_gpus = self.mig.gpu_count()
+        if self._capacity is None or self._capacity[0] != mig_gpus:
+            self._capacity = (mig_gpus, self.never.capacity(mig_gpus))
+        capacity = self._capacity[1]
+        pending = self._pending
+        self.pending = [pending[wid] for wid in sorted(pending)]  # as workloads: id order
         for ws in self.pending:
             why = self._never_fits(ws)
             if why is not None:

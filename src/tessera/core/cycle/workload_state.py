@@ -31,6 +31,7 @@ class WorkloadState:
         "_required",
         "_shape",
         "_unplaced",
+        "_unplaced_demands",
         "_vector",
         "bound",
         "chain",
@@ -43,6 +44,7 @@ class WorkloadState:
         "preemptible",
         "priority",
         "project",
+        "quota_rows",
         "spec",
         "was_running",
     )
@@ -62,10 +64,14 @@ class WorkloadState:
         self.bound: list[int] = []
         self._vector: Vector | None = None
         self._unplaced: tuple[int, ...] | None = None
+        self._unplaced_demands: tuple[Vector, ...] | None = None
         self._demand: Vector | None = None
         self._required: int | None = None
         self._shape: tuple[tuple[object, ...], int] | None = None
         self.min_runtimes: tuple[float, float] | None = None
+        self.quota_rows: tuple[list[float], ...] | None = None
+        """The ledger rows (``QuotaLedger.alloc`` and, if not preemptible, ``alloc_np`` of
+        each project of its chain) its placed pods are counted in."""
         self.never: tuple[tuple[int, ...], str | None] | None = None
         """(unplaced pods, why they can never be placed) when last asked (``Session``)."""
         """Its project's preempt and reclaim minimum runtimes (``Session.protected``)."""
@@ -81,6 +87,7 @@ class WorkloadState:
         """Every change of ``placements`` goes through here (it forgets what was derived)."""
         self.placements[pod] = p
         self._unplaced = None
+        self._unplaced_demands = None
         self._demand = None
         self._required = None
         self._shape = None
