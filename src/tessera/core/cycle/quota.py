@@ -39,6 +39,11 @@ def _num(resource: Resource, amount: float) -> str:
     return format_bytes(amount)
 
 
+def _queue_key(ws: WorkloadState) -> tuple[int, float, str]:
+    """Within a project: higher priority first, then older, then by id."""
+    return (-ws.priority, ws.spec.created_at, ws.id)
+
+
 def vector_of(v: Sequence[float]) -> Vector:
     return (v[0], v[1], v[2])
 
@@ -292,8 +297,11 @@ class QuotaLedger:
         """Workloads by project fair order, recomputed as allocations change; within a project
         by priority (higher first), then age (older first), then id."""
         per: dict[str, deque[WorkloadState]] = {}
-        for ws in sorted(workloads, key=lambda w: (-w.priority, w.spec.created_at, w.id)):
-            per.setdefault(ws.project, deque()).append(ws)
+        for ws in sorted(workloads, key=_queue_key):
+            queue = per.get(ws.project)
+            if queue is None:
+                queue = per[ws.project] = deque()
+            queue.append(ws)
         # An entry's key is fresh while nothing under its top-level project was accounted since
         # it was computed (``epoch``); only then is it computed again (lazily, at the top).
         # Shares are fixed for the cycle and ``alloc`` changes only through ``account``, which
@@ -313,17 +321,23 @@ class QuotaLedger:
 
         heap = [(key_of(p), p, epoch[top[p]]) for p in sorted(per)]
         heapq.heapify(heap)
-        while heap:
-            key, p, seen = heapq.heappop(heap)
+        # One entry per project, so no two entries are equal: a push followed by a pop is
+        # ``heappushpop``, which hands the pushed entry straight back when it is the least
+        # (the common case: a project whose workload waited keeps its place at the front).
+        entry = heapq.heappop(heap) if heap else None
+        while entry is not None:
+            key, p, seen = entry
             if epoch[top[p]] != seen:
                 fresh = key_of(p)
                 if fresh != key:
-                    heapq.heappush(heap, (fresh, p, epoch[top[p]]))
+                    entry = heapq.heappushpop(heap, (fresh, p, epoch[top[p]]))
                     continue
             queue = per[p]
             yield queue.popleft()
             if queue:
-                heapq.heappush(heap, (key_of(p), p, epoch[top[p]]))
+                entry = heapq.heappushpop(heap, (key_of(p), p, epoch[top[p]]))
+            else:
+                entry = heapq.heappop(heap) if heap else None
 
     def within(self, chain: Sequence[str], caps: dict[str, Vector] | None) -> bool:
         """Every project of ``chain`` is within its limit (and ``caps`` where given)."""

@@ -118,6 +118,8 @@ def _apply(session: Session, specs: dict[str, Workload], snapshot: Snapshot) -> 
             return None  # duplicate ids: the new session names the field
         new[wid] = w
         old = specs.get(wid)
+        if old is w:
+            continue
         if old is None:
             arrived.append(w)
         elif not _unchanged(old, w):
