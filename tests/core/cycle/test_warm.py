@@ -77,7 +77,7 @@ def test_warm_session_plans_as_a_new_one_on_a_bench_cluster(policy: str) -> None
 
 def _kept_facts_are_fresh(warm: WarmCycle) -> None:
     """What a kept workload remembers across cycles (unplaced pods, gang minimum left, gang
-    demand, never-fits reason) equals what a fresh look at it gives now."""
+    demand, shape, quota vector, never-fits reason) equals what a fresh look at it gives now."""
     session = warm._session
     assert session is not None
     for ws in session.workloads.values():
@@ -87,6 +87,11 @@ def _kept_facts_are_fresh(warm: WarmCycle) -> None:
         assert ws.required() == fresh.required()
         assert gang_demand(session, ws) == gang_demand(session, fresh)
         assert shape(ws) == shape(fresh)
+        total = (0.0, 0.0, 0.0)
+        for v in ws.pod_vectors:
+            if v is not None:
+                total = (total[0] + v[0], total[1] + v[1], total[2] + v[2])
+        assert ws.vector() == total
         if ws.never is not None and ws.never[0] == ws.unplaced():
             assert ws.never[1] == session.never.gang(fresh, session.placer, session.mig)
 

@@ -163,7 +163,6 @@ class QuotaLedger:
         self.from_usage = {}
         alloc, alloc_np = self.alloc, self.alloc_np
         for ws in workloads:
-            ws._vector = None
             targets = ws.quota_rows
             if targets is None:  # the rows its pods count in: each gets them in the same order
                 chain = ws.chain

@@ -412,8 +412,17 @@ class Session:
     def evictable(self, ws: WorkloadState, kind: str) -> bool:
         """Running, preemptible, not evicted or given a binding or move in this plan, and past
         its minimum runtime for ``kind`` (``reclaim`` or ``preempt``)."""
-        return (ws.was_running and ws.preemptible and not ws.evicted and not self.settled(ws)
-                and not self.protected(ws, kind))
+        if not (ws.was_running and ws.preemptible) or ws.evicted:
+            return False
+        wid = ws.id
+        if wid in self.bindings or wid in self.moved:  # settled
+            return False
+        minimums = ws.min_runtimes  # protected(), inline: asked for every running workload
+        if minimums is None:
+            return not self.protected(ws, kind)
+        minimum = minimums[0] if kind == "preempt" else minimums[1]
+        started = ws.spec.started_at
+        return not (minimum > 0 and started is not None and self.now - started < minimum)
 
     def settled(self, ws: WorkloadState) -> bool:
         """Already given a binding or a move in this plan: not to be evicted or moved again."""
