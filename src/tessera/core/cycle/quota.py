@@ -13,6 +13,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from operator import attrgetter
 
 from tessera.core.fairshare import EPS, FairShares, Vector
 from tessera.core.model import COMPUTE_FULL, GpuKind, Node, ResourceRequest
@@ -39,9 +40,8 @@ def _num(resource: Resource, amount: float) -> str:
     return format_bytes(amount)
 
 
-def _queue_key(ws: WorkloadState) -> tuple[int, float, str]:
-    """Within a project: higher priority first, then older, then by id."""
-    return (-ws.priority, ws.spec.created_at, ws.id)
+_queue_key = attrgetter("queue_key")
+"""Within a project: higher priority first, then older, then by id."""
 
 
 def vector_of(v: Sequence[float]) -> Vector:
@@ -334,6 +334,8 @@ class QuotaLedger:
             queue = per[p]
             yield queue.popleft()
             if queue:
+                if epoch[top[p]] == seen:
+                    continue  # nothing accounted: the entry to push is this one, still least
                 entry = heapq.heappushpop(heap, (key_of(p), p, epoch[top[p]]))
             else:
                 entry = heapq.heappop(heap) if heap else None

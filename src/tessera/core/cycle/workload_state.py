@@ -44,6 +44,7 @@ class WorkloadState:
         "preemptible",
         "priority",
         "project",
+        "queue_key",
         "quota_rows",
         "spec",
         "was_running",
@@ -56,6 +57,8 @@ class WorkloadState:
         self.project = chain[0]
         self.preemptible = spec.is_preemptible
         self.priority = spec.priority_value
+        self.queue_key = (-self.priority, spec.created_at, spec.id)
+        """Order within its project's queue: higher priority first, then older, then id."""
         n = len(spec.pods)
         self.placements: list[Placement | None] = list(spec.placements) if spec.placements else [None] * n
         self.pod_vectors: list[Vector | None] = [None] * n
