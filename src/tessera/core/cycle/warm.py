@@ -109,17 +109,14 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
 def _apply(session: Session, specs: dict[str, Workload], snapshot: Snapshot) -> Session | None:
     """One pass over the snapshot: workloads gone, changed (taken out and put back in at the
     same place of ``session.workloads``, which stays in id order) and new ones."""
-    new: dict[str, Workload] = {}
+    new = {w.id: w for w in snapshot.workloads}
+    if len(new) != len(snapshot.workloads):
+        return None  # duplicate ids: the new session names the field
     changed: list[Workload] = []
     arrived: list[Workload] = []
-    for w in snapshot.workloads:
-        wid = w.id
-        if wid in new:
-            return None  # duplicate ids: the new session names the field
-        new[wid] = w
-        old = specs.get(wid)
-        if old is w:
-            continue
+    get = specs.get
+    for w in [w for wid, w in new.items() if get(wid) is not w]:  # most are the same objects
+        old = get(w.id)
         if old is None:
             arrived.append(w)
         elif not _unchanged(old, w):
