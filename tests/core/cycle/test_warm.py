@@ -93,7 +93,7 @@ def _kept_facts_are_fresh(warm: WarmCycle) -> None:
                 total = (total[0] + v[0], total[1] + v[1], total[2] + v[2])
         assert ws.vector() == total
         if ws.never is not None and ws.never[0] == ws.unplaced():
-            assert ws.never[1] == session.never.gang(fresh, session.placer, session.mig)
+            assert ws.never[1] == session.waiting.never.gang(fresh, session.placer, session.mig)
 
 
 def test_a_refused_snapshot_raises_as_run_cycle_does_and_the_next_one_runs() -> None:

@@ -114,10 +114,11 @@ class QuotaLedger:
 
     def unplaced_demands(self, ws: WorkloadState) -> tuple[Vector, ...]:
         """``demand`` of each unplaced pod, in pod order (kept until a placement changes)."""
-        found = ws._unplaced_demands
+        facts = ws.facts()
+        found = facts.unplaced_demands
         if found is None:
             pods = ws.spec.pods
-            found = ws._unplaced_demands = tuple(self.demand(pods[i]) for i in ws.unplaced())
+            found = facts.unplaced_demands = tuple(self.demand(pods[i]) for i in facts.unplaced)
         return found
 
     def placement_vector(self, p: Placement) -> Vector:
@@ -210,14 +211,14 @@ class QuotaLedger:
             a, lim = alloc[name], limits[name]
             for r in res:
                 if a[r] + demand[r] > lim[r] + EPS:
-                    return self._why(ws, demand, fair, fair_caps)
+                    return _worded(self, ws, demand, fair, fair_caps)
         if not ws.preemptible:
             alloc_np, deserved = self.alloc_np, self.deserved
             for name in chain:
                 a, d = alloc_np[name], deserved[name]
                 for r in res:
                     if a[r] + demand[r] > d[r] + EPS:
-                        return self._why(ws, demand, fair, fair_caps)
+                        return _worded(self, ws, demand, fair, fair_caps)
         if fair:
             share = self.shares.share if fair_caps is None else fair_caps
             for name in chain:
@@ -239,47 +240,6 @@ class QuotaLedger:
             wait = self._fair_waits[key] = Wait(
                 "fair-share", f"would exceed fair share of {name} by {fmt_amount(resource, over)}")
         return wait
-
-    def _why(self, ws: WorkloadState, demand: Vector, fair: bool,
-             fair_caps: dict[str, Vector] | None) -> Wait | None:
-        tree = self.tree
-        resources = tree.governed
-        for name in ws.chain:
-            project = tree[name]
-            level = "project" if tree.is_leaf(name) else "department"
-            a = self.alloc[name]
-            for r in resources:
-                if demand[r] <= 0:
-                    continue
-                limit = project.quota(r).limit_amount
-                if a[r] + demand[r] > limit + EPS:
-                    return Wait(
-                        "limit",
-                        f"{level} {name} is at its limit of {fmt_amount(r, limit)}: "
-                        f"{_num(r, a[r])} in use, this needs {_num(r, demand[r])} more",
-                    )
-        if not ws.preemptible:
-            for name in ws.chain:
-                a = self.alloc_np[name]
-                for r in resources:
-                    deserved = tree[name].quota(r).deserved_amount
-                    if demand[r] > 0 and a[r] + demand[r] > deserved + EPS:
-                        return Wait(
-                            "quota",
-                            f"non-preemptible ({ws.spec.priority_class}) workloads only use "
-                            f"deserved quota: {name} has {_num(r, a[r])} of its "
-                            f"{fmt_amount(r, deserved)} deserved in non-preemptible use, "
-                            f"this needs {_num(r, demand[r])} more",
-                        )
-        if fair:
-            for name in ws.chain:
-                a = self.alloc[name]
-                caps = self.shares.share[name] if fair_caps is None else fair_caps[name]
-                for r in resources:
-                    over = a[r] + demand[r] - caps[r]
-                    if demand[r] > 0 and over > EPS:
-                        return self._fair_wait(name, r, over)
-        return None
 
     def project_key(self, leaf: str) -> tuple[tuple[float, int, str], ...]:
         """Fair order: at each level from the top, the least saturated (allocated ÷ fair share)
@@ -358,3 +318,47 @@ class QuotaLedger:
         if self.alloc[ws.project][0] > deserved + EPS:
             return f" (project {ws.project} is over its deserved quota: preemptible, may be reclaimed)"
         return ""
+
+
+def _worded(ledger: QuotaLedger, ws: WorkloadState, demand: Vector, fair: bool,
+            fair_caps: dict[str, Vector] | None) -> Wait | None:
+    """The first quota rule ``demand`` more for ``ws`` breaks, in words (``QuotaLedger.check``
+    asks only when its comparisons found one broken)."""
+    tree = ledger.tree
+    resources = tree.governed
+    for name in ws.chain:
+        project = tree[name]
+        level = "project" if tree.is_leaf(name) else "department"
+        a = ledger.alloc[name]
+        for r in resources:
+            if demand[r] <= 0:
+                continue
+            limit = project.quota(r).limit_amount
+            if a[r] + demand[r] > limit + EPS:
+                return Wait(
+                    "limit",
+                    f"{level} {name} is at its limit of {fmt_amount(r, limit)}: "
+                    f"{_num(r, a[r])} in use, this needs {_num(r, demand[r])} more",
+                )
+    if not ws.preemptible:
+        for name in ws.chain:
+            a = ledger.alloc_np[name]
+            for r in resources:
+                deserved = tree[name].quota(r).deserved_amount
+                if demand[r] > 0 and a[r] + demand[r] > deserved + EPS:
+                    return Wait(
+                        "quota",
+                        f"non-preemptible ({ws.spec.priority_class}) workloads only use "
+                        f"deserved quota: {name} has {_num(r, a[r])} of its "
+                        f"{fmt_amount(r, deserved)} deserved in non-preemptible use, "
+                        f"this needs {_num(r, demand[r])} more",
+                    )
+    if fair:
+        for name in ws.chain:
+            a = ledger.alloc[name]
+            caps = ledger.shares.share[name] if fair_caps is None else fair_caps[name]
+            for r in resources:
+                over = a[r] + demand[r] - caps[r]
+                if demand[r] > 0 and over > EPS:
+                    return ledger._fair_wait(name, r, over)
+    return None

@@ -24,7 +24,7 @@ from tessera.core.workloads import Workload
 
 from .history import fair_shares, requested_by_project
 from .mig_state import MigState, live_room
-from .never_fits import NeverFits
+from .pending import PendingIndex
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
 from .usable import movable_gpus, unusable_gpus
@@ -95,17 +95,13 @@ class Session:
         self.moves: dict[tuple[str, int], Move] = {}
         self.moved: set[str] = set()
         self.pending: list[WorkloadState] = []
-        self._pending: dict[str, WorkloadState] = {}
-        """Workloads with a pod unplaced in the snapshot, kept by ``add_workload`` and
-        ``remove_workload`` (``begin`` lists them in id order)."""
-        self._capacity: tuple[int, Vector] | None = None
+        self.waiting = PendingIndex(self.nodes)
         self.mig = MigState(snapshot.mig, {n.name for n in self.nodes}, self.on_undo)
         self.quota = QuotaLedger(self.tree, self.nodes, self.state)
         self.workloads: dict[str, WorkloadState] = {}
         for spec in sorted(snapshot.workloads, key=lambda w: w.id):
             self.add_workload(spec)
         self.placer = Placer(self.state, policy=config.policy)
-        self.never = NeverFits(self.nodes)
         self.begin(snapshot)
 
     def add_workload(self, spec: Workload) -> None:
@@ -114,8 +110,7 @@ class Session:
         spec = live_room(spec, self.mig)
         ws = WorkloadState(spec, self.tree.chain(spec.project))
         self.workloads[spec.id] = ws
-        if None in ws.placements:
-            self._pending[spec.id] = ws
+        self.waiting.added(ws)
         for i, p in enumerate(ws.placements):
             if p is None:
                 continue
@@ -126,11 +121,10 @@ class Session:
             ws.pod_vectors[i] = self.quota.placement_vector(p)
 
     def remove_workload(self, workload_id: str, keep_slot: bool = False) -> None:
-        """Take a workload out (finished, gone, or about to be added again changed): its pods
-        leave their nodes (quota is counted again by ``begin``). ``keep_slot``: it is added
-        again next (``add_workload`` puts it back in the same place of the id order)."""
+        """Take a workload out (finished, gone, or changed: ``keep_slot``, added again next in
+        its place of the id order): its pods leave their nodes (``begin`` counts quota)."""
         ws = self.workloads[workload_id] if keep_slot else self.workloads.pop(workload_id)
-        self._pending.pop(workload_id, None)
+        self.waiting.removed(workload_id)
         for i, p in enumerate(ws.placements):
             if p is not None:
                 self.state.release(pod_id(workload_id, i))
@@ -150,15 +144,10 @@ class Session:
         self.moves = {}
         self.moved = set()
         self.quota.recount(self.workloads.values())
-        mig_gpus = self.mig.gpu_count()
-        if self._capacity is None or self._capacity[0] != mig_gpus:
-            self._capacity = (mig_gpus, self.never.capacity(mig_gpus))
-        capacity = self._capacity[1]
-        pending = self._pending
-        self.pending = [pending[wid] for wid in sorted(pending)]  # as workloads: id order
+        capacity = self.waiting.capacity(self.mig.gpu_count())
+        self.pending = self.waiting.in_id_order()
         for ws in self.pending:
-            why = self._never_fits(ws)
-            if why is not None:
+            if (why := self.waiting.never_fits(ws, self.placer, self.mig)) is not None:
                 self.waits[ws.id] = Wait("unschedulable", why)
         # Fair share divides only capacity some pending request could use (cycle/usable.py).
         unusable = unusable_gpus(self.state, (
@@ -168,21 +157,6 @@ class Session:
         requested = requested_by_project(self.quota, (ws for ws in self.pending if ws.id not in self.waits))
         self.quota.share_out(fair_shares(self.tree, config.usage, self.workloads, self.quota, snapshot, capacity,
                                          requested, unusable))
-
-    def _never_fits(self, ws: WorkloadState) -> str | None:
-        """``NeverFits.gang``, kept on a workload without constraints or MIG pods (the answer
-        then depends only on its unplaced pods and the nodes, fixed for the session) while
-        its unplaced pods are the same; asked again every cycle otherwise (a constraint's
-        static filter is forgotten each cycle, MIG room changes)."""
-        unplaced = ws.unplaced()
-        known = ws.never
-        if known is not None and known[0] == unplaced:
-            return known[1]
-        why = self.never.gang(ws, self.placer, self.mig)
-        spec = ws.spec
-        if not spec.constraints and all(r.mig is None for r in spec.pods):
-            ws.never = (unplaced, why)
-        return why
 
     # -- changes (inside a Statement) -----------------------------------------------------------
 
@@ -412,16 +386,12 @@ class Session:
     def evictable(self, ws: WorkloadState, kind: str) -> bool:
         """Running, preemptible, not evicted or given a binding or move in this plan, and past
         its minimum runtime for ``kind`` (``reclaim`` or ``preempt``)."""
-        if not (ws.was_running and ws.preemptible) or ws.evicted:
+        if not ws.was_running or not ws.preemptible or ws.evicted or self.settled(ws):
             return False
-        wid = ws.id
-        if wid in self.bindings or wid in self.moved:  # settled
-            return False
-        minimums = ws.min_runtimes  # protected(), inline: asked for every running workload
+        minimums = ws.min_runtimes  # protected() inline once known: asked of every running one
         if minimums is None:
             return not self.protected(ws, kind)
-        minimum = minimums[0] if kind == "preempt" else minimums[1]
-        started = ws.spec.started_at
+        minimum, started = minimums[0] if kind == "preempt" else minimums[1], ws.spec.started_at
         return not (minimum > 0 and started is not None and self.now - started < minimum)
 
     def settled(self, ws: WorkloadState) -> bool:

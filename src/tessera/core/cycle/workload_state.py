@@ -23,15 +23,29 @@ class Wait:
 
 
 
+class PlacementFacts:
+    """What follows from a workload's placements: its unplaced pods and gang minimum left, and
+    (filled in by their users) its gang's demand (``allocate.gang_demand``), its shape
+    (``allocate.shape``) and its unplaced pods' demands (``QuotaLedger.unplaced_demands``).
+    These depend on nothing else that changes within a session; ``WorkloadState.set_placement``
+    drops the whole record."""
+
+    __slots__ = ("demand", "required", "shape", "unplaced", "unplaced_demands")
+
+    def __init__(self, ws: WorkloadState) -> None:
+        placements = ws.placements
+        self.unplaced = tuple(i for i, p in enumerate(placements) if p is None)
+        self.required = max(0, ws.spec.gang_min - (len(placements) - len(self.unplaced)))
+        self.demand: Vector | None = None
+        self.shape: tuple[tuple[object, ...], int] | None = None
+        self.unplaced_demands: tuple[Vector, ...] | None = None
+
+
 class WorkloadState:
     """A workload during the cycle: where its pods are now and what happened to it."""
 
     __slots__ = (
-        "_demand",
-        "_required",
-        "_shape",
-        "_unplaced",
-        "_unplaced_demands",
+        "_facts",
         "_vector",
         "bound",
         "chain",
@@ -66,11 +80,7 @@ class WorkloadState:
         self.evicted = False
         self.bound: list[int] = []
         self._vector: Vector | None = None
-        self._unplaced: tuple[int, ...] | None = None
-        self._unplaced_demands: tuple[Vector, ...] | None = None
-        self._demand: Vector | None = None
-        self._required: int | None = None
-        self._shape: tuple[tuple[object, ...], int] | None = None
+        self._facts: PlacementFacts | None = None
         self.min_runtimes: tuple[float, float] | None = None
         self.quota_rows: tuple[list[float], ...] | None = None
         """The ledger rows (``QuotaLedger.alloc`` and, if not preemptible, ``alloc_np`` of
@@ -79,31 +89,34 @@ class WorkloadState:
         """(unplaced pods, why they can never be placed) when last asked (``Session``)."""
         """Its project's preempt and reclaim minimum runtimes (``Session.protected``)."""
 
-    def unplaced(self) -> tuple[int, ...]:
-        """Indices of its pods not placed now (kept until a placement changes)."""
-        found = self._unplaced
+    def facts(self) -> PlacementFacts:
+        """What follows from where its pods are now (kept until a placement changes)."""
+        found = self._facts
         if found is None:
-            found = self._unplaced = tuple(i for i, p in enumerate(self.placements) if p is None)
+            found = self._facts = PlacementFacts(self)
         return found
+
+    def unplaced(self) -> tuple[int, ...]:
+        """Indices of its pods not placed now."""
+        found = self._facts
+        if found is None:
+            found = self._facts = PlacementFacts(self)
+        return found.unplaced
 
     def set_placement(self, pod: int, p: Placement | None) -> None:
         """Every change of ``placements`` goes through here (it forgets what was derived)."""
         self.placements[pod] = p
-        self._unplaced = None
-        self._unplaced_demands = None
-        self._demand = None
-        self._required = None
-        self._shape = None
+        self._facts = None
 
     def placed_count(self) -> int:
         return len(self.placements) - len(self.unplaced())
 
     def required(self) -> int:
         """Pods that must start together now: the gang minimum less what already runs."""
-        found = self._required
+        found = self._facts
         if found is None:
-            found = self._required = max(0, self.spec.gang_min - self.placed_count())
-        return found
+            found = self._facts = PlacementFacts(self)
+        return found.required
 
     def vector(self) -> Vector:
         """Quota its placed pods count as now."""

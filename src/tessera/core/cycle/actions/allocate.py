@@ -20,12 +20,13 @@ def gang_demand(session: Session, ws: WorkloadState) -> Vector:
     """Quota the gang's required pods count as (one pod for elastic pods of a running one).
     Kept on the workload until one of its placements changes (``WorkloadState.set_placement``):
     it depends only on which pods are unplaced and on the nodes, fixed for the session."""
-    total = ws._demand
+    facts = ws.facts()
+    total = facts.demand
     if total is None:
         total = ZERO
-        for i in ws.unplaced()[: max(ws.required(), 1)]:
+        for i in facts.unplaced[: max(facts.required, 1)]:
             total = vadd(total, session.quota.demand(ws.spec.pods[i]))
-        ws._demand = total
+        facts.demand = total
     return total
 
 
@@ -36,14 +37,15 @@ minimum): workloads of one shape fit or fail alike, so a failed shape is not tri
 
 def shape(ws: WorkloadState) -> Shape:
     """Kept on the workload until one of its placements changes."""
-    found = ws._shape
+    facts = ws.facts()
+    found = facts.shape
     if found is None:
         spec = ws.spec
         if spec.constraints:
-            found = tuple((spec.pods[i], spec.constraints[i]) for i in ws.unplaced()), ws.required()
+            found = tuple((spec.pods[i], spec.constraints[i]) for i in facts.unplaced), facts.required
         else:
-            found = tuple(spec.pods[i] for i in ws.unplaced()), ws.required()
-        ws._shape = found
+            found = tuple(spec.pods[i] for i in facts.unplaced), facts.required
+        facts.shape = found
     return found
 
 
