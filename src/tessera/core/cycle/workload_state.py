@@ -9,6 +9,8 @@ from tessera.core.model import ResourceRequest
 from tessera.core.state import Placement
 from tessera.core.workloads import Workload
 
+from .anchors import anchors_first, missing
+
 PodPlacements = list[tuple[int, Placement]]
 
 FIT = "\x00fit\x00"
@@ -60,14 +62,21 @@ class WorkloadState:
         """Its project's preempt and reclaim minimum runtimes (``Session.protected``)."""
 
     def unplaced(self) -> list[int]:
-        return [i for i, p in enumerate(self.placements) if p is None]
+        """Its pods not placed now, in the order they are tried: anchors first (cycle.anchors)."""
+        out = [i for i, p in enumerate(self.placements) if p is None]
+        anchors = self.spec.anchors
+        return anchors_first(out, anchors) if anchors and out else out
 
     def placed_count(self) -> int:
         return sum(1 for p in self.placements if p is not None)
 
     def required(self) -> int:
-        """Pods that must start together now: the gang minimum less what already runs."""
-        return max(0, self.spec.gang_min - self.placed_count())
+        """Pods that must start together now: the gang minimum less what already runs, and at
+        least its anchors not placed (cycle.anchors)."""
+        needed = max(0, self.spec.gang_min - self.placed_count())
+        if self.spec.anchors:
+            return max(needed, len(missing(self)))
+        return needed
 
     def vector(self) -> Vector:
         """Quota its placed pods count as now."""

@@ -11,6 +11,7 @@ what reclaim takes back later.
 
 from __future__ import annotations
 
+from tessera.core.cycle.anchors import missing
 from tessera.core.cycle.session import FIT, Session, Statement, Wait, WorkloadState
 from tessera.core.fairshare import ZERO, Vector, vadd
 from tessera.core.model import ResourceRequest
@@ -32,8 +33,12 @@ minimum): workloads of one shape fit or fail alike, so a failed shape is not tri
 def shape(ws: WorkloadState) -> Shape:
     spec = ws.spec
     if spec.constraints:
-        return tuple((spec.pods[i], spec.constraints[i]) for i in ws.unplaced()), ws.required()
-    return tuple(spec.pods[i] for i in ws.unplaced()), ws.required()
+        pods: tuple[object, ...] = tuple((spec.pods[i], spec.constraints[i]) for i in ws.unplaced())
+    else:
+        pods = tuple(spec.pods[i] for i in ws.unplaced())
+    if spec.anchors:  # its first pods are anchors, which end the attempt (cycle.anchors)
+        pods = (*pods, ("anchors", len(missing(ws))))
+    return pods, ws.required()
 
 
 class Allocate:
