@@ -116,9 +116,16 @@ def inferred_group(namespace: str, name: str, members: Sequence[Any]) -> Any:
 def member_order(pod: Any) -> tuple[bool, float, str]:
     """Sort key of a gang's pods (``tessera.kube.objects.PodInfo``): its anchors first
     (``tessera.io/gang-anchor``), then oldest first, then by name. Placement tries them in this
-    order and shrink gives back the last ones (core/cycle/actions/shrink.py), so an anchor is
-    never given back as an elastic pod and the elastic pods given back are the newest."""
+    order and shrink gives back the last ones (core/cycle/actions/shrink.py), so the elastic pods
+    given back are the newest; the core also requires the anchors (``anchors_of``)."""
     return pod.annotations.get(names.GANG_ANCHOR) != "true", pod.created, pod.name
+
+
+def anchors_of(members: Sequence[Any]) -> tuple[int, ...]:
+    """Indexes of a gang's pods (``PodInfo``, in ``member_order``) that the webhook marked
+    ``tessera.io/gang-anchor``: the core's ``Workload.anchors``, which the gang may not start
+    without (tessera.core.cycle.anchors)."""
+    return tuple(i for i, p in enumerate(members) if p.annotations.get(names.GANG_ANCHOR) == "true")
 
 
 def api_group(obj: Obj) -> str:

@@ -19,11 +19,9 @@ A workload without anchors is untouched by all of this (each hook costs one empt
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
 
-if TYPE_CHECKING:
-    from .workload_state import WorkloadState
+from tessera.core.state import Placement
 
 
 def anchors_first(unplaced: list[int], anchors: tuple[int, ...]) -> list[int]:
@@ -35,21 +33,21 @@ def anchors_first(unplaced: list[int], anchors: tuple[int, ...]) -> list[int]:
     return first + [i for i in unplaced if i not in anchors]
 
 
-def missing(ws: WorkloadState) -> list[int]:
-    """Its anchors not placed now, in the order they are tried."""
-    anchors = ws.spec.anchors
-    return [i for i in sorted(anchors) if ws.placements[i] is None] if anchors else []
+def missing(anchors: tuple[int, ...], placements: Sequence[Placement | None]) -> list[int]:
+    """The ``anchors`` not placed now (``placements``: a workload's, per pod), in the order
+    they are tried."""
+    return [i for i in sorted(anchors) if placements[i] is None] if anchors else []
 
 
-def failed_anchor(ws: WorkloadState, fitted: int) -> int | None:
+def failed_anchor(anchors: tuple[int, ...], placements: Sequence[Placement | None],
+                  fitted: int) -> int | None:
     """The anchor whose failure ended a placement attempt that fitted ``fitted`` pods (the
     anchors are tried first and the first one that does not fit ends it), or None when the
     attempt got past the anchors."""
-    left = missing(ws)
+    left = missing(anchors, placements)
     return left[fitted] if fitted < len(left) else None
 
 
-def shrinkable(ws: WorkloadState, pods: Iterable[int]) -> list[int]:
-    """``pods`` less its anchors."""
-    anchors = ws.spec.anchors
+def shrinkable(anchors: tuple[int, ...], pods: Iterable[int]) -> list[int]:
+    """``pods`` less the ``anchors``."""
     return [i for i in pods if i not in anchors] if anchors else list(pods)

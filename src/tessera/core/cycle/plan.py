@@ -89,6 +89,6 @@ def project_statuses(session: Session) -> dict[str, ProjectStatus]:
 
 
 def _elastic_prefix(ws: WorkloadState, reason: str) -> str:
-    if ws.placed_count() and ws.placed_count() >= ws.spec.gang_min and not missing(ws):
+    if ws.placed_count() and ws.placed_count() >= ws.spec.gang_min and not missing(ws.spec.anchors, ws.placements):
         return f"{len(ws.unplaced())} elastic pod(s) wait: {reason}"
     return reason

@@ -370,7 +370,7 @@ class Session:
     def gang_reason(self, ws: WorkloadState, fitted: int, request: ResourceRequest | None) -> str:
         """Why the gang did not fit; the placement part is filled in at the end of the cycle."""
         why = FIT if request is not None else "no room"
-        anchor = failed_anchor(ws, fitted) if ws.spec.anchors else None
+        anchor = failed_anchor(ws.spec.anchors, ws.placements, fitted) if ws.spec.anchors else None
         if anchor is not None:
             why = f"anchor pod {ws.spec.pod_label(anchor)} does not fit: {why}"
         required = ws.required()

@@ -75,7 +75,7 @@ class WorkloadState:
         least its anchors not placed (cycle.anchors)."""
         needed = max(0, self.spec.gang_min - self.placed_count())
         if self.spec.anchors:
-            return max(needed, len(missing(self)))
+            return max(needed, len(missing(self.spec.anchors, self.placements)))
         return needed
 
     def vector(self) -> Vector:

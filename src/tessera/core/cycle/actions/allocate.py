@@ -37,7 +37,7 @@ def shape(ws: WorkloadState) -> Shape:
     else:
         pods = tuple(spec.pods[i] for i in ws.unplaced())
     if spec.anchors:  # its first pods are anchors, which end the attempt (cycle.anchors)
-        pods = (*pods, ("anchors", len(missing(ws))))
+        pods = (*pods, ("anchors", len(missing(spec.anchors, ws.placements))))
     return pods, ws.required()
 
 

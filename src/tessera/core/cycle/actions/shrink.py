@@ -36,7 +36,7 @@ def elastic_pods(ws: WorkloadState) -> list[int]:
     """Its placed pods beyond the gang minimum that it had when the cycle began, newest (highest
     index) first, never an anchor (cycle.anchors): the ones it can give back and keep running."""
     placed = [i for i, p in enumerate(ws.placements) if p is not None and ws.spec.placement_of(i) is not None]
-    return shrinkable(ws, sorted(placed, reverse=True))[: max(0, len(placed) - ws.spec.gang_min)]
+    return shrinkable(ws.spec.anchors, sorted(placed, reverse=True))[: max(0, len(placed) - ws.spec.gang_min)]
 
 
 class Shrink:
