@@ -178,3 +178,13 @@ def test_no_gang_runs_without_its_anchors_and_shrink_never_takes_one(
         w = by_id[b.workload_id]
         placed = {i for i, p in enumerate(w.placements) if p is not None} | {pb.pod for pb in b.pods}
         assert set(w.anchors) <= placed
+
+
+def test_an_anchor_no_node_could_ever_hold_is_named_in_the_unschedulable_reason() -> None:
+    head, worker = request(8), request(1)  # 8 GPUs on one node: the nodes have 4
+    rc = Workload("rc", "a", (head, worker, worker), min_members=2, anchors=(0,),
+                  pod_names=("rc-head-q", "w1", "w2"))
+    plan = cycle(N, PROJECTS, [rc])
+    wait = plan.waiting_for("rc")
+    assert plan.binding("rc") is None and wait is not None and wait.kind == "unschedulable"
+    assert wait.reason.startswith("anchor pod rc-head-q does not fit: no node can ever hold it: "), wait
