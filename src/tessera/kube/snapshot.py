@@ -32,7 +32,7 @@ from tessera.kube.objects import (
     ProjectInfo,
     priority_class_of,
 )
-from tessera.kube.podgrouper import anchors_of, inferred_group, member_order
+from tessera.kube.podgrouper import anchor_pods_missing, anchors_of, inferred_group, member_order
 from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod
 from tessera.kube.predicates.constraint import KubeConstraint, constraint_for
 from tessera.kube.predicates.spec import SchedulingSpec
@@ -470,6 +470,8 @@ def _workload(
             min_members = pg.min_member
     wid = f"{ns}/{gname}" if kind == "g" else f"{ns}/pod/{gname}"
     anchors = anchors_of(members) if kind == "g" else ()  # required to start (core/cycle/anchors.py)
+    if kind == "g" and (absent := anchor_pods_missing(gname, members, len(anchors))) and all(pl is None for pl in placements):
+        return wait_all(absent)
     w = Workload(
         id=wid,
         project=project,
