@@ -383,6 +383,7 @@ def test_raycluster_whose_head_does_not_fit_starts_no_worker_until_it_does(
     [head] = [p for p in got if (p.metadata.labels or {})["ray.io/node-type"] == "head"]
     assert (head.metadata.annotations or {}).get(names.GANG_ANCHOR) == "true"
     assert {(p.metadata.annotations or {})[names.GANG_MIN_MEMBER] for p in got} == {"2"}
+    assert {(p.metadata.annotations or {})[names.GANG_ANCHORS] for p in got} == {"1"}
     anchor = f"anchor pod {head.metadata.name} does not fit: "
 
     def told() -> list[str] | None:
