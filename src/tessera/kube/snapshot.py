@@ -445,6 +445,10 @@ def _workload(
     pclass = priority_class_of(members[0], pg.priority_class if pg else None)
     if pclass not in PRIORITY_CLASSES:
         return wait_all(f"priority class {pclass!r} is not one of {', '.join(PRIORITY_CLASSES)}")
+    if kind == "g" and (absent := anchor_pods_missing(gname, members, len(anchors_of(members)))):
+        waits.update((p.key, absent) for p in pending)  # nothing more starts without the anchor
+        if not (members := [p for p in members if p.node or p.key in assumed]):
+            return None, [], waits
     placements: list[Placement | None] = []
     requests: list[ResourceRequest] = []
     keys: list[PodKey] = []
@@ -470,8 +474,6 @@ def _workload(
             min_members = pg.min_member
     wid = f"{ns}/{gname}" if kind == "g" else f"{ns}/pod/{gname}"
     anchors = anchors_of(members) if kind == "g" else ()  # required to start (core/cycle/anchors.py)
-    if kind == "g" and (absent := anchor_pods_missing(gname, members, len(anchors))) and all(pl is None for pl in placements):
-        return wait_all(absent)
     w = Workload(
         id=wid,
         project=project,
