@@ -400,3 +400,26 @@ def test_raycluster_whose_head_does_not_fit_starts_no_worker_until_it_does(
     by_name = {p.metadata.name: p.spec.nodeName for p in started}
     assert by_name[head.metadata.name] == "wl-0"
     assert set(by_name.values()) == {"wl-0", "wl-1"}
+
+
+def test_gang_waits_for_its_anchor_pod_to_exist(client: Client, stack: TestCluster) -> None:
+    """Bare pods naming their gang themselves (tessera.io/pod-group, gang-min-member) and that it
+    has one anchor (tessera.io/gang-anchors, as the webhook writes for an owner's pods): the three
+    workers reach the minimum of 2 but wait, told the anchor's pod does not exist; once it is
+    created (tessera.io/gang-anchor) the four start together."""
+    ns, _ = project_namespace(client, "anchor-missing")
+    gang = {names.POD_GROUP: "g", names.GANG_MIN_MEMBER: "2", names.GANG_ANCHORS: "1"}
+
+    def make(name: str, **extra: str) -> None:
+        client.create(Pod(metadata=ObjectMeta(name=name, namespace=ns, annotations={**gang, **extra}),
+                          spec=PodSpec(schedulerName="tessera", containers=[Container(
+                              name="c", image="busybox", resources=ResourceRequirements(
+                                  limits={"nvidia.com/gpu": "1"}))])))
+    for i in range(3):
+        make(f"w{i}")
+    wait_until("the workers wait for their anchor pod", lambda: all(
+        "waits for its anchor pod(s) to exist: 1 expected" in scheduled_message(p)
+        for p in live(client, ns)) and len(live(client, ns)) == 3, timeout=30)
+    assert not any(bound(p) for p in live(client, ns))
+    make("head", **{names.GANG_ANCHOR: "true"})
+    all_bound(client, ns, 4)
