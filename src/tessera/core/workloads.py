@@ -77,6 +77,12 @@ class Workload:
     movable: bool = True
     """Consolidation may move its pods (the adapter can restart a pod elsewhere: on
     Kubernetes, a controller recreates an evicted pod; a bare pod cannot be moved)."""
+    anchors: tuple[int, ...] = ()
+    """Indexes of the pods the gang cannot run without (a Ray head, a Kubeflow Master, an
+    elastic training's rendezvous host): it starts, and grows, only with every one of them
+    placed, and shrink never gives one back (``tessera.core.cycle.anchors``)."""
+    pod_names: tuple[str, ...] = ()
+    """Empty, or one name per pod, for reasons that name a pod (else its index)."""
 
     @classmethod
     def gang(
@@ -106,6 +112,10 @@ class Workload:
     @property
     def priority_value(self) -> int:
         return self.cls.value if self.priority is None else self.priority
+
+    def pod_label(self, pod: int) -> str:
+        """The pod's name in reasons: its ``pod_names`` entry, else ``<label> pod <index>``."""
+        return self.pod_names[pod] if self.pod_names else f"{self.label} pod {pod}"
 
     def constraint_of(self, pod: int) -> NodeConstraint | None:
         return self.constraints[pod] if self.constraints else None
@@ -151,5 +161,17 @@ class Workload:
                 f"must be empty or give one entry (or null) per pod ({len(self.pods)})",
                 len(self.constraints),
             )
+        if self.pod_names and len(self.pod_names) != len(self.pods):
+            raise InvalidRequest(
+                f"{field}.pod_names",
+                f"must be empty or give one name per pod ({len(self.pods)})",
+                len(self.pod_names),
+            )
+        for a in self.anchors:
+            if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < len(self.pods):
+                raise InvalidRequest(f"{field}.anchors",
+                                     f"must be indexes of its pods (0 to {len(self.pods) - 1})", a)
+        if len(set(self.anchors)) != len(self.anchors):
+            raise InvalidRequest(f"{field}.anchors", "must not name a pod twice", self.anchors)
         if self.running and self.started_at is None:
             raise InvalidRequest(f"{field}.started_at", "is required for a running workload")

@@ -82,6 +82,10 @@ GANG_ANCHOR = "tessera.io/gang-anchor"
 """``"true"`` on a pod its gang cannot run without (a Ray head, a PyTorchJob's Master; the
 webhook writes it, tessera.kube.podgrouper): ordered first among the gang's pods, so it is
 placed first and never given back as an elastic pod."""
+GANG_ANCHORS = "tessera.io/gang-anchors"
+"""On every member of a gang that has anchors: how many (the webhook counts them from the
+owner's spec). A gang none of whose pods runs waits while fewer of its pods carry
+``tessera.io/gang-anchor`` (the anchor's pod does not exist yet), docs/workloads.md."""
 
 # What the scheduler writes on a pod when it binds it (the source of truth on restart), and
 # what tessera-node writes on Nodes and reservation pods: imported above from tessera.wire.

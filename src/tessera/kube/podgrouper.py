@@ -50,6 +50,7 @@ and never given back as an elastic pod. Pure: no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,9 +117,16 @@ def inferred_group(namespace: str, name: str, members: Sequence[Any]) -> Any:
 def member_order(pod: Any) -> tuple[bool, float, str]:
     """Sort key of a gang's pods (``tessera.kube.objects.PodInfo``): its anchors first
     (``tessera.io/gang-anchor``), then oldest first, then by name. Placement tries them in this
-    order and shrink gives back the last ones (core/cycle/actions/shrink.py), so an anchor is
-    never given back as an elastic pod and the elastic pods given back are the newest."""
+    order and shrink gives back the last ones (core/cycle/actions/shrink.py), so the elastic pods
+    given back are the newest; the core also requires the anchors (``anchors_of``)."""
     return pod.annotations.get(names.GANG_ANCHOR) != "true", pod.created, pod.name
+
+
+def anchors_of(members: Sequence[Any]) -> tuple[int, ...]:
+    """Indexes of a gang's pods (``PodInfo``, in ``member_order``) that the webhook marked
+    ``tessera.io/gang-anchor``: the core's ``Workload.anchors``, which the gang may not start
+    without (tessera.core.cycle.anchors)."""
+    return tuple(i for i, p in enumerate(members) if p.annotations.get(names.GANG_ANCHOR) == "true")
 
 
 def api_group(obj: Obj) -> str:
@@ -156,6 +164,8 @@ class Gang:
     anchor: bool = False
     """The pod is one its gang cannot run without (module docstring): placed first, never
     given back as an elastic pod."""
+    anchors: int = 0
+    """How many such pods the gang has (its owner's spec says): ``tessera.io/gang-anchors``."""
 
 
 @dataclass(frozen=True)
@@ -387,14 +397,59 @@ def infer(pod: Obj, chain: Sequence[Obj], ours: Ours) -> Gang | PerPod:
         return PerPod(f"{tkind} {tname}: each pod on its own")
     anchor = _anchor(decider, _meta(pod).get("labels") or {})
     try:
-        return _infer_gang(pod, chain, ours, decider, forced, anchor)
+        found = _infer_gang(pod, chain, ours, decider, forced, anchor)
     except _NotAGang as bad:
-        if forced is not None:  # the user's minimum wins over the engine's own bounds
-            return Gang(f"{str(decider.get('kind')).lower()}-{_name(decider)}", forced,
-                        f"{tkind} {tname}: {forced} pods start together "
-                        f"({MIN_MEMBER_OVERRIDE}; {bad.why})", anchor)
-        return PerPod(f"{tkind} {tname}: {bad.why}: its pods are scheduled one by one",
-                      unknown=True)
+        if forced is None:
+            return PerPod(f"{tkind} {tname}: {bad.why}: its pods are scheduled one by one",
+                          unknown=True)
+        # the user's minimum wins over the engine's own bounds
+        found = Gang(f"{str(decider.get('kind')).lower()}-{_name(decider)}", forced,
+                     f"{tkind} {tname}: {forced} pods start together "
+                     f"({MIN_MEMBER_OVERRIDE}; {bad.why})", anchor)
+    count = _anchor_count(decider, chain, ours) if isinstance(found, Gang) else 0
+    return dataclasses.replace(found, anchors=count) if count and isinstance(found, Gang) else found
+
+
+def _anchor_count(decider: Obj, chain: Sequence[Obj], ours: Ours) -> int:
+    """How many pods of the gang ``_anchor`` marks, from the owner's spec (those tessera
+    schedules): a Ray head; a kubeflow job's Master/Chief/Launcher replicas, else worker 0 of
+    an elastic one without ``rdzvHost``."""
+    group = api_group(decider)
+    if group == "ray.io":
+        rc = next((o for o in chain if kind_key(o) == ("ray.io", "RayCluster")), {})
+        return 1 if ours((_spec(rc).get("headGroupSpec") or {}).get("template") or {}) else 0
+    if group != "kubeflow.org":
+        return 0
+    spec = _spec(decider)
+    field = KUBEFLOW_REPLICA_SPECS.get(str(decider.get("kind")), "")
+    specs = spec.get(field) or {}
+    roles = {str(r).lower(): rs for r, rs in specs.items() if isinstance(rs, Mapping)}
+    count = sum(_int(rs.get("replicas"), 1, f"spec.{field}.{r}.replicas") for r, rs in specs.items()
+                if isinstance(rs, Mapping) and str(r).lower() in KUBEFLOW_ANCHOR_ROLES
+                and ours(rs.get("template") or {}))
+    if any(r in KUBEFLOW_ANCHOR_ROLES for r in roles):
+        return count
+    policy = spec.get("elasticPolicy")
+    worker = roles.get("worker")
+    return int(isinstance(policy, Mapping) and not policy.get("rdzvHost") and worker is not None
+               and ours(worker.get("template") or {}))
+
+
+def anchor_pods_missing(gang: str, members: Sequence[Any], present: int) -> str | None:
+    """Why a gang (``PodInfo`` members, ``present`` of them anchors) waits for an anchor pod
+    that does not exist yet (``tessera.io/gang-anchors`` above ``present``), or None."""
+    expected = max((_count(p.annotations.get(names.GANG_ANCHORS)) for p in members), default=0)
+    if present >= expected:
+        return None
+    return (f"gang {gang} waits for its anchor pod(s) to exist: {expected} expected "
+            f"({names.GANG_ANCHORS}), {present} exist ({names.GANG_ANCHOR})")
+
+
+def _count(raw: str | None) -> int:
+    try:
+        return max(0, int(raw)) if raw is not None else 0
+    except ValueError:
+        return 0
 
 
 def _infer_gang(pod: Obj, chain: Sequence[Obj], ours: Ours, decider: Obj,

@@ -32,7 +32,7 @@ from tessera.kube.objects import (
     ProjectInfo,
     priority_class_of,
 )
-from tessera.kube.podgrouper import inferred_group, member_order
+from tessera.kube.podgrouper import anchor_pods_missing, anchors_of, inferred_group, member_order
 from tessera.kube.predicates.cluster import ClusterView, NodeFacts, OtherPod
 from tessera.kube.predicates.constraint import KubeConstraint, constraint_for
 from tessera.kube.predicates.spec import SchedulingSpec
@@ -445,6 +445,10 @@ def _workload(
     pclass = priority_class_of(members[0], pg.priority_class if pg else None)
     if pclass not in PRIORITY_CLASSES:
         return wait_all(f"priority class {pclass!r} is not one of {', '.join(PRIORITY_CLASSES)}")
+    if kind == "g" and (absent := anchor_pods_missing(gname, members, len(anchors_of(members)))):
+        waits.update((p.key, absent) for p in pending)  # nothing more starts without the anchor
+        if not (members := [p for p in members if p.node or p.key in assumed]):
+            return None, [], waits
     placements: list[Placement | None] = []
     requests: list[ResourceRequest] = []
     keys: list[PodKey] = []
@@ -469,6 +473,7 @@ def _workload(
         else:
             min_members = pg.min_member
     wid = f"{ns}/{gname}" if kind == "g" else f"{ns}/pod/{gname}"
+    anchors = anchors_of(members) if kind == "g" else ()  # required to start (core/cycle/anchors.py)
     w = Workload(
         id=wid,
         project=project,
@@ -481,6 +486,8 @@ def _workload(
         preemptible=False if terminating else None,
         movable=all(p.owner in RECREATED_BY and p.key not in unmovable for p in members),
         name=gname,
+        anchors=anchors,
+        pod_names=tuple(p.name for p in members) if anchors else (),
     )
     try:
         validate_workload(w, tree)

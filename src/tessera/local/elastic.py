@@ -7,9 +7,10 @@ Its pods are TorchElastic agents (``torchrun`` with the ``PET_*`` settings of
 goes; tessera starts and stops the pods. The translation and the plan's two resizing steps:
 
 * **Translation**: a running workload as the cycle sees it. An elastic one that may resize has
-  ``MAX`` pods, its running ones first (pod 0, the rendezvous host, then by start, newest
-  last, so the core's shrink, which gives back the highest indexes, takes the newest and never
-  pod 0) and its free slots after them (growth), gang minimum ``MIN``. :attr:`slots` maps the
+  ``MAX`` pods, its running ones first (pod 0, the rendezvous host and the gang's anchor, then
+  by start, newest last, so the core's shrink, which gives back the highest indexes and never
+  an anchor, takes the newest and never pod 0) and its free slots after them (growth), gang
+  minimum ``MIN``. :attr:`slots` maps the
   core's pod indexes back to pod numbers for the plan of this cycle. While a pod of it starts
   or stops, after a pod ended, or when it is not elastic, it is a gang of the pods that run.
 * **Grow** (a binding of a running workload): each new pod is planned and launched exactly as a
@@ -28,6 +29,7 @@ re-attached if its process runs, else dropped; a Stopping pod is signalled again
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 import uuid
@@ -117,8 +119,11 @@ class ElasticPods:
                      and self._retry.get(w.id, 0.0) <= time.monotonic())
             free = [i for i in range(w.workers) if i not in used] if grows else []
         self.slots[w.id] = (*(p["index"] for p in pods), *(free or ()))
-        return core_workload(w, [pod_placement(p) for p in pods], now,
+        core = core_workload(w, [pod_placement(p) for p in pods], now,
                              free=None if free is None else len(free))
+        # Pod 0, the rendezvous host, is the gang's anchor (tessera.core.cycle.anchors): never
+        # shrunk, and the workload grows only while it runs (as on Kubernetes).
+        return dataclasses.replace(core, anchors=(0,)) if free is not None and pods[0]["index"] == 0 else core
 
     @staticmethod
     def _resizable(w: Workload) -> bool:

@@ -307,3 +307,37 @@ def test_a_collision_is_acted_on_only_once_it_has_lasted() -> None:
     assert lasting.lasting([b]) == []  # a's collision ended: forgotten
     now[0] = 125.0
     assert lasting.lasting([a, b]) == [b]
+
+
+def test_gang_anchors_reach_the_core_and_a_gang_waits_while_its_anchor_pod_does_not_exist() -> None:
+    """The webhook's tessera.io/gang-anchor pods become the core's Workload.anchors (named, for
+    the reason); with tessera.io/gang-anchors saying the gang has one and no such pod yet, its
+    pending pods wait, saying so, and those running go on (core/cycle/anchors.py,
+    docs/workloads.md)."""
+    nodes, projects = _world()
+    groups = {("team-a", "rc"): PodGroupInfo("team-a", "rc", 2, None, None)}
+    workers = [_pod(f"rc-worker-{i}", group="rc") for i in range(3)]
+    for w in workers:
+        w.annotations[names.GANG_ANCHORS] = "1"
+    pods = {p.key: p for p in workers}
+    snap, ctx = SnapshotBuilder().build(nodes, pods, projects, groups, {}, set(), 1.0)
+    assert snap.workloads == ()
+    assert ctx.waits[("team-a", "rc-worker-0")] == (
+        "gang rc waits for its anchor pod(s) to exist: 1 expected (tessera.io/gang-anchors), "
+        "0 exist (tessera.io/gang-anchor)")
+    # One worker runs (its head's pod was deleted): it stays, the others wait for the head.
+    running = _pod("rc-worker-9", group="rc", node="n1",
+                   placement=Placement("n1", (0,), (40 * 2**30,), (40 * 2**30,)))
+    running.annotations[names.GANG_ANCHORS] = "1"
+    snap, ctx = SnapshotBuilder().build(nodes, {**pods, running.key: running}, projects, groups, {},
+                                        set(), 1.5)
+    (w,) = snap.workloads
+    assert len(w.pods) == 1 and w.placements[0] == running.placement and w.min_members == 1
+    assert "waits for its anchor pod(s) to exist" in ctx.waits[("team-a", "rc-worker-1")]
+    head = _pod("rc-head-x", group="rc")
+    head.annotations.update({names.GANG_ANCHOR: "true", names.GANG_ANCHORS: "1"})
+    head.created = 5.0  # the newest: still first, as an anchor
+    pods[head.key] = head
+    snap, ctx = SnapshotBuilder().build(nodes, pods, projects, groups, {}, set(), 2.0)
+    (w,) = snap.workloads
+    assert w.anchors == (0,) and w.pod_names[0] == "rc-head-x" and len(w.pod_names) == 4

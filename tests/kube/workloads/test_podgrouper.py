@@ -122,7 +122,7 @@ def pytorchjob(**extra: Any) -> dict[str, Any]:
 
 def test_pytorchjob_master_and_workers_start_together() -> None:
     got = infer(pod(), [pytorchjob()], ours)
-    assert got == Gang("pytorchjob-pytorch-simple", 4, got.why)
+    assert got == Gang("pytorchjob-pytorch-simple", 4, got.why, anchors=1)  # its Master
 
 
 def test_pytorchjob_elastic_and_min_available() -> None:
@@ -146,9 +146,10 @@ def raycluster(head_gpu: bool = False) -> dict[str, Any]:
 
 def test_raycluster_head_and_min_replicas() -> None:
     got = infer(pod(), [raycluster(head_gpu=True)], ours)
-    assert got == Gang("raycluster-raycluster-autoscaler", 5, got.why)
+    assert got == Gang("raycluster-raycluster-autoscaler", 5, got.why, anchors=1)  # its head
     cpu_head = infer(pod(), [raycluster()], ours)
     assert isinstance(cpu_head, Gang) and cpu_head.min_member == 4
+    assert cpu_head.anchors == 0  # a head tessera does not schedule is not waited for
 
 
 def test_rayjob_is_grouped_through_its_raycluster() -> None:
@@ -292,3 +293,44 @@ def test_pytorchjob_anchor_is_the_master_or_the_rendezvous_worker() -> None:
     assert not infer(role("worker", "2"), [workers_only], ours).anchor  # type: ignore[union-attr]
     workers_only["spec"]["elasticPolicy"]["rdzvHost"] = "etcd"
     assert not infer(role("worker", "0"), [workers_only], ours).anchor  # type: ignore[union-attr]
+
+
+def test_the_gang_counts_its_anchors_and_waits_while_an_anchor_pod_does_not_exist() -> None:
+    """``tessera.io/gang-anchors`` on every member; the scheduler holds a gang none of whose
+    pods runs while fewer of its pods are anchors (the anchor's pod is not created yet)."""
+    from types import SimpleNamespace
+
+    from tessera.kube.admission.owners import gang_annotations_of
+    from tessera.kube.podgrouper import anchor_pods_missing
+
+    def role(kind: str, index: str) -> dict[str, Any]:
+        return pod({"training.kubeflow.org/replica-type": kind,
+                    "training.kubeflow.org/replica-index": index})
+    rc = raycluster(head_gpu=True)
+    worker = infer(pod({"ray.io/node-type": "worker"}), [rc], ours)
+    assert isinstance(worker, Gang) and worker.anchors == 1 and not worker.anchor
+    assert gang_annotations_of(worker)["tessera.io/gang-anchors"] == "1"
+    elastic = pytorchjob(elasticPolicy={"minReplicas": 1, "maxReplicas": 3})
+    del elastic["spec"]["pytorchReplicaSpecs"]["Master"]
+    got = infer(role("worker", "2"), [elastic], ours)
+    assert isinstance(got, Gang) and got.anchors == 1  # worker 0, the rendezvous host
+    elastic["spec"]["elasticPolicy"]["rdzvHost"] = "etcd"
+    got = infer(role("worker", "2"), [elastic], ours)
+    assert isinstance(got, Gang) and got.anchors == 0
+    assert "tessera.io/gang-anchors" not in gang_annotations_of(got)
+    chief = obj("kubeflow.org/v1", "TFJob", "tf", {"tfReplicaSpecs": {
+        "Chief": {"replicas": 1, "template": tmpl()}, "Worker": {"replicas": 2, "template": tmpl()}}})
+    got = infer(role("worker", "0"), [chief], ours)
+    assert isinstance(got, Gang) and got.anchors == 1
+
+    def member(name: str, anchors: str | None, anchor: bool = False) -> Any:
+        ann = {"tessera.io/gang-anchor": "true"} if anchor else {}
+        if anchors is not None:
+            ann["tessera.io/gang-anchors"] = anchors
+        return SimpleNamespace(name=name, annotations=ann)
+    workers = [member("w1", "1"), member("w2", "1")]
+    assert anchor_pods_missing("raycluster-rc", workers, 0) == (
+        "gang raycluster-rc waits for its anchor pod(s) to exist: 1 expected "
+        "(tessera.io/gang-anchors), 0 exist (tessera.io/gang-anchor)")
+    assert anchor_pods_missing("raycluster-rc", [member("h", "1", True), *workers], 1) is None
+    assert anchor_pods_missing("g", [member("a", None), member("b", "x")], 0) is None

@@ -355,3 +355,71 @@ def test_trainjob_is_one_gang_through_its_jobset(client: Client, trainer: None) 
                for p in got)
     wait_until("all 4 bound", lambda: all(bound(p) for p in pods(client, ns, **label)),
                timeout=90)
+
+
+def test_raycluster_whose_head_does_not_fit_starts_no_worker_until_it_does(
+        client: Client, kuberay: None) -> None:
+    """The head is the gang's anchor (tessera.io/gang-anchor), required, not only placed first:
+    a head of 4 GPUs (a whole node) finds one GPU taken on each node by pods nothing may evict,
+    so although the 3 workers (one GPU each; minimum head + 1) would fit, none starts, and each
+    pod says which anchor is missing and why. Once a node is free the gang starts whole."""
+    ns_blk, _ = project_namespace(client, "anchor-blk", deserved=2)
+    for node in ("wl-0", "wl-1"):
+        client.create(Pod(metadata=ObjectMeta(name=f"blk-{node}", namespace=ns_blk,
+                                              annotations={names.PRIORITY_CLASS: "inference"}),
+                          spec=PodSpec(schedulerName="tessera",
+                                       nodeSelector={"kubernetes.io/hostname": node},
+                                       containers=[Container(
+                                           name="c", image="busybox", resources=ResourceRequirements(
+                                               limits={"nvidia.com/gpu": "1"}))])))
+    all_bound(client, ns_blk, 2)
+    ns, _ = project_namespace(client, "raycluster-anchor", deserved=6)
+    rc = elastic_raycluster("rc", 3, 1, 3).to_dict()
+    rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": "4"}}
+    client.create(codecs.from_dict(rc), namespace=ns)
+    cluster = {"ray.io/cluster": "rc"}
+    got = wait_pods(client, ns, 4, **cluster)
+    [head] = [p for p in got if (p.metadata.labels or {})["ray.io/node-type"] == "head"]
+    assert (head.metadata.annotations or {}).get(names.GANG_ANCHOR) == "true"
+    assert {(p.metadata.annotations or {})[names.GANG_MIN_MEMBER] for p in got} == {"2"}
+    assert {(p.metadata.annotations or {})[names.GANG_ANCHORS] for p in got} == {"1"}
+    anchor = f"anchor pod {head.metadata.name} does not fit: "
+
+    def told() -> list[str] | None:
+        msgs = [scheduled_message(p) for p in live(client, ns, **cluster)]
+        return msgs if len(msgs) == 4 and all(anchor in m for m in msgs) else None
+    msgs = wait_until("every pod of the gang names its missing anchor", told, timeout=60)
+    assert "no node has 4 idle GPUs" in msgs[0], msgs[0]
+    assert any(e.reason == "FailedScheduling" and anchor in (e.message or "")
+               for e in events_of(client, ns, head.metadata.name))
+    assert not any(bound(p) for p in live(client, ns, **cluster))  # no worker without the head
+
+    client.delete(Pod, "blk-wl-0", namespace=ns_blk, grace_period=0)
+    started = all_bound(client, ns, 4, **cluster)
+    by_name = {p.metadata.name: p.spec.nodeName for p in started}
+    assert by_name[head.metadata.name] == "wl-0"
+    assert set(by_name.values()) == {"wl-0", "wl-1"}
+
+
+def test_gang_waits_for_its_anchor_pod_to_exist(client: Client, stack: TestCluster) -> None:
+    """Bare pods naming their gang themselves (tessera.io/pod-group, gang-min-member) and that it
+    has one anchor (tessera.io/gang-anchors, as the webhook writes for an owner's pods): the three
+    workers reach the minimum of 2 but wait, told the anchor's pod does not exist; once it is
+    created (tessera.io/gang-anchor) the four start together."""
+    ns, _ = project_namespace(client, "anchor-missing")
+    gang = {names.POD_GROUP: "g", names.GANG_MIN_MEMBER: "2", names.GANG_ANCHORS: "1"}
+
+    def make(name: str, **extra: str) -> None:
+        client.create(Pod(metadata=ObjectMeta(name=name, namespace=ns, annotations={**gang, **extra}),
+                          spec=PodSpec(schedulerName="tessera", containers=[Container(
+                              name="c", image="busybox", resources=ResourceRequirements(
+                                  limits={"nvidia.com/gpu": "1"}))])))
+    for i in range(3):
+        make(f"w{i}")
+    wait_until("the workers wait for their anchor pod", lambda: all(
+        "waits for its anchor pod(s) to exist: 1 expected" in scheduled_message(p)
+        for p in live(client, ns)) and len(live(client, ns)) == 3, timeout=30)
+    assert not any(bound(p) for p in live(client, ns))
+    make("head", **{names.GANG_ANCHOR: "true"})
+    all_bound(client, ns, 4)

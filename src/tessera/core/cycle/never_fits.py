@@ -50,6 +50,8 @@ class NeverFits:
                 return f"0/{len(self._nodes)} nodes are available: {refused or 'no node is allowed'}"
             why = self.why(request)
             if why is not None:
+                if i in ws.spec.anchors:  # say which pod the gang cannot start without
+                    return f"anchor pod {ws.spec.pod_label(i)} does not fit: {why}"
                 return why
         return None
 

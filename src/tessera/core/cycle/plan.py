@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from tessera.core.constraints import NodeConstraint
 
+from .anchors import missing
 from .explain import FitExplainer
 from .quota import vector_of
 from .types import Binding, Plan, PodBinding, ProjectStatus, Waiting
@@ -88,6 +89,6 @@ def project_statuses(session: Session) -> dict[str, ProjectStatus]:
 
 
 def _elastic_prefix(ws: WorkloadState, reason: str) -> str:
-    if ws.placed_count() and ws.placed_count() >= ws.spec.gang_min:
+    if ws.placed_count() and ws.placed_count() >= ws.spec.gang_min and not missing(ws.spec.anchors, ws.placements):
         return f"{len(ws.unplaced())} elastic pod(s) wait: {reason}"
     return reason

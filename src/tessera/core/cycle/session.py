@@ -326,8 +326,9 @@ class Session:
         ws: WorkloadState,
         extra_ok: Callable[[Vector], bool] | None = None,
     ) -> tuple[PodPlacements, ResourceRequest | None, int]:
-        """Place the workload's unplaced pods: the gang's ``required`` together or none, then as
-        many elastic ones as fit and ``extra_ok`` allows. Assigns inside the caller's statement.
+        """Place the workload's unplaced pods: the gang's ``required`` together or none (its
+        anchors first: one that does not fit ends the attempt, cycle.anchors), then as many
+        elastic ones as fit and ``extra_ok`` allows. Assigns inside the caller's statement.
 
         Returns the pods placed (empty if the gang did not fit), the first request that did not
         fit, and how many pods fitted before the gang was given up.
@@ -355,6 +356,8 @@ class Session:
                 failed.add((request, constraint))
                 if first_fail is None:
                     first_fail = request
+                if spec.anchors and i in spec.anchors:
+                    break  # the gang cannot start without it (cycle.anchors)
                 continue
             self.assign_pod(ws, i, found)
             placed.append((i, found))
@@ -363,14 +366,6 @@ class Session:
             return [], first_fail, len(placed)
         stmt.commit()
         return placed, first_fail, len(placed)
-
-    def gang_reason(self, ws: WorkloadState, fitted: int, request: ResourceRequest | None) -> str:
-        """Why the gang did not fit; the placement part is filled in at the end of the cycle."""
-        why = FIT if request is not None else "no room"
-        required = ws.required()
-        if required > 1:
-            return f"waiting for {required - fitted} of {required} gang members to fit: {why}"
-        return why
 
     def wait_kind(self, ws: WorkloadState) -> str:
         """The kind of the last reason given for ``ws`` waiting ("" if none)."""

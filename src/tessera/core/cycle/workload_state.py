@@ -9,6 +9,8 @@ from tessera.core.model import ResourceRequest
 from tessera.core.state import Placement
 from tessera.core.workloads import Workload
 
+from .anchors import anchors_first, failed_anchor, missing
+
 PodPlacements = list[tuple[int, Placement]]
 
 FIT = "\x00fit\x00"
@@ -34,8 +36,14 @@ class PlacementFacts:
 
     def __init__(self, ws: WorkloadState) -> None:
         placements = ws.placements
-        self.unplaced = tuple(i for i, p in enumerate(placements) if p is None)
-        self.required = max(0, ws.spec.gang_min - (len(placements) - len(self.unplaced)))
+        spec = ws.spec
+        out = [i for i, p in enumerate(placements) if p is None]
+        if spec.anchors and out:  # anchors first (cycle.anchors)
+            out = anchors_first(out, spec.anchors)
+        self.unplaced = tuple(out)
+        self.required = max(0, spec.gang_min - (len(placements) - len(out)))
+        if spec.anchors:  # at least its anchors not placed
+            self.required = max(self.required, len(missing(spec.anchors, placements)))
         self.demand: Vector | None = None
         self.shape: tuple[tuple[object, ...], int] | None = None
         self.unplaced_demands: tuple[Vector, ...] | None = None
@@ -97,7 +105,7 @@ class WorkloadState:
         return found
 
     def unplaced(self) -> tuple[int, ...]:
-        """Indices of its pods not placed now."""
+        """Its pods not placed now, in the order they are tried: anchors first (cycle.anchors)."""
         found = self._facts
         if found is None:
             found = self._facts = PlacementFacts(self)
@@ -112,7 +120,8 @@ class WorkloadState:
         return len(self.placements) - len(self.unplaced())
 
     def required(self) -> int:
-        """Pods that must start together now: the gang minimum less what already runs."""
+        """Pods that must start together now: the gang minimum less what already runs, and at
+        least its anchors not placed (cycle.anchors)."""
         found = self._facts
         if found is None:
             found = self._facts = PlacementFacts(self)
@@ -128,6 +137,19 @@ class WorkloadState:
                     total = (total[0] + v[0], total[1] + v[1], total[2] + v[2])
             self._vector = total
         return total
+
+
+def gang_reason(ws: WorkloadState, fitted: int, request: ResourceRequest | None) -> str:
+    """Why the gang did not fit (``fitted`` of its required pods did); the placement part is
+    filled in at the end of the cycle."""
+    why = FIT if request is not None else "no room"
+    anchor = failed_anchor(ws.spec.anchors, ws.placements, fitted) if ws.spec.anchors else None
+    if anchor is not None:
+        why = f"anchor pod {ws.spec.pod_label(anchor)} does not fit: {why}"
+    required = ws.required()
+    if required > 1:
+        return f"waiting for {required - fitted} of {required} gang members to fit: {why}"
+    return why
 
 
 def pod_id(workload_id: str, pod: int) -> str:

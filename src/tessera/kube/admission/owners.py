@@ -49,6 +49,8 @@ def gang_annotations_of(result: Gang | PerPod) -> dict[str, str]:
     """What the pod gets for the inferrer's answer."""
     if isinstance(result, Gang):
         anchor = {names.GANG_ANCHOR: "true"} if result.anchor else {}
+        if result.anchors:
+            anchor[names.GANG_ANCHORS] = str(result.anchors)
         return {names.POD_GROUP: result.name, names.GANG_MIN_MEMBER:
                 str(result.min_member), GANG: result.why, **anchor}
     return {GANG: f"no gang: {result.why}"}

@@ -11,7 +11,9 @@ what reclaim takes back later.
 
 from __future__ import annotations
 
+from tessera.core.cycle.anchors import missing
 from tessera.core.cycle.session import FIT, Session, Statement, Wait, WorkloadState
+from tessera.core.cycle.workload_state import gang_reason
 from tessera.core.fairshare import ZERO, Vector, vadd
 from tessera.core.model import ResourceRequest
 
@@ -45,6 +47,8 @@ def shape(ws: WorkloadState) -> Shape:
             found = tuple((spec.pods[i], spec.constraints[i]) for i in facts.unplaced), facts.required
         else:
             found = tuple(spec.pods[i] for i in facts.unplaced), facts.required
+        if spec.anchors:  # its first pods are anchors, which end the attempt (cycle.anchors)
+            found = (*found[0], ("anchors", len(missing(spec.anchors, ws.placements)))), found[1]
         facts.shape = found
     return found
 
@@ -83,7 +87,7 @@ class Allocate:
             placed, fail, fitted = session.place_pods(ws, extra_ok)
             if not placed:
                 stmt.discard()
-                reason = session.gang_reason(ws, fitted, fail)
+                reason = gang_reason(ws, fitted, fail)
                 failed[key] = (reason, fail)
                 session.wait(ws, self._no_room(previous, reason, fail))
                 continue

@@ -21,6 +21,7 @@ the donor keeps running with the rest.
 
 from __future__ import annotations
 
+from tessera.core.cycle.anchors import shrinkable
 from tessera.core.cycle.session import Session, Statement, WorkloadState
 from tessera.core.cycle.types import Eviction
 from tessera.core.cycle.workload_state import PodPlacements
@@ -33,9 +34,9 @@ _TRIES = ("placement", "fair-share")
 
 def elastic_pods(ws: WorkloadState) -> list[int]:
     """Its placed pods beyond the gang minimum that it had when the cycle began, newest (highest
-    index) first: the ones it can give back and keep running."""
+    index) first, never an anchor (cycle.anchors): the ones it can give back and keep running."""
     placed = [i for i, p in enumerate(ws.placements) if p is not None and ws.spec.placement_of(i) is not None]
-    return sorted(placed, reverse=True)[: max(0, len(placed) - ws.spec.gang_min)]
+    return shrinkable(ws.spec.anchors, sorted(placed, reverse=True))[: max(0, len(placed) - ws.spec.gang_min)]
 
 
 class Shrink:
