@@ -10,8 +10,9 @@ fit where they were, so the victims kept are only the ones that made room.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
+from typing import cast
 
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
@@ -20,12 +21,15 @@ from tessera.core.model import GpuKind, ResourceRequest
 from .room_fit import at_least, fewest, fits_after, free_all_on, free_on
 from .room_seen import RoomSeen
 from .session import PodPlacements, Session, Statement, WorkloadState
-from .takeable import TakeableNodes
+from .takeable import TakeableNodes, VictimSizes
 
 Tentative = dict[str, list[float]]
 """GPU/CPU/memory a search has tentatively taken from each project (and its ancestors)."""
 
 Allow = Callable[[WorkloadState, Tentative], bool]
+
+Entry = tuple[WorkloadState, float, tuple[str, ...]]
+"""A victim, the GPUs it counts and the nodes it runs on (``NodeIndex.of_entries``)."""
 
 LISTS_AFTER = 8
 """Node scans of one index (reclaim) before it builds its candidate lists (``TakeableNodes``)."""
@@ -48,8 +52,37 @@ class NodeIndex:
                     by_node[p.node] = [v]
                 elif group[-1] is not v:
                     group.append(v)
+        self._setup(by_node, {}, like, None)
+
+    @classmethod
+    def of_entries(cls, entries: Iterable[Entry], like: NodeIndex | None,
+                   sizes: VictimSizes) -> NodeIndex:
+        """The index of the victims of ``entries`` that are not evicted, in that order (as
+        ``NodeIndex(victims)`` groups them), with each one's GPUs and nodes worked out once for
+        every index of an action (``VictimOrder``), and their sizes' node lists (``sizes``)."""
+        by_node: dict[str, list[WorkloadState]] = {}
+        gpus: dict[str, list[float]] = {}
+        get = by_node.get
+        for v, g, where in entries:
+            if v.evicted:
+                continue
+            for node in where:
+                group = get(node)
+                if group is None:
+                    by_node[node] = [v]
+                    gpus[node] = [g]
+                else:
+                    group.append(v)
+                    gpus[node].append(g)
+        index = cls.__new__(cls)
+        index._setup(by_node, gpus, like, sizes)
+        return index
+
+    def _setup(self, by_node: dict[str, list[WorkloadState]], gpus: dict[str, list[float]],
+               like: NodeIndex | None, sizes: VictimSizes | None) -> None:
         self.by_node = by_node
-        self._gpus: dict[str, tuple[float, ...]] = {}
+        self._gpus: dict[str, Sequence[float]] = cast(dict[str, Sequence[float]], gpus)
+        self._sizes = sizes
         self._takeable: TakeableNodes | None = None
         self._scans = 0
         self.pruned: set[str] = set() if like is None else like.pruned
@@ -66,16 +99,17 @@ class NodeIndex:
             self._scans += 1
             if self._scans <= LISTS_AFTER:
                 return None
-            self._takeable = TakeableNodes(self.by_node, self.gpus)
+            sizes = self._sizes if self._sizes is not None else VictimSizes.of_index(self.by_node, self.gpus)
+            self._takeable = TakeableNodes(sizes, self.by_node, self.gpus)
         return self._takeable
 
-    def evicted_for_good(self, v: WorkloadState) -> None:
-        """``v`` stays evicted for the rest of the action (its statement was committed): the
-        candidate lists need not offer its nodes for it any more."""
+    def evicted_for_good(self, v: WorkloadState, nodes: Iterable[str]) -> None:
+        """``v`` (which ran on ``nodes``) stays evicted for the rest of the action (its
+        statement was committed): the candidate lists need not offer its nodes for it any more."""
         if self._takeable is not None:
-            self._takeable.evicted_for_good(v)
+            self._takeable.evicted_for_good(v, nodes)
 
-    def gpus(self, node: str) -> tuple[float, ...]:
+    def gpus(self, node: str) -> Sequence[float]:
         """The GPUs each victim on ``node`` counts (its ``vector()[0]``, which stays as it is
         while it is a victim: it runs where it ran, or is evicted and put back there)."""
         found = self._gpus.get(node)
