@@ -90,6 +90,9 @@ class NodeIndex:
         """Nodes where even every victim gone would not make room for that request (for the
         rest of the action: ``no_room_even_empty``)."""
         self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
+        self.room_taking: dict[str, tuple[object, dict[int, RoomSeen]]] = {}
+        """Per node: its state's signature, and per mask of victims what it would have free
+        with them gone (``no_room_taking``)."""
 
     def takeable(self) -> TakeableNodes | None:
         """The nodes per project and victim size (reclaim's searches), built once the index
@@ -149,6 +152,32 @@ class NodeIndex:
                                                       seen.cpu, seen.mem, seen.compute)
         if not fits:
             self.no_room.setdefault(request, set()).add(node)
+        return not fits
+
+
+    def no_room_taking(self, session: Session, request: ResourceRequest, node: str, mask: int) -> bool:
+        """Would ``request`` not fit on ``node`` with only the victims of ``mask`` (bits over
+        ``by_node[node]``) gone? Taking fewer frees less, so then no subset of them makes room.
+        Memoised per node state and mask (this index's: the bits follow its order)."""
+        ns = session.state.by_name[node]
+        sig = ns.signature()
+        seen = self.room_taking.get(node)
+        if seen is None or seen[0] is not sig:
+            seen = self.room_taking[node] = (sig, {})
+        room = seen[1].get(mask)
+        if room is None:
+            free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+            tenants = list(ns.dev_tenants)
+            compute = list(ns.dev_compute)
+            group = self.by_node[node]
+            cpu, mem = free_all_on(node, [v for k, v in enumerate(group) if mask >> k & 1],
+                                   free, tenants, compute)
+            room = seen[1][mask] = RoomSeen(sig, free, tenants, ns.free_cpu + cpu,
+                                            ns.free_mem + mem, compute, {})
+        fits = room.answers.get(request)
+        if fits is None:
+            fits = room.answers[request] = fits_after(ns, request, room.free, room.tenants,
+                                                      room.cpu, room.mem, room.compute)
         return not fits
 
 
@@ -224,16 +253,20 @@ def cheapest_node(
     gpus_on = index.gpus
     minus_inf = float("-inf")
 
-    def live_on(node: str, group: list[WorkloadState]) -> bool:
-        """GPU-only: does the node hold a victim this search may take (``allow`` with nothing
-        taken yet: the scan's own test, its first victim allowed)?"""
+    def takeable_on(node: str, group: list[WorkloadState]) -> int:
+        """GPU-only: the victims on the node this search may take, each alone (``allow`` with
+        nothing taken yet: the scan's own test, its first victim allowed), as a bit mask over
+        ``group``; 0 when none."""
         assert bound_of is not None
+        mask = 0
+        bit = 1
         for v, g in zip(group, gpus_on(node), strict=True):
             if not v.evicted:
                 b = bound_of(v.project)
                 if g <= b or (g <= 0 and b > minus_inf):
-                    return True
-        return False
+                    mask |= bit
+            bit <<= 1
+        return mask
 
     skip_set: set[str] = set()
     candidates: Iterable[str] = index.by_node
@@ -263,9 +296,18 @@ def cheapest_node(
             if not ok:
                 continue
         if takeable_only:
-            if bound_of is not None and not live_on(node, group):
+            mask = takeable_on(node, group) if bound_of is not None else -1
+            if not mask:
                 continue
             if index.no_room_even_empty(session, request, node):
+                continue
+            if mask > 0 and index.no_room_taking(session, request, node, mask):
+                # The scan below would count the node (its first victim this search may
+                # take) and take a subset of these: no room, so only the count is left.
+                examined += 1
+                if examined >= nodes_budget or feasible >= 4 or (
+                        best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
+                    break
                 continue
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
