@@ -29,11 +29,12 @@ class _Victim(Protocol):
 
 
 class VictimSizes:
-    """Per project and victim size (GPUs), the nodes holding such a victim (no order)."""
+    """Per project and victim size (GPUs), the nodes holding such a victim (no order), kept
+    up to date as victims are evicted for good."""
 
     def __init__(self, entries: Iterable[tuple[_Victim, float, Sequence[str]]]) -> None:
         """``entries``: (victim, the GPUs it counts, the nodes it runs on)."""
-        sizes: dict[str, dict[float, dict[str, None]]] = {}
+        sizes: dict[str, dict[float, dict[str, int]]] = {}
         for v, g, where in entries:
             of_project = sizes.get(v.project)
             if of_project is None:
@@ -42,11 +43,25 @@ class VictimSizes:
             if nodes is None:
                 nodes = of_project[g] = {}
             for node in where:
-                nodes[node] = None
-        self.by_project: dict[str, list[tuple[float, list[str]]]] = {
-            project: sorted((g, list(nodes)) for g, nodes in of_project.items())
-            for project, of_project in sizes.items()}
-        """Per project, (victim size, its nodes), sizes ascending."""
+                nodes[node] = nodes.get(node, 0) + 1
+        self._sizes = sizes
+        self.by_project: dict[str, list[tuple[float, dict[str, int]]]] = {
+            project: sorted(of_project.items()) for project, of_project in sizes.items()}
+        """Per project, (victim size, its nodes with how many such victims each), sizes
+        ascending."""
+
+    def evicted_for_good(self, v: _Victim, size: float, nodes: Iterable[str]) -> None:
+        """``v`` (``size`` GPUs, on ``nodes``) stays evicted: a node with no other victim of
+        its project and size leaves that list."""
+        of_size = self._sizes.get(v.project, {}).get(size)
+        if of_size is None:
+            return
+        for node in nodes:
+            left = of_size.get(node, 0) - 1
+            if left > 0:
+                of_size[node] = left
+            else:
+                of_size.pop(node, None)
 
     @classmethod
     def of_index(cls, by_node: Mapping[str, Sequence[_Victim]],
@@ -72,7 +87,7 @@ class TakeableNodes:
         self._lists: dict[tuple[str, float], list[int]] = {}
         """(project, size): node positions ascending, made on first use."""
 
-    def entries(self, project: str, size: float, nodes: list[str]) -> list[int]:
+    def entries(self, project: str, size: float, nodes: Mapping[str, int]) -> list[int]:
         found = self._lists.get((project, size))
         if found is None:
             position = self.position

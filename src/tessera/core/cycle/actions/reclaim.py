@@ -99,13 +99,18 @@ class VictimOrder:
         self.indexes: dict[tuple[str, ...], NodeIndex] = {}
         self._by_workload: list[Entry] | None = None
         self._sizes: VictimSizes | None = None
-        self._nodes: dict[int, tuple[str, ...]] = {}
-        """Per victim (``id``): the nodes it ran on when the action began."""
+        self._nodes: dict[int, tuple[float, tuple[str, ...]]] = {}
+        """Per victim (``id``): its GPUs and nodes when the entries were made."""
 
     def evicted_for_good(self, evicted: list[WorkloadState]) -> None:
         """A search committed: these stay evicted for the rest of the action."""
         for v in evicted:
-            nodes = self._nodes.get(id(v), ())
+            found = self._nodes.get(id(v))
+            if found is None:
+                continue  # not in the entries: evicted before they were made
+            size, nodes = found
+            if self._sizes is not None:
+                self._sizes.evicted_for_good(v, size, nodes)
             for index in self.indexes.values():
                 index.evicted_for_good(v, nodes)
 
@@ -138,8 +143,9 @@ class VictimOrder:
         nodes_of = self._nodes
         for v in victims:
             nodes = tuple(dict.fromkeys(p.node for p in v.placements if p is not None))
-            nodes_of[id(v)] = nodes
-            entries.append((v, v.vector()[0], nodes))
+            g = v.vector()[0]
+            nodes_of[id(v)] = (g, nodes)
+            entries.append((v, g, nodes))
         return entries
 
 
