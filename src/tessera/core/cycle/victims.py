@@ -31,8 +31,11 @@ Allow = Callable[[WorkloadState, Tentative], bool]
 Entry = tuple[WorkloadState, float, tuple[str, ...]]
 """A victim, the GPUs it counts and the nodes it runs on (``NodeIndex.of_entries``)."""
 
-LISTS_AFTER = 8
-"""Node scans of one index (reclaim) before it builds its candidate lists (``TakeableNodes``)."""
+LISTS_AFTER = 0
+"""Node scans of one index (reclaim) before it builds its candidate lists (``TakeableNodes``).
+Zero since the lists are made per (project, victim size) on first use from ``VictimSizes``
+(shared by an action's indexes): a scan of every node of the index costs more than the lists a
+first search needs (it visited up to 5,000 nodes at 5,000 nodes, most with nothing to take)."""
 
 
 class NodeIndex:
@@ -96,8 +99,7 @@ class NodeIndex:
 
     def takeable(self) -> TakeableNodes | None:
         """The nodes per project and victim size (reclaim's searches), built once the index
-        has served ``LISTS_AFTER`` searches: building them costs about a full scan of the
-        index, more than a few searches save (a cycle after a few changes makes few)."""
+        has served ``LISTS_AFTER`` searches."""
         if self._takeable is None:
             self._scans += 1
             if self._scans <= LISTS_AFTER:
