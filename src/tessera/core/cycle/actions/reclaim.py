@@ -99,6 +99,8 @@ class VictimOrder:
         self.indexes: dict[tuple[str, ...], NodeIndex] = {}
         self._by_workload: list[Entry] | None = None
         self._sizes: VictimSizes | None = None
+        self._projects: list[str] = []
+        """The project of each entry, in the entries' order."""
         self._nodes: dict[int, tuple[float, tuple[str, ...]]] = {}
         """Per victim (``id``): its GPUs and nodes when the entries were made."""
 
@@ -125,13 +127,18 @@ class VictimOrder:
             by_workload = self._by_workload
             if by_workload is None:
                 by_workload = self._by_workload = self._entries()
+                self._projects = [e[0].project for e in by_workload]
                 self._sizes = VictimSizes(by_workload)
             assert self._sizes is not None
             part: dict[str, tuple[object, ...]] = {}
             for project in ratio:
                 closeness = sum(1 for name in tree.chain(project) if name in near)
                 part[project] = (tree[project].priority, -closeness, -ratio[project])
-            ordered = sorted(by_workload, key=lambda e: part[e[0].project])
+            # Equal parts, equal ranks: the stable sort keeps the workload order among them.
+            order = {key: k for k, key in enumerate(sorted(set(part.values())))}
+            rank = {project: order[key] for project, key in part.items()}
+            keys = list(map(rank.__getitem__, self._projects))
+            ordered = [by_workload[k] for k in sorted(range(len(keys)), key=keys.__getitem__)]
             like = next(iter(self.indexes.values()), None)
             index = self.indexes[ancestors] = NodeIndex.of_entries(ordered, like, self._sizes)
         return index
