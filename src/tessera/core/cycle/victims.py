@@ -156,7 +156,6 @@ class NodeIndex:
             self.no_room.setdefault(request, set()).add(node)
         return not fits
 
-
     def no_room_taking(self, session: Session, request: ResourceRequest, node: str, mask: int) -> bool:
         """Would ``request`` not fit on ``node`` with only the victims of ``mask`` (bits over
         ``by_node[node]``) gone? Taking fewer frees less, so then no subset of them makes room.
