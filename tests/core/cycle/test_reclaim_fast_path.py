@@ -2,8 +2,10 @@
 
 ``cheapest_node`` visits only the nodes the candidate lists offer (``TakeableNodes``: those
 holding a victim of a size the search may take), skips nodes marked as having no room for the
-request even with every victim gone, and memoises per node state what they would have free
-then (``NodeIndex.no_room_even_empty``). Each must leave every decision as the full scan makes
+request even with every victim gone, memoises per node state what they would have free
+then (``NodeIndex.no_room_even_empty``), and passes (only counting it) a node where the request
+would not fit even with every victim this search may take alone gone, without taking them one
+by one (``NodeIndex.no_room_taking``, memoised per node state and set of victims). Each must leave every decision as the full scan makes
 it (every node of the index, asking ``allow`` per victim, the room worked out afresh and
 nothing marked), so the plans of whole cycles on seeded synthetic clusters (the
 ``bench.cycle`` mix: fractions, memory requests, whole GPUs, gangs, over- and under-quota
@@ -49,7 +51,9 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
     original_scan = victims.cheapest_node
     original_room = victims.NodeIndex.no_room_even_empty
     original_candidates = takeable.TakeableNodes.candidates
-    used = {"offered": 0, "memo_hits": 0, "room_fast": 0, "room_full": 0}
+    original_taking = victims.NodeIndex.no_room_taking
+    used = {"offered": 0, "memo_hits": 0, "room_fast": 0, "room_full": 0, "taking_no_room": 0,
+            "taking_full": 0}
     run = {"mode": "fast"}
 
     def offered(self, bound):  # type: ignore[no-untyped-def]
@@ -69,11 +73,17 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
         self.no_room.clear()
         return counting_room(self, session, request, node)
 
+    def taking(self, session, request, node, mask):  # type: ignore[no-untyped-def]
+        no_room = original_taking(self, session, request, node, mask)
+        used["taking_no_room" if run["mode"] == "fast" else "taking_full"] += no_room
+        return no_room
+
     def full_scan(*args, **kwargs):  # type: ignore[no-untyped-def]
         kwargs["takes_up_to"] = None
         return original_scan(*args, **kwargs)
 
     monkeypatch.setattr(takeable.TakeableNodes, "candidates", offered)
+    monkeypatch.setattr(victims.NodeIndex, "no_room_taking", taking)
     for name, snap in snapshots:
         run["mode"] = "fast"
         monkeypatch.setattr(victims.NodeIndex, "no_room_even_empty", counting_room)
@@ -86,8 +96,11 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
         assert fast.evictions, name  # reclaim had work to do
         assert fast == full, name
     # Each shortcut was taken (else this test would prove nothing): the lists offered nodes,
-    # the memo answered, and the marks and lists spared room tests the full scan made.
+    # the memo answered, nodes were passed for what the takeable victims alone free (never in
+    # the full scan, which takes victims one by one on every node), and the marks and lists
+    # spared room tests the full scan made.
     assert used["offered"] > 0 and used["memo_hits"] > 0, used
+    assert used["taking_no_room"] > 0 and used["taking_full"] == 0, used
     assert used["room_fast"] < used["room_full"], used
 
 

@@ -5,16 +5,18 @@ A reclaim search may take a victim holding ``g`` GPUs, with nothing taken yet, i
 most a bound of its project (``ReclaimSearch.takes_up_to``: what every project on the victim's
 side of the tree can still give). So the nodes worth visiting are, per project, those where it
 has a victim at most that large: each project's nodes are kept once per distinct victim size
-(sorted by the index's order), and a search merges the lists of the sizes within each
-project's bound. The lists are a superset (a victim evicted since, a node pruned): the scan
-checks each node it is given exactly, as before (``tessera.core.cycle.victims``).
+(``VictimSizes``, shared by the indexes of one action over the same victims, built once), and
+a search merges the lists of the sizes within each project's bound, each list put in the
+index's node order the first time a search of that index needs it (``TakeableNodes``). The
+lists are a superset (a victim evicted since, a node pruned): the scan checks each node it is
+given exactly, as before (``tessera.core.cycle.victims``).
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 
@@ -26,47 +28,90 @@ class _Victim(Protocol):
     def evicted(self) -> bool: ...
 
 
-class TakeableNodes:
-    """Per project and victim size (GPUs), the positions of the nodes holding such a victim."""
+class VictimSizes:
+    """Per project and victim size (GPUs), the nodes holding such a victim (no order), kept
+    up to date as victims are evicted for good."""
 
-    def __init__(self, by_node: Mapping[str, Sequence[_Victim]],
-                 gpus: Callable[[str], tuple[float, ...]]) -> None:
+    def __init__(self, entries: Iterable[tuple[_Victim, float, Sequence[str]]]) -> None:
+        """``entries``: (victim, the GPUs it counts, the nodes it runs on)."""
+        sizes: dict[str, dict[float, dict[str, int]]] = {}
+        for v, g, where in entries:
+            of_project = sizes.get(v.project)
+            if of_project is None:
+                of_project = sizes[v.project] = {}
+            nodes = of_project.get(g)
+            if nodes is None:
+                nodes = of_project[g] = {}
+            for node in where:
+                nodes[node] = nodes.get(node, 0) + 1
+        self._sizes = sizes
+        self.by_project: dict[str, list[tuple[float, dict[str, int]]]] = {
+            project: sorted(of_project.items()) for project, of_project in sizes.items()}
+        """Per project, (victim size, its nodes with how many such victims each), sizes
+        ascending."""
+
+    def evicted_for_good(self, v: _Victim, size: float, nodes: Iterable[str]) -> None:
+        """``v`` (``size`` GPUs, on ``nodes``) stays evicted: a node with no other victim of
+        its project and size leaves that list."""
+        of_size = self._sizes.get(v.project, {}).get(size)
+        if of_size is None:
+            return
+        for node in nodes:
+            left = of_size.get(node, 0) - 1
+            if left > 0:
+                of_size[node] = left
+            else:
+                of_size.pop(node, None)
+
+    @classmethod
+    def of_index(cls, by_node: Mapping[str, Sequence[_Victim]],
+                 gpus: Callable[[str], Sequence[float]]) -> VictimSizes:
+        """From an index's groups (an index not built by ``VictimOrder``)."""
+        return cls((v, g, (node,)) for node, group in by_node.items()
+                   for v, g in zip(group, gpus(node), strict=True))
+
+
+class TakeableNodes:
+    """Per project and victim size, the positions (in one index's node order) of the nodes
+    holding such a victim."""
+
+    def __init__(self, sizes: VictimSizes, by_node: Mapping[str, Sequence[_Victim]],
+                 gpus: Callable[[str], Sequence[float]]) -> None:
         """``by_node``: victims per node, nodes in preference order; ``gpus(node)``: the GPUs
         each of them counts, in the same order."""
         self.names = list(by_node)
         self.position = {node: k for k, node in enumerate(self.names)}
+        self.sizes = sizes
         self._by_node = by_node
         self._gpus = gpus
-        sizes: dict[str, dict[float, list[int]]] = {}
-        self._nodes_of: dict[int, list[str]] = {}
-        """Per victim (``id``), the nodes it runs on."""
-        for position, node in enumerate(self.names):
-            for v, g in zip(by_node[node], gpus(node), strict=True):
-                self._nodes_of.setdefault(id(v), []).append(node)
-                of_project = sizes.get(v.project)
-                if of_project is None:
-                    of_project = sizes[v.project] = {}
-                entries = of_project.get(g)
-                if entries is None:
-                    of_project[g] = [position]
-                elif entries[-1] != position:
-                    entries.append(position)
-        self.sizes = sizes
-        self.by_project: dict[str, list[tuple[float, list[int]]]] = {
-            project: sorted(of_project.items()) for project, of_project in sizes.items()}
-        """Per project, (victim size, node positions ascending), sizes ascending (the lists
-        of ``sizes``)."""
+        self._lists: dict[tuple[str, float], list[int]] = {}
+        """(project, size): node positions ascending, made on first use."""
 
-    def evicted_for_good(self, v: _Victim) -> None:
-        """``v`` is evicted and stays so for the rest of the action: its nodes leave its
-        project's list of its size unless another such victim is left there."""
-        for node in self._nodes_of.get(id(v), ()):
-            group, gpus = self._by_node[node], self._gpus(node)
-            size = next(g for w, g in zip(group, gpus, strict=True) if w is v)
+    def entries(self, project: str, size: float, nodes: Mapping[str, int]) -> list[int]:
+        found = self._lists.get((project, size))
+        if found is None:
+            position = self.position
+            found = self._lists[(project, size)] = sorted(
+                position[n] for n in nodes if n in position)
+        return found
+
+    def evicted_for_good(self, v: _Victim, nodes: Iterable[str]) -> None:
+        """``v`` (running on ``nodes``) is evicted and stays so for the rest of the action: its
+        nodes leave its project's list of its size unless another such victim is left there."""
+        for node in nodes:
+            group = self._by_node.get(node)
+            if group is None:
+                continue
+            gpus = self._gpus(node)
+            size = next((g for w, g in zip(group, gpus, strict=True) if w is v), None)
+            if size is None:
+                continue
+            entries = self._lists.get((v.project, size))
+            if entries is None:
+                continue  # not made yet: made later, it may offer the node (a superset)
             if any(w is not v and not w.evicted and w.project == v.project and g == size
                    for w, g in zip(group, gpus, strict=True)):
                 continue
-            entries = self.sizes[v.project][size]
             position = self.position[node]
             k = bisect_left(entries, position)
             if k < len(entries) and entries[k] == position:
@@ -77,15 +122,15 @@ class TakeableNodes:
         victim holding none counts when the bound is above minus infinity), each once, in the
         index's order."""
         chosen: list[list[int]] = []
-        for project, sizes in self.by_project.items():
+        for project, sizes in self.sizes.by_project.items():
             top = bound(project)
             if top == float("-inf"):
                 continue
             top = max(top, 0.0)
-            for size, entries in sizes:
+            for size, nodes in sizes:
                 if size > top:
                     break
-                chosen.append(entries)
+                chosen.append(self.entries(project, size, nodes))
         names = self.names
         if len(chosen) == 1:
             for position in chosen[0]:

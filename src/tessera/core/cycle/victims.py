@@ -10,8 +10,9 @@ fit where they were, so the victims kept are only the ones that made room.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
+from typing import cast
 
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
@@ -20,15 +21,21 @@ from tessera.core.model import GpuKind, ResourceRequest
 from .room_fit import at_least, fewest, fits_after, free_all_on, free_on
 from .room_seen import RoomSeen
 from .session import PodPlacements, Session, Statement, WorkloadState
-from .takeable import TakeableNodes
+from .takeable import TakeableNodes, VictimSizes
 
 Tentative = dict[str, list[float]]
 """GPU/CPU/memory a search has tentatively taken from each project (and its ancestors)."""
 
 Allow = Callable[[WorkloadState, Tentative], bool]
 
-LISTS_AFTER = 8
-"""Node scans of one index (reclaim) before it builds its candidate lists (``TakeableNodes``)."""
+Entry = tuple[WorkloadState, float, tuple[str, ...]]
+"""A victim, the GPUs it counts and the nodes it runs on (``NodeIndex.of_entries``)."""
+
+LISTS_AFTER = 0
+"""Node scans of one index (reclaim) before it builds its candidate lists (``TakeableNodes``).
+Zero since the lists are made per (project, victim size) on first use from ``VictimSizes``
+(shared by an action's indexes): a scan of every node of the index costs more than the lists a
+first search needs (it visited up to 5,000 nodes at 5,000 nodes, most with nothing to take)."""
 
 
 class NodeIndex:
@@ -48,8 +55,37 @@ class NodeIndex:
                     by_node[p.node] = [v]
                 elif group[-1] is not v:
                     group.append(v)
+        self._setup(by_node, {}, like, None)
+
+    @classmethod
+    def of_entries(cls, entries: Iterable[Entry], like: NodeIndex | None,
+                   sizes: VictimSizes) -> NodeIndex:
+        """The index of the victims of ``entries`` that are not evicted, in that order (as
+        ``NodeIndex(victims)`` groups them), with each one's GPUs and nodes worked out once for
+        every index of an action (``VictimOrder``), and their sizes' node lists (``sizes``)."""
+        by_node: dict[str, list[WorkloadState]] = {}
+        gpus: dict[str, list[float]] = {}
+        get = by_node.get
+        for v, g, where in entries:
+            if v.evicted:
+                continue
+            for node in where:
+                group = get(node)
+                if group is None:
+                    by_node[node] = [v]
+                    gpus[node] = [g]
+                else:
+                    group.append(v)
+                    gpus[node].append(g)
+        index = cls.__new__(cls)
+        index._setup(by_node, gpus, like, sizes)
+        return index
+
+    def _setup(self, by_node: dict[str, list[WorkloadState]], gpus: dict[str, list[float]],
+               like: NodeIndex | None, sizes: VictimSizes | None) -> None:
         self.by_node = by_node
-        self._gpus: dict[str, tuple[float, ...]] = {}
+        self._gpus: dict[str, Sequence[float]] = cast(dict[str, Sequence[float]], gpus)
+        self._sizes = sizes
         self._takeable: TakeableNodes | None = None
         self._scans = 0
         self.pruned: set[str] = set() if like is None else like.pruned
@@ -57,25 +93,28 @@ class NodeIndex:
         """Nodes where even every victim gone would not make room for that request (for the
         rest of the action: ``no_room_even_empty``)."""
         self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
+        self.room_taking: dict[str, tuple[object, dict[int, RoomSeen]]] = {}
+        """Per node: its state's signature, and per mask of victims what it would have free
+        with them gone (``no_room_taking``)."""
 
     def takeable(self) -> TakeableNodes | None:
         """The nodes per project and victim size (reclaim's searches), built once the index
-        has served ``LISTS_AFTER`` searches: building them costs about a full scan of the
-        index, more than a few searches save (a cycle after a few changes makes few)."""
+        has served ``LISTS_AFTER`` searches."""
         if self._takeable is None:
             self._scans += 1
             if self._scans <= LISTS_AFTER:
                 return None
-            self._takeable = TakeableNodes(self.by_node, self.gpus)
+            sizes = self._sizes if self._sizes is not None else VictimSizes.of_index(self.by_node, self.gpus)
+            self._takeable = TakeableNodes(sizes, self.by_node, self.gpus)
         return self._takeable
 
-    def evicted_for_good(self, v: WorkloadState) -> None:
-        """``v`` stays evicted for the rest of the action (its statement was committed): the
-        candidate lists need not offer its nodes for it any more."""
+    def evicted_for_good(self, v: WorkloadState, nodes: Iterable[str]) -> None:
+        """``v`` (which ran on ``nodes``) stays evicted for the rest of the action (its
+        statement was committed): the candidate lists need not offer its nodes for it any more."""
         if self._takeable is not None:
-            self._takeable.evicted_for_good(v)
+            self._takeable.evicted_for_good(v, nodes)
 
-    def gpus(self, node: str) -> tuple[float, ...]:
+    def gpus(self, node: str) -> Sequence[float]:
         """The GPUs each victim on ``node`` counts (its ``vector()[0]``, which stays as it is
         while it is a victim: it runs where it ran, or is evicted and put back there)."""
         found = self._gpus.get(node)
@@ -115,6 +154,31 @@ class NodeIndex:
                                                       seen.cpu, seen.mem, seen.compute)
         if not fits:
             self.no_room.setdefault(request, set()).add(node)
+        return not fits
+
+    def no_room_taking(self, session: Session, request: ResourceRequest, node: str, mask: int) -> bool:
+        """Would ``request`` not fit on ``node`` with only the victims of ``mask`` (bits over
+        ``by_node[node]``) gone? Taking fewer frees less, so then no subset of them makes room.
+        Memoised per node state and mask (this index's: the bits follow its order)."""
+        ns = session.state.by_name[node]
+        sig = ns.signature()
+        seen = self.room_taking.get(node)
+        if seen is None or seen[0] is not sig:
+            seen = self.room_taking[node] = (sig, {})
+        room = seen[1].get(mask)
+        if room is None:
+            free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+            tenants = list(ns.dev_tenants)
+            compute = list(ns.dev_compute)
+            group = self.by_node[node]
+            cpu, mem = free_all_on(node, [v for k, v in enumerate(group) if mask >> k & 1],
+                                   free, tenants, compute)
+            room = seen[1][mask] = RoomSeen(sig, free, tenants, ns.free_cpu + cpu,
+                                            ns.free_mem + mem, compute, {})
+        fits = room.answers.get(request)
+        if fits is None:
+            fits = room.answers[request] = fits_after(ns, request, room.free, room.tenants,
+                                                      room.cpu, room.mem, room.compute)
         return not fits
 
 
@@ -190,16 +254,20 @@ def cheapest_node(
     gpus_on = index.gpus
     minus_inf = float("-inf")
 
-    def live_on(node: str, group: list[WorkloadState]) -> bool:
-        """GPU-only: does the node hold a victim this search may take (``allow`` with nothing
-        taken yet: the scan's own test, its first victim allowed)?"""
+    def takeable_on(node: str, group: list[WorkloadState]) -> int:
+        """GPU-only: the victims on the node this search may take, each alone (``allow`` with
+        nothing taken yet: the scan's own test, its first victim allowed), as a bit mask over
+        ``group``; 0 when none."""
         assert bound_of is not None
+        mask = 0
+        bit = 1
         for v, g in zip(group, gpus_on(node), strict=True):
             if not v.evicted:
                 b = bound_of(v.project)
                 if g <= b or (g <= 0 and b > minus_inf):
-                    return True
-        return False
+                    mask |= bit
+            bit <<= 1
+        return mask
 
     skip_set: set[str] = set()
     candidates: Iterable[str] = index.by_node
@@ -229,9 +297,18 @@ def cheapest_node(
             if not ok:
                 continue
         if takeable_only:
-            if bound_of is not None and not live_on(node, group):
+            mask = takeable_on(node, group) if bound_of is not None else -1
+            if not mask:
                 continue
             if index.no_room_even_empty(session, request, node):
+                continue
+            if mask > 0 and index.no_room_taking(session, request, node, mask):
+                # The scan below would count the node (its first victim this search may
+                # take) and take a subset of these: no room, so only the count is left.
+                examined += 1
+                if examined >= nodes_budget or feasible >= 4 or (
+                        best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
+                    break
                 continue
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)

@@ -16,8 +16,11 @@ is not owed). Non-preemptible workloads are never victims.
 
 from __future__ import annotations
 
+from functools import partial
+
 from tessera.core.cycle.session import Session, WorkloadState
-from tessera.core.cycle.victims import NodeIndex
+from tessera.core.cycle.takeable import VictimSizes
+from tessera.core.cycle.victims import Entry, NodeIndex
 from tessera.core.fairshare import EPS, Vector
 
 from .allocate import Shape, gang_demand, shape
@@ -48,10 +51,15 @@ class Reclaim:
         waiting = session.waiting_after(_TRIES)
         if not waiting:
             return
-        victims = [
-            v for v in session.workloads.values()
-            if session.evictable(v, "reclaim") and over_floor(session, v.project)
-        ]
+        over: dict[str, bool] = {}
+        victims = []
+        for v in session.workloads.values():
+            if session.evictable(v, "reclaim"):
+                above = over.get(v.project)
+                if above is None:
+                    above = over[v.project] = over_floor(session, v.project)
+                if above:
+                    victims.append(v)
         if not victims:
             return
         order = VictimOrder(session, victims)
@@ -64,7 +72,7 @@ class Reclaim:
             if session.quota.check(ws, gang_demand(session, ws),
                                    fair_caps=_leaf_only(session, ws)) is not None:
                 continue
-            search = ReclaimSearch(session, ws, order.index_for(ws), splits)
+            search = ReclaimSearch(session, ws, partial(order.index_for, ws), splits)
             if search.run():
                 order.evicted_for_good(search.kept)
             elif search.no_victims and self.memo_failures:
@@ -75,24 +83,38 @@ class VictimOrder:
     """Victims in preference order for reclaimers under the same ancestors: lower project
     priority first; then the closest relatives (a sibling only has to stay at its own fair
     share, a cousin's department too); then the most over its share, lower workload priority,
-    most recently started. One ``NodeIndex`` per set of ancestors, sharing their pruning."""
+    most recently started. One ``NodeIndex`` per set of ancestors, sharing their pruning, made
+    when a search first needs it. Each victim's GPUs and nodes are worked out once for all of
+    them, and so are the nodes per project and victim size (``VictimSizes``)."""
 
     def __init__(self, session: Session, victims: list[WorkloadState]) -> None:
         self.session = session
         self.victims = victims
         self.ratio: dict[str, float] = {}
         for v in victims:
-            share = session.quota.shares.gpu(v.project)
-            self.ratio[v.project] = (session.quota.alloc[v.project][0] / share if share > EPS
-                                     else float("inf"))
+            if v.project not in self.ratio:
+                share = session.quota.shares.gpu(v.project)
+                self.ratio[v.project] = (session.quota.alloc[v.project][0] / share if share > EPS
+                                         else float("inf"))
         self.indexes: dict[tuple[str, ...], NodeIndex] = {}
-        self._by_workload: list[WorkloadState] | None = None
+        self._by_workload: list[Entry] | None = None
+        self._sizes: VictimSizes | None = None
+        self._projects: list[str] = []
+        """The project of each entry, in the entries' order."""
+        self._nodes: dict[int, tuple[float, tuple[str, ...]]] = {}
+        """Per victim (``id``): its GPUs and nodes when the entries were made."""
 
     def evicted_for_good(self, evicted: list[WorkloadState]) -> None:
         """A search committed: these stay evicted for the rest of the action."""
         for v in evicted:
+            found = self._nodes.get(id(v))
+            if found is None:
+                continue  # not in the entries: evicted before they were made
+            size, nodes = found
+            if self._sizes is not None:
+                self._sizes.evicted_for_good(v, size, nodes)
             for index in self.indexes.values():
-                index.evicted_for_good(v)
+                index.evicted_for_good(v, nodes)
 
     def index_for(self, ws: WorkloadState) -> NodeIndex:
         ancestors = ws.chain[1:]
@@ -102,18 +124,36 @@ class VictimOrder:
             tree, ratio = self.session.tree, self.ratio
             # The preference is (project part, workload part): sort once by the workload part,
             # then stably by the project part, computed once per project.
-            if self._by_workload is None:
-                self._by_workload = sorted(
-                    self.victims, key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
+            by_workload = self._by_workload
+            if by_workload is None:
+                by_workload = self._by_workload = self._entries()
+                self._projects = [e[0].project for e in by_workload]
+                self._sizes = VictimSizes(by_workload)
+            assert self._sizes is not None
             part: dict[str, tuple[object, ...]] = {}
-            for v in self.victims:
-                if v.project not in part:
-                    closeness = sum(1 for name in v.chain if name in near)
-                    part[v.project] = (tree[v.project].priority, -closeness, -ratio[v.project])
-            ordered = sorted(self._by_workload, key=lambda v: part[v.project])
+            for project in ratio:
+                closeness = sum(1 for name in tree.chain(project) if name in near)
+                part[project] = (tree[project].priority, -closeness, -ratio[project])
+            # Equal parts, equal ranks: the stable sort keeps the workload order among them.
+            order = {key: k for k, key in enumerate(sorted(set(part.values())))}
+            rank = {project: order[key] for project, key in part.items()}
+            keys = list(map(rank.__getitem__, self._projects))
+            ordered = [by_workload[k] for k in sorted(range(len(keys)), key=keys.__getitem__)]
             like = next(iter(self.indexes.values()), None)
-            index = self.indexes[ancestors] = NodeIndex(ordered, like)
+            index = self.indexes[ancestors] = NodeIndex.of_entries(ordered, like, self._sizes)
         return index
+
+    def _entries(self) -> list[Entry]:
+        """(victim, GPUs it counts, its nodes) in the workload part of the order."""
+        victims = sorted(self.victims, key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
+        entries: list[Entry] = []
+        nodes_of = self._nodes
+        for v in victims:
+            nodes = tuple(dict.fromkeys(p.node for p in v.placements if p is not None))
+            g = v.vector()[0]
+            nodes_of[id(v)] = (g, nodes)
+            entries.append((v, g, nodes))
+        return entries
 
 
 def _leaf_only(session: Session, ws: WorkloadState) -> dict[str, Vector]:

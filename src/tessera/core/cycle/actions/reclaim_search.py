@@ -10,6 +10,8 @@ project tree keeps what it must).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_mig
 from tessera.core.cycle.session import PodPlacements, Session, Statement, Wait, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
@@ -48,13 +50,16 @@ def floor_of(session: Session, name: str, guaranteed: bool) -> Vector:
 class ReclaimSearch:
     """The victim search for one waiting workload ``ws`` over the victims of ``index``."""
 
-    def __init__(self, session: Session, ws: WorkloadState, index: NodeIndex,
+    def __init__(self, session: Session, ws: WorkloadState,
+                 index: NodeIndex | Callable[[], NodeIndex],
                  splits: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
                  ) -> None:
-        """``splits``: ``split``'s answers, shared by the searches of one action."""
+        """``index``: the victims' index, or a function giving it (called only when a node
+        search needs it: many searches place or stop before); ``splits``: ``split``'s
+        answers, shared by the searches of one action."""
         self.session = session
         self.ws = ws
-        self.index = index
+        self._index = index
         self.tree = session.tree
         self.governed = self.tree.governed
         self.gpu_only = self.governed == (Resource.GPU,)
@@ -73,6 +78,12 @@ class ReclaimSearch:
         self.kept: list[WorkloadState] = []
         """After ``run`` succeeded: the workloads it evicted."""
 
+    @property
+    def index(self) -> NodeIndex:
+        if not isinstance(self._index, NodeIndex):
+            self._index = self._index()
+        return self._index
+
     # -- the search, top-down --------------------------------------------------------------------
 
     def run(self) -> bool:
@@ -81,7 +92,7 @@ class ReclaimSearch:
         if mig_pod(ws) is not None:
             return self.run_mig()
         stmt = Statement(session)
-        result = evict_until_fits(session, ws, self.index, self.allow, self.evict,
+        result = evict_until_fits(session, ws, self._index, self.allow, self.evict,
                                   self.within_caps, max_rounds=4 * ws.required() + 4,
                                   blocked=self.blocked,
                                   budget=self.owed,
