@@ -49,6 +49,7 @@ from tessera.core.model import GpuDevice, GpuRequest, Node, ResourceRequest
 from tessera.core.placement import NoFit, Placer
 from tessera.core.state import ClusterState, Placement
 from tessera.core.units import GiB
+from tessera.kube import gc_tuning
 
 NOW = 100_000.0
 
@@ -200,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arrive", type=int, default=None,
                         help="new pending workloads before each warm cycle (default: pending / 20)")
     parser.add_argument("--profile-warm", action="store_true", help="print a cProfile of one warm cycle")
+    parser.add_argument("--gc", choices=("scheduler", "python"), default="scheduler",
+                        help="garbage-collector thresholds: tessera-scheduler's (kube/gc_tuning.py, "
+                             "the process that runs these cycles at this size) or Python's defaults")
     args = parser.parse_args(argv)
+    if args.gc == "scheduler":
+        gc_tuning.tune()
 
     t0 = time.perf_counter()
     snap = build(args.nodes, args.gpus, args.projects, args.running, args.pending, args.seed, args.spread)
@@ -260,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "policy": args.policy,
         "repeat": args.repeat,
+        "gc": args.gc,
     }
     result.update(_warm(snap, config, args))
     result["rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
