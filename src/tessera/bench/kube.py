@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +245,8 @@ async def _wait_bound(raw: RawApi, ns: str, want: int, timeout: float) -> float:
 
 async def _phase(client: AsyncClient, raw: RawApi, ns: str, count: int, whole: bool, prefix: str,
                  timeout: float, constrained: float = 0.0, claims: bool = False,
-                 claims_ahead: bool = False, meter: CpuMeter | None = None) -> dict[str, Any]:
+                 claims_ahead: bool = False, meter: CpuMeter | None = None,
+                 start_scheduler: Callable[[], None] | None = None) -> dict[str, Any]:
     pods = [_pod(ns, f"{prefix}-{i:05d}", whole, _kind_of(i, constrained), i) for i in range(count)]
     bodies: list[tuple[str, Any]] = _bodies(pods)
     if claims:
@@ -260,13 +262,25 @@ async def _phase(client: AsyncClient, raw: RawApi, ns: str, count: int, whole: b
         # templates ahead of the pods): the time is the pods' and the scheduler's alone.
         await _submit(raw, [b for b in bodies if "/resourceclaims" in b[0]])
         bodies = [b for b in bodies if "/resourceclaims" not in b[0]]
+    if start_scheduler is not None:
+        # Backlog: every pod exists before the scheduler starts; timed from its start (its
+        # own lists and first cycle included) until the last is bound.
+        submit = await _submit(raw, bodies)
+        cpu0 = meter.mark() if meter else {}
+        t0 = time.monotonic()
+        start_scheduler()
+        done = await _wait_bound(raw, ns, count, timeout)
+        out: dict[str, Any] = {"submit_seconds_before_scheduler": round(submit, 2),
+                               "seconds_to_all_bound": round(done - t0, 2)}
+        if meter:
+            out["cpu_seconds"] = meter.since(cpu0)
+        return out
     cpu0 = meter.mark() if meter else {}
     t0 = time.monotonic()
     waiter = asyncio.create_task(_wait_bound(raw, ns, count, timeout))
     submit = await _submit(raw, bodies)
     done = await waiter
-    out: dict[str, Any] = {"submit_seconds": round(submit, 2),
-                           "seconds_to_all_bound": round(done - t0, 2)}
+    out = {"submit_seconds": round(submit, 2), "seconds_to_all_bound": round(done - t0, 2)}
     if meter:
         out["cpu_seconds"] = meter.since(cpu0)
     return out
@@ -290,7 +304,8 @@ async def _delete_all(client: AsyncClient, ns: str) -> None:
             await asyncio.sleep(0.5)
 
 
-async def _run(cluster: TestCluster, args: argparse.Namespace, meter: CpuMeter) -> dict[str, Any]:
+async def _run(cluster: TestCluster, args: argparse.Namespace, meter: CpuMeter,
+               start_scheduler: Callable[[], None] | None) -> dict[str, Any]:
     client = AsyncClient(KubeConfig.from_file(str(cluster.kubeconfig)), timeout=httpx2.Timeout(300.0))
     client_config = KubeConfig.from_file(str(args.client_kubeconfig)).get()
     assert client_config is not None
@@ -313,7 +328,8 @@ async def _run(cluster: TestCluster, args: argparse.Namespace, meter: CpuMeter) 
     if args.whole:
         print(f"phase 1: {args.whole} one-GPU pods", file=sys.stderr, flush=True)
         result["whole"] = await _phase(client, raw, "bulk", args.whole, True, "whole", timeout,
-                                       args.constrained, args.claims, args.claims_ahead, meter)
+                                       args.constrained, args.claims, args.claims_ahead, meter,
+                                       start_scheduler)
         print(f"  {result['whole']}", file=sys.stderr, flush=True)
         print("phase 2: reclaim one GPU for project starved", file=sys.stderr, flush=True)
         t0 = time.monotonic()
@@ -408,12 +424,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apiserver-arg", action="append", default=[], metavar="FLAG",
                         help="extra kube-apiserver flag for this run (repeatable), e.g. "
                              "--apiserver-arg=--profiling=true; recorded in the JSON")
+    parser.add_argument("--node-lease-seconds", type=int, default=40,
+                        help="kwok's node lease duration (default 40: a kubelet's; each node "
+                             "renews every quarter of it)")
+    parser.add_argument("--backlog", action="store_true",
+                        help="phase 1's pods are all created before the scheduler starts; "
+                             "reported as backlog_pods_per_second (the scheduler's own drain "
+                             "rate), not pods_per_second")
     args = parser.parse_args(argv)
+    if args.backlog and args.claims:
+        parser.error("--backlog: not with --claims")
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    cluster = TestCluster(report=say, apiserver_extra_args=list(args.apiserver_arg))
+    cluster = TestCluster(report=say, apiserver_extra_args=list(args.apiserver_arg),
+                          node_lease_seconds=args.node_lease_seconds)
     log_text = ""
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -437,24 +463,32 @@ def main(argv: list[str] | None = None) -> int:
                   "--no-leader-elect",
                   f"--concurrency={args.concurrency}",
                   "--http2" if args.http2 else "--no-http2"]
-        for name, cmd in (
-            # One tessera-node per node does not fit here at hundreds of nodes: the kubelet
-            # double plays the two things the scheduler waits for from the agents.
-            ("kubelet-double", [sys.executable, "-m", "tessera.testing.kubelet",
-                                f"--kubeconfig={cluster.kubeconfig}", "--play-agents"]),
-            ("scheduler", sched),
-        ):
+        def start(name: str, cmd: list[str]) -> int:
             log = (logs / f"bench-{name}.log").open("ab")
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL))
+            return procs[-1].pid
+
+        # One tessera-node per node does not fit here at hundreds of nodes: the kubelet double
+        # plays the two things the scheduler waits for from the agents.
+        pids = {p.name: p.popen.pid for p in cluster.processes if p.popen is not None}
+        pids["kubelet-double"] = start("kubelet-double", [
+            sys.executable, "-m", "tessera.testing.kubelet", f"--kubeconfig={cluster.kubeconfig}",
+            "--play-agents"])
+        pids["bench-client"] = os.getpid()
+        meter = CpuMeter(pids)
+
+        def start_scheduler() -> None:
+            meter.pids["scheduler"] = start("scheduler", sched)
+
+        if not args.backlog:
+            start_scheduler()
         time.sleep(1.0)
         t0 = time.monotonic()
         _wait_agents_ready(cluster, args.nodes, timeout=max(120.0, args.nodes * 0.3))
         say(f"tessera-node readiness on every node (kubelet double) in {time.monotonic() - t0:.1f} s")
-        pids = {p.name: p.popen.pid for p in cluster.processes if p.popen is not None}
-        pids.update({"kubelet-double": procs[0].pid, "scheduler": procs[1].pid,
-                     "bench-client": os.getpid()})
-        result = asyncio.run(_run(cluster, args, CpuMeter(pids)))
+        result = asyncio.run(_run(cluster, args, meter,
+                                  start_scheduler if args.backlog else None))
         log_text = (logs / "bench-scheduler.log").read_text(errors="replace")
         if args.logs:
             for p in procs:
@@ -482,9 +516,13 @@ def main(argv: list[str] | None = None) -> int:
         "apiserver_args": args.apiserver_arg,
         "auth": args.auth,
         "gpus": args.nodes * args.gpus_per_node,
+        "node_lease_seconds": args.node_lease_seconds,
         "pods": pods,
         "seconds_to_all_bound": round(total, 2),
-        "pods_per_second": round(pods / total, 1) if total else None,
+        # A backlog run (pods created before the scheduler started) measures another thing:
+        # it has its own name, and pods_per_second (pods arriving while it runs) is not set.
+        "pods_per_second": None if args.backlog else round(pods / total, 1) if total else None,
+        "backlog_pods_per_second": round(pods / total, 1) if args.backlog and total else None,
         "reclaim_seconds": result.get("reclaim_seconds"),
         **{k: v for k, v in result.items() if k != "reclaim_seconds"},
     }

@@ -41,6 +41,7 @@ class CpuMeter:
 
     def since(self, before: dict[str, float]) -> dict[str, float]:
         now = self.mark()
-        out = {name: round(now[name] - before[name], 1) for name in now if name in before}
+        # A process started since ``before`` (the scheduler of a backlog run) counts from 0.
+        out = {name: round(now[name] - before.get(name, 0.0), 1) for name in now}
         out["total"] = round(sum(out.values()), 1)
         return out
