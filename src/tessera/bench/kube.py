@@ -431,7 +431,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="phase 1's pods are all created before the scheduler starts; "
                              "reported as backlog_pods_per_second (the scheduler's own drain "
                              "rate), not pods_per_second")
+    parser.add_argument("--go-gc", type=int, default=None, metavar="PERCENT",
+                        help="GOGC for etcd, kube-apiserver and kwok (Go's default: 100); a "
+                             "benchmark-harness setting, recorded in the JSON")
     args = parser.parse_args(argv)
+    if args.go_gc is not None and args.go_gc <= 0:
+        parser.error(f"--go-gc: must be a positive percentage, got {args.go_gc}")
     if args.backlog and args.claims:
         parser.error("--backlog: not with --claims")
 
@@ -442,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                           node_lease_seconds=args.node_lease_seconds)
     log_text = ""
     procs: list[subprocess.Popen[bytes]] = []
+    if args.go_gc is not None:
+        os.environ["GOGC"] = str(args.go_gc)  # inherited by the cluster's Go processes
     try:
         cluster.start()
         t0 = time.monotonic()
@@ -517,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         "auth": args.auth,
         "gpus": args.nodes * args.gpus_per_node,
         "node_lease_seconds": args.node_lease_seconds,
+        "go_gc": args.go_gc,
         "pods": pods,
         "seconds_to_all_bound": round(total, 2),
         # A backlog run (pods created before the scheduler started) measures another thing:
