@@ -378,9 +378,10 @@ def _credentials(cluster: TestCluster, auth: str) -> tuple[Path, Path]:
     """Kubeconfigs of the scheduler and of the benchmark's client. ``serviceaccount``: the
     scheduler as its ServiceAccount with the rules of deploy/rbac.yaml (as the chart deploys
     it), the client as a ServiceAccount bound to cluster-admin, both with bound tokens (the API
-    server caches a token's authentication; a client certificate's chain is verified again on
-    every request: 12% of kube-apiserver's CPU in phase 1 when both used the admin
-    certificate). ``admin-cert``: both with the cluster's admin client certificate."""
+    server caches a token's authentication and verifies a client certificate's chain on every
+    request; in the 2,000-node run that verification was 12% of its CPU, mostly for kwok's
+    requests, and the switch did not lower it measurably: docs/benchmarks.md). ``admin-cert``:
+    both with the cluster's admin client certificate."""
     if auth == "admin-cert":
         return cluster.kubeconfig, cluster.kubeconfig
     cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
