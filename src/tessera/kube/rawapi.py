@@ -14,6 +14,7 @@ import contextlib
 import json
 import ssl
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -86,9 +87,18 @@ class RawApi:
         return _Conn(reader, writer)
 
     async def request(self, method: str, path: str, body: Any = None,
-                      content_type: str = "application/json") -> Any:
-        """Send one request; return the decoded JSON reply, or raise KubeHTTPError."""
-        payload = b"" if body is None else _encode(body)
+                      content_type: str = "application/json", decode: bool = True) -> Any:
+        """Send one request; return the decoded JSON reply, or raise KubeHTTPError. ``body``:
+        an object to encode as JSON, or bytes already encoded. ``decode=False``: a successful
+        reply is read but not decoded (None is returned)."""
+        data = await self.request_bytes(method, path, body, content_type)
+        return msgspec.json.decode(data) if data and decode else None
+
+    async def request_bytes(self, method: str, path: str, body: Any = None,
+                            content_type: str = "application/json") -> bytes:
+        """As ``request``, returning a successful reply's body undecoded (for a caller that
+        decodes only the fields it reads)."""
+        payload = b"" if body is None else body if isinstance(body, bytes) else _encode(body)
         head = (f"{method} {self.base}{path} HTTP/1.1\r\nHost: {self.netloc}\r\n"
                 f"User-Agent: tessera-scheduler\r\nAccept: application/json\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
@@ -113,37 +123,23 @@ class RawApi:
             self.pool.put_nowait(None)
             raise
         self.pool.put_nowait(conn)
-        reply = msgspec.json.decode(data) if data else None
         if status >= 400:
+            try:
+                reply = msgspec.json.decode(data) if data else None
+            except msgspec.DecodeError:
+                reply = None
             message = reply.get("message", "") if isinstance(reply, dict) else str(data[:200])
             reason = reply.get("reason", "") if isinstance(reply, dict) else ""
             raise KubeHTTPError(status, message, reason)
-        return reply
+        return data
 
     async def _exchange(self, conn: _Conn, request: bytes) -> tuple[int, bytes, bool]:
         conn.writer.write(request)
         await conn.writer.drain()
         reader = conn.reader
-        line = await reader.readline()
-        if not line:
-            raise ConnectionResetError("connection closed by the API server")
-        parts = line.split(b" ", 2)
-        status = int(parts[1])
-        length = -1
-        chunked = False
-        keep = True
-        while True:
-            h = await reader.readline()
-            if h in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = h.partition(b":")
-            lname = name.strip().lower()
-            if lname == b"content-length":
-                length = int(value.strip())
-            elif lname == b"transfer-encoding" and b"chunked" in value.lower():
-                chunked = True
-            elif lname == b"connection" and b"close" in value.lower():
-                keep = False
+        status, length, chunked = await _read_head(reader)
+        keep = status > 0
+        status = abs(status)
         if chunked:
             chunks = []
             while True:
@@ -162,11 +158,70 @@ class RawApi:
             keep = False
         return status, data, keep
 
+    async def stream_lines(self, path: str) -> AsyncIterator[bytes]:
+        """GET ``path`` (a watch) on a connection of its own and yield each line of the reply
+        body as it arrives (a watch sends one JSON event per line). Raises KubeHTTPError on an
+        error status; ends when the server ends the reply."""
+        conn = await self._open()
+        try:
+            head = (f"GET {self.base}{path} HTTP/1.1\r\nHost: {self.netloc}\r\n"
+                    f"User-Agent: tessera\r\nAccept: application/json\r\n"
+                    f"{self._auth()}\r\n").encode()
+            conn.writer.write(head)
+            await conn.writer.drain()
+            reader = conn.reader
+            status, length, chunked = await _read_head(reader)
+            status = abs(status)
+            if status >= 400 or not chunked:
+                data = await reader.readexactly(length) if length >= 0 else b""
+                reply = msgspec.json.decode(data) if data else None
+                message = reply.get("message", "") if isinstance(reply, dict) else ""
+                raise KubeHTTPError(status, message, reply.get("reason", "")
+                                    if isinstance(reply, dict) else "")
+            buf = b""
+            while True:
+                size = int((await reader.readline()).split(b";")[0].strip(), 16)
+                if size == 0:
+                    return
+                buf += await reader.readexactly(size)
+                await reader.readexactly(2)
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if line:
+                        yield line
+        finally:
+            conn.close()
+
     async def close(self) -> None:
         while not self.pool.empty():
             conn = self.pool.get_nowait()
             if conn is not None:
                 conn.close()
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, int, bool]:
+    """Status line and headers of a reply: (status, Content-Length or -1, chunked). The status
+    is negated when the server says it closes the connection after this reply."""
+    line = await reader.readline()
+    if not line:
+        raise ConnectionResetError("connection closed by the API server")
+    status = int(line.split(b" ", 2)[1])
+    length = -1
+    chunked = False
+    close = False
+    while True:
+        h = await reader.readline()
+        if h in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = h.partition(b":")
+        lname = name.strip().lower()
+        if lname == b"content-length":
+            length = int(value.strip())
+        elif lname == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+        elif lname == b"connection" and b"close" in value.lower():
+            close = True
+    return (-status if close else status), length, chunked
 
 
 def dumps(obj: Any) -> str:

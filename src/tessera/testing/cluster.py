@@ -133,6 +133,8 @@ class TestCluster:
     binary_overrides: dict[str, Path] = field(default_factory=dict)
     """Use these executables instead of the built ones (e.g. ``{"etcd": Path(...)}``)."""
     report: Callable[[str], None] | None = None
+    node_lease_seconds: int = 40
+    """kwok's node lease duration (a kubelet's default: 40 s, renewed every quarter of it)."""
     device_classes: bool = True
     """Create the chart's DRA DeviceClasses at start (off where the chart itself is installed,
     since Helm refuses to adopt objects it did not create)."""
@@ -293,7 +295,7 @@ class TestCluster:
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
                 "--cidr=10.64.0.0/10",
                 "--node-ip=127.0.0.1",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={self.node_lease_seconds}",
             ],
             wd / "logs" / "kwok.log",
         )

@@ -39,6 +39,7 @@ from typing import Any
 
 import grpc
 from lightkube import AsyncClient, KubeConfig
+from lightkube.operators import not_equal
 from lightkube.resources.core_v1 import Pod
 
 from tessera.node.podresources import api_pb2, api_pb2_grpc
@@ -211,12 +212,14 @@ class KubeletDouble:
         while True:
             try:
                 # Adopt first (restart): pods already holding a GPU keep it.
-                pods = [p async for p in self.client.list(Pod, namespace="*")]
+                # Only bound pods (what a kubelet is sent): unbound ones hold nothing here.
+                bound: dict[str, Any] = {"spec.nodeName": not_equal("")}
+                pods = [p async for p in self.client.list(Pod, namespace="*", fields=bound)]
                 pods.sort(key=lambda p: 0 if (p.metadata and p.metadata.annotations
                                               and GPU_UUID in p.metadata.annotations) else 1)
                 for p in pods:
                     self._seen("ADDED", p)
-                async for kind, pod in self.client.watch(Pod, namespace="*"):
+                async for kind, pod in self.client.watch(Pod, namespace="*", fields=bound):
                     self._seen(kind, pod)
             except asyncio.CancelledError:
                 raise

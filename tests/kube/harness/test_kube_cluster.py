@@ -167,6 +167,55 @@ def test_rbac_denies_service_account_without_rights(
     assert no_write.value.status.code == 403
 
 
+def test_lean_client_lists_watches_and_reports_errors(kube_cluster: TestCluster,
+                                                      kube_namespace: str) -> None:
+    """The lean client (tessera.kube.rawapi, the scheduler's bindings and bench.kube's load)
+    against the real API server: a list's bytes, a create whose reply is not decoded, a watch
+    streaming one event per line until the pod is deleted, and error statuses (a create that
+    exists, a watch of a resource that does not) raised as KubeHTTPError with their code."""
+    import asyncio
+
+    from lightkube import KubeConfig
+
+    from tessera.kube.rawapi import KubeHTTPError, RawApi
+
+    config = KubeConfig.from_file(str(kube_cluster.kubeconfig)).get()
+    assert config is not None
+    pods = f"/api/v1/namespaces/{kube_namespace}/pods"
+    body = msgspec.json.encode({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "lean"},
+                                "spec": {"containers": [{"name": "c", "image": "x.invalid/a"}]}})
+
+    async def run() -> list[tuple[str, str]]:
+        raw = RawApi(config, connections=2)
+        listed = msgspec.json.decode(await raw.request_bytes("GET", pods))
+        seen: list[tuple[str, str]] = []
+
+        async def watch() -> None:
+            async for line in raw.stream_lines(
+                    f"{pods}?watch=1&resourceVersion={listed['metadata']['resourceVersion']}"):
+                event = msgspec.json.decode(line)
+                seen.append((event["type"], event["object"]["metadata"]["name"]))
+                if event["type"] == "DELETED":
+                    return
+
+        task = asyncio.create_task(watch())
+        assert await raw.request("POST", pods, body, decode=False) is None
+        with pytest.raises(KubeHTTPError) as exists:
+            await raw.request("POST", pods, body)
+        assert exists.value.code == 409
+        await raw.request("DELETE", f"{pods}/lean?gracePeriodSeconds=0")
+        await asyncio.wait_for(task, 30)
+        with pytest.raises(KubeHTTPError) as missing:
+            async for _ in raw.stream_lines(f"/api/v1/namespaces/{kube_namespace}/nosuch?watch=1"):
+                pass
+        assert missing.value.code == 404
+        await raw.close()
+        return seen
+
+    seen = asyncio.run(run())
+    assert seen[0] == ("ADDED", "lean") and seen[-1] == ("DELETED", "lean")
+
+
 def test_crd_schema_is_enforced_by_api_server(kube_client: Client, kube_namespace: str) -> None:
     group = "clustertest.tessera.io"
     crd = CustomResourceDefinition.from_dict(  # type: ignore[attr-defined]

@@ -393,3 +393,41 @@ def test_static_answers_kept_across_cycles_only_while_node_facts_and_filters_are
     view.reset({"a": node("a", {"disktype": "ssd"}, unschedulable=True),
                 "b": node("b", {"disktype": "ssd"})}, {}, [])  # a cordoned: one filter more
     assert (c.allows(na), c.allows(nb)) == (False, True)
+
+
+def test_static_scores_kept_across_cycles_only_while_node_facts_are_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preference that reads only the pod and the node's facts (preferred node affinity) is
+    computed once per node while its facts are the same object, across cycles; a relabelled
+    node (new NodeFacts) is scored again; a score that reads the placed pods (inter-pod
+    affinity) is never kept."""
+    from tessera.kube.predicates import constraint as constraint_mod
+
+    calls: list[str] = []
+    real = getattr(constraint_mod, "node_affinity_score")  # noqa: B009 (not re-exported)
+
+    def counted(pod: Any, facts: NodeFacts) -> float | None:
+        calls.append(facts.name)
+        return real(pod, facts)
+
+    monkeypatch.setattr(constraint_mod, "node_affinity_score", counted)
+    a, b = node("a", {"disktype": "ssd"}), node("b")
+    view = ClusterView()
+    view.reset({"a": a, "b": b}, {}, [])
+    spec = {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "preference": {"matchExpressions": [expr("disktype", "In", "ssd")]}}]}}}
+    c = constraint_for(scheduling_spec("default", {}, spec), False, view)
+    na, nb = Node("a"), Node("b")
+    assert (c.score(na), c.score(nb)) == (1.0, 0.0)
+    view.reset({"a": a, "b": b}, {}, [])  # next cycle, same facts: answered from the memo
+    assert (c.score(na), c.score(nb)) == (1.0, 0.0)
+    assert calls == ["a", "b"]
+    view.reset({"a": a, "b": node("b", {"disktype": "ssd"})}, {}, [])  # b relabelled
+    assert (c.score(na), c.score(nb)) == (1.0, 1.0)
+    assert calls == ["a", "b", "b"]
+    anti = {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "x"}},
+                                           "topologyKey": "kubernetes.io/hostname"}}]}}}
+    d = constraint_for(scheduling_spec("default", {}, anti), False, view)
+    d.score(na)
+    assert not d._scored

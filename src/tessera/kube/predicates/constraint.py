@@ -31,6 +31,8 @@ from tessera.kube.predicates.spec import SchedulingSpec
 from tessera.kube.predicates.topology import Domain
 
 ScoreFn = Callable[[NodeFacts], "float | None"]
+_STATIC_SCORES = frozenset(("NodeAffinity", "TaintToleration", "TopologyPlacement"))
+"""Scores that read only the pod and the node's facts (the others read the pods placed)."""
 
 
 def _cluster_flags(view: ClusterView) -> dict[str, bool]:
@@ -67,6 +69,11 @@ class KubeConstraint:
     and the node's facts, so while both are the same objects the answer stands, across cycles
     too (the snapshot keeps one constraint per distinct pod spec and one NodeFacts per unchanged
     node; 60 constraints × 2,000 nodes asked every cycle were a quarter of a cycle)."""
+
+    _scored: dict[str, tuple[NodeFacts, tuple[str, ...], float]] = field(
+        init=False, compare=False, default_factory=dict, repr=False)
+    """Node -> (its facts, the scores asked, the preference), kept as ``_allowed`` is, while
+    every score asked reads only the pod and the node's facts (not the pods placed)."""
 
     def __post_init__(self) -> None:
         self.dynamic = self.symmetric or self.pod.spec.dynamic
@@ -147,13 +154,22 @@ class KubeConstraint:
         if not scores:
             return 0.0
         facts = self._facts(node)
+        names = tuple(name for name, _ in scores)
+        static = _STATIC_SCORES.issuperset(names)
+        if static:
+            got = self._scored.get(node.name)
+            if got is not None and got[0] is facts and got[1] == names:
+                return got[2]
         total = weight = 0.0
         for name, fn in scores:
             s = fn(facts)
             if s is not None:
                 total += WEIGHTS[name] * s
                 weight += WEIGHTS[name]
-        return total / weight if weight else 0.0
+        result = total / weight if weight else 0.0
+        if static:
+            self._scored[node.name] = (facts, names, result)
+        return result
 
     def refusals(self, nodes: tuple[Node, ...]) -> str:
         """Per reason, how many nodes refuse the pod: static filters, then the dynamic ones as
