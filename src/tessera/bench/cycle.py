@@ -23,6 +23,10 @@ cycles (``core.cycle.warm.WarmCycle``): before each, the last plan is applied to
 ``--arrive`` new ones arrive (``bench.changes``). ``warm_cycle_cpu_seconds_median`` is their
 CPU time (the untimed first cycle of the chain builds the session); ``warm_equals_cold`` says
 each warm plan equalled a cold ``run_cycle`` of the same snapshot (checked, not timed).
+
+Cycles run with tessera-scheduler's garbage-collector thresholds (``--gc scheduler``, the
+default: ``kube/gc_tuning.py``), as the process that runs cycles at this size does; ``--gc
+python`` keeps the interpreter's defaults. The JSON says which.
 """
 
 from __future__ import annotations
