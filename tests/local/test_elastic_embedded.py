@@ -306,6 +306,10 @@ def test_a_failed_grow_is_reported_and_undone_and_a_last_pod_ending_while_anothe
     blocker.rmdir()  # the next try starts pod 1
     wait_until("grown to 2", lambda: len(running(http, e)) == 2, timeout=20)
     assert running(http, e)[0] == pid0 and get(http, e)["gpus"]["allocated"] == 1.0
+    # Its SIGTERM handler is set before it writes its record: a pod shrunk before that (a
+    # loaded machine starting Python slowly) would die without the ".term" file looked for below.
+    # (The failed try started no process: its log file could not be opened.)
+    wait_until("pod 1 recorded", lambda: 1 in workers.env("fin"), timeout=20)
     assert get(http, e)["elasticWaiting"] is None
 
     # b takes the idle halves, then asks for one more: e's pod 1 is shrunk away and is slow to

@@ -22,7 +22,6 @@ node until its GPU rows are drawn. Target (issue 34): p50 < 300 ms to interactiv
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -32,6 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from tessera import procfs
 
 WATCH = """
 window.__drawn = null; window.__ready = null; window.__long = [];
@@ -80,8 +81,10 @@ last.scrollIntoView();
 
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (and its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    found = procfs.cpu_seconds(pid)
+    if found is None:
+        raise ProcessLookupError(pid)
+    return found
 
 
 def _say(msg: str) -> None:

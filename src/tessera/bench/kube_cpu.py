@@ -8,20 +8,7 @@ per process says which one to make cheaper (docs/benchmarks.md, "bench.kube: CPU
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` (its own threads; not children), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+from tessera import procfs
 
 
 class CpuMeter:
@@ -34,7 +21,7 @@ class CpuMeter:
     def mark(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, pid in self.pids.items():
-            cpu = process_cpu_seconds(pid)
+            cpu = procfs.cpu_seconds(pid)
             if cpu is not None:
                 out[name] = cpu
         return out

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tessera import procfs
+
 _SHIM = (
     '"$@"; rc=$?; echo "$rc" > "$TESSERA_EXIT_FILE.tmp"; mv -f "$TESSERA_EXIT_FILE.tmp" '
     '"$TESSERA_EXIT_FILE"; exit "$rc"'
@@ -32,10 +34,8 @@ def marked_group_leaders(marker: bytes) -> Iterator[tuple[int, int, str]]:
             continue
         pid = int(entry.name)
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                raw = f.read()
-            fields = raw[raw.rindex(")") + 2 :].split()
-            if int(fields[2]) != pid or fields[0] == "Z":
+            fields = procfs.stat_fields(pid)
+            if fields is None or int(fields[2]) != pid or fields[0] == "Z":
                 continue
             with open(f"/proc/{pid}/environ", "rb") as fb:
                 environ = fb.read()
@@ -63,12 +63,8 @@ class Exited:
 
 def _start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    if fields[0] == "Z":
+    fields = procfs.stat_fields(pid)
+    if fields is None or fields[0] == "Z":
         return None
     return int(fields[19])
 
@@ -196,11 +192,8 @@ def _groups() -> list[tuple[int, str]]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                raw = f.read()
-        except OSError:
+        fields = procfs.stat_fields(entry.name)
+        if fields is None:
             continue
-        fields = raw[raw.rindex(")") + 2 :].split()
         out.append((int(fields[2]), fields[0]))
     return out

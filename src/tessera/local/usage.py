@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tessera import procfs
 from tessera.api.usage import NodeReport, report_of
 from tessera.node.containers import Share
 from tessera.node.nvml import Nvml, NvmlUnavailable
@@ -32,13 +33,9 @@ SharesFn = Callable[[], tuple[list[Share], dict[int, str]]]
 
 
 def session_of(pid: int) -> int | None:
+    fields = procfs.stat_fields(pid)
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    try:
-        return int(fields[3])  # state, ppid, pgrp, session
+        return int(fields[3]) if fields else None  # state, ppid, pgrp, session
     except (IndexError, ValueError):
         return None
 

@@ -10,6 +10,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from tessera import procfs
+
 
 @dataclass(frozen=True)
 class PodProcess:
@@ -23,11 +25,10 @@ class PodProcess:
 def _environ(pid: int) -> dict[str, str] | None:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] == "Z" or int(fields[2]) != pid:
+    fields = procfs.stat_fields(pid)
+    if fields is None or fields[0] == "Z" or int(fields[2]) != pid:
         return None
     out = {}
     for item in raw.split(b"\0"):
