@@ -42,24 +42,11 @@ from typing import Any
 import httpx2
 import msgspec
 from lightkube import ApiError, AsyncClient, KubeConfig
-from lightkube.models.core_v1 import (
-    Affinity,
-    Container,
-    NodeAffinity,
-    NodeSelector,
-    NodeSelectorRequirement,
-    NodeSelectorTerm,
-    PodAffinityTerm,
-    PodAntiAffinity,
-    PodSpec,
-    PreferredSchedulingTerm,
-    ResourceRequirements,
-    Toleration,
-)
-from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
 from tessera.bench.kube_cpu import CpuMeter
+from tessera.bench.kube_pods import bodies, claim_body, claim_pod_body, kind_of, pod
 from tessera.kube import names
 from tessera.kube.objects import ProjectResource
 from tessera.kube.rawapi import KubeHTTPError, RawApi
@@ -69,83 +56,6 @@ from tessera.testing.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parents[3]
 _encode = msgspec.json.Encoder().encode
-
-
-CONSTRAINT_KINDS = ("nodeSelector", "affinity", "tolerations", "anti-affinity")
-
-
-def _constraint(kind: str, i: int) -> tuple[dict[str, str], dict[str, Any]]:
-    """(labels, spec fields) of a constrained pod: satisfiable on every simulated node, so the
-    cluster still fills up, but each one goes through the predicates."""
-    if kind == "nodeSelector":
-        return {}, {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-                                     "type": "kwok"}}
-    if kind == "affinity":
-        return {}, {"affinity": NodeAffinity_(i)}
-    if kind == "tolerations":
-        return {}, {"tolerations": [Toleration(key="dedicated", operator="Equal", value="gpu",
-                                               effect="NoSchedule"),
-                                    Toleration(key="node.kubernetes.io/unreachable", operator="Exists",
-                                               effect="NoExecute", tolerationSeconds=300)]}
-    group = f"g{i % 50}"
-    return {"app": group}, {"affinity": Affinity(podAntiAffinity=PodAntiAffinity(
-        requiredDuringSchedulingIgnoredDuringExecution=[PodAffinityTerm(
-            labelSelector=LabelSelector(matchLabels={"app": group}),
-            topologyKey="kubernetes.io/hostname")]))}
-
-
-def NodeAffinity_(i: int) -> Affinity:
-    return Affinity(nodeAffinity=NodeAffinity(
-        requiredDuringSchedulingIgnoredDuringExecution=NodeSelector(nodeSelectorTerms=[
-            NodeSelectorTerm(matchExpressions=[NodeSelectorRequirement(
-                key="nvidia.com/gpu.memory", operator="Gt", values=["40000"])])]),
-        preferredDuringSchedulingIgnoredDuringExecution=[PreferredSchedulingTerm(
-            weight=10, preference=NodeSelectorTerm(matchExpressions=[NodeSelectorRequirement(
-                key="kubernetes.io/hostname", operator="NotIn", values=[f"gpu-node-{i % 7}"])]))]))
-
-
-def _pod(ns: str, name: str, whole: bool, constraint: str | None = None, i: int = 0) -> Pod:
-    labels, extra = _constraint(constraint, i) if constraint else ({}, {})
-    return Pod(
-        metadata=ObjectMeta(name=name, namespace=ns, labels=labels or None,
-                            annotations=None if whole else {names.GPU_PORTION: "0.5"}),
-        spec=PodSpec(schedulerName=names.SCHEDULER_NAME, containers=[Container(
-            name="main", image="example.invalid/train:1",
-            resources=ResourceRequirements(limits={names.GPU_RESOURCE: "1"}) if whole else None,
-        )], **extra),
-    )
-
-
-def _claim_body(ns: str, name: str, whole: bool) -> dict[str, Any]:
-    exactly: dict[str, Any] = ({"deviceClassName": "gpu.tessera.io"} if whole else
-                               {"deviceClassName": "share.gpu.tessera.io",
-                                "capacity": {"requests": {"shares": "50"}}})
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
-
-
-def _claim_pod_body(ns: str, name: str, claim: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-            "spec": {"schedulerName": names.SCHEDULER_NAME,
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                     "containers": [{"name": "main", "image": "example.invalid/train:1",
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
-
-
-def _kind_of(i: int, fraction: float) -> str | None:
-    """Every pod i with (i mod 100) < fraction*100 is constrained, kinds in turn."""
-    if (i % 100) >= round(fraction * 100):
-        return None
-    return CONSTRAINT_KINDS[i % len(CONSTRAINT_KINDS)]
-
-
-def _bodies(pods: list[Pod]) -> list[tuple[str, bytes]]:
-    """(path, JSON body) of each pod's create, encoded once before the timed window (as
-    kube-scheduler's scheduler_perf builds its pods from a template before it creates them)."""
-    return [(f"/api/v1/namespaces/{p.metadata.namespace}/pods",
-             _encode({"apiVersion": "v1", "kind": "Pod", **p.to_dict()}))
-            for p in pods if p.metadata is not None]
 
 
 async def _submit(raw: RawApi, bodies: list[tuple[str, Any]], concurrency: int = 32) -> float:
@@ -247,25 +157,25 @@ async def _phase(client: AsyncClient, raw: RawApi, ns: str, count: int, whole: b
                  timeout: float, constrained: float = 0.0, claims: bool = False,
                  claims_ahead: bool = False, meter: CpuMeter | None = None,
                  start_scheduler: Callable[[], None] | None = None) -> dict[str, Any]:
-    pods = [_pod(ns, f"{prefix}-{i:05d}", whole, _kind_of(i, constrained), i) for i in range(count)]
-    bodies: list[tuple[str, Any]] = _bodies(pods)
+    pods = [pod(ns, f"{prefix}-{i:05d}", whole, kind_of(i, constrained), i) for i in range(count)]
+    creates: list[tuple[str, Any]] = bodies(pods)
     if claims:
-        bodies = []
+        creates = []
         for i in range(count):
             name = f"{prefix}-{i:05d}"
-            bodies.append((f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
-                           _encode(_claim_body(ns, name, whole))))
-            bodies.append((f"/api/v1/namespaces/{ns}/pods",
-                           _encode(_claim_pod_body(ns, name, name))))
+            creates.append((f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+                            _encode(claim_body(ns, name, whole))))
+            creates.append((f"/api/v1/namespaces/{ns}/pods",
+                            _encode(claim_pod_body(ns, name, name))))
     if claims and claims_ahead:
         # The claims exist before the timed window (as when a controller made them from
         # templates ahead of the pods): the time is the pods' and the scheduler's alone.
-        await _submit(raw, [b for b in bodies if "/resourceclaims" in b[0]])
-        bodies = [b for b in bodies if "/resourceclaims" not in b[0]]
+        await _submit(raw, [b for b in creates if "/resourceclaims" in b[0]])
+        creates = [b for b in creates if "/resourceclaims" not in b[0]]
     if start_scheduler is not None:
         # Backlog: every pod exists before the scheduler starts; timed from its start (its
         # own lists and first cycle included) until the last is bound.
-        submit = await _submit(raw, bodies)
+        submit = await _submit(raw, creates)
         cpu0 = meter.mark() if meter else {}
         t0 = time.monotonic()
         start_scheduler()
@@ -278,7 +188,7 @@ async def _phase(client: AsyncClient, raw: RawApi, ns: str, count: int, whole: b
     cpu0 = meter.mark() if meter else {}
     t0 = time.monotonic()
     waiter = asyncio.create_task(_wait_bound(raw, ns, count, timeout))
-    submit = await _submit(raw, bodies)
+    submit = await _submit(raw, creates)
     done = await waiter
     out = {"submit_seconds": round(submit, 2), "seconds_to_all_bound": round(done - t0, 2)}
     if meter:
@@ -334,7 +244,7 @@ async def _run(cluster: TestCluster, args: argparse.Namespace, meter: CpuMeter,
         print("phase 2: reclaim one GPU for project starved", file=sys.stderr, flush=True)
         t0 = time.monotonic()
         waiter = asyncio.create_task(_wait_bound(raw, "starved", 1, timeout))
-        await client.create(_pod("starved", "claim", True))
+        await client.create(pod("starved", "claim", True))
         result["reclaim_seconds"] = round(await waiter - t0, 2)
         print(f"  reclaim {result['reclaim_seconds']} s", file=sys.stderr, flush=True)
         running = len([p async for p in client.list(Pod, namespace="bulk")
@@ -444,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    cluster = TestCluster(report=say, apiserver_extra_args=list(args.apiserver_arg),
-                          node_lease_seconds=args.node_lease_seconds)
+    cluster = TestCluster(report=say, extra_args={
+        "kube-apiserver": list(args.apiserver_arg),
+        "kwok": [f"--node-lease-duration-seconds={args.node_lease_seconds}"]})
     log_text = ""
     procs: list[subprocess.Popen[bytes]] = []
     if args.go_gc is not None:

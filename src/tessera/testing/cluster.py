@@ -129,12 +129,11 @@ class TestCluster:
     workdir: Path | None = None
     keep_workdir: bool = False
     startup_timeout: float = 90.0
-    apiserver_extra_args: list[str] = field(default_factory=list)
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
+    """More flags for "kube-apiserver" or "kwok", after the cluster's own (the last one wins)."""
     binary_overrides: dict[str, Path] = field(default_factory=dict)
     """Use these executables instead of the built ones (e.g. ``{"etcd": Path(...)}``)."""
     report: Callable[[str], None] | None = None
-    node_lease_seconds: int = 40
-    """kwok's node lease duration (a kubelet's default: 40 s, renewed every quarter of it)."""
     device_classes: bool = True
     """Create the chart's DRA DeviceClasses at start (off where the chart itself is installed,
     since Helm refuses to adopt objects it did not create)."""
@@ -252,7 +251,7 @@ class TestCluster:
                 # named here so the cluster does not depend on the gate's default.
                 "--runtime-config=resource.k8s.io/v1=true",
                 "--feature-gates=DRAConsumableCapacity=true",
-                *self.apiserver_extra_args,
+                *self.extra_args.get("kube-apiserver", ()),
             ],
             wd / "logs" / "kube-apiserver.log",
         )
@@ -267,12 +266,8 @@ class TestCluster:
             processes=[etcd, apiserver],
             interval=0.2,
         )
-        _wait_for(
-            "namespace 'default'",
-            lambda: self._get("/api/v1/namespaces/default").status_code == 200,
-            timeout=30,
-            processes=[apiserver],
-        )
+        _wait_for("namespace 'default'", lambda: self._get("/api/v1/namespaces/default").status_code == 200,
+                  timeout=30, processes=[apiserver])
         self.kubeconfig = wd / "admin.kubeconfig"
         self.kubeconfig.write_text(
             kubeconfig_text(
@@ -295,7 +290,8 @@ class TestCluster:
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
                 "--cidr=10.64.0.0/10",
                 "--node-ip=127.0.0.1",
-                f"--node-lease-duration-seconds={self.node_lease_seconds}",
+                "--node-lease-duration-seconds=40",  # a kubelet's default
+                *self.extra_args.get("kwok", ()),
             ],
             wd / "logs" / "kwok.log",
         )

@@ -50,7 +50,7 @@ def authed_cluster(tmp_path_factory: pytest.TempPathFactory
         "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
         "plugins": [{"name": n, "configuration": webhook_conf}
                     for n in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")]}))
-    cluster = TestCluster(apiserver_extra_args=[f"--admission-control-config-file={config}"])
+    cluster = TestCluster(extra_args={"kube-apiserver": [f"--admission-control-config-file={config}"]})
     cluster.start()
     try:
         cluster.kubectl("create", "namespace", NS)

@@ -55,10 +55,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory
     api_port = free_port()
     dex = Dex(root / "dex", [f"http://127.0.0.1:{api_port}/api/v1/auth/oidc/callback", CALLBACK],
               tls=(cert, key, ca.ca_cert)).start()
-    cluster = TestCluster(device_classes=False, apiserver_extra_args=[
+    cluster = TestCluster(device_classes=False, extra_args={"kube-apiserver": [
         f"--oidc-issuer-url={dex.issuer}", f"--oidc-client-id={CLIENT_ID}",
         f"--oidc-ca-file={ca.ca_cert}", "--oidc-username-claim=email",
-        "--oidc-username-prefix=-", "--oidc-groups-claim=groups"])
+        "--oidc-username-prefix=-", "--oidc-groups-claim=groups"]})
     server: OidcApiServer | None = None
     try:
         cluster.start()
