@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tessera import procfs
+from tessera.node import procfs
 
 WATCH = """
 window.__drawn = null; window.__ready = null; window.__long = [];

@@ -8,7 +8,7 @@ per process says which one to make cheaper (docs/benchmarks.md, "bench.kube: CPU
 
 from __future__ import annotations
 
-from tessera import procfs
+from tessera.node import procfs
 
 
 class CpuMeter:

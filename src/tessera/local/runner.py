@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera import procfs
+from tessera.node import procfs
 
 _SHIM = (
     '"$@"; rc=$?; echo "$rc" > "$TESSERA_EXIT_FILE.tmp"; mv -f "$TESSERA_EXIT_FILE.tmp" '

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tessera import procfs
 from tessera.api.usage import NodeReport, report_of
+from tessera.node import procfs
 from tessera.node.containers import Share
 from tessera.node.nvml import Nvml, NvmlUnavailable
 from tessera.node.report import usage_document

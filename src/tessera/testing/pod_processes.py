@@ -10,7 +10,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera import procfs
+from tessera.node import procfs
 
 
 @dataclass(frozen=True)
