@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ class EntriesByNode:
 
     def __init__(self, entries: Sequence[Entry]) -> None:
         self.entries = entries
+        self.victims = [e[0] for e in entries]
+        self.nodes = [e[2] for e in entries]
         by_node: dict[str, list[int]] = {}
         get = by_node.get
         for k, (_, _, where) in enumerate(entries):
@@ -47,13 +50,13 @@ class LazyGroups(Mapping[str, list["WorkloadState"]]):
     def __init__(self, base: EntriesByNode, order: Sequence[int], rank: Sequence[int]) -> None:
         """``order``: the entry positions in the index's preference order; ``rank[k]``: entry
         ``k``'s project rank in this index (its order is by (rank, k))."""
-        entries = base.entries
         self._base = base
         self._rank = rank
-        self._gone = {k for k in order if entries[k][0].evicted}
+        flags = list(map(attrgetter("evicted"), base.victims))
+        self._gone = {k for k, evicted in enumerate(flags) if evicted} if any(flags) else set()
         """Entries evicted when the index was made: not in its groups (as ``of_entries``)."""
         live = order if not self._gone else [k for k in order if k not in self._gone]
-        self._order = dict.fromkeys(chain.from_iterable(entries[k][2] for k in live))
+        self._order = dict.fromkeys(chain.from_iterable(map(base.nodes.__getitem__, live)))
         self._groups: dict[str, list[WorkloadState]] = {}
         self.gpus: dict[str, list[float]] = {}
         """Per node whose group was made: the GPUs each victim there counts."""
