@@ -153,7 +153,12 @@ class VictimOrder:
         entries: list[Entry] = []
         nodes_of = self._nodes
         for v in victims:
-            nodes = tuple(dict.fromkeys(p.node for p in v.placements if p is not None))
+            placements = v.placements
+            nodes: tuple[str, ...]
+            if len(placements) == 1:  # most workloads: one pod
+                nodes = () if placements[0] is None else (placements[0].node,)
+            else:
+                nodes = tuple(dict.fromkeys(p.node for p in placements if p is not None))
             g = v.vector()[0]
             nodes_of[id(v)] = (g, nodes)
             entries.append((v, g, nodes))
