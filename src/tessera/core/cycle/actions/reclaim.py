@@ -55,12 +55,13 @@ class Reclaim:
         over: dict[str, bool] = {}
         victims = []
         for v in session.workloads.values():
-            if session.evictable(v, "reclaim"):
-                above = over.get(v.project)
-                if above is None:
-                    above = over[v.project] = over_floor(session, v.project)
-                if above:
-                    victims.append(v)
+            # Whether its project is above its floor first (once per project): the workloads
+            # of the others are not asked about (both tests read the session only).
+            above = over.get(v.project)
+            if above is None:
+                above = over[v.project] = over_floor(session, v.project)
+            if above and session.evictable(v, "reclaim"):
+                victims.append(v)
         if not victims:
             return
         order = VictimOrder(session, victims)
