@@ -14,7 +14,6 @@ given exactly, as before (``tessera.core.cycle.victims``).
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
@@ -49,6 +48,10 @@ class VictimSizes:
             project: sorted(of_project.items()) for project, of_project in sizes.items()}
         """Per project, (victim size, its nodes with how many such victims each), sizes
         ascending."""
+
+    def nodes_of(self, project: str, size: float) -> dict[str, int]:
+        """The nodes holding a victim of ``project`` of ``size`` GPUs (with how many each)."""
+        return self._sizes[project][size]
 
     def evicted_for_good(self, v: _Victim, size: float, nodes: Iterable[str]) -> None:
         """``v`` (``size`` GPUs, on ``nodes``) stays evicted: a node with no other victim of
@@ -86,6 +89,9 @@ class TakeableNodes:
         self._gpus = gpus
         self._lists: dict[tuple[str, float], list[int]] = {}
         """(project, size): node positions ascending, made on first use."""
+        self._merged: dict[tuple[tuple[str, float], ...], list[int]] = {}
+        """Per choice of (project, size) lists, their union ascending (``candidates``);
+        emptied when an eviction commits (``evicted_for_good`` changes the lists)."""
 
     def entries(self, project: str, size: float, nodes: Mapping[str, int]) -> list[int]:
         found = self._lists.get((project, size))
@@ -98,6 +104,7 @@ class TakeableNodes:
     def evicted_for_good(self, v: _Victim, nodes: Iterable[str]) -> None:
         """``v`` (running on ``nodes``) is evicted and stays so for the rest of the action: its
         nodes leave its project's list of its size unless another such victim is left there."""
+        self._merged.clear()
         for node in nodes:
             group = self._by_node.get(node)
             if group is None:
@@ -120,24 +127,35 @@ class TakeableNodes:
     def candidates(self, bound: Callable[[str], float]) -> Iterator[str]:
         """The nodes holding a victim of some project of at most ``bound(project)`` GPUs (a
         victim holding none counts when the bound is above minus infinity), each once, in the
-        index's order."""
-        chosen: list[list[int]] = []
+        index's order.
+
+        The union of the chosen lists is made with sets and one sort (C, not a Python merge:
+        the merge of up to ~5,000 positions per search was a sixth of a warm cycle's reclaim at
+        5,000 nodes) and kept per choice of lists until an eviction commits (searches of one
+        reclaiming project choose the same lists)."""
+        chosen: list[tuple[str, float]] = []
         for project, sizes in self.sizes.by_project.items():
             top = bound(project)
             if top == float("-inf"):
                 continue
             top = max(top, 0.0)
-            for size, nodes in sizes:
+            for size, _nodes in sizes:
                 if size > top:
                     break
-                chosen.append(self.entries(project, size, nodes))
+                chosen.append((project, size))
+        key = tuple(chosen)
+        merged = self._merged.get(key)
+        if merged is None:
+            lists = [self.entries(project, size, self.sizes.nodes_of(project, size))
+                     for project, size in chosen]
+            if len(lists) == 1:
+                merged = lists[0]
+            else:
+                union: set[int] = set()
+                for entries in lists:
+                    union.update(entries)
+                merged = sorted(union)
+            self._merged[key] = merged
         names = self.names
-        if len(chosen) == 1:
-            for position in chosen[0]:
-                yield names[position]
-            return
-        last = -1
-        for position in heapq.merge(*chosen):
-            if position != last:
-                last = position
-                yield names[position]
+        for position in merged:
+            yield names[position]

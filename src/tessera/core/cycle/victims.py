@@ -10,7 +10,7 @@ fit where they were, so the victims kept are only the ones that made room.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
 from typing import cast
 
@@ -22,6 +22,7 @@ from .room_fit import at_least, fewest, fits_after, free_all_on, free_on
 from .room_seen import RoomSeen
 from .session import PodPlacements, Session, Statement, WorkloadState
 from .takeable import TakeableNodes, VictimSizes
+from .victim_groups import EntriesByNode, LazyGroups
 
 Tentative = dict[str, list[float]]
 """GPU/CPU/memory a search has tentatively taken from each project (and its ancestors)."""
@@ -29,7 +30,7 @@ Tentative = dict[str, list[float]]
 Allow = Callable[[WorkloadState, Tentative], bool]
 
 Entry = tuple[WorkloadState, float, tuple[str, ...]]
-"""A victim, the GPUs it counts and the nodes it runs on (``NodeIndex.of_entries``)."""
+"""A victim, the GPUs it counts and the nodes it runs on (``NodeIndex.of_order``)."""
 
 LISTS_AFTER = 0
 """Node scans of one index (reclaim) before it builds its candidate lists (``TakeableNodes``).
@@ -58,30 +59,19 @@ class NodeIndex:
         self._setup(by_node, {}, like, None)
 
     @classmethod
-    def of_entries(cls, entries: Iterable[Entry], like: NodeIndex | None,
-                   sizes: VictimSizes) -> NodeIndex:
-        """The index of the victims of ``entries`` that are not evicted, in that order (as
-        ``NodeIndex(victims)`` groups them), with each one's GPUs and nodes worked out once for
-        every index of an action (``VictimOrder``), and their sizes' node lists (``sizes``)."""
-        by_node: dict[str, list[WorkloadState]] = {}
-        gpus: dict[str, list[float]] = {}
-        get = by_node.get
-        for v, g, where in entries:
-            if v.evicted:
-                continue
-            for node in where:
-                group = get(node)
-                if group is None:
-                    by_node[node] = [v]
-                    gpus[node] = [g]
-                else:
-                    group.append(v)
-                    gpus[node].append(g)
+    def of_order(cls, base: EntriesByNode, order: Sequence[int], rank: Sequence[int],
+                 like: NodeIndex | None, sizes: VictimSizes) -> NodeIndex:
+        """The index of the victims of ``base``'s entries that are not evicted, in ``order``
+        (entry positions; as ``NodeIndex(victims)`` groups them), each node's group made when
+        first read (``LazyGroups``); ``rank[k]``: entry ``k``'s project rank, the order being
+        (rank, k). Each victim's GPUs and nodes are worked out once for every index of an
+        action (``VictimOrder``), and their sizes' node lists (``sizes``)."""
+        groups = LazyGroups(base, order, rank)
         index = cls.__new__(cls)
-        index._setup(by_node, gpus, like, sizes)
+        index._setup(groups, groups.gpus, like, sizes)
         return index
 
-    def _setup(self, by_node: dict[str, list[WorkloadState]], gpus: dict[str, list[float]],
+    def _setup(self, by_node: Mapping[str, list[WorkloadState]], gpus: dict[str, list[float]],
                like: NodeIndex | None, sizes: VictimSizes | None) -> None:
         self.by_node = by_node
         self._gpus: dict[str, Sequence[float]] = cast(dict[str, Sequence[float]], gpus)
@@ -119,7 +109,10 @@ class NodeIndex:
         while it is a victim: it runs where it ran, or is evicted and put back there)."""
         found = self._gpus.get(node)
         if found is None:
-            found = self._gpus[node] = tuple(v.vector()[0] for v in self.by_node[node])
+            group = self.by_node[node]  # a lazy group records its GPUs as it is made
+            found = self._gpus.get(node)
+            if found is None:
+                found = self._gpus[node] = tuple(v.vector()[0] for v in group)
         return found
 
     def prune(self, session: Session, node: str) -> None:

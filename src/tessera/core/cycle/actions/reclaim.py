@@ -20,6 +20,7 @@ from functools import partial
 
 from tessera.core.cycle.session import Session, WorkloadState
 from tessera.core.cycle.takeable import VictimSizes
+from tessera.core.cycle.victim_groups import EntriesByNode
 from tessera.core.cycle.victims import Entry, NodeIndex
 from tessera.core.fairshare import EPS, Vector
 
@@ -54,12 +55,13 @@ class Reclaim:
         over: dict[str, bool] = {}
         victims = []
         for v in session.workloads.values():
-            if session.evictable(v, "reclaim"):
-                above = over.get(v.project)
-                if above is None:
-                    above = over[v.project] = over_floor(session, v.project)
-                if above:
-                    victims.append(v)
+            # Whether its project is above its floor first (once per project): the workloads
+            # of the others are not asked about (both tests read the session only).
+            above = over.get(v.project)
+            if above is None:
+                above = over[v.project] = over_floor(session, v.project)
+            if above and session.evictable(v, "reclaim"):
+                victims.append(v)
         if not victims:
             return
         order = VictimOrder(session, victims)
@@ -99,6 +101,7 @@ class VictimOrder:
         self.indexes: dict[tuple[str, ...], NodeIndex] = {}
         self._by_workload: list[Entry] | None = None
         self._sizes: VictimSizes | None = None
+        self._base: EntriesByNode | None = None
         self._projects: list[str] = []
         """The project of each entry, in the entries' order."""
         self._nodes: dict[int, tuple[float, tuple[str, ...]]] = {}
@@ -129,7 +132,8 @@ class VictimOrder:
                 by_workload = self._by_workload = self._entries()
                 self._projects = [e[0].project for e in by_workload]
                 self._sizes = VictimSizes(by_workload)
-            assert self._sizes is not None
+                self._base = EntriesByNode(by_workload)
+            assert self._sizes is not None and self._base is not None
             part: dict[str, tuple[object, ...]] = {}
             for project in ratio:
                 closeness = sum(1 for name in tree.chain(project) if name in near)
@@ -138,9 +142,10 @@ class VictimOrder:
             order = {key: k for k, key in enumerate(sorted(set(part.values())))}
             rank = {project: order[key] for project, key in part.items()}
             keys = list(map(rank.__getitem__, self._projects))
-            ordered = [by_workload[k] for k in sorted(range(len(keys)), key=keys.__getitem__)]
+            ordered = sorted(range(len(keys)), key=keys.__getitem__)
             like = next(iter(self.indexes.values()), None)
-            index = self.indexes[ancestors] = NodeIndex.of_entries(ordered, like, self._sizes)
+            index = self.indexes[ancestors] = NodeIndex.of_order(self._base, ordered, keys, like,
+                                                                 self._sizes)
         return index
 
     def _entries(self) -> list[Entry]:
@@ -149,7 +154,12 @@ class VictimOrder:
         entries: list[Entry] = []
         nodes_of = self._nodes
         for v in victims:
-            nodes = tuple(dict.fromkeys(p.node for p in v.placements if p is not None))
+            placements = v.placements
+            nodes: tuple[str, ...]
+            if len(placements) == 1:  # most workloads: one pod
+                nodes = () if placements[0] is None else (placements[0].node,)
+            else:
+                nodes = tuple(dict.fromkeys(p.node for p in placements if p is not None))
             g = v.vector()[0]
             nodes_of[id(v)] = (g, nodes)
             entries.append((v, g, nodes))
