@@ -55,6 +55,18 @@ def test_warm_session_plans_as_a_new_one(case: tuple[Snapshot, CycleConfig],
         plan = warm.run(snap)
         assert warm.warm == (not frame)
         assert plan == run_cycle(snap, config)
+        _kept_as_the_snapshot_has_it(warm, snap)
+
+
+def _kept_as_the_snapshot_has_it(warm: WarmCycle, snap: Snapshot) -> None:
+    """The session holds the snapshot's workloads in id order (what iterates over them relies
+    on it), and the diff's memory names the snapshot's own objects."""
+    session = warm._session
+    assert session is not None
+    assert list(session.workloads) == sorted(w.id for w in snap.workloads)
+    assert all(session.workloads[w.id].spec == w for w in snap.workloads)
+    assert warm._specs == {w.id: w for w in snap.workloads}
+    assert all(warm._specs[w.id] is w for w in snap.workloads)
 
 
 @pytest.mark.parametrize("policy", ["fgd", "binpack"])
@@ -68,10 +80,13 @@ def test_warm_session_plans_as_a_new_one_on_a_bench_cluster(policy: str) -> None
     changed = 0
     for step in range(4):
         snap = advance(snap, plan, rng, finish=0.02, arrive=10, prefix=f"a{step}")
+        # Some unchanged workloads as new, equal objects (an adapter that built them again).
+        snap = replace(snap, workloads=tuple(replace(w) if i % 7 == step else w for i, w in enumerate(snap.workloads)))
         plan = warm.run(snap)
         assert warm.warm
         cold = run_cycle(snap, config)
         assert plan == cold
+        _kept_as_the_snapshot_has_it(warm, snap)
         changed += len(plan.bindings) + len(plan.evictions)
         _kept_facts_are_fresh(warm)
     assert changed > 0  # the cycles decided something

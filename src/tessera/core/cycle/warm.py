@@ -7,12 +7,15 @@ plan's bindings and evictions, some arrivals and finishes), so ``WarmCycle`` kee
 
 - the cycle runs as one outer statement that is discarded once the plan is built, which puts
   the cluster state, the workloads and the quota ledger back to the snapshot as it was;
-- the next snapshot is compared with the last one by workload (the same object, or an equal
-  one, is unchanged): a workload gone or changed leaves the cluster state, a new or changed one
-  enters it, running pods checked as a new session checks them;
-- ``Session.begin`` then starts the cycle: quota counted again from the kept per-pod amounts in
-  workload id order (float sums in the same order as a new session's, so the numbers are
-  equal to the last bit), the pending list, the never-fits reasons and the fair shares;
+- the next snapshot is compared with the last one by object identity (set operations over
+  both snapshots' workloads, in C: adapters keep a workload nothing happened to as the same
+  object), and only the objects new or gone are looked at: a new object equal to the one it
+  replaces is unchanged, a workload gone or changed leaves the cluster state, a new or changed
+  one enters it, running pods checked as a new session checks them;
+- ``Session.begin`` then starts the cycle: quota from per-project sums kept exactly (integer
+  multiples of 2**-1074, ``QuotaLedger.enter``/``leave``) and rounded once, so the numbers
+  equal a new session's to the last bit whatever came and went; the pending list, the
+  never-fits reasons and the fair shares;
 - the placer is kept: its per-request node rankings rescore only the nodes whose state changed
   (``ClusterState.subscribe``), and its score memo stays valid (keyed by node state). What it
   learnt per node constraint is dropped every cycle, and a workload with constraints counts as
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import random
 import time
+from itertools import compress
 
 from tessera.core.placement.policies import make_policy
 from tessera.core.workloads import Workload
@@ -89,7 +93,7 @@ class WarmCycle:
         if session is None or last is None or not _same_frame(last, snapshot):
             return None
         try:
-            return _apply(session, self._specs, snapshot)
+            return _apply(session, self._specs, last, snapshot)
         except Exception:
             # Half-applied: drop it; a new session gives the error (or the plan) run_cycle does.
             self.close()
@@ -106,41 +110,61 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     return a is b or (len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True)))
 
 
-def _apply(session: Session, specs: dict[str, Workload], snapshot: Snapshot) -> Session | None:
-    """One pass over the snapshot: workloads gone, changed (taken out and put back in at the
-    same place of ``session.workloads``, which stays in id order) and new ones."""
-    new = {w.id: w for w in snapshot.workloads}
-    if len(new) != len(snapshot.workloads):
-        return None  # duplicate ids: the new session names the field
+def _apply(session: Session, specs: dict[str, Workload], last: Snapshot, snapshot: Snapshot) -> Session | None:
+    """The snapshot's changes applied: workloads gone, changed (taken out and put back in at
+    the same place of ``session.workloads``, which stays in id order) and new ones.
+
+    An adapter keeps a workload nothing happened to as the same object, so what changed is
+    found by object identity with set operations and ``compress`` (C loops over the 60,000
+    workloads; Python code runs only for the objects that are new or gone), in the order of
+    the snapshots, as the per-workload comparison it replaces found them. Identities are safe
+    to compare: ``last`` is alive, so none of its objects' ids is reused by ``snapshot``'s."""
+    old, now = last.workloads, snapshot.workloads
+    now_ids = set(map(id, now))
+    if len(now_ids) != len(now):
+        return None  # the same object twice: duplicate ids, the new session names the field
+    old_ids = set(map(id, old))
+    gone = list(compress(old, map((old_ids - now_ids).__contains__, map(id, old))))
+    fresh = compress(now, map((now_ids - old_ids).__contains__, map(id, now)))
+    left = {w.id: w for w in gone}
     changed: list[Workload] = []
     arrived: list[Workload] = []
-    get = specs.get
-    for w in [w for wid, w in new.items() if get(wid) is not w]:  # most are the same objects
-        old = get(w.id)
-        if old is None:
+    same: list[Workload] = []
+    seen: set[str] = set()
+    for w in fresh:
+        wid = w.id
+        if wid in seen:
+            return None  # duplicate ids
+        seen.add(wid)
+        prev = left.pop(wid, None)
+        if prev is None:
+            if wid in specs:
+                return None  # the id of a workload kept as it was: duplicate ids
             arrived.append(w)
-        elif not _unchanged(old, w):
+        elif _unchanged(prev, w):
+            same.append(w)
+        else:
             changed.append(w)
     for w in changed:
         validate_workload(w, session.tree)
     for w in arrived:
         validate_workload(w, session.tree)
-    if len(new) - len(arrived) < len(specs):
-        for wid in [wid for wid in specs if wid not in new]:
-            session.remove_workload(wid)
+    for wid in left:  # gone for good, in the last snapshot's order
+        session.remove_workload(wid)
+        del specs[wid]
     for w in changed:
         session.remove_workload(w.id, keep_slot=True)
     for w in changed:
         session.add_workload(w)
     for w in arrived:
         session.add_workload(w)
-    if arrived:
-        workloads = session.workloads
-        session.workloads = {wid: workloads[wid] for wid in sorted(workloads)}
+    if arrived:  # Timsort merges the appended ids into the sorted run (C comparisons)
+        session.workloads = dict(sorted(session.workloads.items()))
     session.placer.forget_constraints()
     session.begin(snapshot)
-    specs.clear()
-    specs.update(new)
+    for group in (same, changed, arrived):
+        for w in group:
+            specs[w.id] = w
     return session
 
 
