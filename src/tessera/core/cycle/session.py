@@ -22,9 +22,9 @@ from tessera.core.projects import ProjectTree
 from tessera.core.state import ClusterState, NodeState, Placement
 from tessera.core.workloads import Workload
 
-from .history import fair_shares, requested_by_project
+from .history import fair_shares
 from .mig_state import MigState, live_room
-from .pending import PendingIndex
+from .pending import PendingIndex, pending_demand
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
 from .usable import movable_gpus, unusable_gpus
@@ -152,11 +152,10 @@ class Session:
             if (why := self.waiting.never_fits(ws, self.placer, self.mig)) is not None:
                 self.waits[ws.id] = Wait("unschedulable", why)
         # Fair share divides only capacity some pending request could use (cycle/usable.py).
-        unusable = unusable_gpus(self.state, (
-            ws.spec.pods[i].gpu for ws in self.pending if ws.id not in self.waits for i in ws.unplaced()),
-            (lambda: movable_gpus(self.workloads.values(), self.state, self.evictable))
+        requested, gpus = pending_demand(self.quota, self.pending, self.waits)
+        unusable = unusable_gpus(self.state, gpus, (
+            lambda: movable_gpus(self.workloads.values(), self.state, self.evictable))
             if "consolidate" in config.actions else None)
-        requested = requested_by_project(self.quota, (ws for ws in self.pending if ws.id not in self.waits))
         self.quota.share_out(fair_shares(self.tree, config.usage, self.workloads, self.quota, snapshot, capacity,
                                          requested, unusable))
 
