@@ -21,6 +21,7 @@ from tessera.core.projects import ProjectTree, Resource
 from tessera.core.state import ClusterState, Placement
 from tessera.core.units import format_bytes, format_gpus
 
+from .exact_sums import ExactSums
 from .workload_state import Wait, WorkloadState
 
 
@@ -46,28 +47,6 @@ _queue_key = attrgetter("queue_key")
 
 def vector_of(v: Sequence[float]) -> Vector:
     return (v[0], v[1], v[2])
-
-
-_EXACT_BITS = 1074
-"""Every finite float is an integer multiple of 2**-1074."""
-_ONE = 1 << _EXACT_BITS
-
-
-def exact(x: float) -> int:
-    """``x`` as an exact integer count of 2**-1074 (sums of these do not depend on order)."""
-    n, d = x.as_integer_ratio()
-    return n << (_EXACT_BITS + 1 - d.bit_length())
-
-
-def _round(table: dict[str, list[float]], sums: dict[str, list[int]]) -> None:
-    """Each row of ``table`` set to its exact sum rounded to the nearest float (Python's
-    int / int is correctly rounded)."""
-    for name, a in table.items():
-        row = sums.get(name)
-        if row is None:
-            a[0] = a[1] = a[2] = 0.0
-        else:
-            a[0], a[1], a[2] = row[0] / _ONE, row[1] / _ONE, row[2] / _ONE
 
 
 class QuotaLedger:
@@ -101,10 +80,9 @@ class QuotaLedger:
         self.shares: FairShares
         """Set by ``share_out`` once the running workloads are accounted."""
         self._demand: dict[ResourceRequest, Vector] = {}
-        self._held: dict[tuple[str, bool], list[int]] = {}
-        """(project, preemptible) -> exact sums (``exact``) of what the workloads entered
-        (``enter``) hold by their snapshot placements: kept between cycles, changed only by
-        workloads entering and leaving, so ``recount`` costs the projects, not the pods."""
+        self.held = ExactSums(tree)
+        """What the workloads in the session hold by their snapshot placements, exactly
+        (kept between cycles; ``recount`` rounds it into ``alloc``)."""
         self.usage: dict[str, float] = {}
         """Decayed GPU-seconds per project (time-based fair share only)."""
         self.from_usage: dict[str, float] = {}
@@ -179,59 +157,13 @@ class QuotaLedger:
                 a[1] += sign * v[1]
                 a[2] += sign * v[2]
 
-    def enter(self, ws: WorkloadState) -> None:
-        """A workload entered the session with its pods placed as the snapshot has them
-        (``pod_vectors`` set): add them to its project's exact sums."""
-        g = c = m = 0
-        for v in ws.pod_vectors:
-            if v is not None:
-                g += exact(v[0])
-                c += exact(v[1])
-                m += exact(v[2])
-        ws.held = (g, c, m)
-        if g or c or m:
-            row = self._held.get((ws.project, ws.preemptible))
-            if row is None:
-                self._held[(ws.project, ws.preemptible)] = [g, c, m]
-            else:
-                row[0] += g
-                row[1] += c
-                row[2] += m
-
-    def leave(self, ws: WorkloadState) -> None:
-        """A workload left the session: take back what ``enter`` added."""
-        g, c, m = ws.held
-        if g or c or m:
-            row = self._held[(ws.project, ws.preemptible)]
-            row[0] -= g
-            row[1] -= c
-            row[2] -= m
-
     def recount(self) -> None:
-        """What every project holds at the start of a cycle: the exact sum of its (and its
-        descendants') entered workloads, rounded once to the nearest float. Exact integers
-        add in any order to the same sum, so a session kept between cycles counts to the last
-        bit what a new one counts, whichever workloads came and went (what ``account`` added
-        and took back during the last cycle is not carried over: float additions undone by
-        subtractions need not give back the same bits). Forgets the last cycle's usage
-        history figures."""
+        """What every project holds at the start of a cycle: ``ExactSums.round_into``, the
+        same bits in a session kept between cycles as in a new one. Forgets the last cycle's
+        usage history figures."""
         self.usage = {}
         self.from_usage = {}
-        sums: dict[str, list[int]] = {}
-        sums_np: dict[str, list[int]] = {}
-        chain = self.tree.chain
-        for (project, preemptible), (g, c, m) in self._held.items():
-            for table in (sums,) if preemptible else (sums, sums_np):
-                for name in chain(project):
-                    row = table.get(name)
-                    if row is None:
-                        table[name] = [g, c, m]
-                    else:
-                        row[0] += g
-                        row[1] += c
-                        row[2] += m
-        _round(self.alloc, sums)
-        _round(self.alloc_np, sums_np)
+        self.held.round_into(self.alloc, self.alloc_np)
 
     def shortfall(self, project: str) -> float:
         """GPUs the project is below its fair share (0 if at or above)."""

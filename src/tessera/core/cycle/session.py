@@ -119,14 +119,14 @@ class Session:
             except InvalidRequest as exc:
                 raise InvalidRequest(f"workloads.{spec.id}.placements[{i}]", exc.rule) from None
             ws.pod_vectors[i] = self.quota.placement_vector(p)
-        self.quota.enter(ws)
+        self.quota.held.enter(ws)
 
     def remove_workload(self, workload_id: str, keep_slot: bool = False) -> None:
         """Take a workload out (finished, gone, or changed: ``keep_slot``, added again next in
         its place of the id order): its pods leave their nodes (``begin`` counts quota)."""
         ws = self.workloads[workload_id] if keep_slot else self.workloads.pop(workload_id)
         self.waiting.removed(workload_id)
-        self.quota.leave(ws)
+        self.quota.held.leave(ws)
         for i, p in enumerate(ws.placements):
             if p is not None:
                 self.state.release(pod_id(workload_id, i))
