@@ -27,6 +27,9 @@ each warm plan equalled a cold ``run_cycle`` of the same snapshot (checked, not 
 Cycles run with tessera-scheduler's garbage-collector thresholds (``--gc scheduler``, the
 default: ``kube/gc_tuning.py``), as the process that runs cycles at this size does; ``--gc
 python`` keeps the interpreter's defaults. The JSON says which.
+
+``warm_gc_collections`` (young, middle, full) and ``warm_gc_seconds``: the garbage collections
+that ran inside the timed warm cycles (``gc.callbacks``).
 """
 
 from __future__ import annotations
