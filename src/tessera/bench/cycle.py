@@ -27,12 +27,16 @@ each warm plan equalled a cold ``run_cycle`` of the same snapshot (checked, not 
 Cycles run with tessera-scheduler's garbage-collector thresholds (``--gc scheduler``, the
 default: ``kube/gc_tuning.py``), as the process that runs cycles at this size does; ``--gc
 python`` keeps the interpreter's defaults. The JSON says which.
+
+``warm_gc_collections`` (young, middle, full) and ``warm_gc_seconds``: the garbage collections
+that ran inside the timed warm cycles (``gc.callbacks``).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import pstats
@@ -289,6 +293,26 @@ def _profile(cycle: Callable[[], Plan]) -> Plan:
     return plan
 
 
+class _GcWatch:
+    """Garbage collections that run while ``on`` (``gc.callbacks``): count per generation and
+    wall seconds, so a report says whether full collections land inside the timed cycles."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.counts = [0, 0, 0]
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.counts[info["generation"]] += 1
+            self.seconds += time.perf_counter() - self._started
+
+
 def _warm(snap: Snapshot, config: CycleConfig, args: argparse.Namespace) -> dict[str, object]:
     """Warm cycles, each after the last plan and some finishes and arrivals are applied."""
     if args.warm <= 0:
@@ -297,6 +321,8 @@ def _warm(snap: Snapshot, config: CycleConfig, args: argparse.Namespace) -> dict
     arrive = args.arrive if args.arrive is not None else args.pending // 20
     warm = WarmCycle(config)
     plan = warm.run(snap)
+    watch = _GcWatch()
+    gc.callbacks.append(watch)
     times: list[float] = []
     cpu: list[float] = []
     plans: list[Plan] = []
@@ -308,11 +334,14 @@ def _warm(snap: Snapshot, config: CycleConfig, args: argparse.Namespace) -> dict
             plan = _profile(partial(warm.run, snap))
         else:
             t, c = time.perf_counter(), time.process_time()
+            watch.on = True
             plan = warm.run(snap)
+            watch.on = False
             times.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
         same = same and warm.warm and plan == run_cycle(snap, config)
         plans.append(plan)
+    gc.callbacks.remove(watch)
     per_action = {
         name: round(statistics.median(p.timings.get(name, 0.0) for p in plans), 4) for name in plan.timings
     }
@@ -324,6 +353,8 @@ def _warm(snap: Snapshot, config: CycleConfig, args: argparse.Namespace) -> dict
         "warm_bound_last": len(plan.bindings),
         "warm_evicted_last": len(plan.evictions),
         "warm_equals_cold": same,
+        "warm_gc_collections": watch.counts,
+        "warm_gc_seconds": round(watch.seconds, 4),
     }
 
 

@@ -4,6 +4,7 @@ a node added or a project's quota changed (those build a new session)."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ from tessera.bench import cycle as bench
 from tessera.bench.changes import advance
 from tessera.core.cycle import CycleConfig, Plan, Quota, Snapshot, Workload, run_cycle
 from tessera.core.cycle.actions.allocate import gang_demand, shape
+from tessera.core.cycle.session import Session
 from tessera.core.cycle.warm import WarmCycle
 from tessera.core.cycle.workload_state import WorkloadState
 from tessera.core.errors import InvalidRequest
@@ -53,6 +55,18 @@ def test_warm_session_plans_as_a_new_one(case: tuple[Snapshot, CycleConfig],
         plan = warm.run(snap)
         assert warm.warm == (not frame)
         assert plan == run_cycle(snap, config)
+        _kept_as_the_snapshot_has_it(warm, snap)
+
+
+def _kept_as_the_snapshot_has_it(warm: WarmCycle, snap: Snapshot) -> None:
+    """The session holds the snapshot's workloads in id order (what iterates over them relies
+    on it), and the diff's memory names the snapshot's own objects."""
+    session = warm._session
+    assert session is not None
+    assert list(session.workloads) == sorted(w.id for w in snap.workloads)
+    assert all(session.workloads[w.id].spec == w for w in snap.workloads)
+    assert warm._specs == {w.id: w for w in snap.workloads}
+    assert all(warm._specs[w.id] is w for w in snap.workloads)
 
 
 @pytest.mark.parametrize("policy", ["fgd", "binpack"])
@@ -66,10 +80,13 @@ def test_warm_session_plans_as_a_new_one_on_a_bench_cluster(policy: str) -> None
     changed = 0
     for step in range(4):
         snap = advance(snap, plan, rng, finish=0.02, arrive=10, prefix=f"a{step}")
+        # Some unchanged workloads as new, equal objects (an adapter that built them again).
+        snap = replace(snap, workloads=tuple(replace(w) if i % 7 == step else w for i, w in enumerate(snap.workloads)))
         plan = warm.run(snap)
         assert warm.warm
         cold = run_cycle(snap, config)
         assert plan == cold
+        _kept_as_the_snapshot_has_it(warm, snap)
         changed += len(plan.bindings) + len(plan.evictions)
         _kept_facts_are_fresh(warm)
     assert changed > 0  # the cycles decided something
@@ -94,6 +111,21 @@ def _kept_facts_are_fresh(warm: WarmCycle) -> None:
         assert ws.vector() == total
         if ws.never is not None and ws.never[0] == ws.unplaced():
             assert ws.never[1] == session.waiting.never.gang(fresh, session.placer, session.mig)
+    _counted_as_a_new_session_counts(warm)
+
+
+def _counted_as_a_new_session_counts(warm: WarmCycle) -> None:
+    """The kept ledger (sums changed only by workloads entering and leaving) started the cycle
+    with what a new session counts, to the last bit, and with the correctly rounded sum
+    (``math.fsum``) of every placed pod's quota under each project."""
+    session, snap = warm._session, warm._last
+    assert session is not None and snap is not None
+    kept = session.quota.allocated_before
+    assert kept == Session(snap, warm.config).quota.allocated_before
+    for name in session.tree.order:
+        under = [ws for ws in session.workloads.values() if name in ws.chain]
+        for r in range(3):
+            assert kept[name][r] == math.fsum(v[r] for ws in under for v in ws.pod_vectors if v is not None)
 
 
 def test_a_refused_snapshot_raises_as_run_cycle_does_and_the_next_one_runs() -> None:

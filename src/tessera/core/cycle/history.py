@@ -6,7 +6,7 @@ too, so each project's status says how much of its fair share usage history gave
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tessera.core.fairshare import FairShares, Vector, compute_fair_shares
@@ -41,14 +41,3 @@ def fair_shares(tree: ProjectTree, policy: UsagePolicy | None, workloads: Mappin
             quota.usage[name] = quota.usage.get(name, 0.0) + amount
     quota.from_usage = {name: shares.gpu(name) - plain.gpu(name) for name in tree.order}
     return shares
-
-
-def requested_by_project(quota: QuotaLedger, pending: Iterable[WorkloadState]) -> dict[str, Vector]:
-    """What each project holds plus what its ``pending`` pods ask for: the demand fair share
-    divides by (pods that can never run are left out by the caller: they take no share)."""
-    requested: dict[str, Vector] = {p: (v[0], v[1], v[2]) for p, v in quota.alloc.items()}
-    for ws in pending:
-        for d in quota.unplaced_demands(ws):
-            r = requested[ws.project]
-            requested[ws.project] = (r[0] + d[0], r[1] + d[1], r[2] + d[2])
-    return requested

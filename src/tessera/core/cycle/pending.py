@@ -12,15 +12,43 @@ kept between cycles, ``cycle.warm``, adds and removes only what changed):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from tessera.core.fairshare import Vector
-from tessera.core.model import Node
+from tessera.core.model import GpuRequest, Node
 from tessera.core.placement import Placer
 
 from .mig_state import MigState
 from .never_fits import NeverFits
+from .quota import QuotaLedger
 from .workload_state import WorkloadState
+
+
+def pending_demand(quota: QuotaLedger, pending: Iterable[WorkloadState],
+                   waits: Mapping[str, object]) -> tuple[dict[str, Vector], list[GpuRequest]]:
+    """One pass over the pending workloads that can run (not in ``waits``): what each project
+    holds plus what its pending pods ask for (the demand fair share divides by; pods that can
+    never run take no share), added in the order given; and the GPU requests of their unplaced
+    pods, one per distinct object (what ``usable.unusable_gpus`` tries the fragments with)."""
+    requested: dict[str, Vector] = {p: (v[0], v[1], v[2]) for p, v in quota.alloc.items()}
+    gpus: dict[int, GpuRequest] = {}
+    unplaced_demands = quota.unplaced_demands
+    for ws in pending:
+        if ws.id in waits:
+            continue
+        demands = unplaced_demands(ws)
+        if not demands:
+            continue
+        pods = ws.spec.pods
+        for i in ws.unplaced():
+            g = pods[i].gpu
+            gpus[id(g)] = g
+        project = ws.project
+        r = requested[project]
+        for d in demands:
+            r = (r[0] + d[0], r[1] + d[1], r[2] + d[2])
+        requested[project] = r
+    return requested, list(gpus.values())
 
 
 class PendingIndex:

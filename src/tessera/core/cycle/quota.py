@@ -21,6 +21,7 @@ from tessera.core.projects import ProjectTree, Resource
 from tessera.core.state import ClusterState, Placement
 from tessera.core.units import format_bytes, format_gpus
 
+from .exact_sums import ExactSums
 from .workload_state import Wait, WorkloadState
 
 
@@ -79,6 +80,9 @@ class QuotaLedger:
         self.shares: FairShares
         """Set by ``share_out`` once the running workloads are accounted."""
         self._demand: dict[ResourceRequest, Vector] = {}
+        self.held = ExactSums(tree)
+        """What the workloads in the session hold by their snapshot placements, exactly
+        (kept between cycles; ``recount`` rounds it into ``alloc``)."""
         self.usage: dict[str, float] = {}
         """Decayed GPU-seconds per project (time-based fair share only)."""
         self.from_usage: dict[str, float] = {}
@@ -153,32 +157,13 @@ class QuotaLedger:
                 a[1] += sign * v[1]
                 a[2] += sign * v[2]
 
-    def recount(self, workloads: Iterable[WorkloadState]) -> None:
-        """Count what every project holds from scratch, in the order given (workload id order:
-        float sums in one fixed order, so a session kept between cycles counts exactly as a
-        new one). Forgets the last cycle's usage history figures."""
-        for table in (self.alloc, self.alloc_np):
-            for a in table.values():
-                a[0] = a[1] = a[2] = 0.0
+    def recount(self) -> None:
+        """What every project holds at the start of a cycle: ``ExactSums.round_into``, the
+        same bits in a session kept between cycles as in a new one. Forgets the last cycle's
+        usage history figures."""
         self.usage = {}
         self.from_usage = {}
-        alloc, alloc_np = self.alloc, self.alloc_np
-        for ws in workloads:
-            targets = ws.quota_rows
-            if targets is None:  # the rows its pods count in: each gets them in the same order
-                chain = ws.chain
-                rows = [alloc[name] for name in chain]
-                if not ws.preemptible:
-                    rows += [alloc_np[name] for name in chain]
-                targets = ws.quota_rows = tuple(rows)
-            for v in ws.pod_vectors:
-                if v is None:
-                    continue
-                x, y, z = v
-                for a in targets:
-                    a[0] += x
-                    a[1] += y
-                    a[2] += z
+        self.held.round_into(self.alloc, self.alloc_np)
 
     def shortfall(self, project: str) -> float:
         """GPUs the project is below its fair share (0 if at or above)."""

@@ -22,9 +22,9 @@ from tessera.core.projects import ProjectTree
 from tessera.core.state import ClusterState, NodeState, Placement
 from tessera.core.workloads import Workload
 
-from .history import fair_shares, requested_by_project
+from .history import fair_shares
 from .mig_state import MigState, live_room
-from .pending import PendingIndex
+from .pending import PendingIndex, pending_demand
 from .quota import QuotaLedger
 from .types import CycleConfig, Eviction, Move, Snapshot
 from .usable import movable_gpus, unusable_gpus
@@ -119,12 +119,14 @@ class Session:
             except InvalidRequest as exc:
                 raise InvalidRequest(f"workloads.{spec.id}.placements[{i}]", exc.rule) from None
             ws.pod_vectors[i] = self.quota.placement_vector(p)
+        self.quota.held.enter(ws)
 
     def remove_workload(self, workload_id: str, keep_slot: bool = False) -> None:
         """Take a workload out (finished, gone, or changed: ``keep_slot``, added again next in
         its place of the id order): its pods leave their nodes (``begin`` counts quota)."""
         ws = self.workloads[workload_id] if keep_slot else self.workloads.pop(workload_id)
         self.waiting.removed(workload_id)
+        self.quota.held.leave(ws)
         for i, p in enumerate(ws.placements):
             if p is not None:
                 self.state.release(pod_id(workload_id, i))
@@ -143,18 +145,17 @@ class Session:
         self.evictions = {}
         self.moves = {}
         self.moved = set()
-        self.quota.recount(self.workloads.values())
+        self.quota.recount()
         capacity = self.waiting.capacity(self.mig.gpu_count())
         self.pending = self.waiting.in_id_order()
         for ws in self.pending:
             if (why := self.waiting.never_fits(ws, self.placer, self.mig)) is not None:
                 self.waits[ws.id] = Wait("unschedulable", why)
         # Fair share divides only capacity some pending request could use (cycle/usable.py).
-        unusable = unusable_gpus(self.state, (
-            ws.spec.pods[i].gpu for ws in self.pending if ws.id not in self.waits for i in ws.unplaced()),
-            (lambda: movable_gpus(self.workloads.values(), self.state, self.evictable))
+        requested, gpus = pending_demand(self.quota, self.pending, self.waits)
+        unusable = unusable_gpus(self.state, gpus, (
+            lambda: movable_gpus(self.workloads.values(), self.state, self.evictable))
             if "consolidate" in config.actions else None)
-        requested = requested_by_project(self.quota, (ws for ws in self.pending if ws.id not in self.waits))
         self.quota.share_out(fair_shares(self.tree, config.usage, self.workloads, self.quota, snapshot, capacity,
                                          requested, unusable))
 

@@ -7,12 +7,15 @@ plan's bindings and evictions, some arrivals and finishes), so ``WarmCycle`` kee
 
 - the cycle runs as one outer statement that is discarded once the plan is built, which puts
   the cluster state, the workloads and the quota ledger back to the snapshot as it was;
-- the next snapshot is compared with the last one by workload (the same object, or an equal
-  one, is unchanged): a workload gone or changed leaves the cluster state, a new or changed one
-  enters it, running pods checked as a new session checks them;
-- ``Session.begin`` then starts the cycle: quota counted again from the kept per-pod amounts in
-  workload id order (float sums in the same order as a new session's, so the numbers are
-  equal to the last bit), the pending list, the never-fits reasons and the fair shares;
+- the next snapshot is compared with the last one by object identity (``map``/``compress``
+  over the workloads, loops in C: adapters keep a workload nothing happened to as the same
+  object), and only the objects new and the ids gone are looked at: a new object equal to the one it
+  replaces is unchanged, a workload gone or changed leaves the cluster state, a new or changed
+  one enters it, running pods checked as a new session checks them;
+- ``Session.begin`` then starts the cycle: quota from per-project sums kept exactly (integer
+  multiples of 2**-1074, ``QuotaLedger.enter``/``leave``) and rounded once, so the numbers
+  equal a new session's to the last bit whatever came and went; the pending list, the
+  never-fits reasons and the fair shares;
 - the placer is kept: its per-request node rankings rescore only the nodes whose state changed
   (``ClusterState.subscribe``), and its score memo stays valid (keyed by node state). What it
   learnt per node constraint is dropped every cycle, and a workload with constraints counts as
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import random
 import time
+from itertools import compress, filterfalse
+from operator import attrgetter, is_not
 
 from tessera.core.placement.policies import make_policy
 from tessera.core.workloads import Workload
@@ -89,7 +94,7 @@ class WarmCycle:
         if session is None or last is None or not _same_frame(last, snapshot):
             return None
         try:
-            return _apply(session, self._specs, snapshot)
+            return _apply(session, self._specs, last, snapshot)
         except Exception:
             # Half-applied: drop it; a new session gives the error (or the plan) run_cycle does.
             self.close()
@@ -106,28 +111,42 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     return a is b or (len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b, strict=True)))
 
 
-def _apply(session: Session, specs: dict[str, Workload], snapshot: Snapshot) -> Session | None:
-    """One pass over the snapshot: workloads gone, changed (taken out and put back in at the
-    same place of ``session.workloads``, which stays in id order) and new ones."""
-    new = {w.id: w for w in snapshot.workloads}
-    if len(new) != len(snapshot.workloads):
+_id_of = attrgetter("id")
+
+
+def _apply(session: Session, specs: dict[str, Workload], last: Snapshot, snapshot: Snapshot) -> Session | None:
+    """The snapshot's changes applied: workloads gone, changed (taken out and put back in at
+    the same place of ``session.workloads``, which stays in id order) and new ones.
+
+    An adapter keeps a workload nothing happened to as the same object, so the objects new
+    since the last snapshot are picked out with ``map``/``compress`` (C loops over the 60,000
+    workloads, no Python frame per workload) and only they, and the ids gone, are looked at,
+    in the snapshots' order as the per-workload loop this replaces found them."""
+    now = snapshot.workloads
+    ids = list(map(_id_of, now))
+    present = set(ids)
+    if len(present) != len(ids):
         return None  # duplicate ids: the new session names the field
     changed: list[Workload] = []
     arrived: list[Workload] = []
-    get = specs.get
-    for w in [w for wid, w in new.items() if get(wid) is not w]:  # most are the same objects
-        old = get(w.id)
-        if old is None:
+    same: list[Workload] = []
+    for w in compress(now, map(is_not, map(specs.get, ids), now)):
+        prev = specs.get(w.id)
+        if prev is None:
             arrived.append(w)
-        elif not _unchanged(old, w):
+        elif _unchanged(prev, w):
+            same.append(w)
+        else:
             changed.append(w)
+    gone = (list(filterfalse(present.__contains__, map(_id_of, last.workloads)))
+            if len(ids) - len(arrived) < len(specs) else [])
     for w in changed:
         validate_workload(w, session.tree)
     for w in arrived:
         validate_workload(w, session.tree)
-    if len(new) - len(arrived) < len(specs):
-        for wid in [wid for wid in specs if wid not in new]:
-            session.remove_workload(wid)
+    for wid in gone:  # in the last snapshot's order
+        session.remove_workload(wid)
+        del specs[wid]
     for w in changed:
         session.remove_workload(w.id, keep_slot=True)
     for w in changed:
@@ -139,8 +158,9 @@ def _apply(session: Session, specs: dict[str, Workload], snapshot: Snapshot) -> 
         session.workloads = {wid: workloads[wid] for wid in sorted(workloads)}
     session.placer.forget_constraints()
     session.begin(snapshot)
-    specs.clear()
-    specs.update(new)
+    for group in (same, changed, arrived):
+        for w in group:
+            specs[w.id] = w
     return session
 
 

@@ -58,6 +58,7 @@ class WorkloadState:
         "bound",
         "chain",
         "evicted",
+        "held",
         "id",
         "min_runtimes",
         "never",
@@ -67,7 +68,6 @@ class WorkloadState:
         "priority",
         "project",
         "queue_key",
-        "quota_rows",
         "spec",
         "was_running",
     )
@@ -90,9 +90,8 @@ class WorkloadState:
         self._vector: Vector | None = None
         self._facts: PlacementFacts | None = None
         self.min_runtimes: tuple[float, float] | None = None
-        self.quota_rows: tuple[list[float], ...] | None = None
-        """The ledger rows (``QuotaLedger.alloc`` and, if not preemptible, ``alloc_np`` of
-        each project of its chain) its placed pods are counted in."""
+        self.held: tuple[int, int, int] = (0, 0, 0)
+        """Exact sums of its snapshot pods' quota (``QuotaLedger.enter``)."""
         self.never: tuple[tuple[int, ...], str | None] | None = None
         """(unplaced pods, why they can never be placed) when last asked (``Session``)."""
         """Its project's preempt and reclaim minimum runtimes (``Session.protected``)."""
