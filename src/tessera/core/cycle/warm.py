@@ -33,6 +33,7 @@ import time
 from tessera.core.placement.policies import make_policy
 from tessera.core.workloads import Workload
 
+from .kept_running import note_changed
 from .run import check_config, run_session
 from .session import Session
 from .types import CycleConfig, Plan, Snapshot
@@ -138,6 +139,8 @@ def _apply(session: Session, specs: dict[str, Workload], snapshot: Snapshot) -> 
         workloads = session.workloads
         session.workloads = {wid: workloads[wid] for wid in sorted(workloads)}
     session.placer.forget_constraints()
+    note_changed(session, [*(wid for wid in specs if wid not in new), *(w.id for w in changed),
+                           *(w.id for w in arrived)])  # kept per-session indexes (kept_running)
     session.begin(snapshot)
     specs.clear()
     specs.update(new)
