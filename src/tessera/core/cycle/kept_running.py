@@ -23,8 +23,9 @@ minimum runtimes): a changed spec is a new ``WorkloadState``, reported by ``note
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from operator import itemgetter
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from .session import Session
@@ -43,55 +44,65 @@ class KeptRunning:
         self.movable: list[tuple[tuple[float, str], WorkloadState]] = []
         self.timed: dict[float, list[tuple[float, str, WorkloadState]]] = {}
         self.dirty: set[str] = set()
-        self._add(session, session.workloads.values(), fresh=True)
+        self._where: dict[str, tuple[tuple[_PreemptKey, WorkloadState],
+                                     tuple[tuple[float, str], WorkloadState] | None,
+                                     tuple[float, tuple[float, str, WorkloadState]] | None]] = {}
+        for ws in session.workloads.values():
+            self._add(session, ws, list.append)
+        for group in self.by_project.values():
+            group.sort()
+        self.movable.sort()
+        for timed in self.timed.values():
+            timed.sort()
 
     # -- upkeep --------------------------------------------------------------------------------
 
     def refresh(self, session: Session) -> None:
-        """Apply the ids reported changed since the last cycle."""
+        """Apply the ids reported changed since the last cycle: each entry taken out of and
+        put into the sorted lists by binary search (each entry's key holds the workload id,
+        unique: the tuples never compare the workload states)."""
         if not self.dirty:
             return
         dirty, self.dirty = self.dirty, set()
-        gone = {wid for wid in dirty if wid in self.entries}
-        for wid in gone:
-            del self.entries[wid]
-        if gone:
-            for project, group in self.by_project.items():
-                self.by_project[project] = [e for e in group if e[1].id not in gone]
-            self.movable = [e for e in self.movable if e[1].id not in gone]
-            for m, group2 in self.timed.items():
-                self.timed[m] = [e for e in group2 if e[1] not in gone]
         workloads = session.workloads
-        self._add(session, [ws for wid in dirty if (ws := workloads.get(wid)) is not None], fresh=False)
+        for wid in dirty:
+            if wid in self.entries:
+                self._remove(wid)
+        for wid in dirty:
+            ws = workloads.get(wid)
+            if ws is not None:
+                self._add(session, ws, insort)
 
-    def _add(self, session: Session, found: Iterable[WorkloadState], fresh: bool) -> None:
-        touched_projects: set[str] = set()
-        touched_movable = False
-        touched_timed: set[float] = set()
-        for ws in found:
-            if not (ws.was_running and ws.preemptible):
-                continue
-            self.entries[ws.id] = ws
-            started = ws.spec.started_at
-            self.by_project.setdefault(ws.project, []).append(
-                ((ws.priority, -(started or 0.0), ws.id), ws))
-            touched_projects.add(ws.project)
-            if ws.spec.movable and all(r.gpu.shared for r in ws.spec.pods):
-                self.movable.append(((_running_gpus(session, ws), ws.id), ws))
-                touched_movable = True
-            session.protected(ws, "preempt")  # fills ws.min_runtimes
-            assert ws.min_runtimes is not None
-            minimum = ws.min_runtimes[0]
-            if minimum > 0 and started is not None:
-                self.timed.setdefault(minimum, []).append((started, ws.id, ws))
-                touched_timed.add(minimum)
-        # Sorted runs merged in (timsort); keys are unique (the id is in each).
-        for project in touched_projects:
-            self.by_project[project].sort(key=itemgetter(0))
-        if touched_movable:
-            self.movable.sort(key=itemgetter(0))
-        for m in touched_timed:
-            self.timed[m].sort(key=_two)
+    def _remove(self, wid: str) -> None:
+        ws = self.entries.pop(wid)
+        pentry, mentry, tentry = self._where.pop(wid)
+        _drop(self.by_project[ws.project], pentry)
+        if mentry is not None:
+            _drop(self.movable, mentry)
+        if tentry is not None:
+            _drop(self.timed[tentry[0]], tentry[1])
+
+    def _add(self, session: Session, ws: WorkloadState,
+             put: Callable[[list[Any], Any], None]) -> None:
+        """``put``: insort, or append (the lists sorted once afterwards)."""
+        if not (ws.was_running and ws.preemptible):
+            return
+        self.entries[ws.id] = ws
+        started = ws.spec.started_at
+        pentry = ((ws.priority, -(started or 0.0), ws.id), ws)
+        put(self.by_project.setdefault(ws.project, []), pentry)
+        mentry = None
+        if ws.spec.movable and all(r.gpu.shared for r in ws.spec.pods):
+            mentry = ((_running_gpus(session, ws), ws.id), ws)
+            put(self.movable, mentry)
+        session.protected(ws, "preempt")  # fills ws.min_runtimes
+        assert ws.min_runtimes is not None
+        minimum = ws.min_runtimes[0]
+        tentry = None
+        if minimum > 0 and started is not None:
+            tentry = (minimum, (started, ws.id, ws))
+            put(self.timed.setdefault(minimum, []), tentry[1])
+        self._where[ws.id] = (pentry, mentry, tentry)
 
     # -- per cycle -----------------------------------------------------------------------------
 
@@ -111,6 +122,12 @@ class KeptRunning:
         return out
 
 
+def _drop(group: list[Any], entry: object) -> None:
+    i = bisect_left(group, entry)
+    assert group[i] is entry
+    del group[i]
+
+
 def _running_gpus(session: Session, ws: WorkloadState) -> float:
     """``ws.vector()[0]`` as the cycle begins (its spec's placements), summed in the same
     order, whatever this cycle has done to it so far."""
@@ -119,10 +136,6 @@ def _running_gpus(session: Session, ws: WorkloadState) -> float:
         if p is not None:
             total = total + session.quota.placement_vector(p)[0]
     return total
-
-
-def _two(e: tuple[float, str, WorkloadState]) -> tuple[float, str]:
-    return e[0], e[1]
 
 
 _KEPT: WeakKeyDictionary[Session, KeptRunning] = WeakKeyDictionary()

@@ -102,8 +102,11 @@ def _movable(session: Session) -> list[WorkloadState]:
     entries = [e for e in kept.movable if not e[1].evicted and e[1].id not in protected
                and e[1].id not in bindings and e[1].id not in moved]
     found = [v for _, v in entries]
-    if any(k[0] != v.vector()[0] for k, v in entries):
-        # Not expected (the kept key is the GPUs of the spec's placements): sort as it is now.
+    # The kept key is the GPUs of the spec's placements: what a running workload holds until
+    # this plan evicts, shrinks (both recorded in ``evictions``), binds or moves it. A shrunk
+    # one holds less now: sorted again as it is now, as before.
+    evictions = session.evictions
+    if evictions and any(k[0] != v.vector()[0] for k, v in entries if v.id in evictions):
         found.sort(key=lambda v: (v.vector()[0], v.id))
     return found
 
