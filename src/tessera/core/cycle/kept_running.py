@@ -64,6 +64,9 @@ class KeptRunning:
         if not self.dirty:
             return
         dirty, self.dirty = self.dirty, set()
+        if len(dirty) > len(self.entries) // 8:  # many changes (a cold cycle's plan applied)
+            self.__init__(session)  # type: ignore[misc]  # built again: one sort beats insorts
+            return
         workloads = session.workloads
         for wid in dirty:
             if wid in self.entries:
