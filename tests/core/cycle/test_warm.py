@@ -16,6 +16,7 @@ from tessera.bench import cycle as bench
 from tessera.bench.changes import advance
 from tessera.core.cycle import CycleConfig, Plan, Quota, Snapshot, Workload, run_cycle
 from tessera.core.cycle.actions.allocate import gang_demand, shape
+from tessera.core.cycle.kept_running import _KEPT, KeptRunning
 from tessera.core.cycle.session import Session
 from tessera.core.cycle.warm import WarmCycle
 from tessera.core.cycle.workload_state import WorkloadState
@@ -56,6 +57,7 @@ def test_warm_session_plans_as_a_new_one(case: tuple[Snapshot, CycleConfig],
         assert warm.warm == (not frame)
         assert plan == run_cycle(snap, config)
         _kept_as_the_snapshot_has_it(warm, snap)
+        _kept_running_is_fresh(warm)
 
 
 def _kept_as_the_snapshot_has_it(warm: WarmCycle, snap: Snapshot) -> None:
@@ -112,6 +114,7 @@ def _kept_facts_are_fresh(warm: WarmCycle) -> None:
         if ws.never is not None and ws.never[0] == ws.unplaced():
             assert ws.never[1] == session.waiting.never.gang(fresh, session.placer, session.mig)
     _counted_as_a_new_session_counts(warm)
+    _kept_running_is_fresh(warm)
 
 
 def _counted_as_a_new_session_counts(warm: WarmCycle) -> None:
@@ -126,6 +129,22 @@ def _counted_as_a_new_session_counts(warm: WarmCycle) -> None:
         under = [ws for ws in session.workloads.values() if name in ws.chain]
         for r in range(3):
             assert kept[name][r] == math.fsum(v[r] for ws in under for v in ws.pod_vectors if v is not None)
+
+
+def _kept_running_is_fresh(warm: WarmCycle) -> None:
+    """The running, preemptible workloads preempt and consolidate keep between cycles
+    (kept_running) equal an index built afresh from the session now."""
+    session = warm._session
+    assert session is not None
+    kept = _KEPT.get(session)
+    if kept is None:
+        return  # no action asked for it yet
+    kept.refresh(session)
+    fresh = KeptRunning(session)
+    assert kept.entries == fresh.entries
+    assert {p: g for p, g in kept.by_project.items() if g} == fresh.by_project
+    assert kept.movable == fresh.movable
+    assert {m: g for m, g in kept.timed.items() if g} == fresh.timed
 
 
 def test_a_refused_snapshot_raises_as_run_cycle_does_and_the_next_one_runs() -> None:
@@ -225,3 +244,29 @@ def test_kept_facts_follow_every_placement_change() -> None:
     stmt.discard()
     check()
     assert ws.unplaced() == (0, 1, 2, 3) and gang_demand(session, ws)[0] == 3.0
+
+
+def test_the_preemption_minimum_runtime_ends_on_the_clock_of_each_warm_cycle() -> None:
+    """A kept session: the victim protected at 1000 s (started 995 s, minimum 30 s) is
+    preempted at exactly 1025 s, protected again if the clock goes back, and a finished one
+    is no victim (the kept index drops it)."""
+    from .scenario import nodes, project, workload
+
+    ns = nodes(1, gpus=1)
+    victim = workload(ns, "t", "a", 1, on=["n1:0"], started=995)
+    other = workload(ns, "u", "a", 1)  # a pending one: a finished victim's place in the index
+    waiting = workload(ns, "inf", "a", 1, cls="inference")
+    config = CycleConfig(preempt_min_runtime=30)
+    warm = WarmCycle(config)
+    snap = Snapshot(tuple(ns), (project("a", 1),), (victim, other, waiting), 1000.0)
+    for now, workloads, evicted in [(1000.0, (victim, other, waiting), set()),
+                                    (1024.999, (victim, other, waiting), set()),
+                                    (1025.0, (victim, other, waiting), {"t"}),
+                                    (1010.0, (victim, other, waiting), set()),
+                                    (1100.0, (other, waiting), set())]:
+        snap = replace(snap, workloads=workloads, now=now)
+        plan = warm.run(snap)
+        assert warm.warm or now == 1000.0
+        assert plan == run_cycle(snap, config)
+        assert {e.workload_id for e in plan.evictions} == evicted
+        _kept_running_is_fresh(warm)

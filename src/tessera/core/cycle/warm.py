@@ -38,6 +38,7 @@ from operator import attrgetter, is_not
 from tessera.core.placement.policies import make_policy
 from tessera.core.workloads import Workload
 
+from .kept_running import note_changed
 from .run import check_config, run_session
 from .session import Session
 from .types import CycleConfig, Plan, Snapshot
@@ -157,6 +158,8 @@ def _apply(session: Session, specs: dict[str, Workload], last: Snapshot, snapsho
         workloads = session.workloads
         session.workloads = {wid: workloads[wid] for wid in sorted(workloads)}
     session.placer.forget_constraints()
+    note_changed(session, [*gone, *(w.id for w in changed), *(w.id for w in arrived)])
+    # (kept per-session indexes: kept_running)
     session.begin(snapshot)
     for group in (same, changed, arrived):
         for w in group:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from tessera.core.cycle.kept_running import kept_running
 from tessera.core.cycle.session import Session, Statement, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, cheapest_node
 from tessera.core.fairshare import Vector
@@ -92,14 +93,21 @@ class Consolidate:
 
 def _movable(session: Session) -> list[WorkloadState]:
     """Running workloads consolidation may move: movable, preemptible past their minimum
-    runtime, every pod a GPU share; fewest GPUs first."""
-    found = [
-        v
-        for v in session.workloads.values()
-        if v.was_running and v.preemptible and v.spec.movable and all(r.gpu.shared for r in v.spec.pods)
-        and session.evictable(v, "preempt")
-    ]
-    found.sort(key=lambda v: (v.vector()[0], v.id))
+    runtime, every pod a GPU share; fewest GPUs first. The sorted list is kept with the
+    session (cycle/kept_running.py); the clock and this plan are checked here as
+    ``session.evictable(v, "preempt")`` checks them."""
+    kept = kept_running(session)
+    protected = kept.protected(session.now)
+    bindings, moved = session.bindings, session.moved
+    entries = [e for e in kept.movable if not e[1].evicted and e[1].id not in protected
+               and e[1].id not in bindings and e[1].id not in moved]
+    found = [v for _, v in entries]
+    # The kept key is the GPUs of the spec's placements: what a running workload holds until
+    # this plan evicts, shrinks (both recorded in ``evictions``), binds or moves it. A shrunk
+    # one holds less now: sorted again as it is now, as before.
+    evictions = session.evictions
+    if evictions and any(k[0] != v.vector()[0] for k, v in entries if v.id in evictions):
+        found.sort(key=lambda v: (v.vector()[0], v.id))
     return found
 
 

@@ -15,6 +15,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from functools import partial
 
+from tessera.core.cycle.kept_running import kept_running
 from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_mig
 from tessera.core.cycle.session import PodPlacements, Session, Statement, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
@@ -44,16 +45,24 @@ class Preempt:
         for w in waiting:
             if w.priority > top.get(w.project, w.priority - 1):
                 top[w.project] = w.priority
+        # The running, preemptible workloads per project, sorted, are kept with the session
+        # (cycle/kept_running.py); what depends on this cycle (the clock, this plan) is
+        # checked here as ``session.evictable(v, "preempt")`` checks it.
+        kept = kept_running(session)
+        protected = kept.protected(session.now)
+        bindings, moved = session.bindings, session.moved
         by_project: dict[str, list[WorkloadState]] = {}
-        for v in session.workloads.values():
-            t = top.get(v.project)
-            if t is not None and v.priority < t and v.was_running and v.preemptible \
-                    and session.evictable(v, "preempt"):
-                by_project.setdefault(v.project, []).append(v)
-        lowest = {p: min(v.priority for v in group) for p, group in by_project.items()}
+        for p, t in top.items():
+            entries = kept.by_project.get(p)
+            if not entries:
+                continue
+            below = bisect_left(entries, t, key=_entry_priority)
+            candidates = [v for _, v in entries[:below] if not v.evicted and v.id not in protected
+                          and v.id not in bindings and v.id not in moved]
+            if candidates:
+                by_project[p] = candidates
+        lowest = {p: candidates[0].priority for p, candidates in by_project.items()}
         waiting = [w for w in waiting if w.project in lowest and w.priority > lowest[w.project]]
-        for p in {w.project for w in waiting}:
-            by_project[p].sort(key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
         # The victims for one (project, priority below) change only when one of them is
         # evicted, put back or settled: the node index is rebuilt only then (a failed attempt
         # leaves them as they were), not once per waiting workload.
@@ -157,6 +166,10 @@ def _lazy(found: tuple[list[WorkloadState], list[NodeIndex]]) -> Callable[[], No
 
 def _priority(v: WorkloadState) -> int:
     return v.priority
+
+
+def _entry_priority(e: tuple[tuple[int, float, str], WorkloadState]) -> int:
+    return e[0][0]
 
 
 def _plan_token(session: Session) -> object:
