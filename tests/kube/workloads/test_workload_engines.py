@@ -391,8 +391,10 @@ def test_raycluster_whose_head_does_not_fit_starts_no_worker_until_it_does(
         return msgs if len(msgs) == 4 and all(anchor in m for m in msgs) else None
     msgs = wait_until("every pod of the gang names its missing anchor", told, timeout=60)
     assert "no node has 4 idle GPUs" in msgs[0], msgs[0]
-    assert any(e.reason == "FailedScheduling" and anchor in (e.message or "")
-               for e in events_of(client, ns, head.metadata.name))
+    # The Event is posted just after the condition is written: wait for it, not only the condition.
+    wait_until("the head's FailedScheduling Event names it", lambda: any(
+        e.reason == "FailedScheduling" and anchor in (e.message or "")
+        for e in events_of(client, ns, head.metadata.name)), timeout=30)
     assert not any(bound(p) for p in live(client, ns, **cluster))  # no worker without the head
 
     client.delete(Pod, "blk-wl-0", namespace=ns_blk, grace_period=0)
