@@ -39,6 +39,10 @@ class KeptRunning:
     use them, and the ones with a preemption minimum runtime by start time."""
 
     def __init__(self, session: Session) -> None:
+        self._build(session)
+
+    def _build(self, session: Session) -> None:
+        """Every list made from ``session.workloads``: appended, then each sorted once."""
         self.entries: dict[str, WorkloadState] = {}
         self.by_project: dict[str, list[tuple[_PreemptKey, WorkloadState]]] = {}
         self.movable: list[tuple[tuple[float, str], WorkloadState]] = []
@@ -65,7 +69,7 @@ class KeptRunning:
             return
         dirty, self.dirty = self.dirty, set()
         if len(dirty) > len(self.entries) // 8:  # many changes (a cold cycle's plan applied)
-            self.__init__(session)  # type: ignore[misc]  # built again: one sort beats insorts
+            self._build(session)  # one sort beats as many insorts
             return
         workloads = session.workloads
         for wid in dirty:
@@ -98,9 +102,7 @@ class KeptRunning:
         if ws.spec.movable and all(r.gpu.shared for r in ws.spec.pods):
             mentry = ((_running_gpus(session, ws), ws.id), ws)
             put(self.movable, mentry)
-        session.protected(ws, "preempt")  # fills ws.min_runtimes
-        assert ws.min_runtimes is not None
-        minimum = ws.min_runtimes[0]
+        minimum = session.min_runtimes(ws)[0]
         tentry = None
         if minimum > 0 and started is not None:
             tentry = (minimum, (started, ws.id, ws))
@@ -114,14 +116,11 @@ class KeptRunning:
         ``Session.protected(ws, "preempt")``)."""
         out: set[str] = set()
         for m, group in self.timed.items():
-            lo, hi = 0, len(group)
-            while lo < hi:  # first index whose workload is protected: now - started < m
-                mid = (lo + hi) // 2
-                if now - group[mid][0] < m:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            out.update(e[1] for e in group[lo:])
+            def is_protected(e: tuple[float, str, WorkloadState], m: float = m) -> bool:
+                return now - e[0] < m
+            # The first entry whose workload is protected (the test is False, then True).
+            first = bisect_left(group, True, key=is_protected)
+            out.update(e[1] for e in group[first:])
         return out
 
 

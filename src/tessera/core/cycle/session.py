@@ -382,13 +382,8 @@ class Session:
     def evictable(self, ws: WorkloadState, kind: str) -> bool:
         """Running, preemptible, not evicted or given a binding or move in this plan, and past
         its minimum runtime for ``kind`` (``reclaim`` or ``preempt``)."""
-        if not ws.was_running or not ws.preemptible or ws.evicted or self.settled(ws):
-            return False
-        minimums = ws.min_runtimes  # protected() inline once known: asked of every running one
-        if minimums is None:
-            return not self.protected(ws, kind)
-        minimum, started = minimums[0] if kind == "preempt" else minimums[1], ws.spec.started_at
-        return not (minimum > 0 and started is not None and self.now - started < minimum)
+        return (ws.was_running and ws.preemptible and not ws.evicted and not self.settled(ws)
+                and not self.protected(ws, kind))
 
     def settled(self, ws: WorkloadState) -> bool:
         """Already given a binding or a move in this plan: not to be evicted or moved again."""
@@ -396,15 +391,20 @@ class Session:
 
     def protected(self, ws: WorkloadState, kind: str) -> bool:
         """Minimum runtime: a workload that started less than that long ago is not evicted."""
-        minimums = ws.min_runtimes
-        if minimums is None:  # per workload, kept while the session is (tree and config fixed)
-            config = self.config
-            minimums = ws.min_runtimes = (
-                self.tree.min_runtime(ws.project, "preempt", config.preempt_min_runtime),
-                self.tree.min_runtime(ws.project, "reclaim", config.reclaim_min_runtime))
+        minimums = ws.min_runtimes or self.min_runtimes(ws)
         minimum = minimums[0] if kind == "preempt" else minimums[1]
         started = ws.spec.started_at
         return minimum > 0 and started is not None and self.now - started < minimum
+
+    def min_runtimes(self, ws: WorkloadState) -> tuple[float, float]:
+        """Its project's preempt and reclaim minimum runtimes, kept on the workload while the
+        session is (tree and config fixed)."""
+        if ws.min_runtimes is None:
+            config = self.config
+            ws.min_runtimes = (
+                self.tree.min_runtime(ws.project, "preempt", config.preempt_min_runtime),
+                self.tree.min_runtime(ws.project, "reclaim", config.reclaim_min_runtime))
+        return ws.min_runtimes
 
     def where(self, placed: PodPlacements) -> str:
         parts = []

@@ -90,11 +90,11 @@ class WorkloadState:
         self._vector: Vector | None = None
         self._facts: PlacementFacts | None = None
         self.min_runtimes: tuple[float, float] | None = None
+        """Its project's preempt and reclaim minimum runtimes (``Session.min_runtimes``)."""
         self.held: tuple[int, int, int] = (0, 0, 0)
         """Exact sums of its snapshot pods' quota (``QuotaLedger.enter``)."""
         self.never: tuple[tuple[int, ...], str | None] | None = None
         """(unplaced pods, why they can never be placed) when last asked (``Session``)."""
-        """Its project's preempt and reclaim minimum runtimes (``Session.protected``)."""
 
     def facts(self) -> PlacementFacts:
         """What follows from where its pods are now (kept until a placement changes)."""
