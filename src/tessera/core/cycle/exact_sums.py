@@ -30,16 +30,25 @@ class ExactSums:
     def __init__(self, tree: ProjectTree) -> None:
         self._tree = tree
         self._held: dict[tuple[str, bool], list[int]] = {}
+        self._exact: dict[tuple[float, float, float], tuple[int, int, int]] = {}
+        """``exact`` of each pod vector seen (pods of one shape on one kind of device share
+        one): a lookup instead of three conversions per pod."""
 
     def enter(self, ws: WorkloadState) -> None:
         """A workload entered with its pods placed as the snapshot has them (``pod_vectors``
         set): add them to its project's sums."""
         g = c = m = 0
+        known = self._exact
         for v in ws.pod_vectors:
             if v is not None:
-                g += exact(v[0])
-                c += exact(v[1])
-                m += exact(v[2])
+                e = known.get(v)
+                if e is None:
+                    if len(known) >= 65_536:
+                        known.clear()
+                    e = known[v] = (exact(v[0]), exact(v[1]), exact(v[2]))
+                g += e[0]
+                c += e[1]
+                m += e[2]
         ws.held = (g, c, m)
         if g or c or m:
             row = self._held.setdefault((ws.project, ws.preemptible), [0, 0, 0])

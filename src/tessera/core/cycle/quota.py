@@ -80,6 +80,10 @@ class QuotaLedger:
         self.shares: FairShares
         """Set by ``share_out`` once the running workloads are accounted."""
         self._demand: dict[ResourceRequest, Vector] = {}
+        self._kinds: set[tuple[int, str]] | None = None
+        self._levels: dict[str, tuple[tuple[str, int], ...]] = {}
+        """Per leaf project: its chain from the top with each level's negated priority (the
+        fixed parts of ``project_key``; the tree is fixed for the session)."""
         self.held = ExactSums(tree)
         """What the workloads in the session hold by their snapshot placements, exactly
         (kept between cycles; ``recount`` rounds it into ``alloc``)."""
@@ -105,16 +109,22 @@ class QuotaLedger:
                 gpus = request.gpus
             elif gpu.kind is GpuKind.MEMORY:
                 assert gpu.memory is not None
-                sizes = [
-                    g.schedulable for n in self._nodes for g in n.gpus
-                    if gpu.allows(g.model) and g.schedulable >= gpu.memory
-                ]
+                sizes = [size for size, model in self._device_kinds()
+                         if gpu.allows(model) and size >= gpu.memory]
                 gpus = gpu.gpus_on(min(sizes)) if sizes else float(gpu.devices)
             elif gpu.kind is not GpuKind.NONE:
                 gpus = gpu.gpus_on(1)
             d = (gpus, float(request.cpu_milli), float(request.memory))
             self._demand[request] = d
         return d
+
+    def _device_kinds(self) -> set[tuple[int, str]]:
+        """Every (schedulable bytes, model) of the cluster's GPUs, gathered once: ``demand``
+        takes a minimum over them, the same as over every GPU."""
+        kinds = self._kinds
+        if kinds is None:
+            kinds = self._kinds = {(g.schedulable, g.model) for n in self._nodes for g in n.gpus}
+        return kinds
 
     def unplaced_demands(self, ws: WorkloadState) -> tuple[Vector, ...]:
         """``demand`` of each unplaced pod, in pod order (kept until a placement changes)."""
@@ -229,12 +239,17 @@ class QuotaLedger:
     def project_key(self, leaf: str) -> tuple[tuple[float, int, str], ...]:
         """Fair order: at each level from the top, the least saturated (allocated ÷ fair share)
         first, then higher priority, then name."""
+        levels = self._levels.get(leaf)
+        if levels is None:
+            tree = self.tree
+            levels = self._levels[leaf] = tuple(
+                (name, -tree[name].priority) for name in reversed(tree.chain(leaf)))
+        share, alloc = self.shares.share, self.alloc
         key = []
-        for name in reversed(self.tree.chain(leaf)):
-            share = self.shares.share[name][0]
-            alloc = self.alloc[name][0]
-            ratio = alloc / share if share > EPS else math.inf
-            key.append((ratio, -self.tree[name].priority, name))
+        for name, rank in levels:
+            fair = share[name][0]
+            ratio = alloc[name][0] / fair if fair > EPS else math.inf
+            key.append((ratio, rank, name))
         return tuple(key)
 
     def fair_order(self, workloads: Iterable[WorkloadState]) -> Iterator[WorkloadState]:

@@ -99,8 +99,10 @@ class Session:
         self.mig = MigState(snapshot.mig, {n.name for n in self.nodes}, self.on_undo)
         self.quota = QuotaLedger(self.tree, self.nodes, self.state)
         self.workloads: dict[str, WorkloadState] = {}
-        for spec in sorted(snapshot.workloads, key=lambda w: w.id):
-            self.add_workload(spec)
+        specs = sorted(snapshot.workloads, key=lambda w: w.id)
+        if not _add_all(self, specs):  # one by one: names the first placement that does not fit
+            for spec in specs:
+                self.add_workload(spec)
         self.placer = Placer(self.state, policy=config.policy)
         self.begin(snapshot)
 
@@ -412,3 +414,24 @@ class Session:
             devs = ",".join(str(d) for d in p.devices)
             parts.append(f"{p.node} GPU {devs}" if devs else p.node)
         return "; ".join(dict.fromkeys(parts))
+
+
+def _add_all(session: Session, specs: Sequence[Workload]) -> bool:
+    """``add_workload`` for every workload of a new session, their pods put on the nodes
+    in one ``ClusterState.load``; False (nothing added) where a placement does not fit."""
+    chain, mig = session.tree.chain, session.mig
+    states = [WorkloadState(spec, chain(spec.project)) for spec in (live_room(s, mig) for s in specs)]
+    items = [(pod_id(ws.id, i), p) for ws in states for i, p in enumerate(ws.placements) if p is not None]
+    if not session.state.load(items):
+        return False
+    workloads, added, enter = session.workloads, session.waiting.added, session.quota.held.enter
+    vector_of = session.quota.placement_vector
+    for ws in states:
+        workloads[ws.id] = ws
+        added(ws)
+        vectors = ws.pod_vectors
+        for i, p in enumerate(ws.placements):
+            if p is not None:
+                vectors[i] = vector_of(p)
+        enter(ws)
+    return True

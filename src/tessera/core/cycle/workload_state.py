@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from tessera.core.fairshare import ZERO, Vector
 from tessera.core.model import ResourceRequest
 from tessera.core.state import Placement
-from tessera.core.workloads import Workload
+from tessera.core.workloads import PRIORITY_CLASSES, Workload
 
 from .anchors import anchors_first, failed_anchor, missing
 
@@ -77,14 +77,19 @@ class WorkloadState:
         self.id = spec.id
         self.chain = chain
         self.project = chain[0]
-        self.preemptible = spec.is_preemptible
-        self.priority = spec.priority_value
+        pc = PRIORITY_CLASSES.get(spec.priority_class)
+        if pc is None:  # refused by validation; the properties word it
+            self.preemptible, self.priority = spec.is_preemptible, spec.priority_value
+        else:  # what ``is_preemptible`` and ``priority_value`` give, without their calls
+            self.preemptible = pc.preemptible if spec.preemptible is None else spec.preemptible
+            self.priority = pc.value if spec.priority is None else spec.priority
         self.queue_key = (-self.priority, spec.created_at, spec.id)
         """Order within its project's queue: higher priority first, then older, then id."""
         n = len(spec.pods)
-        self.placements: list[Placement | None] = list(spec.placements) if spec.placements else [None] * n
+        snapshot = spec.placements
+        self.placements: list[Placement | None] = list(snapshot) if snapshot else [None] * n
         self.pod_vectors: list[Vector | None] = [None] * n
-        self.was_running = spec.running
+        self.was_running = bool(snapshot) and snapshot.count(None) < len(snapshot)
         self.evicted = False
         self.bound: list[int] = []
         self._vector: Vector | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tessera.core import nvlink
-from tessera.core.model import GpuKind, GpuRequest, ResourceRequest
+from tessera.core.model import COMPUTE_FULL, GpuKind, GpuRequest, ResourceRequest
 from tessera.core.state import NodeState, Placement
 
 
@@ -34,14 +34,21 @@ def fitting_devices(ns: NodeState, gpu: GpuRequest) -> list[int]:
             for i, model in enumerate(ns.dev_models)
             if ns.dev_tenants[i] == 0 and gpu.allows(model)
         ]
-    compute = gpu.compute_units
+    room = COMPUTE_FULL - gpu.compute_units
+    size, used, whole, busy = ns.dev_memory, ns.dev_used, ns.dev_whole, ns.dev_compute
+    models = gpu.models
+    if ns.homogeneous and size:  # one size and model: what one share needs is asked once
+        if models and ns.dev_models[0] not in models:
+            return []
+        need = size[0] - gpu.bytes_on(size[0])
+        return [i for i, u in enumerate(used) if u <= need and not whole[i] and busy[i] <= room]
     return [
         i
         for i, model in enumerate(ns.dev_models)
-        if gpu.allows(model)
-        and gpu.bytes_on(ns.dev_memory[i]) <= ns.dev_memory[i] - ns.dev_used[i]
-        and not ns.dev_whole[i]
-        and compute <= ns.dev_compute_free(i)
+        if (not models or model in models)
+        and gpu.bytes_on(size[i]) <= size[i] - used[i]
+        and not whole[i]
+        and busy[i] <= room
     ]
 
 
