@@ -216,7 +216,10 @@ class Placer:
             possible = self._possible_nodes(request)
             state = self.state
             nodes = state.nodes
-            sids = r.sids
+            sids, stamps, choices = r.sids, r.stamps, r.choices
+            memo = self._memo
+            stamp = self._stamp
+            fresh: list[tuple[float, int, int]] = []
             for index in r.dirty:
                 if not possible[index] or (allowed is not None and not allowed[index]):
                     continue
@@ -227,16 +230,28 @@ class Placer:
                 if sids.get(index) == sid:
                     continue  # scored in this very state: its entry (or absence) stands
                 sids[index] = sid
-                choice = self._evaluate(index, request, rid)
+                choice = memo.get((sid, rid), _UNKNOWN)
+                if choice is _UNKNOWN:
+                    choice = self._evaluate(index, request, rid)
+                    memo = self._memo  # (cleared when full)
                 if choice is None:
-                    r.stamps.pop(index, None)
+                    stamps.pop(index, None)
                     continue
-                self._stamp += 1
-                r.stamps[index] = self._stamp
-                r.choices[index] = choice
-                key = -choice[0] if prefs is None else -(choice[0] + prefs[index])
-                heapq.heappush(r.heap, (key, index, self._stamp))
+                stamp += 1
+                stamps[index] = stamp
+                choices[index] = choice  # type: ignore[assignment]
+                key = -choice[0] if prefs is None else -(choice[0] + prefs[index])  # type: ignore[index]
+                fresh.append((key, index, stamp))
+            self._stamp = stamp
             r.dirty.clear()
+            # The best valid entry is the least of them however the heap is laid out, so
+            # many new entries are added by one linear heapify instead of a push each.
+            if len(fresh) > len(r.heap):
+                r.heap.extend(fresh)
+                heapq.heapify(r.heap)
+            else:
+                for entry in fresh:
+                    heapq.heappush(r.heap, entry)
             if len(r.heap) > 4 * len(r.stamps) + 64:
                 r.heap = [e for e in r.heap if r.stamps.get(e[1]) == e[2]]
                 heapq.heapify(r.heap)
