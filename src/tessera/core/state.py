@@ -120,14 +120,10 @@ class ClusterState:
     def add_node(self, node: Node) -> NodeState:
         if node.name in self.by_name:
             raise InvalidRequest("node.name", "must be unique in the cluster", node.name)
-        static = (
-            node.cpu_milli,
-            node.memory,
-            tuple((g.schedulable, g.model) for g in sorted(node.gpus, key=lambda g: g.index)),
-            node.nvlink,
-        )
-        static_id = self._statics.setdefault(static, len(self._statics))
-        ns = NodeState(node, len(self.nodes), static_id)
+        ns = NodeState(node, len(self.nodes), 0)
+        static = (node.cpu_milli, node.memory, tuple(zip(ns.dev_memory, ns.dev_models, strict=True)),
+                  node.nvlink)
+        ns.static_id = self._statics.setdefault(static, len(self._statics))
         self.nodes.append(ns)
         self.by_name[node.name] = ns
         self._touch(ns.index)

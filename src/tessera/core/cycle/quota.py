@@ -144,7 +144,11 @@ class QuotaLedger:
             memory = self._state.by_name[p.node].dev_memory
             # max(memory portion, compute request) per device (docs/compute-share.md)
             time = p.compute / COMPUTE_FULL
-            gpus = sum(max(b / memory[i], time) for i, b in zip(p.devices, p.request_bytes, strict=True))
+            devices = p.devices
+            if len(devices) == 1:  # the common case, without the generator (same sum)
+                gpus = max(p.request_bytes[0] / memory[devices[0]], time)
+            else:
+                gpus = sum(max(b / memory[i], time) for i, b in zip(devices, p.request_bytes, strict=True))
         return (gpus, float(p.cpu_milli), float(p.memory))
 
     def account(self, ws: WorkloadState, pod: int, p: Placement | None, sign: int) -> None:
