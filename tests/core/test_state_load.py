@@ -118,3 +118,17 @@ def test_load_refuses_a_state_that_already_holds_pods() -> None:
     state.assign("a#0", Placement("n0", (0,), (4,), (4,)))
     with pytest.raises(RuntimeError, match="already holds"):
         state.load([("b#0", Placement("n0", (0,), (4,), (4,)))])
+
+
+@pytest.mark.parametrize("whole_first", [True, False])
+def test_load_refuses_a_whole_gpu_shared_in_either_order(whole_first: bool) -> None:
+    """Memory alone would let these two share the GPU: only the whole-GPU rule refuses."""
+    node = Node("n0", (GpuDevice("g", 0, 16, "A"),), 4, 16)
+    whole = Placement("n0", (0,), (4,), (4,), exclusive=True)
+    share = Placement("n0", (0,), (4,), (4,))
+    items = [("a#0", whole), ("b#0", share)] if whole_first else [("b#0", share), ("a#0", whole)]
+    assert _one_by_one([node], items) is None
+    state = ClusterState([node])
+    assert not state.load(items)
+    assert state.allocations == {}
+    assert _view(state.nodes[0]) == _view(ClusterState([node]).nodes[0])
