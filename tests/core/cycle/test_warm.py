@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -49,6 +51,12 @@ def test_warm_session_plans_as_a_new_one(case: tuple[Snapshot, CycleConfig],
     warm = WarmCycle(config)
     plan = warm.run(snap)
     assert plan == run_cycle(snap, config)
+    with _refresh_checked():
+        _warm_steps(warm, snap, config, plan, rng, steps)
+
+
+def _warm_steps(warm: WarmCycle, snap: Snapshot, config: CycleConfig, plan: Plan, rng: random.Random,
+                steps: list[tuple[float, int, str, bool]]) -> None:
     for step, (finish, arrive, frame, applied) in enumerate(steps):
         snap = advance(snap, plan if applied else NOTHING, rng, finish=finish, arrive=arrive, prefix=f"a{step}")
         if frame:
@@ -80,6 +88,14 @@ def test_warm_session_plans_as_a_new_one_on_a_bench_cluster(policy: str) -> None
     warm = WarmCycle(config)
     plan = warm.run(snap)
     changed = 0
+    with _refresh_checked() as seen:
+        changed = _bench_steps(warm, snap, config, plan, rng)
+    assert changed > 0  # the cycles decided something
+    assert seen[1] > 0  # and the kept index had entries both taken out and put in
+
+
+def _bench_steps(warm: WarmCycle, snap: Snapshot, config: CycleConfig, plan: Plan, rng: random.Random) -> int:
+    changed = 0
     for step in range(4):
         snap = advance(snap, plan, rng, finish=0.02, arrive=10, prefix=f"a{step}")
         # Some unchanged workloads as new, equal objects (an adapter that built them again).
@@ -91,7 +107,7 @@ def test_warm_session_plans_as_a_new_one_on_a_bench_cluster(policy: str) -> None
         _kept_as_the_snapshot_has_it(warm, snap)
         changed += len(plan.bindings) + len(plan.evictions)
         _kept_facts_are_fresh(warm)
-    assert changed > 0  # the cycles decided something
+    return changed
 
 
 def _kept_facts_are_fresh(warm: WarmCycle) -> None:
@@ -140,11 +156,51 @@ def _kept_running_is_fresh(warm: WarmCycle) -> None:
     if kept is None:
         return  # no action asked for it yet
     kept.refresh(session)
-    fresh = KeptRunning(session)
+    _same_index(kept, KeptRunning(session))
+
+
+def _same_index(kept: KeptRunning, fresh: KeptRunning) -> None:
     assert kept.entries == fresh.entries
+    assert kept._where == fresh._where
     assert {p: g for p, g in kept.by_project.items() if g} == fresh.by_project
     assert kept.movable == fresh.movable
     assert {m: g for m, g in kept.timed.items() if g} == fresh.timed
+
+
+@contextmanager
+def _refresh_checked() -> Iterator[list[int]]:
+    """While open, every ``KeptRunning.refresh`` with changes to apply applies them both ways
+    (filter and merge; binary searches, on a copy), and both must equal an index built afresh
+    from the session there and then (mid-cycle: the GPUs of the spec's placements are worked
+    out whatever the cycle did to the workload). Yields [refreshes checked, of which with
+    entries both taken out and put in]."""
+    real = KeptRunning.refresh
+    seen = [0, 0]
+
+    def checked(self: KeptRunning, session: Session, batch: bool | None = None) -> None:
+        if not self.dirty:
+            return
+        twin = KeptRunning.__new__(KeptRunning)
+        twin.entries, twin._where, twin._minimum = dict(self.entries), dict(self._where), {}
+        twin.by_project = {p: list(g) for p, g in self.by_project.items()}
+        twin.movable = list(self.movable)
+        twin.timed = {m: list(g) for m, g in self.timed.items()}
+        twin.dirty = set(self.dirty)
+        before = len(self.entries)
+        removed = sum(1 for wid in self.dirty if wid in self.entries)
+        real(self, session, True)
+        real(twin, session, False)
+        fresh = KeptRunning(session)
+        _same_index(self, fresh)
+        _same_index(twin, fresh)
+        seen[0] += 1
+        seen[1] += removed > 0 and len(self.entries) > before - removed
+
+    KeptRunning.refresh = checked  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        KeptRunning.refresh = real  # type: ignore[method-assign]
 
 
 def test_a_refused_snapshot_raises_as_run_cycle_does_and_the_next_one_runs() -> None:

@@ -4,7 +4,17 @@ cycles (``cycle.warm``) instead of found and sorted again from every running wor
 A session built for one cycle has no entry here: the first action that asks builds it from
 ``session.workloads``. A session the warm cycle keeps is told which workload ids it took out,
 changed or added (``note_changed``, called by ``warm._apply`` before ``Session.begin``); only
-those are looked at again, and the sorted lists are kept sorted by merging them in.
+those are looked at again. A few are taken out of and put into the sorted lists by binary
+search; many (the first warm cycle after a cold one: every binding and eviction of its plan)
+are taken out in one pass over each list they were in, and the new entries, sorted among
+themselves, are merged in (one sort of two sorted runs, which ``list.sort`` merges in linear
+time). Either way the lists are exactly the sorted lists a new index builds
+(``tests/core/cycle/test_warm.py`` compares them after every warm cycle).
+
+Entries are flat tuples whose first element is a number (priority, GPUs, start time) and
+which hold the workload id before the workload state: ids are unique, so two entries never
+compare equal up to the state (states are never compared), and ``list.sort`` compares the
+first elements with its number fast path.
 
 What depends on the cycle is decided per cycle, exactly as ``Session.evictable`` decides it:
 
@@ -18,20 +28,32 @@ What depends on the cycle is decided per cycle, exactly as ``Session.evictable``
 
 Everything here is only an index over ``WorkloadState`` facts that do not change while the
 workload's spec does not (running, preemptible, movable, pod shapes, priority, start time,
-minimum runtimes): a changed spec is a new ``WorkloadState``, reported by ``note_changed``.
+minimum runtimes, the GPUs its spec's placements count): a changed spec is a new
+``WorkloadState``, reported by ``note_changed``.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
 from .session import Session
 from .workload_state import WorkloadState
 
-_PreemptKey = tuple[int, float, str]
+PreemptEntry = tuple[int, float, str, WorkloadState]
+"""(priority, minus its start time, id, state): preempt's order within a project."""
+MovableEntry = tuple[float, str, WorkloadState]
+"""(GPUs of its spec's placements, id, state): consolidate's order."""
+TimedEntry = tuple[float, str, WorkloadState]
+"""(start time, id, state), per preemption minimum runtime."""
+
+_T = TypeVar("_T")
+
+_BATCH = 32
+"""Changes above ``len(entries) / _BATCH`` are applied by one filter and merge per list
+rather than by binary searches (each insertion into a list of n entries moves n/2 of them)."""
 
 
 class KeptRunning:
@@ -39,46 +61,95 @@ class KeptRunning:
     use them, and the ones with a preemption minimum runtime by start time."""
 
     def __init__(self, session: Session) -> None:
-        self._build(session)
-
-    def _build(self, session: Session) -> None:
-        """Every list made from ``session.workloads``: appended, then each sorted once."""
         self.entries: dict[str, WorkloadState] = {}
-        self.by_project: dict[str, list[tuple[_PreemptKey, WorkloadState]]] = {}
-        self.movable: list[tuple[tuple[float, str], WorkloadState]] = []
-        self.timed: dict[float, list[tuple[float, str, WorkloadState]]] = {}
+        self.by_project: dict[str, list[PreemptEntry]] = {}
+        self.movable: list[MovableEntry] = []
+        self.timed: dict[float, list[TimedEntry]] = {}
         self.dirty: set[str] = set()
-        self._where: dict[str, tuple[tuple[_PreemptKey, WorkloadState],
-                                     tuple[tuple[float, str], WorkloadState] | None,
-                                     tuple[float, tuple[float, str, WorkloadState]] | None]] = {}
-        for ws in session.workloads.values():
-            self._add(session, ws, list.append)
-        for group in self.by_project.values():
-            group.sort()
-        self.movable.sort()
-        for timed in self.timed.values():
-            timed.sort()
+        self._where: dict[str, tuple[PreemptEntry, MovableEntry | None,
+                                     tuple[float, TimedEntry] | None]] = {}
+        self._minimum: dict[str, float] = {}
+        """Per project: its preemption minimum runtime (tree and config fixed per session)."""
+        self._merge(session, session.workloads.values())
 
     # -- upkeep --------------------------------------------------------------------------------
 
-    def refresh(self, session: Session) -> None:
-        """Apply the ids reported changed since the last cycle: each entry taken out of and
-        put into the sorted lists by binary search (each entry's key holds the workload id,
-        unique: the tuples never compare the workload states)."""
+    def refresh(self, session: Session, batch: bool | None = None) -> None:
+        """Apply the ids reported changed since the last cycle (``batch``: by filter and
+        merge, or by binary searches; None: whichever costs less)."""
         if not self.dirty:
             return
         dirty, self.dirty = self.dirty, set()
-        if len(dirty) > len(self.entries) // 8:  # many changes (a cold cycle's plan applied)
-            self._build(session)  # one sort beats as many insorts
-            return
         workloads = session.workloads
-        for wid in dirty:
-            if wid in self.entries:
-                self._remove(wid)
-        for wid in dirty:
-            ws = workloads.get(wid)
-            if ws is not None:
-                self._add(session, ws, insort)
+        gone = [wid for wid in dirty if wid in self.entries]
+        states = [ws for ws in map(workloads.get, dirty) if ws is not None]
+        if batch is None:
+            batch = len(dirty) * _BATCH > len(self.entries)
+        if batch:
+            self._remove_many(gone)
+            self._merge(session, states)
+            return
+        for wid in gone:
+            self._remove(wid)
+        for ws in states:
+            self._insert(session, ws)
+
+    def _entry(self, session: Session, ws: WorkloadState) -> bool:
+        """Record ``ws``'s entries in ``entries`` and ``_where`` (False: not a candidate)."""
+        if not (ws.was_running and ws.preemptible):
+            return False
+        wid = ws.id
+        spec = ws.spec
+        started = spec.started_at
+        pentry = (ws.priority, -(started or 0.0), wid, ws)
+        mentry = None
+        if spec.movable and all(r.gpu.shared for r in spec.pods):
+            mentry = (_spec_gpus(session, ws), wid, ws)
+        minimum = self._minimum.get(ws.project)
+        if minimum is None:
+            minimum = self._minimum[ws.project] = session.min_runtimes(ws)[0]
+        tentry = None
+        if minimum > 0 and started is not None:
+            tentry = (minimum, (started, wid, ws))
+        self.entries[wid] = ws
+        self._where[wid] = (pentry, mentry, tentry)
+        return True
+
+    def _insert(self, session: Session, ws: WorkloadState) -> None:
+        if not self._entry(session, ws):
+            return
+        pentry, mentry, tentry = self._where[ws.id]
+        insort(self.by_project.setdefault(ws.project, []), pentry)
+        if mentry is not None:
+            insort(self.movable, mentry)
+        if tentry is not None:
+            insort(self.timed.setdefault(tentry[0], []), tentry[1])
+
+    def _merge(self, session: Session, states: Iterable[WorkloadState]) -> None:
+        """Add many: each list's new entries sorted, then merged into it."""
+        projects: dict[str, list[PreemptEntry]] = {}
+        movable: list[MovableEntry] = []
+        timed: dict[float, list[TimedEntry]] = {}
+        where = self._where
+        for ws in states:
+            if not self._entry(session, ws):
+                continue
+            pentry, mentry, tentry = where[ws.id]
+            group = projects.get(ws.project)
+            if group is None:
+                projects[ws.project] = [pentry]
+            else:
+                group.append(pentry)
+            if mentry is not None:
+                movable.append(mentry)
+            if tentry is not None:
+                timed.setdefault(tentry[0], []).append(tentry[1])
+        for p, new in projects.items():
+            self.by_project[p] = _merged(self.by_project.get(p), new)
+        if movable:
+            self.movable = _merged(self.movable, movable)
+        for m, new_timed in timed.items():
+            self.timed[m] = _merged(self.timed.get(m), new_timed)
 
     def _remove(self, wid: str) -> None:
         ws = self.entries.pop(wid)
@@ -89,25 +160,26 @@ class KeptRunning:
         if tentry is not None:
             _drop(self.timed[tentry[0]], tentry[1])
 
-    def _add(self, session: Session, ws: WorkloadState,
-             put: Callable[[list[Any], Any], None]) -> None:
-        """``put``: insort, or append (the lists sorted once afterwards)."""
-        if not (ws.was_running and ws.preemptible):
+    def _remove_many(self, wids: list[str]) -> None:
+        """Take many out: one filter of each list that held one of them."""
+        if not wids:
             return
-        self.entries[ws.id] = ws
-        started = ws.spec.started_at
-        pentry = ((ws.priority, -(started or 0.0), ws.id), ws)
-        put(self.by_project.setdefault(ws.project, []), pentry)
-        mentry = None
-        if ws.spec.movable and all(r.gpu.shared for r in ws.spec.pods):
-            mentry = ((_running_gpus(session, ws), ws.id), ws)
-            put(self.movable, mentry)
-        minimum = session.min_runtimes(ws)[0]
-        tentry = None
-        if minimum > 0 and started is not None:
-            tentry = (minimum, (started, ws.id, ws))
-            put(self.timed.setdefault(minimum, []), tentry[1])
-        self._where[ws.id] = (pentry, mentry, tentry)
+        gone = set(wids)
+        projects: set[str] = set()
+        minimums: set[float] = set()
+        movable = False
+        for wid in wids:
+            projects.add(self.entries.pop(wid).project)
+            _, mentry, tentry = self._where.pop(wid)
+            movable = movable or mentry is not None
+            if tentry is not None:
+                minimums.add(tentry[0])
+        for p in projects:
+            self.by_project[p] = [e for e in self.by_project[p] if e[2] not in gone]
+        if movable:
+            self.movable = [e for e in self.movable if e[1] not in gone]
+        for m in minimums:
+            self.timed[m] = [e for e in self.timed[m] if e[1] not in gone]
 
     # -- per cycle -----------------------------------------------------------------------------
 
@@ -116,12 +188,23 @@ class KeptRunning:
         ``Session.protected(ws, "preempt")``)."""
         out: set[str] = set()
         for m, group in self.timed.items():
-            def is_protected(e: tuple[float, str, WorkloadState], m: float = m) -> bool:
+            def is_protected(e: TimedEntry, m: float = m) -> bool:
                 return now - e[0] < m
             # The first entry whose workload is protected (the test is False, then True).
             first = bisect_left(group, True, key=is_protected)
             out.update(e[1] for e in group[first:])
         return out
+
+
+def _merged(old: list[_T] | None, new: list[_T]) -> list[_T]:
+    """``old`` (sorted, or None) with ``new`` merged in: ``new`` sorted, appended, and the two
+    sorted runs merged by ``list.sort`` (it finds the runs and merges them)."""
+    new.sort()
+    if not old:
+        return new
+    old += new
+    old.sort()
+    return old
 
 
 def _drop(group: list[Any], entry: object) -> None:
@@ -130,13 +213,19 @@ def _drop(group: list[Any], entry: object) -> None:
     del group[i]
 
 
-def _running_gpus(session: Session, ws: WorkloadState) -> float:
+def _spec_gpus(session: Session, ws: WorkloadState) -> float:
     """``ws.vector()[0]`` as the cycle begins (its spec's placements), summed in the same
-    order, whatever this cycle has done to it so far."""
+    order, whatever this cycle has done to it so far. A pod still where its spec puts it
+    counts its kept quota vector (``pod_vectors``: ``placement_vector`` of that very
+    placement, set whenever it is assigned); another is worked out again."""
     total = 0.0
-    for p in ws.spec.placements:
+    now, vectors = ws.placements, ws.pod_vectors
+    for i, p in enumerate(ws.spec.placements):
         if p is not None:
-            total = total + session.quota.placement_vector(p)[0]
+            v = vectors[i]
+            if v is None or now[i] is not p:
+                v = session.quota.placement_vector(p)
+            total = total + v[0]
     return total
 
 

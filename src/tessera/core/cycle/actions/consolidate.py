@@ -99,14 +99,14 @@ def _movable(session: Session) -> list[WorkloadState]:
     kept = kept_running(session)
     protected = kept.protected(session.now)
     bindings, moved = session.bindings, session.moved
-    entries = [e for e in kept.movable if not e[1].evicted and e[1].id not in protected
-               and e[1].id not in bindings and e[1].id not in moved]
-    found = [v for _, v in entries]
+    entries = [e for e in kept.movable if not e[2].evicted and e[1] not in protected
+               and e[1] not in bindings and e[1] not in moved]
+    found = [e[2] for e in entries]
     # The kept key is the GPUs of the spec's placements: what a running workload holds until
     # this plan evicts, shrinks (both recorded in ``evictions``), binds or moves it. A shrunk
     # one holds less now: sorted again as it is now, as before.
     evictions = session.evictions
-    if evictions and any(k[0] != v.vector()[0] for k, v in entries if v.id in evictions):
+    if evictions and any(e[0] != e[2].vector()[0] for e in entries if e[1] in evictions):
         found.sort(key=lambda v: (v.vector()[0], v.id))
     return found
 

@@ -15,7 +15,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from functools import partial
 
-from tessera.core.cycle.kept_running import kept_running
+from tessera.core.cycle.kept_running import PreemptEntry, kept_running
 from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_mig
 from tessera.core.cycle.session import PodPlacements, Session, Statement, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
@@ -57,8 +57,8 @@ class Preempt:
             if not entries:
                 continue
             below = bisect_left(entries, t, key=_entry_priority)
-            candidates = [v for _, v in entries[:below] if not v.evicted and v.id not in protected
-                          and v.id not in bindings and v.id not in moved]
+            candidates = [e[3] for e in entries[:below] if not e[3].evicted and e[2] not in protected
+                          and e[2] not in bindings and e[2] not in moved]
             if candidates:
                 by_project[p] = candidates
         lowest = {p: candidates[0].priority for p, candidates in by_project.items()}
@@ -168,8 +168,8 @@ def _priority(v: WorkloadState) -> int:
     return v.priority
 
 
-def _entry_priority(e: tuple[tuple[int, float, str], WorkloadState]) -> int:
-    return e[0][0]
+def _entry_priority(e: PreemptEntry) -> int:
+    return e[0]
 
 
 def _plan_token(session: Session) -> object:
