@@ -14,6 +14,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable
 from functools import partial
+from itertools import filterfalse
 
 from tessera.core.cycle.kept_running import PreemptEntry, kept_running
 from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_mig
@@ -67,33 +68,45 @@ class Preempt:
         # evicted, put back or settled: the node index is rebuilt only then (a failed attempt
         # leaves them as they were), not once per waiting workload.
         cache: dict[tuple[str, int], tuple[list[WorkloadState], list[NodeIndex]]] = {}
-        # The victim list itself changes only when the plan does (every kept attempt records a
-        # binding, evictions and moves; a discarded one leaves nothing): filtered again only then.
-        lists: dict[tuple[str, int], tuple[object, list[WorkloadState]]] = {}
+        # The victim list itself changes only when an attempt of its project is kept: a kept
+        # attempt evicts only victims of its own project (``allow``, the quota queue and the
+        # MIG room all take from it) and binds only its workload, and a discarded one leaves
+        # nothing; within the action a workload evicted or bound for good stays so. So a list
+        # made once (the prefix of its project's candidates, those not evicted, bound or moved
+        # since the action began) is after that its last self less what its project's kept
+        # attempts evicted or bound since (``changed``, in order: a set difference in C).
+        lists: dict[tuple[str, int], tuple[int, list[WorkloadState]]] = {}
+        changed: dict[str, list[WorkloadState]] = {}
         for ws in session.quota.fair_order(waiting):
             if not ws.unplaced():
                 continue
             key = (ws.project, ws.priority)
-            token = _plan_token(session)
+            done = changed.setdefault(ws.project, [])
             listed = lists.get(key)
-            if listed is not None and listed[0] == token:
-                victims = listed[1]
-            else:
+            if listed is None:
                 group = by_project[ws.project]  # sorted by priority first: those below are a prefix
                 below = bisect_left(group, ws.priority, key=_priority)
-                victims = [v for v in group[:below] if not v.evicted and not session.settled(v)]
-                lists[key] = (token, victims)
+                # ``session.settled`` inlined: bound or moved in this plan
+                victims = [v for v in group[:below] if not v.evicted and v.id not in bindings
+                           and v.id not in moved]
+                lists[key] = (len(done), victims)
+            elif listed[0] != len(done):
+                victims = list(filterfalse(set(done[listed[0]:]).__contains__, listed[1]))
+                lists[key] = (len(done), victims)
+            else:
+                victims = listed[1]
             found = cache.get(key)
-            if found is None or len(found[0]) != len(victims) or any(
-                    a is not b for a, b in zip(found[0], victims, strict=True)):
+            if found is None or (found[0] is not victims and (len(found[0]) != len(victims) or any(
+                    a is not b for a, b in zip(found[0], victims, strict=True)))):
                 found = cache[key] = (victims, [])
             if found[0]:
-                self._try(session, ws, found[0], _lazy(found))
+                done.extend(self._try(session, ws, found[0], _lazy(found)))
 
     def _try(self, session: Session, ws: WorkloadState, victims: list[WorkloadState],
-             index: Callable[[], NodeIndex]) -> bool:
+             index: Callable[[], NodeIndex]) -> list[WorkloadState]:
         """``index``: gives ``NodeIndex(victims)`` (built on first use: most attempts place
-        without a node search), used as it is when no victim is taken for quota."""
+        without a node search), used as it is when no victim is taken for quota. Returns the
+        workloads a kept attempt evicted or bound (none when it was discarded)."""
         caps: dict[str, Vector] = {}
         for name in ws.chain:
             a, share = session.quota.alloc[name], session.quota.shares.share[name]
@@ -116,7 +129,7 @@ class Preempt:
                 # Deserved quota for non-preemptible work is held by non-preemptible work,
                 # which is never evicted: taking preemptible victims cannot help.
                 stmt.discard()
-                return False
+                return []
             v = queue.pop(0)
             evict(v)
             evicted.append(v)
@@ -138,7 +151,7 @@ class Preempt:
                                       evict, extra_ok, 4 * ws.required() + 4)
         if result is None:
             stmt.discard()
-            return False
+            return []
         placed, more = result
 
         def ok() -> bool:
@@ -151,7 +164,7 @@ class Preempt:
         message = f"placed on {where} by preempting {', '.join(v.id for v in kept) or 'nobody'}"
         session.record_binding(ws, placed, "preempt", message, [v.id for v in kept])
         stmt.commit()
-        return True
+        return [*kept, ws]
 
 
 def _lazy(found: tuple[list[WorkloadState], list[NodeIndex]]) -> Callable[[], NodeIndex]:
@@ -171,7 +184,3 @@ def _priority(v: WorkloadState) -> int:
 def _entry_priority(e: PreemptEntry) -> int:
     return e[0]
 
-
-def _plan_token(session: Session) -> object:
-    """Changes whenever the plan does within this action (see ``execute``)."""
-    return (len(session.bindings), len(session.evictions), len(session.moved))
