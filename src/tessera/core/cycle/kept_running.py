@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
@@ -50,6 +51,9 @@ TimedEntry = tuple[float, str, WorkloadState]
 """(start time, id, state), per preemption minimum runtime."""
 
 _T = TypeVar("_T")
+
+_shared = attrgetter("gpu.shared")
+"""A pod request for a GPU portion or memory (movable by consolidate)."""
 
 _BATCH = 32
 """Changes above ``len(entries) / _BATCH`` are applied by one filter and merge per list
@@ -103,7 +107,7 @@ class KeptRunning:
         started = spec.started_at
         pentry = (ws.priority, -(started or 0.0), wid, ws)
         mentry = None
-        if spec.movable and all(r.gpu.shared for r in spec.pods):
+        if spec.movable and all(map(_shared, spec.pods)):
             mentry = (_spec_gpus(session, ws), wid, ws)
         minimum = self._minimum.get(ws.project)
         if minimum is None:

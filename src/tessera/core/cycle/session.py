@@ -378,8 +378,13 @@ class Session:
     def waiting_after(self, kinds: Collection[str]) -> list[WorkloadState]:
         """Pending workloads whose gang still needs pods and that were last told they wait for
         one of ``kinds``: those an eviction or a move could help."""
-        return [ws for ws in self.pending
-                if ws.unplaced() and ws.required() > 0 and self.wait_kind(ws) in kinds]
+        waits = self.waits
+        out = []
+        for ws in self.pending:  # the reason's kind first (one dict look-up: most are out)
+            wait = waits.get(ws.id)
+            if ("" if wait is None else wait.kind) in kinds and ws.unplaced() and ws.required() > 0:
+                out.append(ws)
+        return out
 
     def evictable(self, ws: WorkloadState, kind: str) -> bool:
         """Running, preemptible, not evicted or given a binding or move in this plan, and past
