@@ -106,11 +106,12 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
 
 def test_preempt_caches_leave_the_plan_as_building_everything_each_time(
         snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Preempt keeps each (project, priority)'s victim list while the plan is unchanged and
+    """Preempt keeps each (project, priority)'s victim list through the action (less what its
+    project's kept attempts evicted or bound) and
     builds its node index on first use: the same plans as filtering the list for every
     waiting workload and building the index at once."""
     cached = {name: _plan(snap) for name, snap in snapshots}
-    monkeypatch.setattr(preempt, "_plan_token", lambda session: object())
+    monkeypatch.setattr(preempt, "_KEEP_LISTS", False)
 
     def eager(found):  # type: ignore[no-untyped-def]
         if not found[1]:

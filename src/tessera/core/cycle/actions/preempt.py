@@ -26,6 +26,10 @@ from .allocate import gang_demand
 
 _TRIES = ("placement", "limit", "quota", "fair-share")
 
+_KEEP_LISTS = True
+"""Keep each (project, priority)'s victim list through the action (``execute``); False
+filters it from the project's candidates for every waiting workload (tests compare)."""
+
 
 class Preempt:
     name = "preempt"
@@ -82,7 +86,7 @@ class Preempt:
                 continue
             key = (ws.project, ws.priority)
             done = changed.setdefault(ws.project, [])
-            listed = lists.get(key)
+            listed = lists.get(key) if _KEEP_LISTS else None
             if listed is None:
                 group = by_project[ws.project]  # sorted by priority first: those below are a prefix
                 below = bisect_left(group, ws.priority, key=_priority)
