@@ -378,13 +378,9 @@ class Session:
     def waiting_after(self, kinds: Collection[str]) -> list[WorkloadState]:
         """Pending workloads whose gang still needs pods and that were last told they wait for
         one of ``kinds``: those an eviction or a move could help."""
-        waits = self.waits
-        out = []
-        for ws in self.pending:  # the reason's kind first (one dict look-up: most are out)
-            wait = waits.get(ws.id)
-            if ("" if wait is None else wait.kind) in kinds and ws.unplaced() and ws.required() > 0:
-                out.append(ws)
-        return out
+        waits = self.waits  # the reason's kind first (one dict look-up: most are out)
+        return [ws for ws in self.pending if (w := waits.get(ws.id)) is not None and w.kind in kinds
+                and ws.unplaced() and ws.required() > 0]
 
     def evictable(self, ws: WorkloadState, kind: str) -> bool:
         """Running, preemptible, not evicted or given a binding or move in this plan, and past
