@@ -2,13 +2,24 @@
 the GPUs of a workload's spec placements, whatever the cycle has done to its pods since; the
 kept quota vector of a pod stands in for ``placement_vector`` only while the pod is where its
 spec puts it (the whole index is compared with a fresh one after and during every warm cycle
-in tests/core/cycle/test_warm.py)."""
+in tests/core/cycle/test_warm.py); consolidate's node index made from the kept per-node
+lists is the one ``NodeIndex`` builds."""
 
 from __future__ import annotations
 
-from tessera.core.cycle import CycleConfig, Snapshot
+import random
+
+import pytest
+
+from tessera.bench import cycle as bench
+from tessera.bench.changes import advance
+from tessera.core.cycle import CycleConfig, Snapshot, run_cycle
+from tessera.core.cycle.actions import consolidate
+from tessera.core.cycle.kept_groups import KeptGroups
 from tessera.core.cycle.kept_running import KeptRunning, _spec_gpus
-from tessera.core.cycle.session import Session, Statement
+from tessera.core.cycle.session import Session, Statement, WorkloadState
+from tessera.core.cycle.victims import NodeIndex
+from tessera.core.cycle.warm import WarmCycle
 
 from .scenario import nodes, placement, project, request, workload
 
@@ -46,3 +57,34 @@ def test_the_gpus_of_the_spec_placements_whatever_the_cycle_did_to_the_pods() ->
     kept = KeptRunning(session)  # built mid-cycle: the keys as the cycle began
     assert [(e[0], e[1]) for e in kept.movable] == [(0.25, "x"), (1.0, "w")]
     stmt.discard()
+
+
+def test_kept_groups_are_the_node_index_consolidate_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consolidate's node index read from the kept per-node lists (``kept_groups``) has the
+    nodes, in the same order, and the groups of ``NodeIndex(found)``: on the benchmark's mix,
+    cold and over warm cycles (each plan applied), every time consolidate makes its index."""
+    real = consolidate._index
+    compared = [0]
+
+    def both(movable: tuple[list[WorkloadState], KeptGroups | None], built: list[NodeIndex]) -> NodeIndex:
+        found, groups = movable
+        if groups is not None and not built:
+            eager = NodeIndex(found).by_node
+            assert list(groups) == list(eager)
+            assert len(groups) == len(eager) and all(n in groups for n in eager)
+            assert all(groups[n] == eager[n] for n in reversed(list(eager)))  # any order of reads
+            compared[0] += 1
+        return real(movable, built)
+
+    monkeypatch.setattr(consolidate, "_index", both)
+    config = CycleConfig(policy="fgd", reclaim_min_runtime=60.0, preempt_min_runtime=60.0)
+    for seed in range(2):
+        snap = bench.build(40, 8, 8, 400, 80, seed, 0.5)
+        warm = WarmCycle(config)
+        plan = warm.run(snap)
+        rng = random.Random(seed)
+        for step in range(3):
+            snap = advance(snap, plan, rng, finish=0.02, arrive=10, prefix=f"a{step}")
+            plan = warm.run(snap)
+            assert plan == run_cycle(snap, config)
+    assert compared[0] > 0

@@ -164,6 +164,8 @@ def _same_index(kept: KeptRunning, fresh: KeptRunning) -> None:
     assert kept._where == fresh._where
     assert {p: g for p, g in kept.by_project.items() if g} == fresh.by_project
     assert kept.movable == fresh.movable
+    assert kept.movable_nodes == fresh.movable_nodes
+    assert {n: g for n, g in kept.movable_on.items() if g} == fresh.movable_on
     assert {m: g for m, g in kept.timed.items() if g} == fresh.timed
 
 
@@ -184,6 +186,8 @@ def _refresh_checked() -> Iterator[list[int]]:
         twin.entries, twin._where, twin._minimum = dict(self.entries), dict(self._where), {}
         twin.by_project = {p: list(g) for p, g in self.by_project.items()}
         twin.movable = list(self.movable)
+        twin.movable_nodes = dict(self.movable_nodes)
+        twin.movable_on = {n: list(g) for n, g in self.movable_on.items()}
         twin.timed = {m: list(g) for m, g in self.timed.items()}
         twin.dirty = set(self.dirty)
         before = len(self.entries)

@@ -72,6 +72,11 @@ class KeptRunning:
         self.dirty: set[str] = set()
         self._where: dict[str, tuple[PreemptEntry, MovableEntry | None,
                                      tuple[float, TimedEntry] | None]] = {}
+        self.movable_nodes: dict[str, tuple[str, ...]] = {}
+        """Per movable workload: the nodes its spec's placements use (pod order, each once)."""
+        self.movable_on: dict[str, list[MovableEntry]] = {}
+        """Per node: the movable entries with a pod there, in ``movable``'s order
+        (consolidate's node index, ``kept_groups``)."""
         self._minimum: dict[str, float] = {}
         """Per project: its preemption minimum runtime (tree and config fixed per session)."""
         self._merge(session, session.workloads.values())
@@ -109,6 +114,7 @@ class KeptRunning:
         mentry = None
         if spec.movable and all(map(_shared, spec.pods)):
             mentry = (_spec_gpus(session, ws), wid, ws)
+            self.movable_nodes[wid] = tuple(dict.fromkeys(p.node for p in spec.placements if p is not None))
         minimum = self._minimum.get(ws.project)
         if minimum is None:
             minimum = self._minimum[ws.project] = session.min_runtimes(ws)[0]
@@ -126,6 +132,8 @@ class KeptRunning:
         insort(self.by_project.setdefault(ws.project, []), pentry)
         if mentry is not None:
             insort(self.movable, mentry)
+            for node in self.movable_nodes[ws.id]:
+                insort(self.movable_on.setdefault(node, []), mentry)
         if tentry is not None:
             insort(self.timed.setdefault(tentry[0], []), tentry[1])
 
@@ -133,6 +141,7 @@ class KeptRunning:
         """Add many: each list's new entries sorted, then merged into it."""
         projects: dict[str, list[PreemptEntry]] = {}
         movable: list[MovableEntry] = []
+        on_node: dict[str, list[MovableEntry]] = {}
         timed: dict[float, list[TimedEntry]] = {}
         where = self._where
         for ws in states:
@@ -146,12 +155,20 @@ class KeptRunning:
                 group.append(pentry)
             if mentry is not None:
                 movable.append(mentry)
+                for node in self.movable_nodes[ws.id]:
+                    at = on_node.get(node)
+                    if at is None:
+                        on_node[node] = [mentry]
+                    else:
+                        at.append(mentry)
             if tentry is not None:
                 timed.setdefault(tentry[0], []).append(tentry[1])
         for p, new in projects.items():
             self.by_project[p] = _merged(self.by_project.get(p), new)
         if movable:
             self.movable = _merged(self.movable, movable)
+            for node, new_on in on_node.items():
+                self.movable_on[node] = _merged(self.movable_on.get(node), new_on)
         for m, new_timed in timed.items():
             self.timed[m] = _merged(self.timed.get(m), new_timed)
 
@@ -161,6 +178,8 @@ class KeptRunning:
         _drop(self.by_project[ws.project], pentry)
         if mentry is not None:
             _drop(self.movable, mentry)
+            for node in self.movable_nodes.pop(wid):
+                _drop(self.movable_on[node], mentry)
         if tentry is not None:
             _drop(self.timed[tentry[0]], tentry[1])
 
@@ -172,16 +191,21 @@ class KeptRunning:
         projects: set[str] = set()
         minimums: set[float] = set()
         movable = False
+        nodes: set[str] = set()
         for wid in wids:
             projects.add(self.entries.pop(wid).project)
             _, mentry, tentry = self._where.pop(wid)
-            movable = movable or mentry is not None
+            if mentry is not None:
+                movable = True
+                nodes.update(self.movable_nodes.pop(wid))
             if tentry is not None:
                 minimums.add(tentry[0])
         for p in projects:
             self.by_project[p] = [e for e in self.by_project[p] if e[2] not in gone]
         if movable:
             self.movable = [e for e in self.movable if e[1] not in gone]
+            for node in nodes:
+                self.movable_on[node] = [e for e in self.movable_on[node] if e[1] not in gone]
         for m in minimums:
             self.timed[m] = [e for e in self.timed[m] if e[1] not in gone]
 

@@ -71,6 +71,14 @@ class NodeIndex:
         index._setup(groups, groups.gpus, like, sizes)
         return index
 
+    @classmethod
+    def of_groups(cls, by_node: Mapping[str, list[WorkloadState]]) -> NodeIndex:
+        """The index of groups made elsewhere, in the node order and with the victims
+        ``__init__`` would give (consolidate: ``kept_groups``)."""
+        index = cls.__new__(cls)
+        index._setup(by_node, {}, None, None)
+        return index
+
     def _setup(self, by_node: Mapping[str, list[WorkloadState]], gpus: dict[str, list[float]],
                like: NodeIndex | None, sizes: VictimSizes | None) -> None:
         self.by_node = by_node

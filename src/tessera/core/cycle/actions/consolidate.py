@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from tessera.core.cycle.kept_groups import KeptGroups
 from tessera.core.cycle.kept_running import kept_running
 from tessera.core.cycle.session import Session, Statement, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, cheapest_node
@@ -33,7 +34,7 @@ class Consolidate:
         # its project's rules allow comes (often none does): until then nothing has changed,
         # so they are what they were when the action began; the index is built at the first
         # node search (an attempt that places without one moves nobody).
-        movable: list[WorkloadState] | None = None
+        movable: tuple[list[WorkloadState], KeptGroups | None] | None = None
         index: list[NodeIndex] = []
         failed: set[Shape] = set()
         for ws in session.quota.fair_order(waiting):
@@ -44,7 +45,7 @@ class Consolidate:
                 continue
             if movable is None:
                 movable = _movable(session)
-            if not movable:
+            if not movable[0]:
                 return
             if not self._try(session, ws, partial(_index, movable, index)):
                 failed.add(key)
@@ -91,11 +92,14 @@ class Consolidate:
         return True
 
 
-def _movable(session: Session) -> list[WorkloadState]:
+def _movable(session: Session) -> tuple[list[WorkloadState], KeptGroups | None]:
     """Running workloads consolidation may move: movable, preemptible past their minimum
     runtime, every pod a GPU share; fewest GPUs first. The sorted list is kept with the
     session (cycle/kept_running.py); the clock and this plan are checked here as
-    ``session.evictable(v, "preempt")`` checks them."""
+    ``session.evictable(v, "preempt")`` checks them. With them, their node index's groups
+    from the kept per-node lists (``kept_groups``), or None where those do not apply: a
+    workload shrunk in this plan (it no longer runs everywhere its spec says, and it may
+    sort elsewhere)."""
     kept = kept_running(session)
     protected = kept.protected(session.now)
     bindings, moved = session.bindings, session.moved
@@ -106,13 +110,21 @@ def _movable(session: Session) -> list[WorkloadState]:
     # this plan evicts, shrinks (both recorded in ``evictions``), binds or moves it. A shrunk
     # one holds less now: sorted again as it is now, as before.
     evictions = session.evictions
-    if evictions and any(e[0] != e[2].vector()[0] for e in entries if e[1] in evictions):
-        found.sort(key=lambda v: (v.vector()[0], v.id))
-    return found
+    if evictions and any(e[1] in evictions for e in entries):
+        if any(e[0] != e[2].vector()[0] for e in entries if e[1] in evictions):
+            found.sort(key=lambda v: (v.vector()[0], v.id))
+        return found, None
+    return found, KeptGroups(found, kept.movable_nodes, kept.movable_on)
 
 
-def _index(movable: list[WorkloadState], built: list[NodeIndex]) -> NodeIndex:
-    """The node index of ``movable``, built on first call and kept in ``built``."""
+def _index(movable: tuple[list[WorkloadState], KeptGroups | None], built: list[NodeIndex]) -> NodeIndex:
+    """The node index of ``movable``, made on first call and kept in ``built``: over the kept
+    groups where they apply (``NodeIndex(found)``'s groups, each made when first read)."""
     if not built:
-        built.append(NodeIndex(movable))
+        found, groups = movable
+        built.append(NodeIndex(found) if groups is None or not _LAZY else NodeIndex.of_groups(groups))
     return built[0]
+
+
+_LAZY = True
+"""Whether the index reads the kept groups (tests compare with ``NodeIndex(found)``)."""
