@@ -5,9 +5,11 @@ holding a victim of a size the search may take), skips nodes marked as having no
 request even with every victim gone, memoises per node state what they would have free
 then (``NodeIndex.no_room_even_empty``), and passes (only counting it) a node where the request
 would not fit even with every victim this search may take alone gone, without taking them one
-by one (``NodeIndex.no_room_taking``, memoised per node state and set of victims). Each must leave every decision as the full scan makes
+by one (``NodeIndex.no_room_taking``, memoised per node state and set of victims), and
+memoises both tests' outcome per node state, request and set of victims
+(``NodeIndex.room_verdict``). Each must leave every decision as the full scan makes
 it (every node of the index, asking ``allow`` per victim, the room worked out afresh and
-nothing marked), so the plans of whole cycles on seeded synthetic clusters (the
+nothing marked or memoised), so the plans of whole cycles on seeded synthetic clusters (the
 ``bench.cycle`` mix: fractions, memory requests, whole GPUs, gangs, over- and under-quota
 projects) must be equal, with each shortcut taken.
 """
@@ -23,6 +25,7 @@ import tessera.core.cycle.takeable as takeable
 import tessera.core.cycle.victims as victims
 from tessera.bench.cycle import build
 from tessera.core.cycle import CycleConfig, Plan, Snapshot, run_cycle
+from tessera.core.cycle.room_fit import fits_after, free_all_on
 
 CONFIG = CycleConfig(reclaim_min_runtime=60.0, preempt_min_runtime=60.0, max_victim_nodes=3)
 """A scan limit of 3 × 4 nodes binds on these small clusters as the default's 4 × 64 does at
@@ -52,8 +55,9 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
     original_room = victims.NodeIndex.no_room_even_empty
     original_candidates = takeable.TakeableNodes.candidates
     original_taking = victims.NodeIndex.no_room_taking
+    original_verdict = victims.NodeIndex.room_verdict
     used = {"offered": 0, "memo_hits": 0, "room_fast": 0, "room_full": 0, "taking_no_room": 0,
-            "taking_full": 0}
+            "taking_full": 0, "verdict_hits": 0}
     run = {"mode": "fast"}
 
     def offered(self, bound):  # type: ignore[no-untyped-def]
@@ -78,12 +82,21 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
         used["taking_no_room" if run["mode"] == "fast" else "taking_full"] += no_room
         return no_room
 
+    def verdict(self, session, request, key, node, mask):  # type: ignore[no-untyped-def]
+        if run["mode"] == "full":
+            self.verdicts.clear()
+        memo = self.verdicts.get(node)
+        if memo is not None and memo[0] is session.state.by_name[node].sig and (key, mask) in memo[1]:
+            used["verdict_hits"] += 1
+        return original_verdict(self, session, request, key, node, mask)
+
     def full_scan(*args, **kwargs):  # type: ignore[no-untyped-def]
         kwargs["takes_up_to"] = None
         return original_scan(*args, **kwargs)
 
     monkeypatch.setattr(takeable.TakeableNodes, "candidates", offered)
     monkeypatch.setattr(victims.NodeIndex, "no_room_taking", taking)
+    monkeypatch.setattr(victims.NodeIndex, "room_verdict", verdict)
     for name, snap in snapshots:
         run["mode"] = "fast"
         monkeypatch.setattr(victims.NodeIndex, "no_room_even_empty", counting_room)
@@ -99,7 +112,7 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
     # the memo answered, nodes were passed for what the takeable victims alone free (never in
     # the full scan, which takes victims one by one on every node), and the marks and lists
     # spared room tests the full scan made.
-    assert used["offered"] > 0 and used["memo_hits"] > 0, used
+    assert used["offered"] > 0 and used["memo_hits"] > 0 and used["verdict_hits"] > 0, used
     assert used["taking_no_room"] > 0 and used["taking_full"] == 0, used
     assert used["room_fast"] < used["room_full"], used
 
@@ -125,3 +138,42 @@ def test_preempt_caches_leave_the_plan_as_building_everything_each_time(
         assert plan == cached[name], name
         preempted += sum(1 for b in plan.bindings if b.action == "preempt")
     assert preempted > 0  # preemption had work to do
+
+
+def test_every_room_verdict_is_the_straightforward_computation(
+        snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each answer of ``NodeIndex.room_verdict`` (memoised per node state, request and mask;
+    the room tests' own memos behind it) equals what freeing the victims on the node afresh
+    gives at that moment: every victim not evicted, then only the mask's victims."""
+    original = victims.NodeIndex.room_verdict
+    seen = {victims.NO_ROOM: 0, victims.NO_ROOM_TAKING: 0, victims.SCAN: 0, "hits": 0}
+
+    def fits_with(session, request, node, gone):  # type: ignore[no-untyped-def]
+        ns = session.state.by_name[node]
+        free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+        tenants, compute = list(ns.dev_tenants), list(ns.dev_compute)
+        cpu, mem = free_all_on(node, gone, free, tenants, compute)
+        return fits_after(ns, request, free, tenants, ns.free_cpu + cpu, ns.free_mem + mem, compute)
+
+    def checked(self, session, request, key, node, mask):  # type: ignore[no-untyped-def]
+        memo = self.verdicts.get(node)
+        if memo is not None and memo[0] is session.state.by_name[node].sig and (key, mask) in memo[1]:
+            seen["hits"] += 1
+        got = original(self, session, request, key, node, mask)
+        group = self.by_node[node]
+        if not fits_with(session, request, node, [v for v in group if not v.evicted]):
+            expected = victims.NO_ROOM
+        elif mask > 0 and not fits_with(session, request, node,
+                                        [v for k, v in enumerate(group) if mask >> k & 1]):
+            expected = victims.NO_ROOM_TAKING
+        else:
+            expected = victims.SCAN
+        assert got == expected, (node, request, mask)
+        seen[got] += 1
+        return got
+
+    monkeypatch.setattr(victims.NodeIndex, "room_verdict", checked)
+    for _name, snap in snapshots:
+        _plan(snap)
+    assert seen["hits"] > 0 and all(seen[k] > 0 for k in
+                                    (victims.NO_ROOM, victims.NO_ROOM_TAKING, victims.SCAN)), seen

@@ -39,6 +39,10 @@ Zero since the lists are made per (project, victim size) on first use from ``Vic
 first search needs (it visited up to 5,000 nodes at 5,000 nodes, most with nothing to take)."""
 
 
+NO_ROOM, NO_ROOM_TAKING, SCAN = 0, 1, 2
+"""``NodeIndex.room_verdict``'s outcomes."""
+
+
 class NodeIndex:
     """Eligible victims grouped by the nodes their pods run on, in preference order."""
 
@@ -94,6 +98,12 @@ class NodeIndex:
         self.room_taking: dict[str, tuple[object, dict[int, RoomSeen]]] = {}
         """Per node: its state's signature, and per mask of victims what it would have free
         with them gone (``no_room_taking``)."""
+        self.verdicts: dict[str, tuple[object, dict[tuple[int, int], int]]] = {}
+        """Per node: its state's signature, and per (request key, mask of victims this search
+        may take) the outcome of both room tests (``room_verdict``)."""
+        self.request_keys: dict[ResourceRequest, int] = {}
+        """A small int per distinct request (``room_verdict``'s memo key: hashing a request
+        costs more than hashing an int)."""
 
     def takeable(self) -> TakeableNodes | None:
         """The nodes per project and victim size (reclaim's searches), built once the index
@@ -131,6 +141,38 @@ class NodeIndex:
             self.pruned.discard(node)
 
         session.on_undo(undo)
+
+    def request_key(self, request: ResourceRequest) -> int:
+        keys = self.request_keys
+        found = keys.get(request)
+        if found is None:
+            found = keys[request] = len(keys)
+        return found
+
+    def room_verdict(self, session: Session, request: ResourceRequest, key: int, node: str,
+                     mask: int) -> int:
+        """``NO_ROOM`` when ``request`` (``key``: ``request_key(request)``) would not fit on
+        ``node`` even with every victim gone (``no_room_even_empty``), else ``NO_ROOM_TAKING``
+        when ``mask`` is positive and it would not fit with only those victims gone
+        (``no_room_taking``), else ``SCAN``. Both tests depend only on the node's state (its
+        signature object, renewed on every change: a victim evicted or put back changes it)
+        besides the request and the mask, so the outcome is memoised per node state and
+        (key, mask): one look-up where the two tests cost two calls and three look-ups with a
+        request's hash each. The first answer made the same marks as the tests alone do."""
+        sig = session.state.by_name[node].signature()
+        memo = self.verdicts.get(node)
+        if memo is None or memo[0] is not sig:
+            memo = self.verdicts[node] = (sig, {})
+        verdict = memo[1].get((key, mask))
+        if verdict is None:
+            if self.no_room_even_empty(session, request, node):
+                verdict = NO_ROOM
+            elif mask > 0 and self.no_room_taking(session, request, node, mask):
+                verdict = NO_ROOM_TAKING
+            else:
+                verdict = SCAN
+            memo[1][(key, mask)] = verdict
+        return verdict
 
     def no_room_even_empty(self, session: Session, request: ResourceRequest, node: str) -> bool:
         """Would ``request`` not fit on ``node`` even with every victim of the index gone
@@ -272,6 +314,8 @@ def cheapest_node(
 
     skip_set: set[str] = set()
     candidates: Iterable[str] = index.by_node
+    room_verdict = index.room_verdict
+    request_key = index.request_key(request) if takeable_only else -1
     if takeable_only:
         # Marks made during this call are behind the scan: one set for the call is the same.
         skip = [nodes for shape, nodes in index.no_room.items() if nodes and at_least(request, shape)]
@@ -301,9 +345,10 @@ def cheapest_node(
             mask = takeable_on(node, group) if bound_of is not None else -1
             if not mask:
                 continue
-            if index.no_room_even_empty(session, request, node):
+            verdict = room_verdict(session, request, request_key, node, mask)
+            if verdict == NO_ROOM:
                 continue
-            if mask > 0 and index.no_room_taking(session, request, node, mask):
+            if verdict == NO_ROOM_TAKING:
                 # The scan below would count the node (its first victim this search may
                 # take) and take a subset of these: no room, so only the count is left.
                 examined += 1
