@@ -53,15 +53,15 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
         snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
     original_scan = victims.cheapest_node
     original_room = victims.NodeIndex.no_room_even_empty
-    original_candidates = takeable.TakeableNodes.candidates
+    original_candidates = takeable.TakeableNodes.nodes_in
     original_taking = victims.NodeIndex.no_room_taking
     original_verdict = victims.NodeIndex.room_verdict
     used = {"offered": 0, "memo_hits": 0, "room_fast": 0, "room_full": 0, "taking_no_room": 0,
             "taking_full": 0, "verdict_hits": 0}
     run = {"mode": "fast"}
 
-    def offered(self, bound):  # type: ignore[no-untyped-def]
-        for node in original_candidates(self, bound):
+    def offered(self, chosen):  # type: ignore[no-untyped-def]
+        for node in original_candidates(self, chosen):
             used["offered"] += 1
             yield node
 
@@ -82,19 +82,19 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
         used["taking_no_room" if run["mode"] == "fast" else "taking_full"] += no_room
         return no_room
 
-    def verdict(self, session, request, key, node, mask):  # type: ignore[no-untyped-def]
+    def verdict(self, session, request, key, node, scope, mask_of):  # type: ignore[no-untyped-def]
         if run["mode"] == "full":
             self.verdicts.clear()
         memo = self.verdicts.get(node)
-        if memo is not None and memo[0] is session.state.by_name[node].sig and (key, mask) in memo[1]:
+        if memo is not None and memo[0] is session.state.by_name[node].sig and (key, scope) in memo[1]:
             used["verdict_hits"] += 1
-        return original_verdict(self, session, request, key, node, mask)
+        return original_verdict(self, session, request, key, node, scope, mask_of)
 
     def full_scan(*args, **kwargs):  # type: ignore[no-untyped-def]
         kwargs["takes_up_to"] = None
         return original_scan(*args, **kwargs)
 
-    monkeypatch.setattr(takeable.TakeableNodes, "candidates", offered)
+    monkeypatch.setattr(takeable.TakeableNodes, "nodes_in", offered)
     monkeypatch.setattr(victims.NodeIndex, "no_room_taking", taking)
     monkeypatch.setattr(victims.NodeIndex, "room_verdict", verdict)
     for name, snap in snapshots:
@@ -142,11 +142,13 @@ def test_preempt_caches_leave_the_plan_as_building_everything_each_time(
 
 def test_every_room_verdict_is_the_straightforward_computation(
         snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each answer of ``NodeIndex.room_verdict`` (memoised per node state, request and mask;
-    the room tests' own memos behind it) equals what freeing the victims on the node afresh
-    gives at that moment: every victim not evicted, then only the mask's victims."""
+    """Each answer of ``NodeIndex.room_verdict`` (memoised per node state, request and choice of
+    candidate lists, which stands for the mask of takeable victims; the room tests' own memos
+    behind it) equals what the mask worked out afresh and freeing the victims on the node
+    afresh give at that moment: every victim not evicted, then only the mask's victims."""
     original = victims.NodeIndex.room_verdict
-    seen = {victims.NO_ROOM: 0, victims.NO_ROOM_TAKING: 0, victims.SCAN: 0, "hits": 0}
+    seen = {victims.NO_ROOM: 0, victims.NO_ROOM_TAKING: 0, victims.SCAN: 0,
+            victims.NOTHING_TAKEABLE: 0, "hits": 0}
 
     def fits_with(session, request, node, gone):  # type: ignore[no-untyped-def]
         ns = session.state.by_name[node]
@@ -155,20 +157,23 @@ def test_every_room_verdict_is_the_straightforward_computation(
         cpu, mem = free_all_on(node, gone, free, tenants, compute)
         return fits_after(ns, request, free, tenants, ns.free_cpu + cpu, ns.free_mem + mem, compute)
 
-    def checked(self, session, request, key, node, mask):  # type: ignore[no-untyped-def]
+    def checked(self, session, request, key, node, scope, mask_of):  # type: ignore[no-untyped-def]
         memo = self.verdicts.get(node)
-        if memo is not None and memo[0] is session.state.by_name[node].sig and (key, mask) in memo[1]:
+        if memo is not None and memo[0] is session.state.by_name[node].sig and (key, scope) in memo[1]:
             seen["hits"] += 1
-        got = original(self, session, request, key, node, mask)
+        got = original(self, session, request, key, node, scope, mask_of)
+        mask = mask_of()  # the victims this search may take, worked out afresh
         group = self.by_node[node]
-        if not fits_with(session, request, node, [v for v in group if not v.evicted]):
+        if not mask:
+            expected = victims.NOTHING_TAKEABLE
+        elif not fits_with(session, request, node, [v for v in group if not v.evicted]):
             expected = victims.NO_ROOM
         elif mask > 0 and not fits_with(session, request, node,
                                         [v for k, v in enumerate(group) if mask >> k & 1]):
             expected = victims.NO_ROOM_TAKING
         else:
             expected = victims.SCAN
-        assert got == expected, (node, request, mask)
+        assert got == expected, (node, request, scope, mask)
         seen[got] += 1
         return got
 

@@ -87,6 +87,8 @@ class TakeableNodes:
         self.sizes = sizes
         self._by_node = by_node
         self._gpus = gpus
+        self._scopes: dict[tuple[tuple[str, float], ...], int] = {}
+        """Per choice of (project, size) pairs, its number (``choose``)."""
         self._lists: dict[tuple[str, float], list[int]] = {}
         """(project, size): node positions ascending, made on first use."""
 
@@ -123,12 +125,14 @@ class TakeableNodes:
     def candidates(self, bound: Callable[[str], float]) -> Iterator[str]:
         """The nodes holding a victim of some project of at most ``bound(project)`` GPUs (a
         victim holding none counts when the bound is above minus infinity), each once, in the
-        index's order.
+        index's order: ``nodes_in(choose(bound)[1])``."""
+        return self.nodes_in(self.choose(bound)[1])
 
-        The union of the chosen lists is made a window of node positions at a time
-        (``union_in_windows``), as far as the scan reads it: a search reads a few dozen nodes
-        of a union of thousands at 5,000 nodes, so merging every list whole (sets and one
-        sort) for each search cost more than the scan itself."""
+    def choose(self, bound: Callable[[str], float]) -> tuple[int, list[list[int]]]:
+        """The lists of the (project, size) pairs within ``bound``, and a small int naming that
+        choice of pairs (the same pairs, the same int, for the rest of the action: the lists
+        may have lost nodes since, as victims were evicted for good)."""
+        pairs: list[tuple[str, float]] = []
         chosen: list[list[int]] = []
         for project, sizes in self.sizes.by_project.items():
             top = bound(project)
@@ -138,7 +142,22 @@ class TakeableNodes:
             for size, nodes in sizes:
                 if size > top:
                     break
+                pairs.append((project, size))
                 chosen.append(self.entries(project, size, nodes))
+        scopes = self._scopes
+        key = tuple(pairs)
+        scope = scopes.get(key)
+        if scope is None:
+            scope = scopes[key] = len(scopes)
+        return scope, chosen
+
+    def nodes_in(self, chosen: list[list[int]]) -> Iterator[str]:
+        """The union of the ``chosen`` lists, in the index's order, as node names.
+
+        The union is made a window of node positions at a time (``union_in_windows``), as far
+        as the scan reads it: a search reads a few dozen nodes of a union of thousands at 5,000
+        nodes, so merging every list whole (sets and one sort) for each search cost more than
+        the scan itself."""
         names = self.names
         for position in union_in_windows(chosen, len(names)):
             yield names[position]

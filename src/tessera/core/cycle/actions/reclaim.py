@@ -67,6 +67,7 @@ class Reclaim:
         order = VictimOrder(session, victims)
         failed: set[tuple[str, Shape]] = set()
         splits: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        floors: dict[tuple[str, bool], Vector] = {}
         for ws in session.quota.fair_order(waiting):
             key = (ws.project, shape(ws))
             if key in failed or not ws.unplaced():
@@ -74,7 +75,7 @@ class Reclaim:
             if session.quota.check(ws, gang_demand(session, ws),
                                    fair_caps=_leaf_only(session, ws)) is not None:
                 continue
-            search = ReclaimSearch(session, ws, partial(order.index_for, ws), splits)
+            search = ReclaimSearch(session, ws, partial(order.index_for, ws), splits, floors)
             if search.run():
                 order.evicted_for_good(search.kept)
             elif search.no_victims and self.memo_failures:

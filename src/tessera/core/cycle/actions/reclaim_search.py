@@ -53,10 +53,12 @@ class ReclaimSearch:
     def __init__(self, session: Session, ws: WorkloadState,
                  index: NodeIndex | Callable[[], NodeIndex],
                  splits: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
+                 floors: dict[tuple[str, bool], Vector] | None = None,
                  ) -> None:
         """``index``: the victims' index, or a function giving it (called only when a node
         search needs it: many searches place or stop before); ``splits``: ``split``'s
-        answers, shared by the searches of one action."""
+        answers, and ``floors``: ``floor_of``'s (fair shares and deserved quotas are fixed for
+        the cycle), shared by the searches of one action."""
         self.session = session
         self.ws = ws
         self._index = index
@@ -68,6 +70,9 @@ class ReclaimSearch:
         self._sides: dict[str, tuple[tuple[str, ...], bool]] = {}
         self._guaranteed: dict[tuple[str, ...], bool] = {}
         self.splits = {} if splits is None else splits
+        self.floors = {} if floors is None else floors
+        self._takes: dict[str, float] = {}
+        """``takes_up_to``'s answers (until an eviction)."""
         self._slack: dict[tuple[str, bool], Vector] = {}
         """How far each victim-side project is above what it must keep; only evictions change it."""
         self._blocked: dict[str, bool] = {}
@@ -228,12 +233,17 @@ class ReclaimSearch:
         """GPU-only: ``allow`` takes a victim of ``project`` holding more than 0 GPUs, with
         nothing taken yet, iff it holds at most this; -1 when it takes only victims holding
         none (``blocked``), minus infinity when it takes none (the reclaimer's own project)."""
-        if project == self.ws.project:
-            return float("-inf")
-        if self.blocked(project):
-            return -1.0
-        side, guaranteed = self.side_of(project)
-        return min(self.slack_of(name, guaranteed)[0] for name in side) + EPS
+        found = self._takes.get(project)
+        if found is None:
+            if project == self.ws.project:
+                found = float("-inf")
+            elif self.blocked(project):
+                found = -1.0
+            else:
+                side, guaranteed = self.side_of(project)
+                found = min(self.slack_of(name, guaranteed)[0] for name in side) + EPS
+            self._takes[project] = found
+        return found
 
     def victim_side(self, v: WorkloadState) -> tuple[tuple[str, ...], bool]:
         return self.side_of(v.project)
@@ -274,7 +284,10 @@ class ReclaimSearch:
     def slack_of(self, name: str, guaranteed: bool) -> Vector:
         found = self._slack.get((name, guaranteed))
         if found is None:
-            a, floor = self.session.quota.alloc[name], floor_of(self.session, name, guaranteed)
+            floor = self.floors.get((name, guaranteed))
+            if floor is None:
+                floor = self.floors[(name, guaranteed)] = floor_of(self.session, name, guaranteed)
+            a = self.session.quota.alloc[name]
             found = self._slack[(name, guaranteed)] = (a[0] - floor[0], a[1] - floor[1],
                                                        a[2] - floor[2])
         return found
@@ -309,6 +322,7 @@ class ReclaimSearch:
         self._evicted += v.vector()[0]
         self._slack.clear()
         self._blocked.clear()
+        self._takes.clear()
         share_v = session.quota.shares.gpu(v.project)
         keeps = f"its fair share ({format_gpus(share_v)} GPUs)"
         if session.quota.alloc[v.project][0] - v.vector()[0] < share_v - EPS:
