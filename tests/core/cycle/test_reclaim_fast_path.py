@@ -26,6 +26,7 @@ import tessera.core.cycle.victims as victims
 from tessera.bench.cycle import build
 from tessera.core.cycle import CycleConfig, Plan, Snapshot, run_cycle
 from tessera.core.cycle.room_fit import fits_after, free_all_on
+from tessera.core.cycle.scan_prefix import ScanPrefix
 
 CONFIG = CycleConfig(reclaim_min_runtime=60.0, preempt_min_runtime=60.0, max_victim_nodes=3)
 """A scan limit of 3 × 4 nodes binds on these small clusters as the default's 4 × 64 does at
@@ -60,8 +61,8 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
             "taking_full": 0, "verdict_hits": 0}
     run = {"mode": "fast"}
 
-    def offered(self, chosen):  # type: ignore[no-untyped-def]
-        for node in original_candidates(self, chosen):
+    def offered(self, union, start=0):  # type: ignore[no-untyped-def]
+        for node in original_candidates(self, union, start):
             used["offered"] += 1
             yield node
 
@@ -182,3 +183,34 @@ def test_every_room_verdict_is_the_straightforward_computation(
         _plan(snap)
     assert seen["hits"] > 0 and all(seen[k] > 0 for k in
                                     (victims.NO_ROOM, victims.NO_ROOM_TAKING, victims.SCAN)), seen
+
+
+def test_each_search_chooses_the_same_victims_without_the_replayed_prefixes(
+        snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cheapest_node`` replays what earlier searches found at the front of the candidates
+    (``ScanPrefix``): run every search once with its index's prefixes set aside (the scan
+    looks at every node) and once with them, and compare the victims; the replays must have
+    passed nodes (else this proves nothing)."""
+    original = victims.cheapest_node
+    original_replay = ScanPrefix.replay
+    stood = {"entries": 0, "searches": 0}
+
+    def replay(self, skip, budget):  # type: ignore[no-untyped-def]
+        found = original_replay(self, skip, budget)
+        stood["entries"] += found[0]
+        return found
+
+    def both(session, request, index, allow, **kwargs):  # type: ignore[no-untyped-def]
+        kept, index.prefixes = index.prefixes, {}
+        fresh = original(session, request, index, allow, **kwargs)
+        index.prefixes = kept
+        replayed = original(session, request, index, allow, **kwargs)
+        assert replayed == fresh
+        stood["searches"] += 1
+        return replayed
+
+    monkeypatch.setattr(ScanPrefix, "replay", replay)
+    monkeypatch.setattr(victims, "cheapest_node", both)
+    for _name, snap in snapshots:
+        _plan(snap)
+    assert stood["entries"] > 0 and stood["searches"] > 0, stood

@@ -1,36 +1,63 @@
-"""Reclaim's candidate nodes, made a window of positions at a time
-(``takeable.union_in_windows``), are exactly the sorted union of the chosen lists, however far
-a reader goes: random lists (empty, single, overlapping, sparse and dense, positions at the
-window edges) compared with ``sorted(set().union(*lists))``."""
+"""Reclaim's candidate nodes, made a window of positions at a time and kept per choice of lists
+(``takeable.LazyUnion``), are exactly the sorted union of the chosen lists, however far a reader
+goes and from wherever a later reader resumes; after the lists lose nodes, what was made stays
+(a superset of their union, within the union they had) and the rest is their exact union.
+Random lists (empty, single, overlapping, sparse and dense, positions at the window edges)
+compared with ``sorted(set().union(*lists))``."""
 
 from __future__ import annotations
 
 import random
 from itertools import islice
 
+import pytest
+
 from tessera.core.cycle import takeable
-from tessera.core.cycle.takeable import union_in_windows
+from tessera.core.cycle.takeable import LazyUnion
 
 
-def test_windowed_union_is_the_sorted_union() -> None:
-    for seed in range(300):
+def _lists(rng: random.Random, end: int) -> list[list[int]]:
+    lists = []
+    for _ in range(rng.randint(1, 12)):
+        density = rng.choice((0.0, 0.001, 0.05, 0.5, 1.0))
+        lists.append(sorted(k for k in range(end) if rng.random() < density))
+    if rng.random() < 0.3:  # positions on the windows' edges
+        lists.append([k for k in (0, 255, 256, 767, 768, end - 1) if k < end])
+    return lists
+
+
+@pytest.mark.parametrize("first", [256, 1])
+def test_lazy_union_is_the_sorted_union(first: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(takeable, "FIRST_WINDOW", first)
+    for seed in range(200):
         rng = random.Random(seed)
         end = rng.choice((1, 5, 255, 256, 257, 769, 3000))
-        lists = []
-        for _ in range(rng.randint(1, 12)):
-            density = rng.choice((0.0, 0.001, 0.05, 0.5, 1.0))
-            lists.append(sorted(k for k in range(end) if rng.random() < density))
-        if rng.random() < 0.3:  # positions on the windows' edges
-            lists.append([k for k in (0, 255, 256, 767, 768, end - 1) if k < end])
+        lists = _lists(rng, end)
         expected = sorted(set().union(*lists))
-        assert list(union_in_windows(lists, end)) == expected, seed
+        union = LazyUnion(lists, end)
         stop = rng.randint(0, len(expected))  # a reader that stops early reads a prefix
-        assert list(islice(union_in_windows(lists, end), stop)) == expected[:stop], seed
+        assert list(islice(union.from_index(0), stop)) == expected[:stop], seed
+        resume = rng.randint(0, stop)  # a later reader resumes from any index it has
+        assert list(union.from_index(resume)) == expected[resume:], seed
+        assert list(union.from_index(0)) == expected, seed
 
 
-def test_a_small_first_window_gives_the_same_union(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(takeable, "FIRST_WINDOW", 1)
-    rng = random.Random(5)
-    for _ in range(50):
-        lists = [sorted(rng.sample(range(500), rng.randint(0, 80))) for _ in range(rng.randint(2, 6))]
-        assert list(union_in_windows(lists, 500)) == sorted(set().union(*lists))
+def test_after_the_lists_lose_nodes_the_union_is_within_old_and_new() -> None:
+    for seed in range(200):
+        rng = random.Random(seed)
+        end = rng.choice((257, 769, 3000))
+        lists = _lists(rng, end)
+        before = set().union(*lists)
+        union = LazyUnion(lists, end)
+        read = list(islice(union.from_index(0), rng.randint(0, len(before))))
+        made_before, low = len(union.positions), union.low
+        for entries in lists:  # victims evicted for good: their nodes leave the lists
+            for k in sorted(rng.sample(range(len(entries)), len(entries) // 3), reverse=True):
+                del entries[k]
+        after = set().union(*lists)
+        got = list(union.from_index(0))
+        assert got[:len(read)] == read, seed  # what was made stays
+        assert got == sorted(set(got)), seed  # ascending, each once
+        assert after <= set(got) <= before, seed  # nothing lost, nothing new
+        # the windows made after the loss: exactly the lists' union there
+        assert union.positions[made_before:] == sorted(p for p in after if p >= low), seed

@@ -89,6 +89,8 @@ class TakeableNodes:
         self._gpus = gpus
         self._scopes: dict[tuple[tuple[str, float], ...], int] = {}
         """Per choice of (project, size) pairs, its number (``choose``)."""
+        self._unions: dict[int, LazyUnion] = {}
+        """Per scope, its lists' union as far as made (``union``)."""
         self._lists: dict[tuple[str, float], list[int]] = {}
         """(project, size): node positions ascending, made on first use."""
 
@@ -125,8 +127,9 @@ class TakeableNodes:
     def candidates(self, bound: Callable[[str], float]) -> Iterator[str]:
         """The nodes holding a victim of some project of at most ``bound(project)`` GPUs (a
         victim holding none counts when the bound is above minus infinity), each once, in the
-        index's order: ``nodes_in(choose(bound)[1])``."""
-        return self.nodes_in(self.choose(bound)[1])
+        index's order (with nodes since left by their last such victim: a superset)."""
+        scope, chosen = self.choose(bound)
+        return self.nodes_in(self.union(scope, chosen))
 
     def choose(self, bound: Callable[[str], float]) -> tuple[int, list[list[int]]]:
         """The lists of the (project, size) pairs within ``bound``, and a small int naming that
@@ -151,44 +154,68 @@ class TakeableNodes:
             scope = scopes[key] = len(scopes)
         return scope, chosen
 
-    def nodes_in(self, chosen: list[list[int]]) -> Iterator[str]:
-        """The union of the ``chosen`` lists, in the index's order, as node names.
+    def union(self, scope: int, chosen: list[list[int]]) -> LazyUnion:
+        """The union of ``chosen`` (``choose``'s lists for ``scope``), kept per scope for the
+        rest of the action and made as far as searches read it."""
+        found = self._unions.get(scope)
+        if found is None:
+            found = self._unions[scope] = LazyUnion(chosen, len(self.names))
+        return found
 
-        The union is made a window of node positions at a time (``union_in_windows``), as far
-        as the scan reads it: a search reads a few dozen nodes of a union of thousands at 5,000
-        nodes, so merging every list whole (sets and one sort) for each search cost more than
-        the scan itself."""
-        names = self.names
-        for position in union_in_windows(chosen, len(names)):
-            yield names[position]
+    def nodes_in(self, union: LazyUnion, start: int = 0) -> Iterator[str]:
+        """The union's nodes from its ``start``-th on, as names."""
+        return map(self.names.__getitem__, union.from_index(start))
 
 
 FIRST_WINDOW = 256
-"""Node positions in the first window of ``union_in_windows``; each next window is twice as
-wide."""
+"""Node positions in the first window of a ``LazyUnion``; each next window is twice as wide."""
 
 
-def union_in_windows(lists: Sequence[Sequence[int]], end: int) -> Iterator[int]:
-    """The union of ``lists`` (each ascending, no repeats, all below ``end``), ascending, each
-    position once: exactly ``sorted(set().union(*lists))``, made one window of positions
-    ``[low, high)`` at a time (found in each list by bisection, from where the last window
-    ended), so a reader that stops early pays for the windows it read only. The windows cover
-    ``[0, end)`` without gaps or overlaps, so nothing is lost or repeated
-    (``tests/core/cycle/test_takeable.py`` compares with the whole union)."""
-    if len(lists) == 1:
-        yield from lists[0]
-        return
-    starts = [0] * len(lists)
-    low, width = 0, FIRST_WINDOW
-    while low < end:
-        high = low + width
-        window: set[int] = set()
-        for j, entries in enumerate(lists):
-            s = starts[j]
-            e = bisect_left(entries, high, s)
-            if e > s:
-                window.update(entries[s:e])
-                starts[j] = e
-        if window:
-            yield from sorted(window)
-        low, width = high, width * 2
+class LazyUnion:
+    """The union of some candidate lists (each ascending), ascending, each position once, made
+    one window of positions ``[low, high)`` at a time (found in each list by bisection), as far
+    as a reader goes: a search reads a few dozen nodes of a union of thousands at 5,000 nodes,
+    so merging every list whole for each search cost more than the scan itself.
+
+    Kept for the rest of the action (``TakeableNodes.union``): later searches of the same
+    choice of lists read what is made. The lists only lose nodes (``evicted_for_good``), so
+    what was made is a superset of their union in its range: each node there that the lists
+    lost has no victim of the chosen sizes left that is not evicted, and the scan finds nothing
+    to take there (``room_verdict``'s ``NOTHING_TAKEABLE``), as if it had not been offered. The
+    windows cover every position once, from where the last ended
+    (``tests/core/cycle/test_takeable.py``)."""
+
+    __slots__ = ("end", "lists", "low", "positions", "width")
+
+    def __init__(self, lists: Sequence[Sequence[int]], end: int) -> None:
+        self.lists = lists
+        self.end = end
+        self.positions: list[int] = []
+        self.low = 0
+        self.width = FIRST_WINDOW
+
+    def _extend(self) -> bool:
+        """The next window with a position in it; False at the end."""
+        while self.low < self.end:
+            low, high = self.low, self.low + self.width
+            window: set[int] = set()
+            for entries in self.lists:
+                s = bisect_left(entries, low)
+                e = bisect_left(entries, high, s)
+                if e > s:
+                    window.update(entries[s:e])
+            self.low, self.width = high, self.width * 2
+            if window:
+                self.positions.extend(sorted(window))
+                return True
+        return False
+
+    def from_index(self, k: int) -> Iterator[int]:
+        """The positions from the ``k``-th on (made as they are read)."""
+        positions = self.positions
+        while True:
+            while k < len(positions):
+                yield positions[k]
+                k += 1
+            if not self._extend():
+                return

@@ -10,6 +10,7 @@ from tessera.core.model import ResourceRequest
 
 from .room_fit import fits_after, free_all_on
 from .room_seen import RoomSeen
+from .scan_prefix import ScanPrefix
 from .session import Session, WorkloadState
 from .takeable import TakeableNodes, VictimSizes
 from .victim_groups import EntriesByNode, LazyGroups
@@ -86,6 +87,9 @@ class NodeIndex:
         self.verdicts: dict[str, tuple[object, dict[tuple[int, ...], int]]] = {}
         """Per node: its state's signature, and per (request key, scope) what a scan does there
         (``room_verdict``)."""
+        self.prefixes: dict[tuple[int, int], ScanPrefix] = {}
+        """Per (request key, scope): the front of the reclaim scan as last found
+        (``ScanPrefix``)."""
         self.request_keys: dict[ResourceRequest, int] = {}
         """A small int per distinct request (``room_verdict``'s memo key: hashing a request
         costs more than hashing an int)."""

@@ -16,8 +16,10 @@ from functools import cache, partial
 from tessera.core.constraints import NodeConstraint
 from tessera.core.fairshare import EPS, Vector
 from tessera.core.model import GpuKind, ResourceRequest
+from tessera.core.state import NodeState
 
 from .room_fit import at_least, fewest, fits_after, free_on
+from .scan_prefix import ScanPrefix
 from .session import PodPlacements, Session, Statement, WorkloadState
 from .victim_index import NO_ROOM, NO_ROOM_TAKING, NOTHING_TAKEABLE, SCAN, Entry, NodeIndex
 
@@ -133,6 +135,8 @@ def cheapest_node(
     candidates: Iterable[str] = index.by_node
     room_verdict = index.room_verdict
     scope: int | None = None
+    note: Callable[[tuple[str, NodeState, object, bool]], None] | None = None
+    """While the scan has looked at no node fully: records what it found (``ScanPrefix``)."""
     all_of_them = (lambda: -1) if bound_of is None else None
     request_key = index.request_key(request) if takeable_only else -1
     if takeable_only:
@@ -142,10 +146,20 @@ def cheapest_node(
         lists = index.takeable() if bound_of is not None and not pod_level else None
         if lists is not None and bound_of is not None:
             scope, picked = lists.choose(bound_of)
-            candidates = lists.nodes_in(picked)
+            start, stopped = 0, False
+            if constraint is None and not pruned:  # the front of the scan as last found
+                prefix = index.prefixes.get((request_key, scope))
+                if prefix is None:
+                    prefix = index.prefixes[(request_key, scope)] = ScanPrefix()
+                start, examined, stopped = prefix.replay(skip_set, nodes_budget)
+                note = prefix.entries.append
+            candidates = () if stopped else lists.nodes_in(lists.union(scope, picked), start)
     by_node = index.by_node
     for order, node in enumerate(candidates):
         if node in pruned or node in skip_set:
+            if note is not None:
+                ns = nodes[node]
+                note((node, ns, ns.signature(), False))
             continue
         if not takeable_only:
             scanned += 1
@@ -160,20 +174,27 @@ def cheapest_node(
             if ok is None:
                 ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
             if not ok:
+                if note is not None:
+                    note((node, ns, ns.signature(), False))
                 continue
         if takeable_only:
             verdict = room_verdict(session, request, request_key, node, scope,
                                    all_of_them or partial(takeable_on, node, group))
             if verdict in (NO_ROOM, NOTHING_TAKEABLE):
+                if note is not None:
+                    note((node, ns, ns.signature(), False))
                 continue
             if verdict == NO_ROOM_TAKING:
                 # The scan below would count the node (its first victim this search may
                 # take) and take a subset of these: no room, so only the count is left.
+                if note is not None:
+                    note((node, ns, ns.signature(), True))
                 examined += 1
                 if examined >= nodes_budget or feasible >= 4 or (
                         best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
                     break
                 continue
+            note = None  # a node looked at fully: the prefix ends before it
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
         compute = list(ns.dev_compute)
