@@ -26,7 +26,7 @@ import tessera.core.cycle.victims as victims
 from tessera.bench.cycle import build
 from tessera.core.cycle import CycleConfig, Plan, Snapshot, run_cycle
 from tessera.core.cycle.room_fit import fits_after, free_all_on
-from tessera.core.cycle.scan_prefix import ScanPrefix
+from tessera.core.cycle.scan_prefix import LOOKED, ScanPrefix
 
 CONFIG = CycleConfig(reclaim_min_runtime=60.0, preempt_min_runtime=60.0, max_victim_nodes=3)
 """A scan limit of 3 × 4 nodes binds on these small clusters as the default's 4 × 64 does at
@@ -187,18 +187,19 @@ def test_every_room_verdict_is_the_straightforward_computation(
 
 def test_each_search_chooses_the_same_victims_without_the_replayed_prefixes(
         snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """``cheapest_node`` replays what earlier searches found at the front of the candidates
-    (``ScanPrefix``): run every search once with its index's prefixes set aside (the scan
-    looks at every node) and once with them, and compare the victims; the replays must have
-    passed nodes (else this proves nothing)."""
+    """``cheapest_node`` reuses what earlier searches found at each candidate node while its
+    state stands (``ScanPrefix``): run every search once with its index's records set aside
+    (the scan works every node out) and once with them, and compare the victims; records
+    must have stood, for nodes passed and nodes looked at fully (else this proves nothing)."""
     original = victims.cheapest_node
-    original_replay = ScanPrefix.replay
-    stood = {"entries": 0, "searches": 0}
+    original_walk = ScanPrefix.walk
+    stood = {"entries": 0, "looked": 0, "searches": 0}
 
-    def replay(self, skip, budget):  # type: ignore[no-untyped-def]
-        found = original_replay(self, skip, budget)
-        stood["entries"] += found[0]
-        return found
+    def walk(self, skip, union):  # type: ignore[no-untyped-def]
+        for node, did in original_walk(self, skip, union):
+            stood["entries"] += did is not None
+            stood["looked"] += did == LOOKED
+            yield node, did
 
     def both(session, request, index, allow, **kwargs):  # type: ignore[no-untyped-def]
         kept, index.prefixes = index.prefixes, {}
@@ -209,8 +210,8 @@ def test_each_search_chooses_the_same_victims_without_the_replayed_prefixes(
         stood["searches"] += 1
         return replayed
 
-    monkeypatch.setattr(ScanPrefix, "replay", replay)
+    monkeypatch.setattr(ScanPrefix, "walk", walk)
     monkeypatch.setattr(victims, "cheapest_node", both)
     for _name, snap in snapshots:
         _plan(snap)
-    assert stood["entries"] > 0 and stood["searches"] > 0, stood
+    assert stood["entries"] > 0 and stood["looked"] > 0 and stood["searches"] > 0, stood

@@ -19,7 +19,7 @@ from tessera.core.model import GpuKind, ResourceRequest
 from tessera.core.state import NodeState
 
 from .room_fit import at_least, fewest, fits_after, free_on
-from .scan_prefix import ScanPrefix
+from .scan_prefix import COUNTED, LOOKED, SKIPPED, ScanPrefix
 from .session import PodPlacements, Session, Statement, WorkloadState
 from .victim_index import NO_ROOM, NO_ROOM_TAKING, NOTHING_TAKEABLE, SCAN, Entry, NodeIndex
 
@@ -135,8 +135,9 @@ def cheapest_node(
     candidates: Iterable[str] = index.by_node
     room_verdict = index.room_verdict
     scope: int | None = None
-    note: Callable[[tuple[str, NodeState, object, bool]], None] | None = None
-    """While the scan has looked at no node fully: records what it found (``ScanPrefix``)."""
+    note: Callable[[tuple[str, NodeState, object, int]], None] | None = None
+    """Records what the scan does with each node it reaches (``ScanPrefix``)."""
+    walk: Iterable[tuple[str, int | None]] | None = None
     all_of_them = (lambda: -1) if bound_of is None else None
     request_key = index.request_key(request) if takeable_only else -1
     if takeable_only:
@@ -146,55 +147,70 @@ def cheapest_node(
         lists = index.takeable() if bound_of is not None and not pod_level else None
         if lists is not None and bound_of is not None:
             scope, picked = lists.choose(bound_of)
-            start, stopped = 0, False
-            if constraint is None and not pruned:  # the front of the scan as last found
+            union = lists.union(scope, picked)
+            if constraint is None and not pruned:  # what scans found here before
                 prefix = index.prefixes.get((request_key, scope))
                 if prefix is None:
                     prefix = index.prefixes[(request_key, scope)] = ScanPrefix()
-                start, examined, stopped = prefix.replay(skip_set, nodes_budget)
                 note = prefix.entries.append
-            candidates = () if stopped else lists.nodes_in(lists.union(scope, picked), start)
+                walk = prefix.walk(skip_set, partial(lists.nodes_in, union))
+            else:
+                candidates = lists.nodes_in(union)
+    walk = walk if walk is not None else ((node, None) for node in candidates)
     by_node = index.by_node
-    for order, node in enumerate(candidates):
-        if node in pruned or node in skip_set:
-            if note is not None:
-                ns = nodes[node]
-                note((node, ns, ns.signature(), False))
-            continue
-        if not takeable_only:
-            scanned += 1
-            if scanned > 4 * nodes_budget:
-                break
-        group = by_node[node]
-        ns = nodes[node]
-        if constraint is not None and not session.node_allowed(constraint, ns):
-            continue
-        if gpu.kind is not GpuKind.NONE:
-            ok = models_ok.get(ns.static_id)
-            if ok is None:
-                ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
-            if not ok:
-                if note is not None:
-                    note((node, ns, ns.signature(), False))
+    for order, (node, did) in enumerate(walk):
+        if did is not None:  # as a scan before found it (``ScanPrefix``)
+            if did == SKIPPED:
                 continue
-        if takeable_only:
-            verdict = room_verdict(session, request, request_key, node, scope,
-                                   all_of_them or partial(takeable_on, node, group))
-            if verdict in (NO_ROOM, NOTHING_TAKEABLE):
-                if note is not None:
-                    note((node, ns, ns.signature(), False))
-                continue
-            if verdict == NO_ROOM_TAKING:
-                # The scan below would count the node (its first victim this search may
-                # take) and take a subset of these: no room, so only the count is left.
-                if note is not None:
-                    note((node, ns, ns.signature(), True))
+            if did == COUNTED:
                 examined += 1
                 if examined >= nodes_budget or feasible >= 4 or (
                         best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
                     break
                 continue
-            note = None  # a node looked at fully: the prefix ends before it
+            ns = nodes[node]
+            group = by_node[node]
+        else:
+            if node in pruned or node in skip_set:
+                if note is not None:
+                    ns = nodes[node]
+                    note((node, ns, ns.signature(), SKIPPED))
+                continue
+            if not takeable_only:
+                scanned += 1
+                if scanned > 4 * nodes_budget:
+                    break
+            group = by_node[node]
+            ns = nodes[node]
+            if constraint is not None and not session.node_allowed(constraint, ns):
+                continue
+            if gpu.kind is not GpuKind.NONE:
+                ok = models_ok.get(ns.static_id)
+                if ok is None:
+                    ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
+                if not ok:
+                    if note is not None:
+                        note((node, ns, ns.signature(), SKIPPED))
+                    continue
+            if takeable_only:
+                verdict = room_verdict(session, request, request_key, node, scope,
+                                       all_of_them or partial(takeable_on, node, group))
+                if verdict in (NO_ROOM, NOTHING_TAKEABLE):
+                    if note is not None:
+                        note((node, ns, ns.signature(), SKIPPED))
+                    continue
+                if verdict == NO_ROOM_TAKING:
+                    # The scan below would count the node (its first victim this search may
+                    # take) and take a subset of these: no room, so only the count is left.
+                    if note is not None:
+                        note((node, ns, ns.signature(), COUNTED))
+                    examined += 1
+                    if examined >= nodes_budget or feasible >= 4 or (
+                            best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
+                        break
+                    continue
+                if note is not None:
+                    note((node, ns, ns.signature(), LOOKED))
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
         compute = list(ns.dev_compute)
