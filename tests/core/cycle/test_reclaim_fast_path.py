@@ -54,15 +54,15 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
         snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
     original_scan = victims.cheapest_node
     original_room = victims.NodeIndex.no_room_even_empty
-    original_candidates = takeable.TakeableNodes.nodes_in
+    original_candidates = takeable.LazyUnion.from_position
     original_taking = victims.NodeIndex.no_room_taking
     original_verdict = victims.NodeIndex.room_verdict
     used = {"offered": 0, "memo_hits": 0, "room_fast": 0, "room_full": 0, "taking_no_room": 0,
             "taking_full": 0, "verdict_hits": 0}
     run = {"mode": "fast"}
 
-    def offered(self, union, start=0):  # type: ignore[no-untyped-def]
-        for node in original_candidates(self, union, start):
+    def offered(self, start):  # type: ignore[no-untyped-def]
+        for node in original_candidates(self, start):
             used["offered"] += 1
             yield node
 
@@ -95,7 +95,7 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
         kwargs["takes_up_to"] = None
         return original_scan(*args, **kwargs)
 
-    monkeypatch.setattr(takeable.TakeableNodes, "nodes_in", offered)
+    monkeypatch.setattr(takeable.LazyUnion, "from_position", offered)
     monkeypatch.setattr(victims.NodeIndex, "no_room_taking", taking)
     monkeypatch.setattr(victims.NodeIndex, "room_verdict", verdict)
     for name, snap in snapshots:
@@ -195,11 +195,11 @@ def test_each_search_chooses_the_same_victims_without_the_replayed_prefixes(
     original_walk = ScanPrefix.walk
     stood = {"entries": 0, "looked": 0, "searches": 0}
 
-    def walk(self, skip, union):  # type: ignore[no-untyped-def]
-        for node, did in original_walk(self, skip, union):
+    def walk(self, skip, union, names):  # type: ignore[no-untyped-def]
+        for position, node, did in original_walk(self, skip, union, names):
             stood["entries"] += did is not None
             stood["looked"] += did == LOOKED
-            yield node, did
+            yield position, node, did
 
     def both(session, request, index, allow, **kwargs):  # type: ignore[no-untyped-def]
         kept, index.prefixes = index.prefixes, {}

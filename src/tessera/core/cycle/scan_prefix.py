@@ -26,9 +26,11 @@ each search with and without the records and compares the victims chosen.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Container, Iterator, Sequence
 
 from tessera.core.state import NodeState
+
+from .takeable import LazyUnion
 
 SKIPPED, COUNTED, LOOKED = 0, 1, 2
 """What the scan did with a node: passed it uncounted, counted it (no room with the victims it
@@ -36,28 +38,38 @@ may take gone), looked at it fully (``room_verdict``'s ``SCAN``)."""
 
 
 class ScanPrefix:
-    """(node, its state object, the state's signature then, ``SKIPPED``/``COUNTED``/``LOOKED``),
-    in candidate order from the first, as far as a scan went."""
+    """(node position, node, its state object, the state's signature then, ``SKIPPED``/
+    ``COUNTED``/``LOOKED``), in candidate order from the first, as far as a scan went."""
 
-    __slots__ = ("entries",)
+    __slots__ = ("drops", "entries")
 
     def __init__(self) -> None:
-        self.entries: list[tuple[str, NodeState, object, int]] = []
+        self.entries: list[tuple[int, str, NodeState, object, int]] = []
+        self.drops = 0
+        """How many of the union's ``dropped`` the entries have forgotten."""
 
-    def walk(self, skip: Container[str], union: Callable[[int], Iterable[str]],
-             ) -> Iterator[tuple[str, int | None]]:
-        """The candidates in order, each with what the scan did there before if that stands
-        (its node state the same object and, unless skipped, not in ``skip`` now), else None:
-        the standing entries from the first, then, from the first that does not stand (dropped
-        with all after it, the scan records them again), ``union(k)``: the candidates from the
-        ``k``-th on."""
+    def note(self, entry: tuple[int, str, NodeState, object, int]) -> None:
+        self.entries.append(entry)
+
+    def walk(self, skip: Container[str], union: LazyUnion, names: Sequence[str],
+             ) -> Iterator[tuple[int, str, int | None]]:
+        """The candidates in order (position, node), each with what the scan did there before
+        if that stands (its node state the same object and, unless skipped, not in ``skip``
+        now), else None: the standing entries from the first, then, from the first that does
+        not stand (dropped with all after it: the scan records them again), the union's nodes
+        from its position on. Entries of nodes that left the union (nothing of the chosen
+        sizes left to take there, for the rest of the action) are forgotten first."""
+        if self.drops != len(union.dropped):
+            gone = set(union.dropped[self.drops:])
+            self.entries = [e for e in self.entries if e[0] not in gone]
+            self.drops = len(union.dropped)
         entries = self.entries
-        k = 0
-        for node, ns, sig, did in entries:
+        start = entries[-1][0] + 1 if entries else 0
+        for k, (position, node, ns, sig, did) in enumerate(entries):
             if ns.sig is not sig or (did != SKIPPED and node in skip):
                 del entries[k:]
+                start = position
                 break
-            yield node, did
-            k += 1
-        for node in union(k):
-            yield node, None
+            yield position, node, did
+        for position in union.from_position(start):
+            yield position, names[position], None

@@ -89,6 +89,8 @@ class TakeableNodes:
         self._gpus = gpus
         self._scopes: dict[tuple[tuple[str, float], ...], int] = {}
         """Per choice of (project, size) pairs, its number (``choose``)."""
+        self._pairs: list[tuple[tuple[str, float], ...]] = []
+        """Per scope, its (project, size) pairs."""
         self._unions: dict[int, LazyUnion] = {}
         """Per scope, its lists' union as far as made (``union``)."""
         self._lists: dict[tuple[str, float], list[int]] = {}
@@ -123,6 +125,10 @@ class TakeableNodes:
             k = bisect_left(entries, position)
             if k < len(entries) and entries[k] == position:
                 del entries[k]
+                pair = (v.project, size)
+                for union in self._unions.values():
+                    if pair in union.pairs:
+                        union.drop(position)
 
     def candidates(self, bound: Callable[[str], float]) -> Iterator[str]:
         """The nodes holding a victim of some project of at most ``bound(project)`` GPUs (a
@@ -152,6 +158,7 @@ class TakeableNodes:
         scope = scopes.get(key)
         if scope is None:
             scope = scopes[key] = len(scopes)
+            self._pairs.append(key)
         return scope, chosen
 
     def union(self, scope: int, chosen: list[list[int]]) -> LazyUnion:
@@ -159,12 +166,12 @@ class TakeableNodes:
         rest of the action and made as far as searches read it."""
         found = self._unions.get(scope)
         if found is None:
-            found = self._unions[scope] = LazyUnion(chosen, len(self.names))
+            found = self._unions[scope] = LazyUnion(chosen, len(self.names), self._pairs[scope])
         return found
 
     def nodes_in(self, union: LazyUnion, start: int = 0) -> Iterator[str]:
-        """The union's nodes from its ``start``-th on, as names."""
-        return map(self.names.__getitem__, union.from_index(start))
+        """The union's nodes from position ``start`` on, as names."""
+        return map(self.names.__getitem__, union.from_position(start))
 
 
 FIRST_WINDOW = 256
@@ -178,21 +185,39 @@ class LazyUnion:
     so merging every list whole for each search cost more than the scan itself.
 
     Kept for the rest of the action (``TakeableNodes.union``): later searches of the same
-    choice of lists read what is made. The lists only lose nodes (``evicted_for_good``), so
-    what was made is a superset of their union in its range: each node there that the lists
-    lost has no victim of the chosen sizes left that is not evicted, and the scan finds nothing
-    to take there (``room_verdict``'s ``NOTHING_TAKEABLE``), as if it had not been offered. The
-    windows cover every position once, from where the last ended
+    choice of lists read what is made. When a list loses a node (its last victim of that
+    project and size evicted for good) that no other list of the union holds, the node leaves
+    what was made too (``drop``), so what is made is always the lists' exact union in its
+    range. The windows cover every position once, from where the last ended
     (``tests/core/cycle/test_takeable.py``)."""
 
-    __slots__ = ("end", "lists", "low", "positions", "width")
+    __slots__ = ("dropped", "end", "lists", "low", "pairs", "positions", "width")
 
-    def __init__(self, lists: Sequence[Sequence[int]], end: int) -> None:
+    def __init__(self, lists: Sequence[Sequence[int]], end: int,
+                 pairs: Iterable[tuple[str, float]] = ()) -> None:
         self.lists = lists
         self.end = end
+        self.pairs = frozenset(pairs)
+        """The (project, size) pairs of the lists."""
         self.positions: list[int] = []
         self.low = 0
         self.width = FIRST_WINDOW
+        self.dropped: list[int] = []
+        """The positions that left what was made, in turn (``ScanPrefix`` forgets them)."""
+
+    def drop(self, position: int) -> None:
+        """A list lost ``position``: it leaves the union unless another list holds it."""
+        if position >= self.low:
+            return  # not made yet: made from the lists as they are then
+        for entries in self.lists:
+            k = bisect_left(entries, position)
+            if k < len(entries) and entries[k] == position:
+                return
+        positions = self.positions
+        k = bisect_left(positions, position)
+        if k < len(positions) and positions[k] == position:
+            del positions[k]
+            self.dropped.append(position)
 
     def _extend(self) -> bool:
         """The next window with a position in it; False at the end."""
@@ -210,12 +235,14 @@ class LazyUnion:
                 return True
         return False
 
-    def from_index(self, k: int) -> Iterator[int]:
-        """The positions from the ``k``-th on (made as they are read)."""
+    def from_position(self, start: int) -> Iterator[int]:
+        """The positions from ``start`` on (made as they are read)."""
         positions = self.positions
+        k = bisect_left(positions, start)
         while True:
             while k < len(positions):
                 yield positions[k]
                 k += 1
             if not self._extend():
                 return
+            k = max(k, bisect_left(positions, start))

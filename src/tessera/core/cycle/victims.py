@@ -135,9 +135,9 @@ def cheapest_node(
     candidates: Iterable[str] = index.by_node
     room_verdict = index.room_verdict
     scope: int | None = None
-    note: Callable[[tuple[str, NodeState, object, int]], None] | None = None
+    note: Callable[[tuple[int, str, NodeState, object, int]], None] | None = None
     """Records what the scan does with each node it reaches (``ScanPrefix``)."""
-    walk: Iterable[tuple[str, int | None]] | None = None
+    walk: Iterable[tuple[int, str, int | None]] | None = None
     all_of_them = (lambda: -1) if bound_of is None else None
     request_key = index.request_key(request) if takeable_only else -1
     if takeable_only:
@@ -152,13 +152,13 @@ def cheapest_node(
                 prefix = index.prefixes.get((request_key, scope))
                 if prefix is None:
                     prefix = index.prefixes[(request_key, scope)] = ScanPrefix()
-                note = prefix.entries.append
-                walk = prefix.walk(skip_set, partial(lists.nodes_in, union))
+                note = prefix.note
+                walk = prefix.walk(skip_set, union, lists.names)
             else:
                 candidates = lists.nodes_in(union)
-    walk = walk if walk is not None else ((node, None) for node in candidates)
+    walk = walk if walk is not None else ((-1, node, None) for node in candidates)
     by_node = index.by_node
-    for order, (node, did) in enumerate(walk):
+    for order, (position, node, did) in enumerate(walk):
         if did is not None:  # as a scan before found it (``ScanPrefix``)
             if did == SKIPPED:
                 continue
@@ -174,7 +174,7 @@ def cheapest_node(
             if node in pruned or node in skip_set:
                 if note is not None:
                     ns = nodes[node]
-                    note((node, ns, ns.signature(), SKIPPED))
+                    note((position, node, ns, ns.signature(), SKIPPED))
                 continue
             if not takeable_only:
                 scanned += 1
@@ -190,27 +190,27 @@ def cheapest_node(
                     ok = models_ok[ns.static_id] = any(gpu.allows(m) for m in ns.dev_models)
                 if not ok:
                     if note is not None:
-                        note((node, ns, ns.signature(), SKIPPED))
+                        note((position, node, ns, ns.signature(), SKIPPED))
                     continue
             if takeable_only:
                 verdict = room_verdict(session, request, request_key, node, scope,
                                        all_of_them or partial(takeable_on, node, group))
                 if verdict in (NO_ROOM, NOTHING_TAKEABLE):
                     if note is not None:
-                        note((node, ns, ns.signature(), SKIPPED))
+                        note((position, node, ns, ns.signature(), SKIPPED))
                     continue
                 if verdict == NO_ROOM_TAKING:
                     # The scan below would count the node (its first victim this search may
                     # take) and take a subset of these: no room, so only the count is left.
                     if note is not None:
-                        note((node, ns, ns.signature(), COUNTED))
+                        note((position, node, ns, ns.signature(), COUNTED))
                     examined += 1
                     if examined >= nodes_budget or feasible >= 4 or (
                             best is not None and best[3] <= (False, False, 1) and best[0] <= floor):
                         break
                     continue
                 if note is not None:
-                    note((node, ns, ns.signature(), LOOKED))
+                    note((position, node, ns, ns.signature(), LOOKED))
         free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
         tenants = list(ns.dev_tenants)
         compute = list(ns.dev_compute)
