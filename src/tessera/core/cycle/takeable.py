@@ -14,7 +14,7 @@ given exactly, as before (``tessera.core.cycle.victims``).
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
@@ -87,8 +87,11 @@ class TakeableNodes:
         self.sizes = sizes
         self._by_node = by_node
         self._gpus = gpus
-        self._scopes: dict[tuple[tuple[str, float], ...], int] = {}
-        """Per choice of (project, size) pairs, its number (``choose``)."""
+        self._scopes: dict[tuple[tuple[str, int], ...], int] = {}
+        """Per choice of (project, how many of its smallest sizes), its number (``choose``)."""
+        self._sizes_of: dict[str, tuple[list[float], list[list[int]]]] = {
+            project: ([size for size, _ in sizes], []) for project, sizes in sizes.by_project.items()}
+        """Per project: its victim sizes ascending, and the lists of the first ones as made."""
         self._pairs: list[tuple[tuple[str, float], ...]] = []
         """Per scope, its (project, size) pairs."""
         self._unions: dict[int, LazyUnion] = {}
@@ -140,25 +143,30 @@ class TakeableNodes:
     def choose(self, bound: Callable[[str], float]) -> tuple[int, list[list[int]]]:
         """The lists of the (project, size) pairs within ``bound``, and a small int naming that
         choice of pairs (the same pairs, the same int, for the rest of the action: the lists
-        may have lost nodes since, as victims were evicted for good)."""
-        pairs: list[tuple[str, float]] = []
+        may have lost nodes since, as victims were evicted for good). A project's sizes within
+        its bound are a prefix of its sizes ascending (found by bisection)."""
+        parts: list[tuple[str, int]] = []
         chosen: list[list[int]] = []
-        for project, sizes in self.sizes.by_project.items():
+        minus_inf = float("-inf")
+        for project, (values, made) in self._sizes_of.items():
             top = bound(project)
-            if top == float("-inf"):
+            if top == minus_inf:
                 continue
-            top = max(top, 0.0)
-            for size, nodes in sizes:
-                if size > top:
-                    break
-                pairs.append((project, size))
-                chosen.append(self.entries(project, size, nodes))
+            n = bisect_right(values, top if top > 0.0 else 0.0)
+            if not n:
+                continue
+            parts.append((project, n))
+            if len(made) < n:
+                sizes = self.sizes.by_project[project]
+                made.extend(self.entries(project, size, nodes) for size, nodes in sizes[len(made):n])
+            chosen.extend(made[:n])
         scopes = self._scopes
-        key = tuple(pairs)
+        key = tuple(parts)
         scope = scopes.get(key)
         if scope is None:
             scope = scopes[key] = len(scopes)
-            self._pairs.append(key)
+            self._pairs.append(tuple((project, size) for project, n in parts
+                                     for size, _ in self.sizes.by_project[project][:n]))
         return scope, chosen
 
     def union(self, scope: int, chosen: list[list[int]]) -> LazyUnion:

@@ -237,11 +237,11 @@ class ReclaimSearch:
         if found is None:
             if project == self.ws.project:
                 found = float("-inf")
-            elif self.blocked(project):
-                found = -1.0
             else:
+                # blocked(project) is "some slack <= EPS": the least slack decides both
                 side, guaranteed = self.side_of(project)
-                found = min(self.slack_of(name, guaranteed)[0] for name in side) + EPS
+                least = min(self.slack_of(name, guaranteed)[0] for name in side)
+                found = -1.0 if least <= EPS else least + EPS
             self._takes[project] = found
         return found
 
