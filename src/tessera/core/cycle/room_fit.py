@@ -49,25 +49,33 @@ def fewest(ns: NodeState, request: ResourceRequest, pool: list[tuple[WorkloadSta
     victim left out again if the request still fits without it). With no set within the
     budget, the fewest workloads. Any subset of an allowed set is allowed."""
     victims = list(dict.fromkeys(v for v, _ in pool))
+    # Each victim's placements here and GPUs, looked up once (the subsets below are many).
+    placed: dict[int, list[Placement]] = {}
+    for w, i in pool:
+        p = w.placements[i]
+        assert p is not None
+        placed.setdefault(id(w), []).append(p)
+    held = {id(w): w.vector()[0] for w in victims}
+    base_free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
 
     def pods(chosen: Sequence[WorkloadState]) -> list[tuple[WorkloadState, int]]:
-        return [(w, i) for w, i in pool if any(w is c for c in chosen)]
+        ids = {id(c) for c in chosen}
+        return [(w, i) for w, i in pool if id(w) in ids]
 
     def fits(chosen: Sequence[WorkloadState]) -> bool:
-        free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
+        free = list(base_free)
         tenants = list(ns.dev_tenants)
         compute = list(ns.dev_compute)
         cpu, mem = ns.free_cpu, ns.free_mem
-        for w, i in pods(chosen):
-            p = w.placements[i]
-            assert p is not None
-            free_on(p, free, tenants, compute)
-            cpu += p.cpu_milli
-            mem += p.memory
+        for c in chosen:  # freeing adds integers: the order does not matter
+            for p in placed[id(c)]:
+                free_on(p, free, tenants, compute)
+                cpu += p.cpu_milli
+                mem += p.memory
         return fits_after(ns, request, free, tenants, cpu, mem, compute)
 
     def gpus(chosen: Sequence[WorkloadState]) -> float:
-        return sum(w.vector()[0] for w in chosen)
+        return sum(held[id(w)] for w in chosen)
 
     fallback: Sequence[WorkloadState] | None = None
     for size, most in ((1, len(victims)), (2, 16), (3, 10)):
