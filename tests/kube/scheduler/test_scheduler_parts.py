@@ -341,3 +341,66 @@ def test_gang_anchors_reach_the_core_and_a_gang_waits_while_its_anchor_pod_does_
     snap, ctx = SnapshotBuilder().build(nodes, pods, projects, groups, {}, set(), 2.0)
     (w,) = snap.workloads
     assert w.anchors == (0,) and w.pod_names[0] == "rc-head-x" and len(w.pod_names) == 4
+
+
+def test_pods_read_through_the_lean_watch_parse_as_lightkubes_models_do() -> None:
+    """The pods informer decodes events with msgspec behind ``JsonView`` instead of building
+    lightkube models; ``pod_info`` must read the same from both, for every field it reads
+    (requests and limits, placement and MIG annotations, node, phase, deletion, owner,
+    conditions, claims, and the scheduling spec: selector, affinity, tolerations, spread,
+    host ports, PVC volumes, overhead)."""
+    import json
+    from dataclasses import replace
+
+    from lightkube.resources.core_v1 import Pod
+
+    from tessera.kube.lean_watch import JsonView
+    from tessera.kube.objects import pod_info
+
+    placement = placement_to_json(Placement("n1", (0,), cpu_milli=500, memory=2**30))
+    term = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
+    body = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "team", "uid": "u-1", "labels": {"app": "x"},
+                     "annotations": {names.GPU_PORTION: "0.5", names.PLACEMENT: placement},
+                     "creationTimestamp": "2026-11-28T10:00:00Z",
+                     "deletionTimestamp": "2026-11-28T11:00:00Z",
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                          "name": "rs", "uid": "r", "controller": True}]},
+        "spec": {
+            "nodeName": "n1", "schedulerName": names.SCHEDULER_NAME, "priorityClassName": "build",
+            "nodeSelector": {"disktype": "ssd"}, "overhead": {"cpu": "100m"},
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "gpus", "operator": "Gt", "values": ["3"]}]}]},
+                    "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 5, "preference": {
+                        "matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}}]},
+                "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+            "tolerations": [{"key": "maintenance", "operator": "Exists", "effect": "NoSchedule"}],
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                                           "whenUnsatisfiable": "DoNotSchedule",
+                                           "labelSelector": {"matchLabels": {"app": "x"}}}],
+            "containers": [{"name": "main", "image": "i",
+                            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                          "limits": {"memory": "1Gi"}},
+                            "ports": [{"containerPort": 80, "hostPort": 8080}]}],
+            "initContainers": [{"name": "init", "image": "i",
+                                "resources": {"requests": {"cpu": "1"}}}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "c"}},
+                        {"name": "tmp", "emptyDir": {}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+        "status": {"phase": "Running", "startTime": "2026-11-28T10:00:05Z",
+                   "conditions": [{"type": "PodScheduled", "status": "False", "message": "m"}],
+                   "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-1"}]},
+    }
+    lean = pod_info(JsonView(json.loads(json.dumps(body))))
+    model = pod_info(Pod.from_dict(json.loads(json.dumps(body))))
+    assert lean == replace(model, version=lean.version)  # version: a counter per parse
+    assert lean.sched is not None and lean.sched_error is None and lean.error is None
+    assert lean.placement is not None and lean.claim_names == ("p-gpu-1",)
+    assert (lean.deleting, lean.owner, lean.scheduled_message) == (True, "ReplicaSet", "m")
+    bare = {"metadata": {"name": "q", "namespace": "team"}, "spec": {"containers": [
+        {"name": "main", "image": "i"}]}}
+    got = pod_info(JsonView(dict(bare)))
+    assert got == replace(pod_info(Pod.from_dict(dict(bare))), version=got.version)
