@@ -344,7 +344,7 @@ def test_gang_anchors_reach_the_core_and_a_gang_waits_while_its_anchor_pod_does_
 
 
 def test_pods_read_through_the_lean_watch_parse_as_lightkubes_models_do() -> None:
-    """The pods informer decodes events with msgspec behind ``JsonView`` instead of building
+    """The pods informer decodes events with msgspec into ``LeanPod`` instead of building
     lightkube models; ``pod_info`` must read the same from both, for every field it reads
     (requests and limits, placement and MIG annotations, node, phase, deletion, owner,
     conditions, claims, and the scheduling spec: selector, affinity, tolerations, spread,
@@ -354,7 +354,7 @@ def test_pods_read_through_the_lean_watch_parse_as_lightkubes_models_do() -> Non
 
     from lightkube.resources.core_v1 import Pod
 
-    from tessera.kube.lean_watch import JsonView
+    from tessera.kube.lean_watch import decode_pod
     from tessera.kube.objects import pod_info
 
     placement = placement_to_json(Placement("n1", (0,), cpu_milli=500, memory=2**30))
@@ -394,7 +394,7 @@ def test_pods_read_through_the_lean_watch_parse_as_lightkubes_models_do() -> Non
                    "conditions": [{"type": "PodScheduled", "status": "False", "message": "m"}],
                    "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-1"}]},
     }
-    lean = pod_info(JsonView(json.loads(json.dumps(body))))
+    lean = pod_info(decode_pod(json.dumps(body).encode()))
     model = pod_info(Pod.from_dict(json.loads(json.dumps(body))))
     assert lean == replace(model, version=lean.version)  # version: a counter per parse
     assert lean.sched is not None and lean.sched_error is None and lean.error is None
@@ -402,5 +402,5 @@ def test_pods_read_through_the_lean_watch_parse_as_lightkubes_models_do() -> Non
     assert (lean.deleting, lean.owner, lean.scheduled_message) == (True, "ReplicaSet", "m")
     bare = {"metadata": {"name": "q", "namespace": "team"}, "spec": {"containers": [
         {"name": "main", "image": "i"}]}}
-    got = pod_info(JsonView(dict(bare)))
+    got = pod_info(decode_pod(json.dumps(bare).encode()))
     assert got == replace(pod_info(Pod.from_dict(dict(bare))), version=got.version)
