@@ -90,6 +90,9 @@ class LeaderElector:
         renew = str(spec.renewTime) if spec and spec.renewTime else None
         now = time.monotonic()
         if self._observed != (holder, renew):
+            if holder and holder != self.identity and (self._observed or (None,))[0] != holder:
+                log.info("leader: lease %s/%s is held by %s; standing by", self.namespace,
+                         self.name, holder)
             self._observed = (holder, renew)
             self._observed_at = now
         if holder and holder != self.identity and now - self._observed_at < self.lease_duration:
