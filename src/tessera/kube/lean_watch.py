@@ -137,10 +137,15 @@ class LeanSource:
     """List and watch of one resource collection (e.g. ``/api/v1/pods``) under a field
     selector, yielding ``LeanPod`` objects: what ``Informer`` takes as its ``source``."""
 
-    def __init__(self, raw: RawApi, path: str, fields: dict[str, str]) -> None:
+    def __init__(self, raw: RawApi, path: str, fields: dict[str, str],
+                 watch_seconds: int | None = None) -> None:
         self.raw = raw
         self.path = path
         self.selector = quote(",".join(f"{k}={v}" for k, v in fields.items()), safe="")
+        self.timeout = "" if watch_seconds is None else f"&timeoutSeconds={watch_seconds}"
+        """Each watch's length (None: the API server's choice, 30-60 min by default)."""
+        self.watches = 0
+        """Watch requests made (each resumes from the last version seen)."""
 
     async def list(self, chunk: int = 2000) -> tuple[list[Any], str]:
         items: list[Any] = []
@@ -163,7 +168,9 @@ class LeanSource:
         ``KubeHTTPError`` with its code, so the informer lists again."""
         while True:
             q = (f"{self.path}?watch=1&allowWatchBookmarks=true"
-                 f"&resourceVersion={quote(rv, safe='')}&fieldSelector={self.selector}")
+                 f"&resourceVersion={quote(rv, safe='')}&fieldSelector={self.selector}"
+                 f"{self.timeout}")
+            self.watches += 1
             async for line in self.raw.stream_lines(q):
                 event = _event(line)
                 kind = event.type

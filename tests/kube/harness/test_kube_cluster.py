@@ -216,6 +216,63 @@ def test_lean_client_lists_watches_and_reports_errors(kube_cluster: TestCluster,
     assert seen[0] == ("ADDED", "lean") and seen[-1] == ("DELETED", "lean")
 
 
+def test_lean_pods_watch_resumes_from_the_last_version(
+        kube_cluster: TestCluster, kube_namespace: str) -> None:
+    """The pods informer's watch (kube.lean_watch.LeanSource): when the API server ends a
+    watch (here after 1 s), the next one starts from the last version seen, so every event
+    arrives once, in order, with no list in between."""
+    import asyncio
+
+    from lightkube import KubeConfig
+
+    from tessera.kube.lean_watch import LeanSource
+    from tessera.kube.rawapi import RawApi
+
+    config = KubeConfig.from_file(str(kube_cluster.kubeconfig)).get()
+    assert config is not None
+    pods = f"/api/v1/namespaces/{kube_namespace}/pods"
+    mine = {"spec.schedulerName": "lean-watch-test"}
+
+    def body(name: str) -> bytes:
+        return msgspec.json.encode({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                                    "spec": {"schedulerName": "lean-watch-test", "containers": [
+                                        {"name": "c", "image": "x.invalid/a"}]}})
+
+    async def run() -> tuple[list[tuple[str, str]], int]:
+        raw = RawApi(config, connections=2)
+        await raw.request("POST", pods, body("before"), decode=False)
+        source = LeanSource(raw, pods, mine, watch_seconds=1)
+        listed, rv = await source.list()
+        assert [p.metadata.name for p in listed] == ["before"]
+        seen: list[tuple[str, str]] = []
+
+        async def watch() -> None:
+            async for kind, pod in source.watch(rv):
+                seen.append((kind, pod.metadata.name))
+                if (kind, pod.metadata.name) == ("DELETED", "b"):
+                    return
+
+        task = asyncio.create_task(watch())
+        await raw.request("POST", pods, body("a"), decode=False)
+        async def two_more() -> None:
+            while source.watches < 3:  # two watches ended by the API server since "a"
+                await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(two_more(), 30)
+        await raw.request("POST", pods, body("b"), decode=False)
+        await raw.request("DELETE", f"{pods}/b?gracePeriodSeconds=0")
+        await asyncio.wait_for(task, 60)
+        for name in ("before", "a"):
+            await raw.request("DELETE", f"{pods}/{name}?gracePeriodSeconds=0")
+        await raw.close()
+        return seen, source.watches
+
+    seen, watches = asyncio.run(run())
+    assert seen == [("ADDED", "a"), ("ADDED", "b"), ("MODIFIED", "b"), ("DELETED", "b")] or \
+        seen == [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "b")], seen
+    assert watches >= 3
+
+
 def test_crd_schema_is_enforced_by_api_server(kube_client: Client, kube_namespace: str) -> None:
     group = "clustertest.tessera.io"
     crd = CustomResourceDefinition.from_dict(  # type: ignore[attr-defined]
