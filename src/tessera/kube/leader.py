@@ -55,6 +55,9 @@ class LeaderElector:
         self._observed: tuple[str | None, str | None] | None = None
         self._observed_at = 0.0
         self.last_renew = 0.0
+        self._mine: Lease | None = None
+        """The Lease as this replica last wrote it, while it holds it: a renewal writes over
+        it without reading it first (client-go's fast path); a conflict reads it again."""
 
     def _spec(self, lease: Lease | None, transitions: int) -> LeaseSpec:
         now = _now()
@@ -69,13 +72,27 @@ class LeaderElector:
         )
 
     async def try_acquire_or_renew(self) -> bool:
+        mine = self._mine
+        self._mine = None
+        if mine is not None and mine.spec is not None \
+                and time.monotonic() - self.last_renew < self.lease_duration:
+            # Still the holder by this replica's own clock: one write, guarded by the
+            # resourceVersion this replica wrote (409: someone else wrote since; read it).
+            mine.spec = self._spec(mine, mine.spec.leaseTransitions or 0)
+            try:
+                self._mine = await self.client.replace(mine)
+                self.last_renew = time.monotonic()
+                return True
+            except ApiError as exc:
+                if exc.status.code != 409:
+                    raise
         try:
             lease = await self.client.get(Lease, self.name, namespace=self.namespace)
         except ApiError as exc:
             if exc.status.code != 404:
                 raise
             try:
-                await self.client.create(
+                self._mine = await self.client.create(
                     Lease(metadata=ObjectMeta(name=self.name, namespace=self.namespace),
                           spec=self._spec(None, 0)),
                 )
@@ -102,7 +119,7 @@ class LeaderElector:
             transitions += 1
         lease.spec = self._spec(lease, transitions)
         try:
-            await self.client.replace(lease)
+            self._mine = await self.client.replace(lease)
         except ApiError as exc:
             if exc.status.code == 409:
                 return False
@@ -138,6 +155,7 @@ class LeaderElector:
 
     async def release(self) -> None:
         """Give the Lease up on a clean shutdown so a standby takes over at once."""
+        self._mine = None
         try:
             lease = await self.client.get(Lease, self.name, namespace=self.namespace)
             if lease.spec and lease.spec.holderIdentity == self.identity:

@@ -273,6 +273,57 @@ def test_lean_pods_watch_resumes_from_the_last_version(
     assert watches >= 3
 
 
+def test_lease_renewal_is_one_write_and_a_lease_taken_meanwhile_is_seen(
+        kube_cluster: TestCluster, kube_client: Client, kube_namespace: str) -> None:
+    """tessera-scheduler's leader election (kube.leader) against the real API server: the
+    holder renews with one write each time (no read first, as client-go's fast path); a
+    standby reads and stands by; when someone else has written the Lease meanwhile, the
+    holder's write gets 409, it reads the Lease, sees the new holder and stops leading."""
+    import asyncio
+    from collections import Counter
+
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.resources.coordination_v1 import Lease
+
+    from tessera.kube.leader import LeaderElector
+
+    config = KubeConfig.from_file(str(kube_cluster.kubeconfig))
+    calls: Counter[str] = Counter()
+
+    def counted(client: AsyncClient) -> AsyncClient:
+        for verb in ("get", "create", "replace"):
+            real = getattr(client, verb)
+
+            async def call(*a: Any, _real: Any = real, _verb: str = verb, **k: Any) -> Any:
+                calls[_verb] += 1
+                return await _real(*a, **k)
+
+            setattr(client, verb, call)
+        return client
+
+    async def run() -> list[tuple[bool, dict[str, int]]]:
+        a = LeaderElector(counted(AsyncClient(config)), kube_namespace, "lease-test", "a",
+                          lease_duration=30, renew_deadline=20, retry_period=2)
+        b = LeaderElector(AsyncClient(config), kube_namespace, "lease-test", "b",
+                          lease_duration=30, renew_deadline=20, retry_period=2)
+        steps = []
+        for who in (a, a, a, b):
+            calls.clear()
+            steps.append((await who.try_acquire_or_renew(), dict(calls)))
+        lease = kube_client.get(Lease, "lease-test", namespace=kube_namespace)
+        assert lease.spec is not None
+        lease.spec.holderIdentity = "c"  # taken over (as after a: paused past the lease)
+        kube_client.replace(lease)
+        calls.clear()
+        steps.append((await a.try_acquire_or_renew(), dict(calls)))
+        return steps
+
+    steps = asyncio.run(run())
+    assert steps == [(True, {"get": 1, "create": 1}), (True, {"replace": 1}),
+                     (True, {"replace": 1}), (False, {}), (False, {"replace": 1, "get": 1})]
+    kube_client.delete(Lease, "lease-test", namespace=kube_namespace)
+
+
 def test_crd_schema_is_enforced_by_api_server(kube_client: Client, kube_namespace: str) -> None:
     group = "clustertest.tessera.io"
     crd = CustomResourceDefinition.from_dict(  # type: ignore[attr-defined]
