@@ -80,8 +80,7 @@ class LeaderElector:
             # resourceVersion this replica wrote (409: someone else wrote since; read it).
             mine.spec = self._spec(mine, mine.spec.leaseTransitions or 0)
             try:
-                self._mine = await self.client.replace(mine)
-                self.last_renew = time.monotonic()
+                self._wrote(await self.client.replace(mine))
                 return True
             except ApiError as exc:
                 if exc.status.code != 409:
@@ -92,15 +91,14 @@ class LeaderElector:
             if exc.status.code != 404:
                 raise
             try:
-                self._mine = await self.client.create(
+                self._wrote(await self.client.create(
                     Lease(metadata=ObjectMeta(name=self.name, namespace=self.namespace),
                           spec=self._spec(None, 0)),
-                )
+                ))
             except ApiError as exc2:
                 if exc2.status.code == 409:
                     return False
                 raise
-            self.last_renew = time.monotonic()
             return True
         spec = lease.spec
         holder = spec.holderIdentity if spec else None
@@ -119,13 +117,20 @@ class LeaderElector:
             transitions += 1
         lease.spec = self._spec(lease, transitions)
         try:
-            self._mine = await self.client.replace(lease)
+            self._wrote(await self.client.replace(lease))
         except ApiError as exc:
             if exc.status.code == 409:
                 return False
             raise
-        self.last_renew = time.monotonic()
         return True
+
+    def _wrote(self, lease: Lease) -> None:
+        """This replica wrote ``lease`` (holding it): renewed now, and the holder it has seen
+        is itself (``keep`` stops at once on a failed renewal when it has seen another)."""
+        self._mine = lease
+        self.last_renew = time.monotonic()
+        self._observed = (self.identity, None)
+        self._observed_at = self.last_renew
 
     async def acquire(self) -> None:
         """Return once this replica holds the Lease."""

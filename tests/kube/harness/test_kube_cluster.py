@@ -316,12 +316,25 @@ def test_lease_renewal_is_one_write_and_a_lease_taken_meanwhile_is_seen(
         kube_client.replace(lease)
         calls.clear()
         steps.append((await a.try_acquire_or_renew(), dict(calls)))
+        # A takeover: d holds a 1 s Lease and stops renewing; e, having seen d's Lease stand
+        # unchanged for 1 s by its own clock, takes it, and then knows itself as the holder it
+        # has seen (keep() stops at once on a failed renewal when the holder seen is another).
+        d = LeaderElector(AsyncClient(config), kube_namespace, "lease-test-2", "d",
+                          lease_duration=1, renew_deadline=0.6, retry_period=0.2)
+        e = LeaderElector(AsyncClient(config), kube_namespace, "lease-test-2", "e",
+                          lease_duration=1, renew_deadline=0.6, retry_period=0.2)
+        assert await d.try_acquire_or_renew() and not await e.try_acquire_or_renew()
+        while not await e.try_acquire_or_renew():
+            await asyncio.sleep(0.2)
+        assert e._observed is not None and e._observed[0] == "e"
+        assert await e.try_acquire_or_renew() and not await d.try_acquire_or_renew()
         return steps
 
     steps = asyncio.run(run())
     assert steps == [(True, {"get": 1, "create": 1}), (True, {"replace": 1}),
                      (True, {"replace": 1}), (False, {}), (False, {"replace": 1, "get": 1})]
-    kube_client.delete(Lease, "lease-test", namespace=kube_namespace)
+    for name in ("lease-test", "lease-test-2"):
+        kube_client.delete(Lease, name, namespace=kube_namespace)
 
 
 def test_crd_schema_is_enforced_by_api_server(kube_client: Client, kube_namespace: str) -> None:
