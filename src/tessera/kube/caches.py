@@ -86,7 +86,9 @@ class ClusterCaches:
             client, Pod, _ns_key, foreign_pod, self._on_foreign,
             fields={"spec.schedulerName": not_equal(names.SCHEDULER_NAME),
                     "spec.nodeName": not_equal("")},
-            name="other-pods", same=lambda a, b: a == b)
+            name="other-pods", same=lambda a, b: a == b,
+            source=None if raw is None else LeanSource(raw, "/api/v1/pods", {
+                "spec.schedulerName!": names.SCHEDULER_NAME, "spec.nodeName!": ""}))
         self.namespaces: Informer[dict[str, str]] = Informer(
             client, Namespace, lambda o: o.metadata.name,
             lambda o: dict(o.metadata.labels or {}), self._on_other, name="namespaces",

@@ -139,6 +139,8 @@ class LeanSource:
 
     def __init__(self, raw: RawApi, path: str, fields: dict[str, str],
                  watch_seconds: int | None = None) -> None:
+        """``fields``: field -> value required; a key ending in ``!`` asks for any other value
+        (``{"spec.nodeName!": ""}``: bound pods)."""
         self.raw = raw
         self.path = path
         self.selector = quote(",".join(f"{k}={v}" for k, v in fields.items()), safe="")

@@ -469,13 +469,16 @@ def _lean_has(path: str) -> bool:
 
 
 def test_every_field_pod_info_reads_is_decoded_by_the_lean_pod() -> None:
-    """The pods watch decodes only ``LeanPod``'s fields (msgspec skips the rest): a field
-    ``pod_info`` reads that ``LeanPod`` lacks would raise in the informer (or read as absent).
+    """The pods watches decode only ``LeanPod``'s fields (msgspec skips the rest): a field
+    ``pod_info`` or ``foreign_pod`` reads that ``LeanPod`` lacks would raise in the informer.
     ``pod_info`` runs over a lightkube Pod stating every field, recording each path it reads;
     each must be a field of ``LeanPod`` or inside a part it keeps whole."""
+    import json
+
     from lightkube.resources.core_v1 import Pod
 
-    from tessera.kube.objects import pod_info
+    from tessera.kube.lean_watch import decode_pod
+    from tessera.kube.objects import foreign_pod, pod_info
 
     seen: set[str] = set()
     reservation = {"metadata": {"name": "r", "namespace": "team", "labels": {
@@ -483,6 +486,11 @@ def test_every_field_pod_info_reads_is_decoded_by_the_lean_pod() -> None:
         "nodeName": "n1", "containers": [{"name": "main", "image": "i"}]}}
     for body in (_full_pod_body(), reservation):
         pod_info(_Reads(Pod.from_dict(body), "", seen))  # type: ignore[arg-type]
+    # Other schedulers' bound pods are watched the same way (kube.caches.foreign_pods).
+    foreign_pod(_Reads(Pod.from_dict(_full_pod_body()), "", seen))
+    full = json.dumps(_full_pod_body()).encode()
+    assert foreign_pod(decode_pod(full)) == foreign_pod(Pod.from_dict(json.loads(full)))
+    assert foreign_pod(decode_pod(full)) is not None
     assert {"spec.containers[].resources.requests", "spec.affinity.to_dict()",
             "metadata.ownerReferences[].controller"} <= seen  # it does record
     assert [p for p in sorted(seen) if not _lean_has(p)] == []
