@@ -62,6 +62,16 @@ class NodeConstraint(Protocol):
         ...
 
 
+def static_token(constraint: NodeConstraint) -> object | None:
+    """What a constraint's static answers (``allows`` and ``score`` for every node) stand on,
+    or None. A constraint may offer ``static_token()``: while it returns an equal value and the
+    nodes are the same, an equal constraint's answers stand across cycles too, so the placer
+    keeps them (``Placer.forget_constraints``) instead of asking every node again. None (or no
+    such method): its answers hold for the one cycle."""
+    token = getattr(constraint, "static_token", None)
+    return None if token is None else token()
+
+
 def without_room(constraint: NodeConstraint | None) -> NodeConstraint | None:
     """The constraint less a part that only says where there is room *now* (a MIG pod's
     constraint: nodes whose MIG GPUs have room for its profile), for the cycle's search that

@@ -19,6 +19,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, PersistentVo
 from tessera.kube import claims as dra
 from tessera.kube import names
 from tessera.kube.informer import Informer
+from tessera.kube.lean_watch import LeanSource
 from tessera.kube.objects import (
     ForeignPod,
     NodeInfo,
@@ -35,6 +36,7 @@ from tessera.kube.objects import (
     project_info,
     same_for_scheduling,
 )
+from tessera.kube.rawapi import RawApi
 
 PodHandler = Callable[[PodKey, PodInfo | None, PodInfo | None], None]
 
@@ -57,16 +59,19 @@ def _ns_key(o: Any) -> tuple[str, str]:
 
 
 class ClusterCaches:
-    def __init__(self, client: AsyncClient, wake: asyncio.Event, on_pod: PodHandler) -> None:
+    def __init__(self, client: AsyncClient, wake: asyncio.Event, on_pod: PodHandler,
+                 raw: RawApi | None = None) -> None:
         self.wake = wake
+        mine = {"spec.schedulerName": names.SCHEDULER_NAME}
         self.foreign: dict[str, list[int]] = {}
         """node -> [GPUs, CPU millicores, memory] held by other schedulers' pods."""
         self.nodes: Informer[NodeInfo] = Informer(
             client, Node, lambda o: o.metadata.name, node_info, self._on_node, name="nodes")
         self.pods: Informer[PodInfo] = Informer(
-            client, Pod, _ns_key, pod_info, on_pod,
-            fields={"spec.schedulerName": names.SCHEDULER_NAME}, name="pods",
-            same=same_for_scheduling, index=lambda p: p.node or None)
+            client, Pod, _ns_key, pod_info, on_pod, fields=mine, name="pods",
+            same=same_for_scheduling, index=lambda p: p.node or None,
+            source=None if raw is None else LeanSource(raw, "/api/v1/pods", mine))
+        """Listed and watched through the lean client where there is one (kube.lean_watch)."""
         self.projects: Informer[ProjectInfo] = Informer(
             client, ProjectResource, lambda o: o.metadata.name, project_info, self._on_other,
             name="projects", same=lambda a, b: (a.project, a.namespace, a.error)
@@ -81,7 +86,9 @@ class ClusterCaches:
             client, Pod, _ns_key, foreign_pod, self._on_foreign,
             fields={"spec.schedulerName": not_equal(names.SCHEDULER_NAME),
                     "spec.nodeName": not_equal("")},
-            name="other-pods", same=lambda a, b: a == b)
+            name="other-pods", same=lambda a, b: a == b,
+            source=None if raw is None else LeanSource(raw, "/api/v1/pods", {
+                "spec.schedulerName!": names.SCHEDULER_NAME, "spec.nodeName!": ""}))
         self.namespaces: Informer[dict[str, str]] = Informer(
             client, Namespace, lambda o: o.metadata.name,
             lambda o: dict(o.metadata.labels or {}), self._on_other, name="namespaces",

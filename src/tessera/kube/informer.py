@@ -9,6 +9,8 @@ from typing import Any, Generic, TypeVar
 
 from lightkube import ApiError, AsyncClient
 
+from tessera.kube.rawapi import KubeHTTPError
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -35,6 +37,7 @@ class Informer(Generic[T]):
         same: Callable[[T, T], bool] | None = None,
         optional: bool = False,
         index: Callable[[T], Any] | None = None,
+        source: Any = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -56,6 +59,9 @@ class Informer(Generic[T]):
         """``index(item)``: a value to find items by (None: not indexed), e.g. a pod's node."""
         self.by: dict[Any, set[Any]] = {}
         """``index`` value -> keys of the items that have it, kept with ``items``."""
+        self.source = source
+        """Lists and watches instead of lightkube (``list()``, ``watch(rv)``: the pods through
+        the lean client, tessera.kube.lean_watch)."""
 
     def _set(self, k: Any, old: T | None, new: T | None) -> None:
         """Stores ``new`` under ``k`` (None: deletes it), keeping ``by`` in step."""
@@ -93,16 +99,22 @@ class Informer(Generic[T]):
         self.on_change(k, old, new)
 
     async def _list(self) -> str:
-        kw: dict[str, Any] = {"labels": self.labels, "fields": self.fields}
-        if self.namespace is not None:
-            kw["namespace"] = self.namespace
-        elif _namespaced(self.resource):
-            kw["namespace"] = "*"
-        it = self.client.list(self.resource, chunk_size=2000, **kw)
         seen: dict[Any, T] = {}
-        async for obj in it:
-            seen[self.key(obj)] = self.parse(obj)
-        rv = it.resourceVersion
+        if self.source is not None:
+            objs, rv = await self.source.list()
+            rv = str(rv)
+            for obj in objs:
+                seen[self.key(obj)] = self.parse(obj)
+        else:
+            kw: dict[str, Any] = {"labels": self.labels, "fields": self.fields}
+            if self.namespace is not None:
+                kw["namespace"] = self.namespace
+            elif _namespaced(self.resource):
+                kw["namespace"] = "*"
+            it = self.client.list(self.resource, chunk_size=2000, **kw)
+            async for obj in it:
+                seen[self.key(obj)] = self.parse(obj)
+            rv = it.resourceVersion
         for k in [k for k in self.items if k not in seen]:
             gone = self.items[k]
             self._set(k, gone, None)
@@ -119,6 +131,11 @@ class Informer(Generic[T]):
             try:
                 rv = await self._list()
                 self.synced.set()
+                if self.source is not None:
+                    async for kind, obj in self.source.watch(rv):
+                        self._apply(kind, obj)
+                        delay = 0.2
+                    continue
                 kw: dict[str, Any] = {"labels": self.labels, "fields": self.fields,
                                       "resource_version": rv}
                 if self.namespace is not None:
@@ -138,6 +155,11 @@ class Informer(Generic[T]):
                     self.synced.set()
                     await asyncio.sleep(60.0)
                 elif exc.status.code != 410:
+                    log.warning("watch %s failed: %s; relisting in %.1fs", self.name, exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+            except KubeHTTPError as exc:
+                if exc.code != 410:  # 410: too old, list again now
                     log.warning("watch %s failed: %s; relisting in %.1fs", self.name, exc, delay)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)

@@ -55,6 +55,9 @@ class LeaderElector:
         self._observed: tuple[str | None, str | None] | None = None
         self._observed_at = 0.0
         self.last_renew = 0.0
+        self._mine: Lease | None = None
+        """The Lease as this replica last wrote it, while it holds it: a renewal writes over
+        it without reading it first (client-go's fast path); a conflict reads it again."""
 
     def _spec(self, lease: Lease | None, transitions: int) -> LeaseSpec:
         now = _now()
@@ -69,27 +72,42 @@ class LeaderElector:
         )
 
     async def try_acquire_or_renew(self) -> bool:
+        mine = self._mine
+        self._mine = None
+        if mine is not None and mine.spec is not None \
+                and time.monotonic() - self.last_renew < self.lease_duration:
+            # Still the holder by this replica's own clock: one write, guarded by the
+            # resourceVersion this replica wrote (409: someone else wrote since; read it).
+            mine.spec = self._spec(mine, mine.spec.leaseTransitions or 0)
+            try:
+                self._wrote(await self.client.replace(mine))
+                return True
+            except ApiError as exc:
+                if exc.status.code != 409:
+                    raise
         try:
             lease = await self.client.get(Lease, self.name, namespace=self.namespace)
         except ApiError as exc:
             if exc.status.code != 404:
                 raise
             try:
-                await self.client.create(
+                self._wrote(await self.client.create(
                     Lease(metadata=ObjectMeta(name=self.name, namespace=self.namespace),
                           spec=self._spec(None, 0)),
-                )
+                ))
             except ApiError as exc2:
                 if exc2.status.code == 409:
                     return False
                 raise
-            self.last_renew = time.monotonic()
             return True
         spec = lease.spec
         holder = spec.holderIdentity if spec else None
         renew = str(spec.renewTime) if spec and spec.renewTime else None
         now = time.monotonic()
         if self._observed != (holder, renew):
+            if holder and holder != self.identity and (self._observed or (None,))[0] != holder:
+                log.info("leader: lease %s/%s is held by %s; standing by", self.namespace,
+                         self.name, holder)
             self._observed = (holder, renew)
             self._observed_at = now
         if holder and holder != self.identity and now - self._observed_at < self.lease_duration:
@@ -99,13 +117,20 @@ class LeaderElector:
             transitions += 1
         lease.spec = self._spec(lease, transitions)
         try:
-            await self.client.replace(lease)
+            self._wrote(await self.client.replace(lease))
         except ApiError as exc:
             if exc.status.code == 409:
                 return False
             raise
-        self.last_renew = time.monotonic()
         return True
+
+    def _wrote(self, lease: Lease) -> None:
+        """This replica wrote ``lease`` (holding it): renewed now, and the holder it has seen
+        is itself (``keep`` stops at once on a failed renewal when it has seen another)."""
+        self._mine = lease
+        self.last_renew = time.monotonic()
+        self._observed = (self.identity, None)
+        self._observed_at = self.last_renew
 
     async def acquire(self) -> None:
         """Return once this replica holds the Lease."""
@@ -135,6 +160,7 @@ class LeaderElector:
 
     async def release(self) -> None:
         """Give the Lease up on a clean shutdown so a standby takes over at once."""
+        self._mine = None
         try:
             lease = await self.client.get(Lease, self.name, namespace=self.namespace)
             if lease.spec and lease.spec.holderIdentity == self.identity:

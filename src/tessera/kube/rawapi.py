@@ -180,7 +180,10 @@ class RawApi:
                                     if isinstance(reply, dict) else "")
             buf = b""
             while True:
-                size = int((await reader.readline()).split(b";")[0].strip(), 16)
+                head_line = await reader.readline()
+                if not head_line:  # cut without the last chunk: not a clean end
+                    raise ConnectionResetError("watch cut by the API server")
+                size = int(head_line.split(b";")[0].strip(), 16)
                 if size == 0:
                     return
                 buf += await reader.readexactly(size)

@@ -71,7 +71,7 @@ class KubeScheduler:
         writer = Writer(client, concurrency=opts.concurrency,
                         system_namespace=opts.system_namespace,
                         reservation_image=opts.reservation_image, raw=raw)
-        self.caches = ClusterCaches(client, self.wake, self._on_pod)
+        self.caches = ClusterCaches(client, self.wake, self._on_pod, raw)
         self.inflight = InFlight()
         view = PodView(self.caches.pods.items, self.caches.pods.by)
         self.parts = Parts(client, opts, writer, self.caches, view,

@@ -39,7 +39,10 @@ class NodeFactsCache:
                 continue
             got = known.get(name)
             if got is None or got[0] is not ni:
-                got = (ni, nodes_facts({name: ni})[name])
+                f = nodes_facts({name: ni})[name]
+                # equal facts stay the same object (a node's status written again, a
+                # heartbeat): constraints' answers stand while the facts are the same objects
+                got = (ni, got[1] if got is not None and got[1] == f else f)
             fresh[name] = got
         self._known = fresh
         return {name: f for name, (_, f) in fresh.items()}

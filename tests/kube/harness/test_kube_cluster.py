@@ -216,6 +216,127 @@ def test_lean_client_lists_watches_and_reports_errors(kube_cluster: TestCluster,
     assert seen[0] == ("ADDED", "lean") and seen[-1] == ("DELETED", "lean")
 
 
+def test_lean_pods_watch_resumes_from_the_last_version(
+        kube_cluster: TestCluster, kube_namespace: str) -> None:
+    """The pods informer's watch (kube.lean_watch.LeanSource): when the API server ends a
+    watch (here after 1 s), the next one starts from the last version seen, so every event
+    arrives once, in order, with no list in between."""
+    import asyncio
+
+    from lightkube import KubeConfig
+
+    from tessera.kube.lean_watch import LeanSource
+    from tessera.kube.rawapi import RawApi
+
+    config = KubeConfig.from_file(str(kube_cluster.kubeconfig)).get()
+    assert config is not None
+    pods = f"/api/v1/namespaces/{kube_namespace}/pods"
+    mine = {"spec.schedulerName": "lean-watch-test"}
+
+    def body(name: str) -> bytes:
+        return msgspec.json.encode({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                                    "spec": {"schedulerName": "lean-watch-test", "containers": [
+                                        {"name": "c", "image": "x.invalid/a"}]}})
+
+    async def run() -> tuple[list[tuple[str, str]], int]:
+        raw = RawApi(config, connections=2)
+        await raw.request("POST", pods, body("before"), decode=False)
+        source = LeanSource(raw, pods, mine, watch_seconds=1)
+        listed, rv = await source.list()
+        assert [p.metadata.name for p in listed] == ["before"]
+        seen: list[tuple[str, str]] = []
+
+        async def watch() -> None:
+            async for kind, pod in source.watch(rv):
+                seen.append((kind, pod.metadata.name))
+                if (kind, pod.metadata.name) == ("DELETED", "b"):
+                    return
+
+        task = asyncio.create_task(watch())
+        await raw.request("POST", pods, body("a"), decode=False)
+        async def two_more() -> None:
+            while source.watches < 3:  # two watches ended by the API server since "a"
+                await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(two_more(), 30)
+        await raw.request("POST", pods, body("b"), decode=False)
+        await raw.request("DELETE", f"{pods}/b?gracePeriodSeconds=0")
+        await asyncio.wait_for(task, 60)
+        for name in ("before", "a"):
+            await raw.request("DELETE", f"{pods}/{name}?gracePeriodSeconds=0")
+        await raw.close()
+        return seen, source.watches
+
+    seen, watches = asyncio.run(run())
+    assert seen == [("ADDED", "a"), ("ADDED", "b"), ("MODIFIED", "b"), ("DELETED", "b")] or \
+        seen == [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "b")], seen
+    assert watches >= 3
+
+
+def test_lease_renewal_is_one_write_and_a_lease_taken_meanwhile_is_seen(
+        kube_cluster: TestCluster, kube_client: Client, kube_namespace: str) -> None:
+    """tessera-scheduler's leader election (kube.leader) against the real API server: the
+    holder renews with one write each time (no read first, as client-go's fast path); a
+    standby reads and stands by; when someone else has written the Lease meanwhile, the
+    holder's write gets 409, it reads the Lease, sees the new holder and stops leading."""
+    import asyncio
+    from collections import Counter
+
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.resources.coordination_v1 import Lease
+
+    from tessera.kube.leader import LeaderElector
+
+    config = KubeConfig.from_file(str(kube_cluster.kubeconfig))
+    calls: Counter[str] = Counter()
+
+    def counted(client: AsyncClient) -> AsyncClient:
+        for verb in ("get", "create", "replace"):
+            real = getattr(client, verb)
+
+            async def call(*a: Any, _real: Any = real, _verb: str = verb, **k: Any) -> Any:
+                calls[_verb] += 1
+                return await _real(*a, **k)
+
+            setattr(client, verb, call)
+        return client
+
+    async def run() -> list[tuple[bool, dict[str, int]]]:
+        a = LeaderElector(counted(AsyncClient(config)), kube_namespace, "lease-test", "a",
+                          lease_duration=30, renew_deadline=20, retry_period=2)
+        b = LeaderElector(AsyncClient(config), kube_namespace, "lease-test", "b",
+                          lease_duration=30, renew_deadline=20, retry_period=2)
+        steps = []
+        for who in (a, a, a, b):
+            calls.clear()
+            steps.append((await who.try_acquire_or_renew(), dict(calls)))
+        lease = kube_client.get(Lease, "lease-test", namespace=kube_namespace)
+        assert lease.spec is not None
+        lease.spec.holderIdentity = "c"  # taken over (as after a: paused past the lease)
+        kube_client.replace(lease)
+        calls.clear()
+        steps.append((await a.try_acquire_or_renew(), dict(calls)))
+        # A takeover: d holds a 1 s Lease and stops renewing; e, having seen d's Lease stand
+        # unchanged for 1 s by its own clock, takes it, and then knows itself as the holder it
+        # has seen (keep() stops at once on a failed renewal when the holder seen is another).
+        d = LeaderElector(AsyncClient(config), kube_namespace, "lease-test-2", "d",
+                          lease_duration=1, renew_deadline=0.6, retry_period=0.2)
+        e = LeaderElector(AsyncClient(config), kube_namespace, "lease-test-2", "e",
+                          lease_duration=1, renew_deadline=0.6, retry_period=0.2)
+        assert await d.try_acquire_or_renew() and not await e.try_acquire_or_renew()
+        while not await e.try_acquire_or_renew():
+            await asyncio.sleep(0.2)
+        assert e._observed is not None and e._observed[0] == "e"
+        assert await e.try_acquire_or_renew() and not await d.try_acquire_or_renew()
+        return steps
+
+    steps = asyncio.run(run())
+    assert steps == [(True, {"get": 1, "create": 1}), (True, {"replace": 1}),
+                     (True, {"replace": 1}), (False, {}), (False, {"replace": 1, "get": 1})]
+    for name in ("lease-test", "lease-test-2"):
+        kube_client.delete(Lease, name, namespace=kube_namespace)
+
+
 def test_crd_schema_is_enforced_by_api_server(kube_client: Client, kube_namespace: str) -> None:
     group = "clustertest.tessera.io"
     crd = CustomResourceDefinition.from_dict(  # type: ignore[attr-defined]

@@ -431,3 +431,49 @@ def test_static_scores_kept_across_cycles_only_while_node_facts_are_the_same(
     d = constraint_for(scheduling_spec("default", {}, anti), False, view)
     d.score(na)
     assert not d._scored
+
+
+def test_placer_keeps_a_constraints_node_vector_across_cycles_while_the_facts_stand(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The placer's per-constraint vector (allowed, preference per node) survives a warm
+    cycle's ``forget_constraints`` while the constraint's ``static_token`` (the nodes' facts,
+    the filters and scores planned) is unchanged: no node is asked again. A node given new
+    facts (relabelled) makes every kept vector asked again, with the new answer; a constraint
+    whose score reads the placed pods (inter-pod affinity) is never kept."""
+    from tessera.core.placement import Placer
+    from tessera.core.state import ClusterState
+
+    asked: list[str] = []
+    a, b = node("a", {"disktype": "ssd"}), node("b")
+    view = ClusterView()
+    view.reset({"a": a, "b": b}, {}, [])
+    c = constraint_for(scheduling_spec("default", {}, {"nodeSelector": {"disktype": "ssd"}}),
+                       False, view)
+    real_allows = type(c).allows
+
+    def counted(self: Any, n: Node) -> bool:
+        asked.append(n.name)
+        return real_allows(self, n)
+
+    monkeypatch.setattr(type(c), "allows", counted)
+    placer = Placer(ClusterState([Node("a"), Node("b")]))
+    assert list(placer.static(c)[0]) == [1, 0] and asked == ["a", "b"]
+    view.reset({"a": a, "b": b}, {}, [])  # next cycle, same facts objects
+    placer.forget_constraints()
+    again = constraint_for(scheduling_spec("default", {}, {"nodeSelector": {"disktype": "ssd"}}),
+                           False, view)  # equal, as the snapshot builder's next one is
+    assert list(placer.static(again)[0]) == [1, 0] and asked == ["a", "b"]
+    view.reset({"a": a, "b": node("b", {"disktype": "ssd"})}, {}, [])  # b relabelled
+    placer.forget_constraints()
+    assert list(placer.static(again)[0]) == [1, 1] and asked == ["a", "b", "a", "b"]
+    soft = constraint_for(scheduling_spec("default", {}, {"affinity": {"podAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 5, "podAffinityTerm": {
+            "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {
+                "app": "x"}}}}]}}}), False, view)
+    assert soft.static_token() is None
+    placer.static(soft)
+    view.reset({"a": a, "b": node("b", {"disktype": "ssd"})}, {}, [])
+    placer.forget_constraints()
+    asked.clear()
+    placer.static(soft)
+    assert asked == ["a", "b"]

@@ -629,12 +629,27 @@ def test_scheduler_killed_mid_batch_restarts_without_double_allocation(
 def test_leader_election_two_replicas_one_acts(
     env: SchedulerEnv, kube_client: Client, project: str
 ) -> None:
+    """The running scheduler holds the Lease; a standby started beside it sees the Lease held,
+    stands by and does not act; once the leader is killed, it takes over. Each step waits for
+    what shows the previous one happened (the leader's Lease, the standby's "standing by"),
+    not for a time: at load a Python process takes seconds to start."""
     ns = project
+    leader = next(a for a in env.scheduler.args if str(a).startswith("--identity="))
+    leader = str(leader).removeprefix("--identity=")
+
+    def holder() -> str | None:
+        try:
+            lease = kube_client.get(Lease, names.LEASE_NAME, namespace=names.SYSTEM_NAMESPACE)
+        except ApiError:
+            return None
+        return lease.spec.holderIdentity if lease.spec else None
+
+    wait_until(f"{leader} holds the lease", lambda: holder() == leader, timeout=60)
     standby = env.start_scheduler("scheduler-standby")
-    time.sleep(2)
-    lease = kube_client.get(Lease, names.LEASE_NAME, namespace=names.SYSTEM_NAMESPACE)
-    leader = lease.spec.holderIdentity  # type: ignore[union-attr]
-    assert leader != "scheduler-standby"
+    wait_until("the standby stands by", lambda: re.search(
+        rf"lease \S+ is held by {re.escape(leader)}; standing by", env.log("scheduler-standby")),
+        timeout=60)
+    assert holder() == leader
     make_pod(kube_client, ns, "one", {names.GPU_PORTION: "0.5"}, model="H100-80GB")
     bound(kube_client, ns, "one")
     assert "caches synced" not in env.log("scheduler-standby"), "the standby must not act"
@@ -642,8 +657,7 @@ def test_leader_election_two_replicas_one_acts(
     env.scheduler.wait(5)
     make_pod(kube_client, ns, "two", {names.GPU_PORTION: "0.5"}, model="H100-80GB")
     bound(kube_client, ns, "two", timeout=45)
-    lease = kube_client.get(Lease, names.LEASE_NAME, namespace=names.SYSTEM_NAMESPACE)
-    assert lease.spec.holderIdentity == "scheduler-standby"  # type: ignore[union-attr]
+    assert holder() == "scheduler-standby"
     assert "caches synced" in env.log("scheduler-standby")
     env.scheduler = standby
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -341,3 +341,157 @@ def test_gang_anchors_reach_the_core_and_a_gang_waits_while_its_anchor_pod_does_
     snap, ctx = SnapshotBuilder().build(nodes, pods, projects, groups, {}, set(), 2.0)
     (w,) = snap.workloads
     assert w.anchors == (0,) and w.pod_names[0] == "rc-head-x" and len(w.pod_names) == 4
+
+
+def _full_pod_body() -> dict[str, Any]:
+    """A pod that states every field ``pod_info`` reads."""
+    placement = placement_to_json(Placement("n1", (0,), cpu_milli=500, memory=2**30))
+    term = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
+    body = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "team", "uid": "u-1", "labels": {"app": "x"},
+                     "annotations": {names.GPU_PORTION: "0.5", names.PLACEMENT: placement},
+                     "creationTimestamp": "2026-11-28T10:00:00Z",
+                     "deletionTimestamp": "2026-11-28T11:00:00Z",
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                          "name": "rs", "uid": "r", "controller": True}]},
+        "spec": {
+            "nodeName": "n1", "schedulerName": names.SCHEDULER_NAME, "priorityClassName": "build",
+            "nodeSelector": {"disktype": "ssd"}, "overhead": {"cpu": "100m"},
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "gpus", "operator": "Gt", "values": ["3"]}]}]},
+                    "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 5, "preference": {
+                        "matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}}]},
+                "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+            "tolerations": [{"key": "maintenance", "operator": "Exists", "effect": "NoSchedule"}],
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                                           "whenUnsatisfiable": "DoNotSchedule",
+                                           "labelSelector": {"matchLabels": {"app": "x"}}}],
+            "containers": [{"name": "main", "image": "i",
+                            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                          "limits": {"memory": "1Gi"}},
+                            "ports": [{"containerPort": 80, "hostPort": 8080}]}],
+            "initContainers": [{"name": "init", "image": "i",
+                                "resources": {"requests": {"cpu": "1"}}}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "c"}},
+                        {"name": "tmp", "emptyDir": {}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+        "status": {"phase": "Running", "startTime": "2026-11-28T10:00:05Z",
+                   "conditions": [{"type": "PodScheduled", "status": "False", "message": "m"}],
+                   "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-1"}]},
+    }
+    return body
+
+
+def test_pods_read_through_the_lean_watch_parse_as_lightkubes_models_do() -> None:
+    """The pods informer decodes events with msgspec into ``LeanPod`` instead of building
+    lightkube models; ``pod_info`` must read the same from both, for every field it reads
+    (requests and limits, placement and MIG annotations, node, phase, deletion, owner,
+    conditions, claims, and the scheduling spec: selector, affinity, tolerations, spread,
+    host ports, PVC volumes, overhead)."""
+    import json
+    from dataclasses import replace
+
+    from lightkube.resources.core_v1 import Pod
+
+    from tessera.kube.lean_watch import decode_pod
+    from tessera.kube.objects import pod_info
+
+    body = _full_pod_body()
+    lean = pod_info(decode_pod(json.dumps(body).encode()))
+    model = pod_info(Pod.from_dict(json.loads(json.dumps(body))))
+    assert lean == replace(model, version=lean.version)  # version: a counter per parse
+    assert lean.sched is not None and lean.sched_error is None and lean.error is None
+    assert lean.placement is not None and lean.claim_names == ("p-gpu-1",)
+    assert (lean.deleting, lean.owner, lean.scheduled_message) == (True, "ReplicaSet", "m")
+    bare = {"metadata": {"name": "q", "namespace": "team"}, "spec": {"containers": [
+        {"name": "main", "image": "i"}]}}
+    got = pod_info(decode_pod(json.dumps(bare).encode()))
+    assert got == replace(pod_info(Pod.from_dict(dict(bare))), version=got.version)
+
+
+class _Reads:
+    """A lightkube object that records each attribute path read through it
+    (``spec.containers[].resources.requests``; ``x.to_dict()`` for a part taken whole)."""
+
+    def __init__(self, obj: Any, path: str, seen: set[str]) -> None:
+        self._obj, self._path, self._seen = obj, path, seen
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._obj, name)
+        if name == "to_dict":
+            self._seen.add(f"{self._path}.to_dict()")
+            return value
+        path = f"{self._path}.{name}" if self._path else name
+        self._seen.add(path)
+        return _reads(value, path, self._seen)
+
+
+def _reads(value: Any, path: str, seen: set[str]) -> Any:
+    if hasattr(value, "to_dict"):  # a lightkube model
+        return _Reads(value, path, seen)
+    if isinstance(value, list):
+        return [_reads(v, f"{path}[]", seen) for v in value]
+    return value
+
+
+def _lean_has(path: str) -> bool:
+    """Whether ``LeanPod`` decodes what ``path`` reads: a field of its Structs, or anything
+    inside a part it keeps whole as JSON (``JsonDict``)."""
+    import typing
+
+    import msgspec
+
+    from tessera.kube.lean_watch import JsonDict, LeanPod
+
+    def bare(t: Any) -> Any:
+        while True:  # Optional[X] -> X, list[X] -> X
+            args = [a for a in typing.get_args(t) if a is not type(None)]
+            if typing.get_origin(t) in (list, typing.Union) or type(t).__name__ == "UnionType":
+                t = args[0]
+            else:
+                return t
+
+    t: Any = LeanPod
+    for part in path.replace("[]", "").split("."):
+        t = bare(t)
+        if t is JsonDict or (isinstance(t, type) and issubclass(t, JsonDict)):
+            return True
+        if part == "to_dict()" or not (isinstance(t, type) and issubclass(t, msgspec.Struct)):
+            return False
+        fields = {f.name: f.type for f in msgspec.structs.fields(t)}
+        if part not in fields:
+            return False
+        t = fields[part]
+    return True
+
+
+def test_every_field_pod_info_reads_is_decoded_by_the_lean_pod() -> None:
+    """The pods watches decode only ``LeanPod``'s fields (msgspec skips the rest): a field
+    ``pod_info`` or ``foreign_pod`` reads that ``LeanPod`` lacks would raise in the informer.
+    ``pod_info`` runs over a lightkube Pod stating every field, recording each path it reads;
+    each must be a field of ``LeanPod`` or inside a part it keeps whole."""
+    import json
+
+    from lightkube.resources.core_v1 import Pod
+
+    from tessera.kube.lean_watch import decode_pod
+    from tessera.kube.objects import foreign_pod, pod_info
+
+    seen: set[str] = set()
+    reservation = {"metadata": {"name": "r", "namespace": "team", "labels": {
+        names.RESERVATION_LABEL: "true", names.RESERVATION_DEVICE: "0"}}, "spec": {
+        "nodeName": "n1", "containers": [{"name": "main", "image": "i"}]}}
+    for body in (_full_pod_body(), reservation):
+        pod_info(_Reads(Pod.from_dict(body), "", seen))  # type: ignore[arg-type]
+    # Other schedulers' bound pods are watched the same way (kube.caches.foreign_pods).
+    foreign_pod(_Reads(Pod.from_dict(_full_pod_body()), "", seen))
+    full = json.dumps(_full_pod_body()).encode()
+    assert foreign_pod(decode_pod(full)) == foreign_pod(Pod.from_dict(json.loads(full)))
+    assert foreign_pod(decode_pod(full)) is not None
+    assert {"spec.containers[].resources.requests", "spec.affinity.to_dict()",
+            "metadata.ownerReferences[].controller"} <= seen  # it does record
+    assert [p for p in sorted(seen) if not _lean_has(p)] == []
+    assert not _lean_has("spec.runtimeClassName") and not _lean_has("spec.containers[].image")

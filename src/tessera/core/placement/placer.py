@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tessera.core import nvlink
-from tessera.core.constraints import PREFERENCE_WEIGHT, NodeConstraint, PlacedPods
+from tessera.core.constraints import PREFERENCE_WEIGHT, NodeConstraint, PlacedPods, static_token
 from tessera.core.model import ResourceRequest
 from tessera.core.placement.devices import could_ever_fit, make_placement
 from tessera.core.placement.explain import explain_no_fit
@@ -83,7 +83,9 @@ class Placer:
                     capacity[model] = capacity.get(model, 0) + 1
             observe(capacity)
         self._rankings: OrderedDict[object, _Ranking] = OrderedDict()
-        self._static: dict[NodeConstraint, tuple[bytearray, list[float]]] = {}
+        self._static: dict[NodeConstraint, tuple[bytearray, list[float], object | None]] = {}
+        """Constraint -> (allowed, preference per node index, its ``static_token`` then)."""
+        self._static_used: set[NodeConstraint] = set()
         self._possible: dict[ResourceRequest, bytearray] = {}
         self._memo: dict[tuple[int, int], Choice | None] = {}
         self._request_ids: dict[ResourceRequest, int] = {}
@@ -118,9 +120,17 @@ class Placer:
     def forget_constraints(self) -> None:
         """Drop what was learnt per ``NodeConstraint`` (static filters, preferences, rankings):
         a kept placer's next cycle may bring constraints that compare equal to the last ones
-        but answer from that cycle's view of the cluster (a cordoned node, a new taint)."""
-        self._static.clear()
-        for key in [k for k in self._rankings if isinstance(k, tuple)]:
+        but answer from that cycle's view of the cluster (a cordoned node, a new taint). Kept:
+        those asked since the last call whose ``static_token`` is still the one they were
+        computed at (the same nodes and node facts), with their rankings."""
+        kept = {}
+        for c in self._static_used:
+            found = self._static.get(c)
+            if found is not None and found[2] is not None and static_token(c) == found[2]:
+                kept[c] = found
+        self._static = kept
+        self._static_used = set()
+        for key in [k for k in self._rankings if isinstance(k, tuple) and k[1] not in kept]:
             self.state.unsubscribe(self._rankings.pop(key).dirty)
 
     def _ranking(self, key: object) -> _Ranking:
@@ -146,8 +156,9 @@ class Placer:
                 if constraint.allows(ns.node):
                     allowed[ns.index] = 1
                     prefs[ns.index] = PREFERENCE_WEIGHT * constraint.score(ns.node)
-            found = self._static[constraint] = (allowed, prefs)
-        return found
+            found = self._static[constraint] = (allowed, prefs, static_token(constraint))
+        self._static_used.add(constraint)
+        return found[0], found[1]
 
     def _possible_nodes(self, request: ResourceRequest) -> bytearray:
         """Per node index: could the request run there if the node were empty (capacity, GPU

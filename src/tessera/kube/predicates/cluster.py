@@ -91,9 +91,15 @@ class ClusterView:
         self.pods: list[OtherPod] = []
         self.cache: dict[Any, Any] = {}
         self.generation = 0
+        self.facts_version = 0
+        """Changes only when some node's facts do (a node added, removed or given new facts):
+        what a constraint's static answers stand on (``KubeConstraint.static_token``)."""
 
     def reset(self, nodes: dict[str, NodeFacts], namespaces: Mapping[str, Mapping[str, str]],
               pods: list[OtherPod]) -> None:
+        old = self.nodes
+        if len(old) != len(nodes) or any(old.get(k) is not f for k, f in nodes.items()):
+            self.facts_version += 1  # the builder keeps one NodeFacts per unchanged node
         self.nodes = nodes
         self.namespaces = namespaces
         self.pods = pods

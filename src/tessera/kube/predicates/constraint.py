@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tessera.core.constraints import PlacedPods
 from tessera.core.model import Node
@@ -145,6 +146,17 @@ class KubeConstraint:
         ok = all(f(self.pod, facts) is None for f in filters)
         self._allowed[node.name] = (facts, filters, ok)
         return ok
+
+    def static_token(self) -> tuple[Any, ...] | None:
+        """The placer keeps this constraint's static answers across cycles while this is equal
+        (tessera.core.constraints.static_token): the static filters and scores read only the
+        pod and the nodes' facts, so they stand while the facts and the plan do. None where a
+        score reads the pods placed (inter-pod affinity, spread)."""
+        filters, scores = self._plan()
+        names = tuple(name for name, _ in scores)
+        if not _STATIC_SCORES.issuperset(names):
+            return None
+        return (self.view.facts_version, filters, names)
 
     def admits(self, node: Node, placed: PlacedPods) -> bool:
         return self.dynamic_reason(self._facts(node), placed) is None
