@@ -132,7 +132,15 @@ class QuotaLedger:
         found = facts.unplaced_demands
         if found is None:
             pods = ws.spec.pods
-            found = facts.unplaced_demands = tuple(self.demand(pods[i]) for i in facts.unplaced)
+            out: list[Vector] = []
+            last: ResourceRequest | None = None
+            d: Vector = (0.0, 0.0, 0.0)
+            for i in facts.unplaced:
+                r = pods[i]
+                if r is not last:  # a gang's pods are mostly one request object: one look-up
+                    d, last = self.demand(r), r
+                out.append(d)
+            found = facts.unplaced_demands = tuple(out)
         return found
 
     def placement_vector(self, p: Placement) -> Vector:
@@ -150,6 +158,34 @@ class QuotaLedger:
             else:
                 gpus = sum(max(b / memory[i], time) for i, b in zip(devices, p.request_bytes, strict=True))
         return (gpus, float(p.cpu_milli), float(p.memory))
+
+    def enter_all(self, states: Iterable[WorkloadState]) -> None:
+        """A new session's workloads entered with their snapshot placements: each placed pod's
+        ``placement_vector`` into ``pod_vectors`` (the same expressions, inlined: one per pod
+        of 55,000 at 5,000 nodes), then ``ExactSums.enter_all``."""
+        by_name = self._state.by_name
+        for ws in states:
+            if not ws.was_running:
+                continue
+            vectors = ws.pod_vectors
+            for i, p in enumerate(ws.placements):
+                if p is None:
+                    continue
+                if p.gpus is not None:
+                    gpus = p.gpus
+                elif p.exclusive:
+                    gpus = float(len(p.devices))
+                else:
+                    memory = by_name[p.node].dev_memory
+                    time = p.compute / COMPUTE_FULL
+                    devices = p.devices
+                    if len(devices) == 1:
+                        gpus = max(p.request_bytes[0] / memory[devices[0]], time)
+                    else:
+                        gpus = sum(max(b / memory[d], time)
+                                   for d, b in zip(devices, p.request_bytes, strict=True))
+                vectors[i] = (gpus, float(p.cpu_milli), float(p.memory))
+        self.held.enter_all(states)
 
     def account(self, ws: WorkloadState, pod: int, p: Placement | None, sign: int) -> None:
         ws._vector = None

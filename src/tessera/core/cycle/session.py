@@ -419,20 +419,23 @@ class Session:
 
 def _add_all(session: Session, specs: Sequence[Workload]) -> bool:
     """``add_workload`` for every workload of a new session, their pods put on the nodes
-    in one ``ClusterState.load``; False (nothing added) where a placement does not fit."""
+    in one ``ClusterState.load``; False (nothing added) where a placement does not fit.
+    The same steps in the same order, made in three passes (states and their pods, the load,
+    then quota vectors and sums: ``QuotaLedger.enter_all``) instead of a call per pod."""
     chain, mig = session.tree.chain, session.mig
-    states = [WorkloadState(spec, chain(spec.project)) for spec in (live_room(s, mig) for s in specs)]
-    items = [(pod_id(ws.id, i), p) for ws in states for i, p in enumerate(ws.placements) if p is not None]
+    states: list[WorkloadState] = []
+    items: list[tuple[str, Placement]] = []
+    for spec in specs:
+        ws = WorkloadState(live_room(spec, mig), chain(spec.project))
+        states.append(ws)
+        if ws.was_running:  # (a pending workload has no placement)
+            wid = ws.id
+            items.extend((f"{wid}#{i}", p) for i, p in enumerate(ws.placements) if p is not None)
     if not session.state.load(items):
         return False
-    workloads, added, enter = session.workloads, session.waiting.added, session.quota.held.enter
-    vector_of = session.quota.placement_vector
+    workloads, added = session.workloads, session.waiting.added
     for ws in states:
         workloads[ws.id] = ws
         added(ws)
-        vectors = ws.pod_vectors
-        for i, p in enumerate(ws.placements):
-            if p is not None:
-                vectors[i] = vector_of(p)
-        enter(ws)
+    session.quota.enter_all(states)
     return True
