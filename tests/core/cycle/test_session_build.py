@@ -4,6 +4,8 @@ equals putting them in one by one with ``Session.add_workload``, fact for fact."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tessera.bench.cycle import build
@@ -34,3 +36,17 @@ def test_new_session_equals_one_by_one(seed: int, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(session_module, "_add_all", lambda session, specs: False)
     slow = Session(snap, config)
     assert _facts(fast) == _facts(slow)
+
+
+def test_demand_by_object_equals_demand_by_value() -> None:
+    """``QuotaLedger.demand`` looks a request up by object first: objects made and dropped one
+    after another (their ids reused) each get the demand of their own value."""
+    snap = build(nodes=30, running=300, pending=60, seed=4)
+    config = CycleConfig()
+    kept = Session(snap, config).quota
+    requests = [r for w in snap.workloads for r in w.pods]
+    for i in range(3000):
+        original = requests[(i * 7919) % len(requests)]
+        made = dataclasses.replace(original)  # equal value, a new object, dropped after use
+        assert kept.demand(made) == Session(snap, config).quota.demand(original) if i < 20 \
+            else kept.demand(made) == kept.demand(original)

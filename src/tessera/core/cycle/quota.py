@@ -80,6 +80,7 @@ class QuotaLedger:
         self.shares: FairShares
         """Set by ``share_out`` once the running workloads are accounted."""
         self._demand: dict[ResourceRequest, Vector] = {}
+        self._demand_of: dict[int, tuple[ResourceRequest, Vector]] = {}
         self._kinds: set[tuple[int, str]] | None = None
         self._levels: dict[str, tuple[tuple[str, int], ...]] = {}
         """Per leaf project: its chain from the top with each level's negated priority (the
@@ -100,7 +101,12 @@ class QuotaLedger:
     def demand(self, request: ResourceRequest) -> Vector:
         """Quota a pending pod counts as. A memory request counts as its share of the smallest
         device (of an allowed model) that can hold it, which is the most it can cost; KAI used
-        the smallest device in the cluster even when it could not hold the request (#1847)."""
+        the smallest device in the cluster even when it could not hold the request (#1847).
+        Looked up first by the request object (an int key; the entry keeps the object, so its
+        id is not reused while there), then by value (a dataclass hash and compare)."""
+        seen = self._demand_of.get(id(request))
+        if seen is not None and seen[0] is request:
+            return seen[1]
         d = self._demand.get(request)
         if d is None:
             gpu = request.gpu
@@ -116,6 +122,9 @@ class QuotaLedger:
                 gpus = gpu.gpus_on(1)
             d = (gpus, float(request.cpu_milli), float(request.memory))
             self._demand[request] = d
+        if len(self._demand_of) >= 65_536:
+            self._demand_of.clear()
+        self._demand_of[id(request)] = (request, d)
         return d
 
     def _device_kinds(self) -> set[tuple[int, str]]:
