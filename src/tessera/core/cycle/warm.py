@@ -42,7 +42,7 @@ from .kept_running import note_changed
 from .run import check_config, run_session
 from .session import Session
 from .types import CycleConfig, Plan, Snapshot
-from .validation import validate_workload
+from .validation import leaf_projects, plainly_valid, validate_workload
 
 
 class WarmCycle:
@@ -141,10 +141,13 @@ def _apply(session: Session, specs: dict[str, Workload], last: Snapshot, snapsho
             changed.append(w)
     gone = (list(filterfalse(present.__contains__, map(_id_of, last.workloads)))
             if len(ids) - len(arrived) < len(specs) else [])
+    leaves = leaf_projects(session.tree)  # (validation.plainly_valid: the usual workload)
     for w in changed:
-        validate_workload(w, session.tree)
+        if not plainly_valid(w, leaves):
+            validate_workload(w, session.tree)
     for w in arrived:
-        validate_workload(w, session.tree)
+        if not plainly_valid(w, leaves):
+            validate_workload(w, session.tree)
     for wid in gone:  # in the last snapshot's order
         session.remove_workload(wid)
         del specs[wid]
