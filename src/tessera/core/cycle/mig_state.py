@@ -164,7 +164,10 @@ class LiveRoom:
 def live_room(spec: Workload, mig: MigState) -> Workload:
     """A pending MIG pod goes only where the cycle's MIG state has room for its profile
     (``LiveRoom`` around the adapter's constraint)."""
-    if not any(r.mig is not None for r in spec.pods):
+    for r in spec.pods:  # (a plain loop: no generator frame per workload)
+        if r.mig is not None:
+            break
+    else:
         return spec
     constraints: list[NodeConstraint | None] = []
     for i, r in enumerate(spec.pods):
