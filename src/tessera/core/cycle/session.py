@@ -425,12 +425,15 @@ def _add_all(session: Session, specs: Sequence[Workload]) -> bool:
     chain, mig = session.tree.chain, session.mig
     states: list[WorkloadState] = []
     items: list[tuple[str, Placement]] = []
+    item = items.append
     for spec in specs:
         ws = WorkloadState(live_room(spec, mig), chain(spec.project))
         states.append(ws)
         if ws.was_running:  # (a pending workload has no placement)
             wid = ws.id
-            items.extend((f"{wid}#{i}", p) for i, p in enumerate(ws.placements) if p is not None)
+            for i, p in enumerate(ws.placements):
+                if p is not None:
+                    item((f"{wid}#{i}", p))  # pod_id(wid, i)
     if not session.state.load(items):
         return False
     workloads, added = session.workloads, session.waiting.added
