@@ -168,34 +168,6 @@ class QuotaLedger:
                 gpus = sum(max(b / memory[i], time) for i, b in zip(devices, p.request_bytes, strict=True))
         return (gpus, float(p.cpu_milli), float(p.memory))
 
-    def enter_all(self, states: Iterable[WorkloadState]) -> None:
-        """A new session's workloads entered with their snapshot placements: each placed pod's
-        ``placement_vector`` into ``pod_vectors`` (the same expressions, inlined: one per pod
-        of 55,000 at 5,000 nodes), then ``ExactSums.enter_all``."""
-        by_name = self._state.by_name
-        for ws in states:
-            if not ws.was_running:
-                continue
-            vectors = ws.pod_vectors
-            for i, p in enumerate(ws.placements):
-                if p is None:
-                    continue
-                if p.gpus is not None:
-                    gpus = p.gpus
-                elif p.exclusive:
-                    gpus = float(len(p.devices))
-                else:
-                    memory = by_name[p.node].dev_memory
-                    time = p.compute / COMPUTE_FULL
-                    devices = p.devices
-                    if len(devices) == 1:
-                        gpus = max(p.request_bytes[0] / memory[devices[0]], time)
-                    else:
-                        gpus = sum(max(b / memory[d], time)
-                                   for d, b in zip(devices, p.request_bytes, strict=True))
-                vectors[i] = (gpus, float(p.cpu_milli), float(p.memory))
-        self.held.enter_all(states)
-
     def account(self, ws: WorkloadState, pod: int, p: Placement | None, sign: int) -> None:
         ws._vector = None
         if sign > 0:
@@ -411,3 +383,32 @@ def _worded(ledger: QuotaLedger, ws: WorkloadState, demand: Vector, fair: bool,
                 if demand[r] > 0 and over > EPS:
                     return ledger._fair_wait(name, r, over)
     return None
+
+
+def enter_all(quota: QuotaLedger, states: Iterable[WorkloadState]) -> None:
+    """A new session's workloads entered into ``quota`` with their snapshot placements: each placed pod's
+    ``placement_vector`` into ``pod_vectors`` (the same expressions, inlined: one per pod
+    of 55,000 at 5,000 nodes), then ``ExactSums.enter_all``."""
+    by_name = quota._state.by_name
+    for ws in states:
+        if not ws.was_running:
+            continue
+        vectors = ws.pod_vectors
+        for i, p in enumerate(ws.placements):
+            if p is None:
+                continue
+            if p.gpus is not None:
+                gpus = p.gpus
+            elif p.exclusive:
+                gpus = float(len(p.devices))
+            else:
+                memory = by_name[p.node].dev_memory
+                time = p.compute / COMPUTE_FULL
+                devices = p.devices
+                if len(devices) == 1:
+                    gpus = max(p.request_bytes[0] / memory[devices[0]], time)
+                else:
+                    gpus = sum(max(b / memory[d], time)
+                               for d, b in zip(devices, p.request_bytes, strict=True))
+            vectors[i] = (gpus, float(p.cpu_milli), float(p.memory))
+    quota.held.enter_all(states)

@@ -25,7 +25,7 @@ from tessera.core.workloads import Workload
 from .history import fair_shares
 from .mig_state import MigState, live_room
 from .pending import PendingIndex, pending_demand
-from .quota import QuotaLedger
+from .quota import QuotaLedger, enter_all
 from .types import CycleConfig, Eviction, Move, Snapshot
 from .usable import movable_gpus, unusable_gpus
 from .validation import validate_workload, validate_workloads
@@ -421,7 +421,7 @@ def _add_all(session: Session, specs: Sequence[Workload]) -> bool:
     """``add_workload`` for every workload of a new session, their pods put on the nodes
     in one ``ClusterState.load``; False (nothing added) where a placement does not fit.
     The same steps in the same order, made in three passes (states and their pods, the load,
-    then quota vectors and sums: ``QuotaLedger.enter_all``) instead of a call per pod."""
+    then quota vectors and sums: ``quota.enter_all``) instead of a call per pod."""
     chain, mig = session.tree.chain, session.mig
     states: list[WorkloadState] = []
     items: list[tuple[str, Placement]] = []
@@ -440,5 +440,5 @@ def _add_all(session: Session, specs: Sequence[Workload]) -> bool:
     for ws in states:
         workloads[ws.id] = ws
         added(ws)
-    session.quota.enter_all(states)
+    enter_all(session.quota, states)
     return True
