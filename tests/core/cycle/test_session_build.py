@@ -1,5 +1,5 @@
 """A new session puts its workloads in with a few passes (``session._add_all``: the pods in one
-``ClusterState.load``, quota vectors and exact sums by ``QuotaLedger.enter_all``); the result
+``ClusterState.load``, quota vectors and exact sums by ``quota.enter_all``); the result
 equals putting them in one by one with ``Session.add_workload``, fact for fact."""
 
 from __future__ import annotations
