@@ -76,6 +76,8 @@ def test_candidate_lists_marks_and_room_memo_leave_the_plan_as_the_full_scan(
     def fresh_room(self, session, request, node):  # type: ignore[no-untyped-def]
         self.room_seen.clear()
         self.no_room.clear()
+        if self.kept is not None:  # nor what the session kept (kept_room)
+            self.kept.seen.clear()
         return counting_room(self, session, request, node)
 
     def taking(self, session, request, node, mask):  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -16,9 +17,11 @@ from hypothesis import strategies as st
 
 from tessera.bench import cycle as bench
 from tessera.bench.changes import advance
-from tessera.core.cycle import CycleConfig, Plan, Quota, Snapshot, Workload, run_cycle
+from tessera.core.cycle import CycleConfig, Plan, Quota, Snapshot, Workload, kept_room, run_cycle
 from tessera.core.cycle.actions.allocate import gang_demand, shape
+from tessera.core.cycle.kept_room import _KEPT as KEPT_ROOM
 from tessera.core.cycle.kept_running import _KEPT, KeptRunning
+from tessera.core.cycle.kept_victims import _KEPT as KEPT_VICTIMS
 from tessera.core.cycle.session import Session
 from tessera.core.cycle.warm import WarmCycle
 from tessera.core.cycle.workload_state import WorkloadState
@@ -66,6 +69,7 @@ def _warm_steps(warm: WarmCycle, snap: Snapshot, config: CycleConfig, plan: Plan
         assert plan == run_cycle(snap, config)
         _kept_as_the_snapshot_has_it(warm, snap)
         _kept_running_is_fresh(warm)
+        _kept_reclaim_is_fresh(warm)
 
 
 def _kept_as_the_snapshot_has_it(warm: WarmCycle, snap: Snapshot) -> None:
@@ -107,6 +111,7 @@ def _bench_steps(warm: WarmCycle, snap: Snapshot, config: CycleConfig, plan: Pla
         _kept_as_the_snapshot_has_it(warm, snap)
         changed += len(plan.bindings) + len(plan.evictions)
         _kept_facts_are_fresh(warm)
+        _kept_reclaim_is_fresh(warm)
     return changed
 
 
@@ -145,6 +150,61 @@ def _counted_as_a_new_session_counts(warm: WarmCycle) -> None:
         under = [ws for ws in session.workloads.values() if name in ws.chain]
         for r in range(3):
             assert kept[name][r] == math.fsum(v[r] for ws in under for v in ws.pod_vectors if v is not None)
+
+
+def test_what_reclaim_keeps_between_cycles_is_what_it_would_work_out_afresh(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm cycles on a cluster where reclaim evicts (the fast-path test's mix and scan
+    limit): each plan equals a new session's, and after each cycle every room and victim entry
+    reclaim kept that a next cycle would use equals a fresh one; later cycles used the kept
+    rooms (else this proves nothing)."""
+    calls = {"room": 0, "fresh": 0}
+    real_room, real_fresh = kept_room.KeptRoom.room, kept_room.fresh_room
+
+    def room(self: kept_room.KeptRoom, *args: Any) -> Any:
+        calls["room"] += 1
+        return real_room(self, *args)
+
+    def fresh(*args: Any) -> Any:
+        calls["fresh"] += 1
+        return real_fresh(*args)
+
+    monkeypatch.setattr(kept_room.KeptRoom, "room", room)
+    monkeypatch.setattr(kept_room, "fresh_room", fresh)
+    rng = random.Random(5)
+    snap = bench.build(nodes=60, gpus=8, projects=10, running=600, pending=180, seed=7, spread=0.2)
+    config = CycleConfig(reclaim_min_runtime=60.0, preempt_min_runtime=60.0, max_victim_nodes=3)
+    warm = WarmCycle(config)
+    plan = warm.run(snap)
+    evicted = kept = 0
+    for step in range(3):
+        snap = advance(snap, plan, rng, finish=0.02, arrive=20, prefix=f"a{step}")
+        calls["room"] = calls["fresh"] = 0
+        plan = warm.run(snap)
+        warm_calls = dict(calls)
+        assert warm.warm
+        assert plan == run_cycle(snap, config)
+        evicted += sum(1 for e in plan.evictions if e.action == "reclaim")
+        kept += _kept_reclaim_is_fresh(warm)
+    assert evicted > 0 and kept > 0
+    assert warm_calls["fresh"] < warm_calls["room"], warm_calls  # the last cycle used kept rooms
+
+
+def _kept_reclaim_is_fresh(warm: WarmCycle) -> int:
+    """What reclaim keeps between cycles (kept_room, kept_victims) equals what it would work
+    out afresh now, wherever it would be used; how many entries would be used."""
+    session = warm._session
+    assert session is not None
+    used = 0
+    room = KEPT_ROOM.get(session)
+    if room is not None:
+        assert room.stale(session) == []
+        used += len(room.seen)
+    facts = KEPT_VICTIMS.get(session)
+    if facts is not None:
+        assert facts.stale(session) == []
+        used += len(facts.facts)
+    return used
 
 
 def _kept_running_is_fresh(warm: WarmCycle) -> None:

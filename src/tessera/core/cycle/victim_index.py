@@ -8,6 +8,7 @@ from typing import cast
 
 from tessera.core.model import ResourceRequest
 
+from .kept_room import KeptRoom, fresh_room
 from .room_fit import fits_after, free_all_on
 from .room_seen import RoomSeen
 from .scan_prefix import ScanPrefix
@@ -81,6 +82,9 @@ class NodeIndex:
         """Nodes where even every victim gone would not make room for that request (for the
         rest of the action: ``no_room_even_empty``)."""
         self.room_seen: dict[str, RoomSeen] = {} if like is None else like.room_seen
+        self.kept: KeptRoom | None = None if like is None else like.kept
+        """What nodes have free with every victim gone, kept between cycles (reclaim's indexes:
+        ``VictimOrder`` sets it)."""
         self.room_taking: dict[str, tuple[object, dict[int, RoomSeen]]] = {}
         """Per node: its state's signature, and per mask of victims what it would have free
         with them gone (``no_room_taking``)."""
@@ -189,18 +193,15 @@ class NodeIndex:
         (evicted or not, takeable by this search or not)? If so, the node is marked for the
         request (``no_room``): within one action only bindings change the answer, and they only
         take room, so a mark stays true. What the node would have free is memoised per node
-        state (``RoomSeen``), with each request's answer."""
+        state (``RoomSeen``), with each request's answer, and between actions and cycles by
+        ``kept`` where given (``KeptRoom``: while the node is unchanged, its victims the same)."""
         ns = session.state.by_name[node]
         sig = ns.signature()
         seen = self.room_seen.get(node)
         if seen is None or seen.sig is not sig:
-            free = [m - u for m, u in zip(ns.dev_memory, ns.dev_used, strict=True)]
-            tenants = list(ns.dev_tenants)
-            compute = list(ns.dev_compute)
-            cpu, mem = free_all_on(node, [v for v in self.by_node[node] if not v.evicted],
-                                   free, tenants, compute)
-            seen = self.room_seen[node] = RoomSeen(sig, free, tenants, ns.free_cpu + cpu,
-                                                   ns.free_mem + mem, compute, {})
+            victims = [v for v in self.by_node[node] if not v.evicted]
+            seen = self.room_seen[node] = (fresh_room(ns, victims, sig) if self.kept is None
+                                           else self.kept.room(ns, victims))
         fits = seen.answers.get(request)
         if fits is None:
             fits = seen.answers[request] = fits_after(ns, request, seen.free, seen.tenants,

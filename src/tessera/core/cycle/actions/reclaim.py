@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from functools import partial
 
+from tessera.core.cycle.kept_room import kept_room
+from tessera.core.cycle.kept_victims import kept_victims, ordered_victims
 from tessera.core.cycle.session import Session, WorkloadState
 from tessera.core.cycle.takeable import VictimSizes
 from tessera.core.cycle.victim_groups import EntriesByNode
@@ -53,15 +55,16 @@ class Reclaim:
         if not waiting:
             return
         over: dict[str, bool] = {}
-        victims = []
-        for v in session.workloads.values():
-            # Whether its project is above its floor first (once per project): the workloads
-            # of the others are not asked about (both tests read the session only).
-            above = over.get(v.project)
-            if above is None:
-                above = over[v.project] = over_floor(session, v.project)
-            if above and session.evictable(v, "reclaim"):
-                victims.append(v)
+
+        def above(project: str) -> bool:
+            # Whether its project is above its floor (once per project): the workloads of the
+            # others are not asked about (both tests read the session only).
+            found = over.get(project)
+            if found is None:
+                found = over[project] = over_floor(session, project)
+            return found
+
+        victims = ordered_victims(session, above)
         if not victims:
             return
         order = VictimOrder(session, victims)
@@ -147,23 +150,17 @@ class VictimOrder:
             like = next(iter(self.indexes.values()), None)
             index = self.indexes[ancestors] = NodeIndex.of_order(self._base, ordered, keys, like,
                                                                  self._sizes)
+            if like is None:
+                index.kept = kept_room(self.session)
         return index
 
     def _entries(self) -> list[Entry]:
-        """(victim, GPUs it counts, its nodes) in the workload part of the order."""
-        victims = sorted(self.victims, key=lambda v: (v.priority, -(v.spec.started_at or 0.0), v.id))
-        entries: list[Entry] = []
+        """(victim, GPUs it counts, its nodes) in the workload part of the order (the victims
+        come in it: ``ordered_victims``), kept between cycles (``KeptVictims``)."""
+        entries = kept_victims(self.session).entries(self.victims)
         nodes_of = self._nodes
-        for v in victims:
-            placements = v.placements
-            nodes: tuple[str, ...]
-            if len(placements) == 1:  # most workloads: one pod
-                nodes = () if placements[0] is None else (placements[0].node,)
-            else:
-                nodes = tuple(dict.fromkeys(p.node for p in placements if p is not None))
-            g = v.vector()[0]
+        for v, g, nodes in entries:
             nodes_of[id(v)] = (g, nodes)
-            entries.append((v, g, nodes))
         return entries
 
 
