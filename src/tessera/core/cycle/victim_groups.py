@@ -67,8 +67,9 @@ class LazyGroups(Mapping[str, list["WorkloadState"]]):
             if node not in self._order:
                 raise KeyError(node)
             rank, gone, entries = self._rank, self._gone, self._base.entries
-            ks = [k for k in self._base.by_node[node] if k not in gone]
-            ks.sort(key=lambda k: (rank[k], k))
+            # Ascending positions (``EntriesByNode``): a stable sort by rank gives (rank, k).
+            ks = [k for k in self._base.by_node[node] if k not in gone] if gone else list(self._base.by_node[node])
+            ks.sort(key=rank.__getitem__)
             group = self._groups[node] = [entries[k][0] for k in ks]
             self.gpus[node] = [entries[k][1] for k in ks]
         return group
