@@ -63,7 +63,8 @@ class KeptRoom:
         sig = ns.signature()
         if found[0] != sig or found[1] != tuple(ns.dev_tenants):
             return None
-        return found[3]._replace(sig=sig)
+        seen = found[3]
+        return RoomSeen(sig, seen.free, seen.tenants, seen.cpu, seen.mem, seen.compute, seen.answers)
 
     def stale(self, session: Session) -> list[str]:
         """The nodes whose entry ``lookup`` would give now (for the victims it was made for)
