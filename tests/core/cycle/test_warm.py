@@ -227,6 +227,10 @@ def _same_index(kept: KeptRunning, fresh: KeptRunning) -> None:
     assert kept.movable_nodes == fresh.movable_nodes
     assert {n: g for n, g in kept.movable_on.items() if g} == fresh.movable_on
     assert {m: g for m, g in kept.timed.items() if g} == fresh.timed
+    # preempt's per-node lists, for each project it asked for (made afresh on the new index)
+    for p, on in kept.preempt_on.items():
+        assert {n: g for n, g in on.items() if g} == fresh.on_nodes(p), p
+    assert kept.preempt_nodes == fresh.preempt_nodes
 
 
 @contextmanager
@@ -249,6 +253,8 @@ def _refresh_checked() -> Iterator[list[int]]:
         twin.movable_nodes = dict(self.movable_nodes)
         twin.movable_on = {n: list(g) for n, g in self.movable_on.items()}
         twin.timed = {m: list(g) for m, g in self.timed.items()}
+        twin.preempt_on = {p: {n: list(g) for n, g in on.items()} for p, on in self.preempt_on.items()}
+        twin.preempt_nodes = dict(self.preempt_nodes)
         twin.dirty = set(self.dirty)
         before = len(self.entries)
         removed = sum(1 for wid in self.dirty if wid in self.entries)

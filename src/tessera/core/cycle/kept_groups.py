@@ -1,26 +1,28 @@
-"""Consolidate's node index over the movable workloads it keeps (``kept_running``), each
-node's group made when a search first reads it.
+"""A node index (``NodeIndex``'s ``by_node``) read from per-node lists kept between cycles
+(``kept_running``): the node order made as far as a search reads it, each node's group made
+when first read. Consolidate's index over its movable workloads and preempt's over a
+(project, priority)'s victims.
 
 ``NodeIndex(victims)`` groups the victims per node they run on, nodes in the order of their
-first victim, victims in list order: a pass over every movable workload's pods (27,000 at
-5,000 nodes) each time consolidate needs it (once per cycle), while a cycle's searches read a
-few nodes. The kept index holds, per movable workload, the nodes its spec's placements use
-(in pod order, each once) and, per node, the movable entries with a pod there, in the kept
-order. For a list ``found`` in the kept order whose workloads run where their specs put them,
-the node order is ``dict.fromkeys`` over their node tuples (one pass in C) and a node's group
-is its kept entries that are in ``found``, in that order: exactly ``NodeIndex(found)``'s.
-(``consolidate._index`` falls back to ``NodeIndex`` when a workload of ``found`` was shrunk,
-or when ``found`` is re-sorted.)
+first victim, victims in list order: a pass over every victim's pods each time an action needs
+an index (27,000 movable workloads once per cycle in consolidate; about 1,000 victims 33 times
+per warm cycle in preempt, 53 times in the cold one, at 5,000 nodes), while a search reads a
+few nodes (at most ``4 × max_victim_nodes``, most stop after four feasible ones). The kept
+index holds, per workload, the nodes its spec's placements use (in pod order, each once) and,
+per node, the kept entries with a pod there, in the kept order. For a list ``found`` in the
+kept order whose workloads run where their specs put them, the node order is the nodes of
+``found``'s node tuples, each at its first appearance (made here a victim at a time, only as
+far as the order is read) and a node's group is its kept entries that are in ``found``, in
+that order: exactly ``NodeIndex(found)``'s. (The actions fall back to ``NodeIndex`` when a
+workload of ``found`` was shrunk in this plan, or when ``found`` is re-sorted.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import chain
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .kept_running import MovableEntry
     from .session import WorkloadState
 
 
@@ -28,28 +30,69 @@ class KeptGroups(Mapping[str, list["WorkloadState"]]):
     """``found``'s workloads per node, in ``NodeIndex(found)``'s node order and group order."""
 
     def __init__(self, found: Sequence[WorkloadState], nodes: Mapping[str, tuple[str, ...]],
-                 on_node: Mapping[str, list[MovableEntry]]) -> None:
+                 on_node: Mapping[str, list[Any]], at: int) -> None:
         """``nodes``: per workload id, the nodes it runs on; ``on_node``: per node, the kept
-        entries with a pod there, in the kept order (of which ``found`` is a subsequence)."""
-        self._member = set(found)  # by identity (states do not define equality)
+        entries with a pod there, in the kept order (of which ``found`` is a subsequence);
+        ``at``: where an entry holds the workload state."""
+        self._found = found
+        self._nodes = nodes
         self._on_node = on_node
-        self._order = dict.fromkeys(chain.from_iterable(nodes[v.id] for v in found))
+        self._at = at
+        self._member: set[WorkloadState] | None = None
+        self._order: list[str] = []
+        self._seen: set[str] = set()
+        self._read = 0
+        """Workloads of ``found`` whose nodes are in ``_order``."""
         self._groups: dict[str, list[WorkloadState]] = {}
+
+    def _extend(self) -> bool:
+        """Put the next workload's new nodes in the order (False: every workload was read)."""
+        found, nodes, seen, order = self._found, self._nodes, self._seen, self._order
+        k = self._read
+        while k < len(found):
+            before = len(order)
+            for node in nodes[found[k].id]:
+                if node not in seen:
+                    seen.add(node)
+                    order.append(node)
+            k += 1
+            if len(order) > before:
+                self._read = k
+                return True
+        self._read = k
+        return False
+
+    def __iter__(self) -> Iterator[str]:
+        order = self._order
+        i = 0
+        while True:
+            if i < len(order):
+                yield order[i]
+                i += 1
+            elif not self._extend():
+                return
+
+    def __len__(self) -> int:
+        while self._extend():
+            pass
+        return len(self._order)
+
+    def __contains__(self, node: object) -> bool:
+        if node in self._seen:
+            return True
+        while self._extend():
+            if node in self._seen:
+                return True
+        return False
 
     def __getitem__(self, node: str) -> list[WorkloadState]:
         group = self._groups.get(node)
         if group is None:
-            if node not in self._order:
+            if node not in self:
                 raise KeyError(node)
             member = self._member
-            group = self._groups[node] = [e[2] for e in self._on_node[node] if e[2] in member]
+            if member is None:  # by identity (states do not define equality)
+                member = self._member = set(self._found)
+            at = self._at
+            group = self._groups[node] = [e[at] for e in self._on_node[node] if e[at] in member]
         return group
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._order)
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __contains__(self, node: object) -> bool:
-        return node in self._order

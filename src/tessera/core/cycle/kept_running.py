@@ -77,6 +77,11 @@ class KeptRunning:
         self.movable_on: dict[str, list[MovableEntry]] = {}
         """Per node: the movable entries with a pod there, in ``movable``'s order
         (consolidate's node index, ``kept_groups``)."""
+        self.preempt_on: dict[str, dict[str, list[PreemptEntry]]] = {}
+        """Per project whose lists preempt asked for (``on_nodes``), per node: its entries with
+        a pod there, in ``by_project``'s order (preempt's node indexes, ``kept_groups``)."""
+        self.preempt_nodes: dict[str, tuple[str, ...]] = {}
+        """Per entry of such a project: the nodes its spec's placements use."""
         self._minimum: dict[str, float] = {}
         """Per project: its preemption minimum runtime (tree and config fixed per session)."""
         self._merge(session, session.workloads.values())
@@ -114,7 +119,7 @@ class KeptRunning:
         mentry = None
         if spec.movable and all(map(_shared, spec.pods)):
             mentry = (_spec_gpus(session, ws), wid, ws)
-            self.movable_nodes[wid] = tuple(dict.fromkeys(p.node for p in spec.placements if p is not None))
+            self.movable_nodes[wid] = _spec_nodes(ws)
         minimum = self._minimum.get(ws.project)
         if minimum is None:
             minimum = self._minimum[ws.project] = session.min_runtimes(ws)[0]
@@ -130,6 +135,11 @@ class KeptRunning:
             return
         pentry, mentry, tentry = self._where[ws.id]
         insort(self.by_project.setdefault(ws.project, []), pentry)
+        on = self.preempt_on.get(ws.project)
+        if on is not None:
+            nodes = self.preempt_nodes[ws.id] = _spec_nodes(ws)
+            for node in nodes:
+                insort(on.setdefault(node, []), pentry)
         if mentry is not None:
             insort(self.movable, mentry)
             for node in self.movable_nodes[ws.id]:
@@ -143,6 +153,7 @@ class KeptRunning:
         movable: list[MovableEntry] = []
         on_node: dict[str, list[MovableEntry]] = {}
         timed: dict[float, list[TimedEntry]] = {}
+        preempt_on: dict[str, dict[str, list[PreemptEntry]]] = {}
         where = self._where
         for ws in states:
             if not self._entry(session, ws):
@@ -153,6 +164,15 @@ class KeptRunning:
                 projects[ws.project] = [pentry]
             else:
                 group.append(pentry)
+            if ws.project in self.preempt_on:
+                on_p = preempt_on.setdefault(ws.project, {})
+                spec_nodes = self.preempt_nodes[ws.id] = _spec_nodes(ws)
+                for node in spec_nodes:
+                    here = on_p.get(node)
+                    if here is None:
+                        on_p[node] = [pentry]
+                    else:
+                        here.append(pentry)
             if mentry is not None:
                 movable.append(mentry)
                 for node in self.movable_nodes[ws.id]:
@@ -165,6 +185,10 @@ class KeptRunning:
                 timed.setdefault(tentry[0], []).append(tentry[1])
         for p, new in projects.items():
             self.by_project[p] = _merged(self.by_project.get(p), new)
+        for p, new_on_p in preempt_on.items():
+            kept_on = self.preempt_on[p]
+            for node, new_p in new_on_p.items():
+                kept_on[node] = _merged(kept_on.get(node), new_p)
         if movable:
             self.movable = _merged(self.movable, movable)
             for node, new_on in on_node.items():
@@ -176,6 +200,10 @@ class KeptRunning:
         ws = self.entries.pop(wid)
         pentry, mentry, tentry = self._where.pop(wid)
         _drop(self.by_project[ws.project], pentry)
+        on = self.preempt_on.get(ws.project)
+        if on is not None:
+            for node in self.preempt_nodes.pop(wid):
+                _drop(on[node], pentry)
         if mentry is not None:
             _drop(self.movable, mentry)
             for node in self.movable_nodes.pop(wid):
@@ -192,8 +220,12 @@ class KeptRunning:
         minimums: set[float] = set()
         movable = False
         nodes: set[str] = set()
+        on_nodes: dict[str, set[str]] = {}
         for wid in wids:
-            projects.add(self.entries.pop(wid).project)
+            project = self.entries.pop(wid).project
+            projects.add(project)
+            if project in self.preempt_on:
+                on_nodes.setdefault(project, set()).update(self.preempt_nodes.pop(wid))
             _, mentry, tentry = self._where.pop(wid)
             if mentry is not None:
                 movable = True
@@ -202,6 +234,10 @@ class KeptRunning:
                 minimums.add(tentry[0])
         for p in projects:
             self.by_project[p] = [e for e in self.by_project[p] if e[2] not in gone]
+        for p, touched in on_nodes.items():
+            on = self.preempt_on[p]
+            for node in touched:
+                on[node] = [e for e in on[node] if e[2] not in gone]
         if movable:
             self.movable = [e for e in self.movable if e[1] not in gone]
             for node in nodes:
@@ -210,6 +246,24 @@ class KeptRunning:
             self.timed[m] = [e for e in self.timed[m] if e[1] not in gone]
 
     # -- per cycle -----------------------------------------------------------------------------
+
+    def on_nodes(self, project: str) -> dict[str, list[PreemptEntry]]:
+        """Per node, ``project``'s entries with a pod there in ``by_project``'s order (made the
+        first time preempt asks for the project, then kept like the rest); the nodes of each
+        are in ``preempt_nodes``."""
+        found = self.preempt_on.get(project)
+        if found is None:
+            found = self.preempt_on[project] = {}
+            nodes = self.preempt_nodes
+            for e in self.by_project.get(project, ()):
+                spec_nodes = nodes[e[2]] = _spec_nodes(e[3])
+                for node in spec_nodes:
+                    at = found.get(node)
+                    if at is None:
+                        found[node] = [e]
+                    else:
+                        at.append(e)
+        return found
 
     def protected(self, now: float) -> set[str]:
         """Ids protected by the preemption minimum runtime at ``now`` (exactly
@@ -239,6 +293,11 @@ def _drop(group: list[Any], entry: object) -> None:
     i = bisect_left(group, entry)
     assert group[i] is entry
     del group[i]
+
+
+def _spec_nodes(ws: WorkloadState) -> tuple[str, ...]:
+    """The nodes its spec's placements use, in pod order, each once."""
+    return tuple(dict.fromkeys(p.node for p in ws.spec.placements if p is not None))
 
 
 def _spec_gpus(session: Session, ws: WorkloadState) -> float:

@@ -114,7 +114,7 @@ def _movable(session: Session) -> tuple[list[WorkloadState], KeptGroups | None]:
         if any(e[0] != e[2].vector()[0] for e in entries if e[1] in evictions):
             found.sort(key=lambda v: (v.vector()[0], v.id))
         return found, None
-    return found, KeptGroups(found, kept.movable_nodes, kept.movable_on)
+    return found, KeptGroups(found, kept.movable_nodes, kept.movable_on, 2)
 
 
 def _index(movable: tuple[list[WorkloadState], KeptGroups | None], built: list[NodeIndex]) -> NodeIndex:

@@ -15,8 +15,10 @@ from bisect import bisect_left
 from collections.abc import Callable
 from functools import partial
 from itertools import filterfalse
+from operator import attrgetter
 
-from tessera.core.cycle.kept_running import PreemptEntry, kept_running
+from tessera.core.cycle.kept_groups import KeptGroups
+from tessera.core.cycle.kept_running import KeptRunning, PreemptEntry, kept_running
 from tessera.core.cycle.mig_room import bind_in_room, find_room, mig_pod, where_mig
 from tessera.core.cycle.session import PodPlacements, Session, Statement, WorkloadState
 from tessera.core.cycle.victims import NodeIndex, Tentative, drop_needless, evict_until_fits
@@ -29,6 +31,10 @@ _TRIES = ("placement", "limit", "quota", "fair-share")
 _KEEP_LISTS = True
 """Keep each (project, priority)'s victim list through the action (``execute``); False
 filters it from the project's candidates for every waiting workload (tests compare)."""
+
+_KEPT_GROUPS = True
+"""Read each node index from the kept per-node lists (False: ``NodeIndex(victims)``; tests
+compare)."""
 
 
 class Preempt:
@@ -56,21 +62,21 @@ class Preempt:
         kept = kept_running(session)
         protected = kept.protected(session.now)
         bindings, moved = session.bindings, session.moved
-        by_project: dict[str, list[WorkloadState]] = {}
+        # A project's candidates are its entries below its top priority that are not evicted,
+        # protected, bound or moved: the lowest priority among them is the first such entry's.
+        lowest: dict[str, int] = {}
         for p, t in top.items():
-            entries = kept.by_project.get(p)
-            if not entries:
-                continue
-            below = bisect_left(entries, t, key=_entry_priority)
-            candidates = [e[3] for e in entries[:below] if not e[3].evicted and e[2] not in protected
-                          and e[2] not in bindings and e[2] not in moved]
-            if candidates:
-                by_project[p] = candidates
-        lowest = {p: candidates[0].priority for p, candidates in by_project.items()}
+            for e in kept.by_project.get(p, ()):
+                if e[0] >= t:
+                    break
+                if not e[3].evicted and e[2] not in protected and e[2] not in bindings and e[2] not in moved:
+                    lowest[p] = e[0]
+                    break
         waiting = [w for w in waiting if w.project in lowest and w.priority > lowest[w.project]]
         # The victims for one (project, priority below) change only when one of them is
         # evicted, put back or settled: the node index is rebuilt only then (a failed attempt
-        # leaves them as they were), not once per waiting workload.
+        # leaves them as they were), not once per waiting workload; it is read from the kept
+        # per-node lists (``_index``), as far as the searches read it.
         cache: dict[tuple[str, int], tuple[list[WorkloadState], list[NodeIndex]]] = {}
         # The victim list itself changes only when an attempt of its project is kept: a kept
         # attempt evicts only victims of its own project (``allow``, the quota queue and the
@@ -88,14 +94,16 @@ class Preempt:
             done = changed.setdefault(ws.project, [])
             listed = lists.get(key) if _KEEP_LISTS else None
             if listed is None:
-                group = by_project[ws.project]  # sorted by priority first: those below are a prefix
-                below = bisect_left(group, ws.priority, key=_priority)
-                # ``session.settled`` inlined: bound or moved in this plan
-                victims = [v for v in group[:below] if not v.evicted and v.id not in bindings
-                           and v.id not in moved]
+                entries = kept.by_project[ws.project]  # sorted by priority first: those below are a prefix
+                below = bisect_left(entries, ws.priority, key=_entry_priority)
+                # ``session.evictable`` inlined (the candidates' filter)
+                victims = [e[3] for e in entries[:below] if not e[3].evicted and e[2] not in protected
+                           and e[2] not in bindings and e[2] not in moved]
                 lists[key] = (len(done), victims)
             elif listed[0] != len(done):
                 victims = list(filterfalse(set(done[listed[0]:]).__contains__, listed[1]))
+                if len(victims) == len(listed[1]):  # a filter of it: the same list
+                    victims = listed[1]
                 lists[key] = (len(done), victims)
             else:
                 victims = listed[1]
@@ -104,7 +112,7 @@ class Preempt:
                     a is not b for a, b in zip(found[0], victims, strict=True)))):
                 found = cache[key] = (victims, [])
             if found[0]:
-                done.extend(self._try(session, ws, found[0], _lazy(found)))
+                done.extend(self._try(session, ws, found[0], _lazy(found, partial(_index, session, kept, ws.project))))
 
     def _try(self, session: Session, ws: WorkloadState, victims: list[WorkloadState],
              index: Callable[[], NodeIndex]) -> list[WorkloadState]:
@@ -171,18 +179,29 @@ class Preempt:
         return [*kept, ws]
 
 
-def _lazy(found: tuple[list[WorkloadState], list[NodeIndex]]) -> Callable[[], NodeIndex]:
-    """The cached entry's node index, built the first time it is asked for and kept there (so
-    its pruning carries over to the next attempt, as when it was built eagerly)."""
+def _lazy(found: tuple[list[WorkloadState], list[NodeIndex]],
+          build: Callable[[list[WorkloadState]], NodeIndex] = NodeIndex) -> Callable[[], NodeIndex]:
+    """The cached entry's node index, built (``build(victims)``) the first time it is asked for
+    and kept there (so its pruning carries over to the next attempt, as when it was built
+    eagerly)."""
     def get() -> NodeIndex:
         if not found[1]:
-            found[1].append(NodeIndex(found[0]))
+            found[1].append(build(found[0]))
         return found[1][0]
     return get
 
 
-def _priority(v: WorkloadState) -> int:
-    return v.priority
+def _index(session: Session, kept: KeptRunning, project: str, victims: list[WorkloadState]) -> NodeIndex:
+    """``NodeIndex(victims)``, read from the project's kept per-node lists (``kept_groups``).
+    Asked before the attempt evicts anyone, so every victim runs where its spec puts it unless
+    this plan shrank it (recorded in ``evictions`` without being evicted): then built as before."""
+    if not _KEPT_GROUPS or not session.evictions.keys().isdisjoint(map(_id, victims)):
+        return NodeIndex(victims)
+    on = kept.on_nodes(project)
+    return NodeIndex.of_groups(KeptGroups(victims, kept.preempt_nodes, on, 3))
+
+
+_id = attrgetter("id")
 
 
 def _entry_priority(e: PreemptEntry) -> int:
