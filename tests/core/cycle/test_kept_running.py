@@ -8,13 +8,14 @@ lists is the one ``NodeIndex`` builds."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Mapping
 
 import pytest
 
 from tessera.bench import cycle as bench
 from tessera.bench.changes import advance
 from tessera.core.cycle import CycleConfig, Snapshot, run_cycle
-from tessera.core.cycle.actions import consolidate
+from tessera.core.cycle.actions import consolidate, preempt
 from tessera.core.cycle.kept_groups import KeptGroups
 from tessera.core.cycle.kept_running import KeptRunning, _spec_gpus
 from tessera.core.cycle.session import Session, Statement, WorkloadState
@@ -88,3 +89,66 @@ def test_kept_groups_are_the_node_index_consolidate_builds(monkeypatch: pytest.M
             plan = warm.run(snap)
             assert plan == run_cycle(snap, config)
     assert compared[0] > 0
+
+
+class _Checked(Mapping[str, list[WorkloadState]]):
+    """A lazy node index (``KeptGroups``) whose every read is compared with ``NodeIndex``'s
+    groups made when the lazy one was."""
+
+    def __init__(self, lazy: Mapping[str, list[WorkloadState]], eager: Mapping[str, list[WorkloadState]],
+                 reads: list[int]) -> None:
+        self.lazy, self.eager, self.reads = lazy, eager, reads
+        self.eager_order = list(eager)
+
+    def __iter__(self) -> Iterator[str]:
+        i = 0
+        for i, node in enumerate(self.lazy, 1):
+            assert node == self.eager_order[i - 1]
+            self.reads[0] += 1
+            yield node
+        assert i == len(self.eager_order)  # read to its end: no node more or less
+
+    def __getitem__(self, node: str) -> list[WorkloadState]:
+        group = self.lazy[node]
+        assert group == self.eager[node]
+        self.reads[1] += 1
+        return group
+
+    def __len__(self) -> int:
+        assert len(self.lazy) == len(self.eager)
+        return len(self.lazy)
+
+
+def test_preempt_reads_the_node_index_it_would_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each node index preempt reads from the kept per-node lists (the node order made a victim
+    at a time as its searches read it, each group when first read, while the searches evict
+    and put victims back) reads what ``NodeIndex(victims)`` held when it was made: every read
+    compared, on the benchmark's mix, cold and over warm cycles (each plan applied)."""
+    real = preempt._index
+    reads = [0, 0]
+    made = [0]
+
+    def checked(kept: KeptRunning, project: str, victims: list[WorkloadState]) -> NodeIndex:
+        eager = NodeIndex(victims).by_node
+        index = real(kept, project, victims)
+        index.by_node = _Checked(index.by_node, eager, reads)
+        made[0] += 1
+        return index
+
+    monkeypatch.setattr(preempt, "_index", checked)
+    config = CycleConfig(policy="fgd", reclaim_min_runtime=60.0, preempt_min_runtime=60.0)
+    preempted = 0
+    made_warm = 0
+    for seed in range(2):
+        snap = bench.build(60, 8, 6, 600, 150, seed, 0.5)
+        warm = WarmCycle(config)
+        plan = warm.run(snap)
+        preempted += sum(1 for b in plan.bindings if b.action == "preempt")
+        rng = random.Random(seed)
+        for step in range(3):
+            snap = advance(snap, plan, rng, finish=0.05, arrive=40, prefix=f"a{step}")
+            before = made[0]
+            plan = warm.run(snap)
+            made_warm += made[0] - before
+            assert warm.warm and plan == run_cycle(snap, config)
+    assert preempted > 0 and made_warm > 0 and reads[0] > 0 and reads[1] > 0, (preempted, made, reads)

@@ -124,12 +124,14 @@ def test_preempt_caches_leave_the_plan_as_building_everything_each_time(
         snapshots: list[tuple[str, Snapshot]], monkeypatch: pytest.MonkeyPatch) -> None:
     """Preempt keeps each (project, priority)'s victim list through the action (less what its
     project's kept attempts evicted or bound) and
-    builds its node index on first use: the same plans as filtering the list for every
-    waiting workload and building the index at once."""
+    builds its node index on first use, from the kept per-node lists: the same plans as
+    filtering the list for every waiting workload and building the index at once with
+    ``NodeIndex``."""
     cached = {name: _plan(snap) for name, snap in snapshots}
     monkeypatch.setattr(preempt, "_KEEP_LISTS", False)
+    monkeypatch.setattr(preempt, "_KEPT_GROUPS", False)
 
-    def eager(found):  # type: ignore[no-untyped-def]
+    def eager(found, build=None):  # type: ignore[no-untyped-def]
         if not found[1]:
             found[1].append(victims.NodeIndex(found[0]))
         return lambda: found[1][0]

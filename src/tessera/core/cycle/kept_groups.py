@@ -13,8 +13,14 @@ per node, the kept entries with a pod there, in the kept order. For a list ``fou
 kept order whose workloads run where their specs put them, the node order is the nodes of
 ``found``'s node tuples, each at its first appearance (made here a victim at a time, only as
 far as the order is read) and a node's group is its kept entries that are in ``found``, in
-that order: exactly ``NodeIndex(found)``'s. (The actions fall back to ``NodeIndex`` when a
-workload of ``found`` was shrunk in this plan, or when ``found`` is re-sorted.)
+that order: exactly ``NodeIndex(found)``'s when it is made. It stays so while the searches
+evict and put back: the node tuples are the spec's, fixed, as ``NodeIndex``'s groups are once
+built (reading the placements later would lose the nodes of a victim evicted meanwhile). The
+workloads both actions take (not evicted, bound or moved in this plan; a shrunk workload is
+recorded as moved, ``shrink._keep``) run where their specs put them when the index is made: a
+pod's placement changes only by a binding or a move, by ``restore`` (the spec's placements
+again), by a release (an eviction, a shrink, a move), or by undoing one. (Consolidate still
+falls back to ``NodeIndex`` where a workload of its list has an eviction record, re-sorted.)
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from bisect import bisect_left
 from collections.abc import Callable
 from functools import partial
 from itertools import filterfalse
-from operator import attrgetter
 
 from tessera.core.cycle.kept_groups import KeptGroups
 from tessera.core.cycle.kept_running import KeptRunning, PreemptEntry, kept_running
@@ -112,13 +111,16 @@ class Preempt:
                     a is not b for a, b in zip(found[0], victims, strict=True)))):
                 found = cache[key] = (victims, [])
             if found[0]:
-                done.extend(self._try(session, ws, found[0], _lazy(found, partial(_index, session, kept, ws.project))))
+                build = partial(_index, kept, ws.project)
+                done.extend(self._try(session, ws, found[0], _lazy(found, build), build))
 
     def _try(self, session: Session, ws: WorkloadState, victims: list[WorkloadState],
-             index: Callable[[], NodeIndex]) -> list[WorkloadState]:
+             index: Callable[[], NodeIndex],
+             build: Callable[[list[WorkloadState]], NodeIndex] = NodeIndex) -> list[WorkloadState]:
         """``index``: gives ``NodeIndex(victims)`` (built on first use: most attempts place
-        without a node search), used as it is when no victim is taken for quota. Returns the
-        workloads a kept attempt evicted or bound (none when it was discarded)."""
+        without a node search), used as it is when no victim is taken for quota; else
+        ``build(victims left)`` gives it. Returns the workloads a kept attempt evicted or bound
+        (none when it was discarded)."""
         caps: dict[str, Vector] = {}
         for name in ws.chain:
             a, share = session.quota.alloc[name], session.quota.shares.share[name]
@@ -159,7 +161,7 @@ class Preempt:
             found = find_room(session, ws, queue, allow)
             result = None if found is None else bind_in_room(session, ws, *found, evict)
         else:
-            result = evict_until_fits(session, ws, index if not evicted else partial(NodeIndex, queue), allow,
+            result = evict_until_fits(session, ws, index if not evicted else partial(build, queue), allow,
                                       evict, extra_ok, 4 * ws.required() + 4)
         if result is None:
             stmt.discard()
@@ -191,17 +193,16 @@ def _lazy(found: tuple[list[WorkloadState], list[NodeIndex]],
     return get
 
 
-def _index(session: Session, kept: KeptRunning, project: str, victims: list[WorkloadState]) -> NodeIndex:
-    """``NodeIndex(victims)``, read from the project's kept per-node lists (``kept_groups``).
-    Asked before the attempt evicts anyone, so every victim runs where its spec puts it unless
-    this plan shrank it (recorded in ``evictions`` without being evicted): then built as before."""
-    if not _KEPT_GROUPS or not session.evictions.keys().isdisjoint(map(_id, victims)):
+def _index(kept: KeptRunning, project: str, victims: list[WorkloadState]) -> NodeIndex:
+    """``NodeIndex(victims)``, read from the project's kept per-node lists (``kept_groups``):
+    ``victims`` are in the kept order (a filtered prefix of the project's entries, or what is
+    left of one after the quota victims were taken from its front), none evicted, bound or
+    moved when the index is made (before the node search evicts anyone), so each runs where its
+    spec puts it (a workload shrunk in this plan counts as moved: ``shrink._keep``)."""
+    if not _KEPT_GROUPS:
         return NodeIndex(victims)
     on = kept.on_nodes(project)
     return NodeIndex.of_groups(KeptGroups(victims, kept.preempt_nodes, on, 3))
-
-
-_id = attrgetter("id")
 
 
 def _entry_priority(e: PreemptEntry) -> int:
