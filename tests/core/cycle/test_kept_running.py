@@ -56,7 +56,7 @@ def test_the_gpus_of_the_spec_placements_whatever_the_cycle_did_to_the_pods() ->
     session.evict(session.workloads["x"], "preempt", "test", "w")
     assert _spec_gpus(session, session.workloads["x"]) == _straight(session, "x") == 0.25
     kept = KeptRunning(session)  # built mid-cycle: the keys as the cycle began
-    assert [(e[0], e[1]) for e in kept.movable] == [(0.25, "x"), (1.0, "w")]
+    assert [(e[0], e[1]) for e in kept.movables(session)] == [(0.25, "x"), (1.0, "w")]
     stmt.discard()
 
 

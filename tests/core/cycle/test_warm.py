@@ -216,14 +216,18 @@ def _kept_running_is_fresh(warm: WarmCycle) -> None:
     if kept is None:
         return  # no action asked for it yet
     kept.refresh(session)
-    _same_index(kept, KeptRunning(session))
+    _same_index(kept, KeptRunning(session), session)
 
 
-def _same_index(kept: KeptRunning, fresh: KeptRunning) -> None:
+def _same_index(kept: KeptRunning, fresh: KeptRunning, session: Session) -> None:
     assert kept.entries == fresh.entries
     assert kept._where == fresh._where
     assert {p: g for p, g in kept.by_project.items() if g} == fresh.by_project
-    assert kept.movable == fresh.movable
+    # consolidate's lists, once it asked (made afresh on the new index)
+    assert kept.movable_made or not (kept.movable or kept.movable_entry or kept.movable_nodes)
+    if kept.movable_made:
+        assert kept.movable == fresh.movables(session)
+    assert kept.movable_entry == fresh.movable_entry
     assert kept.movable_nodes == fresh.movable_nodes
     assert {n: g for n, g in kept.movable_on.items() if g} == fresh.movable_on
     assert {m: g for m, g in kept.timed.items() if g} == fresh.timed
@@ -248,6 +252,7 @@ def _refresh_checked() -> Iterator[list[int]]:
             return
         twin = KeptRunning.__new__(KeptRunning)
         twin.entries, twin._where, twin._minimum = dict(self.entries), dict(self._where), {}
+        twin.movable_made, twin.movable_entry = self.movable_made, dict(self.movable_entry)
         twin.by_project = {p: list(g) for p, g in self.by_project.items()}
         twin.movable = list(self.movable)
         twin.movable_nodes = dict(self.movable_nodes)
@@ -261,8 +266,8 @@ def _refresh_checked() -> Iterator[list[int]]:
         real(self, session, True)
         real(twin, session, False)
         fresh = KeptRunning(session)
-        _same_index(self, fresh)
-        _same_index(twin, fresh)
+        _same_index(self, fresh, session)
+        _same_index(twin, fresh, session)
         seen[0] += 1
         seen[1] += removed > 0 and len(self.entries) > before - removed
 

@@ -103,7 +103,7 @@ def _movable(session: Session) -> tuple[list[WorkloadState], KeptGroups | None]:
     kept = kept_running(session)
     protected = kept.protected(session.now)
     bindings, moved = session.bindings, session.moved
-    entries = [e for e in kept.movable if not e[2].evicted and e[1] not in protected
+    entries = [e for e in kept.movables(session) if not e[2].evicted and e[1] not in protected
                and e[1] not in bindings and e[1] not in moved]
     found = [e[2] for e in entries]
     # The kept key is the GPUs of the spec's placements: what a running workload holds until
