@@ -19,9 +19,9 @@ from tessera.bench import cycle as bench
 from tessera.bench.changes import advance
 from tessera.core.cycle import CycleConfig, Plan, Quota, Snapshot, Workload, kept_room, run_cycle
 from tessera.core.cycle.actions.allocate import gang_demand, shape
-from tessera.core.cycle.kept_room import _KEPT as KEPT_ROOM
+from tessera.core.cycle.kept_room import kept_room as KEPT_ROOM
 from tessera.core.cycle.kept_running import _KEPT, KeptRunning
-from tessera.core.cycle.kept_victims import _KEPT as KEPT_VICTIMS
+from tessera.core.cycle.kept_victims import kept_victims as KEPT_VICTIMS
 from tessera.core.cycle.session import Session
 from tessera.core.cycle.warm import WarmCycle
 from tessera.core.cycle.workload_state import WorkloadState

@@ -19,10 +19,11 @@ every device on random clusters.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from weakref import WeakKeyDictionary
 
 from tessera.core.model import COMPUTE_FULL, GpuKind, GpuRequest
 from tessera.core.state import ClusterState, NodeState
+
+from .kept_with import KeptWith
 
 Kind = tuple[int, str, int, int, bool, bool]
 """memory, model, bytes used, compute promised, has a tenant, held whole"""
@@ -50,15 +51,12 @@ class KindsKept:
         return self.kinds
 
 
-_KEPT: WeakKeyDictionary[ClusterState, KindsKept] = WeakKeyDictionary()
+_KEPT: KeptWith[ClusterState, KindsKept] = KeptWith(KindsKept)
 
 
 def kinds_of(state: ClusterState) -> dict[int, tuple[tuple[Kind, ...], tuple[Kind, ...]]]:
     """Node index -> its devices' kinds (in device order, sorted), up to date."""
-    kept = _KEPT.get(state)
-    if kept is None:
-        kept = _KEPT[state] = KindsKept(state)
-    return kept.refresh(state)
+    return _KEPT(state).refresh(state)
 
 
 class DeviceIndex:

@@ -24,11 +24,11 @@ not equal a fresh computation (the warm property test calls it after every cycle
 from __future__ import annotations
 
 from collections.abc import Sequence
-from weakref import WeakKeyDictionary
 
 from tessera.core.model import ResourceRequest
 from tessera.core.state import NodeState
 
+from .kept_with import KeptWith
 from .room_fit import fits_after, free_all_on
 from .room_seen import RoomSeen
 from .session import Session, WorkloadState
@@ -95,12 +95,5 @@ def fresh_answer(ns: NodeState, seen: RoomSeen, request: ResourceRequest) -> boo
     return fits_after(ns, request, seen.free, seen.tenants, seen.cpu, seen.mem, seen.compute)
 
 
-_KEPT: WeakKeyDictionary[Session, KeptRoom] = WeakKeyDictionary()
-
-
-def kept_room(session: Session) -> KeptRoom:
-    """This session's store (made on first use; a warm session keeps it between cycles)."""
-    kept = _KEPT.get(session)
-    if kept is None:
-        kept = _KEPT[session] = KeptRoom()
-    return kept
+kept_room: KeptWith[Session, KeptRoom] = KeptWith(lambda _session: KeptRoom())
+"""This session's store (made on first use; a warm session keeps it between cycles)."""

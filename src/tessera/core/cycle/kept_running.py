@@ -38,8 +38,8 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any, TypeVar
-from weakref import WeakKeyDictionary
 
+from .kept_with import KeptWith
 from .session import Session
 from .workload_state import WorkloadState
 
@@ -358,16 +358,15 @@ def _spec_gpus(session: Session, ws: WorkloadState) -> float:
     return total
 
 
-_KEPT: WeakKeyDictionary[Session, KeptRunning] = WeakKeyDictionary()
+_KEPT: KeptWith[Session, KeptRunning] = KeptWith(KeptRunning)
 
 
 def kept_running(session: Session) -> KeptRunning:
     """This session's index, up to date with the changes reported (built on first use)."""
     kept = _KEPT.get(session)
     if kept is None:
-        kept = _KEPT[session] = KeptRunning(session)
-    else:
-        kept.refresh(session)
+        return _KEPT(session)
+    kept.refresh(session)
     return kept
 
 

@@ -21,9 +21,9 @@ cycle.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from weakref import WeakKeyDictionary
 
 from .kept_running import kept_running
+from .kept_with import KeptWith
 from .session import Session, WorkloadState
 
 VictimFacts = tuple[WorkloadState, float, tuple[str, ...]]
@@ -90,11 +90,5 @@ class KeptVictims:
         return wrong
 
 
-_KEPT: WeakKeyDictionary[Session, KeptVictims] = WeakKeyDictionary()
-
-
-def kept_victims(session: Session) -> KeptVictims:
-    kept = _KEPT.get(session)
-    if kept is None:
-        kept = _KEPT[session] = KeptVictims()
-    return kept
+kept_victims: KeptWith[Session, KeptVictims] = KeptWith(lambda _session: KeptVictims())
+"""This session's victim facts (made on first use; a warm session keeps them)."""
