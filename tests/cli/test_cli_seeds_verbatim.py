@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 import httpx
 import pytest
 
-from tessera.testing.embedded import EmbeddedServer
+from tessera.testing.embedded import EmbeddedServer, free_port
 from tests.shares import share
 
 
@@ -225,16 +225,8 @@ def test_a_pending_gang_on_one_node_is_told_about_gpus(srv: EmbeddedServer) -> N
     srv.cli("delete", "gang", "-p", "team-a")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_workspace_port_url_in_list_and_describe_and_image_column(srv: EmbeddedServer) -> None:
-    port = _free_port()
+    port = free_port()
     out = srv.cli("workspace", "submit", "jupyter", "-p", "team-a", "-g", "0.2", "-i",
                   "jupyter/base-notebook", "--port", str(port), "--",
                   sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1").stdout

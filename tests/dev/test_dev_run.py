@@ -4,19 +4,14 @@ build), says nothing about setuptools, and runs the walkthrough to the end."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tessera.testing.processes import free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_setup_hooks_say_which_commands_need_them() -> None:
@@ -56,7 +51,7 @@ def test_a_fresh_clone_runs_dev_run_without_go_then_the_readme_quickstart(tmp_pa
         "PYTHONPATH": str(clone / "src"),
         "TESSERA_VENV": str(venv),
         "TESSERA_CACHE": str(tmp_path / "cache"),  # an empty cache: Go binaries are not there
-        "TESSERA_PORT": str(_free_port()),
+        "TESSERA_PORT": str(free_ports(1)[0]),
         "TESSERA_CONFIG": str(tmp_path / "config.json"),
         "TESSERA_DATA_DIR": str(tmp_path / "data"),
     }

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -22,11 +21,11 @@ from typing import Any, Self
 
 import httpx
 
+from tessera.testing.processes import free_ports
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 class EmbeddedServer:

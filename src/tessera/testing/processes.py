@@ -56,15 +56,32 @@ class ClusterError(RuntimeError):
     """The test cluster could not be started or used; the message names the component."""
 
 
+_HANDED_OUT: set[int] = set()
+"""Every port ``free_ports`` has returned in this process. A port is only a number until its
+user binds it (a fixture may choose a Helm value minutes before the component listens), and the
+kernel may offer the same free port to the next caller meanwhile: the tests' node agents once got
+the API's port that way and the API then failed with 'address already in use'."""
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while choosing)."""
+    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while choosing),
+    none returned before by this process."""
     socks = []
+    chosen: list[int] = []
     try:
-        for _ in range(count):
+        for _ in range(count * 50 + 100):
+            if len(chosen) == count:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            socks.append(s)  # held: the kernel offers another port next time
+            port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                chosen.append(port)
+        if len(chosen) < count:
+            raise RuntimeError(f"no {count} free TCP ports not handed out before")
+        _HANDED_OUT.update(chosen)
+        return chosen
     finally:
         for s in socks:
             s.close()

@@ -105,3 +105,11 @@ def test_kubeconfig_embeds_credentials(tmp_path: Path) -> None:
 def test_free_ports_are_distinct() -> None:
     ports = free_ports(5)
     assert len(set(ports)) == 5 and all(p > 0 for p in ports)
+
+
+def test_free_ports_never_hands_out_a_port_twice() -> None:
+    """A chosen port stays only a number until its component binds it, sometimes minutes later
+    (a Helm value): a later caller in the same test process must not get it too. Choosing 400
+    ports the plain way (bind to port 0, close) repeated ports 9 times here."""
+    ports = [p for _ in range(200) for p in free_ports(2)]
+    assert len(set(ports)) == len(ports)
